@@ -1,0 +1,111 @@
+"""Which rows each block holds: pure functions, no I/O.
+
+A *block* is ``block_size`` consecutive rows (the last one may be short when
+``remainder=True``; in cyclic mode a block may wrap from the end of the
+dataset to its start). Block ``k`` is split into *pieces*: contiguous runs of
+source rows and where they land in the slot.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+MiB = 1 << 20
+
+#: Uncompressed bytes a block aims at when the dataset is chunked, and the
+#: most it may hold. Measured with h5py on zlib-3 and blosc-3 float32 rows:
+#: 1 MiB blocks read at 93% (zlib) and 89% (blosc) of 4 MiB ones, 256 KiB
+#: blocks at 80% and 54%.
+TARGET_BLOCK_BYTES = 4 * MiB
+#: Block size for contiguous (unchunked) datasets.
+CONTIGUOUS_BLOCK_BYTES = 1 * MiB
+#: Aim for at least this many blocks per reader, so the readers share the
+#: work evenly; blocks shrink (down to one chunk) for smaller datasets.
+MIN_BLOCKS_PER_READER = 4
+#: Below this many uncompressed bytes a dataset is read in the consumer
+#: process when ``n_procs`` is left to its default: starting readers costs
+#: more than they could save.
+INLINE_BYTES = 16 * MiB
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Source rows ``[start, stop)`` go to slot rows ``[dst, dst + stop - start)``."""
+
+    start: int
+    stop: int
+    dst: int
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """The blocks of one pass (or of an endless cyclic stream) over ``n_rows`` rows."""
+
+    n_rows: int
+    block_size: int
+    cyclic: bool = False
+    remainder: bool = False
+
+    def __post_init__(self) -> None:
+        if self.n_rows < 1 or self.block_size < 1 or self.block_size > self.n_rows:
+            raise ValueError(f"invalid plan: {self}")
+
+    @property
+    def n_blocks(self) -> "int | None":
+        """Blocks in one pass; None when cyclic (endless)."""
+        if self.cyclic:
+            return None
+        full, rest = divmod(self.n_rows, self.block_size)
+        return full + (1 if self.remainder and rest else 0)
+
+    def start(self, k: int) -> int:
+        """First source row of block ``k``."""
+        return (k * self.block_size) % self.n_rows if self.cyclic else k * self.block_size
+
+    def rows(self, k: int) -> int:
+        """Rows in block ``k``."""
+        if self.cyclic:
+            return self.block_size
+        return min(self.block_size, self.n_rows - k * self.block_size)
+
+    def pieces(self, k: int) -> tuple[Piece, ...]:
+        """The contiguous source runs of block ``k``: one, or two where a cyclic block wraps."""
+        start, n = self.start(k), self.rows(k)
+        first = min(n, self.n_rows - start)
+        if first == n:
+            return (Piece(start, start + n, 0),)
+        return (Piece(start, self.n_rows, 0), Piece(0, n - first, first))
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def default_block_size(n_rows: int, row_nbytes: int, chunk_rows: "int | None", n_procs: int) -> int:
+    """Rows per block: whole chunks near :data:`TARGET_BLOCK_BYTES`, smaller for small datasets."""
+    row_nbytes = max(row_nbytes, 1)
+    if chunk_rows:
+        chunks = max(1, TARGET_BLOCK_BYTES // (chunk_rows * row_nbytes))
+        # Enough blocks that every reader gets several, but never less than one chunk.
+        per_reader = n_rows // (chunk_rows * max(n_procs, 1) * MIN_BLOCKS_PER_READER)
+        chunks = max(1, min(chunks, per_reader))
+        size = chunks * chunk_rows
+    else:
+        size = max(1, CONTIGUOUS_BLOCK_BYTES // row_nbytes)
+        size = max(1, min(size, n_rows // (max(n_procs, 1) * MIN_BLOCKS_PER_READER)))
+    return max(1, min(size, n_rows))
+
+
+def default_read_ahead(n_procs: int) -> int:
+    """Slots in the ring: one being filled per reader, as many ready, and the consumer's."""
+    return 2 * max(n_procs, 1) + 2
+
+
+def parallel_pays(n_rows: int, row_nbytes: int) -> bool:
+    """Whether starting reader processes can beat reading in the consumer itself."""
+    return n_rows * row_nbytes >= INLINE_BYTES

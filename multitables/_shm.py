@@ -1,0 +1,145 @@
+"""Shared-memory segments: created by one owner, attached by readers, unlinked early.
+
+NOTE [segment lifetime]
+    The consumer process owns every segment. It creates it exclusively
+    (O_CREAT | O_EXCL, mode 0600) under a fresh random name with the library's
+    prefix, so a rerun after a crash never collides with, attaches to or
+    overwrites another run's memory. Readers attach by name, each say so, and
+    the owner then unlinks the name at once: the mappings keep working, and
+    from then on a SIGKILL of every process involved leaves nothing in
+    /dev/shm. Until the unlink, the name is registered with multiprocessing's
+    resource tracker as a safety net only.
+
+    The pages are reserved with posix_fallocate when the segment is created,
+    so a /dev/shm that is too small fails here with a clear error rather than
+    with a SIGBUS on first touch, later, in some process.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+
+from .errors import ShmSpaceError
+
+#: Every segment this library creates has a name starting with this.
+SHM_PREFIX = "multitables_"
+_SHM_DIR = "/dev/shm"
+
+try:  # CPython's own binding of shm_open/shm_unlink, used by multiprocessing.shared_memory
+    import _posixshmem
+except ImportError:  # pragma: no cover - non-POSIX platforms
+    _posixshmem = None
+
+
+def shm_free_bytes() -> "int | None":
+    """Bytes free in /dev/shm, or None where it cannot be told."""
+    try:
+        st = os.statvfs(_SHM_DIR)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _space_error(nbytes: int, free: "int | None", what: str) -> ShmSpaceError:
+    mib = 1 << 20
+    free_txt = "an unknown amount" if free is None else f"{free / mib:.1f} MiB"
+    return ShmSpaceError(
+        f"{what} needs {nbytes / mib:.1f} MiB of shared memory but {_SHM_DIR} has {free_txt} free. "
+        f"Use a smaller read_ahead or block_size, or give the machine or container more shared "
+        f"memory (for Docker: --shm-size)."
+    )
+
+
+class Segment:
+    """A shared-memory segment mapped into this process.
+
+    The creating process owns it: it alone unlinks the name. ``buf`` is the
+    mapping; numpy views made on it keep it alive after :meth:`close`.
+    """
+
+    def __init__(self, name: str, nbytes: int, buf: mmap.mmap, owner: bool) -> None:
+        self.name = name
+        self.nbytes = nbytes
+        self.buf = buf
+        self.owner = owner
+        self._linked = owner
+
+    @classmethod
+    def create(cls, nbytes: int, what: str = "The ring") -> "Segment":
+        """Create a new private segment of ``nbytes`` bytes, reserving its pages now."""
+        if _posixshmem is None:  # pragma: no cover
+            raise OSError("POSIX shared memory is not available on this platform")
+        free = shm_free_bytes()
+        if free is not None and nbytes > free:
+            raise _space_error(nbytes, free, what)
+        for _ in range(16):
+            name = f"{SHM_PREFIX}{os.getpid()}_{secrets.token_hex(8)}"
+            try:
+                fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+            except FileExistsError:
+                continue
+            break
+        else:  # pragma: no cover - 16 collisions of 64 random bits
+            raise FileExistsError("could not find a free shared-memory name")
+        from multiprocessing import resource_tracker
+
+        resource_tracker.register("/" + name, "shared_memory")
+        try:
+            try:
+                os.posix_fallocate(fd, 0, nbytes)
+            except OSError as exc:
+                raise _space_error(nbytes, shm_free_bytes(), what) from exc
+            buf = mmap.mmap(fd, nbytes)
+        except BaseException:
+            os.close(fd)
+            _unlink(name)
+            raise
+        os.close(fd)
+        return cls(name, nbytes, buf, owner=True)
+
+    @classmethod
+    def attach(cls, name: str, nbytes: int) -> "Segment":
+        """Map an existing segment by name (a reader's side; never registers it anywhere)."""
+        if _posixshmem is None:  # pragma: no cover
+            raise OSError("POSIX shared memory is not available on this platform")
+        fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+        try:
+            buf = mmap.mmap(fd, nbytes)
+        finally:
+            os.close(fd)
+        return cls(name, nbytes, buf, owner=False)
+
+    def unlink(self) -> None:
+        """Remove the name (owner only; idempotent). Existing mappings stay valid."""
+        if self.owner and self._linked:
+            self._linked = False
+            _unlink(self.name)
+
+    def close(self) -> None:
+        """Unmap, unless numpy views still use the mapping (then their last one frees it)."""
+        try:
+            self.buf.close()
+        except BufferError:
+            pass
+
+
+def _unlink(name: str) -> None:
+    from multiprocessing import resource_tracker
+
+    try:
+        _posixshmem.shm_unlink("/" + name)
+    except FileNotFoundError:
+        pass
+    resource_tracker.unregister("/" + name, "shared_memory")
+
+
+def unlink_orphan(name: str) -> None:
+    """Unlink a segment whose owner died before it could (a reader's last act)."""
+    if _posixshmem is None:  # pragma: no cover
+        return
+    try:
+        _posixshmem.shm_unlink("/" + name)
+    except FileNotFoundError:
+        pass

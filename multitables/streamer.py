@@ -1,0 +1,415 @@
+"""Streaming a dataset: the :class:`Streamer`, its direct-access :class:`Queue` and the row generator."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+
+from ._engines import ENGINES, open_source, resolve_engine
+from ._node import NodeInfo, inspect_node
+from ._plan import BlockPlan, available_cpus, default_block_size, default_read_ahead, parallel_pays
+from ._readers import ReaderPool
+from ._ring import TICK
+from .errors import QueueClosed, StreamClosedError
+
+__all__ = ["Streamer", "Queue", "Guard"]
+
+
+def _check_int(name: str, value: Any, minimum: int, allow_none: bool = True) -> "int | None":
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int{' or None' if allow_none else ''}, not {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return int(value)
+
+
+def _check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, not {value!r}")
+    return bool(value)
+
+
+@dataclass(frozen=True)
+class _StreamSpec:
+    """A validated, planned stream: everything but the processes."""
+
+    node: NodeInfo
+    engine: str
+    plan: BlockPlan
+    n_procs: int  # 0: read in the consumer process
+    n_slots: int
+    ordered: bool
+
+
+class Guard:
+    """Holds one block of a :class:`Queue` until released.
+
+    ``with guard as block:`` gives ``block``, a read-only numpy view on the
+    shared slot: no copy is made, and the view is only valid inside the
+    ``with``; copy what you keep (``block.copy()``). Leaving the ``with``
+    gives the slot back to the readers.
+    """
+
+    __slots__ = ("_queue", "_slot", "block", "_released", "__weakref__")
+
+    def __init__(self, queue: "Queue", slot: int, block: np.ndarray) -> None:
+        self._queue = queue
+        self._slot = slot
+        self.block = block
+        self._released = False
+
+    def __enter__(self) -> np.ndarray:
+        return self.block
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """Give the slot back (idempotent). The block must not be used afterwards."""
+        if not self._released:
+            self._released = True
+            self.block = None  # type: ignore[assignment]
+            self._queue._release(self._slot)
+
+    def __del__(self) -> None:
+        # A guard dropped without ``with`` must not keep its slot forever.
+        try:
+            self.release()
+        except Exception:
+            pass
+
+
+class _InlineBackend:
+    """Reads blocks in the consumer process, for datasets too small for processes to pay."""
+
+    def __init__(self, spec: _StreamSpec, open_kwargs: dict[str, Any]) -> None:
+        self._plan = spec.plan
+        self._source = open_source(spec.engine, spec.node, open_kwargs)
+        self._buffers = [np.empty((spec.plan.block_size,) + spec.node.row_shape, spec.node.dtype) for _ in range(spec.n_slots)]
+        self._free = list(range(spec.n_slots))
+        self._next = 0
+        self.pids: list[int] = []
+
+    def take(self, deadline_check: Any) -> tuple[int, np.ndarray]:
+        if not self._free:
+            raise RuntimeError(
+                "every slot of the queue is held by an unreleased guard; release blocks (leave their "
+                "`with`) before asking for more, or use a larger read_ahead"
+            )
+        slot, k = self._free.pop(), self._next
+        self._next += 1
+        out = self._buffers[slot]
+        for p in self._plan.pieces(k):
+            out_part = out[p.dst : p.dst + p.stop - p.start]
+            self._source.read_into(p.start, p.stop, out_part)
+        view = out[: self._plan.rows(k)]
+        view = view.view()
+        view.flags.writeable = False
+        return slot, view
+
+    def release(self, slot: int) -> None:
+        self._free.append(slot)
+
+    def close(self) -> None:
+        self._source.close()
+
+
+class _RingBackend:
+    """Blocks from reader processes through the shared-memory ring."""
+
+    def __init__(self, spec: _StreamSpec, open_kwargs: dict[str, Any], start_method: "str | None") -> None:
+        self._plan = spec.plan
+        self._ordered = spec.ordered
+        self._pool = ReaderPool(spec.node, spec.engine, open_kwargs, spec.plan, spec.n_procs, spec.n_slots, start_method)
+        self._ring = self._pool.ring
+        self._pending: dict[int, int] = {}  # ordered mode: block -> slot, arrived early
+        self._next = 0
+        self.pids = self._pool.pids
+
+    def take(self, _: Any = None) -> tuple[int, np.ndarray]:
+        ring, pool = self._ring, self._pool
+        while True:
+            if self._ordered and self._next in self._pending:
+                slot = self._pending.pop(self._next)
+                break
+            pool.check()
+            slot = ring.take(TICK)  # type: ignore[assignment]
+            if slot is None:
+                continue
+            k, _rows = ring.meta(slot)
+            if self._ordered and k != self._next:
+                self._pending[k] = slot
+                continue
+            break
+        k, rows = ring.meta(slot)
+        self._next += 1
+        return slot, ring.slots[slot][:rows]
+
+    def release(self, slot: int) -> None:
+        self._ring.release(slot, self._pool.check)
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+class Queue:
+    """Direct, zero-copy access to the blocks of one stream.
+
+    Get one with :meth:`Streamer.get_queue`. ``get()`` returns a
+    :class:`Guard` per block, or :data:`multitables.QueueClosed` once the pass
+    is over. Safe to share between threads: each block reaches exactly one.
+    """
+
+    def __init__(self, spec: _StreamSpec, open_kwargs: dict[str, Any], start_method: "str | None") -> None:
+        #: Rows per block (the last block of a pass may be shorter with ``remainder=True``).
+        self.block_size: int = spec.plan.block_size
+        #: The engine reading the file (``"h5py"`` or ``"tables"``).
+        self.engine: str = spec.engine
+        #: Reader processes (0: blocks are read in this process, the dataset being too small to pay).
+        self.n_procs: int = spec.n_procs
+        self._n_blocks = spec.plan.n_blocks
+        self._delivered = 0
+        self._lock = threading.Lock()
+        self._closed = False
+        backend: "_InlineBackend | _RingBackend"
+        if spec.n_procs == 0:
+            backend = _InlineBackend(spec, open_kwargs)
+        else:
+            backend = _RingBackend(spec, open_kwargs, start_method)
+        self._backend = backend
+        self._finalizer = weakref.finalize(self, backend.close)
+
+    @property
+    def reader_pids(self) -> list[int]:
+        """Process ids of the reader processes (empty when reading in this process)."""
+        return list(self._backend.pids)
+
+    def get(self) -> "Guard | Any":
+        """Wait for the next block; return its :class:`Guard`, or ``QueueClosed`` at the end of the pass.
+
+        Raises :class:`multitables.ReaderError` (also an instance of the
+        original exception type) if a reader failed or died.
+        """
+        with self._lock:
+            if self._closed or (self._n_blocks is not None and self._delivered >= self._n_blocks):
+                return QueueClosed
+            slot, block = self._backend.take()
+            self._delivered += 1
+        return Guard(self, slot, block)
+
+    def iter(self) -> Iterator[Guard]:
+        """Iterate over guards until ``QueueClosed``."""
+        while True:
+            guard = self.get()
+            if guard is QueueClosed:
+                return
+            yield guard
+
+    def __iter__(self) -> Iterator[Guard]:
+        return self.iter()
+
+    def _release(self, slot: int) -> None:
+        if not self._closed:
+            self._backend.release(slot)
+
+    def close(self) -> None:
+        """Stop the readers and free the ring (idempotent). Blocks still held become invalid."""
+        self._closed = True
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (or the queue was collected)."""
+        return self._closed
+
+    def __enter__(self) -> "Queue":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _empty_block(spec: _StreamSpec) -> np.ndarray:
+    """An uninitialised array shaped like one full block of ``spec``."""
+    return np.empty((spec.plan.block_size,) + spec.node.row_shape, spec.node.dtype)
+
+
+class Streamer:
+    """Streams datasets of one HDF5 file through parallel reader processes.
+
+    Parameters
+    ----------
+    filename : str or os.PathLike
+        The HDF5 file (written by PyTables, h5py or anything else producing HDF5).
+    engine : {"auto", "h5py", "tables"}
+        What the readers decode with. ``auto`` takes h5py (with hdf5plugin's
+        filters), which decodes 2-3x faster per core here, unless PyTables
+        open options are given or h5py lacks a filter the node needs.
+    start_method : str, optional
+        The multiprocessing start method for the readers (``fork``,
+        ``spawn``, ``forkserver``); default: multiprocessing's default.
+    **open_kwargs
+        Passed to the engine's open call, as in the established API (for
+        PyTables: e.g. ``DRIVER='H5FD_CORE'``).
+    """
+
+    Queue = Queue  # the established API had the queue class here
+
+    def __init__(self, filename: "str | os.PathLike[str]", *, engine: str = "auto", start_method: "str | None" = None, **open_kwargs: Any) -> None:
+        self._filename = os.fspath(filename)
+        self._engine = engine
+        self._start_method = start_method
+        self._open_kwargs = open_kwargs
+        if engine not in ENGINES:
+            raise ValueError(f"engine={engine!r} is not one of {ENGINES}")
+        if start_method is not None:
+            import multiprocessing
+
+            if start_method not in multiprocessing.get_all_start_methods():
+                raise ValueError(f"start_method={start_method!r} is not one of {multiprocessing.get_all_start_methods()}")
+
+    @property
+    def filename(self) -> str:
+        return self._filename
+
+    def _spec(
+        self,
+        path: str,
+        n_procs: "int | None",
+        read_ahead: "int | None",
+        cyclic: bool,
+        block_size: "int | None",
+        ordered: bool,
+        field: "str | None",
+        remainder: bool,
+    ) -> _StreamSpec:
+        """Check every argument and the node, and plan the stream; starts nothing."""
+        n_procs = _check_int("n_procs", n_procs, 1)
+        read_ahead = _check_int("read_ahead", read_ahead, 1)
+        block_size = _check_int("block_size", block_size, 1)
+        cyclic = _check_bool("cyclic", cyclic)
+        ordered = _check_bool("ordered", ordered)
+        remainder = _check_bool("remainder", remainder)
+        node = inspect_node(self._filename, path, field)
+        engine = resolve_engine(self._engine, node, self._open_kwargs)
+        if engine == "tables" and self._open_kwargs:
+            self._check_tables_open(node)
+        if n_procs is None:
+            n_procs = available_cpus() if parallel_pays(node.n_rows, node.row_nbytes) else 0
+        if block_size is None:
+            block_size = default_block_size(node.n_rows, node.row_nbytes, node.chunk_rows, max(n_procs, 1))
+        elif block_size > node.n_rows:
+            raise ValueError(f"block_size={block_size} is larger than {path!r}, which has {node.n_rows} rows")
+        if read_ahead is None:
+            read_ahead = default_read_ahead(n_procs)
+        plan = BlockPlan(node.n_rows, block_size, cyclic=cyclic, remainder=remainder)
+        return _StreamSpec(node=node, engine=engine, plan=plan, n_procs=n_procs, n_slots=read_ahead, ordered=ordered)
+
+    def _check_tables_open(self, node: NodeInfo) -> None:
+        """Open once here with the user's PyTables options, so a bad option fails before any process starts."""
+        source = open_source("tables", node, self._open_kwargs)
+        source.close()
+
+    def get_queue(
+        self,
+        path: str,
+        n_procs: "int | None" = None,
+        read_ahead: "int | None" = None,
+        cyclic: bool = False,
+        block_size: "int | None" = None,
+        ordered: bool = False,
+        field: "str | None" = None,
+        remainder: bool = False,
+    ) -> Queue:
+        """Start readers on the dataset at ``path`` and return a :class:`Queue` of its blocks.
+
+        Parameters
+        ----------
+        path : str
+            The node in the file: an Array, CArray, EArray or Table.
+        n_procs : int, optional
+            Reader processes. Default: the CPUs this process may use, or none
+            at all (blocks read in this process) when the dataset is too small
+            (< 16 MiB) for processes to pay.
+        read_ahead : int, optional
+            Slots in the ring (blocks in flight). Default ``2 * n_procs + 2``.
+        cyclic : bool
+            Wrap at the end forever; the block spanning the end holds the last
+            rows followed by the first ones. Stop with :meth:`Queue.close`.
+        block_size : int, optional
+            Rows per block. Default: whole chunks near 4 MiB (1 MiB for
+            contiguous datasets), fewer for small datasets.
+        ordered : bool
+            Deliver blocks in on-disk order (else in the order they finish).
+        field : str, optional
+            For a Table: stream this column only.
+        remainder : bool
+            Also deliver the last, short block (``len % block_size`` rows);
+            otherwise get it with :meth:`get_remainder`.
+
+        Returns
+        -------
+        Queue
+            Owns the reader processes and the shared memory; close it (or use
+            it in a ``with``) when done.
+        """
+        spec = self._spec(path, n_procs, read_ahead, cyclic, block_size, ordered, field, remainder)
+        return Queue(spec, self._open_kwargs, self._start_method)
+
+    def get_generator(
+        self,
+        path: str,
+        n_procs: "int | None" = None,
+        read_ahead: "int | None" = None,
+        cyclic: bool = False,
+        block_size: "int | None" = None,
+        ordered: bool = False,
+        field: "str | None" = None,
+        remainder: bool = True,
+    ) -> Iterator[np.ndarray]:
+        """Iterate over the rows of ``path``: every row once per pass, remainder included.
+
+        Rows belong to private copies of the blocks, so they are safe to keep.
+        Arguments as for :meth:`get_queue`; they are checked now, and the
+        readers start at the first ``next()``. Closing the generator (or
+        dropping it) stops them.
+        """
+        spec = self._spec(path, n_procs, read_ahead, cyclic, block_size, ordered, field, remainder)
+        return self._rows(spec)
+
+    def _rows(self, spec: _StreamSpec) -> Iterator[np.ndarray]:
+        owner: "np.ndarray | None" = None  # memory of the last private copy
+        with Queue(spec, self._open_kwargs, self._start_method) as queue:
+            for guard in queue.iter():
+                with guard as block:
+                    # Reuse the last copy's memory unless the caller kept one of
+                    # its rows (every row is a view holding a reference to it):
+                    # a fresh 4 MiB array page-faults on every block.
+                    if owner is None or sys.getrefcount(owner) > 2 or len(owner) < len(block):
+                        owner = _empty_block(spec)
+                    rows = owner[: len(block)]
+                    np.copyto(rows, block)
+                yield from rows
+                del rows
+
+    def get_remainder(self, path: str, block_size: int, field: "str | None" = None) -> np.ndarray:
+        """The last ``len % block_size`` rows of ``path`` (empty when ``block_size`` divides the length), read here."""
+        block_size = _check_int("block_size", block_size, 1, allow_none=False)  # type: ignore[assignment]
+        node = inspect_node(self._filename, path, field)
+        start = block_size * (node.n_rows // block_size)
+        out = np.empty((node.n_rows - start,) + node.row_shape, node.dtype)
+        if len(out):
+            source = open_source(resolve_engine(self._engine, node, self._open_kwargs), node, self._open_kwargs)
+            try:
+                source.read_into(start, node.n_rows, out)
+            finally:
+                source.close()
+        return out

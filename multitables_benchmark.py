@@ -1,0 +1,5 @@
+"""Placeholder replaced by the benchmark issue."""
+
+
+def main() -> None:
+    raise SystemExit("not yet")

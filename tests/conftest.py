@@ -1,0 +1,118 @@
+"""Shared fixtures: small HDF5 files, and a check that a test leaves no process, fd, thread or segment behind."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import psutil
+import pytest
+
+from multitables._shm import SHM_PREFIX
+
+#: Seconds a test's processes and segments get to disappear after it ends.
+SETTLE_TIMEOUT = 5.0
+
+
+def own_segments() -> set[str]:
+    """This library's segments in /dev/shm (other software's entries are never looked at)."""
+    try:
+        return {n for n in os.listdir("/dev/shm") if n.startswith(SHM_PREFIX)}
+    except FileNotFoundError:  # pragma: no cover
+        return set()
+
+
+def _snapshot() -> dict[str, object]:
+    me = psutil.Process()
+    children = {c.pid for c in me.children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE}
+    # multiprocessing's resource tracker is started once and lives as long as this process.
+    children = {pid for pid in children if "resource_tracker" not in " ".join(_cmdline(pid))}
+    return {
+        "segments": own_segments(),
+        "fds": me.num_fds(),
+        "children": children,
+        "threads": {t.ident for t in threading.enumerate()},
+    }
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return []
+
+
+@pytest.fixture
+def no_leaks() -> Iterator[None]:
+    """Fail the test if it leaves segments, fds, child processes or threads behind (after a grace period)."""
+    import multiprocessing.resource_tracker as rt
+
+    rt.ensure_running()
+    before = _snapshot()
+    yield
+    deadline = time.monotonic() + SETTLE_TIMEOUT
+    while True:
+        after = _snapshot()
+        diff = {
+            "segments": after["segments"] - before["segments"],  # type: ignore[operator]
+            "fds": after["fds"] - before["fds"],  # type: ignore[operator]
+            "children": after["children"] - before["children"],  # type: ignore[operator]
+            "threads": after["threads"] - before["threads"],  # type: ignore[operator]
+        }
+        if not any(diff.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not any(diff.values()), f"left behind: {diff}"
+
+
+@pytest.fixture
+def make_array(tmp_path: Path) -> Callable[..., Path]:
+    """``make_array(data, complib=..., complevel=..., chunkshape=..., kind=...)`` writes one PyTables array at /data."""
+    import tables
+
+    counter = iter(range(10**6))
+
+    def make(
+        data: np.ndarray,
+        complib: "str | None" = "zlib",
+        complevel: int = 3,
+        chunkshape: "tuple[int, ...] | None" = None,
+        kind: str = "carray",
+        shuffle: bool = True,
+        fletcher32: bool = False,
+    ) -> Path:
+        path = tmp_path / f"array{next(counter)}.h5"
+        filters = tables.Filters(complevel=complevel, complib=complib, shuffle=shuffle, fletcher32=fletcher32) if complib else None
+        with tables.open_file(path, "w") as f:
+            if kind == "array":
+                f.create_array("/", "data", data)
+            elif kind == "earray":
+                arr = f.create_earray(
+                    "/", "data", obj=data, filters=filters, chunkshape=chunkshape, expectedrows=max(len(data), 1)
+                )
+            else:
+                f.create_carray("/", "data", obj=data, filters=filters, chunkshape=chunkshape)
+        return path
+
+    return make
+
+
+@pytest.fixture
+def table_file(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    """A PyTables Table at /table with an int, a float and a sub-array column; returns (path, rows)."""
+    import tables
+
+    dtype = np.dtype([("a", "<i4"), ("b", "<f8"), ("v", "<f4", (3,))])
+    rows = np.zeros(1000, dtype)
+    rows["a"] = np.arange(1000)
+    rows["b"] = np.arange(1000) * 0.5
+    rows["v"] = np.arange(3000).reshape(1000, 3)
+    path = tmp_path / "table.h5"
+    with tables.open_file(path, "w") as f:
+        t = f.create_table("/", "table", rows, filters=tables.Filters(5, "blosc"), chunkshape=(64,))
+        t.flush()
+    return path, rows

@@ -98,7 +98,7 @@ class _InlineBackend:
         self._next = 0
         self.pids: list[int] = []
 
-    def take(self, deadline_check: Any) -> tuple[int, np.ndarray]:
+    def take(self) -> tuple[int, np.ndarray]:
         if not self._free:
             raise RuntimeError(
                 "every slot of the queue is held by an unreleased guard; release blocks (leave their "
@@ -134,7 +134,7 @@ class _RingBackend:
         self._next = 0
         self.pids = self._pool.pids
 
-    def take(self, _: Any = None) -> tuple[int, np.ndarray]:
+    def take(self) -> tuple[int, np.ndarray]:
         ring, pool = self._ring, self._pool
         while True:
             if self._ordered and self._next in self._pending:

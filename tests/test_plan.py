@@ -1,0 +1,67 @@
+"""Block planning: which source rows each block holds (pure, property-tested)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from multitables._plan import BlockPlan, default_block_size, default_read_ahead, parallel_pays
+
+sizes = st.integers(1, 500).flatmap(lambda n: st.tuples(st.just(n), st.integers(1, n)))
+
+
+def gather(plan: BlockPlan, k: int) -> np.ndarray:
+    """The source row numbers block ``k`` holds, slot order, from its pieces."""
+    out = np.full(plan.rows(k), -1)
+    for p in plan.pieces(k):
+        out[p.dst : p.dst + p.stop - p.start] = np.arange(p.start, p.stop)
+    return out
+
+
+@given(sizes, st.booleans())
+def test_one_pass_covers_every_row_once_in_order(size: tuple[int, int], remainder: bool) -> None:
+    n, bs = size
+    plan = BlockPlan(n, bs, remainder=remainder)
+    rows = np.concatenate([gather(plan, k) for k in range(plan.n_blocks)]) if plan.n_blocks else np.array([], int)
+    expected_len = n if remainder else (n // bs) * bs
+    assert np.array_equal(rows, np.arange(expected_len))
+    assert all(plan.rows(k) == bs for k in range(n // bs))
+
+
+@given(sizes, st.integers(0, 50))
+def test_cyclic_blocks_wrap_end_to_start(size: tuple[int, int], k: int) -> None:
+    n, bs = size
+    plan = BlockPlan(n, bs, cyclic=True)
+    assert plan.n_blocks is None
+    assert np.array_equal(gather(plan, k), np.arange(k * bs, (k + 1) * bs) % n)
+    assert len(plan.pieces(k)) <= 2
+
+
+def test_a_plan_refuses_blocks_larger_than_the_dataset() -> None:
+    with pytest.raises(ValueError):
+        BlockPlan(10, 11)
+
+
+@given(
+    n_rows=st.integers(1, 10**8),
+    row_nbytes=st.integers(1, 1 << 22),
+    chunk_rows=st.one_of(st.none(), st.integers(1, 10**5)),
+    n_procs=st.integers(1, 64),
+)
+def test_default_block_size_is_whole_chunks_within_the_dataset(n_rows: int, row_nbytes: int, chunk_rows: "int | None", n_procs: int) -> None:
+    bs = default_block_size(n_rows, row_nbytes, chunk_rows, n_procs)
+    assert 1 <= bs <= n_rows
+    if chunk_rows and bs < n_rows:
+        assert bs % chunk_rows == 0
+    if chunk_rows and chunk_rows * row_nbytes <= (4 << 20) and n_rows >= 4 * n_procs * (4 << 20) // row_nbytes + chunk_rows:
+        assert bs * row_nbytes > (2 << 20)  # near the 4 MiB target for large datasets
+
+
+def test_defaults_for_a_pytables_float_array() -> None:
+    # 1024 float32 per row, PyTables' chunk of 64 rows (256 KiB): 16 chunks = 4 MiB.
+    assert default_block_size(1 << 20, 4096, 64, 2) == 1024
+    assert default_read_ahead(2) == 6
+    assert not parallel_pays(1000, 4096)
+    assert parallel_pays(1 << 16, 4096)

@@ -109,3 +109,39 @@ def default_read_ahead(n_procs: int) -> int:
 def parallel_pays(n_rows: int, row_nbytes: int) -> bool:
     """Whether starting reader processes can beat reading in the consumer itself."""
     return n_rows * row_nbytes >= INLINE_BYTES
+
+
+@dataclass(frozen=True)
+class RangePlan:
+    """Blocks given explicitly: block ``k`` is source rows ``[starts[k], stops[k])``.
+
+    For orders the regular plan cannot express: shuffled blocks of an epoch,
+    one rank's share of a dataset. Same protocol as :class:`BlockPlan`.
+    """
+
+    starts: tuple[int, ...]
+    stops: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.starts) != len(self.stops) or not self.starts:
+            raise ValueError("a range plan needs as many starts as stops, and at least one block")
+        if any(b <= a or a < 0 for a, b in zip(self.starts, self.stops)):
+            raise ValueError("every block of a range plan needs 0 <= start < stop")
+
+    @property
+    def block_size(self) -> int:
+        """Rows in the largest block (the size of a slot)."""
+        return max(b - a for a, b in zip(self.starts, self.stops))
+
+    @property
+    def n_blocks(self) -> int:
+        return len(self.starts)
+
+    def start(self, k: int) -> int:
+        return self.starts[k]
+
+    def rows(self, k: int) -> int:
+        return self.stops[k] - self.starts[k]
+
+    def pieces(self, k: int) -> tuple[Piece, ...]:
+        return (Piece(self.starts[k], self.stops[k], 0),)

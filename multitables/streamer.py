@@ -13,7 +13,7 @@ import numpy as np
 
 from ._engines import ENGINES, open_source, resolve_engine
 from ._node import NodeInfo, inspect_node
-from ._plan import BlockPlan, available_cpus, default_block_size, default_read_ahead, parallel_pays
+from ._plan import BlockPlan, RangePlan, available_cpus, default_block_size, default_read_ahead, parallel_pays
 from ._readers import ReaderPool
 from ._ring import TICK
 from .errors import QueueClosed, StreamClosedError
@@ -43,7 +43,7 @@ class _StreamSpec:
 
     node: NodeInfo
     engine: str
-    plan: BlockPlan
+    plan: "BlockPlan | RangePlan"
     n_procs: int  # 0: read in the consumer process
     n_slots: int
     ordered: bool
@@ -362,6 +362,24 @@ class Streamer:
             it in a ``with``) when done.
         """
         spec = self._spec(path, n_procs, read_ahead, cyclic, block_size, ordered, field, remainder)
+        return Queue(spec, self._open_kwargs, self._start_method)
+
+    def _queue_for_plan(
+        self,
+        path: str,
+        plan: RangePlan,
+        n_procs: int,
+        read_ahead: "int | None" = None,
+        ordered: bool = True,
+        field: "str | None" = None,
+    ) -> Queue:
+        """A queue over explicitly planned blocks (for the training layer; ``n_procs=0`` reads in-process)."""
+        node = inspect_node(self._filename, path, field)
+        if max(plan.stops) > node.n_rows:
+            raise ValueError(f"the plan reads up to row {max(plan.stops)} but {path!r} has {node.n_rows} rows")
+        engine = resolve_engine(self._engine, node, self._open_kwargs)
+        n_slots = read_ahead if read_ahead is not None else default_read_ahead(n_procs)
+        spec = _StreamSpec(node=node, engine=engine, plan=plan, n_procs=n_procs, n_slots=n_slots, ordered=ordered)
         return Queue(spec, self._open_kwargs, self._start_method)
 
     def get_generator(

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from multitables._plan import BlockPlan, default_block_size, default_read_ahead, parallel_pays
+from multitables._plan import BlockPlan, RangePlan, default_block_size, default_read_ahead, parallel_pays
 
 sizes = st.integers(1, 500).flatmap(lambda n: st.tuples(st.just(n), st.integers(1, n)))
 
@@ -65,3 +65,18 @@ def test_defaults_for_a_pytables_float_array() -> None:
     assert default_read_ahead(2) == 6
     assert not parallel_pays(1000, 4096)
     assert parallel_pays(1 << 16, 4096)
+
+
+@given(st.lists(st.tuples(st.integers(0, 100), st.integers(1, 30)), min_size=1, max_size=20))
+def test_a_range_plan_reads_exactly_the_ranges_given(ranges: list[tuple[int, int]]) -> None:
+    plan = RangePlan(tuple(a for a, _ in ranges), tuple(a + n for a, n in ranges))
+    assert plan.n_blocks == len(ranges)
+    assert plan.block_size == max(n for _, n in ranges)
+    for k, (a, n) in enumerate(ranges):
+        assert np.array_equal(gather(plan, k), np.arange(a, a + n))
+
+
+def test_a_range_plan_refuses_empty_or_reversed_ranges() -> None:
+    for starts, stops in [((), ()), ((5,), (5,)), ((3, 1), (4,))]:
+        with pytest.raises(ValueError):
+            RangePlan(starts, stops)

@@ -300,3 +300,15 @@ def test_pytables_open_options_go_to_pytables(make_array) -> None:
         np.testing.assert_array_equal(np.concatenate(blocks_of(q)), data)
     with pytest.raises(Exception, match="H5FD_NOPE|DRIVER|driver"):
         multitables.Streamer(make_array(data), DRIVER="H5FD_NOPE").get_queue("/data", n_procs=1)
+
+
+@pytest.mark.parametrize("n_procs", [0, 2])
+def test_a_queue_over_explicit_ranges_delivers_them_in_order(make_array, n_procs: int) -> None:
+    from multitables._plan import RangePlan
+
+    data = np.arange(1000, dtype="<i8")
+    stream = multitables.Streamer(make_array(data, chunkshape=(16,)))
+    starts, stops = (900, 0, 333, 512), (1000, 7, 400, 513)
+    with stream._queue_for_plan("/data", RangePlan(starts, stops), n_procs=n_procs) as queue:
+        got = blocks_of(queue)
+    assert [list(g) for g in got] == [list(range(a, b)) for a, b in zip(starts, stops)]

@@ -50,24 +50,35 @@ def main(argv: "list[str] | None" = None) -> None:
         stream = multitables.Streamer(filename)
         row_nbytes = 1024 * 4
 
-        t0 = time.perf_counter()
-        n = 0
-        with stream.get_queue("/data", n_procs=args.n_procs) as queue:
-            for guard in queue.iter():
-                with guard as block:
-                    n += len(block)
-            procs, engine, block_size = queue.n_procs, queue.engine, queue.block_size
-        n += len(stream.get_remainder("/data", block_size))
-        direct = time.perf_counter() - t0
+        def direct() -> int:
+            n = 0
+            with stream.get_queue("/data", n_procs=args.n_procs) as queue:
+                for guard in queue.iter():
+                    with guard as block:
+                        n += len(block)
+                info.update(procs=queue.n_procs, engine=queue.engine, block_size=queue.block_size)
+            return n + len(stream.get_remainder("/data", info["block_size"]))
 
-        t0 = time.perf_counter()
-        m = sum(1 for _ in stream.get_generator("/data", n_procs=args.n_procs))
-        generator = time.perf_counter() - t0
+        def generator() -> int:
+            return sum(1 for _ in stream.get_generator("/data", n_procs=args.n_procs))
 
-        assert n == m == args.rows, (n, m, args.rows)
+        info: dict = {}
+        # Best of three passes: the first one also pays for starting
+        # multiprocessing's resource tracker and for cold imports.
+        times = {}
+        for name, run in (("direct", direct), ("generator", generator)):
+            best = float("inf")
+            for _ in range(3):
+                t0 = time.perf_counter()
+                rows = run()
+                best = min(best, time.perf_counter() - t0)
+                assert rows == args.rows, (name, rows, args.rows)
+            times[name] = best
+        procs, engine, block_size = info["procs"], info["engine"], info["block_size"]
         print(f"{args.rows} rows of {row_nbytes} B, {args.complib} level {args.complevel}, "
-              f"{procs} reader processes, engine {engine}, blocks of {block_size} rows (page cache warm)")
-        for name, dt in (("direct", direct), ("generator", generator)):
+              f"{procs} reader processes, engine {engine}, blocks of {block_size} rows "
+              f"(page cache warm, best of 3 passes)")
+        for name, dt in times.items():
             print(f"{name:>9}: {args.rows / dt:12,.0f} rows/s {args.rows * row_nbytes / dt / 1e6:10,.0f} MB/s")
     finally:
         if tmpdir is not None:

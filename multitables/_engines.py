@@ -63,12 +63,39 @@ def resolve_engine(engine: str, node: NodeInfo, open_kwargs: dict[str, Any]) -> 
     return "h5py" if _h5py_can_read(node) else "tables"
 
 
+def _h5py_cache_bytes(node: NodeInfo, plan: Any) -> int:
+    """Bytes of HDF5 chunk cache for a reader that reads ``plan``'s blocks.
+
+    Measured (h5py, 4 MiB blocks of whole 256 KiB chunks): without a chunk
+    cache HDF5 decodes straight into the caller's buffer, 1.8x faster on
+    uncompressed data and 1.2x on blosc than with the default 1 MiB cache,
+    the same on zlib. Blocks that cut chunks need the cache, or the chunk
+    they share with the next block is decoded twice: keep two chunk-rows.
+    """
+    if node.chunk_rows is None or plan is None:
+        return 1 << 20
+    if whole_chunks(plan, node.n_rows, node.chunk_rows):
+        return 0
+    chunk_row_bytes = node.chunk_rows * max(node.file_dtype.itemsize, 1) * int(np.prod(node.row_shape, dtype=np.int64))
+    return max(1 << 20, 2 * chunk_row_bytes + (chunk_row_bytes >> 3))
+
+
+def whole_chunks(plan: Any, n_rows: int, chunk_rows: int) -> bool:
+    """Whether every block of ``plan`` starts and ends on a chunk boundary (or at the end)."""
+    if getattr(plan, "cyclic", False):
+        return False
+    if hasattr(plan, "starts"):
+        return all(a % chunk_rows == 0 and (b % chunk_rows == 0 or b == n_rows) for a, b in zip(plan.starts, plan.stops))
+    return plan.block_size % chunk_rows == 0
+
+
 class _H5pySource:
-    def __init__(self, node: NodeInfo, open_kwargs: dict[str, Any]) -> None:
+    def __init__(self, node: NodeInfo, open_kwargs: dict[str, Any], plan: Any = None) -> None:
         import h5py
         import hdf5plugin  # noqa: F401
 
-        self._file = h5py.File(node.filename, "r", **open_kwargs)
+        kwargs = {"rdcc_nbytes": _h5py_cache_bytes(node, plan), **open_kwargs}
+        self._file = h5py.File(node.filename, "r", **kwargs)
         self._ds = self._file[node.path]
         self._field_dtype = node.field_read_dtype
 
@@ -83,7 +110,7 @@ class _H5pySource:
 
 
 class _TablesSource:
-    def __init__(self, node: NodeInfo, open_kwargs: dict[str, Any]) -> None:
+    def __init__(self, node: NodeInfo, open_kwargs: dict[str, Any], plan: Any = None) -> None:
         import tables
 
         tables.set_blosc_max_threads(1)
@@ -101,10 +128,10 @@ class _TablesSource:
         self._file.close()
 
 
-def open_source(engine: str, node: NodeInfo, open_kwargs: dict[str, Any]) -> Source:
-    """Open ``node`` with a concrete engine (``h5py`` or ``tables``)."""
+def open_source(engine: str, node: NodeInfo, open_kwargs: dict[str, Any], plan: Any = None) -> Source:
+    """Open ``node`` with a concrete engine (``h5py`` or ``tables``), tuned for reading ``plan``'s blocks."""
     if engine == "h5py":
-        return _H5pySource(node, open_kwargs)
+        return _H5pySource(node, open_kwargs, plan)
     if engine == "tables":
-        return _TablesSource(node, open_kwargs)
+        return _TablesSource(node, open_kwargs, plan)
     raise ValueError(f"engine={engine!r} is not a concrete engine")

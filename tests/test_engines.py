@@ -99,3 +99,32 @@ def test_auto_prefers_h5py_and_takes_tables_for_pytables_open_options(make_array
     assert resolve_engine("auto", node, {"DRIVER": "H5FD_CORE"}) == "tables"
     with pytest.raises(ValueError, match="engine='fast'"):
         resolve_engine("fast", node, {})
+
+
+def test_the_chunk_cache_is_off_only_when_blocks_hold_whole_chunks() -> None:
+    from multitables._engines import whole_chunks
+    from multitables._plan import BlockPlan, RangePlan
+
+    assert whole_chunks(BlockPlan(1000, 64), 1000, 32)
+    assert whole_chunks(BlockPlan(1000, 64, remainder=True), 1000, 32)  # the last block ends at the end
+    assert not whole_chunks(BlockPlan(1000, 48), 1000, 32)
+    assert not whole_chunks(BlockPlan(1000, 64, cyclic=True), 1000, 32)  # wrapped blocks start anywhere
+    assert whole_chunks(RangePlan((64, 0), (1000, 32)), 1000, 32)
+    assert not whole_chunks(RangePlan((16,), (32,)), 1000, 32)
+
+
+@pytest.mark.parametrize("block_size", [64, 48, 1])
+def test_h5py_reads_equal_with_and_without_the_chunk_cache(make_array, block_size: int) -> None:
+    from multitables._plan import BlockPlan
+
+    data = np.random.default_rng(3).standard_normal((1000, 7)).astype("<f4")
+    node = inspect_node(make_array(data, complib="blosc", chunkshape=(32, 7)), "/data")
+    plan = BlockPlan(1000, block_size, remainder=True)
+    src = open_source("h5py", node, {}, plan)
+    try:
+        for k in range(plan.n_blocks):
+            out = np.empty((plan.rows(k), 7), "<f4")
+            src.read_into(plan.start(k), plan.start(k) + plan.rows(k), out)
+            np.testing.assert_array_equal(out, data[plan.start(k) : plan.start(k) + plan.rows(k)])
+    finally:
+        src.close()

@@ -312,3 +312,15 @@ def test_a_queue_over_explicit_ranges_delivers_them_in_order(make_array, n_procs
     with stream._queue_for_plan("/data", RangePlan(starts, stops), n_procs=n_procs) as queue:
         got = blocks_of(queue)
     assert [list(g) for g in got] == [list(range(a, b)) for a, b in zip(starts, stops)]
+
+
+@pytest.mark.parametrize("n_procs", [None, 2])
+def test_holding_every_slot_is_an_error_not_a_hang(make_array, n_procs: "int | None") -> None:
+    stream = multitables.Streamer(make_array(np.arange(1000.0), chunkshape=(10,)))
+    with stream.get_queue("/data", n_procs=n_procs, read_ahead=2, block_size=10) as queue:
+        held = [queue.get(), queue.get()]
+        with pytest.raises(RuntimeError, match="all 2 slots of the queue are held"):
+            queue.get()
+        held[0].release()
+        with queue.get() as block:  # one slot free again: the stream goes on
+            assert len(block) == 10

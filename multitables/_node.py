@@ -59,6 +59,13 @@ def _has_object(dt: np.dtype) -> bool:
 
 def inspect_node(filename: "str | os.PathLike[str]", path: str, field: "str | None" = None) -> NodeInfo:
     """Open ``filename`` read-only, check ``path`` (and ``field``) can be streamed, describe it."""
+    node, dataset = open_node(filename, path, field)
+    dataset.file.close()
+    return node
+
+
+def open_node(filename: "str | os.PathLike[str]", path: str, field: "str | None" = None) -> "tuple[NodeInfo, Any]":
+    """As :func:`inspect_node`, but also return the open ``h5py.Dataset`` (the caller closes its ``.file``)."""
     import h5py
 
     filename = os.fspath(filename)
@@ -72,17 +79,22 @@ def inspect_node(filename: "str | os.PathLike[str]", path: str, field: "str | No
         raise IsADirectoryError(errno.EISDIR, "Expected an HDF5 file, got a directory", filename)
     if not h5py.is_hdf5(filename):
         raise NotHDF5Error(f"{filename!r} is not an HDF5 file")
-    with h5py.File(filename, "r") as f:
-        node = f.get(path)
-        if node is None:
-            raise KeyError(f"no node {path!r} in {filename!r}")
+    f = h5py.File(filename, "r")
+    try:
+        try:
+            node = f[path]
+        except KeyError:
+            raise KeyError(f"no node {path!r} in {filename!r}") from None
         if not isinstance(node, h5py.Dataset):
             kind = "a Group" if isinstance(node, h5py.Group) else type(node).__name__
             raise NodeTypeError(
                 f"{path!r} in {filename!r} is {kind}; only array datasets (Array, CArray, EArray) "
                 f"and Tables can be streamed"
             )
-        return _describe(filename, path, field, node)
+        return _describe(filename, path, field, node), node
+    except BaseException:
+        f.close()
+        raise
 
 
 def _describe(filename: str, path: str, field: "str | None", ds: Any) -> NodeInfo:

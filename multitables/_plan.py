@@ -23,10 +23,16 @@ CONTIGUOUS_BLOCK_BYTES = 1 * MiB
 #: Aim for at least this many blocks per reader, so the readers share the
 #: work evenly; blocks shrink (down to one chunk) for smaller datasets.
 MIN_BLOCKS_PER_READER = 4
-#: Below this many uncompressed bytes a dataset is read in the consumer
-#: process when ``n_procs`` is left to its default: starting readers costs
-#: more than they could save.
-INLINE_BYTES = 16 * MiB
+#: What it costs to start the readers and see the first block (s), by start
+#: method. Measured with 2 readers on a 4 MiB file, median of 5, on the
+#: 2-core development machine while busy: fork 0.043, forkserver 0.84,
+#: spawn 1.2 (each spawned reader imports numpy, h5py and PyTables).
+START_COST_S = {"fork": 0.05, "forkserver": 0.9, "spawn": 1.2}
+#: Rough one-core decode rates (bytes/s) by HDF5 filter id, to judge whether
+#: parallel reading can pay: deflate ~0.39 GB/s and blosc ~1.5-2 GB/s with
+#: h5py here (BENCHMARKS.md), bzip2 far slower, no filter ~3.7 GB/s warm.
+_DECODE_RATE = {1: 0.4e9, 307: 0.03e9, 32001: 1.5e9, 32026: 1.5e9, 32004: 1.5e9, 32015: 0.8e9, 32008: 1.5e9}
+_COPY_RATE = 3.5e9
 
 
 @dataclass(frozen=True)
@@ -87,17 +93,23 @@ def available_cpus() -> int:
 
 
 def default_block_size(n_rows: int, row_nbytes: int, chunk_rows: "int | None", n_procs: int) -> int:
-    """Rows per block: whole chunks near :data:`TARGET_BLOCK_BYTES`, smaller for small datasets."""
+    """Rows per block: whole chunks near :data:`TARGET_BLOCK_BYTES`, smaller for small datasets.
+
+    ``n_procs=0`` (reading in the consumer) keeps blocks large: there are no
+    readers to share the blocks between.
+    """
     row_nbytes = max(row_nbytes, 1)
     if chunk_rows:
         chunks = max(1, TARGET_BLOCK_BYTES // (chunk_rows * row_nbytes))
-        # Enough blocks that every reader gets several, but never less than one chunk.
-        per_reader = n_rows // (chunk_rows * max(n_procs, 1) * MIN_BLOCKS_PER_READER)
-        chunks = max(1, min(chunks, per_reader))
+        if n_procs:
+            # Enough blocks that every reader gets several, but never less than one chunk.
+            per_reader = n_rows // (chunk_rows * n_procs * MIN_BLOCKS_PER_READER)
+            chunks = max(1, min(chunks, per_reader))
         size = chunks * chunk_rows
     else:
         size = max(1, CONTIGUOUS_BLOCK_BYTES // row_nbytes)
-        size = max(1, min(size, n_rows // (max(n_procs, 1) * MIN_BLOCKS_PER_READER)))
+        if n_procs:
+            size = max(1, min(size, n_rows // (n_procs * MIN_BLOCKS_PER_READER)))
     return max(1, min(size, n_rows))
 
 
@@ -106,9 +118,21 @@ def default_read_ahead(n_procs: int) -> int:
     return 2 * max(n_procs, 1) + 2
 
 
-def parallel_pays(n_rows: int, row_nbytes: int) -> bool:
-    """Whether starting reader processes can beat reading in the consumer itself."""
-    return n_rows * row_nbytes >= INLINE_BYTES
+def parallel_pays(nbytes: int, filter_ids: "tuple[int, ...]", start_method: "str | None", n_cpus: int) -> bool:
+    """Whether ``n_cpus`` reader processes can beat reading ``nbytes`` (uncompressed) in the consumer.
+
+    Readers save at most ``(1 - 1/n_cpus)`` of the one-core read time and
+    cost :data:`START_COST_S` to start; they must save twice what they cost.
+    """
+    if n_cpus < 2:
+        return False
+    if start_method is None:
+        import multiprocessing
+
+        start_method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
+    rate = min((_DECODE_RATE.get(f, _COPY_RATE) for f in filter_ids), default=_COPY_RATE)
+    one_core_s = nbytes / rate
+    return one_core_s * (1 - 1 / n_cpus) > 2 * START_COST_S.get(start_method, max(START_COST_S.values()))
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,13 @@ import sys
 import threading
 import weakref
 from dataclasses import dataclass
+from dataclasses import field as dc_field
 from typing import Any, Iterator
 
 import numpy as np
 
 from ._engines import ENGINES, open_source, resolve_engine
-from ._node import NodeInfo, inspect_node
+from ._node import NodeInfo, inspect_node, open_node
 from ._plan import BlockPlan, RangePlan, available_cpus, default_block_size, default_read_ahead, parallel_pays
 from ._readers import ReaderPool
 from ._ring import TICK
@@ -47,6 +48,8 @@ class _StreamSpec:
     n_procs: int  # 0: read in the consumer process
     n_slots: int
     ordered: bool
+    #: The h5py.Dataset the checks opened, kept for an in-process h5py read (the queue closes its file).
+    dataset: Any = dc_field(default=None, compare=False, repr=False)
 
 
 class Guard:
@@ -92,8 +95,9 @@ class _InlineBackend:
 
     def __init__(self, spec: _StreamSpec, open_kwargs: dict[str, Any]) -> None:
         self._plan = spec.plan
-        self._source = open_source(spec.engine, spec.node, open_kwargs, spec.plan)
-        self._buffers = [np.empty((spec.plan.block_size,) + spec.node.row_shape, spec.node.dtype) for _ in range(spec.n_slots)]
+        self._source = open_source(spec.engine, spec.node, open_kwargs, spec.plan, spec.dataset)
+        self._spec = spec
+        self._buffers: "list[np.ndarray | None]" = [None] * spec.n_slots  # allocated on first use
         self._free = list(range(spec.n_slots))
         self._next = 0
         self.pids: list[int] = []
@@ -102,6 +106,8 @@ class _InlineBackend:
         slot, k = self._free.pop(), self._next
         self._next += 1
         out = self._buffers[slot]
+        if out is None:
+            out = self._buffers[slot] = _empty_block(self._spec)
         for p in self._plan.pieces(k):
             out_part = out[p.dst : p.dst + p.stop - p.start]
             self._source.read_into(p.start, p.stop, out_part)
@@ -306,20 +312,29 @@ class Streamer:
         cyclic = _check_bool("cyclic", cyclic)
         ordered = _check_bool("ordered", ordered)
         remainder = _check_bool("remainder", remainder)
-        node = inspect_node(self._filename, path, field)
-        engine = resolve_engine(self._engine, node, self._open_kwargs)
-        if engine == "tables" and self._open_kwargs:
-            self._check_tables_open(node)
-        if n_procs is None:
-            n_procs = available_cpus() if parallel_pays(node.n_rows, node.row_nbytes) else 0
-        if block_size is None:
-            block_size = default_block_size(node.n_rows, node.row_nbytes, node.chunk_rows, max(n_procs, 1))
-        elif block_size > node.n_rows:
-            raise ValueError(f"block_size={block_size} is larger than {path!r}, which has {node.n_rows} rows")
-        if read_ahead is None:
-            read_ahead = default_read_ahead(n_procs)
-        plan = BlockPlan(node.n_rows, block_size, cyclic=cyclic, remainder=remainder)
-        return _StreamSpec(node=node, engine=engine, plan=plan, n_procs=n_procs, n_slots=read_ahead, ordered=ordered)
+        node, dataset = open_node(self._filename, path, field)
+        try:
+            engine = resolve_engine(self._engine, node, self._open_kwargs)
+            if engine == "tables" and self._open_kwargs:
+                self._check_tables_open(node)
+            if n_procs is None:
+                cpus = available_cpus()
+                nbytes = node.n_rows * node.row_nbytes
+                n_procs = cpus if parallel_pays(nbytes, node.filter_ids, self._start_method, cpus) else 0
+            if block_size is None:
+                block_size = default_block_size(node.n_rows, node.row_nbytes, node.chunk_rows, n_procs)
+            elif block_size > node.n_rows:
+                raise ValueError(f"block_size={block_size} is larger than {path!r}, which has {node.n_rows} rows")
+            if read_ahead is None:
+                read_ahead = default_read_ahead(n_procs)
+            plan = BlockPlan(node.n_rows, block_size, cyclic=cyclic, remainder=remainder)
+        except BaseException:
+            dataset.file.close()
+            raise
+        if n_procs or engine != "h5py":
+            dataset.file.close()  # readers open their own
+            dataset = None
+        return _StreamSpec(node, engine, plan, n_procs, read_ahead, ordered, dataset)
 
     def _check_tables_open(self, node: NodeInfo) -> None:
         """Open once here with the user's PyTables options, so a bad option fails before any process starts."""
@@ -345,8 +360,9 @@ class Streamer:
             The node in the file: an Array, CArray, EArray or Table.
         n_procs : int, optional
             Reader processes. Default: the CPUs this process may use, or none
-            at all (blocks read in this process) when the dataset is too small
-            (< 16 MiB) for processes to pay.
+            at all (blocks read in this process) when starting them would cost
+            more than they save: small datasets, one CPU (see
+            ``multitables._plan.parallel_pays``).
         read_ahead : int, optional
             Slots in the ring (blocks in flight). Default ``2 * n_procs + 2``.
         cyclic : bool

@@ -63,8 +63,17 @@ def test_defaults_for_a_pytables_float_array() -> None:
     # 1024 float32 per row, PyTables' chunk of 64 rows (256 KiB): 16 chunks = 4 MiB.
     assert default_block_size(1 << 20, 4096, 64, 2) == 1024
     assert default_read_ahead(2) == 6
-    assert not parallel_pays(1000, 4096)
-    assert parallel_pays(1 << 16, 4096)
+    assert default_block_size(1000, 4096, 64, 0) == 1000  # in-process: no readers to share blocks with
+
+
+def test_parallel_reading_pays_only_for_enough_work_and_more_than_one_cpu() -> None:
+    zlib, blosc = (1,), (32001,)
+    assert not parallel_pays(4 << 20, zlib, "fork", 2)  # a 4 MiB file: start-up costs more
+    assert parallel_pays(256 << 20, zlib, "fork", 2)
+    assert not parallel_pays(1 << 40, zlib, "fork", 1)  # one CPU: never
+    # Fast codecs and slow start methods need more data before processes pay.
+    assert parallel_pays(128 << 20, zlib, "fork", 2) and not parallel_pays(128 << 20, blosc, "fork", 2)
+    assert parallel_pays(256 << 20, zlib, "fork", 2) and not parallel_pays(256 << 20, zlib, "spawn", 2)
 
 
 @given(st.lists(st.tuples(st.integers(0, 100), st.integers(1, 30)), min_size=1, max_size=20))

@@ -1,0 +1,488 @@
+"""The benchmark script's logic: options, readers, summaries, the report's structure, and a --quick run end to end.
+
+No test asserts a timing: the figures come from a shared machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import multitables_benchmark as mb
+from multitables._shm import SHM_PREFIX
+from multitables_benchmark import Codec, Context, Pass, Reader, Settings, Target
+
+REPO = Path(__file__).resolve().parents[1]
+CELL = re.compile(r"^[\d,]+ MB/s( \d+\.\d\dx)?\*?$")
+
+
+# ---------------------------------------------------------------------------
+# Options
+# ---------------------------------------------------------------------------
+
+
+def test_defaults_follow_the_established_benchmark() -> None:
+    s = mb.parse_args([])
+    assert (s.size_gib, s.cycles, s.repeats) == (1.0, 1, 3)
+    assert s.complibs == ("blosc",) and s.complevels == (0, 3, 9)
+    assert s.engines == ("h5py", "tables") and s.modes == ("direct", "generator")
+    assert s.cache == "auto" and not s.direct_off and s.small_files
+    assert s.max_procs == mb._usable_cpus()
+    assert s.n_rows == (1 << 30) // 4096
+
+
+def test_quick_is_small_and_explicit_options_win() -> None:
+    s = mb.parse_args(["--quick"])
+    assert s.quick and s.size_gib == mb.QUICK_SIZE_GIB and s.repeats == 1 and 1 <= s.max_procs <= 2
+    assert s.n_rows * mb.ROW_NBYTES > 16 << 20  # above the in-process threshold: readers start
+    s = mb.parse_args(["--quick", "--repeats", "2", "--size", "0.5", "--max_procs", "3"])
+    assert (s.repeats, s.size_gib, s.max_procs) == (2, 0.5, 3)
+
+
+def test_every_established_option_parses() -> None:
+    s = mb.parse_args(["--size", "2", "--cycles", "2", "--max_procs", "6", "--complib", "zlib", "--H5FD_DIRECT_OFF"])
+    assert (s.size_gib, s.cycles, s.max_procs, s.complibs, s.direct_off) == (2.0, 2, 6, ("zlib",), True)
+
+
+def test_complib_joins_complibs_without_repeats() -> None:
+    s = mb.parse_args(["--complib", "zlib", "--complibs", "blosc:lz4", "zlib", "blosc:zstd"])
+    assert s.complibs == ("zlib", "blosc:lz4", "blosc:zstd")
+
+
+def test_new_options_parse() -> None:
+    s = mb.parse_args(
+        ["--complevels", "1", "5", "--engines", "tables", "--modes", "generator", "--cache", "warm", "--json", "r.json",
+         "--markdown", "--html", "out.html", "--no-small-files"]
+    )
+    assert s.complevels == (1, 5) and s.engines == ("tables",) and s.modes == ("generator",) and s.cache == "warm"
+    assert (s.json, s.markdown, s.html, s.small_files) == ("r.json", "-", "out.html", False)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--repeats", "0"],
+        ["--cycles", "0"],
+        ["--max_procs", "0"],
+        ["--size", "0"],
+        ["--complevels", "10"],
+        ["--complibs", "nope"],
+        ["--engines", "zarr"],
+        ["--modes", "fast"],
+        ["--cache", "cold"],
+        ["--cache", "direct", "--H5FD_DIRECT_OFF"],
+    ],
+)
+def test_bad_options_are_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        mb.parse_args(argv)
+    assert exc.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_file_must_be_new_and_its_directory_exist(tmp_path: Path) -> None:
+    existing = tmp_path / "data.h5"
+    existing.write_bytes(b"precious")
+    with pytest.raises(SystemExit):
+        mb.parse_args(["--file", str(existing)])
+    with pytest.raises(SystemExit):
+        mb.parse_args(["--file", str(tmp_path / "missing" / "bench.h5")])
+    assert mb.parse_args(["--file", str(tmp_path / "bench.h5")]).file == str(tmp_path / "bench.h5")
+
+
+def test_plot_without_matplotlib_says_so(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(mb, "_matplotlib_available", lambda: False)
+    with pytest.raises(SystemExit):
+        mb.parse_args(["--plot", "p.png"])
+    assert "pip install matplotlib" in capsys.readouterr().err
+
+
+def test_codecs_write_complevel_zero_once() -> None:
+    s = mb.parse_args(["--complibs", "zlib", "blosc", "--complevels", "3", "0", "9"])
+    assert s.codecs == (Codec("none", 0), Codec("zlib", 3), Codec("zlib", 9), Codec("blosc", 3), Codec("blosc", 9))
+    assert s.small_codec == Codec("zlib", 3)
+    assert mb.parse_args(["--complevels", "0"]).small_codec == Codec("none", 0)
+
+
+# ---------------------------------------------------------------------------
+# The page cache, as the benchmark uses it
+# ---------------------------------------------------------------------------
+
+
+def _settings(**kw: Any) -> Settings:
+    return mb.parse_args([]) if not kw else Settings(**{**mb.parse_args([]).__dict__, **kw})
+
+
+def test_cache_modes_resolve(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import multitables._pagecache as pc
+
+    assert mb.resolve_cache(_settings(cache="warm"), str(tmp_path))[0] == "warm"
+    assert mb.resolve_cache(_settings(cache="evict"), str(tmp_path))[0] == "evict"
+    assert mb.resolve_cache(_settings(direct_off=True), str(tmp_path))[0] == "evict"
+
+    monkeypatch.setattr(pc, "direct_driver_available", lambda engine, directory=None: False)
+    mode, note = mb.resolve_cache(_settings(), str(tmp_path))
+    assert mode == "evict" and "no usable direct driver" in note
+    with pytest.raises(SystemExit, match="direct driver"):
+        mb.resolve_cache(_settings(cache="direct"), str(tmp_path))
+
+    monkeypatch.setattr(pc, "direct_driver_available", lambda engine, directory=None: True)
+    assert mb.resolve_cache(_settings(), str(tmp_path))[0] == "direct"
+    assert mb.open_kwargs_for("direct", "h5py") == {"driver": "direct"}
+    assert mb.open_kwargs_for("direct", "tables") == {"driver": "H5FD_DIRECT"}
+    assert mb.open_kwargs_for("evict", "tables") == {}
+
+
+def test_prepare_cache_warm_reads_the_file_in(tmp_path: Path) -> None:
+    path = tmp_path / "f.h5"
+    mb.write_file(str(path), 300, Codec("zlib", 1))
+    assert mb.prepare_cache(str(path), "warm") == pytest.approx(1.0)
+    assert 0.0 <= mb.prepare_cache(str(path), "evict") <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("cache", "resident", "warm"),
+    [("evict", 0.0, False), ("evict", 0.02, True), ("direct", 0.011, True), ("evict", 0.009, False), ("warm", 1.0, False)],
+)
+def test_a_cold_pass_starting_cached_is_marked(cache: str, resident: float, warm: bool) -> None:
+    p = Pass("main", Codec("none", 0), Reader("odirect"), 0, 0, cache, resident, 1.0, 10**6)
+    assert p.warm_start is warm
+    assert p.mb_per_s == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------------------
+# Files and readers
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_target(tmp_path: Path) -> Target:
+    path = tmp_path / "t.h5"
+    mb.write_file(str(path), 1000, Codec("blosc", 3), chunk_rows=64)
+    return Target("main", str(path), Codec("blosc", 3), 1000, 64)
+
+
+def test_written_file_is_random_normal_float32_rows(small_target: Target) -> None:
+    import tables
+
+    with tables.open_file(small_target.path) as f:
+        node = f.get_node(mb.NODE)
+        assert node.shape == (1000, 1024) and node.dtype == np.float32 and node.chunkshape == (64, 1024)
+        assert node.filters.complib == "blosc" and node.filters.complevel == 3
+        data = node.read()
+    assert abs(float(data.mean())) < 0.01 and abs(float(data.std()) - 1) < 0.01
+
+
+@pytest.mark.parametrize("engine", mb.ENGINES)
+def test_single_process_reader_reads_every_row_in_blocks(small_target: Target, engine: str) -> None:
+    steps: list[int] = []
+    rows = mb.read_single(small_target, Reader("single", engine), "evict", 96, steps.append)
+    assert rows == 1000 and sum(steps) == 1000 and max(steps) == 96 and steps[-1] == 1000 % 96
+    assert mb.engine_can_read(small_target.path, engine) is None
+
+
+@pytest.mark.parametrize("mode", mb.MODES)
+@pytest.mark.parametrize("n_procs", [1, None])
+def test_multitables_reader_reads_every_row(small_target: Target, mode: str, n_procs: "int | None", no_leaks: None) -> None:
+    steps: list[int] = []
+    rows = mb.read_multitables(small_target, Reader("multitables", "h5py", mode, n_procs), "evict", steps.append)
+    assert rows == 1000 and sum(steps) == 1000
+
+
+def test_probe_reports_what_multitables_picks(small_target: Target, no_leaks: None) -> None:
+    used, block = mb.probe_multitables(small_target, "auto", None, "evict")
+    assert used == 0  # 4 MB: read in-process by default
+    assert block % 64 == 0 and 0 < block <= 1000
+    assert mb.probe_multitables(small_target, "h5py", 2, "evict")[0] == 2
+
+
+def test_unreadable_file_is_explained(tmp_path: Path) -> None:
+    path = tmp_path / "not.h5"
+    path.write_bytes(b"not HDF5 at all")
+    assert mb.engine_can_read(str(path), "h5py") and mb.engine_can_read(str(path), "tables")
+
+
+def test_an_engine_that_cannot_decode_is_skipped_with_a_note(
+    small_target: Target, monkeypatch: pytest.MonkeyPatch, no_leaks: None
+) -> None:
+    monkeypatch.setattr(mb, "engine_can_read", lambda path, engine: "no filter" if engine == "h5py" else None)
+    notes: list[str] = []
+    jobs = mb.main_jobs(small_target, _settings(max_procs=1), "evict", notes)
+    assert {j.reader.engine for j in jobs if j.reader.kind != "odirect"} == {"tables"}
+    assert len(notes) == 1 and "h5py cannot decode" in notes[0]
+    # The O_DIRECT read, one single-process reader, n_procs 1 and default in both modes:
+    assert [j.reader.kind for j in jobs].count("multitables") == 4 and len(jobs) == 6
+
+
+def test_run_jobs_interleaves_repeats_and_records_residency(small_target: Target) -> None:
+    jobs = [mb.Job(small_target, Reader("odirect")), mb.Job(small_target, Reader("single", "h5py"), block_size=128)]
+    lines: list[str] = []
+    passes = mb.run_jobs(jobs, "evict", repeats=2, cycles=2, log=lines.append)
+    assert [(p.repeat, p.reader.kind, p.cycle) for p in passes] == [
+        (r, k, c) for r in range(2) for k in ("odirect", "single") for c in range(2)
+    ]
+    assert all(0.0 <= p.resident <= 1.0 and p.seconds > 0 for p in passes)
+    assert passes[-1].nbytes == 1000 * mb.ROW_NBYTES and passes[0].nbytes == os.path.getsize(small_target.path)
+    assert len(lines) == len(passes) and all("cached]" in line and "MB/s" in line for line in lines)
+
+
+# ---------------------------------------------------------------------------
+# Summaries and the report
+# ---------------------------------------------------------------------------
+
+LEVELS = (0, 3)
+ENGINES = ("h5py", "tables")
+MODES = ("direct", "generator")
+MAX_PROCS = 2
+
+
+def _pass(target: str, codec: Codec, reader: Reader, rate: float, repeat: int = 0, cycle: int = 0, resident: float = 0.0) -> Pass:
+    n_procs_used = None
+    if reader.kind == "multitables":
+        n_procs_used = reader.n_procs if reader.n_procs is not None else (2 if target == "main" else 0)
+    return Pass(target, codec, reader, repeat, cycle, "evict", resident, 1.0, int(rate * mb.MB), n_procs_used, 64)
+
+
+def synthetic_passes() -> list[Pass]:
+    """Every pass a full run with two complevels, both engines and modes, max_procs 2 and the small files would make."""
+    passes = []
+    for level in LEVELS:
+        codec = mb._codec("blosc", level)
+        passes.append(_pass("main", codec, Reader("odirect"), 900.0))
+        passes += [_pass("main", codec, Reader("single", e), 400.0 if e == "h5py" else 200.0) for e in ENGINES]
+        for e in ENGINES:
+            for m in MODES:
+                for n in (1, 2, None):
+                    warm = 0.5 if (level, e, m, n) == (3, "tables", "generator", 2) else 0.0
+                    passes.append(_pass("main", codec, Reader("multitables", e, m, n), 100.0 * (n or 2), resident=warm))
+    for small in mb.SMALL_FILES:
+        codec = Codec("blosc", 3)
+        passes += [_pass(small.key, codec, Reader("single", e), 100.0) for e in ENGINES]
+        rate = 50.0 if small.key == "sub-chunk" else 95.0
+        passes += [_pass(small.key, codec, Reader("multitables", "auto", m, None), rate) for m in MODES]
+    return passes
+
+
+@pytest.fixture
+def ctx(tmp_path: Path) -> Context:
+    s = _settings(complibs=("blosc",), complevels=LEVELS, max_procs=MAX_PROCS, repeats=1)
+    return Context(s, "evict", "evict: pages dropped", mb.machine_info(str(tmp_path)), {"numpy": np.__version__}, ("a note",))
+
+
+def test_summary_is_the_median_over_repeats_of_rates_over_cycles() -> None:
+    codec, reader = Codec("zlib", 3), Reader("single", "h5py")
+    passes = [
+        Pass("main", codec, reader, repeat, cycle, "evict", 0.0, seconds, 100 * 10**6)
+        for repeat, times in enumerate([(1.0, 1.0), (0.5, 0.5), (2.0, 2.0)])
+        for cycle, seconds in enumerate(times)
+    ]
+    (result,) = mb.summarize(passes)
+    assert result.rates == pytest.approx((100.0, 200.0, 50.0))
+    assert result.mb_per_s == pytest.approx(100.0)
+    assert not result.warm_start
+    marked = mb.summarize(passes[:-1] + [Pass("main", codec, reader, 2, 1, "evict", 0.3, 2.0, 100 * 10**6)])
+    assert marked[0].warm_start
+
+
+def test_scaling_table_is_complevel_by_n_procs_with_ratios_and_default() -> None:
+    results = mb.summarize(synthetic_passes())
+    t = mb.scaling_table(results, "blosc", LEVELS, "h5py", "direct", MAX_PROCS)
+    assert t.header == ("complevel / n_procs", "1", "2", "default (n_procs=2)")
+    assert [row[0] for row in t.rows] == ["0", "3"]
+    assert all(CELL.match(c) for row in t.rows for c in row[1:])
+    assert t.rows[0][1:] == ("100 MB/s 0.25x", "200 MB/s 0.50x", "200 MB/s 0.50x")
+    assert t.notes == ()
+
+
+def test_warm_start_is_marked_in_its_cell_and_noted() -> None:
+    results = mb.summarize(synthetic_passes())
+    t = mb.scaling_table(results, "blosc", LEVELS, "tables", "generator", MAX_PROCS)
+    assert t.rows[1][2].endswith("*") and not t.rows[0][2].endswith("*")
+    assert t.notes == (mb.WARM_NOTE,)
+
+
+def test_baseline_table_has_the_disk_and_each_engine() -> None:
+    results = mb.summarize(synthetic_passes())
+    t = mb.baseline_table(results, "blosc", LEVELS, ENGINES)
+    assert t.header[1].startswith("O_DIRECT") and len(t.header) == 2 + len(ENGINES)
+    assert t.rows[0][1:] == ("900 MB/s", "400 MB/s 1.00x", "200 MB/s 0.50x")
+
+
+def test_missing_measurements_read_n_a() -> None:
+    t = mb.scaling_table([], "zlib", LEVELS, "h5py", "direct", MAX_PROCS)
+    assert {c for row in t.rows for c in row[1:]} == {"n/a"}
+
+
+def test_small_files_table_checks_the_target() -> None:
+    results = mb.summarize(synthetic_passes())
+    t = mb.small_table(results, MODES)
+    assert len(t.rows) == len(mb.SMALL_FILES)
+    assert [row[-1] for row in t.rows] == ["yes", "yes", "NO"]
+    assert "in-process" in t.rows[0][3] and "0.95x" in t.rows[0][3]
+
+
+def test_text_report_aligns_every_table(ctx: Context) -> None:
+    results = mb.summarize(synthetic_passes())
+    tables = mb.report_tables(results, ctx)
+    assert len(tables) == 1 + len(ENGINES) * len(MODES) + 1  # baseline, scaling tables, small files
+    text = mb.render_text(tables, ctx)
+    for key in ("machine", "file", "data", "cache", "method", "versions", "note"):
+        assert re.search(rf"^\s*{key}: ", text, re.M)
+    assert "decompression overhead only" in text
+    for t in tables:
+        block = text.split(t.title + "\n", 1)[1].split("\n\n", 1)[0].splitlines()
+        table_lines = [block[0]] + block[2 : 2 + len(t.rows)]
+        bars = {tuple(m.start() for m in re.finditer(r" \| ", line)) for line in table_lines}
+        assert len(bars) == 1, t.title  # the column separators line up
+        assert set(block[1]) <= {"-", "+"}
+
+
+def test_markdown_tables_are_well_formed(ctx: Context) -> None:
+    results = mb.summarize(synthetic_passes())
+    tables = mb.report_tables(results, ctx)
+    md = mb.render_markdown(tables, ctx)
+    assert md.count("\n### ") == len(tables)
+    for t in tables:
+        section = md.split("### " + mb._md_escape(t.title), 1)[1].split("\n###", 1)[0]
+        rows = [line for line in section.splitlines() if line.startswith("|")]
+        assert len(rows) == 2 + len(t.rows)
+        widths = {len(re.findall(r"(?<!\\)\|", line)) for line in rows}
+        assert widths == {len(t.header) + 1}
+        assert set(rows[1]) <= set("|-:")
+    assert "\\*" in md  # the warm-start mark survives Markdown
+
+
+class _Cells(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: list[list[int]] = []
+        self.stack: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: Any) -> None:
+        self.stack.append(tag)
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append(0)
+        elif tag in ("td", "th"):
+            self.tables[-1][-1] += 1
+
+    def handle_endtag(self, tag: str) -> None:
+        assert self.stack.pop() == tag
+
+
+def test_html_is_one_page_of_balanced_tables(ctx: Context) -> None:
+    results = mb.summarize(synthetic_passes())
+    tables = mb.report_tables(results, ctx)
+    page = mb.render_html(tables, ctx)
+    assert page.startswith("<!DOCTYPE html>")
+    parser = _Cells()
+    parser.feed(page.replace("<!DOCTYPE html>", "").replace('<meta charset="utf-8">', ""))
+    assert parser.stack == []
+    assert [len(rows) for rows in parser.tables] == [1 + len(t.rows) for t in tables]
+    assert all(set(rows) == {len(t.header)} for rows, t in zip(parser.tables, tables))
+
+
+def test_json_has_every_raw_time_and_reloads(ctx: Context, tmp_path: Path) -> None:
+    passes = synthetic_passes()
+    results = mb.summarize(passes)
+    doc = json.loads(json.dumps(mb.report_json(passes, results, ctx)))
+    assert doc["benchmark"] == "multitables" and doc["cache"] == "evict"
+    assert len(doc["passes"]) == len(passes) and len(doc["results"]) == len(results)
+    first = doc["passes"][0]
+    assert {"seconds", "nbytes", "resident", "warm_start", "mb_per_s", "codec", "reader", "repeat", "cycle"} <= set(first)
+    assert sum(p["warm_start"] for p in doc["passes"]) == 1
+    assert {"cpu_model", "cpus", "memory_bytes", "file"} <= set(doc["machine"])
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(doc))
+    reloaded, rctx = mb.load_report(str(path))
+    assert reloaded == passes and rctx.settings == ctx.settings and rctx.notes == ctx.notes
+
+
+def test_report_from_json_measures_nothing(ctx: Context, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    passes = synthetic_passes()
+    saved = tmp_path / "r.json"
+    saved.write_text(json.dumps(mb.report_json(passes, mb.summarize(passes), ctx)))
+    md = tmp_path / "r.md"
+    mb.main(["--report-from", str(saved), "--markdown", str(md)])
+    out = capsys.readouterr().out
+    assert "Small files" in out and md.read_text().count("\n### ") == len(mb.report_tables(mb.summarize(passes), ctx))
+
+
+def test_machine_names_the_device_and_filesystem(tmp_path: Path) -> None:
+    m = mb.machine_info(str(tmp_path))
+    assert m["cpus"] >= 1 and m["usable_cpus"] >= 1 and m["cpu_model"]
+    assert m["file"]["fstype"] and m["file"]["mount"]
+    if "disk" in m["file"]:
+        assert m["file"]["rotational"] in (True, False, None)
+
+
+def test_plot_writes_a_png(ctx: Context, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "p.png"
+    mb.plot(mb.summarize(synthetic_passes()), ctx, str(out))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_interrupted_run_reports_what_it_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def measure_then_stop(*args: Any) -> None:
+        passes: list[Pass] = args[-1]
+        passes.append(_pass("main", Codec("none", 0), Reader("odirect"), 500.0))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mb, "measure", measure_then_stop)
+    report = tmp_path / "r.json"
+    mb.main(["--quick", "--file", str(tmp_path / "bench.h5"), "--json", str(report)])
+    doc = json.loads(report.read_text())
+    assert len(doc["passes"]) == 1 and any("interrupted" in n for n in doc["notes"])
+    assert "500 MB/s" in capsys.readouterr().out
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+# ---------------------------------------------------------------------------
+# End to end
+# ---------------------------------------------------------------------------
+
+
+def own_segments() -> set[str]:
+    """This library's entries in /dev/shm (nothing else there is looked at)."""
+    return {n for n in os.listdir("/dev/shm") if n.startswith(SHM_PREFIX)} if os.path.isdir("/dev/shm") else set()
+
+
+def test_quick_run_end_to_end(tmp_path: Path) -> None:
+    """``--quick`` writes its files, measures every reader, reports in every format and leaves nothing behind."""
+    before = own_segments()
+    out = {k: tmp_path / f"report.{k}" for k in ("json", "md", "html")}
+    argv = [sys.executable, str(REPO / "multitables_benchmark.py"), "--quick", "--file", str(tmp_path / "bench.h5"),
+            "--json", str(out["json"]), "--markdown", str(out["md"]), "--html", str(out["html"])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), "TQDM_DISABLE": "1"}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    doc = json.loads(out["json"].read_text())
+    s = mb.parse_args(["--quick"])
+    kinds = {(p["target"], p["reader"]["kind"]) for p in doc["passes"]}
+    assert {("main", "odirect"), ("main", "single"), ("main", "multitables")} <= kinds
+    assert {k.key for k in mb.SMALL_FILES} <= {t for t, _ in kinds}
+    main = [p for p in doc["passes"] if p["target"] == "main"]
+    per_codec = 1 + len(s.engines) + len(s.engines) * len(s.modes) * (s.max_procs + 1)
+    assert len(main) == per_codec * len(s.codecs) * s.repeats * s.cycles
+    assert doc["cache"] in ("direct", "evict")
+    assert all(0.0 <= p["resident"] <= 1.0 for p in doc["passes"])
+    assert sum(1 for line in proc.stderr.splitlines() if "cached] repeat" in line) == len(doc["passes"])
+
+    assert "decompression overhead only" in proc.stdout and "Small files" in proc.stdout
+    assert out["md"].read_text().count("\n### ") == out["html"].read_text().count("<table>")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in out.values())  # files removed
+    assert own_segments() <= before

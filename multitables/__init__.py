@@ -15,11 +15,13 @@ from .errors import (
     StreamClosedError,
 )
 from .streamer import Guard, Queue, Streamer
+from .batches import Batches
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Streamer",
+    "Batches",
     "Queue",
     "Guard",
     "QueueClosed",

@@ -8,7 +8,7 @@ import threading
 import weakref
 from dataclasses import dataclass
 from dataclasses import field as dc_field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
@@ -18,6 +18,9 @@ from ._plan import BlockPlan, RangePlan, available_cpus, default_block_size, def
 from ._readers import ReaderPool
 from ._ring import TICK
 from .errors import QueueClosed, StreamClosedError
+
+if TYPE_CHECKING:
+    from .batches import Batches
 
 __all__ = ["Streamer", "Queue", "Guard"]
 
@@ -441,6 +444,15 @@ class Streamer:
                     np.copyto(rows, block)
                 yield from rows
                 del rows
+
+    def get_batches(self, paths: "str | list[str]", batch_size: int, **kwargs: Any) -> "Batches":
+        """Batches of rows of ``paths`` (equal lengths) for training loops: shuffled, sharded, resumable.
+
+        See :class:`multitables.Batches` for the arguments.
+        """
+        from .batches import Batches  # batches builds on this module
+
+        return Batches(self, paths, batch_size, **kwargs)
 
     def get_remainder(self, path: str, block_size: int, field: "str | None" = None) -> np.ndarray:
         """The last ``len % block_size`` rows of ``path`` (empty when ``block_size`` divides the length), read here."""

@@ -1,0 +1,206 @@
+"""Planning an epoch of batches: which rows each rank reads, in which order, cut into which batches. Pure, no I/O.
+
+NOTE [epoch plan]
+    An epoch is planned in four steps, each a pure function of the settings
+    and ``(seed, epoch, rank)``, never of the machine, the CPU count or
+    ``n_procs``:
+
+    1. *Blocks*. The ``n_rows`` rows are cut into blocks of ``block_size``
+       rows (whole chunks; the last block may be short). With ``shuffle`` the
+       blocks are visited in a random order drawn from ``(seed, epoch)``;
+       otherwise in on-disk order. Concatenating the visited blocks gives the
+       epoch's *sequence* of rows.
+    2. *Shards*. Rank ``r`` takes one contiguous run of that sequence, so it
+       reads whole blocks except where its run starts or ends inside one.
+       ``drop_last=False``: every row once; the runs hold ``n_rows //
+       world_size`` or one more rows, and every rank gets ``B =
+       ceil(n_rows / (world_size * batch_size))`` batches. ``drop_last=True``:
+       every rank reads ``B * batch_size`` rows, ``B = n_rows // (world_size
+       * batch_size)``; the last ``n_rows - world_size * B * batch_size``
+       rows of the sequence (fewer than one global batch) are not read.
+    3. *Windows*. A rank's run, as a list of *pieces* (a block or the part of
+       one it reads), is cut into windows of ``window`` pieces; with
+       ``shuffle`` the rows of each window are permuted with a generator
+       drawn from ``(seed, epoch, rank, window index)``, so a window can be
+       re-planned on its own when a job resumes.
+    4. *Batches*. The permuted rows are cut into consecutive batches of
+       ``batch_size`` rows, across window boundaries. With
+       ``drop_last=False`` a rank's last batch holds what is left (1 to
+       ``batch_size`` rows). When ``0 < n_rows % (world_size * batch_size) <
+       world_size``, fewer rows are left for the last global batch than there
+       are ranks; the ranks with ``n_rows // world_size`` rows then get an
+       empty last batch (0 rows): with every row exactly once and equal batch
+       counts, nothing else is possible. :attr:`EpochSettings.empty_last_batch`
+       tells when.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Iterator
+
+import numpy as np
+
+#: Spawn-key tags that keep the block-order and window generators independent.
+_BLOCKS, _WINDOW = 0, 1
+
+
+def rng(seed: int, epoch: int, *key: int) -> np.random.Generator:
+    """The generator for ``(seed, epoch, *key)``: PCG64 from a SeedSequence, the same on every machine."""
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(epoch, *key)))
+
+
+@dataclass(frozen=True)
+class EpochSettings:
+    """Everything that decides the order of an epoch (and nothing that does not)."""
+
+    n_rows: int
+    block_size: int
+    batch_size: int
+    world_size: int = 1
+    shuffle: bool = True
+    seed: int = 0
+    drop_last: bool = False
+    window: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("n_rows", "block_size", "batch_size", "world_size", "window"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {self.seed}")
+        if self.block_size > self.n_rows:
+            raise ValueError(f"block_size={self.block_size} is larger than the datasets, which have {self.n_rows} rows")
+        if self.drop_last and self.n_batches == 0:
+            raise ValueError(
+                f"drop_last=True leaves no batch: {self.n_rows} rows are fewer than one batch of "
+                f"{self.batch_size} rows for each of {self.world_size} rank(s)"
+            )
+
+    @property
+    def n_blocks(self) -> int:
+        return -(-self.n_rows // self.block_size)
+
+    @property
+    def n_batches(self) -> int:
+        """Batches per epoch, the same on every rank."""
+        per_step = self.world_size * self.batch_size
+        return self.n_rows // per_step if self.drop_last else -(-self.n_rows // per_step)
+
+    def rank_rows(self, rank: int) -> int:
+        """Rows rank ``rank`` reads per epoch."""
+        if self.drop_last:
+            return self.n_batches * self.batch_size
+        q, rem = divmod(self.n_rows, self.world_size)
+        return q + (rank < rem)
+
+    def rank_offset(self, rank: int) -> int:
+        """Where rank ``rank``'s run starts in the epoch's sequence of rows."""
+        if self.drop_last:
+            return rank * self.n_batches * self.batch_size
+        q, rem = divmod(self.n_rows, self.world_size)
+        return rank * q + min(rank, rem)
+
+    @property
+    def empty_last_batch(self) -> bool:
+        """Whether some rank's last batch of an epoch holds no rows (see NOTE [epoch plan])."""
+        return not self.drop_last and self.n_rows // self.world_size == (self.n_batches - 1) * self.batch_size
+
+    def batch_rows(self, rank: int, k: int) -> int:
+        """Rows in batch ``k`` of rank ``rank``."""
+        return max(0, min(self.batch_size, self.rank_rows(rank) - k * self.batch_size))
+
+    def block_order(self, epoch: int) -> np.ndarray:
+        """The blocks in the order the epoch visits them."""
+        if not self.shuffle:
+            return np.arange(self.n_blocks, dtype=np.int64)
+        return rng(self.seed, epoch, _BLOCKS).permutation(self.n_blocks).astype(np.int64)
+
+    def rank_epoch(self, epoch: int, rank: int) -> "RankEpoch":
+        """What rank ``rank`` reads in epoch ``epoch``, and in which order."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank must be in [0, {self.world_size}), got {rank}")
+        if epoch < 0:
+            raise ValueError(f"epoch must be a non-negative int, got {epoch}")
+        order = self.block_order(epoch)
+        starts = order * self.block_size
+        sizes = np.minimum(self.block_size, self.n_rows - starts)
+        ends = np.cumsum(sizes)  # position in the sequence just after each visited block
+        lo = self.rank_offset(rank)
+        hi = lo + self.rank_rows(rank)
+        if hi == lo:
+            return RankEpoch(self, epoch, rank, (), (), (0,))
+        first = int(np.searchsorted(ends, lo, side="right"))
+        last = int(np.searchsorted(ends, hi, side="left"))  # the block holding row hi - 1
+        seq_start = ends[first : last + 1] - sizes[first : last + 1]
+        piece_starts = starts[first : last + 1] + np.maximum(0, lo - seq_start)
+        piece_stops = starts[first : last + 1] + np.minimum(sizes[first : last + 1], hi - seq_start)
+        n_pieces = len(piece_starts)
+        bounds = tuple(range(0, n_pieces, self.window)) + (n_pieces,)
+        return RankEpoch(self, epoch, rank, tuple(piece_starts.tolist()), tuple(piece_stops.tolist()), bounds)
+
+
+@dataclass(frozen=True)
+class RankEpoch:
+    """One rank's epoch: its pieces in read order, grouped into shuffle windows.
+
+    Piece ``i`` is source rows ``[starts[i], stops[i])``; window ``w`` is
+    pieces ``[bounds[w], bounds[w + 1])``.
+    """
+
+    settings: EpochSettings
+    epoch: int
+    rank: int
+    starts: tuple[int, ...]
+    stops: tuple[int, ...]
+    bounds: tuple[int, ...]
+
+    @property
+    def n_windows(self) -> int:
+        return len(self.bounds) - 1
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.window_offsets[-1])
+
+    @cached_property
+    def window_offsets(self) -> np.ndarray:
+        """Where each window starts in the rank's delivered order, and (last) the rank's row count."""
+        sizes = np.asarray(self.stops, np.int64) - np.asarray(self.starts, np.int64)
+        piece_ends = np.concatenate([[0], np.cumsum(sizes)])
+        return piece_ends[list(self.bounds)]
+
+    def window_rows(self, w: int) -> int:
+        return int(self.window_offsets[w + 1] - self.window_offsets[w])
+
+    def window_perm(self, w: int) -> "np.ndarray | None":
+        """The order of window ``w``'s rows (positions in the window as read), or None when not shuffled."""
+        if not self.settings.shuffle:
+            return None
+        return rng(self.settings.seed, self.epoch, _WINDOW, self.rank, w).permutation(self.window_rows(w))
+
+    def locate(self, row: int) -> tuple[int, int]:
+        """The window holding position ``row`` of the rank's delivered order, and the position within it."""
+        w = int(np.searchsorted(self.window_offsets, row, side="right")) - 1
+        w = min(w, self.n_windows)
+        return w, row - int(self.window_offsets[w])
+
+    def window_order(self, w: int) -> np.ndarray:
+        """Source rows of window ``w`` in delivered order."""
+        lo, hi = self.bounds[w], self.bounds[w + 1]
+        rows = np.concatenate([np.arange(a, b) for a, b in zip(self.starts[lo:hi], self.stops[lo:hi])])
+        perm = self.window_perm(w)
+        return rows if perm is None else rows[perm]
+
+    def order(self) -> np.ndarray:
+        """Source rows in the order this rank delivers them (for tests and small datasets)."""
+        if not self.starts:
+            return np.empty(0, np.int64)
+        return np.concatenate([self.window_order(w) for w in range(self.n_windows)])
+
+    def batches(self) -> Iterator[np.ndarray]:
+        """Source rows of each batch, in delivered order (for tests and small datasets)."""
+        order, bs = self.order(), self.settings.batch_size
+        for k in range(self.settings.n_batches):
+            yield order[k * bs : (k + 1) * bs]

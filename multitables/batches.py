@@ -1,0 +1,554 @@
+"""Batches for training loops: rows of several datasets in lock-step, shuffled, sharded and resumable.
+
+Which rows go where is planned in :mod:`multitables._epoch` (pure; see NOTE
+[epoch plan] there). This module executes a plan: one ordered queue per
+dataset over the same :class:`~multitables._plan.RangePlan`, so block ``k`` of
+every queue holds the same rows; the blocks of a shuffle window are copied
+out of their slots into a buffer this object owns, and each batch is
+gathered from it in the window's permuted order into fresh arrays that
+belong to the caller.
+
+NOTE [window pipelining]
+    A shuffled window can only hand out its first batch once all of its
+    blocks are in. To keep the readers busy while the training loop works
+    through window ``w``, every batch handed out from window ``w`` first pulls
+    a share of window ``w + 1``'s blocks (``ceil(blocks / batches)``) from the
+    queues into a second buffer; the readers meanwhile refill the slots.
+    Reading thus overlaps training, in one thread, at the cost of two window
+    buffers per dataset. Unshuffled epochs need no buffer: each batch is
+    copied straight out of the slots.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import warnings
+from typing import TYPE_CHECKING, Any, Iterator, Sequence, Union
+
+import numpy as np
+
+from ._epoch import EpochSettings, RankEpoch
+from ._node import inspect_node
+from ._plan import MiB, RangePlan, available_cpus, default_block_size, parallel_pays
+
+if TYPE_CHECKING:
+    from .streamer import Queue, Streamer
+
+__all__ = ["Batches"]
+
+#: Memory a shuffle window aims at, over all datasets, when ``window`` is not
+#: given (two such buffers are alive at once; see NOTE [window pipelining]).
+WINDOW_BYTES = 256 * MiB
+
+#: A batch: one array per dataset, or a single array when one path was given.
+Batch = Union[np.ndarray, tuple[np.ndarray, ...]]
+
+#: Keys of :meth:`Batches.state_dict` that fix the order of an epoch: a state
+#: only loads into batches that agree on all of them.
+_ORDER_KEYS = ("seed", "world_size", "batch_size", "n_rows", "shuffle", "drop_last", "block_size", "window")
+
+
+def _check_int(name: str, value: Any, minimum: int, allow_none: bool = True) -> "int | None":
+    from .streamer import _check_int as check
+
+    return check(name, value, minimum, allow_none)
+
+
+def _check_bool(name: str, value: Any) -> bool:
+    from .streamer import _check_bool as check
+
+    return check(name, value)
+
+
+def _rank_and_world(rank: Any, world_size: Any) -> tuple[int, int]:
+    """The rank and world size given, else torch.distributed's when it is initialised, else (0, 1)."""
+    if rank is None and world_size is None:
+        dist = sys.modules.get("torch.distributed")  # never import torch here: it is optional
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()), int(dist.get_world_size())
+        return 0, 1
+    if rank is None or world_size is None:
+        raise ValueError("give both rank and world_size, or neither (then torch.distributed's are used when initialised)")
+    world = _check_int("world_size", world_size, 1, allow_none=False)
+    rank = _check_int("rank", rank, 0, allow_none=False)
+    assert world is not None and rank is not None
+    if rank >= world:
+        raise ValueError(f"rank must be in [0, world_size={world}), got {rank}")
+    return rank, world
+
+
+def split_readers(nbytes: Sequence[int], pays: Sequence[bool], n_procs: "int | None", cpus: int) -> list[int]:
+    """Reader processes per dataset: shared in proportion to bytes, small datasets read in-process.
+
+    ``pays[i]`` says whether readers can pay for dataset ``i`` at all
+    (:func:`~multitables._plan.parallel_pays`). ``n_procs=None`` shares
+    ``cpus`` among those; if there are none, everything is read in-process.
+    An explicit ``n_procs`` is shared the same way, and goes to the largest
+    dataset when none pays.
+    """
+    n = len(nbytes)
+    if n_procs == 0:
+        return [0] * n
+    total = cpus if n_procs is None else n_procs
+    big = [i for i in range(n) if pays[i]]
+    if not big:
+        if n_procs is None:
+            return [0] * n
+        big = [max(range(n), key=lambda i: nbytes[i])]
+    big.sort(key=lambda i: -nbytes[i])
+    big = big[:total]  # more big datasets than processes: the largest get one each
+    weight = sum(nbytes[i] for i in big) or 1
+    out = [0] * n
+    for i in big:
+        out[i] = 1
+    # Largest remainders: hand out what is left beyond one each, in proportion to bytes.
+    spare = total - len(big)
+    shares = {i: spare * nbytes[i] / weight for i in big}
+    for i in big:
+        out[i] += int(shares[i])
+    left = spare - sum(int(x) for x in shares.values())
+    for i in sorted(big, key=lambda i: -(shares[i] - int(shares[i])))[:left]:
+        out[i] += 1
+    return out
+
+
+class Batches:
+    """Batches of rows of one or more datasets of equal length, for training loops.
+
+    Get one with :meth:`Streamer.get_batches <multitables.Streamer.get_batches>`.
+    Iterating gives the batches of one epoch: a tuple with one numpy array per
+    path (the same rows of each), or a single array when ``paths`` is one
+    string. The arrays are fresh copies that belong to you (safe to keep,
+    write to, or hand to ``torch.from_numpy``). Every batch holds
+    ``batch_size`` rows except, with ``drop_last=False``, a rank's last one.
+
+    An iteration goes on from where the last one stopped, and finishing an
+    epoch moves to the next; :meth:`set_epoch` moves to the start of another
+    epoch. :meth:`state_dict` and :meth:`load_state_dict` save and restore
+    the position, so a restarted job goes on with the next batch.
+
+    Parameters
+    ----------
+    stream : Streamer
+        The file.
+    paths : str or sequence of str
+        The datasets, all with the same number of rows.
+    batch_size : int
+        Rows per batch (per rank).
+    shuffle : bool
+        Visit the blocks in a random order and shuffle the rows within each
+        window of ``window`` blocks; the order depends only on ``(seed,
+        epoch)`` (and the rank's share), never on the machine or ``n_procs``.
+    seed : int
+        Seed of the shuffle; the same on every rank.
+    drop_last : bool
+        Drop the rows that cannot make a full batch on every rank (fewer than
+        ``world_size * batch_size`` per epoch). Otherwise every row is
+        delivered once per epoch and each rank's last batch may be short.
+    n_procs : int, optional
+        Reader processes in all. Default: the CPUs this process may use,
+        shared between the datasets in proportion to their size; datasets
+        too small for processes to pay (see :meth:`Streamer.get_queue
+        <multitables.Streamer.get_queue>`) are read in this process.
+    rank, world_size : int, optional
+        This process's share for data-parallel training: the ranks of an
+        epoch together get every row once, and the same number of batches.
+        Default: ``torch.distributed``'s when it is initialised, else 0 and 1.
+    block_size : int, optional
+        Rows per block, the unit read and shuffled (keep it whole chunks).
+        Default: whole chunks of the largest dataset, near 4 MiB. Smaller
+        blocks mix better and read slower.
+    window : int, optional
+        Blocks whose rows are shuffled together. Default: as many as fit in
+        256 MiB (over all datasets); the whole dataset when it is smaller.
+    read_ahead : int, optional
+        Slots in each dataset's ring (see :meth:`Streamer.get_queue
+        <multitables.Streamer.get_queue>`).
+    """
+
+    def __init__(
+        self,
+        stream: "Streamer",
+        paths: "str | Sequence[str]",
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        n_procs: "int | None" = None,
+        rank: "int | None" = None,
+        world_size: "int | None" = None,
+        block_size: "int | None" = None,
+        window: "int | None" = None,
+        read_ahead: "int | None" = None,
+    ) -> None:
+        self._single = isinstance(paths, (str, os.PathLike))
+        path_list = [os.fspath(paths)] if self._single else [os.fspath(p) for p in paths]  # type: ignore[arg-type]
+        if not path_list:
+            raise ValueError("paths is empty; give at least one dataset")
+        batch_size = _check_int("batch_size", batch_size, 1, allow_none=False)  # type: ignore[assignment]
+        shuffle = _check_bool("shuffle", shuffle)
+        drop_last = _check_bool("drop_last", drop_last)
+        seed = _check_int("seed", seed, 0, allow_none=False)  # type: ignore[assignment]
+        n_procs = _check_int("n_procs", n_procs, 0)
+        block_size = _check_int("block_size", block_size, 1)
+        window = _check_int("window", window, 1)
+        self._read_ahead = _check_int("read_ahead", read_ahead, 2)
+        self._rank, world = _rank_and_world(rank, world_size)
+
+        nodes = [inspect_node(stream.filename, p) for p in path_list]
+        lengths = {n.n_rows for n in nodes}
+        if len(lengths) > 1:
+            listing = ", ".join(f"{p!r} has {n.n_rows}" for p, n in zip(path_list, nodes))
+            raise ValueError(f"datasets read together need the same number of rows: {listing}")
+        n_rows = nodes[0].n_rows
+        main = max(nodes, key=lambda n: n.row_nbytes)
+        if block_size is None:
+            # One reader as the default's n_procs: the order must not depend on the machine.
+            block_size = default_block_size(n_rows, main.row_nbytes, main.chunk_rows, 1)
+        elif block_size > n_rows:
+            raise ValueError(f"block_size={block_size} is larger than the datasets, which have {n_rows} rows")
+        if window is None:
+            row_nbytes = max(1, sum(n.row_nbytes for n in nodes))
+            window = max(1, WINDOW_BYTES // (block_size * row_nbytes))
+        n_blocks = -(-n_rows // block_size)
+        # Unshuffled, windows change nothing in the order: use one block each.
+        window = min(window, n_blocks) if shuffle else 1
+        self._settings = EpochSettings(
+            n_rows=n_rows, block_size=block_size, batch_size=batch_size, world_size=world,
+            shuffle=shuffle, seed=seed, drop_last=drop_last, window=window,
+        )  # fmt: skip
+        if self._settings.empty_last_batch:
+            warnings.warn(
+                f"{n_rows} rows over {world} ranks in batches of {batch_size}: the last batch of some ranks "
+                f"is empty each epoch (see Batches in the docs); use drop_last=True or another batch_size",
+                stacklevel=3,
+            )
+        self._stream = stream
+        self._paths = path_list
+        self._nodes = nodes
+        cpus = available_cpus()
+        nbytes = [n.n_rows * n.row_nbytes for n in nodes]
+        pays = [parallel_pays(b, n.filter_ids, stream._start_method, cpus) for b, n in zip(nbytes, nodes)]
+        self._readers = split_readers(nbytes, pays, n_procs, cpus)
+        self._epoch = 0
+        self._batch = 0  # batches delivered in this epoch
+        self._active: "Iterator[Batch] | None" = None
+        self._buffers: "list[list[np.ndarray]] | None" = None  # see _window_buffers
+
+    # -- what the batches are ------------------------------------------------
+
+    @property
+    def paths(self) -> list[str]:
+        """The datasets, in the order of each batch's arrays."""
+        return list(self._paths)
+
+    @property
+    def n_rows(self) -> int:
+        """Rows in each dataset."""
+        return self._settings.n_rows
+
+    @property
+    def batch_size(self) -> int:
+        """Rows per batch (on each rank)."""
+        return self._settings.batch_size
+
+    @property
+    def rank(self) -> int:
+        """This process's share of each epoch, out of :attr:`world_size`."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """How many ranks share each epoch."""
+        return self._settings.world_size
+
+    @property
+    def block_size(self) -> int:
+        """Rows per block, the unit read (and visited in random order when shuffled)."""
+        return self._settings.block_size
+
+    @property
+    def window(self) -> int:
+        """Blocks whose rows are shuffled together."""
+        return self._settings.window
+
+    @property
+    def n_procs(self) -> list[int]:
+        """Reader processes per dataset, 0 where a dataset is read in this process."""
+        return list(self._readers)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch comes from."""
+        return self._epoch
+
+    def __len__(self) -> int:
+        """Batches per epoch (the same on every rank)."""
+        return self._settings.n_batches
+
+    # -- position ------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Go to the start of ``epoch``; nothing changes when already in it.
+
+        So the usual ``set_epoch(epoch)`` at the top of the epoch loop keeps
+        a position restored by :meth:`load_state_dict` in the middle of it.
+        """
+        epoch = _check_int("epoch", epoch, 0, allow_none=False)  # type: ignore[assignment]
+        if epoch != self._epoch:
+            self._stop_active()
+            self._epoch, self._batch = epoch, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position (epoch, batches delivered in it) and what fixes the order; small, picklable, JSON-able.
+
+        All ranks are at the same position after the same number of steps, so
+        rank 0's state can be loaded on every rank.
+        """
+        s = self._settings
+        return {
+            "epoch": self._epoch,
+            "batch": self._batch,
+            "rank": self.rank,
+            **{key: getattr(s, key) for key in _ORDER_KEYS},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go to the position of ``state``: the next batch is the one after the last delivered before it was saved.
+
+        Raises ``ValueError`` if ``state`` was saved with settings that give a
+        different order (seed, batch size, world size, shuffle, ...).
+        """
+        missing = [k for k in ("epoch", "batch", *_ORDER_KEYS) if k not in state]
+        if missing:
+            raise ValueError(f"not a state of Batches: missing {missing}")
+        mine = self.state_dict()
+        differ = [f"{k}={state[k]!r} (here {mine[k]!r})" for k in _ORDER_KEYS if state[k] != mine[k]]
+        if differ:
+            raise ValueError("the state was saved with a different order: " + ", ".join(differ))
+        epoch = _check_int("epoch", state["epoch"], 0, allow_none=False)
+        batch = _check_int("batch", state["batch"], 0, allow_none=False)
+        assert epoch is not None and batch is not None
+        if batch > len(self):
+            raise ValueError(f"batch={batch} is beyond the {len(self)} batches of an epoch")
+        self._stop_active()
+        self._epoch, self._batch = epoch, batch
+
+    def close(self) -> None:
+        """Stop the readers of an iteration still in progress and free the window buffers (idempotent).
+
+        The position stays: iterating again goes on from it.
+        """
+        self._stop_active()
+        self._buffers = None
+
+    def _window_buffers(self) -> list[list[np.ndarray]]:
+        """Two buffers per dataset for the largest window, kept from epoch to epoch.
+
+        Fresh memory page-faults on first touch; at 256 MiB that costs more
+        than the copy into it. Batches are gathered out of the buffers into
+        arrays of their own, so reusing them is safe.
+        """
+        if self._buffers is None:
+            rows = self._settings.window * self._settings.block_size
+            self._buffers = [[np.empty((rows,) + n.row_shape, n.dtype) for n in self._nodes] for _ in range(2)]
+        return self._buffers
+
+    def _stop_active(self) -> None:
+        active, self._active = self._active, None
+        if active is not None:
+            active.close()  # type: ignore[attr-defined]
+
+    # -- iteration -----------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Batch]:
+        """The batches left in the current epoch; at its end, the position moves to the next epoch."""
+        self._stop_active()  # an older iteration ends here: its position is this one's start
+        it = self._iterate(self._epoch, self._batch)
+        self._active = it
+        return it
+
+    def _iterate(self, epoch: int, start: int) -> Iterator[Batch]:
+        s = self._settings
+        plan = s.rank_epoch(epoch, self.rank)
+        w0, skip = plan.locate(start * s.batch_size)
+        queues: list["Queue"] = []
+        try:
+            if w0 < plan.n_windows:
+                first = plan.bounds[w0]
+                ranges = RangePlan(plan.starts[first:], plan.stops[first:])
+                for path, n in zip(self._paths, self._readers):
+                    # In-process reading needs two buffers at most: one held, one being read.
+                    read_ahead = self._read_ahead or (2 if n == 0 else None)
+                    queues.append(self._stream._queue_for_plan(path, ranges, n, read_ahead))
+                source: "_Windows"
+                if s.shuffle:
+                    source = _ShuffledWindows(plan, w0, queues, self._window_buffers(), s.batch_size)
+                else:
+                    source = _BlockWindows(plan, w0, queues)
+            else:
+                source = _NoWindows()
+            k = start
+            for arrays in _cut(source, skip, s.batch_size):
+                k += 1
+                self._batch = k
+                yield arrays[0] if self._single else tuple(arrays)
+            for queue in queues:  # the readers are done: stop them before the empty batches
+                queue.close()
+            while k < s.n_batches:  # see NOTE [epoch plan]: empty last batches
+                k += 1
+                self._batch = k
+                empty = [np.empty((0,) + n.row_shape, n.dtype) for n in self._nodes]
+                yield empty[0] if self._single else tuple(empty)
+            self._epoch, self._batch = epoch + 1, 0
+        finally:
+            for queue in queues:
+                queue.close()
+
+
+# -- executing a rank's epoch -------------------------------------------------
+
+
+class _Window:
+    """The rows of one window, in delivered order; ``take`` copies a run of them out."""
+
+    rows: int
+
+    def take(self, a: int, b: int) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class _Windows:
+    """The windows of a rank's epoch from window ``w0`` on."""
+
+    def __iter__(self) -> Iterator[_Window]:
+        raise NotImplementedError
+
+    def prefetch(self) -> None:
+        """Called before each batch goes out (see NOTE [window pipelining])."""
+
+
+class _NoWindows(_Windows):
+    def __iter__(self) -> Iterator[_Window]:
+        return iter(())
+
+
+class _BufferWindow(_Window):
+    def __init__(self, buffers: list[np.ndarray], perm: "np.ndarray | None") -> None:
+        self._buffers, self._perm = buffers, perm
+        self.rows = len(buffers[0])
+
+    def take(self, a: int, b: int) -> list[np.ndarray]:
+        if self._perm is None:
+            return [buf[a:b].copy() for buf in self._buffers]
+        idx = self._perm[a:b]
+        return [np.take(buf, idx, axis=0) for buf in self._buffers]
+
+
+class _ShuffledWindows(_Windows):
+    """Windows copied out of the slots into two alternating buffers per dataset."""
+
+    def __init__(self, plan: RankEpoch, w0: int, queues: list["Queue"], buffers: list[list[np.ndarray]], batch_size: int) -> None:
+        self._plan, self._queues, self._batch_size = plan, queues, batch_size
+        self._buffers = buffers
+        self._piece = plan.bounds[w0]  # next piece to pull from the queues
+        self._filled = 0  # rows of that piece's window already pulled
+        self._w0 = w0
+        self._rate = 0  # pieces to pull per batch going out
+        self._limit = 0  # ... but not beyond this piece: the end of the next window
+
+    def _pull(self, n: int, limit: int) -> None:
+        """Copy up to ``n`` more pieces, not beyond piece ``limit``, into their window's buffer."""
+        plan = self._plan
+        while n > 0 and self._piece < limit:
+            w = int(np.searchsorted(plan.bounds, self._piece, side="right")) - 1
+            rows = plan.stops[self._piece] - plan.starts[self._piece]
+            for queue, buf in zip(self._queues, self._buffers[w % 2]):
+                guard = queue.get()
+                with guard as block:
+                    assert len(block) == rows, (len(block), rows)
+                    buf[self._filled : self._filled + rows] = block
+            self._filled += rows
+            self._piece += 1
+            if self._piece == plan.bounds[w + 1]:
+                self._filled = 0
+            n -= 1
+
+    def __iter__(self) -> Iterator[_Window]:
+        plan = self._plan
+        for w in range(self._w0, plan.n_windows):
+            self._rate = 0
+            self._pull(len(plan.starts), plan.bounds[w + 1])  # the rest of window w
+            rows = plan.window_rows(w)
+            if w + 1 < plan.n_windows:
+                # Window w + 1 goes to the other buffer; w + 2 would overwrite this one.
+                self._limit = plan.bounds[w + 2]
+                self._rate = math.ceil((self._limit - plan.bounds[w + 1]) / max(1, rows // self._batch_size))
+            yield _BufferWindow([buf[:rows] for buf in self._buffers[w % 2]], plan.window_perm(w))
+
+    def prefetch(self) -> None:
+        if self._rate:
+            self._pull(self._rate, self._limit)
+
+
+class _SlotWindow(_Window):
+    """One block, held in its slots; batches are copied straight out of them."""
+
+    def __init__(self, queues: list["Queue"]) -> None:
+        self._guards = [queue.get() for queue in queues]
+        self._blocks = [guard.block for guard in self._guards]
+        self.rows = len(self._blocks[0])
+
+    def take(self, a: int, b: int) -> list[np.ndarray]:
+        return [block[a:b].copy() for block in self._blocks]
+
+    def close(self) -> None:
+        self._blocks = []
+        for guard in self._guards:
+            guard.release()
+
+
+class _BlockWindows(_Windows):
+    """Unshuffled: every window is one block (the plan has ``window=1``)."""
+
+    def __init__(self, plan: RankEpoch, w0: int, queues: list["Queue"]) -> None:
+        self._n = plan.n_windows - w0
+        self._queues = queues
+
+    def __iter__(self) -> Iterator[_Window]:
+        for _ in range(self._n):
+            yield _SlotWindow(self._queues)
+
+
+def _cut(source: _Windows, skip: int, batch_size: int) -> Iterator[list[np.ndarray]]:
+    """Consecutive batches of ``batch_size`` rows over the windows (the last may be short); skips ``skip`` rows first."""
+    parts: list[list[np.ndarray]] = []
+    have = 0
+    for win in source:
+        pos, skip = skip, 0
+        try:
+            while pos < win.rows:
+                n = min(batch_size - have, win.rows - pos)
+                arrays = win.take(pos, pos + n)
+                pos += n
+                if have == 0 and n == batch_size:
+                    source.prefetch()
+                    yield arrays
+                    continue
+                parts.append(arrays)
+                have += n
+                if have == batch_size:
+                    batch = [np.concatenate(column) for column in zip(*parts)]
+                    parts, have = [], 0
+                    source.prefetch()
+                    yield batch
+        finally:
+            win.close()
+    if have:
+        yield [np.concatenate(column) for column in zip(*parts)]

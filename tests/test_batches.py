@@ -1,0 +1,344 @@
+"""Batches: aligned rows of several datasets, every row once per epoch, deterministic, sharded, resumable."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import h5py
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import multitables
+from multitables._epoch import EpochSettings
+from multitables.batches import Batches, split_readers
+
+
+
+def write(path: Path, n_rows: int, chunk_rows: int = 64) -> Path:
+    """/X rows are (i, -i, 0.5 i), /y is i: every row of a batch says where it came from."""
+    i = np.arange(n_rows)
+    with h5py.File(path, "w") as f:
+        x = np.stack([i, -i, 0.5 * i], axis=1).astype("<f8")
+        f.create_dataset("X", data=x, chunks=(min(chunk_rows, n_rows), 3), compression="gzip", shuffle=True)
+        f.create_dataset("y", data=i.astype("<i8"), chunks=(min(4 * chunk_rows, n_rows),))
+        f.create_dataset("short", data=i[:-1] if n_rows > 1 else i)
+    return path
+
+
+@pytest.fixture
+def data_file(tmp_path: Path) -> Callable[[int], Path]:
+    return lambda n_rows, chunk_rows=64: write(tmp_path / f"d{n_rows}_{chunk_rows}.h5", n_rows, chunk_rows)
+
+
+def epoch_rows(batches: Batches) -> list[np.ndarray]:
+    """One epoch (from the current position) as the row numbers of each batch, checking X and y agree."""
+    out = []
+    for x, y in batches:
+        assert x.shape == (len(y), 3) and x.dtype == np.float64 and y.dtype == np.int64
+        np.testing.assert_array_equal(x[:, 0], y, err_msg="X and y of a batch come from different rows")
+        np.testing.assert_array_equal(x[:, 1], -y)
+        out.append(y.copy())
+    return out
+
+
+def settings_of(b: Batches) -> EpochSettings:
+    return b._settings
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("world_size", [1, 3])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_every_row_once_per_epoch_aligned_across_datasets(data_file, shuffle: bool, world_size: int, drop_last: bool) -> None:
+    n, bs = 1000, 48
+    stream = multitables.Streamer(data_file(n))
+    seen, counts = [], []
+    for rank in range(world_size):
+        b = stream.get_batches(["/X", "/y"], batch_size=bs, shuffle=shuffle, drop_last=drop_last, seed=5,
+                               n_procs=1, rank=rank, world_size=world_size, block_size=64, window=3)  # fmt: skip
+        batches = epoch_rows(b)
+        counts.append(len(batches))
+        assert all(len(y) == bs for y in batches[:-1])
+        assert 0 < len(batches[-1]) <= bs
+        # The executed order is the planned one.
+        planned = list(settings_of(b).rank_epoch(0, rank).batches())
+        assert [y.tolist() for y in batches] == [p.tolist() for p in planned]
+        seen.append(np.concatenate(batches))
+    assert len(set(counts)) == 1, f"ranks got {counts} batches"
+    rows = np.concatenate(seen)
+    assert len(np.unique(rows)) == len(rows)
+    if drop_last:
+        assert len(rows) == world_size * counts[0] * bs and n - len(rows) < world_size * bs
+    else:
+        np.testing.assert_array_equal(np.sort(rows), np.arange(n))
+    if not shuffle and world_size == 1:
+        np.testing.assert_array_equal(rows, np.arange(len(rows)))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(
+    n=st.integers(1, 700),
+    chunk_rows=st.integers(1, 100),
+    blocks=st.integers(1, 40),
+    batch_size=st.integers(1, 200),
+    world_size=st.integers(1, 4),
+    shuffle=st.booleans(),
+    drop_last=st.booleans(),
+    window=st.integers(1, 5),
+    n_procs=st.sampled_from([0, 1, 2]),
+    data=st.data(),
+)
+def test_any_shape_of_epoch_delivers_the_plan_and_resumes_anywhere(
+    n, chunk_rows, blocks, batch_size, world_size, shuffle, drop_last, window, n_procs, data
+) -> None:
+    assume(not drop_last or n >= world_size * batch_size)
+    block_size = max(1, min(n, blocks * chunk_rows))
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # empty last batches are expected in some shapes
+        stream = multitables.Streamer(write(Path(tmp) / "d.h5", n, chunk_rows))
+        kwargs = dict(batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, seed=9, n_procs=n_procs,
+                      world_size=world_size, block_size=block_size, window=window)  # fmt: skip
+        rank = data.draw(st.integers(0, world_size - 1))
+        b = stream.get_batches(["/X", "/y"], rank=rank, **kwargs)
+        planned = [p.tolist() for p in settings_of(b).rank_epoch(0, rank).batches()]
+        k = data.draw(st.integers(0, len(planned)))
+        first = list(iter_n(b, k))
+        assert first == planned[:k]
+        state = b.state_dict()
+        again = multitables.Streamer(stream.filename).get_batches(["/X", "/y"], rank=rank, **kwargs)
+        again.load_state_dict(json.loads(json.dumps(state)))
+        rest = [y.tolist() for y in epoch_rows(again)]
+        assert first + rest == planned
+
+
+def iter_n(b: Batches, k: int):
+    """The row numbers of the next ``k`` batches; the iteration is then dropped (its readers stop)."""
+    if k == 0:
+        return
+    for i, (x, y) in enumerate(b):
+        np.testing.assert_array_equal(x[:, 0], y)
+        yield y.tolist()
+        if i + 1 == k:
+            return
+
+
+def test_the_order_does_not_depend_on_n_procs_and_changes_each_epoch(data_file) -> None:
+    stream = multitables.Streamer(data_file(3000))
+    orders = {}
+    for n_procs in (0, 1, 2):
+        b = stream.get_batches(["/X", "/y"], batch_size=100, seed=11, n_procs=n_procs, block_size=128, window=4)
+        orders[n_procs] = [np.concatenate(epoch_rows(b)) for _ in range(3)]  # epochs 0, 1, 2
+        assert b.epoch == 3
+    for n_procs in (1, 2):
+        for e in range(3):
+            np.testing.assert_array_equal(orders[n_procs][e], orders[0][e])
+    e0, e1, e2 = orders[0]
+    assert not np.array_equal(e0, e1) and not np.array_equal(e1, e2)
+    # set_epoch goes back to an epoch, and gives the same order again.
+    b = stream.get_batches(["/X", "/y"], batch_size=100, seed=11, n_procs=1, block_size=128, window=4)
+    b.set_epoch(1)
+    np.testing.assert_array_equal(np.concatenate(epoch_rows(b)), e1)
+    # Another seed, another order.
+    b = stream.get_batches(["/X", "/y"], batch_size=100, seed=12, n_procs=0, block_size=128, window=4)
+    assert not np.array_equal(np.concatenate(epoch_rows(b)), e0)
+
+
+def test_the_default_plan_does_not_depend_on_the_machine(data_file, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = data_file(5000, 50)
+    stream = multitables.Streamer(path)
+    plans = []
+    for cpus in (1, 2, 64):
+        monkeypatch.setattr("multitables.batches.available_cpus", lambda: cpus)
+        b = stream.get_batches(["/X", "/y"], batch_size=10)
+        plans.append(b.state_dict())
+    assert plans[0] == plans[1] == plans[2]
+    assert plans[0]["block_size"] % 50 == 0, "blocks are whole chunks"
+
+
+def test_resume_in_a_fresh_streamer_neither_repeats_nor_skips(data_file) -> None:
+    path = data_file(2000)
+    kwargs = dict(batch_size=64, seed=3, n_procs=2, block_size=128, window=3)
+    whole = [np.concatenate(epoch_rows(multitables.Streamer(path).get_batches(["/X", "/y"], **kwargs))) for _ in range(1)]
+    b = multitables.Streamer(path).get_batches(["/X", "/y"], **kwargs)
+    reference = multitables.Streamer(path).get_batches(["/X", "/y"], **kwargs)
+    epochs = [np.concatenate(epoch_rows(reference)) for _ in range(2)]
+    np.testing.assert_array_equal(epochs[0], whole[0])
+    got = [[], []]
+    b.set_epoch(0)
+    for i, (x, y) in enumerate(b):  # stop after 7 batches of epoch 0, mid-window
+        got[0].append(y.copy())
+        if i == 6:
+            break
+    state = json.loads(json.dumps(b.state_dict()))  # a checkpoint survives JSON
+    assert (state["epoch"], state["batch"]) == (0, 7)
+    del b
+    fresh = multitables.Streamer(path).get_batches(["/X", "/y"], **kwargs)
+    fresh.load_state_dict(state)
+    for epoch in range(2):  # the usual loop: set_epoch keeps the restored position
+        fresh.set_epoch(epoch)
+        got[epoch] += epoch_rows(fresh)
+    for epoch in range(2):
+        np.testing.assert_array_equal(np.concatenate(got[epoch]), epochs[epoch])
+    assert fresh.epoch == 2
+
+
+def test_an_iteration_goes_on_from_where_the_last_one_stopped(data_file) -> None:
+    b = multitables.Streamer(data_file(500)).get_batches(["/X", "/y"], batch_size=50, seed=1, n_procs=0)
+    planned = [p.tolist() for p in settings_of(b).rank_epoch(0, 0).batches()]
+    first = list(iter_n(b, 3))
+    second = list(iter_n(b, 2))
+    rest = [y.tolist() for y in epoch_rows(b)]
+    assert first + second + rest == planned
+    assert b.epoch == 1 and b.state_dict()["batch"] == 0
+    # A new iteration ends an unfinished one; the old one's position is where the new one starts.
+    it1 = iter(b)
+    next(it1)
+    it2 = iter(b)
+    with pytest.raises(StopIteration):
+        next(it1)
+    assert next(it2)[1].tolist() == list(settings_of(b).rank_epoch(1, 0).batches())[1].tolist()
+
+
+def test_a_single_path_gives_arrays_and_batches_are_yours(data_file) -> None:
+    b = multitables.Streamer(data_file(300)).get_batches("/X", batch_size=32, n_procs=0, block_size=64, window=2)
+    batches = list(b)
+    assert all(isinstance(x, np.ndarray) and x.flags.writeable and x.flags.owndata for x in batches[:-1])
+    assert len(batches) == 10 and len(batches[-1]) == 300 - 9 * 32
+    np.testing.assert_array_equal(np.sort(np.concatenate(batches)[:, 0]), np.arange(300))
+    batches[0][:] = -1  # writing to a batch touches nothing else
+    b.set_epoch(0)
+    assert (np.concatenate(list(b))[:, 0] >= 0).all()
+
+
+def test_get_batches_function_and_properties(data_file) -> None:
+    stream = multitables.Streamer(data_file(1000))
+    b = stream.get_batches(["/y", "/X"], 100, rank=1, world_size=2, n_procs=0)
+    assert isinstance(b, Batches) and b.paths == ["/y", "/X"] and b.n_rows == 1000
+    assert (b.rank, b.world_size, b.batch_size, len(b), b.epoch) == (1, 2, 100, 5, 0)
+    assert b.n_procs == [0, 0] and b.window >= 1 and b.block_size >= 1
+    y, x = next(iter(b))
+    np.testing.assert_array_equal(x[:, 0], y)
+    b.close()
+
+
+def test_datasets_of_different_lengths_are_refused(data_file) -> None:
+    stream = multitables.Streamer(data_file(100))
+    with pytest.raises(ValueError, match=r"same number of rows: '/X' has 100, '/short' has 99"):
+        stream.get_batches(["/X", "/short"], batch_size=10)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(batch_size=0), ValueError, "batch_size"),
+        (dict(batch_size=2.5), TypeError, "batch_size"),
+        (dict(batch_size=10, seed=-1), ValueError, "seed"),
+        (dict(batch_size=10, shuffle="yes"), TypeError, "shuffle"),
+        (dict(batch_size=10, rank=1), ValueError, "both rank and world_size"),
+        (dict(batch_size=10, rank=2, world_size=2), ValueError, "rank must be in"),
+        (dict(batch_size=10, block_size=101), ValueError, "block_size"),
+        (dict(batch_size=60, world_size=2, rank=0, drop_last=True), ValueError, "no batch"),
+        (dict(batch_size=10, read_ahead=1), ValueError, "read_ahead"),
+    ],
+)
+def test_bad_arguments_fail_before_anything_starts(data_file, kwargs: dict, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        multitables.Streamer(data_file(100)).get_batches(["/X", "/y"], **kwargs)
+
+
+def test_missing_node_and_empty_paths(data_file) -> None:
+    stream = multitables.Streamer(data_file(100))
+    with pytest.raises(KeyError, match="/nope"):
+        stream.get_batches(["/X", "/nope"], batch_size=10)
+    with pytest.raises(ValueError, match="empty"):
+        stream.get_batches([], batch_size=10)
+
+
+def test_a_state_with_another_order_is_refused(data_file) -> None:
+    stream = multitables.Streamer(data_file(1000))
+    state = stream.get_batches(["/X", "/y"], batch_size=10, seed=1).state_dict()
+    with pytest.raises(ValueError, match="seed=1"):
+        stream.get_batches(["/X", "/y"], batch_size=10, seed=2).load_state_dict(state)
+    with pytest.raises(ValueError, match="world_size"):
+        stream.get_batches(["/X", "/y"], batch_size=10, seed=1, rank=0, world_size=2).load_state_dict(state)
+    with pytest.raises(ValueError, match="missing"):
+        stream.get_batches(["/X", "/y"], batch_size=10, seed=1).load_state_dict({"epoch": 1})
+    with pytest.raises(ValueError, match="beyond"):
+        stream.get_batches(["/X", "/y"], batch_size=10, seed=1).load_state_dict({**state, "batch": 101})
+    # Rank 0's checkpoint loads on every rank.
+    r0 = stream.get_batches(["/X", "/y"], batch_size=10, rank=0, world_size=2)
+    r1 = stream.get_batches(["/X", "/y"], batch_size=10, rank=1, world_size=2)
+    list(iter_n(r0, 3))
+    r1.load_state_dict(r0.state_dict())
+    assert r1.state_dict()["batch"] == 3 and r1.rank == 1
+
+
+def test_empty_last_batches_are_announced_and_delivered(data_file) -> None:
+    # 1001 rows over 4 ranks in batches of 50: the last step has 1 row left for 4 ranks.
+    stream = multitables.Streamer(data_file(1001))
+    with pytest.warns(UserWarning, match="empty"):
+        bs = [stream.get_batches(["/X", "/y"], batch_size=50, rank=r, world_size=4, n_procs=0) for r in range(4)]
+    sizes = [[len(y) for _, y in b] for b in bs]
+    assert sizes == [[50] * 5 + [1]] + [[50] * 5 + [0]] * 3
+    x, y = list(bs[1])[-1]  # the next epoch; shapes of an empty batch
+    assert x.shape == (0, 3) and y.shape == (0,)
+
+
+def test_stopping_early_leaves_nothing_behind(data_file, no_leaks) -> None:
+    stream = multitables.Streamer(data_file(5000))
+    for shuffle in (True, False):
+        b = stream.get_batches(["/X", "/y"], batch_size=64, shuffle=shuffle, n_procs=2, block_size=128, window=4)
+        for i, _ in enumerate(b):
+            if i == 5:
+                break
+        list(iter_n(b, 2))
+        it = iter(b)
+        next(it)
+        b.close()
+        del it, b
+
+
+def test_a_reader_error_reaches_the_loop(data_file) -> None:
+    path = data_file(2000)
+    b = multitables.Streamer(path).get_batches(["/X", "/y"], batch_size=64, n_procs=1, block_size=128)
+    with h5py.File(path, "r") as f:
+        info = f["X"].id.get_chunk_info(5)
+    with open(path, "r+b") as f:  # wreck one compressed chunk of /X
+        f.seek(info.byte_offset)
+        f.write(b"\xff" * info.size)
+    with pytest.raises(multitables.ReaderError, match="/X"):
+        list(b)
+
+
+def test_tables_work_too(table_file) -> None:
+    path, rows = table_file
+    b = multitables.Streamer(path).get_batches("/table", batch_size=64, seed=2, n_procs=0)
+    got = np.concatenate(list(b))
+    assert got.dtype == rows.dtype
+    np.testing.assert_array_equal(np.sort(got["a"]), rows["a"])
+    np.testing.assert_array_equal(got["b"], got["a"] * 0.5)
+
+
+BIG = 1 << 30
+
+
+@pytest.mark.parametrize(
+    "nbytes, pays, n_procs, cpus, expected",
+    [
+        ([BIG, 10], [True, False], None, 8, [8, 0]),  # labels read in-process
+        ([10, 10], [False, False], None, 8, [0, 0]),  # nothing pays: all in-process
+        ([10, 20], [False, False], 3, 8, [0, 3]),  # an explicit n_procs goes to the largest
+        ([3 * BIG, BIG, 5], [True, True, False], None, 8, [6, 2, 0]),
+        ([3 * BIG, BIG, 2 * BIG], [True, True, True], 2, 8, [1, 0, 1]),  # more big datasets than processes
+        ([BIG, BIG], [True, True], 0, 8, [0, 0]),
+    ],
+)
+def test_split_readers(nbytes: list[int], pays: list[bool], n_procs: "int | None", cpus: int, expected: list[int]) -> None:
+    assert split_readers(nbytes, pays, n_procs, cpus) == expected
+    if any(expected):
+        assert sum(expected) == (cpus if n_procs is None else n_procs)

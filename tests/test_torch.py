@@ -1,0 +1,176 @@
+"""The PyTorch adapter: tensors without a copy, DataLoader, set_epoch, and real data parallelism with gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'multitables[torch]')")
+
+import multitables  # noqa: E402
+import multitables.torch as mtt  # noqa: E402
+
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Seconds the two-rank run may take (it takes a few: two interpreters importing torch).
+DDP_TIMEOUT = 240
+
+
+def write(path: Path, n_rows: int) -> Path:
+    """/X rows are (i, -i), /y is i."""
+    import h5py
+
+    i = np.arange(n_rows)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("X", data=np.stack([i, -i], axis=1).astype("<f8"), chunks=(64, 2), compression="gzip")
+        f.create_dataset("y", data=i.astype("<i8"), chunks=(256,))
+    return path
+
+
+@pytest.fixture
+def h5(tmp_path: Path) -> Path:
+    return write(tmp_path / "d.h5", 1003)
+
+
+def test_tensors_share_the_batch_arrays_memory(h5: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    made = []
+    from_numpy = torch.from_numpy
+
+    def spy(array: np.ndarray) -> "torch.Tensor":
+        tensor = from_numpy(array)
+        made.append((array.ctypes.data, tensor.data_ptr(), array.flags.writeable))
+        return tensor
+
+    monkeypatch.setattr(mtt.torch, "from_numpy", spy)
+    batches = mtt.get_batches(multitables.Streamer(h5), ["/X", "/y"], 100, n_procs=0)
+    seen = []
+    for x, y in batches:
+        assert isinstance(x, torch.Tensor) and x.dtype == torch.float64 and y.dtype == torch.int64
+        assert torch.equal(x[:, 0].long(), y)
+        seen.append(y)
+    assert len(made) == 2 * len(batches) and all(a == t and w for a, t, w in made), "a batch was copied"
+    assert sorted(torch.cat(seen).tolist()) == list(range(1003))
+
+
+def test_to_tensor_converts_byte_order_and_names_bad_dtypes() -> None:
+    a = np.arange(6, dtype=">f4")
+    t = mtt.to_tensor(a)
+    assert t.dtype == torch.float32 and t.tolist() == a.tolist()
+    native = np.arange(6, dtype="<i4")
+    assert mtt.to_tensor(native).data_ptr() == native.ctypes.data
+    with pytest.raises(TypeError, match="'/table'"):
+        mtt.to_tensor(np.zeros(3, [("a", "<i4"), ("b", "<f8")]), "/table")
+
+
+def test_inside_a_dataloader_with_set_epoch(h5: Path) -> None:
+    batches = mtt.get_batches(multitables.Streamer(h5), ["/X", "/y"], batch_size=64, seed=1, n_procs=1)
+    loader = torch.utils.data.DataLoader(batches, batch_size=None)
+    assert len(loader) == len(batches) == 16
+    orders = []
+    for epoch in range(2):
+        batches.set_epoch(epoch)
+        rows = []
+        for x, y in loader:
+            assert torch.equal(x[:, 1].long(), -y)
+            rows.append(y)
+        orders.append(torch.cat(rows))
+        assert sorted(orders[-1].tolist()) == list(range(1003))
+    assert not torch.equal(orders[0], orders[1])
+    assert batches.epoch == 2
+    batches.set_epoch(0)  # back to epoch 0: the same order
+    assert torch.equal(torch.cat([y for _, y in loader]), orders[0])
+
+
+def test_state_dict_through_the_adapter(h5: Path) -> None:
+    def make() -> mtt.TorchBatches:
+        return mtt.get_batches(multitables.Streamer(h5), "/y", 100, seed=2, n_procs=0)
+
+    whole = torch.cat(list(make()))
+    first = make()
+    head = []
+    for i, y in enumerate(first):
+        head.append(y)
+        if i == 3:
+            break
+    again = make()
+    again.load_state_dict(first.state_dict())
+    assert torch.equal(torch.cat(head + list(again)), whole)
+
+
+def test_dataloader_workers_are_refused_with_a_reason(h5: Path) -> None:
+    batches = mtt.get_batches(multitables.Streamer(h5), ["/X", "/y"], 64, n_procs=0)
+    loader = torch.utils.data.DataLoader(batches, batch_size=None, num_workers=1)
+    with pytest.raises(RuntimeError, match="num_workers=0"):
+        next(iter(loader))
+
+
+def test_the_adapter_wraps_only_batches() -> None:
+    with pytest.raises(TypeError, match="wraps multitables Batches"):
+        mtt.TorchBatches([1, 2, 3])  # type: ignore[arg-type]
+
+
+RANK_SCRIPT = r"""
+import datetime, json, sys
+import torch, torch.distributed as dist
+import multitables, multitables.torch as mtt
+
+rank, world, store, h5, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world,
+                        timeout=datetime.timedelta(seconds=60))
+# rank and world_size are not given: they come from torch.distributed.
+batches = mtt.get_batches(multitables.Streamer(h5), ["/X", "/y"], 32, seed=4, n_procs=1, block_size=64, window=3)
+assert (batches.batches.rank, batches.batches.world_size) == (rank, world)
+loader = torch.utils.data.DataLoader(batches, batch_size=None)
+epochs = []
+for epoch in range(2):
+    batches.set_epoch(epoch)
+    rows = []
+    for x, y in loader:
+        assert torch.equal(x[:, 0].long(), y)
+        step = torch.tensor([len(y)])
+        dist.all_reduce(step)  # like DDP's gradient sync: a rank with fewer batches would hang here
+        rows.append(y.tolist())
+    epochs.append(rows)
+dist.barrier()
+with open(out, "w") as f:
+    json.dump(epochs, f)
+dist.destroy_process_group()
+"""
+
+
+def test_two_ranks_with_gloo_see_every_row_once_in_equal_steps(tmp_path: Path) -> None:
+    h5 = write(tmp_path / "d.h5", 1003)  # 502 + 501 rows: the ranks' last batches differ
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    world = 2
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(r), str(world), str(tmp_path / "store"), str(h5), str(tmp_path / f"out{r}.json")],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        for r in range(world)
+    ]
+    try:
+        outputs = [p.communicate(timeout=DDP_TIMEOUT)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r, p in enumerate(procs):
+        assert p.returncode == 0, f"rank {r} exited with {p.returncode}:\n{outputs[r]}"
+    results = [json.loads((tmp_path / f"out{r}.json").read_text()) for r in range(world)]
+    for epoch in range(2):
+        per_rank = [results[r][epoch] for r in range(world)]
+        assert len({len(batches) for batches in per_rank}) == 1, "the ranks took different numbers of steps"
+        rows = [row for batches in per_rank for batch in batches for row in batch]
+        assert sorted(rows) == list(range(1003)), "the ranks together did not see every row exactly once"
+        assert all(len(batch) == 32 for batches in per_rank for batch in batches[:-1])
+    assert results[0][0] != results[0][1], "epoch 1 repeated epoch 0's order"

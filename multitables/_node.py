@@ -83,8 +83,11 @@ def open_node(filename: "str | os.PathLike[str]", path: str, field: "str | None"
     try:
         try:
             node = f[path]
-        except KeyError:
-            raise KeyError(f"no node {path!r} in {filename!r}") from None
+        except KeyError as exc:
+            # h5py says KeyError for a damaged file too; only these messages mean "no such node".
+            if "doesn't exist" in str(exc) or "not found" in str(exc):
+                raise KeyError(f"no node {path!r} in {filename!r}") from None
+            raise OSError(f"cannot open {path!r} in {filename!r}; the file may be damaged: {exc}") from exc
         if not isinstance(node, h5py.Dataset):
             kind = "a Group" if isinstance(node, h5py.Group) else type(node).__name__
             raise NodeTypeError(

@@ -3,6 +3,18 @@
 The entry point :func:`run` is a module-level function taking one frozen
 settings object, so it works under the fork, spawn and forkserver start
 methods alike.
+
+NOTE [file identity]
+    A file rewritten, truncated or replaced while readers stream it would give
+    blocks of another file's bytes, silently. So the consumer records the
+    file's identity (``st_dev, st_ino, st_size, st_mtime_ns``) when the pool
+    starts, and each reader compares it with a fresh ``os.stat`` of the path
+    after opening the file and after reading each block, before publishing
+    it: a block is only handed over if the file was still the same when its
+    read had finished. Any change (or the path gone: deleted or renamed) is a
+    :class:`~multitables.errors.FileChangedError` naming the path. A stat costs
+    ~1-2 us against milliseconds per block. Writes within one tick of the
+    filesystem's clock that keep the size are below what mtime can show.
 """
 
 from __future__ import annotations
@@ -11,14 +23,17 @@ import os
 import signal
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ._engines import limit_threads, open_source
 from ._node import NodeInfo
-from ._plan import BlockPlan
+from ._plan import BlockPlan, RangePlan
 from ._ring import PeerGone, Ring, RingLayout, RingSync
 from ._shm import unlink_orphan
-from .errors import _ReaderFailure
+from .errors import FileChangedError, _ReaderFailure
+
+#: ``(st_dev, st_ino, st_size, st_mtime_ns)`` of a file; see NOTE [file identity].
+FileSignature = tuple[int, int, int, int]
 
 #: Seconds between checks that the consumer is still alive while busy reading.
 PARENT_CHECK_INTERVAL = 0.5
@@ -32,11 +47,46 @@ class ReaderSettings:
     node: NodeInfo
     engine: str
     open_kwargs: dict[str, Any]
-    plan: BlockPlan
+    plan: "BlockPlan | RangePlan"
     shm_name: str
     layout: RingLayout
     parent_pid: int
     parent_start: "str | None"
+    #: The file's identity when the stream started (None: not checked); see NOTE [file identity].
+    file_signature: "FileSignature | None" = None
+    #: Where chunk bytes come from: "page" (the page cache) or "direct" (O_DIRECT, chunk engine only).
+    cache: str = "page"
+
+
+def file_signature(filename: str) -> FileSignature:
+    """The identity of ``filename`` now; see NOTE [file identity]."""
+    st = os.stat(filename)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def check_file_unchanged(filename: str, expected: "FileSignature | None") -> None:
+    """Raise :class:`FileChangedError` if ``filename`` is no longer the file ``expected`` describes."""
+    if expected is None:
+        return
+    try:
+        now = file_signature(filename)
+    except FileNotFoundError:
+        raise FileChangedError(
+            f"{filename!r} was deleted or renamed while it was being streamed; the stream stops "
+            f"rather than read a file that may be rewritten"
+        ) from None
+    if now == expected:
+        return
+    if now[:2] != expected[:2]:
+        what = "replaced by another file"
+    elif now[2] != expected[2]:
+        what = f"resized from {expected[2]} to {now[2]} bytes"
+    else:
+        what = "modified (its modification time changed)"
+    raise FileChangedError(
+        f"{filename!r} was {what} while it was being streamed; blocks read from it now could hold "
+        f"other data, so the stream stops"
+    )
 
 
 def process_start_time(pid: int) -> "str | None":
@@ -77,22 +127,29 @@ class _ParentWatch:
 
 
 def run(settings: ReaderSettings, sync: RingSync, error_conn: Any) -> None:
-    """Reader process entry point."""
+    """Reader process entry point; see NOTE [ring protocol] and NOTE [failure reports]."""
     # Ctrl-C goes to the whole foreground process group; the consumer decides
-    # what happens (it stops us), so the reader ignores it.
+    # what happens (it stops us), so the reader ignores it. SIGTERM is the
+    # consumer's escalation (NOTE [shutdown]): a handler inherited through
+    # fork from the user's program must not keep us alive.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    limit_threads()
-    ring = Ring.attach(settings.shm_name, settings.layout, sync)
-    sync.attached.release()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     parent_alive = _ParentWatch(settings.parent_pid, settings.parent_start)
     rows: "tuple[int, int] | None" = None
+    ring: "Ring | None" = None
     source = None
     try:
-        source = open_source(settings.engine, settings.node, settings.open_kwargs)
+        limit_threads()
+        ring = Ring.attach(settings.shm_name, settings.layout, sync)
+        sync.attached.release()
+        keep_going = _keep_going(ring, parent_alive)
+        filename = settings.node.filename
+        source = open_source(settings.engine, settings.node, settings.open_kwargs, settings.plan, cache=settings.cache)
+        check_file_unchanged(filename, settings.file_signature)
         plan = settings.plan
         n_blocks = plan.n_blocks
         while True:
-            claimed = ring.claim(n_blocks, parent_alive)
+            claimed = ring.claim(n_blocks, keep_going)
             if claimed is None:
                 break
             k, slot = claimed
@@ -100,22 +157,45 @@ def run(settings: ReaderSettings, sync: RingSync, error_conn: Any) -> None:
             for piece in plan.pieces(k):
                 rows = (piece.start, piece.stop)
                 source.read_into(piece.start, piece.stop, out[piece.dst : piece.dst + piece.stop - piece.start])
+            check_file_unchanged(filename, settings.file_signature)
             rows = None
-            ring.publish(slot, k, plan.rows(k), parent_alive)
+            ring.publish(slot, k, plan.rows(k), keep_going)
             if not parent_alive():
                 break
     except PeerGone:
-        pass  # the consumer died while we waited for the ring lock
+        pass  # the consumer died or stopped us while we waited for the ring lock
     except BaseException as exc:
-        failure = _ReaderFailure.from_exception(exc, settings.index, os.getpid(), settings.node.path, rows)
-        try:
-            error_conn.send(failure)
-        finally:
-            ring.fail()
+        _report(exc, settings, rows, ring, error_conn)
     finally:
         if source is not None:
-            source.close()
+            try:
+                source.close()
+            except Exception:
+                pass
         error_conn.close()
         if not parent_alive():
             unlink_orphan(settings.shm_name)  # the consumer died before it could
-        ring.close()
+        if ring is not None:
+            ring.close()
+
+
+def _keep_going(ring: Ring, parent_alive: Callable[[], bool]) -> Callable[[], bool]:
+    """What a reader asks while it waits: not stopped, and the consumer alive."""
+    return lambda: not ring.stopped and parent_alive()
+
+
+def _report(exc: BaseException, settings: ReaderSettings, rows: "tuple[int, int] | None", ring: "Ring | None", error_conn: Any) -> None:
+    """Flag the failure in the ring (waking the consumer), then send the report; never raises."""
+    try:
+        failure = _ReaderFailure.from_exception(
+            exc, settings.index, os.getpid(), settings.node.filename, settings.node.path, rows
+        )
+    except BaseException:  # pragma: no cover - formatting the traceback failed
+        failure = None
+    if ring is not None:
+        ring.fail()
+    try:
+        if failure is not None:
+            error_conn.send(failure)
+    except BaseException:
+        pass  # the consumer is gone or closed the pipe; it sees our exit instead

@@ -27,12 +27,20 @@ NOTE [ring protocol]
 
     Every wait is a loop of short timed waits that checks the stop flag, the
     error flag and the liveness of the other side: nothing waits forever.
+
+    Ending: the consumer sets the *stop flag* and releases ``free`` once per
+    reader; from then on a reader gives up whatever it waits for (a slot, the
+    lock) within a ``TICK``, and the consumer no longer hands slots back
+    (``release`` is a no-op on a stopped ring), so a process that died holding
+    the lock cannot block the end. A reader that fails sets the *error flag*
+    and releases ``ready`` to wake the consumer, *then* sends its report (NOTE
+    [failure reports] in ``_readers``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -49,7 +57,7 @@ _HEADER_WORDS = 8
 
 
 class PeerGone(Exception):
-    """The other side is gone while waiting for the lock."""
+    """The other side is gone, or the ring was stopped, while waiting for the lock."""
 
 
 def _round_up(n: int, to: int) -> int:
@@ -114,6 +122,7 @@ class Ring:
         self._ready_ring = words[_HEADER_WORDS + n : _HEADER_WORDS + 2 * n]
         self._meta = words[_HEADER_WORDS + 2 * n :].reshape(n, 2)
         self._ready_head = 0  # consumer-local
+        self._closed = False
         shape = (layout.block_size,) + layout.row_shape
         self.slots: list[np.ndarray] = []
         for s in range(n):
@@ -137,6 +146,10 @@ class Ring:
         return cls(Segment.attach(name, layout.nbytes), layout, sync, writable=True)
 
     def close(self) -> None:
+        """Unmap (idempotent); the ring then counts as stopped."""
+        if self._closed:
+            return
+        self._closed = True
         self.slots = []
         self._hdr = self._free_ring = self._ready_ring = self._meta = None  # type: ignore[assignment]
         self.segment.close()
@@ -144,14 +157,15 @@ class Ring:
     # -- flags ----------------------------------------------------------------
     @property
     def stopped(self) -> bool:
-        return bool(self._hdr[_STOP])
+        return self._closed or bool(self._hdr[_STOP])
 
     def stop(self) -> None:
-        self._hdr[_STOP] = 1
+        if not self._closed:
+            self._hdr[_STOP] = 1
 
     @property
     def failed(self) -> bool:
-        return bool(self._hdr[_ERROR])
+        return not self._closed and bool(self._hdr[_ERROR])
 
     def fail(self) -> None:
         """A reader's last act on error: flag it and wake the consumer."""
@@ -166,7 +180,7 @@ class Ring:
         other one waiting forever.
         """
         while not self.sync.lock.acquire(timeout=TICK):
-            if not check():
+            if self.stopped or not check():
                 raise PeerGone
         try:
             yield
@@ -206,6 +220,8 @@ class Ring:
     # -- consumer side (one thread at a time) ---------------------------------
     def take(self, timeout: float) -> "int | None":
         """Pop a filled slot, or None if none came within ``timeout`` s or a reader failed."""
+        if self._closed:
+            return None
         if not self.sync.ready.acquire(timeout=timeout):
             return None
         if self.failed:
@@ -220,11 +236,23 @@ class Ring:
         k, rows = self._meta[slot]
         return int(k), int(rows)
 
+    def ready_count(self) -> "int | None":
+        """Filled slots not yet taken (None where the platform cannot tell)."""
+        try:
+            return int(self.sync.ready.get_value())
+        except NotImplementedError:  # pragma: no cover - macOS
+            return None
+
     def release(self, slot: int, check: Callable[[], bool]) -> None:
-        """Give a slot back to the readers."""
-        with self._locked(check):
-            self._free_ring[self._hdr[_FREE_TAIL] % self.layout.n_slots] = slot
-            self._hdr[_FREE_TAIL] += 1
+        """Give a slot back to the readers (nothing to do once the ring is stopped)."""
+        if self.stopped:
+            return
+        try:
+            with self._locked(check):
+                self._free_ring[self._hdr[_FREE_TAIL] % self.layout.n_slots] = slot
+                self._hdr[_FREE_TAIL] += 1
+        except PeerGone:  # stopped while waiting: nobody needs the slot any more
+            return
         self.sync.free.release()
 
     def wake_readers(self, n: int) -> None:

@@ -7,12 +7,17 @@ NOTE [segment lifetime]
     overwrites another run's memory. Readers attach by name, each say so, and
     the owner then unlinks the name at once: the mappings keep working, and
     from then on a SIGKILL of every process involved leaves nothing in
-    /dev/shm. Until the unlink, the name is registered with multiprocessing's
-    resource tracker as a safety net only.
+    /dev/shm. If the owner dies before it could unlink, each reader unlinks
+    the name when it notices (NOTE [shutdown] in ``_readers``); the name is
+    also registered with multiprocessing's resource tracker until the unlink,
+    as a last safety net only. Nothing ever sweeps /dev/shm for names it did
+    not create itself.
 
-    The pages are reserved with posix_fallocate when the segment is created,
-    so a /dev/shm that is too small fails here with a clear error rather than
-    with a SIGBUS on first touch, later, in some process.
+    The space is checked against statvfs before anything is created, and the
+    pages are reserved with posix_fallocate when the segment is created, so a
+    /dev/shm that is too small fails here with a clear error rather than with
+    a SIGBUS on first touch, later, in some process. (A filesystem that cannot
+    reserve gets a plain ftruncate, as ``multiprocessing.shared_memory`` does.)
 """
 
 from __future__ import annotations
@@ -52,6 +57,26 @@ def _space_error(nbytes: int, free: "int | None", what: str) -> ShmSpaceError:
     )
 
 
+def check_space(nbytes: int, what: str = "The ring") -> None:
+    """Raise :class:`ShmSpaceError` now if ``nbytes`` cannot fit in the free space of /dev/shm."""
+    free = shm_free_bytes()
+    if free is not None and nbytes > free:
+        raise _space_error(nbytes, free, what)
+
+
+def _reserve(fd: int, nbytes: int, what: str) -> None:
+    """Give the segment its size with every page reserved, so touching it can never SIGBUS."""
+    import errno
+
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            os.ftruncate(fd, nbytes)  # a filesystem that cannot reserve: size it, as shared_memory does
+            return
+        raise _space_error(nbytes, shm_free_bytes(), what) from exc
+
+
 class Segment:
     """A shared-memory segment mapped into this process.
 
@@ -71,9 +96,7 @@ class Segment:
         """Create a new private segment of ``nbytes`` bytes, reserving its pages now."""
         if _posixshmem is None:  # pragma: no cover
             raise OSError("POSIX shared memory is not available on this platform")
-        free = shm_free_bytes()
-        if free is not None and nbytes > free:
-            raise _space_error(nbytes, free, what)
+        check_space(nbytes, what)
         for _ in range(16):
             name = f"{SHM_PREFIX}{os.getpid()}_{secrets.token_hex(8)}"
             try:
@@ -87,10 +110,7 @@ class Segment:
 
         resource_tracker.register("/" + name, "shared_memory")
         try:
-            try:
-                os.posix_fallocate(fd, 0, nbytes)
-            except OSError as exc:
-                raise _space_error(nbytes, shm_free_bytes(), what) from exc
+            _reserve(fd, nbytes, what)
             buf = mmap.mmap(fd, nbytes)
         except BaseException:
             os.close(fd)

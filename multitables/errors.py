@@ -19,6 +19,7 @@ __all__ = [
     "ReaderError",
     "StreamClosedError",
     "ShmSpaceError",
+    "FileChangedError",
 ]
 
 
@@ -72,13 +73,28 @@ class ShmSpaceError(MultitablesError, MemoryError):
     """The ring does not fit in the free space of the shared-memory filesystem."""
 
 
+class FileChangedError(MultitablesError, OSError):
+    """The file was modified, truncated, replaced or deleted while it was being streamed.
+
+    Blocks read after the change could hold another file's bytes, so the
+    stream stops instead (see NOTE [file identity] in ``_reader_process``).
+    """
+
+
 class ReaderError(MultitablesError):
     """A reader process failed or died; carries where and why.
+
+    When the reader raised an exception, the error raised in the consumer is
+    also an instance of that exception's type (a ``ReaderOSError`` is a
+    ``ReaderError`` and an ``OSError``), so ``except OSError`` still catches
+    an I/O error that happened in a reader.
 
     Attributes
     ----------
     reader_index, pid : int
         Which reader failed.
+    filename : str
+        The file it was reading.
     path : str
         The dataset it was reading.
     rows : tuple of int or None
@@ -91,77 +107,153 @@ class ReaderError(MultitablesError):
 
     reader_index: int = -1
     pid: int = -1
+    filename: str = ""
     path: str = ""
     rows: "tuple[int, int] | None" = None
     exitcode: "int | None" = None
     remote_traceback: str = ""
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The Reader<Name> classes are made at run time; pickle by the original type's name.
+        original = next((b for b in type(self).__bases__ if b is not ReaderError), None)
+        name = _type_name(original) if original is not None and type(self) is not ReaderError else ""
+        return (_rebuild_reader_error, (name, self.args, dict(self.__dict__)))
+
+
+def _rebuild_reader_error(original: str, args: tuple[Any, ...], attrs: dict[str, Any]) -> "ReaderError":
+    exc_type = _resolve_type(original) if original else None
+    kind = _reader_type(exc_type) if exc_type is not None else None
+    try:
+        exc = (kind or ReaderError)(*args)
+    except Exception:
+        exc = ReaderError(*args)
+    exc.__dict__.update(attrs)
+    return exc
+
+
+#: Longest traceback text a report carries (a report must fit the pipe comfortably).
+_MAX_TRACEBACK = 32_000
+
+
+def _type_name(t: type) -> str:
+    return f"{t.__module__}.{t.__qualname__}"
+
+
+def _resolve_type(name: str) -> "type | None":
+    """The exception class named ``module.qualname`` in this process, or None."""
+    import importlib
+
+    module_name, _, qualname = name.rpartition(".")
+    while module_name:
+        try:
+            obj: Any = importlib.import_module(module_name)
+        except Exception:
+            module_name, _, head = module_name.rpartition(".")
+            qualname = f"{head}.{qualname}"
+            continue
+        try:
+            for part in qualname.split("."):
+                obj = getattr(obj, part)
+        except AttributeError:
+            return None
+        return obj if isinstance(obj, type) and issubclass(obj, BaseException) else None
+    return None
+
+
+#: ``Reader<Name>`` classes made so far, one per original type.
+_READER_TYPES: dict[type, type] = {}
+
+
+def _reader_type(exc_type: type) -> "type | None":
+    """A class that is both a ReaderError and ``exc_type`` (None where no such class can exist)."""
+    if issubclass(exc_type, ReaderError) or not issubclass(exc_type, Exception):
+        return None
+    kind = _READER_TYPES.get(exc_type)
+    if kind is None:
+        try:
+            namespace: dict[str, Any] = {"__module__": __name__}
+            if issubclass(exc_type, KeyError):  # KeyError's str() quotes its argument; keep the text readable
+                namespace["__str__"] = lambda self: str(self.args[0]) if self.args else ""
+            kind = type(f"Reader{exc_type.__name__}", (ReaderError, exc_type), namespace)
+        except TypeError:  # e.g. a layout conflict between the two bases
+            return None
+        _READER_TYPES[exc_type] = kind
+    return kind
+
 
 @dataclass(frozen=True)
 class _ReaderFailure:
-    """A picklable report of an exception in a reader process.
+    """A picklable report of an exception in a reader process; see NOTE [failure reports] in ``_readers``.
 
-    Traceback objects do not pickle, so the traceback travels as a string and
-    the consumer rebuilds an exception of the same type around it.
+    Traceback objects do not pickle, and an exception's class may not
+    unpickle in the consumer, so only strings travel: the class by name, the
+    message, the formatted traceback. The consumer rebuilds an exception of
+    the same type around them.
     """
 
-    exc_type: type
+    exc_type_name: str
     message: str
     traceback: str
     reader_index: int
     pid: int
+    filename: str
     path: str
     rows: "tuple[int, int] | None"
 
     @classmethod
     def from_exception(
-        cls, exc: BaseException, reader_index: int, pid: int, path: str, rows: "tuple[int, int] | None"
+        cls,
+        exc: BaseException,
+        reader_index: int,
+        pid: int,
+        filename: str,
+        path: str,
+        rows: "tuple[int, int] | None",
     ) -> "_ReaderFailure":
-        exc_type = type(exc)
-        try:  # a type defined in the reader's __main__ may not unpickle at home
-            import pickle
-
-            pickle.loads(pickle.dumps(exc_type))
-        except Exception:
-            exc_type = RuntimeError
+        text = "".join(traceback.format_exception(exc))
+        if len(text) > _MAX_TRACEBACK:
+            half = _MAX_TRACEBACK // 2
+            text = f"{text[:half]}\n[... {len(text) - 2 * half} characters left out ...]\n{text[-half:]}"
+        message = str(exc)
+        if len(message) > _MAX_TRACEBACK:
+            message = message[:_MAX_TRACEBACK] + " [...]"
         return cls(
-            exc_type=exc_type,
-            message=str(exc),
-            traceback="".join(traceback.format_exception(exc)),
+            exc_type_name=_type_name(type(exc)),
+            message=message,
+            traceback=text,
             reader_index=reader_index,
             pid=pid,
+            filename=filename,
             path=path,
             rows=rows,
         )
 
     def to_exception(self) -> ReaderError:
         """Build the exception raised in the consumer: a ReaderError that is also the original type."""
+        short_name = self.exc_type_name.rpartition(".")[2]
         where = f"rows {self.rows[0]}:{self.rows[1]} of " if self.rows else ""
         text = (
-            f"Caught {self.exc_type.__name__} in reader {self.reader_index} (pid {self.pid}) "
-            f"while reading {where}{self.path!r}: {self.message}\n\n"
+            f"Caught {short_name} in reader {self.reader_index} (pid {self.pid}) "
+            f"while reading {where}{self.path!r} in {self.filename!r}: {self.message}\n\n"
             f"Original traceback in the reader:\n{self.traceback}"
         )
+        exc_type = _resolve_type(self.exc_type_name)
+        kind = _reader_type(exc_type) if exc_type is not None else None
         exc: ReaderError
         try:
-            if self.exc_type is ReaderError or issubclass(self.exc_type, ReaderError):
-                raise TypeError
-            kind = type(f"Reader{self.exc_type.__name__}", (ReaderError, self.exc_type), {})
-            exc = kind(text)
-            # KeyError's str() quotes its argument; keep the text readable.
-            if isinstance(exc, KeyError):
-                kind.__str__ = lambda self: str(self.args[0])  # type: ignore[method-assign]
-        except Exception:
+            exc = kind(text) if kind is not None else ReaderError(text)
+        except Exception:  # a constructor that wants other arguments
             exc = ReaderError(text)
         exc.reader_index = self.reader_index
         exc.pid = self.pid
+        exc.filename = self.filename
         exc.path = self.path
         exc.rows = self.rows
         exc.remote_traceback = self.traceback
         return exc
 
 
-def _reader_died(reader_index: int, pid: int, exitcode: "int | None", path: str) -> ReaderError:
+def _reader_died(reader_index: int, pid: int, exitcode: "int | None", filename: str, path: str) -> ReaderError:
     """The error for a reader that exited without reporting (killed, or crashed in C)."""
     import signal
 
@@ -171,9 +263,12 @@ def _reader_died(reader_index: int, pid: int, exitcode: "int | None", path: str)
             how += f" ({signal.Signals(-exitcode).name})"
         except ValueError:
             pass
-    exc = ReaderError(f"Reader {reader_index} (pid {pid}) streaming {path!r} died unexpectedly with {how}.")
+    exc = ReaderError(
+        f"Reader {reader_index} (pid {pid}) streaming {path!r} in {filename!r} died unexpectedly with {how}."
+    )
     exc.reader_index = reader_index
     exc.pid = pid
+    exc.filename = filename
     exc.path = path
     exc.exitcode = exitcode
     return exc

@@ -19,9 +19,10 @@ SETTLE_TIMEOUT = 5.0
 
 
 def own_segments() -> set[str]:
-    """This library's segments in /dev/shm (other software's entries are never looked at)."""
+    """This process's segments in /dev/shm: the library's prefix and our pid (nothing else is looked at)."""
+    mine = f"{SHM_PREFIX}{os.getpid()}_"
     try:
-        return {n for n in os.listdir("/dev/shm") if n.startswith(SHM_PREFIX)}
+        return {n for n in os.listdir("/dev/shm") if n.startswith(mine)}
     except FileNotFoundError:  # pragma: no cover
         return set()
 

@@ -1,0 +1,1028 @@
+"""Failure behaviour: readers killed or failing, consumers stopping early, interrupted or killed, leaks, collisions,
+a full /dev/shm, files changing under the readers, and corrupted files.
+
+Every test here starts real processes and sends real signals. Time limits are
+of two kinds: *behavioural* ones the library promises (an error within 2 s,
+clean-up within 2 s, orphans gone within 5 s), asserted as such, and *guards*
+that only keep a broken build from hanging the run (loop deadlines, subprocess
+timeouts), far above the behaviour they guard.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import psutil
+import pytest
+
+import multitables
+from multitables import QueueClosed, ReaderError, ShmSpaceError, Streamer
+from multitables._shm import SHM_PREFIX, Segment
+from multitables.errors import FileChangedError, MultitablesError
+
+N_ROWS = 20_000
+ROW = 16
+CHUNK = 500  # rows per chunk and per block: 40 blocks of 32 KiB
+#: Behavioural limits (the promises under test).
+ERROR_WITHIN = 2.0
+CLEANUP_WITHIN = 2.0
+ORPHANS_GONE_WITHIN = 5.0
+#: Guards against a hang only: a loop or a subprocess, and any one test (the slowest takes ~25 s on 2 busy cores).
+GUARD = 30.0
+TEST_GUARD = 150.0
+
+START_METHODS = [pytest.param(None, id="default"), pytest.param("spawn", id="spawn")]
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# -- helpers -------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def hang_guard() -> Iterator[None]:
+    """Fail a test that hangs (pytest-timeout is not a dependency); a guard, not a behavioural limit."""
+
+    def hung(signum: int, frame: Any) -> None:
+        pytest.fail(f"hung for {TEST_GUARD:.0f} s", pytrace=True)
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.setitimer(signal.ITIMER_REAL, TEST_GUARD)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture
+def data() -> np.ndarray:
+    return np.arange(N_ROWS * ROW, dtype="<f4").reshape(N_ROWS, ROW)
+
+
+@pytest.fixture
+def h5file(make_array: Callable[..., Path], data: np.ndarray) -> Path:
+    """A zlib-compressed CArray at /data, chunks of ``CHUNK`` rows."""
+    return make_array(data, complib="zlib", complevel=3, chunkshape=(CHUNK, ROW))
+
+
+def own_segments(pid: "int | None" = None) -> set[str]:
+    """The names in /dev/shm of segments that process ``pid`` (default: this one) created.
+
+    Every name is ``multitables_<owner pid>_<random>``; looking at one owner's
+    names only keeps these tests blind to other programs (and other test runs)
+    using the library on the same machine at the same time.
+    """
+    prefix = f"{SHM_PREFIX}{os.getpid() if pid is None else pid}_"
+    return {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
+
+
+def stream_readers() -> set[int]:
+    """The reader pids of the one live queue (a generator's is out of reach otherwise)."""
+    queues = [o for o in gc.get_objects() if type(o) is multitables.Queue and not o.closed]
+    assert len(queues) == 1, queues
+    return set(queues[0].reader_pids)
+
+
+def is_gone(pid: int) -> bool:
+    """The process has exited (a zombie waiting for a parent that may never reap it counts as exited)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def own_mappings(pid: "int | str" = "self") -> list[str]:
+    """This library's shared-memory mappings in a process (deleted names included)."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return [line.split(None, 5)[5].strip() for line in f if f"/dev/shm/{SHM_PREFIX}" in line]
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+
+
+def wait_until(condition: Callable[[], bool], limit: float, what: str = "") -> float:
+    """Seconds until ``condition()`` holds; fails once ``limit`` s have passed."""
+    t0 = time.monotonic()
+    while not condition():
+        elapsed = time.monotonic() - t0
+        assert elapsed < limit, f"not within {limit} s: {what or condition}"
+        time.sleep(0.01)
+    return time.monotonic() - t0
+
+
+def drain(queue: Any, deadline: float = GUARD) -> list[np.ndarray]:
+    """Copies of every block until QueueClosed (the deadline is a guard against a hang)."""
+    out = []
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < deadline:
+        guard = queue.get()
+        if guard is QueueClosed:
+            return out
+        with guard as block:
+            out.append(block.copy())
+    raise AssertionError("the stream did not end")
+
+
+def corrupt_chunk(src: Path, dst: Path, chunk_index: int) -> tuple[int, int]:
+    """Copy ``src`` to ``dst`` with chunk ``chunk_index`` of /data overwritten; return its row range."""
+    import h5py
+
+    shutil.copy(src, dst)
+    with h5py.File(src, "r") as f:
+        ds = f["data"]
+        info = ds.id.get_chunk_info(chunk_index)
+        chunk_rows = ds.chunks[0]
+    with open(dst, "r+b") as f:
+        f.seek(info.byte_offset)
+        f.write(b"\xff" * info.size)
+    start = info.chunk_offset[0]
+    return start, start + chunk_rows
+
+
+# A small program for the tests that interrupt or kill the consumer itself.
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import numpy as np
+    import psutil
+    import multitables
+    from multitables._shm import SHM_PREFIX
+
+    def say(**kw):
+        print(json.dumps(kw), flush=True)
+
+    def readers():
+        return sorted(c.pid for c in psutil.Process().children()
+                      if "resource_tracker" not in " ".join(c.cmdline()))
+
+    def mappings():
+        with open("/proc/self/maps") as f:
+            return [l.split(None, 5)[5].strip() for l in f if "/dev/shm/" + SHM_PREFIX in l]
+
+    def main():
+        path, mode, start_method = sys.argv[1:4]
+        s = multitables.Streamer(path, start_method=None if start_method == "default" else start_method)
+        kw = dict(n_procs=2, block_size=500, read_ahead=4)
+        if mode == "attaching":
+            # Stay inside get_queue after the readers attached but before the
+            # consumer unlinks the name, with the resource tracker's safety net
+            # off: only the readers' own clean-up can remove the segment.
+            import multiprocessing.resource_tracker as rt
+            from multitables import _readers
+            rt.register = lambda name, rtype: None
+            def hold(self, n):
+                while self.ring.sync.attached.get_value() < n:
+                    time.sleep(0.01)
+                say(readers=self.pids, segment=self.ring.segment.name)
+                time.sleep(3600)
+            _readers.ReaderPool._wait_attached = hold
+        try:
+            if mode == "generator":
+                for i, row in enumerate(s.get_generator("/data", cyclic=True, **kw)):
+                    if i == 0:
+                        say(readers=readers())
+            elif mode in ("queue", "attaching"):
+                with s.get_queue("/data", cyclic=True, **kw) as q:
+                    say(readers=q.reader_pids)
+                    while True:
+                        with q.get() as block:
+                            block.sum()
+            elif mode == "idle":
+                q = s.get_queue("/data", cyclic=True, **kw)
+                say(readers=q.reader_pids)
+                time.sleep(3600)
+            elif mode == "full":
+                rows = 0
+                with s.get_queue("/data", ordered=True, **kw) as q:
+                    say(readers=q.reader_pids)
+                    for guard in q:
+                        with guard as block:
+                            assert np.array_equal(block[:, 0], np.arange(rows, rows + len(block)) * 16.0)
+                            rows += len(block)
+                say(rows=rows)
+        except KeyboardInterrupt:
+            say(interrupted=True, readers=readers(), mappings=mappings())
+            sys.exit(3)
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "consumer.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+class Consumer:
+    """The helper program running in its own session (so signals to its group do not reach pytest)."""
+
+    def __init__(self, script: Path, h5: Path, mode: str, start_method: "str | None" = None) -> None:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script), str(h5), mode, start_method or "default"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
+
+    def read(self) -> dict[str, Any]:
+        """The next message; fails (rather than waits forever) if none comes."""
+        result: list[str] = []
+        reader = threading.Thread(target=lambda: result.append(self.proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        reader.join(GUARD)
+        if not result or not result[0]:
+            self.proc.kill()
+            raise AssertionError(f"no message from the consumer; stderr:\n{self.proc.communicate()[1]}")
+        return json.loads(result[0])
+
+    def finish(self) -> tuple[int, str]:
+        try:
+            _, err = self.proc.communicate(timeout=GUARD)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+            raise AssertionError(f"the consumer did not exit; stderr:\n{err}")
+        return self.proc.returncode, err
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.communicate()
+
+
+@pytest.fixture
+def consumers() -> Iterator[list[Consumer]]:
+    """Started helper programs, killed at the end whatever happened."""
+    started: list[Consumer] = []
+    yield started
+    for c in started:
+        c.kill()
+
+
+# -- a reader killed -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_reader_killed_mid_stream_raises_naming_it(no_leaks: None, h5file: Path, start_method: "str | None") -> None:
+    s = Streamer(h5file, start_method=start_method)
+    with s.get_queue("/data", n_procs=2, block_size=CHUNK, read_ahead=4, cyclic=True) as q:
+        q.get().release()
+        pids = q.reader_pids
+        victim = pids[1]
+        os.kill(victim, signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(ReaderError) as info:
+            while time.monotonic() - t0 < GUARD:
+                q.get().release()
+        elapsed = time.monotonic() - t0
+        assert elapsed < ERROR_WITHIN
+        err = info.value
+        assert (err.reader_index, err.pid, err.exitcode) == (1, victim, -signal.SIGKILL)
+        assert err.path == "/data" and err.filename == str(h5file)
+        assert f"Reader 1 (pid {victim})" in str(err) and "SIGKILL" in str(err) and "exit code -9" in str(err)
+        # The error is kept, not a one-off: the stream cannot go on without the lost block.
+        with pytest.raises(ReaderError):
+            q.get()
+        # The surviving reader was stopped before the error reached us.
+        assert all(is_gone(p) for p in pids)
+
+
+def test_reader_killed_while_consumer_waits(no_leaks: None, h5file: Path) -> None:
+    """The consumer is blocked in get() (its only reader stopped) when the reader dies."""
+    s = Streamer(h5file)
+    with s.get_queue("/data", n_procs=1, block_size=CHUNK, read_ahead=2, cyclic=True) as q:
+        (victim,) = q.reader_pids
+        os.kill(victim, signal.SIGSTOP)
+        killed_at: list[float] = []
+
+        def kill() -> None:
+            time.sleep(0.3)
+            killed_at.append(time.monotonic())
+            os.kill(victim, signal.SIGKILL)
+
+        killer = threading.Thread(target=kill)
+        killer.start()
+        t0 = time.monotonic()
+        with pytest.raises(ReaderError, match="SIGKILL"):
+            while time.monotonic() - t0 < GUARD:
+                q.get().release()
+        raised_at = time.monotonic()
+        killer.join()
+        assert raised_at - killed_at[0] < ERROR_WITHIN
+
+
+def test_a_lock_held_by_a_dead_process_does_not_block_the_end(no_leaks: None, h5file: Path) -> None:
+    """The ring lock is a plain semaphore: whoever dies holding it holds it forever; nobody may wait on it then."""
+    s = Streamer(h5file)
+    with s.get_queue("/data", n_procs=2, block_size=CHUNK, read_ahead=4, cyclic=True) as q:
+        q.get().release()
+        pids = q.reader_pids
+        lock = q._backend._pool.ring.sync.lock
+        assert lock.acquire(timeout=GUARD)  # as a reader killed inside the lock would leave it
+        try:
+            time.sleep(0.2)  # the readers now wait for the lock
+            os.kill(pids[0], signal.SIGKILL)
+            t0 = time.monotonic()
+            with pytest.raises(ReaderError, match="SIGKILL"):
+                while time.monotonic() - t0 < GUARD:
+                    q.get().release()  # the release waits for the lock, and sees the death
+            assert time.monotonic() - t0 < ERROR_WITHIN
+            assert all(is_gone(p) for p in pids)  # the survivor gave up waiting for the lock
+        finally:
+            lock.release()
+
+
+def test_a_stuck_reader_is_terminated_by_close(no_leaks: None, h5file: Path) -> None:
+    """A reader that cannot see the stop flag (here: stopped by SIGSTOP) is ended by SIGTERM, then SIGKILL."""
+    from multitables._readers import JOIN_TIMEOUT
+
+    q = Streamer(h5file).get_queue("/data", n_procs=2, block_size=CHUNK, read_ahead=4, cyclic=True)
+    pids = q.reader_pids
+    os.kill(pids[0], signal.SIGSTOP)
+    t0 = time.monotonic()
+    q.close()
+    assert time.monotonic() - t0 < JOIN_TIMEOUT + 2.5
+    assert all(is_gone(p) for p in pids)
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_reader_killed_under_the_generator(no_leaks: None, h5file: Path, start_method: "str | None") -> None:
+    s = Streamer(h5file, start_method=start_method)
+    gen = s.get_generator("/data", n_procs=2, block_size=CHUNK, read_ahead=4, cyclic=True)
+    next(gen)
+    pids = stream_readers()
+    assert len(pids) == 2
+    os.kill(min(pids), signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(ReaderError, match="died unexpectedly"):
+        while time.monotonic() - t0 < GUARD:
+            next(gen)
+    assert time.monotonic() - t0 < ERROR_WITHIN
+    assert all(is_gone(p) for p in pids)
+    assert not own_mappings()
+
+
+# -- an exception in a reader --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "start_method, engine",
+    [
+        pytest.param(None, "h5py", id="default-h5py"),
+        pytest.param(None, "tables", id="default-tables"),
+        pytest.param("spawn", "auto", id="spawn-auto"),
+    ],
+)
+def test_corrupt_chunk_reraised_with_traceback_path_and_rows(
+    no_leaks: None, h5file: Path, tmp_path: Path, data: np.ndarray, start_method: "str | None", engine: str
+) -> None:
+    broken = tmp_path / "broken.h5"
+    rows = corrupt_chunk(h5file, broken, 7)
+    assert rows == (3500, 4000)
+    s = Streamer(broken, start_method=start_method, engine=engine)
+    with s.get_queue("/data", n_procs=2, block_size=CHUNK, read_ahead=4, ordered=True) as q:
+        with pytest.raises(ReaderError) as info:
+            drain(q)
+        err = info.value
+        # Raised again on the next get, never a hang or a silent end.
+        with pytest.raises(ReaderError):
+            q.get()
+    assert err.rows == rows and err.path == "/data" and err.filename == str(broken)
+    assert "rows 3500:4000 of '/data'" in str(err) and str(broken) in str(err)
+    assert "Original traceback in the reader" in str(err)
+    assert "read_into" in err.remote_traceback and err.remote_traceback in str(err)
+    # Also the original exception type: h5py raises OSError, PyTables HDF5ExtError (a RuntimeError).
+    if engine == "tables":
+        import tables
+
+        assert isinstance(err, tables.HDF5ExtError)
+    else:
+        assert isinstance(err, OSError)
+
+
+def test_blocks_before_a_corrupt_chunk_are_right(no_leaks: None, h5file: Path, tmp_path: Path, data: np.ndarray) -> None:
+    broken = tmp_path / "broken.h5"
+    corrupt_chunk(h5file, broken, 7)
+    got = []
+    with Streamer(broken).get_queue("/data", n_procs=2, block_size=CHUNK, read_ahead=4, ordered=True) as q:
+        with pytest.raises(OSError, match="rows 3500:4000"):
+            while True:
+                guard = q.get()
+                assert guard is not QueueClosed
+                with guard as block:
+                    got.append(block.copy())
+    assert len(got) <= 7
+    for k, block in enumerate(got):
+        np.testing.assert_array_equal(block, data[k * CHUNK : (k + 1) * CHUNK])
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_corrupt_chunk_under_the_generator(
+    no_leaks: None, h5file: Path, tmp_path: Path, start_method: "str | None"
+) -> None:
+    broken = tmp_path / "broken.h5"
+    corrupt_chunk(h5file, broken, 30)
+    gen = Streamer(broken, start_method=start_method).get_generator("/data", n_procs=2, block_size=CHUNK)
+    next(gen)
+    pids = stream_readers()
+    with pytest.raises(ReaderError, match="rows 15000:15500 of '/data'"):
+        for _ in gen:
+            pass
+    assert all(is_gone(p) for p in pids)
+
+
+class InjectedError(Exception):
+    """Raised inside a reader by a patched engine (fork start method only: the patch is inherited)."""
+
+
+def test_any_exception_type_travels(no_leaks: None, h5file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import multiprocessing
+
+    if multiprocessing.get_start_method() != "fork":
+        pytest.skip("the patched engine reaches the readers only under fork")
+    from multitables import _engines
+
+    original = _engines._H5pySource.read_into
+
+    def read_into(self: Any, start: int, stop: int, out: np.ndarray) -> None:
+        if start == 2 * CHUNK:
+            raise InjectedError(f"injected at {start}")
+        original(self, start, stop, out)
+
+    monkeypatch.setattr(_engines._H5pySource, "read_into", read_into)
+    with Streamer(h5file, engine="h5py").get_queue("/data", n_procs=1, block_size=CHUNK) as q:
+        with pytest.raises(InjectedError) as info:
+            drain(q)
+    err = info.value
+    assert isinstance(err, ReaderError) and err.rows == (1000, 1500)
+    assert "Caught InjectedError in reader 0" in str(err) and "injected at 1000" in str(err)
+    assert "InjectedError: injected at 1000" in err.remote_traceback
+
+
+def test_unpicklable_exception_type_still_reported(no_leaks: None, h5file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import multiprocessing
+
+    if multiprocessing.get_start_method() != "fork":
+        pytest.skip("the patched engine reaches the readers only under fork")
+    from multitables import _engines
+
+    class LocalError(Exception):  # not importable by name: travels as a plain ReaderError
+        pass
+
+    def read_into(self: Any, start: int, stop: int, out: np.ndarray) -> None:
+        raise LocalError("local")
+
+    monkeypatch.setattr(_engines._H5pySource, "read_into", read_into)
+    with Streamer(h5file, engine="h5py").get_queue("/data", n_procs=1, block_size=CHUNK) as q:
+        with pytest.raises(ReaderError, match="Caught LocalError in reader 0") as info:
+            drain(q)
+    assert "LocalError: local" in info.value.remote_traceback
+
+
+def test_reader_crash_in_c_is_reported(no_leaks: None, h5file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A segfault inside a decoder kills the reader, not the consumer, which names the signal."""
+    import multiprocessing
+
+    if multiprocessing.get_start_method() != "fork":
+        pytest.skip("the patched engine reaches the readers only under fork")
+    from multitables import _engines
+
+    def read_into(self: Any, start: int, stop: int, out: np.ndarray) -> None:
+        signal.signal(signal.SIGSEGV, signal.SIG_DFL)  # no faulthandler dump in the test output
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+    monkeypatch.setattr(_engines._H5pySource, "read_into", read_into)
+    t0 = time.monotonic()
+    with Streamer(h5file, engine="h5py").get_queue("/data", n_procs=2, block_size=CHUNK) as q:
+        with pytest.raises(ReaderError, match=r"exit code -11 \(SIGSEGV\)") as info:
+            drain(q)
+    assert time.monotonic() - t0 < GUARD
+    assert info.value.exitcode == -signal.SIGSEGV and info.value.remote_traceback == ""
+
+
+# -- the consumer stops early --------------------------------------------------
+
+
+def _stop_break(s: Streamer, seen: dict[str, Any]) -> None:
+    for i, _row in enumerate(s.get_generator("/data", n_procs=2, block_size=CHUNK, read_ahead=4, cyclic=True)):
+        if i == 0:
+            seen["pids"] = stream_readers()
+            seen["t0"] = time.monotonic()
+            break
+
+
+def _stop_exception_in_generator_loop(s: Streamer, seen: dict[str, Any]) -> None:
+    with pytest.raises(LookupError, match="the loop body failed"):
+        for _row in s.get_generator("/data", n_procs=2, block_size=CHUNK, read_ahead=4, cyclic=True):
+            seen["pids"] = stream_readers()
+            seen["t0"] = time.monotonic()
+            raise LookupError("the loop body failed")
+
+
+def _stop_drop_generator(s: Streamer, seen: dict[str, Any]) -> None:
+    gen = s.get_generator("/data", n_procs=2, block_size=CHUNK, read_ahead=4, cyclic=True)
+    next(gen)
+    seen["pids"] = stream_readers()
+    seen["t0"] = time.monotonic()
+    del gen
+
+
+def _stop_exception_in_queue_with(s: Streamer, seen: dict[str, Any]) -> None:
+    with pytest.raises(LookupError, match="the loop body failed"):
+        with s.get_queue("/data", n_procs=2, block_size=CHUNK, read_ahead=4, cyclic=True) as q:
+            with q.get() as block:
+                seen["pids"] = set(q.reader_pids)
+                seen["t0"] = time.monotonic()
+                raise LookupError(f"the loop body failed on a block of {len(block)} rows")
+
+
+def _stop_drop_queue(s: Streamer, seen: dict[str, Any]) -> None:
+    q = s.get_queue("/data", n_procs=2, block_size=CHUNK, read_ahead=4, cyclic=True)
+    q.get().release()
+    guard = q.get()  # a guard still held keeps the queue alive; dropping both ends it
+    seen["pids"] = set(q.reader_pids)
+    seen["t0"] = time.monotonic()
+    del q, guard
+
+
+def _stop_collect_queue_cycle(s: Streamer, seen: dict[str, Any]) -> None:
+    q = s.get_queue("/data", n_procs=2, block_size=CHUNK, read_ahead=4, cyclic=True)
+    q.get().release()
+    q.myself = q  # type: ignore[attr-defined]  # only the cycle collector can free it
+    seen["pids"] = set(q.reader_pids)
+    seen["t0"] = time.monotonic()
+    del q
+    gc.collect()
+
+
+STOPS = [
+    _stop_break,
+    _stop_exception_in_generator_loop,
+    _stop_drop_generator,
+    _stop_exception_in_queue_with,
+    _stop_drop_queue,
+    _stop_collect_queue_cycle,
+]
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+@pytest.mark.parametrize("stop", STOPS, ids=lambda f: f.__name__[len("_stop_") :])
+def test_early_stop_ends_readers_and_frees_memory(
+    no_leaks: None, h5file: Path, start_method: "str | None", stop: Callable[..., None]
+) -> None:
+    segments = own_segments()
+    seen: dict[str, Any] = {}
+    stop(Streamer(h5file, start_method=start_method), seen)
+    pids = seen["pids"]
+    assert len(pids) == 2
+    wait_until(lambda: all(is_gone(p) for p in pids) and not own_mappings(), CLEANUP_WITHIN, "readers exit, ring unmapped")
+    assert time.monotonic() - seen["t0"] < CLEANUP_WITHIN
+    assert own_segments() == segments
+
+
+# -- Ctrl-C and a killed consumer ----------------------------------------------
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+@pytest.mark.parametrize("mode", ["generator", "queue"])
+def test_sigint_reaches_the_user_and_cleans_up(
+    h5file: Path, script: Path, consumers: list[Consumer], mode: str, start_method: "str | None"
+) -> None:
+    c = Consumer(script, h5file, mode, start_method)
+    consumers.append(c)
+    pids = c.read()["readers"]
+    assert len(pids) == 2
+    time.sleep(0.2)  # streaming in full swing
+    os.killpg(c.proc.pid, signal.SIGINT)  # as Ctrl-C does: the whole foreground group
+    report = c.read()
+    # KeyboardInterrupt came out of the library; by then the readers were gone and the ring unmapped.
+    assert report["interrupted"] and report["readers"] == [] and report["mappings"] == []
+    code, err = c.finish()
+    assert code == 3, err
+    assert "Traceback" not in err, err  # no reader complained
+    assert all(is_gone(p) for p in pids)
+    assert not own_segments(c.proc.pid)
+
+
+@pytest.mark.parametrize(
+    "mode, start_method",
+    [
+        pytest.param("queue", None, id="busy-default"),
+        pytest.param("queue", "spawn", id="busy-spawn"),
+        pytest.param("idle", None, id="idle-default"),
+        pytest.param("attaching", None, id="attaching-default"),
+    ],
+)
+def test_consumer_killed_orphans_exit_and_free_memory(
+    h5file: Path, script: Path, consumers: list[Consumer], mode: str, start_method: "str | None"
+) -> None:
+    c = Consumer(script, h5file, mode, start_method)
+    consumers.append(c)
+    msg = c.read()
+    pids = msg["readers"]
+    assert len(pids) == 2
+    if mode == "attaching":
+        assert own_segments(c.proc.pid) == {msg["segment"]}  # still named: the consumer never got to unlink it
+    time.sleep(0.2)
+    c.proc.kill()
+    c.proc.wait(GUARD)
+    wait_until(lambda: all(is_gone(p) for p in pids), ORPHANS_GONE_WITHIN, "the orphaned readers exit")
+    wait_until(lambda: not own_segments(c.proc.pid), ORPHANS_GONE_WITHIN, "the segment is unlinked")
+
+
+# -- leaks over many queues ----------------------------------------------------
+
+
+def test_a_thousand_queues_leave_nothing_behind(no_leaks: None, h5file: Path, data: np.ndarray) -> None:
+    s = Streamer(h5file)
+    me = psutil.Process()
+    fds, threads = me.num_fds(), threading.active_count()
+    readers: set[int] = set()
+    for i in range(1000):
+        q = s.get_queue("/data", n_procs=1, block_size=CHUNK, read_ahead=2, ordered=True)
+        readers.update(q.reader_pids)
+        if i % 100 == 0:
+            assert len(drain(q)) == N_ROWS // CHUNK
+        elif i % 3 == 0:
+            with q.get() as block:
+                assert block[0, 0] == 0
+        if i % 2:
+            q.close()
+        else:
+            del q  # freed by reference counting
+    gc.collect()
+    wait_until(lambda: not readers & {c.pid for c in me.children()}, CLEANUP_WITHIN, "every reader exits, reaped")
+    assert me.num_fds() == fds and threading.active_count() == threads
+    assert not own_mappings()
+
+
+# -- no collisions -------------------------------------------------------------
+
+
+def test_two_streams_of_one_file_in_one_process(no_leaks: None, h5file: Path, data: np.ndarray) -> None:
+    s = Streamer(h5file)
+    with s.get_queue("/data", n_procs=2, block_size=CHUNK, ordered=True) as a, Streamer(h5file).get_queue(
+        "/data", n_procs=2, block_size=CHUNK, ordered=True
+    ) as b:
+        assert a._backend._pool.ring.segment.name != b._backend._pool.ring.segment.name
+        got_a, got_b = [], []
+        for _ in range(N_ROWS // CHUNK):
+            for q, got in ((a, got_a), (b, got_b)):
+                with q.get() as block:
+                    got.append(block.copy())
+        assert a.get() is QueueClosed and b.get() is QueueClosed
+    np.testing.assert_array_equal(np.concatenate(got_a), data)
+    np.testing.assert_array_equal(np.concatenate(got_b), data)
+
+
+def test_streams_of_one_file_in_two_processes_and_a_rerun_after_a_crash(
+    no_leaks: None, h5file: Path, script: Path, consumers: list[Consumer], data: np.ndarray
+) -> None:
+    # A run crashes mid-stream...
+    crashed = Consumer(script, h5file, "idle")
+    consumers.append(crashed)
+    orphans = crashed.read()["readers"]
+    crashed.proc.kill()
+    crashed.proc.wait(GUARD)
+    # ...and right away two other processes and this one stream the same file.
+    others = [Consumer(script, h5file, "full"), Consumer(script, h5file, "full", "spawn")]
+    consumers.extend(others)
+    with Streamer(h5file).get_queue("/data", n_procs=2, block_size=CHUNK, ordered=True) as q:
+        np.testing.assert_array_equal(np.concatenate(drain(q)), data)
+    for other in others:
+        assert other.read()["readers"]
+        assert other.read() == {"rows": N_ROWS}
+        code, err = other.finish()
+        assert code == 0, err
+    wait_until(lambda: all(is_gone(p) for p in orphans), ORPHANS_GONE_WITHIN, "the orphaned readers exit")
+    for c in [crashed, *others]:
+        assert not own_segments(c.proc.pid)
+
+
+def test_a_leftover_segment_is_never_touched(no_leaks: None, h5file: Path, data: np.ndarray) -> None:
+    """What a crashed run left under our prefix stays as it is: no sweep, no reuse."""
+    import _posixshmem
+
+    name = f"{SHM_PREFIX}1_{'ab' * 8}"
+    fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+    try:
+        os.write(fd, b"someone else's data")
+        with Streamer(h5file).get_queue("/data", n_procs=2, block_size=CHUNK, ordered=True) as q:
+            np.testing.assert_array_equal(np.concatenate(drain(q)), data)
+        os.lseek(fd, 0, os.SEEK_SET)
+        assert os.read(fd, 100) == b"someone else's data"
+        assert name in own_segments(1)
+    finally:
+        os.close(fd)
+        _posixshmem.shm_unlink("/" + name)
+
+
+# -- the data stays the user's -------------------------------------------------
+
+
+def test_segments_are_owner_only_whatever_the_umask(no_leaks: None) -> None:
+    old = os.umask(0)
+    try:
+        seg = Segment.create(4096, "test")
+    finally:
+        os.umask(old)
+    try:
+        st = os.stat(f"/dev/shm/{seg.name}")
+        assert st.st_mode & 0o777 == 0o600 and st.st_uid == os.getuid()
+    finally:
+        seg.unlink()
+        seg.close()
+
+
+def test_queue_segments_are_created_exclusive_and_private(no_leaks: None, h5file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from multitables import _shm
+
+    calls: list[tuple[str, int, int]] = []
+    real = _shm._posixshmem
+
+    class Spy:
+        def shm_open(self, path: str, flags: int, mode: int = 0o777) -> int:
+            calls.append((path, flags, mode))
+            return real.shm_open(path, flags, mode=mode)
+
+        def shm_unlink(self, path: str) -> None:
+            real.shm_unlink(path)
+
+    monkeypatch.setattr(_shm, "_posixshmem", Spy())
+    with Streamer(h5file).get_queue("/data", n_procs=1, block_size=CHUNK) as q:
+        q.get().release()
+    created = [c for c in calls if c[1] & os.O_CREAT]
+    assert len(created) == 1
+    path, flags, mode = created[0]
+    assert path.startswith("/" + SHM_PREFIX) and flags & os.O_EXCL and mode == 0o600
+
+
+def test_an_existing_name_is_never_reused(no_leaks: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    import _posixshmem
+    import secrets
+
+    taken = f"{SHM_PREFIX}{os.getpid()}_{'00' * 8}"
+    fd = _posixshmem.shm_open("/" + taken, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+    try:
+        os.write(fd, b"mine")
+        tokens = iter(["00" * 8, "11" * 8])
+        monkeypatch.setattr(secrets, "token_hex", lambda n: next(tokens))
+        seg = Segment.create(4096, "test")
+        try:
+            assert seg.name == f"{SHM_PREFIX}{os.getpid()}_{'11' * 8}"
+        finally:
+            seg.unlink()
+            seg.close()
+        monkeypatch.setattr(secrets, "token_hex", lambda n: "00" * 8)
+        with pytest.raises(FileExistsError):
+            Segment.create(4096, "test")
+        os.lseek(fd, 0, os.SEEK_SET)
+        assert os.read(fd, 10) == b"mine"
+    finally:
+        os.close(fd)
+        _posixshmem.shm_unlink("/" + taken)
+
+
+# -- /dev/shm too small --------------------------------------------------------
+
+
+@pytest.fixture
+def process_starts(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every multiprocessing process started in this process during the test."""
+    import multiprocessing.process
+
+    started: list[Any] = []
+    real_start = multiprocessing.process.BaseProcess.start
+
+    def start(self: Any) -> None:
+        started.append(self)
+        real_start(self)
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", start)
+    return started
+
+
+def _assert_space_error(err: ShmSpaceError) -> None:
+    text = str(err)
+    assert isinstance(err, MemoryError) and isinstance(err, MultitablesError)
+    for needed in ("needs", "MiB", "free", "/dev/shm", "read_ahead", "block_size", "--shm-size"):
+        assert needed in text, (needed, text)
+
+
+def test_ring_larger_than_free_shm_fails_before_any_process(
+    no_leaks: None, h5file: Path, monkeypatch: pytest.MonkeyPatch, process_starts: list[Any]
+) -> None:
+    from multitables import _shm
+
+    monkeypatch.setattr(_shm, "shm_free_bytes", lambda: 1 << 20)
+    segments = own_segments()
+    with pytest.raises(ShmSpaceError) as info:
+        Streamer(h5file).get_queue("/data", n_procs=2, block_size=CHUNK, read_ahead=64)
+    _assert_space_error(info.value)
+    assert "1.0 MiB free" in str(info.value) and "needs 2.0 MiB" in str(info.value)
+    assert not process_starts and own_segments() == segments
+    # The same through the generator, at its first next().
+    gen = Streamer(h5file).get_generator("/data", n_procs=2, block_size=CHUNK, read_ahead=64)
+    with pytest.raises(ShmSpaceError):
+        next(gen)
+    assert not process_starts
+
+
+def test_huge_read_ahead_fails_clearly(no_leaks: None, h5file: Path, process_starts: list[Any]) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(ShmSpaceError) as info:
+        Streamer(h5file).get_queue("/data", n_procs=1, block_size=CHUNK, read_ahead=10**9)
+    assert time.monotonic() - t0 < 1.0
+    _assert_space_error(info.value)
+    assert not process_starts
+
+
+def test_reservation_failure_is_a_space_error_not_a_sigbus(
+    no_leaks: None, h5file: Path, monkeypatch: pytest.MonkeyPatch, process_starts: list[Any]
+) -> None:
+    """statvfs said yes, but the pages cannot be had (another process took them meanwhile)."""
+    import errno
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    segments = own_segments()
+    with pytest.raises(ShmSpaceError) as info:
+        Streamer(h5file).get_queue("/data", n_procs=2, block_size=CHUNK)
+    _assert_space_error(info.value)
+    assert not process_starts and own_segments() == segments
+
+
+# -- the file changes under the readers ----------------------------------------
+
+
+def _rewrite(path: Path, other: Path) -> None:
+    with open(path, "r+b") as f:
+        f.write(other.read_bytes())
+
+
+def _truncate(path: Path, other: Path) -> None:
+    os.truncate(path, path.stat().st_size // 2)
+
+
+def _delete(path: Path, other: Path) -> None:
+    path.unlink()
+
+
+def _replace(path: Path, other: Path) -> None:
+    os.replace(other, path)
+
+
+@pytest.mark.parametrize("change", [_rewrite, _truncate, _delete, _replace], ids=lambda f: f.__name__[1:])
+def test_file_changed_mid_stream_is_an_error_not_garbage(
+    no_leaks: None, make_array: Callable[..., Path], data: np.ndarray, change: Callable[[Path, Path], None]
+) -> None:
+    # Contiguous and uncompressed: a read after the change would return the new bytes without complaint.
+    path = make_array(data, complib=None, kind="array")
+    other = make_array(-data, complib=None, kind="array")
+    assert path.stat().st_size == other.stat().st_size
+    time.sleep(0.05)  # the change must land on a later tick of the filesystem clock than the writing
+    got = []
+    with Streamer(path).get_queue("/data", n_procs=1, block_size=CHUNK, read_ahead=2, ordered=True) as q:
+        with q.get() as block:
+            got.append(block.copy())
+            change(path, other)
+        with pytest.raises(FileChangedError) as info:
+            got.extend(drain(q))
+    err = info.value
+    assert isinstance(err, ReaderError) and isinstance(err, OSError)
+    assert str(path) in str(err) and "while it was being streamed" in str(err)
+    assert len(got) < N_ROWS // CHUNK
+    # Whatever was delivered was the original file's.
+    for k, block in enumerate(got):
+        np.testing.assert_array_equal(block, data[k * CHUNK : (k + 1) * CHUNK])
+
+
+# -- fuzz: corrupted copies of a real file -------------------------------------
+
+
+def _fuzz_stream(path: str, engine: str, expected: np.ndarray, conn: Any) -> None:
+    """Runs in a forked child: stream ``path``, send ("rows", right?) or ("error", clear?, text)."""
+    try:
+        got = []
+        s = Streamer(path, engine=engine)
+        with s.get_queue("/data", n_procs=2, block_size=1000, read_ahead=4, ordered=True, remainder=True) as q:
+            for guard in q:
+                with guard as block:
+                    got.append(block.copy())
+        rows = np.concatenate(got)
+        conn.send(("rows", rows.shape == expected.shape and bool(np.array_equal(rows, expected)), ""))
+    except Exception as exc:
+        conn.send(("error", isinstance(exc, CLEAR_ERRORS), f"{type(exc).__name__}: {str(exc)[:300]}"))
+
+
+def _write_fuzz_base(path: Path, writer: str) -> np.ndarray:
+    rng = np.random.default_rng(7)
+    values = rng.integers(0, 1000, size=(4000, 8)).astype("<i4")
+    if writer == "h5py-latest":
+        import h5py
+
+        # The latest format checksums every piece of metadata, fletcher32 every chunk.
+        with h5py.File(path, "w", libver="latest") as f:
+            f.create_dataset("data", data=values, chunks=(250, 8), compression="gzip", shuffle=True, fletcher32=True)
+    else:
+        import tables
+
+        with tables.open_file(path, "w") as f:
+            f.create_carray("/", "data", obj=values, chunkshape=(250, 8), filters=tables.Filters(3, "zlib", fletcher32=True))
+    return values
+
+
+#: (writer, where the bytes are overwritten, engine, cases): every case must end in the right rows or a clear error.
+FUZZ = [
+    ("h5py-latest", "anywhere", "auto", 40),
+    ("tables", "chunks", "auto", 15),
+    ("tables", "chunks", "tables", 10),
+    ("tables", "metadata", "auto", 15),
+    ("tables", "metadata", "tables", 15),  # PyTables may segfault opening these: in a reader, that is a clear error
+]
+#: What a corrupted file may fail with: the library's errors, and the builtins HDF5's errors arrive as.
+CLEAR_ERRORS = (MultitablesError, OSError, KeyError, ValueError, RuntimeError, TypeError)
+
+
+@pytest.mark.parametrize("writer, where, engine, cases", FUZZ, ids=lambda v: str(v))
+def test_fuzz_corrupted_files_end_in_right_rows_or_a_clear_error(
+    no_leaks: None, tmp_path: Path, writer: str, where: str, engine: str, cases: int
+) -> None:
+    import multiprocessing
+
+    import h5py
+
+    base = tmp_path / "base.h5"
+    values = _write_fuzz_base(base, writer)
+    raw = base.read_bytes()
+    in_chunk = np.zeros(len(raw), bool)
+    with h5py.File(base, "r") as f:
+        ds = f["data"]
+        for i in range(ds.id.get_num_chunks()):
+            info = ds.id.get_chunk_info(i)
+            in_chunk[info.byte_offset : info.byte_offset + info.size] = True
+    pool = {"anywhere": np.arange(len(raw)), "chunks": np.flatnonzero(in_chunk), "metadata": np.flatnonzero(~in_chunk)}[where]
+    rng = np.random.default_rng(20240611)
+    ctx = multiprocessing.get_context("fork")
+    outcomes: dict[str, int] = {}
+    failures = []
+    for case in range(cases):
+        offset, n = int(rng.choice(pool)), int(rng.integers(1, 9))
+        noise = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        corrupted = bytearray(raw)
+        corrupted[offset : offset + n] = noise
+        changed = bytes(corrupted) != raw
+        path = tmp_path / f"case{case}.h5"
+        path.write_bytes(bytes(corrupted))
+        recv, send = ctx.Pipe(duplex=False)
+        child = ctx.Process(target=_fuzz_stream, args=(str(path), engine, values, send))
+        child.start()
+        send.close()
+        child.join(GUARD)  # a guard against a hang
+        hit_chunk = bool(in_chunk[offset : offset + n].any())
+        if child.exitcode is None:
+            child.kill()
+            child.join()
+            outcome = "hang"
+        elif recv.poll():
+            kind, good, text = recv.recv()
+            if kind == "rows":
+                outcome = "right rows" if good else "wrong rows"
+            else:
+                outcome = "clear error" if good else f"odd error {text}"
+        else:
+            outcome = f"consumer crashed ({child.exitcode})"
+        recv.close()
+        child.close()
+        path.unlink()
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        # Wrong rows are acceptable only where nothing checksums the bytes hit: the metadata of the
+        # earliest file format (PyTables' default), e.g. the v1 B-tree of chunk addresses.
+        wrong_allowed = writer == "tables" and not hit_chunk
+        if outcome not in ("right rows", "clear error") and not (outcome == "wrong rows" and wrong_allowed):
+            failures.append((case, offset, n, hit_chunk, outcome))
+        elif hit_chunk and changed and outcome != "clear error":  # fletcher32 sees every changed chunk byte
+            failures.append((case, offset, n, hit_chunk, outcome))
+    assert not failures, f"{failures} (all outcomes: {outcomes})"

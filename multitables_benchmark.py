@@ -65,7 +65,9 @@ SMALL_TARGET = 0.9
 #: Small-file passes take milliseconds: at least this many repeats.
 SMALL_MIN_REPEATS = 5
 
-ENGINES = ("h5py", "tables")
+ENGINES = ("chunks", "h5py", "tables")
+#: The single-process readers a user without multitables would write: the baselines of every ratio.
+USER_ENGINES = ("h5py", "tables")
 MODES = ("direct", "generator")
 CACHES = ("auto", "direct", "evict", "warm")
 DEFAULT_COMPLEVELS = (0, 3, 9)
@@ -77,6 +79,7 @@ DIRECT_OPEN_KWARGS: dict[str, dict[str, str]] = {
     "tables": {"driver": "H5FD_DIRECT"},
     "auto": {"driver": "H5FD_DIRECT"},
     "h5py": {"driver": "direct"},
+    "chunks": {},
 }
 WARM_NOTE = "* started with more than 1% of the file in the page cache although the pass was meant to read from the disk"
 
@@ -113,8 +116,8 @@ class Reader:
         if self.kind == "odirect":
             return "O_DIRECT read"
         if self.kind == "single":
-            call = "read_direct" if self.engine == "h5py" else "read(out=)"
-            return f"{self.engine} {call}, 1 process"
+            call = {"h5py": "h5py read_direct", "tables": "tables read(out=)"}.get(self.engine, "multitables chunks engine")
+            return f"{call}, 1 process"
         n = "default" if self.n_procs is None else str(self.n_procs)
         return f"multitables {self.engine} {self.mode} n_procs={n}"
 
@@ -411,7 +414,7 @@ def resolve_cache(settings: Settings, directory: str) -> tuple[str, str]:
         return "evict", evict_note
     if settings.direct_off:
         return "evict", evict_note + " (--H5FD_DIRECT_OFF)"
-    needed = sorted(set(settings.engines) | {"tables"})  # the small files stream with engine auto
+    needed = sorted((set(settings.engines) | {"tables", "h5py"}) - {"chunks"})  # small files stream with engine auto
     lacking = [e for e in needed if not direct_driver_available(e, directory)]
     if not lacking:
         note = "direct: HDF5's direct driver (H5FD_DIRECT) reads past the page cache (pages also dropped before each pass)"
@@ -463,6 +466,18 @@ def _read_rows(
     stop: "int | None" = None,
 ) -> int:
     """Read ``path``'s dataset in order, ``block_size`` rows at a time, into ``buffer``; return the rows read."""
+    if engine == "chunks":
+        from multitables._engines import open_source
+        from multitables._node import inspect_node
+
+        node = inspect_node(path, NODE)
+        src = open_source("chunks", node, {})
+        try:
+            if src.engine != "chunks":
+                raise ValueError(f"the chunk engine cannot read {path} (it would fall back to {src.engine})")
+            return _read_blocks(src.read_into, stop or node.n_rows, block_size, buffer, progress)
+        finally:
+            src.close()
     if engine == "h5py":
         import h5py
         import hdf5plugin  # noqa: F401  (registers blosc, lz4, zstd...)
@@ -602,8 +617,9 @@ def main_jobs(target: Target, settings: Settings, cache: str, notes: list[str]) 
             notes.append(f"{target.codec.label}: {engine} cannot decode the file here, skipped ({problem})")
         else:
             engines.append(engine)
-    _, default_block = probe_multitables(target, "auto", None, cache) if engines else (0, 1)
-    jobs += [Job(target, Reader("single", engine), block_size=default_block) for engine in engines]
+    _, default_block = probe_multitables(target, "auto", None, cache)
+    singles = single_engines(settings.engines)
+    jobs += [Job(target, Reader("single", e), block_size=default_block) for e in singles if not engine_can_read(target.path, e)]
     for engine in engines:
         for n_procs in [*range(1, settings.max_procs + 1), None]:
             used, block = probe_multitables(target, engine, n_procs, cache)
@@ -611,10 +627,15 @@ def main_jobs(target: Target, settings: Settings, cache: str, notes: list[str]) 
     return jobs
 
 
+def single_engines(engines: Sequence[str]) -> list[str]:
+    """The single-process readers of a run: the users' baselines always, the chunk engine when it is measured."""
+    return [e for e in ENGINES if e in USER_ENGINES or e in engines]
+
+
 def small_jobs(target: Target, settings: Settings, cache: str) -> list[Job]:
     """Single-process readers and default multitables (engine auto) on a small file."""
     used, block = probe_multitables(target, "auto", None, cache)
-    jobs = [Job(target, Reader("single", engine), block_size=block) for engine in settings.engines]
+    jobs = [Job(target, Reader("single", engine), block_size=block) for engine in single_engines(settings.engines)]
     return jobs + [Job(target, Reader("multitables", "auto", mode, None), used, block) for mode in settings.modes]
 
 
@@ -774,8 +795,12 @@ def _find(results: Sequence[Result], target: str, codec: Codec, reader: Reader) 
 
 
 def best_single(results: Sequence[Result], target: str, codec: Codec) -> "Result | None":
-    """The fastest single-process reader of a file."""
-    singles = [r for r in results if r.target == target and r.codec == codec and r.reader.kind == "single"]
+    """The fastest single-process reader of a file, of those a user without multitables would write."""
+    singles = [
+        r
+        for r in results
+        if r.target == target and r.codec == codec and r.reader.kind == "single" and r.reader.engine in USER_ENGINES
+    ]
     return max(singles, key=lambda r: r.mb_per_s, default=None)
 
 
@@ -866,7 +891,7 @@ def report_tables(results: Sequence[Result], ctx: Context) -> list[Table]:
     levels = s.complevels
     tables = []
     for complib in s.complibs:
-        tables.append(baseline_table(results, complib, levels, s.engines))
+        tables.append(baseline_table(results, complib, levels, single_engines(s.engines)))
         for engine in s.engines:
             for mode in s.modes:
                 tables.append(scaling_table(results, complib, levels, engine, mode, s.max_procs))

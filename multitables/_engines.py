@@ -1,10 +1,18 @@
 """Reading engines: open a node once, then read row ranges straight into a caller's buffer.
 
-Two engines read HDF5 here, behind one small protocol:
+Three engines read HDF5 here, behind one small protocol:
+
+* ``chunks``: reads the stored chunks itself (``os.pread``, or ``O_DIRECT``
+  with ``cache="direct"``) and decodes them with faster codecs than HDF5's,
+  straight into the block (:mod:`multitables._chunks`). ``auto`` prefers it
+  where it can read the node; where it cannot (an unknown filter, a type
+  h5py converts...), ``resolve_engine`` answers ``h5py`` instead, so the
+  stream reports the engine that really reads.
 
 * ``h5py``: ``Dataset.read_direct`` with hdf5plugin's filters. Measured on this
   project's machines it decodes zlib ~2.6x and blosc ~2.7x faster per core
-  than the PyTables wheel (see BENCHMARKS.md), so ``auto`` prefers it.
+  than the PyTables wheel (see BENCHMARKS.md), so ``auto`` prefers it to
+  PyTables where the chunk engine does not apply.
 * ``tables``: PyTables' ``read(out=)``. Used for ``auto`` when PyTables open
   options are given (``DRIVER=...``), or when h5py lacks a filter the node uses.
 """
@@ -16,13 +24,17 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ._chunks import CACHES  # noqa: F401  (re-exported: where chunk bytes come from, "page" or "direct")
 from ._node import NodeInfo
 
-ENGINES = ("auto", "h5py", "tables")
+ENGINES = ("auto", "h5py", "tables", "chunks")
 
 
 class Source(Protocol):
     """One open node in one process."""
+
+    #: The engine that reads it (``chunks`` opens as ``h5py`` where it cannot read the node).
+    engine: str
 
     def read_into(self, start: int, stop: int, out: np.ndarray) -> None:
         """Read rows ``[start, stop)`` into ``out`` (C-contiguous, ``stop - start`` rows, delivered dtype)."""
@@ -43,6 +55,8 @@ def limit_threads() -> None:
 
     if "tables" in sys.modules:
         sys.modules["tables"].set_blosc_max_threads(1)
+    if "blosc2" in sys.modules:
+        sys.modules["blosc2"].set_nthreads(1)
 
 
 def _h5py_can_read(node: NodeInfo) -> bool:
@@ -52,14 +66,31 @@ def _h5py_can_read(node: NodeInfo) -> bool:
     return all(h5py.h5z.filter_avail(fid) for fid in node.filter_ids)
 
 
+def chunks_problem(node: NodeInfo) -> "str | None":
+    """Why the ``chunks`` engine cannot read ``node`` (None: it can)."""
+    from ._chunks import chunks_problem
+
+    return chunks_problem(node)
+
+
 def resolve_engine(engine: str, node: NodeInfo, open_kwargs: dict[str, Any]) -> str:
-    """The concrete engine for ``engine`` (``auto`` picks); raises ValueError for unknown names."""
+    """The concrete engine for ``engine`` (``auto`` picks); raises ValueError for unknown names.
+
+    ``chunks`` resolves to ``h5py`` (or ``tables``, as ``auto`` would) for a
+    node it cannot read: see :func:`chunks_problem` for why.
+    """
     if engine not in ENGINES:
         raise ValueError(f"engine={engine!r} is not one of {ENGINES}")
-    if engine != "auto":
+    if engine == "chunks" and open_kwargs:
+        raise ValueError(
+            f"engine='chunks' reads the file itself and takes no open options (PyTables'), got {sorted(open_kwargs)}"
+        )
+    if engine not in ("auto", "chunks"):
         return engine
     if open_kwargs:
         return "tables"  # the open options are PyTables' (the established API)
+    if chunks_problem(node) is None:
+        return "chunks"
     return "h5py" if _h5py_can_read(node) else "tables"
 
 
@@ -90,6 +121,8 @@ def whole_chunks(plan: Any, n_rows: int, chunk_rows: int) -> bool:
 
 
 class _H5pySource:
+    engine = "h5py"
+
     def __init__(self, node: NodeInfo, open_kwargs: dict[str, Any], plan: Any = None, dataset: Any = None) -> None:
         import h5py
         import hdf5plugin  # noqa: F401
@@ -118,6 +151,8 @@ class _H5pySource:
 
 
 class _TablesSource:
+    engine = "tables"
+
     def __init__(self, node: NodeInfo, open_kwargs: dict[str, Any], plan: Any = None) -> None:
         import tables
 
@@ -136,12 +171,29 @@ class _TablesSource:
         self._file.close()
 
 
-def open_source(engine: str, node: NodeInfo, open_kwargs: dict[str, Any], plan: Any = None, dataset: Any = None) -> Source:
-    """Open ``node`` with a concrete engine (``h5py`` or ``tables``), tuned for reading ``plan``'s blocks.
+def open_source(
+    engine: str, node: NodeInfo, open_kwargs: dict[str, Any], plan: Any = None, dataset: Any = None, *, cache: str = "page"
+) -> Source:
+    """Open ``node`` with a concrete engine (``chunks``, ``h5py`` or ``tables``), tuned for reading ``plan``'s blocks.
 
     ``dataset``: the ``h5py.Dataset`` of ``node`` from :func:`~multitables._node.open_node`,
-    whose file the h5py engine takes over (and closes), sparing a second open.
+    whose file the h5py and chunk engines take over (and close), sparing a second open.
+    ``cache="direct"`` (chunk engine only) reads past the page cache with ``O_DIRECT``.
+    A node the chunk engine cannot read opens with h5py (or PyTables) instead:
+    the source's ``engine`` attribute says which.
     """
+    if cache not in CACHES:
+        raise ValueError(f"cache={cache!r} is not one of {CACHES}")
+    if engine == "chunks":
+        from ._chunks import ChunkSource, Unsupported
+
+        try:
+            return ChunkSource(node, cache, dataset)
+        except Unsupported:
+            engine = "h5py" if _h5py_can_read(node) else "tables"
+            dataset = None  # closed by the failed open
+    if cache != "page":
+        raise ValueError(f"cache={cache!r} needs the chunk engine; {engine!r} reads through the page cache")
     if engine == "h5py":
         return _H5pySource(node, open_kwargs, plan, dataset)
     if dataset is not None:

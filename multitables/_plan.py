@@ -28,10 +28,13 @@ MIN_BLOCKS_PER_READER = 4
 #: 2-core development machine while busy: fork 0.043, forkserver 0.84,
 #: spawn 1.2 (each spawned reader imports numpy, h5py and PyTables).
 START_COST_S = {"fork": 0.05, "forkserver": 0.9, "spawn": 1.2}
-#: Rough one-core decode rates (bytes/s) by HDF5 filter id, to judge whether
-#: parallel reading can pay: deflate ~0.39 GB/s and blosc ~1.5-2 GB/s with
-#: h5py here (BENCHMARKS.md), bzip2 far slower, no filter ~3.7 GB/s warm.
+#: Rough one-core decode rates (bytes/s) by engine and HDF5 filter id, to
+#: judge whether parallel reading can pay. h5py: deflate ~0.39 GB/s and blosc
+#: ~1.5-2 GB/s here, bzip2 far slower, no filter ~3.7 GB/s warm; the chunk
+#: engine decodes deflate + shuffle ~2.1x faster than h5py; PyTables decodes
+#: deflate and blosc ~2.6x slower (BENCHMARKS.md).
 _DECODE_RATE = {1: 0.4e9, 307: 0.03e9, 32001: 1.5e9, 32026: 1.5e9, 32004: 1.5e9, 32015: 0.8e9, 32008: 1.5e9}
+_ENGINE_SPEED = {"chunks": {1: 2.1}, "tables": {1: 1 / 2.6, 32001: 1 / 2.6}}
 _COPY_RATE = 3.5e9
 
 
@@ -118,8 +121,10 @@ def default_read_ahead(n_procs: int) -> int:
     return 2 * max(n_procs, 1) + 2
 
 
-def parallel_pays(nbytes: int, filter_ids: "tuple[int, ...]", start_method: "str | None", n_cpus: int) -> bool:
-    """Whether ``n_cpus`` reader processes can beat reading ``nbytes`` (uncompressed) in the consumer.
+def parallel_pays(
+    nbytes: int, filter_ids: "tuple[int, ...]", start_method: "str | None", n_cpus: int, engine: str = "h5py"
+) -> bool:
+    """Whether ``n_cpus`` reader processes can beat ``engine`` reading ``nbytes`` (uncompressed) in the consumer.
 
     Readers save at most ``(1 - 1/n_cpus)`` of the one-core read time and
     cost :data:`START_COST_S` to start; they must save twice what they cost.
@@ -130,7 +135,8 @@ def parallel_pays(nbytes: int, filter_ids: "tuple[int, ...]", start_method: "str
         import multiprocessing
 
         start_method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
-    rate = min((_DECODE_RATE.get(f, _COPY_RATE) for f in filter_ids), default=_COPY_RATE)
+    speed = _ENGINE_SPEED.get(engine, {})
+    rate = min((_DECODE_RATE.get(f, _COPY_RATE) * speed.get(f, 1.0) for f in filter_ids), default=_COPY_RATE)
     one_core_s = nbytes / rate
     return one_core_s * (1 - 1 / n_cpus) > 2 * START_COST_S.get(start_method, max(START_COST_S.values()))
 

@@ -34,7 +34,7 @@ def test_defaults_follow_the_established_benchmark() -> None:
     s = mb.parse_args([])
     assert (s.size_gib, s.cycles, s.repeats) == (1.0, 1, 3)
     assert s.complibs == ("blosc",) and s.complevels == (0, 3, 9)
-    assert s.engines == ("h5py", "tables") and s.modes == ("direct", "generator")
+    assert s.engines == ("chunks", "h5py", "tables") and s.modes == ("direct", "generator")
     assert s.cache == "auto" and not s.direct_off and s.small_files
     assert s.max_procs == mb._usable_cpus()
     assert s.n_rows == (1 << 30) // 4096
@@ -201,7 +201,7 @@ def test_multitables_reader_reads_every_row(small_target: Target, mode: str, n_p
 def test_probe_reports_what_multitables_picks(small_target: Target, no_leaks: None) -> None:
     used, block = mb.probe_multitables(small_target, "auto", None, "evict")
     assert used == 0  # 4 MB: read in-process by default
-    assert block % 64 == 0 and 0 < block <= 1000
+    assert block == 1000  # in-process: one block of the whole file
     assert mb.probe_multitables(small_target, "h5py", 2, "evict")[0] == 2
 
 
@@ -216,7 +216,7 @@ def test_an_engine_that_cannot_decode_is_skipped_with_a_note(
 ) -> None:
     monkeypatch.setattr(mb, "engine_can_read", lambda path, engine: "no filter" if engine == "h5py" else None)
     notes: list[str] = []
-    jobs = mb.main_jobs(small_target, _settings(max_procs=1), "evict", notes)
+    jobs = mb.main_jobs(small_target, _settings(max_procs=1, engines=("h5py", "tables")), "evict", notes)
     assert {j.reader.engine for j in jobs if j.reader.kind != "odirect"} == {"tables"}
     assert len(notes) == 1 and "h5py cannot decode" in notes[0]
     # The O_DIRECT read, one single-process reader, n_procs 1 and default in both modes:
@@ -274,7 +274,7 @@ def synthetic_passes() -> list[Pass]:
 
 @pytest.fixture
 def ctx(tmp_path: Path) -> Context:
-    s = _settings(complibs=("blosc",), complevels=LEVELS, max_procs=MAX_PROCS, repeats=1)
+    s = _settings(complibs=("blosc",), complevels=LEVELS, max_procs=MAX_PROCS, repeats=1, engines=ENGINES)
     return Context(s, "evict", "evict: pages dropped", mb.machine_info(str(tmp_path)), {"numpy": np.__version__}, ("a note",))
 
 
@@ -486,3 +486,12 @@ def test_quick_run_end_to_end(tmp_path: Path) -> None:
     assert out["md"].read_text().count("\n### ") == out["html"].read_text().count("<table>")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in out.values())  # files removed
     assert own_segments() <= before
+
+
+def test_the_chunk_engine_is_measured_but_never_the_baseline() -> None:
+    assert mb.single_engines(("chunks",)) == ["chunks", "h5py", "tables"]
+    assert mb.single_engines(("h5py",)) == ["h5py", "tables"]
+    codec = mb._codec("zlib", 3)
+    passes = [_pass("main", codec, Reader("single", e), r) for e, r in (("chunks", 900.0), ("h5py", 400.0), ("tables", 150.0))]
+    best = mb.best_single(mb.summarize(passes), "main", codec)
+    assert best is not None and best.reader.engine == "h5py"

@@ -81,7 +81,7 @@ def test_h5py_written_files(tmp_path: Path, engine: str) -> None:
         f.create_dataset("plain", data=data)
     # PyTables' own HDF5 library has no zstd filter (hdf5plugin registers with h5py's):
     # that is why ``auto`` checks the node's filters before it picks an engine.
-    names = ("zstd", "gzip", "plain") if engine == "h5py" else ("gzip", "plain")
+    names = ("gzip", "plain") if engine == "tables" else ("zstd", "gzip", "plain")
     for name in names:
         node = inspect_node(path, "/" + name)
         src = open_source(engine, node, {})
@@ -93,12 +93,43 @@ def test_h5py_written_files(tmp_path: Path, engine: str) -> None:
         np.testing.assert_array_equal(out, data[650:950])
 
 
-def test_auto_prefers_h5py_and_takes_tables_for_pytables_open_options(make_array) -> None:
+def test_auto_prefers_chunks_and_takes_tables_for_pytables_open_options(make_array) -> None:
     node = inspect_node(make_array(np.zeros(10)), "/data")
-    assert resolve_engine("auto", node, {}) == "h5py"
+    assert resolve_engine("auto", node, {}) == "chunks"
+    assert resolve_engine("chunks", node, {}) == "chunks"
+    assert resolve_engine("h5py", node, {}) == "h5py"
     assert resolve_engine("auto", node, {"DRIVER": "H5FD_CORE"}) == "tables"
     with pytest.raises(ValueError, match="engine='fast'"):
         resolve_engine("fast", node, {})
+    with pytest.raises(ValueError, match="takes no open options"):
+        resolve_engine("chunks", node, {"DRIVER": "H5FD_CORE"})
+
+
+def test_a_filter_the_chunk_engine_lacks_resolves_and_opens_as_h5py(tmp_path: Path) -> None:
+    data = np.random.default_rng(2).standard_normal((500, 6)).astype("<f4")
+    path = tmp_path / "zfp.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data", data=data, chunks=(50, 6), **hdf5plugin.Zfp(reversible=True))
+    node = inspect_node(path, "/data")
+    assert resolve_engine("auto", node, {}) == "h5py"
+    assert resolve_engine("chunks", node, {}) == "h5py"  # so the stream reports the engine that reads
+    src = open_source("chunks", node, {})  # decided at open: never a failure midway
+    try:
+        assert src.engine == "h5py"
+        out = np.empty((120, 6), "<f4")
+        src.read_into(40, 160, out)
+        np.testing.assert_array_equal(out, data[40:160])
+    finally:
+        src.close()
+
+
+def test_cache_direct_is_the_chunk_engines_alone(make_array) -> None:
+    node = inspect_node(make_array(np.zeros((100, 3))), "/data")
+    for engine in ("h5py", "tables"):
+        with pytest.raises(ValueError, match="needs the chunk engine"):
+            open_source(engine, node, {}, cache="direct")
+    with pytest.raises(ValueError, match="cache='warm'"):
+        open_source("chunks", node, {}, cache="warm")
 
 
 def test_the_chunk_cache_is_off_only_when_blocks_hold_whole_chunks() -> None:

@@ -1,0 +1,548 @@
+"""Reader: random access that gives what numpy (and PyTables) give, and that ends cleanly whatever happens."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import psutil
+import pytest
+import tables
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import multitables
+from multitables.reader import DataProxy, Future, Reader
+
+ARRAYS = {
+    # name: (shape, dtype, filters, chunk rows or None for contiguous)
+    "zlib3d": ((300, 4, 3), "<f4", tables.Filters(3, "zlib", shuffle=True), 16),
+    "blosc1d": ((500,), "<i8", tables.Filters(3, "blosc"), 64),
+    "plain2d": ((200, 5), "<u2", None, None),
+    "bigchunk": ((400, 2), "<i4", tables.Filters(1, "zlib"), 400),
+}
+TABLE_DTYPE = np.dtype([("a", "<i4"), ("b", "<f8"), ("v", "<f4", (3,))])
+
+
+def _table_rows(n: int) -> np.ndarray:
+    rows = np.zeros(n, TABLE_DTYPE)
+    rows["a"] = np.arange(n)
+    rows["b"] = np.arange(n) * 0.5
+    rows["v"] = np.arange(3 * n).reshape(n, 3)
+    return rows
+
+
+class _Contents(dict):  # type: ignore[type-arg]
+    """{node: data}, with a short repr for hypothesis' reports."""
+
+    def __repr__(self) -> str:
+        return f"<contents of {sorted(self)}>"
+
+
+@pytest.fixture(scope="module")
+def h5file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np.ndarray]]:
+    """One file with several arrays and a table; returns (path, {node: data})."""
+    path = tmp_path_factory.mktemp("reader") / "data.h5"
+    contents: dict[str, np.ndarray] = _Contents()
+    rng = np.random.default_rng(0)
+    with tables.open_file(path, "w") as f:
+        for name, (shape, dtype, filters, chunk) in ARRAYS.items():
+            data = (rng.standard_normal(shape) * 1000).astype(dtype)
+            if chunk is None:
+                f.create_array("/", name, data)
+            else:
+                f.create_carray("/", name, obj=data, filters=filters, chunkshape=(chunk,) + shape[1:])
+            contents["/" + name] = data
+        rows = _table_rows(700)
+        f.create_table("/", "table", rows, filters=tables.Filters(5, "blosc"), chunkshape=(64,))
+        contents["/table"] = rows
+    return path, contents
+
+
+@pytest.fixture(scope="module", params=["auto", "h5py", "tables"])
+def shared_reader(request: pytest.FixtureRequest, h5file: tuple) -> "tuple[Reader, dict]":
+    """A reader kept for the module (per engine), with one stage per dataset."""
+    path, contents = h5file
+    reader = Reader(path, n_procs=2, engine=request.param)
+    stages = {}
+    for node in contents:
+        ds = reader.get_dataset(node)
+        stages[node] = (ds, ds.create_stage(len(ds)))
+    yield reader, stages
+    reader.close()
+
+
+# -- keys ---------------------------------------------------------------------
+
+
+@st.composite
+def index_for(draw: st.DrawFn, shape: tuple[int, ...]) -> object:
+    """A numpy-style index on ``shape``: ints, slices with steps, Ellipsis, None, index lists and masks on any axis."""
+    entries: list[object] = []
+    axis = 0
+    n = draw(st.integers(0, len(shape)))
+    used_ellipsis = False
+    for _ in range(n):
+        if axis >= len(shape):
+            break
+        dim = shape[axis]
+        kind = draw(st.sampled_from(["int", "slice", "list", "sorted", "mask", "ellipsis", "none"]))
+        if kind == "ellipsis" and not used_ellipsis:
+            entries.append(Ellipsis)
+            used_ellipsis = True
+            axis = len(shape) - (n - len(entries))
+            axis = max(axis, len([e for e in entries if e is not None and e is not Ellipsis]))
+            continue
+        if kind == "none":
+            entries.append(None)
+            continue
+        if kind == "int":
+            entries.append(draw(st.integers(-dim, dim - 1)))
+        elif kind == "slice":
+            bound = st.one_of(st.none(), st.integers(-dim - 1, dim + 1))
+            entries.append(slice(draw(bound), draw(bound), draw(st.sampled_from([None, 1, 2, 3, -1, -2, 7]))))
+        elif kind in ("list", "sorted"):
+            values = draw(st.lists(st.integers(-dim, dim - 1), max_size=8, unique=kind == "sorted"))
+            if kind == "sorted":
+                values = sorted({v % dim for v in values})
+            entries.append(np.array(values, dtype=np.int64) if draw(st.booleans()) else values)
+        else:
+            entries.append(np.array(draw(st.lists(st.booleans(), min_size=dim, max_size=dim)), dtype=bool))
+        axis += 1
+    if len(entries) == 1 and draw(st.booleans()):
+        return entries[0]
+    return tuple(entries)
+
+
+def _is_index_error(fn: "callable") -> bool:
+    try:
+        fn()
+    except (IndexError, ValueError, TypeError):
+        return True
+    return False
+
+
+def _pytables_numpy_like(key: object, ndim: int) -> bool:
+    """Index forms PyTables reads with numpy's meaning (a bare list or array on an N-d array means coordinates to it)."""
+    entries = key if isinstance(key, tuple) else (key,)
+    if not entries or any(e is None for e in entries):
+        return False
+    if any(isinstance(e, slice) and (e.step or 1) < 0 for e in entries):
+        return False
+    arrays = [e for e in entries if isinstance(e, (list, np.ndarray))]
+    if len(arrays) > 1 or (arrays and not isinstance(key, tuple) and ndim > 1):
+        return False
+    for a in arrays:
+        a = np.asarray(a)
+        if a.dtype == bool or len(a) == 0 or (np.diff(a) <= 0).any() or (a < 0).any():
+            return False
+    return True
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_results_equal_numpy_and_pytables(shared_reader: tuple, h5file: tuple, data: st.DataObject) -> None:
+    reader, stages = shared_reader
+    path, contents = h5file
+    node = data.draw(st.sampled_from(sorted(contents)))
+    full = contents[node]
+    ds, stage = stages[node]
+    field = None
+    if node == "/table":
+        field = data.draw(st.sampled_from([None, "a", "v"]))
+    target = full if field is None else full[field]
+    key = data.draw(index_for(target.shape))
+    if _is_index_error(lambda: target[key]):
+        with pytest.raises((IndexError, ValueError, TypeError)):
+            ds[key] if field is None else ds[field][key]
+        return
+    req = ds[key] if field is None else ds.col(field)[key]
+    assert req.shape == np.shape(target[key])
+    got = reader.request(req, stage).get()
+    expected = target[key]
+    np.testing.assert_array_equal(got, expected)
+    assert np.shape(got) == np.shape(expected) and np.asarray(got).dtype == np.asarray(expected).dtype
+    if field is None and _pytables_numpy_like(key, full.ndim):
+        with tables.open_file(path) as f:
+            try:
+                want = f.get_node(node)[key]
+            except Exception:  # noqa: BLE001 - a form PyTables does not read; numpy's answer was checked
+                return
+        np.testing.assert_array_equal(got, want)
+
+
+def test_zero_copy_views_are_read_only_and_on_the_stage(shared_reader: tuple) -> None:
+    reader, stages = shared_reader
+    ds, stage = stages["/zlib3d"]
+    for key in [np.s_[10:50], np.s_[[3, 17, 200]], np.s_[200:3:-5, ..., 1], 7]:
+        req = ds[key]
+        assert req.zero_copy
+        with reader.request(req, stage).get_unsafe() as data:
+            assert not data.flags.writeable and not data.flags.owndata
+            base = data
+            while isinstance(base.base, np.ndarray):
+                base = base.base
+            assert not isinstance(base.base, np.ndarray)  # the stage mapping, not a private copy
+    req = ds[[17, 3, 3]]
+    assert not req.zero_copy
+    with reader.request(req, stage).get_unsafe() as data:
+        assert data.flags.owndata or isinstance(data.base, np.ndarray) and data.base.flags.owndata  # gathered
+
+
+def test_table_forms_of_the_established_api(h5file: tuple, no_leaks: None) -> None:
+    path, contents = h5file
+    rows = contents["/table"]
+    with Reader(path, n_procs=2) as reader:
+        ds = reader.get_dataset("/table")
+        assert ds.shape == (700,) and ds.dtype == TABLE_DTYPE and len(ds) == 700 and ds.ndim == 1
+        with ds.create_stage(64) as stage:
+            np.testing.assert_array_equal(reader.request(ds["a"][30:35], stage).get(), rows["a"][30:35])
+            np.testing.assert_array_equal(reader.request(ds.col("v")[30:35, ..., :2], stage).get(), rows["v"][30:35, ..., :2])
+            np.testing.assert_array_equal(reader.request(ds[30:35]["v"], stage).get(), rows[30:35]["v"])
+            np.testing.assert_array_equal(reader.request(ds[[5, 1, 9]]["b"], stage).get(), rows[[5, 1, 9]]["b"])
+            np.testing.assert_array_equal(reader.request(ds[np.array([3, 17, 600])], stage).get(), rows[[3, 17, 600]])
+            np.testing.assert_array_equal(reader.request(ds.read(10, 40, 3, field="a"), stage).get(), rows["a"][10:40:3])
+            np.testing.assert_array_equal(reader.request(ds.read_coordinates([4, 2], field="b"), stage).get(), rows["b"][[4, 2]])
+            record = reader.request(ds[5], stage).get()
+            assert isinstance(record, np.void) and record == rows[5]
+            assert reader.request(ds["a"][5], stage).get() == 5
+            mask = rows["a"] % 13 == 0
+            np.testing.assert_array_equal(reader.request(ds[mask], stage).get(), rows[mask])
+            with tables.open_file(path) as f:
+                np.testing.assert_array_equal(reader.request(ds[mask], stage).get(), f.root.table[mask])
+
+
+# -- errors at request time ---------------------------------------------------------
+
+
+def test_bad_requests_fail_before_any_reader_is_involved(h5file: tuple, no_leaks: None) -> None:
+    path, _ = h5file
+    with Reader(path, n_procs=1) as reader:
+        table = reader.get_dataset("/table")
+        arr = reader.get_dataset("/zlib3d")
+        with pytest.raises(KeyError, match="no field 'nope'"):
+            table["nope"]
+        with pytest.raises(KeyError, match="no field 'nope'"):
+            table.col("nope")
+        with pytest.raises(KeyError):
+            arr["a"]  # not a table
+        with pytest.raises(IndexError, match="out of bounds for axis 0 with size 300"):
+            arr[300]
+        with pytest.raises(IndexError, match="out of bounds for axis 2 with size 3"):
+            arr[:, :, [0, 3]]
+        with pytest.raises(IndexError, match="too many indices"):
+            arr[1, 2, 0, 0]
+        with pytest.raises(IndexError, match="already indexed"):
+            arr[1:5][2]
+        with pytest.raises(KeyError):
+            reader.get_dataset("/missing")
+        with arr.create_stage(10) as stage:
+            with pytest.raises(ValueError, match="reads 11 rows .* the stage holds 10 rows"):
+                reader.request(arr[0:11], stage)
+            with pytest.raises(ValueError, match="reads 11 rows"):
+                reader.request(arr[[0, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23]], stage)
+            assert reader.request(arr[::30], stage).get().shape == (10, 4, 3)  # 10 rows fit
+            with pytest.raises(TypeError):
+                reader.request(arr, stage)  # type: ignore[arg-type]
+            fut = reader.request(arr[0:5], stage)
+            with pytest.raises(RuntimeError, match="still holds the data of an earlier request"):
+                reader.request(arr[0:5], stage)
+            fut.release()
+            reader.request(arr[0:5], stage).get()
+            with Reader(path, n_procs=1) as other:
+                with pytest.raises(ValueError, match="another Reader"):
+                    other.request(arr[0:5], stage)
+    with pytest.raises(FileNotFoundError):
+        Reader(path.parent / "nope.h5")
+    with pytest.raises(ValueError, match="engine"):
+        Reader(path, engine="nope")
+
+
+def test_data_is_taken_once_and_proxies_raise_after_release(h5file: tuple, no_leaks: None) -> None:
+    path, contents = h5file
+    data = contents["/blosc1d"]
+    with Reader(path, n_procs=2) as reader:
+        ds = reader.get_dataset("/blosc1d")
+        with ds.create_stage(100) as stage:
+            fut = reader.request(ds[10:20], stage)
+            with fut.get_proxy() as proxy:
+                assert len(proxy) == 10 and proxy.shape == (10,)
+                np.testing.assert_array_equal(np.asarray(proxy), data[10:20])
+                assert proxy[3] == data[13]
+                np.testing.assert_array_equal(proxy + 1, data[10:20] + 1)
+                np.testing.assert_array_equal(np.sqrt(np.abs(proxy)), np.sqrt(np.abs(data[10:20])))
+                part = proxy[2:5]
+                assert isinstance(part, DataProxy)
+                assert proxy.sum() == data[10:20].sum()
+            for use in (lambda: proxy[0], lambda: proxy.sum(), lambda: proxy + 1, lambda: np.asarray(proxy), lambda: part[0], lambda: len(proxy)):
+                with pytest.raises(multitables.StreamClosedError, match="released"):
+                    use()
+            assert "released" in repr(proxy)
+            with pytest.raises(multitables.StreamClosedError, match="already released"):
+                fut.get()
+            fut = reader.request(ds[[4, 2]], stage)
+            assert fut.get_direct(lambda d: d.tolist()) == data[[4, 2]].tolist()
+            got = reader.request(ds[0:10], stage).get()
+            assert got.flags.writeable and got.flags.owndata
+            fut = reader.request(ds[0:10], stage)
+            assert fut.wait(5) and fut.done()
+            np.testing.assert_array_equal(fut.get(), data[0:10])
+
+
+def test_many_requests_in_flight_over_stage_pools_and_datasets(h5file: tuple, no_leaks: None) -> None:
+    path, contents = h5file
+    rng = np.random.default_rng(5)
+    with Reader(path, n_procs=2) as reader:
+        names = ["/zlib3d", "/blosc1d", "/plain2d", "/table"]
+        sets = {n: reader.get_dataset(n) for n in names}
+        pools = {n: ds.create_stage_pool(32, 3) for n, ds in sets.items()}
+        futures = []
+        for i in range(40):
+            name = names[i % len(names)]
+            n = len(sets[name])
+            idx = rng.choice(n, size=rng.integers(0, 33), replace=True)
+            if i % 3 == 0:
+                idx = np.sort(np.unique(idx))
+            # More requests than stages: the pool waits for a stage, so take some data as we go.
+            if len(futures) >= 8:
+                old_name, old_idx, old = futures.pop(0)
+                np.testing.assert_array_equal(old.get(), contents[old_name][old_idx])
+            futures.append((name, idx, reader.request(sets[name][idx], pools[name])))
+        for name, idx, fut in reversed(futures):  # out of order
+            np.testing.assert_array_equal(fut.get(), contents[name][idx])
+        for pool in pools.values():
+            pool.close()
+
+
+def test_stage_pool_from_threads_and_timeout(h5file: tuple, no_leaks: None) -> None:
+    path, contents = h5file
+    data = contents["/zlib3d"]
+    with Reader(path, n_procs=2) as reader:
+        ds = reader.get_dataset("/zlib3d")
+        with ds.create_stage_pool(4, 3) as pool:
+            results: dict[int, np.ndarray] = {}
+            futures: "list[tuple[int, Future]]" = []
+            lock = threading.Condition()
+
+            def loader() -> None:
+                for i in range(60):
+                    fut = reader.request(ds[i : i + 4], pool)
+                    with lock:
+                        futures.append((i, fut))
+                        lock.notify()
+
+            t = threading.Thread(target=loader)
+            t.start()
+            for _ in range(60):
+                with lock:
+                    while not futures:
+                        lock.wait()
+                    i, fut = futures.pop(0)
+                results[i] = fut.get()
+            t.join()
+            for i, got in results.items():
+                np.testing.assert_array_equal(got, data[i : i + 4])
+            held = [reader.request(ds[0:4], pool) for _ in range(3)]
+            with pytest.raises(TimeoutError, match="no stage of the pool came free"):
+                reader.request(ds[0:4], pool, timeout=0.2)
+            del held  # dropped futures give their stages back
+            reader.request(ds[0:4], pool, timeout=5).get()
+
+
+# -- failures --------------------------------------------------------------------------
+
+
+def _corrupt_chunk(path: Path, node: str, chunk_index: int) -> None:
+    with h5py.File(path, "r") as f:
+        info = f[node].id.get_chunk_info(chunk_index)
+    with open(path, "r+b") as fh:
+        fh.seek(info.byte_offset + 2)
+        fh.write(b"\xff" * max(1, info.size - 4))
+
+
+def test_a_read_error_fails_its_future_and_the_others_carry_on(tmp_path: Path, no_leaks: None) -> None:
+    path = tmp_path / "bad.h5"
+    data = np.arange(4000, dtype=np.float64).reshape(1000, 4)
+    with tables.open_file(path, "w") as f:
+        f.create_carray("/", "data", obj=data, filters=tables.Filters(5, "zlib"), chunkshape=(100, 4))
+    _corrupt_chunk(path, "/data", 3)  # rows 300..399
+    for engine in ("h5py", "tables"):
+        with Reader(path, n_procs=2, engine=engine) as reader:
+            ds = reader.get_dataset("/data")
+            pool = ds.create_stage_pool(200, 4)
+            good1 = reader.request(ds[[5, 150, 990]], pool)
+            bad = reader.request(ds[250:450], pool)
+            good2 = reader.request(ds[[0, 100, 200, 500, 900]], pool)
+            with pytest.raises(multitables.ReaderError) as info:
+                bad.get()
+            err = info.value
+            assert isinstance(err, Exception) and err.path == "/data" and err.filename == str(path)
+            assert "Original traceback" in str(err) and err.rows is not None
+            with pytest.raises(multitables.ReaderError):
+                bad.get()  # the same error again, not a hang
+            bad.release()
+            np.testing.assert_array_equal(good1.get(), data[[5, 150, 990]])
+            np.testing.assert_array_equal(good2.get(), data[[0, 100, 200, 500, 900]])
+            np.testing.assert_array_equal(reader.request(ds[400:600], pool).get(), data[400:600])
+            pool.close()
+
+
+def _children_of(reader: Reader) -> list[psutil.Process]:
+    return [psutil.Process(pid) for pid in reader.reader_pids]
+
+
+def test_a_worker_killed_mid_request_fails_its_futures_only_then_the_reader(h5file: tuple, no_leaks: None) -> None:
+    path, contents = h5file
+    data = contents["/blosc1d"]
+    with Reader(path, n_procs=2) as reader:
+        ds = reader.get_dataset("/blosc1d")
+        pool = ds.create_stage_pool(10, 8)
+        victim = reader.reader_pids[0]
+        os.kill(victim, signal.SIGSTOP)  # its shares wait in its inbox
+        futures = [reader.request(ds[i * 10 : i * 10 + 1], pool) for i in range(6)]  # one share each: both workers
+        os.kill(victim, signal.SIGKILL)
+        outcomes = []
+        for i, fut in enumerate(futures):
+            try:
+                np.testing.assert_array_equal(fut.get(timeout=30), data[i * 10 : i * 10 + 1])
+                outcomes.append("ok")
+            except multitables.ReaderError as exc:
+                assert exc.pid == victim and exc.exitcode == -signal.SIGKILL
+                assert "SIGKILL" in str(exc)
+                outcomes.append("died")
+        assert "ok" in outcomes and "died" in outcomes
+        with pytest.raises(multitables.ReaderError, match="cannot take more requests"):
+            reader.request(ds[0:1], pool)
+        pool.close()
+
+
+def test_get_times_out_and_close_ends_pending_futures(h5file: tuple, no_leaks: None) -> None:
+    path, _ = h5file
+    reader = Reader(path, n_procs=1)
+    ds = reader.get_dataset("/zlib3d")
+    stage = ds.create_stage(300)
+    (worker,) = reader.reader_pids
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        fut = reader.request(ds[:], stage)
+        t = time.monotonic()
+        with pytest.raises(TimeoutError):
+            fut.get(timeout=0.3)
+        assert time.monotonic() - t < 3
+        assert not fut.done() and not fut.wait(0.1)
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    waiter_error: list[BaseException] = []
+
+    def waiter() -> None:
+        try:
+            fut.get()
+        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+            waiter_error.append(exc)
+
+    os.kill(worker, signal.SIGSTOP)
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.2)
+    reader.close()  # terminates the stopped worker, ends the waiting future
+    t.join(10)
+    assert not t.is_alive()
+    assert waiter_error and isinstance(waiter_error[0], multitables.StreamClosedError)
+    assert reader.closed and stage.closed
+    with pytest.raises(multitables.StreamClosedError):
+        reader.get_dataset("/zlib3d")
+    reader.close()  # idempotent
+
+
+def test_workers_end_and_leave_nothing_when_the_consumer_is_killed(h5file: tuple, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from conftest import own_segments
+
+    path, _ = h5file
+    script = tmp_path / "consumer.py"
+    script.write_text(
+        "import sys, time\n"
+        "from multitables.reader import Reader\n"
+        f"reader = Reader({str(path)!r}, n_procs=2)\n"
+        "ds = reader.get_dataset('/zlib3d')\n"
+        "pool = ds.create_stage_pool(300, 2)\n"
+        "future = reader.request(ds[::2], pool)\n"
+        "print(' '.join(map(str, reader.reader_pids)), flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(multitables.__file__).parent.parent))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, env=env, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]  # type: ignore[union-attr]
+        assert len(pids) == 2
+        mine = {s for s in own_segments() if s.startswith(f"multitables_{proc.pid}_")}
+        assert not mine, "every segment is unlinked as soon as the workers have it mapped"
+        proc.kill()
+        proc.wait(10)
+        deadline = time.monotonic() + 5
+        while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+            assert time.monotonic() < deadline, "workers outlived their consumer"
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert not {s for s in own_segments() if s.startswith(f"multitables_{proc.pid}_")}
+
+
+def test_dropping_everything_shuts_down(h5file: tuple, no_leaks: None) -> None:
+    import gc
+
+    path, contents = h5file
+    reader = Reader(path, n_procs=2)
+    ds = reader.get_dataset("/plain2d")
+    stage = ds.create_stage(20)
+    fut = reader.request(ds[[1, 2, 3]], stage)
+    pids = reader.reader_pids
+    del reader, ds, stage, fut
+    gc.collect()
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_stage_released_early_is_reused_only_once_its_readers_are_done(h5file: tuple, no_leaks: None) -> None:
+    path, contents = h5file
+    data = contents["/zlib3d"]
+    with Reader(path, n_procs=2) as reader:
+        ds = reader.get_dataset("/zlib3d")
+        with ds.create_stage(300) as stage:
+            for _ in range(5):
+                reader.request(ds[::-1], stage).release()  # dropped while both readers write the stage
+                np.testing.assert_array_equal(reader.request(ds[[0, 299]], stage).get(), data[[0, 299]])
+
+
+def test_stages_can_be_closed_and_reopened_many_times(h5file: tuple, no_leaks: None) -> None:
+    path, contents = h5file
+    with Reader(path, n_procs=2, max_stages=2) as reader:
+        ds = reader.get_dataset("/blosc1d")
+        for i in range(6):
+            with ds.create_stage(8) as stage:
+                np.testing.assert_array_equal(reader.request(ds[i : i + 8], stage).get(), contents["/blosc1d"][i : i + 8])
+        keep = [ds.create_stage(1), ds.create_stage(1)]
+        with pytest.raises(RuntimeError, match="max_stages"):
+            ds.create_stage(1)
+        keep.pop().close()
+        ds.create_stage(1).close()
+
+
+def test_spawn(h5file: tuple, no_leaks: None) -> None:
+    path, contents = h5file
+    with Reader(path, n_procs=2, start_method="spawn") as reader:
+        ds = reader.get_dataset("/table")
+        with ds.create_stage_pool(50, 5) as pool:
+            futs = [reader.request(ds.col("v")[[i, i + 40, i + 7]], pool) for i in range(5)]
+            for i, fut in enumerate(futs):
+                np.testing.assert_array_equal(fut.get(), contents["/table"]["v"][[i, i + 40, i + 7]])

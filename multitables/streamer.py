@@ -343,7 +343,7 @@ class Streamer:
         remainder = _check_bool("remainder", remainder)
         node, dataset = open_node(self._filename, path, field)
         try:
-            engine = self._resolve(node)
+            engine = self._resolve(node, dataset)
             if engine == "tables" and self._open_kwargs:
                 self._check_tables_open(node)
             if n_procs is None:
@@ -360,14 +360,14 @@ class Streamer:
         except BaseException:
             dataset.file.close()
             raise
-        if n_procs or engine != "h5py":
+        if n_procs or engine not in ("h5py", "chunks"):
             dataset.file.close()  # readers open their own
             dataset = None
         return _StreamSpec(node, engine, plan, n_procs, read_ahead, ordered, self._cache, dataset)
 
-    def _resolve(self, node: NodeInfo) -> str:
+    def _resolve(self, node: NodeInfo, dataset: Any = None) -> str:
         """The engine that will read ``node``; refuses ``cache='direct'`` where the chunk engine cannot read it."""
-        engine = resolve_engine(self._engine, node, self._open_kwargs)
+        engine = resolve_engine(self._engine, node, self._open_kwargs, dataset)
         if self._cache == "direct" and engine != "chunks":
             raise ValueError(
                 f"cache='direct' needs the chunk engine, which cannot read {node.path!r} in {node.filename!r} "

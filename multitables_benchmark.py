@@ -69,6 +69,9 @@ ENGINES = ("chunks", "h5py", "tables")
 #: The single-process readers a user without multitables would write: the baselines of every ratio.
 USER_ENGINES = ("h5py", "tables")
 MODES = ("direct", "generator")
+SECTIONS = ("main", "training", "random")
+#: Rows of 1 KiB in the training / random-access file: 256 MiB (--quick: 16 MiB).
+SECTION_ROWS, QUICK_SECTION_ROWS = 1 << 18, 1 << 14
 CACHES = ("auto", "direct", "evict", "warm")
 DEFAULT_COMPLEVELS = (0, 3, 9)
 DEFAULT_COMPLIB = "blosc"
@@ -205,6 +208,8 @@ class Settings:
     html: "str | None" = None
     plot: "str | None" = None
     report_from: "str | None" = None
+    #: What to measure: "main" (the streaming matrix), "training", "random" (multitables_benchmark_sections).
+    sections: tuple[str, ...] = ("main",)
 
     @property
     def n_rows(self) -> int:
@@ -294,6 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--markdown", metavar="PATH", nargs="?", const="-", default=None, help="write Markdown tables (no PATH: stdout)")
     add("--html", metavar="PATH", nargs="?", const="-", default=None, help="write an HTML page (no PATH: stdout)")
     add("--plot", metavar="PATH.png", default=None, help="plot MB/s against n_procs (needs matplotlib)")
+    add("--sections", nargs="+", default=["main"], choices=SECTIONS,
+        help="what to measure: main (streaming, the default), training (batches vs DataLoader), random (Reader vs h5py)")
     add("--report-from", metavar="JSON", default=None, help="measure nothing: report the results of an earlier --json run")
     return parser
 
@@ -323,6 +330,7 @@ def parse_args(argv: "Sequence[str] | None" = None) -> Settings:
         html=a.html,
         plot=a.plot,
         report_from=a.report_from,
+        sections=tuple(dict.fromkeys(a.sections)),
     )
     problem = check_settings(settings)
     if problem:
@@ -1111,6 +1119,11 @@ def main(argv: "Sequence[str] | None" = None) -> None:
     if settings.report_from:
         report(settings)
         return
+    extra = [name for name in settings.sections if name != "main"]
+    if extra:
+        measure_sections(settings, extra)
+        if "main" not in settings.sections:
+            return
     workdir, main_path = _workdir(settings)
     passes: list[Pass] = []
 
@@ -1139,6 +1152,23 @@ def main(argv: "Sequence[str] | None" = None) -> None:
     machine["file"]["path"] = main_path
     ctx = Context(settings, cache, cache_note, machine, versions(), tuple(notes))
     emit(passes, ctx)
+
+
+def measure_sections(settings: Settings, sections: Sequence[str]) -> None:
+    """Run the training / random-access sections; print their Markdown tables (JSON beside ``--json``)."""
+    from multitables_benchmark_sections import run_sections
+
+    workdir, _ = _workdir(settings)
+    rows = QUICK_SECTION_ROWS if settings.quick else SECTION_ROWS
+    n_procs = settings.max_procs
+    try:
+        text, figures = run_sections(sections, workdir, rows, n_procs, settings.repeats, lambda m: print(m, file=sys.stderr))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    sys.stdout.write(text + "\n\n")
+    if settings.json:
+        with open(settings.json + ".sections.json", "w") as f:
+            json.dump([asdict(fig) for fig in figures], f, indent=1)
 
 
 def report(settings: Settings) -> None:

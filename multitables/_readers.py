@@ -70,6 +70,19 @@ ATTACH_TIMEOUT = 120.0
 REPORT_TIMEOUT = 1.0
 
 
+def end_processes(procs: "list[Any]", timeout: float = JOIN_TIMEOUT) -> None:
+    """Join ``procs`` for up to ``timeout`` s in all, then SIGTERM, then SIGKILL the ones left (NOTE [shutdown] 2-3)."""
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for escalate in ("terminate", "kill"):
+        alive = [p for p in procs if p.exitcode is None]
+        for proc in alive:
+            getattr(proc, escalate)()
+        for proc in alive:
+            proc.join(1.0)
+
+
 class ReaderPool:
     """``n_procs`` reader processes filling one ring; owned by one queue."""
 
@@ -223,15 +236,7 @@ class ReaderPool:
         ring = self.ring
         ring.stop()
         ring.wake_readers(len(self._procs))
-        deadline = time.monotonic() + JOIN_TIMEOUT
-        for proc in self._procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
-        for escalate in ("terminate", "kill"):
-            alive = [p for p in self._procs if p.exitcode is None]
-            for proc in alive:
-                getattr(proc, escalate)()
-            for proc in alive:
-                proc.join(1.0)
+        end_processes(self._procs)
         self._stopped = True
 
     def close(self) -> None:

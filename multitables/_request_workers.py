@@ -53,6 +53,7 @@ import numpy as np
 from ._engines import limit_threads, open_source
 from ._node import NodeInfo
 from ._reader_process import _ParentWatch, check_file_unchanged, process_start_time
+from ._readers import JOIN_TIMEOUT, end_processes
 from ._request import effective_chunk_rows, group_bounds, run_bounds
 from ._ring import TICK
 from ._shm import Segment, unlink_orphan
@@ -81,7 +82,6 @@ HEADER_BYTES = 2 * PAGE
 PENDING, DONE, FAILED = 0, 1, 2
 
 #: Seconds readers get to stop by themselves before they are terminated.
-JOIN_TIMEOUT = 2.0
 #: Seconds to wait for the workers to start, or to map a new stage.
 ATTACH_TIMEOUT = 120.0
 #: Seconds to wait for the report of a worker that flagged a failure.
@@ -610,15 +610,7 @@ class WorkerPool:
         self._flags[0] = 1
         for work in self._works:
             work.release()  # wake an idle worker now rather than at its next tick
-        deadline = time.monotonic() + JOIN_TIMEOUT
-        for proc in self._procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
-        for escalate in ("terminate", "kill"):
-            alive = [p for p in self._procs if p.exitcode is None]
-            for proc in alive:
-                getattr(proc, escalate)()
-            for proc in alive:
-                proc.join(1.0)
+        end_processes(self._procs)
         for conn in self._conns:
             conn.close()
         self._listening.clear()

@@ -64,6 +64,18 @@ def inspect_node(filename: "str | os.PathLike[str]", path: str, field: "str | No
     return node
 
 
+def check_file(filename: str) -> None:
+    """Raise the builtin-compatible error for a missing file, a directory, or a file that is not HDF5."""
+    import h5py
+
+    if not os.path.exists(filename):
+        raise FileNotFoundError(errno.ENOENT, "No such HDF5 file", filename)
+    if os.path.isdir(filename):
+        raise IsADirectoryError(errno.EISDIR, "Expected an HDF5 file, got a directory", filename)
+    if not h5py.is_hdf5(filename):
+        raise NotHDF5Error(f"{filename!r} is not an HDF5 file")
+
+
 def open_node(filename: "str | os.PathLike[str]", path: str, field: "str | None" = None) -> "tuple[NodeInfo, Any]":
     """As :func:`inspect_node`, but also return the open ``h5py.Dataset`` (the caller closes its ``.file``)."""
     import h5py
@@ -73,12 +85,7 @@ def open_node(filename: "str | os.PathLike[str]", path: str, field: "str | None"
         raise TypeError(f"path must be a str naming a node in the file, not {type(path).__name__}")
     if field is not None and not isinstance(field, str):
         raise TypeError(f"field must be a str naming a table column, not {type(field).__name__}")
-    if not os.path.exists(filename):
-        raise FileNotFoundError(errno.ENOENT, "No such HDF5 file", filename)
-    if os.path.isdir(filename):
-        raise IsADirectoryError(errno.EISDIR, "Expected an HDF5 file, got a directory", filename)
-    if not h5py.is_hdf5(filename):
-        raise NotHDF5Error(f"{filename!r} is not an HDF5 file")
+    check_file(filename)
     f = h5py.File(filename, "r")
     try:
         try:

@@ -10,7 +10,6 @@ shares to the worker processes of :mod:`multitables._request_workers` (NOTE
 
 from __future__ import annotations
 
-import errno
 import itertools
 import os
 import queue
@@ -23,7 +22,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ._engines import ENGINES, open_source, resolve_engine
-from ._node import NodeInfo, inspect_node
+from ._node import NodeInfo, check_file, inspect_node
 from ._plan import available_cpus
 from ._reader_process import file_signature
 from ._request import RowPlan, effective_chunk_rows, normalize_key, plan_rows, split_shares
@@ -45,7 +44,7 @@ from ._request_workers import (
 )
 from ._ring import TICK
 from ._shm import Segment
-from .errors import NotHDF5Error, ReaderError, StreamClosedError
+from .errors import ReaderError, StreamClosedError
 
 __all__ = ["Reader", "Dataset", "Request", "Stage", "StagePool", "Future", "DataProxy"]
 
@@ -62,17 +61,6 @@ def _positive_int(name: str, value: Any) -> int:
     if value < 1:
         raise ValueError(f"{name} must be at least 1, got {value}")
     return int(value)
-
-
-def _check_file(filename: str) -> None:
-    import h5py
-
-    if not os.path.exists(filename):
-        raise FileNotFoundError(errno.ENOENT, "No such HDF5 file", filename)
-    if os.path.isdir(filename):
-        raise IsADirectoryError(errno.EISDIR, "Expected an HDF5 file, got a directory", filename)
-    if not h5py.is_hdf5(filename):
-        raise NotHDF5Error(f"{filename!r} is not an HDF5 file")
 
 
 class _Core:
@@ -171,7 +159,7 @@ class Reader:
             raise ValueError(f"engine={engine!r} is not one of {ENGINES}")
         if start_method is not None and start_method not in multiprocessing.get_all_start_methods():
             raise ValueError(f"start_method={start_method!r} is not one of {multiprocessing.get_all_start_methods()}")
-        _check_file(filename)
+        check_file(filename)
         pool = WorkerPool(filename, open_kwargs, n_procs, max_stages, start_method, file_signature(filename))
         self._core = _Core(filename, engine, open_kwargs, pool, max_stages)
         self._finalizer = weakref.finalize(self, self._core.close)

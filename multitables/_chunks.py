@@ -362,6 +362,19 @@ class _FileReader:
             got += k
         return got
 
+    def will_need(self, extents: Sequence[Extent]) -> None:
+        """Start reading ``extents`` into the page cache in the background (``POSIX_FADV_WILLNEED``); a hint.
+
+        Past the page cache (``O_DIRECT``) there is nothing to warm, so it does nothing.
+        """
+        if self.direct or not extents:
+            return
+        for group in coalesce(extents, MAX_GAP, MAX_READ):
+            try:
+                os.posix_fadvise(self.fd, group.start, group.stop - group.start, os.POSIX_FADV_WILLNEED)
+            except OSError:  # pragma: no cover - a filesystem without readahead; reading works the same
+                return
+
     def close(self) -> None:
         self._buffer = np.empty(0, np.uint8)
         if self.fd >= 0:
@@ -452,6 +465,31 @@ class ChunkSource:
         rows = out.reshape((n,) + self._file_row_shape)
         self._read_rows(start, stop, rows)
         pad_nullterm(rows, self._storage.nullterm)
+
+    def prefetch(self, start: int, stop: int) -> None:
+        """Start reading the stored bytes of rows ``[start, stop)`` into the page cache; returns at once.
+
+        A reader calls it for the block it expects to read next, so that the
+        disk works while this block decodes (a cold zlib-3 file read 1.6x
+        faster by two readers; BENCHMARKS.md). Does nothing with ``O_DIRECT``.
+        """
+        reader = self._reader
+        if reader is None or reader.direct or start >= stop:
+            return
+        if self._grid is None:
+            assert self._storage.offset is not None
+            first = self._storage.offset + start * self._row_nbytes
+            reader.will_need([Extent(first, (stop - start) * self._row_nbytes, 0)])
+            return
+        assert self._index is not None
+        extents = []
+        for part in chunk_parts(self._grid, start, stop):
+            if part.index in self._kept:
+                continue
+            found = self._index.lookup(part.index)
+            if found is not None:
+                extents.append(Extent(found[0], found[1], 0))
+        reader.will_need(extents)
 
     def _read_rows(self, start: int, stop: int, out: np.ndarray) -> None:
         if out.size == 0:

@@ -39,6 +39,9 @@ class Source(Protocol):
     def read_into(self, start: int, stop: int, out: np.ndarray) -> None:
         """Read rows ``[start, stop)`` into ``out`` (C-contiguous, ``stop - start`` rows, delivered dtype)."""
 
+    def prefetch(self, start: int, stop: int) -> None:
+        """Hint that rows ``[start, stop)`` will be read soon; returns at once, and may do nothing."""
+
     def close(self) -> None:
         """Release the file."""
 
@@ -161,6 +164,9 @@ class _H5pySource:
             out = np.ndarray((stop - start,), dtype=self._field_dtype, buffer=out)
         self._ds.read_direct(out, np.s_[start:stop])
 
+    def prefetch(self, start: int, stop: int) -> None:
+        pass  # HDF5 reads its chunks itself; see the chunk engine
+
     def close(self) -> None:
         self._file.close()
 
@@ -181,6 +187,9 @@ class _TablesSource:
             self._node.read(start, stop, field=self._field, out=out)
         else:
             self._node.read(start, stop, out=out)
+
+    def prefetch(self, start: int, stop: int) -> None:
+        pass  # HDF5 reads its chunks itself; see the chunk engine
 
     def close(self) -> None:
         self._file.close()

@@ -87,6 +87,18 @@ class BlockPlan:
         return (Piece(start, self.n_rows, 0), Piece(0, n - first, first))
 
 
+def ahead(plan: "BlockPlan | RangePlan", k: int, distance: int) -> tuple[Piece, ...]:
+    """The pieces of block ``k + distance``, the block a reader that claimed ``k`` is likely to read next; () past the end.
+
+    Readers claim blocks in increasing order from one counter, so with
+    ``distance`` readers each takes about every ``distance``-th block.
+    """
+    j = k + distance
+    if distance < 1 or (plan.n_blocks is not None and j >= plan.n_blocks):
+        return ()
+    return plan.pieces(j)
+
+
 def available_cpus() -> int:
     """CPUs this process may run on."""
     try:

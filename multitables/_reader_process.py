@@ -15,6 +15,26 @@ NOTE [file identity]
     :class:`~multitables.errors.FileChangedError` naming the path. A stat costs
     ~1-2 us against milliseconds per block. Writes within one tick of the
     filesystem's clock that keep the size are below what mtime can show.
+
+NOTE [prefetch]
+    A reader alternates between waiting for the disk and decoding; alone, it
+    leaves the disk idle while it decodes and the CPU idle while it waits.
+    Readers claim blocks in order from one counter, so with n readers the
+    block a reader will claim next is about k + n when it has just claimed
+    k. Before reading block k it asks the source to start fetching block
+    k + n (``Source.prefetch``: ``POSIX_FADV_WILLNEED`` on the chunks' byte
+    ranges, which queues the reads and returns). The page cache is shared,
+    so it does not matter which reader ends up claiming that block. With
+    ``O_DIRECT`` there is no cache to warm.
+    Measured on a cold 1 GiB zlib-3 file (PyTables chunks of 512 KiB, 4 MiB
+    blocks), two readers, 8 interleaved passes each: median 705 MB/s
+    without, 1,125 MB/s with (every pass with it faster than every pass
+    without); hinting further ahead (k+1..k+3, k+2..k+4) did no better. The
+    gain depends on the device: later runs, once this VM's host had cached
+    the disk image, and runs under a blkio bandwidth limit (420 and 840
+    MiB/s, where the kernel's own 8 MiB readahead already keeps the disk
+    busy) showed no difference either way (within the +-10% noise), and
+    a warm file no cost beyond that noise. A hint costs microseconds a block.
 """
 
 from __future__ import annotations
@@ -27,7 +47,7 @@ from typing import Any, Callable
 
 from ._engines import limit_threads, open_source
 from ._node import NodeInfo
-from ._plan import BlockPlan, RangePlan
+from ._plan import BlockPlan, RangePlan, ahead
 from ._ring import PeerGone, Ring, RingLayout, RingSync
 from ._shm import unlink_orphan
 from .errors import FileChangedError, _ReaderFailure
@@ -56,6 +76,8 @@ class ReaderSettings:
     file_signature: "FileSignature | None" = None
     #: Where chunk bytes come from: "page" (the page cache) or "direct" (O_DIRECT, chunk engine only).
     cache: str = "page"
+    #: Readers sharing the plan: a reader that claims block k hints block k + n_readers (NOTE [prefetch]).
+    n_readers: int = 1
 
 
 def file_signature(filename: str) -> FileSignature:
@@ -153,6 +175,8 @@ def run(settings: ReaderSettings, sync: RingSync, error_conn: Any) -> None:
             if claimed is None:
                 break
             k, slot = claimed
+            for piece in ahead(plan, k, settings.n_readers):
+                source.prefetch(piece.start, piece.stop)
             out = ring.slots[slot]
             for piece in plan.pieces(k):
                 rows = (piece.start, piece.stop)

@@ -128,6 +128,7 @@ class ReaderPool:
                     parent_start=me_start,
                     file_signature=signature,
                     cache=cache,
+                    n_readers=n_procs,
                 )
                 recv, send = ctx.Pipe(duplex=False)
                 self._conns.append(recv)

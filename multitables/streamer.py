@@ -14,7 +14,7 @@ import numpy as np
 
 from ._engines import CACHES, ENGINES, open_source, resolve_engine
 from ._node import NodeInfo, inspect_node, open_node
-from ._plan import BlockPlan, RangePlan, available_cpus, default_block_size, default_read_ahead, parallel_pays
+from ._plan import BlockPlan, RangePlan, ahead, available_cpus, default_block_size, default_read_ahead, parallel_pays
 from ._reader_process import check_file_unchanged, file_signature
 from ._readers import ReaderPool
 from ._ring import TICK
@@ -115,6 +115,8 @@ class _InlineBackend:
         out = self._buffers[slot]
         if out is None:
             out = self._buffers[slot] = _empty_block(self._spec)
+        for p in ahead(self._plan, k, 1):  # NOTE [prefetch], with one reader: the consumer
+            self._source.prefetch(p.start, p.stop)
         for p in self._plan.pieces(k):
             out_part = out[p.dst : p.dst + p.stop - p.start]
             self._source.read_into(p.start, p.stop, out_part)

@@ -397,6 +397,82 @@ def test_direct_reads_leave_the_page_cache_cold(make_array: Callable[..., Path],
     assert resident_fraction(path) < 0.05 + before
 
 
+def _cold(path: Path) -> float:
+    """Evict ``path``; skip where this filesystem keeps it cached anyway (tmpfs)."""
+    from multitables._pagecache import evict, resident_fraction
+
+    evict(path)
+    before = resident_fraction(path)
+    if before > 0.05:
+        pytest.skip("this filesystem keeps the file cached (tmpfs?)")
+    return before
+
+
+def _resident_after(path: Path, at_least: float, within: float = 5.0) -> float:
+    """The file's resident fraction once it reaches ``at_least`` (prefetching runs in the background), or after ``within`` s."""
+    import time
+
+    from multitables._pagecache import resident_fraction
+
+    deadline = time.monotonic() + within
+    while True:
+        frac = resident_fraction(path)
+        if frac >= at_least or time.monotonic() > deadline:
+            return frac
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("kind", ["carray", "array"])
+def test_prefetch_brings_exactly_those_rows_into_the_page_cache(make_array: Callable[..., Path], kind: str) -> None:
+    data = np.random.default_rng(3).standard_normal((20_000, 64)).astype("<f4")  # noise: chunks stay full size
+    path = make_array(data, complib="zlib" if kind == "carray" else None, kind=kind, chunkshape=(500, 64) if kind == "carray" else None)
+    node = inspect_node(path, "/data")
+    src = ChunkSource(node, "page")
+    try:
+        before = _cold(path)
+        src.prefetch(10_000, 12_000)  # four whole chunks: a tenth of the rows
+        frac = _resident_after(path, before + 0.09)
+        assert 0.09 <= frac - before <= 0.11
+        out = np.empty((2000, 64), "<f4")
+        src.read_into(10_000, 12_000, out)
+        np.testing.assert_array_equal(out, data[10_000:12_000])
+    finally:
+        src.close()
+
+
+@pytest.mark.skipif(not DIRECT_IO, reason="the temporary directory's filesystem refuses O_DIRECT")
+def test_prefetch_does_nothing_past_the_page_cache(make_array: Callable[..., Path]) -> None:
+    import time
+
+    from multitables._pagecache import resident_fraction
+
+    data = np.random.default_rng(4).standard_normal((20_000, 64)).astype("<f4")
+    path = make_array(data, complib="zlib")
+    src = ChunkSource(inspect_node(path, "/data"), "direct")
+    try:
+        before = _cold(path)
+        src.prefetch(0, 20_000)
+        time.sleep(0.2)  # long enough for a 5 MB background read to show, had one started
+        assert resident_fraction(path) < before + 0.05
+    finally:
+        src.close()
+
+
+def test_reading_in_process_prefetches_each_next_block(make_array: Callable[..., Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(ChunkSource, "prefetch", lambda self, a, b: calls.append((a, b)))
+    data = np.arange(1000 * 8, dtype="<f4").reshape(1000, 8)
+    path = make_array(data, chunkshape=(100, 8))
+    with multitables.Streamer(str(path), engine="chunks").get_queue("/data", n_procs=None, block_size=300) as q:
+        assert q.n_procs == 0  # a small file: read in the consumer
+        blocks = []
+        for guard in q.iter():
+            with guard as block:
+                blocks.append(block.copy())
+    np.testing.assert_array_equal(np.concatenate(blocks), data[:900])
+    assert calls == [(300, 600), (600, 900)]
+
+
 def test_direct_reads_need_a_filesystem_that_allows_them(make_array: Callable[..., Path], monkeypatch: pytest.MonkeyPatch) -> None:
     node = inspect_node(make_array(np.zeros((100, 4))), "/data")
     real_open = os.open

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from multitables._plan import BlockPlan, RangePlan, default_block_size, default_read_ahead, parallel_pays
+from multitables._plan import BlockPlan, RangePlan, ahead, default_block_size, default_read_ahead, parallel_pays
 
 sizes = st.integers(1, 500).flatmap(lambda n: st.tuples(st.just(n), st.integers(1, n)))
 
@@ -89,3 +89,30 @@ def test_a_range_plan_refuses_empty_or_reversed_ranges() -> None:
     for starts, stops in [((), ()), ((5,), (5,)), ((3, 1), (4,))]:
         with pytest.raises(ValueError):
             RangePlan(starts, stops)
+
+
+@given(sizes, st.booleans(), st.integers(0, 60), st.integers(1, 6))
+def test_ahead_is_the_block_distance_past_the_one_claimed(size: tuple[int, int], remainder: bool, k: int, distance: int) -> None:
+    n, bs = size
+    plan = BlockPlan(n, bs, remainder=remainder)
+    assert plan.n_blocks is not None
+    if k + distance < plan.n_blocks:
+        assert ahead(plan, k, distance) == plan.pieces(k + distance)
+    else:
+        assert ahead(plan, k, distance) == ()
+
+
+@given(sizes, st.integers(0, 60), st.integers(1, 6))
+def test_ahead_of_a_cyclic_plan_never_ends_and_wraps(size: tuple[int, int], k: int, distance: int) -> None:
+    n, bs = size
+    plan = BlockPlan(n, bs, cyclic=True)
+    assert ahead(plan, k, distance) == plan.pieces(k + distance)
+    assert sum(p.stop - p.start for p in ahead(plan, k, distance)) == bs
+
+
+def test_ahead_follows_a_range_plan_and_stops_at_its_end() -> None:
+    plan = RangePlan((40, 0, 20), (50, 10, 30))
+    assert ahead(plan, 0, 1) == plan.pieces(1)
+    assert [(p.start, p.stop) for p in ahead(plan, 0, 2)] == [(20, 30)]
+    assert ahead(plan, 1, 2) == ()
+    assert ahead(plan, 0, 0) == ()  # no readers, nothing ahead

@@ -132,7 +132,7 @@ def test_cache_direct_is_the_chunk_engines_alone(make_array) -> None:
         open_source("chunks", node, {}, cache="warm")
 
 
-def test_the_chunk_cache_is_off_only_when_blocks_hold_whole_chunks() -> None:
+def test_the_chunk_cache_is_off_only_when_no_two_blocks_share_a_chunk() -> None:
     from multitables._engines import whole_chunks
     from multitables._plan import BlockPlan, RangePlan
 
@@ -141,7 +141,10 @@ def test_the_chunk_cache_is_off_only_when_blocks_hold_whole_chunks() -> None:
     assert not whole_chunks(BlockPlan(1000, 48), 1000, 32)
     assert not whole_chunks(BlockPlan(1000, 64, cyclic=True), 1000, 32)  # wrapped blocks start anywhere
     assert whole_chunks(RangePlan((64, 0), (1000, 32)), 1000, 32)
-    assert not whole_chunks(RangePlan((16,), (32,)), 1000, 32)
+    assert not whole_chunks(RangePlan((16, 32), (32, 48)), 1000, 32)
+    assert whole_chunks(RangePlan((16,), (32,)), 1000, 32)  # one block: its chunks are read once anyway
+    assert whole_chunks(BlockPlan(100, 100), 100, 1024)  # a dataset smaller than one chunk
+    assert not whole_chunks(BlockPlan(100, 100, cyclic=True), 100, 1024)
 
 
 @pytest.mark.parametrize("block_size", [64, 48, 1])

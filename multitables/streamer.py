@@ -96,6 +96,10 @@ class Guard:
             pass
 
 
+#: sys.getrefcount of a block buffer nobody else holds: the backend's list, a local name, the call's argument.
+_FREE_BUFFER_REFS = 3
+
+
 class _InlineBackend:
     """Reads blocks in the consumer process, for datasets too small for processes to pay."""
 
@@ -110,10 +114,13 @@ class _InlineBackend:
         self.pids: list[int] = []
 
     def take(self) -> tuple[int, np.ndarray]:
-        slot, k = self._free.pop(), self._next
+        slot, k = self._free.pop(0), self._next
         self._next += 1
         out = self._buffers[slot]
-        if out is None:
+        # A fresh buffer where a caller still holds rows of this slot's last
+        # block (views count as references): so rows stay valid, and the
+        # generator can hand these private blocks out without a copy.
+        if out is None or sys.getrefcount(out) > _FREE_BUFFER_REFS:
             out = self._buffers[slot] = _empty_block(self._spec)
         for p in ahead(self._plan, k, 1):  # NOTE [prefetch], with one reader: the consumer
             self._source.prefetch(p.start, p.stop)
@@ -471,6 +478,18 @@ class Streamer:
     def _rows(self, spec: _StreamSpec) -> Iterator[np.ndarray]:
         owner: "np.ndarray | None" = None  # memory of the last private copy
         with Queue(spec, self._open_kwargs, self._start_method) as queue:
+            if queue.n_procs == 0:
+                # Read in this process: the blocks are private already, and the
+                # backend never refills one whose rows someone holds. A copy
+                # would cost ~10% of reading a small file.
+                for guard in queue.iter():
+                    with guard as block:
+                        rows = block
+                    del block
+                    rows.flags.writeable = True  # private memory, as the copies are
+                    yield from rows
+                    del rows
+                return
             for guard in queue.iter():
                 with guard as block:
                     # Reuse the last copy's memory unless the caller kept one of

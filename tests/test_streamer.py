@@ -245,11 +245,28 @@ def test_small_datasets_are_read_in_process_by_default(make_array) -> None:
     np.testing.assert_array_equal(np.array(list(stream.get_generator("/data"))), data)
 
 
-def test_generator_rows_are_safe_to_keep(make_array) -> None:
+@pytest.mark.parametrize("n_procs", [None, 2], ids=["in-process", "readers"])
+def test_generator_rows_are_safe_to_keep_and_to_change(make_array, n_procs: "int | None") -> None:
     data = np.arange(500 * 3, dtype="<i4").reshape(500, 3)
     stream = multitables.Streamer(make_array(data, chunkshape=(10, 3)))
-    kept = list(stream.get_generator("/data", n_procs=2, block_size=20, ordered=True, read_ahead=2))
+    kept = list(stream.get_generator("/data", n_procs=n_procs, block_size=20, ordered=True, read_ahead=2))
     np.testing.assert_array_equal(np.array(kept), data)
+    kept[0][:] = -1  # private memory: changing a kept row changes nothing else
+    np.testing.assert_array_equal(np.array(kept[1:]), data[1:])
+
+
+def test_in_process_generator_reuses_blocks_nobody_holds(make_array, monkeypatch: pytest.MonkeyPatch) -> None:
+    from multitables import streamer
+
+    made = []
+    real = streamer._empty_block
+    monkeypatch.setattr(streamer, "_empty_block", lambda spec: made.append(1) or real(spec))
+    data = np.arange(500 * 3, dtype="<i4").reshape(500, 3)
+    stream = multitables.Streamer(make_array(data, chunkshape=(10, 3)))
+    gen = stream.get_generator("/data", block_size=20, read_ahead=2)
+    total = sum(int(row.sum()) for row in gen)  # no row outlives its turn
+    assert total == int(data.sum())
+    assert len(made) <= 2  # one buffer per slot, refilled: 25 blocks, no copies
 
 
 def test_cyclic_generator_wraps(make_array) -> None:

@@ -96,7 +96,7 @@ class Guard:
             pass
 
 
-#: sys.getrefcount of a block buffer nobody else holds: the backend's list, a local name, the call's argument.
+#: sys.getrefcount of a block buffer nobody else holds: its list, a local name, the call's argument.
 _FREE_BUFFER_REFS = 3
 
 
@@ -476,7 +476,6 @@ class Streamer:
         return self._rows(spec)
 
     def _rows(self, spec: _StreamSpec) -> Iterator[np.ndarray]:
-        owner: "np.ndarray | None" = None  # memory of the last private copy
         with Queue(spec, self._open_kwargs, self._start_method) as queue:
             if queue.n_procs == 0:
                 # Read in this process: the blocks are private already, and the
@@ -490,15 +489,21 @@ class Streamer:
                     yield from rows
                     del rows
                 return
+            # Two private copies in turn: reuse the older one's memory unless the
+            # caller kept one of its rows (every row is a view holding a
+            # reference to it); a fresh 4 MiB array page-faults on every block.
+            # (The caller's loop variable still holds the newer one's last row.)
+            copies: "list[np.ndarray | None]" = [None, None]
+            turn = 0
             for guard in queue.iter():
                 with guard as block:
-                    # Reuse the last copy's memory unless the caller kept one of
-                    # its rows (every row is a view holding a reference to it):
-                    # a fresh 4 MiB array page-faults on every block.
-                    if owner is None or sys.getrefcount(owner) > 2 or len(owner) < len(block):
-                        owner = _empty_block(spec)
+                    owner = copies[turn]
+                    if owner is None or sys.getrefcount(owner) > _FREE_BUFFER_REFS or len(owner) < len(block):
+                        owner = copies[turn] = _empty_block(spec)
                     rows = owner[: len(block)]
                     np.copyto(rows, block)
+                del owner, block
+                turn ^= 1
                 yield from rows
                 del rows
 

@@ -255,7 +255,8 @@ def test_generator_rows_are_safe_to_keep_and_to_change(make_array, n_procs: "int
     np.testing.assert_array_equal(np.array(kept[1:]), data[1:])
 
 
-def test_in_process_generator_reuses_blocks_nobody_holds(make_array, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("n_procs", [None, 2], ids=["in-process", "readers"])
+def test_generator_reuses_blocks_nobody_holds(make_array, monkeypatch: pytest.MonkeyPatch, n_procs: "int | None") -> None:
     from multitables import streamer
 
     made = []
@@ -263,10 +264,10 @@ def test_in_process_generator_reuses_blocks_nobody_holds(make_array, monkeypatch
     monkeypatch.setattr(streamer, "_empty_block", lambda spec: made.append(1) or real(spec))
     data = np.arange(500 * 3, dtype="<i4").reshape(500, 3)
     stream = multitables.Streamer(make_array(data, chunkshape=(10, 3)))
-    gen = stream.get_generator("/data", block_size=20, read_ahead=2)
+    gen = stream.get_generator("/data", n_procs=n_procs, block_size=20, read_ahead=2)
     total = sum(int(row.sum()) for row in gen)  # no row outlives its turn
     assert total == int(data.sum())
-    assert len(made) <= 2  # one buffer per slot, refilled: 25 blocks, no copies
+    assert len(made) <= 2  # two buffers used in turn for 25 blocks
 
 
 def test_cyclic_generator_wraps(make_array) -> None:

@@ -15,9 +15,11 @@ then a "small files" section: three tiny files read by default-``n_procs``
 multitables against the best single-process reader.
 
 Every pass reads the whole file once. Before it, the page cache is set up
-(``--cache``: ``direct`` = HDF5's direct driver, ``evict`` = drop the file's
-pages, ``warm`` = read the file into the cache; ``auto`` = direct where the
-installed HDF5 has it, else evict) and the file's resident fraction is
+(``--cache``: ``direct`` = past the page cache: the chunk engine with
+``O_DIRECT``, the HDF5 readers with HDF5's direct driver where the installed
+HDF5 has it, else with their pages dropped; ``evict`` = drop the file's
+pages; ``warm`` = read the file into the cache; ``auto`` = direct where the
+installed HDF5 has the direct driver, else evict) and the file's resident fraction is
 measured (``mincore``) and printed; a pass meant to be cold that starts with
 more than 1% of the file resident is marked in every output. A figure is the
 median over ``--repeats`` of ``--cycles`` passes.
@@ -77,13 +79,17 @@ DEFAULT_COMPLEVELS = (0, 3, 9)
 DEFAULT_COMPLIB = "blosc"
 #: --quick: a 32 MiB file (over multitables' 16 MiB in-process threshold, so readers do start).
 QUICK_SIZE_GIB = 1 / 32
-#: Open options selecting HDF5's direct driver, per engine ("auto" streams with PyTables when given open options).
+#: How each engine reads past the page cache: HDF5's direct driver ("auto" streams with PyTables when
+#: given open options), or the chunk engine's own O_DIRECT.
 DIRECT_OPEN_KWARGS: dict[str, dict[str, str]] = {
     "tables": {"driver": "H5FD_DIRECT"},
     "auto": {"driver": "H5FD_DIRECT"},
     "h5py": {"driver": "direct"},
-    "chunks": {},
+    "chunks": {"cache": "direct"},
 }
+#: Cache mode where only the chunk engine reads past the page cache (O_DIRECT); the HDF5 readers,
+#: lacking the direct driver, start every pass with the file's pages dropped.
+DIRECT_CHUNKS = "direct-chunks"
 WARM_NOTE = "* started with more than 1% of the file in the page cache although the pass was meant to read from the disk"
 
 
@@ -425,14 +431,21 @@ def resolve_cache(settings: Settings, directory: str) -> tuple[str, str]:
     needed = sorted((set(settings.engines) | {"tables", "h5py"}) - {"chunks"})  # small files stream with engine auto
     lacking = [e for e in needed if not direct_driver_available(e, directory)]
     if not lacking:
-        note = "direct: HDF5's direct driver (H5FD_DIRECT) reads past the page cache (pages also dropped before each pass)"
+        note = (
+            "direct: HDF5's direct driver (H5FD_DIRECT) and the chunk engine's O_DIRECT read past the page cache "
+            "(pages also dropped before each pass)"
+        )
         return "direct", note
     why = (
         f"the installed HDF5 has no usable direct driver (H5FD_DIRECT) for {', '.join(lacking)} "
         "(the PyTables and h5py wheels are built without --enable-direct-vfd)"
     )
     if settings.cache == "direct":
-        raise SystemExit(f"multitables-benchmark: --cache direct: {why}; use --cache evict (or auto)")
+        note = (
+            f"direct: the chunk engine reads past the page cache with O_DIRECT; {why}, so they (and engine auto) "
+            "read through the page cache, its pages dropped (fsync, POSIX_FADV_DONTNEED) before every pass"
+        )
+        return DIRECT_CHUNKS, note
     return "evict", f"{evict_note}; {why}"
 
 
@@ -455,8 +468,10 @@ def _read_through_cache(path: str) -> None:
 
 
 def open_kwargs_for(cache: str, engine: str) -> dict[str, str]:
-    """The engine's open options for this cache mode (the direct driver, or none)."""
-    return dict(DIRECT_OPEN_KWARGS[engine]) if cache == "direct" else {}
+    """The Streamer's options for this engine and cache mode: HDF5's direct driver, the chunk engine's O_DIRECT, or none."""
+    if cache == "direct" or (cache == DIRECT_CHUNKS and engine == "chunks"):
+        return dict(DIRECT_OPEN_KWARGS[engine])
+    return {}
 
 
 # ---------------------------------------------------------------------------
@@ -479,7 +494,7 @@ def _read_rows(
         from multitables._node import inspect_node
 
         node = inspect_node(path, NODE)
-        src = open_source("chunks", node, {})
+        src = open_source("chunks", node, {}, cache=open_kwargs.get("cache", "page"))
         try:
             if src.engine != "chunks":
                 raise ValueError(f"the chunk engine cannot read {path} (it would fall back to {src.engine})")

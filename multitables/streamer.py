@@ -467,7 +467,9 @@ class Streamer:
     ) -> Iterator[np.ndarray]:
         """Iterate over the rows of ``path``: every row once per pass, remainder included.
 
-        Rows belong to private copies of the blocks, so they are safe to keep.
+        Rows are in this process's private memory (copies of the readers'
+        blocks, or the blocks themselves when read in this process), so they
+        are safe to keep and to change.
         Arguments as for :meth:`get_queue`; they are checked now, and the
         readers start at the first ``next()``. Closing the generator (or
         dropping it) stops them.

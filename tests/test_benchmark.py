@@ -524,3 +524,35 @@ def test_the_chunk_engine_is_measured_but_never_the_baseline() -> None:
     passes = [_pass("main", codec, Reader("single", e), r) for e, r in (("chunks", 900.0), ("h5py", 400.0), ("tables", 150.0))]
     best = mb.best_single(mb.summarize(passes), "main", codec)
     assert best is not None and best.reader.engine == "h5py"
+
+
+# ---------------------------------------------------------------------------
+# benchmarks/profile_readers.py: the summary of a py-spy profile
+# ---------------------------------------------------------------------------
+
+
+def test_reader_profile_summary_sorts_reader_samples_by_activity(tmp_path: Path) -> None:
+    import importlib.util
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_readers.py"
+    spec = importlib.util.spec_from_file_location("profile_readers", script)
+    assert spec is not None and spec.loader is not None
+    prof = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prof)
+    reader = "process 2:\"python\";run (multitables/_reader_process.py:180)"
+    raw = tmp_path / "raw.txt"
+    raw.write_text(
+        f"{reader};ChunkSource._read_rows (multitables/_chunks.py:530);_Deflate.decode (multitables/_filters.py:233) 6\n"
+        f"{reader};ChunkSource._read_rows (multitables/_chunks.py:512);_FileReader.read_into (multitables/_chunks.py:359) 3\n"
+        f"{reader};Ring.claim (multitables/_ring.py:190) 1\n"
+        "process 1:\"python\";<module> (x.py:1);Ring.take (multitables/_ring.py:225) 50\n"  # the consumer: not counted
+    )
+    table = prof.summarize(str(raw)).splitlines()
+    assert table[2:] == [
+        "| decode: inflate (deflate) | 6 | 60% |",
+        "| wait for the disk: pread | 3 | 30% |",
+        "| ring: wait for a free slot, publish | 1 | 10% |",
+    ]
+    (tmp_path / "none.txt").write_text("process 1:\"python\";<module> (x.py:1) 5\n")
+    with pytest.raises(SystemExit, match="no samples"):
+        prof.summarize(str(tmp_path / "none.txt"))

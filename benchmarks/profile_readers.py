@@ -1,0 +1,86 @@
+"""Where the readers' time goes: a workload to sample with py-spy, and a summary of the samples.
+
+Two steps (``py-spy`` from PyPI; it samples the reader processes too)::
+
+    py-spy record -r 250 --subprocesses --idle --format raw -o readers.txt -- \
+        python benchmarks/profile_readers.py stream FILE.h5 --n_procs 2 --passes 3
+    python benchmarks/profile_readers.py summarize readers.txt
+
+``stream`` drops FILE's pages from the page cache before each pass (as the
+benchmark's ``--cache evict``) and streams ``/data`` with the chunk engine,
+direct access, printing MB/s per pass. ``summarize`` sorts the readers'
+samples (``--idle`` keeps the ones spent blocked) by what they were doing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import time
+
+#: (what the reader was doing, a frame that says so), first match wins; frames as py-spy writes them.
+ACTIVITIES = (
+    ("decode: inflate (deflate)", "_Deflate.decode"),
+    ("decode: unshuffle", "_Shuffle.decode"),
+    ("decode: other filters", "multitables/_filters.py"),
+    ("wait for the disk: pread", "_FileReader.read_into"),
+    ("wait for the disk: prefetch hint (WILLNEED queues the reads)", "_FileReader.will_need"),
+    ("ring: wait for a free slot, publish", "multitables/_ring.py"),
+    ("file check (stat)", "check_file_unchanged"),
+    ("chunk engine bookkeeping: plan, index, partial chunks", "multitables/_chunk"),
+)
+READER = "run (multitables/_reader_process.py"
+
+
+def stream(path: str, n_procs: int, passes: int) -> None:
+    import multitables
+    from multitables._pagecache import evict
+
+    for _ in range(passes):
+        evict(path)
+        t0, rows, row_bytes = time.perf_counter(), 0, 0
+        with multitables.Streamer(path, engine="chunks").get_queue("/data", n_procs=n_procs, remainder=True) as queue:
+            for guard in queue.iter():
+                with guard as block:
+                    rows += len(block)
+                    row_bytes = block[0].nbytes
+        print(f"{rows * row_bytes / (time.perf_counter() - t0) / 1e6:,.0f} MB/s", flush=True)
+
+
+def summarize(raw_path: str) -> str:
+    """A table of the reader processes' samples by activity (raw py-spy output: ``frame;frame;... count``)."""
+    counts: collections.Counter[str] = collections.Counter()
+    for line in open(raw_path):
+        stack, _, n = line.rstrip().rpartition(" ")
+        if READER not in stack:
+            continue
+        activity = next((name for name, frame in ACTIVITIES if frame in stack), "other")
+        counts[activity] += int(n)
+    total = sum(counts.values())
+    if not total:
+        raise SystemExit(f"{raw_path}: no samples of reader processes (record with --subprocesses)")
+    lines = [f"| reader activity | samples | share |", "|---|---:|---:|"]
+    for name, n in counts.most_common():
+        lines.append(f"| {name} | {n:,} | {n / total:.0%} |")
+    return "\n".join(lines)
+
+
+def main(argv: "list[str] | None" = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("stream", help="the workload to sample")
+    run.add_argument("file")
+    run.add_argument("--n_procs", type=int, default=2)
+    run.add_argument("--passes", type=int, default=3)
+    show = sub.add_parser("summarize", help="the readers' samples by activity, as Markdown")
+    show.add_argument("raw")
+    args = parser.parse_args(argv)
+    if args.command == "stream":
+        stream(args.file, args.n_procs, args.passes)
+    else:
+        print(summarize(args.raw))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

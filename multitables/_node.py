@@ -138,17 +138,20 @@ def _describe(filename: str, path: str, field: "str | None", ds: Any) -> NodeInf
 
     where = f"{path!r} in {filename!r}"
     dt: np.dtype = ds.dtype
-    if ds.shape is None or len(ds.shape) == 0:
+    # Asked once: h5py's ``Dataset.shape`` asks HDF5 for the dataspace on every
+    # call (~20 us), a cost a 1 MB file notices.
+    shape = ds.shape
+    if shape is None or len(shape) == 0:
         raise NodeTypeError(f"{where} is a scalar; only datasets with rows can be streamed")
     if _has_object(dt):
         raise NodeTypeError(
             f"{where} has dtype {dt}, which is variable-length or opaque; only fixed-size numeric, "
             f"string and compound rows can be streamed"
         )
-    n_rows = int(ds.shape[0])
+    n_rows = int(shape[0])
     if n_rows == 0:
         raise ValueError(f"{where} is empty (0 rows); there is nothing to stream")
-    row_shape = tuple(int(s) for s in ds.shape[1:])
+    row_shape = tuple(int(s) for s in shape[1:])
     out_dtype = dt
     if field is not None:
         if dt.names is None:

@@ -264,6 +264,38 @@ def test_run_jobs_interleaves_repeats_and_records_residency(small_target: Target
     assert len(lines) == len(passes) and all("cached]" in line and "MB/s" in line for line in lines)
 
 
+def test_a_pass_starts_with_the_garbage_of_the_pass_before_collected(
+    small_target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gc
+    import weakref
+
+    class Cycle:
+        pass
+
+    def leave_garbage() -> "weakref.ref[Cycle]":
+        cycle = Cycle()
+        cycle.me = cycle  # type: ignore[attr-defined]  # only the cycle collector frees it
+        return weakref.ref(cycle)
+
+    alive_when_timed: list[bool] = []
+    real = mb.read_single
+
+    def read_single(*args: Any) -> int:
+        alive_when_timed.append(garbage() is not None)
+        return real(*args)
+
+    monkeypatch.setattr(mb, "read_single", read_single)
+    gc.disable()  # so that only the pass can collect it
+    try:
+        garbage = leave_garbage()
+        assert garbage() is not None
+        mb.time_pass(mb.Job(small_target, Reader("single", "h5py"), block_size=128), "evict", 0, 0, lambda line: None)
+    finally:
+        gc.enable()
+    assert alive_when_timed == [False]
+
+
 # ---------------------------------------------------------------------------
 # Summaries and the report
 # ---------------------------------------------------------------------------

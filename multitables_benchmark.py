@@ -32,6 +32,7 @@ Progress goes to stderr, the report to stdout.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import html
 import json
@@ -59,6 +60,8 @@ GiB = 1 << 30
 MB = 1e6
 #: A cold pass that starts with more than this fraction of the file cached is marked.
 COLD_TOLERANCE = 0.01
+#: Bytes settled before a cold pass beyond the file's size: the ring and the readers' buffers.
+SETTLE_EXTRA = 256 << 20
 #: Rows written per append while generating a file.
 WRITE_ROWS = 4096
 #: Generator rows counted between progress-bar updates (updating per row would cost more than the read).
@@ -420,10 +423,21 @@ def engine_can_read(path: str, engine: str) -> "str | None":
 
 def resolve_cache(settings: Settings, directory: str) -> tuple[str, str]:
     """The cache mode every pass uses, and a sentence saying why; raises SystemExit for an impossible ``--cache direct``."""
-    from multitables._pagecache import direct_driver_available
-
     if settings.cache == "warm":
         return "warm", "warm: the file is read into the page cache before every pass (the memory-bound ceiling)"
+    cache, note = _resolve_cold_cache(settings, directory)
+    if _settles_memory():
+        note += (
+            "; this virtual machine hands freed memory back to its host (free page reporting), so before every pass "
+            "as much fresh memory as the pass will fill is touched and freed, so that no pass pays the host for "
+            "memory an earlier one freed"
+        )
+    return cache, note
+
+
+def _resolve_cold_cache(settings: Settings, directory: str) -> tuple[str, str]:
+    from multitables._pagecache import direct_driver_available
+
     evict_note = "evict: the file's pages are dropped from the page cache (fsync, POSIX_FADV_DONTNEED) before every pass"
     if settings.cache == "evict":
         return "evict", evict_note
@@ -451,15 +465,43 @@ def resolve_cache(settings: Settings, directory: str) -> tuple[str, str]:
 
 
 def prepare_cache(path: str, cache: str) -> float:
-    """Set the page cache up for a pass over ``path``; return the fraction of the file then resident."""
-    from multitables._pagecache import evict, resident_fraction
+    """Set the page cache up for a pass over ``path``; return the fraction of the file then resident.
+
+    Cold passes on a virtual machine with free page reporting also get their
+    memory settled (NOTE [free page reporting] in ``multitables/_pagecache.py``).
+    """
+    from multitables._pagecache import evict, resident_fraction, settle_free_memory
 
     if cache == "warm":
         if resident_fraction(path) < 1.0:
             _read_through_cache(path)
     else:
         evict(path)
+        if _settles_memory():
+            settle_free_memory(_settle_bytes(os.path.getsize(path)))
     return resident_fraction(path)
+
+
+@functools.lru_cache(maxsize=1)
+def _settles_memory() -> bool:
+    """Whether cold passes settle memory first: on machines whose balloon reports free pages to the host."""
+    from multitables._pagecache import free_page_reporting
+
+    return free_page_reporting()
+
+
+def _settle_bytes(file_nbytes: int) -> int:
+    """Memory to settle before a cold pass: the page cache it fills and its buffers, at most half the free memory."""
+    available = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    want = file_nbytes + SETTLE_EXTRA
+    return want if available is None else min(want, available // 2)
 
 
 def _read_through_cache(path: str) -> None:

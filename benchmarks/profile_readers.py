@@ -7,15 +7,18 @@ Two steps (``py-spy`` from PyPI; it samples the reader processes too)::
     python benchmarks/profile_readers.py summarize readers.txt
 
 ``stream`` drops FILE's pages from the page cache before each pass (as the
-benchmark's ``--cache evict``) and streams ``/data`` with the chunk engine,
-direct access, printing MB/s per pass. ``summarize`` sorts the readers'
-samples (``--idle`` keeps the ones spent blocked) by what they were doing.
+benchmark's ``--cache evict``; ``--cache warm`` reads the file in instead) and
+streams ``/data`` with the chunk engine, direct access, printing per pass the
+MB/s and the CPU seconds (user and system) of the readers and the consumer.
+``summarize`` sorts the readers' samples (``--idle`` keeps the ones spent
+blocked) by what they were doing.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import resource
 import sys
 import time
 
@@ -33,19 +36,34 @@ ACTIVITIES = (
 READER = "run (multitables/_reader_process.py"
 
 
-def stream(path: str, n_procs: int, passes: int) -> None:
+def stream(path: str, n_procs: int, passes: int, cache: str = "evict") -> None:
+    """Stream ``path`` ``passes`` times; print MB/s and the CPU seconds the readers and the consumer spent."""
     import multitables
     from multitables._pagecache import evict
 
+    warm = cache == "warm"
     for _ in range(passes):
-        evict(path)
+        if warm:
+            with open(path, "rb") as f:
+                while f.read(16 << 20):
+                    pass
+        else:
+            evict(path)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
         t0, rows, row_bytes = time.perf_counter(), 0, 0
         with multitables.Streamer(path, engine="chunks").get_queue("/data", n_procs=n_procs, remainder=True) as queue:
             for guard in queue.iter():
                 with guard as block:
                     rows += len(block)
                     row_bytes = block[0].nbytes
-        print(f"{rows * row_bytes / (time.perf_counter() - t0) / 1e6:,.0f} MB/s", flush=True)
+        seconds = time.perf_counter() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
+        (ru, rs), (cu, cs) = ((a.ru_utime - b.ru_utime, a.ru_stime - b.ru_stime) for a, b in zip(after, before))
+        print(
+            f"{rows * row_bytes / seconds / 1e6:,.0f} MB/s in {seconds:.2f} s; CPU s: readers user {ru:.2f} "
+            f"system {rs:.2f} ({(ru + rs) / seconds / n_procs:.0%} of {n_procs} cores), consumer {cu + cs:.2f}",
+            flush=True,
+        )
 
 
 def summarize(raw_path: str) -> str:
@@ -73,11 +91,12 @@ def main(argv: "list[str] | None" = None) -> None:
     run.add_argument("file")
     run.add_argument("--n_procs", type=int, default=2)
     run.add_argument("--passes", type=int, default=3)
+    run.add_argument("--cache", choices=("evict", "warm"), default="evict", help="drop the file's pages, or read it in, before each pass")
     show = sub.add_parser("summarize", help="the readers' samples by activity, as Markdown")
     show.add_argument("raw")
     args = parser.parse_args(argv)
     if args.command == "stream":
-        stream(args.file, args.n_procs, args.passes)
+        stream(args.file, args.n_procs, args.passes, args.cache)
     else:
         print(summarize(args.raw))
 

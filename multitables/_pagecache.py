@@ -18,7 +18,15 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["evict", "resident_fraction", "odirect_read_rate", "direct_driver_available", "PAGE_SIZE"]
+__all__ = [
+    "evict",
+    "resident_fraction",
+    "odirect_read_rate",
+    "direct_driver_available",
+    "free_page_reporting",
+    "settle_free_memory",
+    "PAGE_SIZE",
+]
 
 #: Bytes in one page of memory (the unit of the page cache).
 PAGE_SIZE = mmap.PAGESIZE
@@ -26,6 +34,10 @@ PAGE_SIZE = mmap.PAGESIZE
 ODIRECT_CHUNK = 4 << 20
 #: Reads in flight in :func:`odirect_read_rate`: one synchronous stream leaves SSDs and RAID arrays idle between requests.
 ODIRECT_DEPTH = 4
+
+#: virtio device id of a memory balloon, and its feature bit "free page reporting".
+_VIRTIO_BALLOON = 0x0005
+_VIRTIO_BALLOON_F_REPORTING = 5
 
 _PROT_READ = 0x1
 _MAP_SHARED = 0x01
@@ -60,6 +72,57 @@ def evict(path: "str | os.PathLike[str]") -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
+
+
+def free_page_reporting(sysfs: str = "/sys") -> bool:
+    """Whether this machine is a virtual machine whose balloon reports free memory to the host.
+
+    NOTE [free page reporting]
+        A guest whose virtio balloon has the ``REPORTING`` feature hands the
+        pages it frees back to the host a moment later (Linux batches them
+        every ~2 s); the host drops them, and the guest's next use of each
+        page faults on the host, which the guest sees as kernel time. A cold
+        read fills the page cache with such pages, so on such a machine its
+        speed depends on how long ago the memory it reuses was freed: on the
+        development VM, ``benchmarks/free_page_reporting.py`` measured a
+        buffered read of a 1 GiB file at about a third of the speed, with
+        ten times the system time, when it started 5 s after the file's pages
+        were dropped rather than at once (BENCHMARKS.md has the figures). In
+        the benchmark that would make a pass's figure depend on the pass
+        before it, not on the reader measured; :func:`settle_free_memory`
+        evens that out.
+    """
+    root = os.path.join(sysfs, "bus", "virtio", "devices")
+    try:
+        devices = os.listdir(root)
+    except OSError:
+        return False
+    for dev in devices:
+        try:
+            with open(os.path.join(root, dev, "device")) as f:
+                if int(f.read().strip(), 16) != _VIRTIO_BALLOON:
+                    continue
+            with open(os.path.join(root, dev, "features")) as f:
+                bits = f.read().strip()  # one '0' or '1' per feature bit, bit 0 first
+        except (OSError, ValueError):
+            continue
+        if len(bits) > _VIRTIO_BALLOON_F_REPORTING and bits[_VIRTIO_BALLOON_F_REPORTING] == "1":
+            return True
+    return False
+
+
+def settle_free_memory(nbytes: int) -> None:
+    """Touch ``nbytes`` of fresh memory and free it again, so that the next ``nbytes`` the kernel hands out are backed.
+
+    Under free page reporting (NOTE [free page reporting]) this makes every
+    cold pass start alike: the page cache it fills reuses pages the host
+    backs now, whatever ran before. Costs ~0.3 s per GiB, outside any timer.
+    """
+    if nbytes <= 0:
+        return
+    block = np.empty(nbytes, np.uint8)
+    block[::PAGE_SIZE] = 1  # one write per page faults every page in
+    del block
 
 
 def resident_fraction(path: "str | os.PathLike[str]") -> float:

@@ -148,6 +148,25 @@ def test_cache_modes_resolve(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     assert mb.open_kwargs_for("evict", "chunks") == {}
 
 
+@pytest.mark.parametrize("reporting", [True, False])
+def test_cold_passes_settle_memory_under_free_page_reporting(
+    monkeypatch: pytest.MonkeyPatch, small_target: Target, tmp_path: Path, reporting: bool
+) -> None:
+    import multitables._pagecache as pc
+
+    settled: list[int] = []
+    monkeypatch.setattr(mb, "_settles_memory", lambda: reporting)
+    monkeypatch.setattr(pc, "settle_free_memory", settled.append)
+    mb.prepare_cache(small_target.path, "evict")
+    mb.prepare_cache(small_target.path, mb.DIRECT_CHUNKS)
+    mb.prepare_cache(small_target.path, "warm")  # warm passes read from memory: nothing to settle
+    size = os.path.getsize(small_target.path)
+    assert settled == ([size + mb.SETTLE_EXTRA] * 2 if reporting else [])
+    note = mb.resolve_cache(_settings(cache="evict"), str(tmp_path))[1]
+    assert ("free page reporting" in note) == reporting
+    assert "free page reporting" not in mb.resolve_cache(_settings(cache="warm"), str(tmp_path))[1]
+
+
 @pytest.mark.parametrize("kind", ["single", "multitables"])
 def test_direct_chunk_passes_leave_the_page_cache_cold(tmp_path: Path, kind: str) -> None:
     from multitables._pagecache import resident_fraction

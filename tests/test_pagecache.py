@@ -17,7 +17,14 @@ from typing import Iterator
 import pytest
 
 from multitables import _pagecache
-from multitables._pagecache import PAGE_SIZE, direct_driver_available, evict, odirect_read_rate, resident_fraction
+from multitables._pagecache import (
+    PAGE_SIZE,
+    direct_driver_available,
+    evict,
+    free_page_reporting,
+    odirect_read_rate,
+    resident_fraction,
+)
 
 MiB = 1 << 20
 
@@ -180,4 +187,31 @@ def test_direct_driver_probe_rejects_unknown_engine() -> None:
 
 
 def test_public_names() -> None:
-    assert set(_pagecache.__all__) == {"evict", "resident_fraction", "odirect_read_rate", "direct_driver_available", "PAGE_SIZE"}
+    assert set(_pagecache.__all__) == {
+        "evict",
+        "resident_fraction",
+        "odirect_read_rate",
+        "direct_driver_available",
+        "free_page_reporting",
+        "settle_free_memory",
+        "PAGE_SIZE",
+    }
+
+
+def _fake_virtio(root: Path, devices: dict[str, tuple[int, str]]) -> str:
+    """A sysfs tree with virtio devices: name -> (device id, feature bits, bit 0 first)."""
+    for name, (device, features) in devices.items():
+        d = root / "bus" / "virtio" / "devices" / name
+        d.mkdir(parents=True)
+        (d / "device").write_text(f"0x{device:04x}\n")
+        (d / "features").write_text(features + "\n")
+    return str(root)
+
+
+def test_free_page_reporting_is_the_balloon_reporting_feature(tmp_path: Path) -> None:
+    reporting = "0110010100000000"  # bits 1, 2, 5, 7: bit 5 is VIRTIO_BALLOON_F_REPORTING
+    balloon, disk = 0x0005, 0x0002
+    assert free_page_reporting(_fake_virtio(tmp_path / "a", {"virtio0": (balloon, reporting), "virtio1": (disk, "0")}))
+    assert not free_page_reporting(_fake_virtio(tmp_path / "b", {"virtio0": (balloon, "0110000100000000")}))
+    assert not free_page_reporting(_fake_virtio(tmp_path / "c", {"virtio1": (disk, reporting)}))  # bit 5 of a disk
+    assert not free_page_reporting(str(tmp_path / "no-sysfs"))

@@ -478,7 +478,7 @@ def prepare_cache(path: str, cache: str) -> float:
     else:
         evict(path)
         if _settles_memory():
-            settle_free_memory(_settle_bytes(os.path.getsize(path)))
+            settle_free_memory(os.path.getsize(path) + SETTLE_EXTRA)
     return resident_fraction(path)
 
 
@@ -488,20 +488,6 @@ def _settles_memory() -> bool:
     from multitables._pagecache import free_page_reporting
 
     return free_page_reporting()
-
-
-def _settle_bytes(file_nbytes: int) -> int:
-    """Memory to settle before a cold pass: the page cache it fills and its buffers, at most half the free memory."""
-    available = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    available = int(line.split()[1]) * 1024
-    except OSError:  # pragma: no cover - not Linux
-        pass
-    want = file_nbytes + SETTLE_EXTRA
-    return want if available is None else min(want, available // 2)
 
 
 def _read_through_cache(path: str) -> None:

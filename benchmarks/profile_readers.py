@@ -7,7 +7,8 @@ Two steps (``py-spy`` from PyPI; it samples the reader processes too)::
     python benchmarks/profile_readers.py summarize readers.txt
 
 ``stream`` drops FILE's pages from the page cache before each pass (as the
-benchmark's ``--cache evict``; ``--cache warm`` reads the file in instead) and
+benchmark's ``--cache evict``, memory settled where the benchmark settles it;
+``--cache warm`` reads the file in instead) and
 streams ``/data`` with the chunk engine, direct access, printing per pass the
 MB/s and the CPU seconds (user and system) of the readers and the consumer.
 ``summarize`` sorts the readers' samples (``--idle`` keeps the ones spent
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import resource
 import sys
 import time
@@ -39,9 +41,10 @@ READER = "run (multitables/_reader_process.py"
 def stream(path: str, n_procs: int, passes: int, cache: str = "evict") -> None:
     """Stream ``path`` ``passes`` times; print MB/s and the CPU seconds the readers and the consumer spent."""
     import multitables
-    from multitables._pagecache import evict
+    from multitables._pagecache import evict, free_page_reporting, settle_free_memory
+    from multitables_benchmark import SETTLE_EXTRA
 
-    warm = cache == "warm"
+    warm, settle = cache == "warm", free_page_reporting()
     for _ in range(passes):
         if warm:
             with open(path, "rb") as f:
@@ -49,6 +52,8 @@ def stream(path: str, n_procs: int, passes: int, cache: str = "evict") -> None:
                     pass
         else:
             evict(path)
+            if settle:  # as the benchmark does: NOTE [free page reporting]
+                settle_free_memory(os.path.getsize(path) + SETTLE_EXTRA)
         before = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
         t0, rows, row_bytes = time.perf_counter(), 0, 0
         with multitables.Streamer(path, engine="chunks").get_queue("/data", n_procs=n_procs, remainder=True) as queue:

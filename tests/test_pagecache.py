@@ -215,3 +215,12 @@ def test_free_page_reporting_is_the_balloon_reporting_feature(tmp_path: Path) ->
     assert not free_page_reporting(_fake_virtio(tmp_path / "b", {"virtio0": (balloon, "0110000100000000")}))
     assert not free_page_reporting(_fake_virtio(tmp_path / "c", {"virtio1": (disk, reporting)}))  # bit 5 of a disk
     assert not free_page_reporting(str(tmp_path / "no-sysfs"))
+
+
+def test_settling_memory_touches_at_most_half_the_available_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_pagecache, "_available_memory", lambda: 64 << 20)
+    assert _pagecache.settle_free_memory(1 << 30) == 32 << 20
+    assert _pagecache.settle_free_memory(8 << 20) == 8 << 20
+    assert _pagecache.settle_free_memory(0) == 0
+    monkeypatch.setattr(_pagecache, "_available_memory", lambda: None)  # unknown: as asked
+    assert _pagecache.settle_free_memory(4 << 20) == 4 << 20

@@ -68,8 +68,9 @@ WRITE_ROWS = 4096
 PROGRESS_STEP = 1024
 #: Multitables on a small file should read at least this fraction of the best single-process rate.
 SMALL_TARGET = 0.9
-#: Small-file passes take milliseconds: at least this many repeats.
-SMALL_MIN_REPEATS = 5
+#: Small-file passes take milliseconds, and one disk request more or less moves a figure by 10-20%:
+#: at least this many repeats.
+SMALL_MIN_REPEATS = 15
 
 ENGINES = ("chunks", "h5py", "tables")
 #: The single-process readers a user without multitables would write: the baselines of every ratio.

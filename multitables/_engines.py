@@ -10,7 +10,7 @@ Three engines read HDF5 here, behind one small protocol:
   stream reports the engine that really reads.
 
 * ``h5py``: ``Dataset.read_direct`` with hdf5plugin's filters. Measured on this
-  project's machines it decodes zlib ~2.6x and blosc ~2.7x faster per core
+  project's machine it decodes zlib ~1.8x and blosc ~2.3x faster per core
   than the PyTables wheel (see BENCHMARKS.md), so ``auto`` prefers it to
   PyTables where the chunk engine does not apply.
 * ``tables``: PyTables' ``read(out=)``. Used for ``auto`` when PyTables open
@@ -77,7 +77,8 @@ def chunks_problem(node: NodeInfo, dataset: Any = None) -> "str | None":
 
 
 #: Filters whose pipelines the chunk engine decodes clearly faster than h5py
-#: (one core, same run): deflate + shuffle 2.1-2.3x, deflate alone 1.55x,
+#: (one core, same run): deflate + shuffle 2.1-2.3x (2.7x in the benchmark's
+#: warm run, BENCHMARKS.md), deflate alone 1.55x,
 #: lzf + shuffle 2.3x. With blosc, lz4, zstd and bitshuffle it was 1.0-1.2x
 #: on large files and 0.5-0.6x on 4 MB ones (its set-up costs more than
 #: HDF5's), so ``auto`` leaves those to h5py.

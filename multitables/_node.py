@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +41,8 @@ class NodeInfo:
     @property
     def row_nbytes(self) -> int:
         """Bytes in one delivered row."""
-        return int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize
+        # math.prod, not np.prod: ~0.3 us against ~15 us, asked twice per stream.
+        return math.prod(self.row_shape) * self.dtype.itemsize
 
     @property
     def field_read_dtype(self) -> "np.dtype | None":

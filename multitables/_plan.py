@@ -29,12 +29,13 @@ MIN_BLOCKS_PER_READER = 4
 #: spawn 1.2 (each spawned reader imports numpy, h5py and PyTables).
 START_COST_S = {"fork": 0.05, "forkserver": 0.9, "spawn": 1.2}
 #: Rough one-core decode rates (bytes/s) by engine and HDF5 filter id, to
-#: judge whether parallel reading can pay. h5py: deflate ~0.39 GB/s and blosc
+#: judge whether parallel reading can pay. h5py: deflate ~0.55 GB/s and blosc
 #: ~1.5-2 GB/s here, bzip2 far slower, no filter ~3.7 GB/s warm; the chunk
-#: engine decodes deflate + shuffle ~2.1x faster than h5py; PyTables decodes
-#: deflate and blosc ~2.6x slower (BENCHMARKS.md).
-_DECODE_RATE = {1: 0.4e9, 307: 0.03e9, 32001: 1.5e9, 32026: 1.5e9, 32004: 1.5e9, 32015: 0.8e9, 32008: 1.5e9}
-_ENGINE_SPEED = {"chunks": {1: 2.1}, "tables": {1: 1 / 2.6, 32001: 1 / 2.6}}
+#: engine decodes deflate + shuffle ~2.7x faster than h5py; PyTables decodes
+#: deflate ~1.8x and blosc ~2.3x slower (the benchmark's warm one-core
+#: figures, BENCHMARKS.md).
+_DECODE_RATE = {1: 0.55e9, 307: 0.03e9, 32001: 1.5e9, 32026: 1.5e9, 32004: 1.5e9, 32015: 0.8e9, 32008: 1.5e9}
+_ENGINE_SPEED = {"chunks": {1: 2.7}, "tables": {1: 1 / 1.8, 32001: 1 / 2.3}}
 _COPY_RATE = 3.5e9
 
 

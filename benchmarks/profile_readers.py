@@ -6,6 +6,11 @@ Two steps (``py-spy`` from PyPI; it samples the reader processes too)::
         python benchmarks/profile_readers.py stream FILE.h5 --n_procs 2 --passes 3
     python benchmarks/profile_readers.py summarize readers.txt
 
+``pattern`` reads FILE the way two readers do, without decoding anything, to
+tell how much of the readers' waiting the disk itself imposes::
+
+    python benchmarks/profile_readers.py pattern FILE.h5 --passes 5
+
 ``stream`` drops FILE's pages from the page cache before each pass (as the
 benchmark's ``--cache evict``, memory settled where the benchmark settles it;
 ``--cache warm`` reads the file in instead) and
@@ -38,22 +43,27 @@ ACTIVITIES = (
 READER = "run (multitables/_reader_process.py"
 
 
-def stream(path: str, n_procs: int, passes: int, cache: str = "evict") -> None:
-    """Stream ``path`` ``passes`` times; print MB/s and the CPU seconds the readers and the consumer spent."""
-    import multitables
+def prepare(path: str, cache: str) -> None:
+    """Before a pass, as the benchmark does: the file's pages dropped (memory settled, NOTE [free page reporting]), or read in."""
     from multitables._pagecache import evict, free_page_reporting, settle_free_memory
     from multitables_benchmark import SETTLE_EXTRA
 
-    warm, settle = cache == "warm", free_page_reporting()
+    if cache == "warm":
+        with open(path, "rb") as f:
+            while f.read(16 << 20):
+                pass
+        return
+    evict(path)
+    if free_page_reporting():
+        settle_free_memory(os.path.getsize(path) + SETTLE_EXTRA)
+
+
+def stream(path: str, n_procs: int, passes: int, cache: str = "evict") -> None:
+    """Stream ``path`` ``passes`` times; print MB/s and the CPU seconds the readers and the consumer spent."""
+    import multitables
+
     for _ in range(passes):
-        if warm:
-            with open(path, "rb") as f:
-                while f.read(16 << 20):
-                    pass
-        else:
-            evict(path)
-            if settle:  # as the benchmark does: NOTE [free page reporting]
-                settle_free_memory(os.path.getsize(path) + SETTLE_EXTRA)
+        prepare(path, cache)
         before = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
         t0, rows, row_bytes = time.perf_counter(), 0, 0
         with multitables.Streamer(path, engine="chunks").get_queue("/data", n_procs=n_procs, remainder=True) as queue:
@@ -69,6 +79,58 @@ def stream(path: str, n_procs: int, passes: int, cache: str = "evict") -> None:
             f"system {rs:.2f} ({(ru + rs) / seconds / n_procs:.0%} of {n_procs} cores), consumer {cu + cs:.2f}",
             flush=True,
         )
+
+
+#: Bytes per read in :func:`read_pattern`: a default block of the benchmark's 4 KiB rows.
+PATTERN_BLOCK = 4 << 20
+
+
+def _read_every(path: str, first: int, step: int, hint: bool) -> None:
+    """Read blocks ``first, first + step, ...`` of ``path``; with ``hint``, ask for block ``k + step`` before reading ``k``."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        n_blocks = -(-os.fstat(fd).st_size // PATTERN_BLOCK)
+        buf = bytearray(PATTERN_BLOCK)
+        for k in range(first, n_blocks, step):
+            if hint and k + step < n_blocks:
+                os.posix_fadvise(fd, (k + step) * PATTERN_BLOCK, PATTERN_BLOCK, os.POSIX_FADV_WILLNEED)
+            os.preadv(fd, [buf], k * PATTERN_BLOCK)
+    finally:
+        os.close(fd)
+
+
+def read_pattern(path: str, passes: int) -> str:
+    """How fast the disk serves the readers' access pattern with no decoding at all: a Markdown table.
+
+    Three ways, interleaved, ``passes`` times each, cold as the benchmark's
+    passes: one process reading the file in order; two processes reading
+    alternate blocks (the readers' claim order); the same, each hinting the
+    block it reads next (NOTE [prefetch]).
+    """
+    import multiprocessing
+    import statistics
+
+    ways = {"1 process, in order": (1, False), "2 processes, alternate blocks": (2, False),
+            "2 processes, alternate blocks, next block hinted": (2, True)}
+    size = os.path.getsize(path)
+    rates: dict[str, list[float]] = {name: [] for name in ways}
+    ctx = multiprocessing.get_context("fork")
+    for _ in range(passes):
+        for name, (n, hint) in ways.items():
+            prepare(path, "evict")
+            t0 = time.perf_counter()
+            procs = [ctx.Process(target=_read_every, args=(path, i, n, hint)) for i in range(n)]
+            for p in procs:
+                p.start()
+            for p in procs:
+                p.join()
+            if any(p.exitcode for p in procs):
+                raise SystemExit(f"a reading process failed on {path}")
+            rates[name].append(size / (time.perf_counter() - t0) / 1e6)
+    lines = ["| file bytes read, no decoding | MB/s (median) | MB/s, each pass |", "|---|---:|---|"]
+    for name, rs in rates.items():
+        lines.append(f"| {name} | {statistics.median(rs):,.0f} | {', '.join(f'{r:,.0f}' for r in rs)} |")
+    return "\n".join(lines)
 
 
 def summarize(raw_path: str) -> str:
@@ -99,9 +161,14 @@ def main(argv: "list[str] | None" = None) -> None:
     run.add_argument("--cache", choices=("evict", "warm"), default="evict", help="drop the file's pages, or read it in, before each pass")
     show = sub.add_parser("summarize", help="the readers' samples by activity, as Markdown")
     show.add_argument("raw")
+    pattern = sub.add_parser("pattern", help="the disk under the readers' access pattern, no decoding, as Markdown")
+    pattern.add_argument("file")
+    pattern.add_argument("--passes", type=int, default=5)
     args = parser.parse_args(argv)
     if args.command == "stream":
         stream(args.file, args.n_procs, args.passes, args.cache)
+    elif args.command == "pattern":
+        print(read_pattern(args.file, args.passes))
     else:
         print(summarize(args.raw))
 

@@ -35,6 +35,11 @@ NOTE [prefetch]
     MiB/s, where the kernel's own 8 MiB readahead already keeps the disk
     busy) showed no difference either way (within the +-10% noise), and
     a warm file no cost beyond that noise. A hint costs microseconds a block.
+    Those runs predate the benchmark's memory settling (NOTE [free page
+    reporting] in ``_pagecache``); with it, ``benchmarks/profile_readers.py
+    pattern`` puts two processes reading alternate blocks within this VM's
+    noise of each other with and without the hint. It stays: it is what keeps
+    a device busy that does not read ahead for a strided pattern.
 """
 
 from __future__ import annotations

@@ -582,7 +582,7 @@ def test_the_chunk_engine_is_measured_but_never_the_baseline() -> None:
 # ---------------------------------------------------------------------------
 
 
-def test_reader_profile_summary_sorts_reader_samples_by_activity(tmp_path: Path) -> None:
+def _profile_readers() -> Any:
     import importlib.util
 
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_readers.py"
@@ -590,6 +590,11 @@ def test_reader_profile_summary_sorts_reader_samples_by_activity(tmp_path: Path)
     assert spec is not None and spec.loader is not None
     prof = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(prof)
+    return prof
+
+
+def test_reader_profile_summary_sorts_reader_samples_by_activity(tmp_path: Path) -> None:
+    prof = _profile_readers()
     reader = "process 2:\"python\";run (multitables/_reader_process.py:180)"
     raw = tmp_path / "raw.txt"
     raw.write_text(
@@ -607,3 +612,30 @@ def test_reader_profile_summary_sorts_reader_samples_by_activity(tmp_path: Path)
     (tmp_path / "none.txt").write_text("process 1:\"python\";<module> (x.py:1) 5\n")
     with pytest.raises(SystemExit, match="no samples"):
         prof.summarize(str(tmp_path / "none.txt"))
+
+
+def test_read_pattern_times_each_way_of_reading_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    prof = _profile_readers()
+    monkeypatch.setattr(prof, "PATTERN_BLOCK", 4096)
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(5 * 4096 + 100))  # 6 blocks, the last one short
+    table = prof.read_pattern(str(path), passes=2).splitlines()
+    assert [row.split(" | ")[0] for row in table[2:]] == [
+        "| 1 process, in order",
+        "| 2 processes, alternate blocks",
+        "| 2 processes, alternate blocks, next block hinted",
+    ]
+    assert all(len(row.split(" | ")[2].split(", ")) == 2 for row in table[2:])  # one rate per pass
+
+
+def test_every_block_is_read_by_exactly_one_of_the_pattern_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    prof = _profile_readers()
+    monkeypatch.setattr(prof, "PATTERN_BLOCK", 4096)
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(5 * 4096 + 100))
+    offsets: list[int] = []
+    real = os.preadv
+    monkeypatch.setattr(prof.os, "preadv", lambda fd, bufs, offset: (offsets.append(offset), real(fd, bufs, offset))[1])
+    for first in range(2):
+        prof._read_every(str(path), first, 2, hint=True)
+    assert sorted(offsets) == [k * 4096 for k in range(6)]

@@ -1,8 +1,10 @@
 """Page-cache control for the benchmark: drop a file's pages, measure how much of it is cached, read it past the cache.
 
-Linux only (``posix_fadvise``, ``mincore``, ``O_DIRECT``). Nothing here is
-part of the streaming path; ``multitables_benchmark.py`` uses it to read
-from the disk rather than from memory.
+Linux only (``posix_fadvise``, ``mincore``, ``O_DIRECT``, sysfs). Nothing here
+is part of the streaming path; ``multitables_benchmark.py`` uses it to read
+from the disk rather than from memory, and, on virtual machines that hand
+freed memory to their host, to start every cold pass in the same state
+(NOTE [free page reporting]).
 """
 
 from __future__ import annotations

@@ -437,6 +437,7 @@ def resolve_cache(settings: Settings, directory: str) -> tuple[str, str]:
 
 
 def _resolve_cold_cache(settings: Settings, directory: str) -> tuple[str, str]:
+    """:func:`resolve_cache` for the cold modes (direct, evict, auto), before any word on memory settling."""
     from multitables._pagecache import direct_driver_available
 
     evict_note = "evict: the file's pages are dropped from the page cache (fsync, POSIX_FADV_DONTNEED) before every pass"
@@ -625,8 +626,8 @@ def time_pass(job: Job, cache: str, repeat: int, cycle: int, log: Callable[[str]
     target, reader = job.target, job.reader
     resident = prepare_cache(target.path, cache)
     # The garbage of the pass before (PyTables leaves many objects) is collected
-    # now, not charged to whichever reader runs next: on the small files it cost
-    # the pass after a PyTables one ~0.25 ms (~10%).
+    # now, not charged to whichever reader runs next, which on the small files
+    # made the pass after a PyTables one measurably slower.
     gc.collect()
     desc = f"{target.key} {target.codec.label} {reader.label} [{resident:.1%} cached]"
     if reader.kind == "odirect":

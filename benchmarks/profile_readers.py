@@ -11,11 +11,11 @@ tell how much of the readers' waiting the disk itself imposes::
 
     python benchmarks/profile_readers.py pattern FILE.h5 --passes 5
 
-``stream`` drops FILE's pages from the page cache before each pass (as the
-benchmark's ``--cache evict``, memory settled where the benchmark settles it;
-``--cache warm`` reads the file in instead) and
-streams ``/data`` with the chunk engine, direct access, printing per pass the
-MB/s and the CPU seconds (user and system) of the readers and the consumer.
+``stream`` prepares each pass as the benchmark does (``--cache evict``: the
+file's pages dropped, memory settled where the benchmark settles it; ``--cache
+warm``: the file read in), streams ``/data`` with the chunk engine, direct
+access, and prints per pass the MB/s and the CPU seconds (user and system) of
+the readers and the consumer.
 ``summarize`` sorts the readers' samples (``--idle`` keeps the ones spent
 blocked) by what they were doing.
 """
@@ -43,27 +43,13 @@ ACTIVITIES = (
 READER = "run (multitables/_reader_process.py"
 
 
-def prepare(path: str, cache: str) -> None:
-    """Before a pass, as the benchmark does: the file's pages dropped (memory settled, NOTE [free page reporting]), or read in."""
-    from multitables._pagecache import evict, free_page_reporting, settle_free_memory
-    from multitables_benchmark import SETTLE_EXTRA
-
-    if cache == "warm":
-        with open(path, "rb") as f:
-            while f.read(16 << 20):
-                pass
-        return
-    evict(path)
-    if free_page_reporting():
-        settle_free_memory(os.path.getsize(path) + SETTLE_EXTRA)
-
-
 def stream(path: str, n_procs: int, passes: int, cache: str = "evict") -> None:
     """Stream ``path`` ``passes`` times; print MB/s and the CPU seconds the readers and the consumer spent."""
     import multitables
+    from multitables_benchmark import prepare_cache
 
     for _ in range(passes):
-        prepare(path, cache)
+        prepare_cache(path, cache)
         before = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
         t0, rows, row_bytes = time.perf_counter(), 0, 0
         with multitables.Streamer(path, engine="chunks").get_queue("/data", n_procs=n_procs, remainder=True) as queue:
@@ -110,6 +96,8 @@ def read_pattern(path: str, passes: int) -> str:
     import multiprocessing
     import statistics
 
+    from multitables_benchmark import prepare_cache
+
     ways = {"1 process, in order": (1, False), "2 processes, alternate blocks": (2, False),
             "2 processes, alternate blocks, next block hinted": (2, True)}
     size = os.path.getsize(path)
@@ -117,7 +105,7 @@ def read_pattern(path: str, passes: int) -> str:
     ctx = multiprocessing.get_context("fork")
     for _ in range(passes):
         for name, (n, hint) in ways.items():
-            prepare(path, "evict")
+            prepare_cache(path, "evict")
             t0 = time.perf_counter()
             procs = [ctx.Process(target=_read_every, args=(path, i, n, hint)) for i in range(n)]
             for p in procs:

@@ -164,7 +164,9 @@ def normalize_key(key: Any, shape: Sequence[int]) -> tuple[Entry, ...]:
                 dims = shape[axis : axis + arr.ndim]
                 if arr.shape != dims:
                     for j, (got, want) in enumerate(zip(arr.shape, dims)):
-                        if got != want:
+                        # numpy lets a mask of length 0 index an axis of any
+                        # length (it selects nothing), so do we.
+                        if got != want and got != 0:
                             raise IndexError(
                                 f"boolean index did not match indexed array along axis {axis + j}; size of "
                                 f"axis is {want} but size of corresponding boolean axis is {got}"

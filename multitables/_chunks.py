@@ -409,7 +409,7 @@ class ChunkSource:
             self._h5file = h5py.File(node.filename, "r")
             dataset = self._h5file[node.path]
         else:
-            self._h5file = dataset.file
+            self._h5file = dataset.id  # closing it closes the checks' file (_node.close_dataset)
         try:
             self._setup(dataset, cache, index_limit)
         except BaseException:

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ._chunks import CACHES  # noqa: F401  (re-exported: where chunk bytes come from, "page" or "direct")
-from ._node import NodeInfo
+from ._node import NodeInfo, close_dataset
 
 ENGINES = ("auto", "h5py", "tables", "chunks")
 
@@ -149,18 +149,30 @@ class _H5pySource:
         import hdf5plugin  # noqa: F401
 
         cache_bytes = _h5py_cache_bytes(node, plan)
+        # close() closes the file opened here, or else the dataset ids: the
+        # checks' file closes with its last object (_node.close_dataset).
+        self._file = None
         if dataset is None:
             self._file = h5py.File(node.filename, "r", **open_kwargs)
-        else:  # reuse the checks' open file: a second open costs ~10% of reading a 4 MiB file
-            self._file = dataset.file
         if dataset is not None and cache_bytes == 0:
-            dsid = dataset.id  # open_node opens files without a chunk cache
+            dsid = dataset.id  # reuse the checks' open: a second open costs ~10% of reading a 4 MiB file
         else:
             # The chunk cache is set on this dataset's access list, not the file's,
             # so a file opened elsewhere gets the cache this plan wants.
             dapl = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
             dapl.set_chunk_cache(521, cache_bytes, 1.0)
-            dsid = h5py.h5d.open(self._file.id, node.path.encode(), dapl)
+            if dataset is None:
+                dsid = h5py.h5d.open(self._file.id, node.path.encode(), dapl)
+            else:
+                # Opening a dataset that is open already gives the first open's
+                # chunk cache (none, from open_node): close it first, holding
+                # the file by an id meanwhile.
+                fid = h5py.h5i.get_file_id(dataset.id)
+                try:
+                    close_dataset(dataset)
+                    dsid = h5py.h5d.open(fid, node.path.encode(), dapl)
+                finally:
+                    fid.close()  # the new dataset holds the file now
         self._dsid = dsid
         self._fspace = dsid.get_space()
         self._file_row_shape = self._fspace.shape[1:]
@@ -188,7 +200,10 @@ class _H5pySource:
         pass  # HDF5 reads its chunks itself; see the chunk engine
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
+        elif self._dsid.valid:
+            self._dsid.close()
 
 
 class _TablesSource:
@@ -241,7 +256,7 @@ def open_source(
     if engine == "h5py":
         return _H5pySource(node, open_kwargs, plan, dataset)
     if dataset is not None:
-        dataset.file.close()
+        close_dataset(dataset)
     if engine == "tables":
         return _TablesSource(node, open_kwargs, plan)
     raise ValueError(f"engine={engine!r} is not a concrete engine")

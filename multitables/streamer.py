@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import numpy as np
 
 from ._engines import CACHES, ENGINES, open_source, resolve_engine
-from ._node import NodeInfo, inspect_node, open_node
+from ._node import NodeInfo, close_dataset, inspect_node, open_node
 from ._plan import BlockPlan, RangePlan, ahead, available_cpus, default_block_size, default_read_ahead, parallel_pays
 from ._reader_process import check_file_unchanged, file_signature
 from ._readers import ReaderPool
@@ -54,7 +54,7 @@ class _StreamSpec:
     ordered: bool
     #: Where chunk bytes come from: "page" or "direct" (O_DIRECT).
     cache: str = "page"
-    #: The h5py.Dataset the checks opened, kept for an in-process h5py read (the queue closes its file).
+    #: The h5py.Dataset the checks opened (``_node.open_node``), kept for an in-process read (the queue closes it).
     dataset: Any = dc_field(default=None, compare=False, repr=False)
 
 
@@ -368,10 +368,10 @@ class Streamer:
                 read_ahead = default_read_ahead(n_procs)
             plan = BlockPlan(node.n_rows, block_size, cyclic=cyclic, remainder=remainder)
         except BaseException:
-            dataset.file.close()
+            close_dataset(dataset)
             raise
         if n_procs or engine not in ("h5py", "chunks"):
-            dataset.file.close()  # readers open their own
+            close_dataset(dataset)  # readers open their own
             dataset = None
         return _StreamSpec(node, engine, plan, n_procs, read_ahead, ordered, self._cache, dataset)
 

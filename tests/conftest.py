@@ -39,6 +39,17 @@ def open_fds() -> set[tuple[int, str]]:
     return fds
 
 
+@pytest.fixture
+def fds_on() -> Callable[[Path], int]:
+    """``fds_on(path)``: how many of this process's file descriptors are open on ``path``."""
+
+    def count(path: Path) -> int:
+        target = os.path.realpath(path)
+        return sum(1 for _fd, where in open_fds() if where == target)
+
+    return count
+
+
 def _snapshot() -> dict[str, object]:
     me = psutil.Process()
     children = {c.pid for c in me.children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE}

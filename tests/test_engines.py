@@ -162,3 +162,27 @@ def test_h5py_reads_equal_with_and_without_the_chunk_cache(make_array, block_siz
             np.testing.assert_array_equal(out, data[plan.start(k) : plan.start(k) + plan.rows(k)])
     finally:
         src.close()
+
+
+@pytest.mark.parametrize("block_size, cache_bytes", [(64, 0), (48, 1 << 20)])
+def test_h5py_takes_over_the_checks_dataset_with_the_chunk_cache_its_plan_needs(
+    make_array, fds_on, block_size: int, cache_bytes: int
+) -> None:
+    """The in-process read reuses open_node's file; blocks that cut chunks still get a chunk cache; closing frees the file."""
+    from multitables._node import open_node
+    from multitables._plan import BlockPlan
+
+    data = np.arange(1000 * 7, dtype="<f4").reshape(1000, 7)
+    path = make_array(data, complib="blosc", chunkshape=(32, 7))
+    node, dataset = open_node(path, "/data")
+    plan = BlockPlan(1000, block_size, remainder=True)
+    src = open_source("h5py", node, {}, plan, dataset)
+    try:
+        assert src._dsid.get_access_plist().get_chunk_cache()[1] == cache_bytes
+        assert fds_on(path) == 1
+        out = np.empty((block_size, 7), "<f4")
+        src.read_into(block_size, 2 * block_size, out)
+        np.testing.assert_array_equal(out, data[block_size : 2 * block_size])
+    finally:
+        src.close()
+    assert fds_on(path) == 0

@@ -76,3 +76,13 @@ def test_unknown_fields_are_key_errors_listing_the_fields(table_file, make_array
         inspect_node(path, "/table", "zzz")
     with pytest.raises(KeyError, match="not a table"):
         inspect_node(make_array(np.zeros(10)), "/data", "a")
+
+
+def test_closing_the_dataset_of_open_node_closes_its_file(make_array, fds_on) -> None:
+    from multitables._node import close_dataset, open_node
+
+    path = make_array(np.arange(10.0))
+    node, dataset = open_node(path, "/data")
+    assert node.n_rows == 10 and fds_on(path) == 1
+    close_dataset(dataset)
+    assert fds_on(path) == 0

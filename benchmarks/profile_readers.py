@@ -11,6 +11,12 @@ tell how much of the readers' waiting the disk itself imposes::
 
     python benchmarks/profile_readers.py pattern FILE.h5 --passes 5
 
+``small`` times what the benchmark's small-files section times, many more
+times: default multitables (direct access) against h5py ``read_direct`` on a
+generated file of ROWS rows in CHUNK-row chunks, passes interleaved::
+
+    python benchmarks/profile_readers.py small --rows 100 --chunk 1024 --passes 300 --cache warm
+
 ``stream`` prepares each pass as the benchmark does (``--cache evict``: the
 file's pages dropped, memory settled where the benchmark settles it; ``--cache
 warm``: the file read in), streams ``/data`` with the chunk engine, direct
@@ -121,6 +127,52 @@ def read_pattern(path: str, passes: int) -> str:
     return "\n".join(lines)
 
 
+def _no_progress(rows: int) -> None:
+    pass
+
+
+def small(rows: int, chunk: int, passes: int, cache: str, workdir: str, complib: str = "blosc") -> str:
+    """Medians of ``passes`` interleaved passes of h5py and default multitables on a small file: a Markdown table.
+
+    The readers and the pass preparation are the benchmark's (blosc level 3
+    as its small files; with ``warm``, set-up costs stand out from the disk's).
+    """
+    import gc
+    import statistics
+
+    import multitables_benchmark as mb
+
+    target = mb.Target("small", os.path.join(workdir, f"small-{rows}-{chunk}.h5"), mb.Codec(complib, 3), rows, chunk)
+    mb.write_file(target.path, rows, target.codec, chunk)
+    try:
+        _, block = mb.probe_multitables(target, "auto", None, cache)
+        readers = {
+            "h5py read_direct, 1 process": lambda: mb.read_single(target, mb.Reader("single", "h5py"), cache, block, _no_progress),
+            "multitables direct, default n_procs": lambda: mb.read_multitables(
+                target, mb.Reader("multitables", "auto", "direct"), cache, _no_progress),
+            "multitables generator, default n_procs": lambda: mb.read_multitables(
+                target, mb.Reader("multitables", "auto", "generator"), cache, _no_progress),
+        }
+        times: dict[str, list[float]] = {name: [] for name in readers}
+        for _ in range(passes):
+            for name, read in readers.items():
+                mb.prepare_cache(target.path, cache)
+                gc.collect()
+                t0 = time.perf_counter()
+                n = read()
+                times[name].append(time.perf_counter() - t0)
+                if n != rows:
+                    raise SystemExit(f"{name} read {n} rows of {target.path}, which has {rows}")
+    finally:
+        os.remove(target.path)
+    base = statistics.median(next(iter(times.values())))
+    lines = [f"| {rows} rows in {chunk}-row chunks, {complib} 3, {cache}, {passes} passes | ms (median) | rate / h5py |",
+             "|---|---:|---:|"]
+    for name, ts in times.items():
+        lines.append(f"| {name} | {statistics.median(ts) * 1e3:.3f} | {base / statistics.median(ts):.2f}x |")
+    return "\n".join(lines)
+
+
 def summarize(raw_path: str) -> str:
     """A table of the reader processes' samples by activity (raw py-spy output: ``frame;frame;... count``)."""
     counts: collections.Counter[str] = collections.Counter()
@@ -152,9 +204,20 @@ def main(argv: "list[str] | None" = None) -> None:
     pattern = sub.add_parser("pattern", help="the disk under the readers' access pattern, no decoding, as Markdown")
     pattern.add_argument("file")
     pattern.add_argument("--passes", type=int, default=5)
+    tiny = sub.add_parser("small", help="set-up costs: default multitables against h5py on a small file, as Markdown")
+    tiny.add_argument("--rows", type=int, default=100)
+    tiny.add_argument("--chunk", type=int, default=1024, help="rows per chunk")
+    tiny.add_argument("--passes", type=int, default=100)
+    tiny.add_argument("--cache", choices=("evict", "warm"), default="warm")
+    tiny.add_argument("--dir", default=None, help="where to write the file (default: a temporary directory)")
     args = parser.parse_args(argv)
     if args.command == "stream":
         stream(args.file, args.n_procs, args.passes, args.cache)
+    elif args.command == "small":
+        import tempfile
+
+        with tempfile.TemporaryDirectory(dir=args.dir) as workdir:
+            print(small(args.rows, args.chunk, args.passes, args.cache, workdir))
     elif args.command == "pattern":
         print(read_pattern(args.file, args.passes))
     else:

@@ -639,3 +639,16 @@ def test_every_block_is_read_by_exactly_one_of_the_pattern_processes(tmp_path: P
     for first in range(2):
         prof._read_every(str(path), first, 2, hint=True)
     assert sorted(offsets) == [k * 4096 for k in range(6)]
+
+
+def test_small_times_h5py_and_default_multitables_on_a_generated_file(tmp_path: Path) -> None:
+    prof = _profile_readers()
+    table = prof.small(rows=10, chunk=16, passes=2, cache="warm", workdir=str(tmp_path)).splitlines()
+    assert table[0].startswith("| 10 rows in 16-row chunks, blosc 3, warm, 2 passes |")
+    assert [row.split(" | ")[0] for row in table[2:]] == [
+        "| h5py read_direct, 1 process",
+        "| multitables direct, default n_procs",
+        "| multitables generator, default n_procs",
+    ]
+    assert table[2].endswith("| 1.00x |")  # h5py is the baseline
+    assert list(tmp_path.iterdir()) == []  # the file is removed

@@ -69,8 +69,10 @@ PROGRESS_STEP = 1024
 #: Multitables on a small file should read at least this fraction of the best single-process rate.
 SMALL_TARGET = 0.9
 #: Small-file passes take milliseconds, and one disk request more or less moves a figure by 10-20%:
-#: at least this many repeats.
-SMALL_MIN_REPEATS = 15
+#: at least this many repeats (a median of 15 still moved a ratio by 5-10% from run to run).
+SMALL_MIN_REPEATS = 41
+#: ... and in a --quick run, which must stay well under a minute.
+QUICK_SMALL_REPEATS = 15
 
 ENGINES = ("chunks", "h5py", "tables")
 #: The single-process readers a user without multitables would write: the baselines of every ratio.
@@ -690,6 +692,11 @@ def single_engines(engines: Sequence[str]) -> list[str]:
     return [e for e in ENGINES if e in USER_ENGINES or e in engines]
 
 
+def small_repeats(settings: Settings) -> int:
+    """Repeats for the small files: --repeats, but at least SMALL_MIN_REPEATS (QUICK_SMALL_REPEATS with --quick)."""
+    return max(settings.repeats, QUICK_SMALL_REPEATS if settings.quick else SMALL_MIN_REPEATS)
+
+
 def small_jobs(target: Target, settings: Settings, cache: str) -> list[Job]:
     """Single-process readers and default multitables (engine auto) on a small file."""
     used, block = probe_multitables(target, "auto", None, cache)
@@ -707,7 +714,7 @@ def measure(
             write_file(target.path, target.n_rows, codec)
             run_jobs(main_jobs(target, settings, cache, notes), cache, settings.repeats, settings.cycles, log, passes)
         if settings.small_files:
-            repeats = max(settings.repeats, SMALL_MIN_REPEATS)
+            repeats = small_repeats(settings)
             for small in SMALL_FILES:
                 path = os.path.join(workdir, f"{small.key}.h5")
                 target = Target(small.key, path, settings.small_codec, small.n_rows, small.chunk_rows)

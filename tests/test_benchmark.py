@@ -271,6 +271,12 @@ def test_an_engine_that_cannot_decode_is_skipped_with_a_note(
     assert [j.reader.kind for j in jobs].count("multitables") == 4 and len(jobs) == 6
 
 
+def test_small_files_get_more_repeats_than_a_quick_run_gives_them() -> None:
+    assert mb.small_repeats(mb.parse_args([])) == mb.SMALL_MIN_REPEATS == 41
+    assert mb.small_repeats(mb.parse_args(["--quick"])) == mb.QUICK_SMALL_REPEATS == 15
+    assert mb.small_repeats(mb.parse_args(["--repeats", "50"])) == 50
+
+
 def test_run_jobs_interleaves_repeats_and_records_residency(small_target: Target) -> None:
     jobs = [mb.Job(small_target, Reader("odirect")), mb.Job(small_target, Reader("single", "h5py"), block_size=128)]
     lines: list[str] = []
@@ -555,6 +561,7 @@ def test_quick_run_end_to_end(tmp_path: Path) -> None:
     kinds = {(p["target"], p["reader"]["kind"]) for p in doc["passes"]}
     assert {("main", "odirect"), ("main", "single"), ("main", "multitables")} <= kinds
     assert {k.key for k in mb.SMALL_FILES} <= {t for t, _ in kinds}
+    assert {p["repeat"] for p in doc["passes"] if p["target"] == "sub-chunk"} == set(range(mb.small_repeats(s)))
     main = [p for p in doc["passes"] if p["target"] == "main"]
     per_codec = 1 + len(s.engines) + len(s.engines) * len(s.modes) * (s.max_procs + 1)
     assert len(main) == per_codec * len(s.codecs) * s.repeats * s.cycles

@@ -12,8 +12,9 @@ tell how much of the readers' waiting the disk itself imposes::
     python benchmarks/profile_readers.py pattern FILE.h5 --passes 5
 
 ``small`` times what the benchmark's small-files section times, many more
-times: default multitables (direct access) against h5py ``read_direct`` on a
-generated file of ROWS rows in CHUNK-row chunks, passes interleaved::
+times: default multitables (direct access and generator) against h5py
+``read_direct`` on a generated file of ROWS rows in CHUNK-row chunks, passes
+interleaved::
 
     python benchmarks/profile_readers.py small --rows 100 --chunk 1024 --passes 300 --cache warm
 

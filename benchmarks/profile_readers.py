@@ -18,6 +18,13 @@ interleaved::
 
     python benchmarks/profile_readers.py small --rows 100 --chunk 1024 --passes 300 --cache warm
 
+``placement`` asks where default multitables should decode FILE (``/data``):
+one h5py process, then default multitables with its reader processes, and the
+same read in the consumer (what the default does when readers cannot pay),
+direct access and generator, passes interleaved::
+
+    python benchmarks/profile_readers.py placement FILE.h5 --passes 7
+
 ``stream`` prepares each pass as the benchmark does (``--cache evict``: the
 file's pages dropped, memory settled where the benchmark settles it; ``--cache
 warm``: the file read in), streams ``/data`` with the chunk engine, direct
@@ -174,6 +181,54 @@ def small(rows: int, chunk: int, passes: int, cache: str, workdir: str, complib:
     return "\n".join(lines)
 
 
+def placement(path: str, passes: int, cache: str = "evict") -> str:
+    """One h5py process against default multitables with readers and in the consumer, on ``/data`` of ``path``: Markdown.
+
+    Readers or not is ``_plan.parallel_pays``'s choice; for the in-consumer
+    rows it is made to answer no, as it does for small datasets.
+    """
+    import gc
+    import statistics
+
+    import h5py
+
+    import multitables_benchmark as mb
+    from multitables import streamer
+
+    with h5py.File(path, "r") as f:
+        n_rows = f["/data"].shape[0]
+    target = mb.Target("file", path, mb.Codec("file", 0), n_rows)
+    pays = streamer.parallel_pays
+
+    def default(mode: str, consumer: bool) -> int:
+        streamer.parallel_pays = (lambda *args, **kwargs: False) if consumer else pays
+        try:
+            return mb.read_multitables(target, mb.Reader("multitables", "auto", mode), cache, _no_progress)
+        finally:
+            streamer.parallel_pays = pays
+
+    n_procs, block = mb.probe_multitables(target, "auto", None, cache)
+    readers = {"h5py read_direct, 1 process": lambda: mb.read_single(target, mb.Reader("single", "h5py"), cache, block, _no_progress)}
+    for mode in mb.MODES:
+        readers[f"multitables {mode}, default n_procs ({n_procs} readers)"] = lambda mode=mode: default(mode, False)
+        readers[f"multitables {mode}, read in the consumer"] = lambda mode=mode: default(mode, True)
+    rates: dict[str, list[float]] = {name: [] for name in readers}
+    for _ in range(passes):
+        for name, read in readers.items():
+            mb.prepare_cache(path, cache)
+            gc.collect()
+            t0 = time.perf_counter()
+            n = read()
+            rates[name].append(target.data_nbytes / (time.perf_counter() - t0) / 1e6)
+            if n != n_rows:
+                raise SystemExit(f"{name} read {n} rows of {path}, which has {n_rows}")
+    base = statistics.median(next(iter(rates.values())))
+    lines = [f"| {os.path.basename(path)}, {cache}, {passes} passes | MB/s (median) | / h5py |", "|---|---:|---:|"]
+    for name, rs in rates.items():
+        lines.append(f"| {name} | {statistics.median(rs):,.0f} | {statistics.median(rs) / base:.2f}x |")
+    return "\n".join(lines)
+
+
 def summarize(raw_path: str) -> str:
     """A table of the reader processes' samples by activity (raw py-spy output: ``frame;frame;... count``)."""
     counts: collections.Counter[str] = collections.Counter()
@@ -211,6 +266,10 @@ def main(argv: "list[str] | None" = None) -> None:
     tiny.add_argument("--passes", type=int, default=100)
     tiny.add_argument("--cache", choices=("evict", "warm"), default="warm")
     tiny.add_argument("--dir", default=None, help="where to write the file (default: a temporary directory)")
+    where = sub.add_parser("placement", help="decode in reader processes or in the consumer: against h5py, as Markdown")
+    where.add_argument("file")
+    where.add_argument("--passes", type=int, default=5)
+    where.add_argument("--cache", choices=("evict", "warm"), default="evict")
     args = parser.parse_args(argv)
     if args.command == "stream":
         stream(args.file, args.n_procs, args.passes, args.cache)
@@ -219,6 +278,8 @@ def main(argv: "list[str] | None" = None) -> None:
 
         with tempfile.TemporaryDirectory(dir=args.dir) as workdir:
             print(small(args.rows, args.chunk, args.passes, args.cache, workdir))
+    elif args.command == "placement":
+        print(placement(args.file, args.passes, args.cache))
     elif args.command == "pattern":
         print(read_pattern(args.file, args.passes))
     else:

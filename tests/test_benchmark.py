@@ -659,3 +659,20 @@ def test_small_times_h5py_and_default_multitables_on_a_generated_file(tmp_path: 
     ]
     assert table[2].endswith("| 1.00x |")  # h5py is the baseline
     assert list(tmp_path.iterdir()) == []  # the file is removed
+
+
+def test_placement_compares_h5py_with_readers_and_with_the_consumer(small_target: Target) -> None:
+    from multitables import streamer
+
+    prof = _profile_readers()
+    pays = streamer.parallel_pays
+    table = prof.placement(small_target.path, passes=1, cache="warm").splitlines()
+    assert [row.split(" | ")[0] for row in table[2:]] == [
+        "| h5py read_direct, 1 process",
+        "| multitables direct, default n_procs (0 readers)",  # a small file: read in the consumer anyway
+        "| multitables direct, read in the consumer",
+        "| multitables generator, default n_procs (0 readers)",
+        "| multitables generator, read in the consumer",
+    ]
+    assert table[2].endswith("| 1.00x |")
+    assert streamer.parallel_pays is pays  # put back

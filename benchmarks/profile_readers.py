@@ -42,6 +42,7 @@ import os
 import resource
 import sys
 import time
+from typing import Callable
 
 #: (what the reader was doing, a frame that says so), first match wins; frames as py-spy writes them.
 ACTIVITIES = (
@@ -139,13 +140,33 @@ def _no_progress(rows: int) -> None:
     pass
 
 
+def _time_interleaved(
+    path: str, n_rows: int, readers: "dict[str, Callable[[], int]]", passes: int, cache: str
+) -> dict[str, list[float]]:
+    """Seconds of each reader's passes, interleaved, each prepared as the benchmark prepares its passes."""
+    import gc
+
+    from multitables_benchmark import prepare_cache
+
+    times: dict[str, list[float]] = {name: [] for name in readers}
+    for _ in range(passes):
+        for name, read in readers.items():
+            prepare_cache(path, cache)
+            gc.collect()
+            t0 = time.perf_counter()
+            n = read()
+            times[name].append(time.perf_counter() - t0)
+            if n != n_rows:
+                raise SystemExit(f"{name} read {n} rows of {path}, which has {n_rows}")
+    return times
+
+
 def small(rows: int, chunk: int, passes: int, cache: str, workdir: str, complib: str = "blosc") -> str:
     """Medians of ``passes`` interleaved passes of h5py and default multitables on a small file: a Markdown table.
 
     The readers and the pass preparation are the benchmark's (blosc level 3
     as its small files; with ``warm``, set-up costs stand out from the disk's).
     """
-    import gc
     import statistics
 
     import multitables_benchmark as mb
@@ -161,16 +182,7 @@ def small(rows: int, chunk: int, passes: int, cache: str, workdir: str, complib:
             "multitables generator, default n_procs": lambda: mb.read_multitables(
                 target, mb.Reader("multitables", "auto", "generator"), cache, _no_progress),
         }
-        times: dict[str, list[float]] = {name: [] for name in readers}
-        for _ in range(passes):
-            for name, read in readers.items():
-                mb.prepare_cache(target.path, cache)
-                gc.collect()
-                t0 = time.perf_counter()
-                n = read()
-                times[name].append(time.perf_counter() - t0)
-                if n != rows:
-                    raise SystemExit(f"{name} read {n} rows of {target.path}, which has {rows}")
+        times = _time_interleaved(target.path, rows, readers, passes, cache)
     finally:
         os.remove(target.path)
     base = statistics.median(next(iter(times.values())))
@@ -187,7 +199,6 @@ def placement(path: str, passes: int, cache: str = "evict") -> str:
     Readers or not is ``_plan.parallel_pays``'s choice; for the in-consumer
     rows it is made to answer no, as it does for small datasets.
     """
-    import gc
     import statistics
 
     import h5py
@@ -212,16 +223,8 @@ def placement(path: str, passes: int, cache: str = "evict") -> str:
     for mode in mb.MODES:
         readers[f"multitables {mode}, default n_procs ({n_procs} readers)"] = lambda mode=mode: default(mode, False)
         readers[f"multitables {mode}, read in the consumer"] = lambda mode=mode: default(mode, True)
-    rates: dict[str, list[float]] = {name: [] for name in readers}
-    for _ in range(passes):
-        for name, read in readers.items():
-            mb.prepare_cache(path, cache)
-            gc.collect()
-            t0 = time.perf_counter()
-            n = read()
-            rates[name].append(target.data_nbytes / (time.perf_counter() - t0) / 1e6)
-            if n != n_rows:
-                raise SystemExit(f"{name} read {n} rows of {path}, which has {n_rows}")
+    times = _time_interleaved(path, n_rows, readers, passes, cache)
+    rates = {name: [target.data_nbytes / t / 1e6 for t in ts] for name, ts in times.items()}
     base = statistics.median(next(iter(rates.values())))
     lines = [f"| {os.path.basename(path)}, {cache}, {passes} passes | MB/s (median) | / h5py |", "|---|---:|---:|"]
     for name, rs in rates.items():

@@ -154,6 +154,86 @@ def parallel_pays(
     return one_core_s * (1 - 1 / n_cpus) > 2 * START_COST_S.get(start_method, max(START_COST_S.values()))
 
 
+#: NOTE [readers or not]
+#:     ``parallel_pays`` knows the codec's one-core rate, not the disk's. When
+#:     one process already waits on the disk, readers cannot make the disk
+#:     deliver more: they only add the ring's hand-off (and the generator's
+#:     copy) on the same cores. So with the default ``n_procs`` a large stream
+#:     starts in the consumer and times its first blocks: the read's wall
+#:     time, the consumer thread's CPU time in it (user and system: decoding,
+#:     the kernel's copy from the page cache) and the time the consumer spent
+#:     between blocks on its own work. Readers start, for the rest of the
+#:     blocks, only if the consumer's core was busy (reading on the CPU, or
+#:     its own work) for at least ``BUSY_FRACTION`` of that time: then the core
+#:     is the limit, and readers split the decoding or overlap it with the
+#:     consumer's work. Otherwise the consumer waited on the disk, whose
+#:     kernel readahead keeps reading while the consumer decodes or works.
+#:     The first ``PROBE_SKIP_BLOCKS`` blocks are not counted: the first reads
+#:     wait for the disk before any readahead has started. Measured with
+#:     ``python benchmarks/profile_readers.py busy FILE --passes 10`` on this
+#:     project's 2-core VM (1 GiB files, 4 MiB blocks, dropped from the page
+#:     cache before each pass): zlib 3 (chunk engine) 0.96-1.00 busy, blosc 3
+#:     (h5py) 0.53-0.77 in nine passes and 0.99 in one (its first blocks came
+#:     faster than one core decodes them, and readers started); read warm,
+#:     both 1.00.
+#:     ``O_DIRECT`` (``cache="direct"``) reads have no readahead, so waiting
+#:     there says nothing of the disk's limit: those streams, small plans and
+#:     the PyTables engine start their readers at once as ``parallel_pays``
+#:     says.
+BUSY_FRACTION = 0.9
+#: Blocks read before the probe starts counting.
+PROBE_SKIP_BLOCKS = 2
+#: Uncompressed bytes the probe counts before it decides (six 4 MiB blocks).
+PROBE_BYTES = 24 * MiB
+#: Plans with fewer blocks start their readers at once: the probe would be a large share of the pass.
+PROBE_MIN_BLOCKS = 32
+
+
+@dataclass
+class ReadProbe:
+    """The consumer's first blocks, timed, to decide whether readers pay: NOTE [readers or not].
+
+    Times in seconds; ``nbytes`` uncompressed bytes. :meth:`add` one block at
+    a time until :attr:`complete`; then :meth:`readers_pay` answers.
+    """
+
+    skip: int = PROBE_SKIP_BLOCKS
+    target_bytes: int = PROBE_BYTES
+    blocks: int = 0
+    read_s: float = 0.0
+    cpu_s: float = 0.0
+    outside_s: float = 0.0
+    nbytes: int = 0
+
+    def add(self, read_s: float, cpu_s: float, outside_s: float, nbytes: int) -> None:
+        """One block: the read's wall time, the consumer thread's CPU time in it, the consumer's time since the last read."""
+        self.blocks += 1
+        if self.blocks <= self.skip:
+            return
+        self.read_s += read_s
+        self.cpu_s += min(cpu_s, read_s)  # clocks of different resolution
+        self.outside_s += outside_s
+        self.nbytes += nbytes
+
+    @property
+    def complete(self) -> bool:
+        return self.nbytes >= self.target_bytes
+
+    def busy_fraction(self) -> float:
+        """Of the counted time (reads and the consumer's own work), the share the consumer's core was busy."""
+        period = self.read_s + self.outside_s
+        return (self.cpu_s + self.outside_s) / period if period > 0 else 1.0
+
+    def readers_pay(self) -> bool:
+        return self.busy_fraction() >= BUSY_FRACTION
+
+
+def probe_applies(plan: "BlockPlan | RangePlan", engine: str, cache: str) -> bool:
+    """Whether a default-``n_procs`` stream should probe before starting readers (NOTE [readers or not])."""
+    n_blocks = plan.n_blocks
+    return engine in ("h5py", "chunks") and cache == "page" and (n_blocks is None or n_blocks >= PROBE_MIN_BLOCKS)
+
+
 @dataclass(frozen=True)
 class RangePlan:
     """Blocks given explicitly: block ``k`` is source rows ``[starts[k], stops[k])``.

@@ -572,8 +572,22 @@ def read_single(target: Target, reader: Reader, cache: str, block_size: int, pro
     return _read_rows(target.path, reader.engine, open_kwargs_for(cache, reader.engine), block_size, buffer, progress)
 
 
-def read_multitables(target: Target, reader: Reader, cache: str, progress: Callable[[int], None]) -> int:
-    """Stream the whole dataset once (remainder included) with multitables; return the rows seen."""
+def _readers_running() -> int:
+    """multitables reader processes this process has running now."""
+    import multiprocessing
+
+    return sum(p.name.startswith("multitables-reader") for p in multiprocessing.active_children())
+
+
+def read_multitables(
+    target: Target, reader: Reader, cache: str, progress: Callable[[int], None], used: "list[int] | None" = None
+) -> int:
+    """Stream the whole dataset once (remainder included) with multitables; return the rows seen.
+
+    ``used``, if given, gets the reader processes the pass ended with appended
+    (0: read in this process); with the default ``n_procs`` the library
+    decides that during the pass.
+    """
     import multitables
 
     stream = multitables.Streamer(target.path, engine=reader.engine, **open_kwargs_for(cache, reader.engine))
@@ -585,15 +599,22 @@ def read_multitables(target: Target, reader: Reader, cache: str, progress: Calla
                     n = len(block)
                 rows += n
                 progress(n)
+            if used is not None:
+                used.append(queue.n_procs)
         return rows
-    pending = 0
+    pending = running = 0
     for _row in stream.get_generator(NODE, n_procs=reader.n_procs):
         pending += 1
+        if pending == PROGRESS_STEP or (rows + pending == 1):
+            if used is not None:
+                running = max(running, _readers_running())  # the generator's queue is out of reach
         if pending == PROGRESS_STEP:
             rows += pending
             progress(pending)
             pending = 0
     progress(pending)
+    if used is not None:
+        used.append(running)
     return rows + pending
 
 
@@ -632,22 +653,26 @@ def time_pass(job: Job, cache: str, repeat: int, cycle: int, log: Callable[[str]
     # made the pass after a PyTables one measurably slower.
     gc.collect()
     desc = f"{target.key} {target.codec.label} {reader.label} [{resident:.1%} cached]"
+    n_procs_used = job.n_procs_used
     if reader.kind == "odirect":
         nbytes = os.path.getsize(target.path)
         with tqdm(total=nbytes, desc=desc, unit="B", unit_scale=True, leave=False) as bar:
             seconds = nbytes / read_odirect(target, bar.update)
     else:
         with tqdm(total=target.n_rows, desc=desc, unit="row", unit_scale=True, leave=False) as bar:
+            used: list[int] = []
             t0 = time.perf_counter()
             if reader.kind == "single":
                 rows = read_single(target, reader, cache, job.block_size or 1, bar.update)
             else:
-                rows = read_multitables(target, reader, cache, bar.update)
+                rows = read_multitables(target, reader, cache, bar.update, used)
             seconds = time.perf_counter() - t0
         if rows != target.n_rows:
             raise RuntimeError(f"{reader.label} read {rows} rows of {target.path}, which has {target.n_rows}")
         nbytes = target.data_nbytes
-    p = Pass(target.key, target.codec, reader, repeat, cycle, cache, resident, seconds, nbytes, job.n_procs_used, job.block_size)
+        if used:
+            n_procs_used = used[0]
+    p = Pass(target.key, target.codec, reader, repeat, cycle, cache, resident, seconds, nbytes, n_procs_used, job.block_size)
     flag = "  WARM START" if p.warm_start else ""
     log(f"{desc} repeat {repeat + 1} cycle {cycle + 1}: {p.seconds:.3f} s, {p.mb_per_s:,.0f} MB/s{flag}")
     return p
@@ -739,7 +764,8 @@ def summarize(passes: Iterable[Pass]) -> list[Result]:
         rates = tuple(sum(p.nbytes for p in ps) / sum(p.seconds for p in ps) / MB for _, ps in sorted(by_repeat.items()))
         warm = any(p.warm_start for p in group)
         first = group[0]
-        results.append(Result(target, codec, reader, statistics.median(rates), rates, warm, first.n_procs_used, first.block_size))
+        used = statistics.mode(p.n_procs_used for p in group)  # the default n_procs is decided in each pass
+        results.append(Result(target, codec, reader, statistics.median(rates), rates, warm, used, first.block_size))
     return results
 
 
@@ -907,17 +933,14 @@ def scaling_table(
 ) -> Table:
     """Complevel x n_procs for one engine and mode, with the default n_procs as the last column."""
     n_procs_list: list["int | None"] = [*range(1, max_procs + 1), None]
-    rows, seen, defaults = [], [], set()
+    rows, seen = [], []
     for level in complevels:
         codec = _codec(complib, level)
         best = best_single(results, "main", codec)
         found = [_find(results, "main", codec, Reader("multitables", engine, mode, n)) for n in n_procs_list]
         seen += found
-        if found[-1] is not None:
-            defaults.add(found[-1].n_procs_used)
-        rows.append((str(level), *(cell(r, best) for r in found)))
-    default = f"default (n_procs={defaults.pop()})" if len(defaults) == 1 else "default"
-    header = ("complevel / n_procs", *(str(n) for n in n_procs_list[:-1]), default)
+        rows.append((str(level), *(cell(r, best) for r in found[:-1]), _default_cell(found[-1], best)))
+    header = ("complevel / n_procs", *(str(n) for n in n_procs_list[:-1]), "default (what it used)")
     title = f"{complib}: multitables, {mode} access, engine {engine} (MB/s, ratio to the best single-process reader)"
     return Table(title, header, tuple(rows), _notes(seen))
 
@@ -937,13 +960,14 @@ def small_table(results: Sequence[Result], modes: Sequence[str]) -> Table:
         seen += [best, *found]
         met = best is not None and all(r is not None and r.mb_per_s >= SMALL_TARGET * best.mb_per_s for r in found)
         best_text = "n/a" if best is None else f"{cell(best)} ({best.reader.engine})"
-        cells = (_small_cell(r, best) for r in found)
+        cells = (_default_cell(r, best) for r in found)
         rows.append((small.description, str(small.n_rows), best_text, *cells, "yes" if met else "NO"))
     title = "Small files: default multitables (engine auto) against the best single-process reader"
     return Table(title, header, tuple(rows), _notes(seen))
 
 
-def _small_cell(result: "Result | None", best: "Result | None") -> str:
+def _default_cell(result: "Result | None", best: "Result | None") -> str:
+    """A default-n_procs cell: the rate and ratio, and where it read (in most passes)."""
     text = cell(result, best)
     if result is not None and result.n_procs_used is not None:
         where = "in-process" if result.n_procs_used == 0 else f"{result.n_procs_used} procs"

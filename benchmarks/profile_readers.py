@@ -18,12 +18,18 @@ interleaved::
 
     python benchmarks/profile_readers.py small --rows 100 --chunk 1024 --passes 300 --cache warm
 
-``placement`` asks where default multitables should decode FILE (``/data``):
-one h5py process, then default multitables with its reader processes, and the
-same read in the consumer (what the default does when readers cannot pay),
-direct access and generator, passes interleaved::
+``placement`` asks where multitables should decode FILE (``/data``): one
+h5py process, then default multitables (which decides in each pass), one
+reader per CPU from the start, and every block read in the consumer, direct
+access and generator, passes interleaved::
 
     python benchmarks/profile_readers.py placement FILE.h5 --passes 7
+
+``busy`` prints, pass by pass, what default multitables' probe measured on
+FILE (NOTE [readers or not] in ``multitables._plan``): the share of time the
+consumer's core was busy over its first blocks, and whether readers started::
+
+    python benchmarks/profile_readers.py busy FILE.h5 --passes 3 --cache evict
 
 ``stream`` prepares each pass as the benchmark does (``--cache evict``: the
 file's pages dropped, memory settled where the benchmark settles it; ``--cache
@@ -194,10 +200,12 @@ def small(rows: int, chunk: int, passes: int, cache: str, workdir: str, complib:
 
 
 def placement(path: str, passes: int, cache: str = "evict") -> str:
-    """One h5py process against default multitables with readers and in the consumer, on ``/data`` of ``path``: Markdown.
+    """One h5py process against multitables three ways on ``/data`` of ``path``: a Markdown table.
 
-    Readers or not is ``_plan.parallel_pays``'s choice; for the in-consumer
-    rows it is made to answer no, as it does for small datasets.
+    Default ``n_procs`` (it decides in each pass: NOTE [readers or not] in
+    ``multitables._plan``), one reader per CPU from the start, and every block
+    read in the consumer (``_plan.parallel_pays`` made to answer no, as it
+    does for small datasets); direct access and generator.
     """
     import statistics
 
@@ -205,30 +213,71 @@ def placement(path: str, passes: int, cache: str = "evict") -> str:
 
     import multitables_benchmark as mb
     from multitables import streamer
+    from multitables._plan import available_cpus
 
     with h5py.File(path, "r") as f:
         n_rows = f["/data"].shape[0]
     target = mb.Target("file", path, mb.Codec("file", 0), n_rows)
     pays = streamer.parallel_pays
+    cpus = available_cpus()
+    used: dict[str, list[int]] = {}
 
-    def default(mode: str, consumer: bool) -> int:
+    def read(name: str, mode: str, n_procs: "int | None", consumer: bool = False) -> int:
         streamer.parallel_pays = (lambda *args, **kwargs: False) if consumer else pays
         try:
-            return mb.read_multitables(target, mb.Reader("multitables", "auto", mode), cache, _no_progress)
+            reader = mb.Reader("multitables", "auto", mode, n_procs)
+            return mb.read_multitables(target, reader, cache, _no_progress, used.setdefault(name, []))
         finally:
             streamer.parallel_pays = pays
 
-    n_procs, block = mb.probe_multitables(target, "auto", None, cache)
+    _, block = mb.probe_multitables(target, "auto", None, cache)
     readers = {"h5py read_direct, 1 process": lambda: mb.read_single(target, mb.Reader("single", "h5py"), cache, block, _no_progress)}
     for mode in mb.MODES:
-        readers[f"multitables {mode}, default n_procs ({n_procs} readers)"] = lambda mode=mode: default(mode, False)
-        readers[f"multitables {mode}, read in the consumer"] = lambda mode=mode: default(mode, True)
+        for name, n_procs, consumer in (
+            (f"multitables {mode}, default n_procs", None, False),
+            (f"multitables {mode}, {cpus} readers", cpus, False),
+            (f"multitables {mode}, read in the consumer", None, True),
+        ):
+            readers[name] = lambda name=name, mode=mode, n_procs=n_procs, consumer=consumer: read(name, mode, n_procs, consumer)
     times = _time_interleaved(path, n_rows, readers, passes, cache)
     rates = {name: [target.data_nbytes / t / 1e6 for t in ts] for name, ts in times.items()}
     base = statistics.median(next(iter(rates.values())))
-    lines = [f"| {os.path.basename(path)}, {cache}, {passes} passes | MB/s (median) | / h5py |", "|---|---:|---:|"]
+    lines = [f"| {os.path.basename(path)}, {cache}, {passes} passes | MB/s (median) | / h5py | readers used, per pass |",
+             "|---|---:|---:|---|"]
     for name, rs in rates.items():
-        lines.append(f"| {name} | {statistics.median(rs):,.0f} | {statistics.median(rs) / base:.2f}x |")
+        per_pass = " ".join(map(str, used.get(name, [])))
+        lines.append(f"| {name} | {statistics.median(rs):,.0f} | {statistics.median(rs) / base:.2f}x | {per_pass} |")
+    return "\n".join(lines)
+
+
+def busy(path: str, passes: int, cache: str = "evict") -> str:
+    """What default multitables' probe measures on ``/data`` of ``path``, pass by pass: a Markdown table.
+
+    Direct access, each pass prepared as the benchmark prepares its passes:
+    the share of the probed time the consumer's core was busy, whether the
+    readers started, and the pass's MB/s. ``n/a``: the stream did not probe
+    (a small dataset, ``parallel_pays`` said no).
+    """
+    import gc
+
+    import multitables
+    import multitables_benchmark as mb
+
+    lines = [f"| {os.path.basename(path)}, {cache} pass | busy | readers | MB/s |", "|---|---:|---:|---:|"]
+    for i in range(passes):
+        mb.prepare_cache(path, cache)
+        gc.collect()
+        t0 = time.perf_counter()
+        nbytes = 0
+        with multitables.Streamer(path).get_queue("/data", remainder=True) as queue:
+            for guard in queue.iter():
+                with guard as block:
+                    nbytes += block.nbytes
+            fraction = getattr(queue._backend, "busy_fraction", None)
+            n_procs = queue.n_procs
+        rate = nbytes / (time.perf_counter() - t0) / 1e6
+        shown = "n/a" if fraction is None else f"{fraction:.2f}"
+        lines.append(f"| {i + 1} | {shown} | {n_procs} | {rate:,.0f} |")
     return "\n".join(lines)
 
 
@@ -273,6 +322,10 @@ def main(argv: "list[str] | None" = None) -> None:
     where.add_argument("file")
     where.add_argument("--passes", type=int, default=5)
     where.add_argument("--cache", choices=("evict", "warm"), default="evict")
+    probe = sub.add_parser("busy", help="what default multitables' probe measures, pass by pass, as Markdown")
+    probe.add_argument("file")
+    probe.add_argument("--passes", type=int, default=3)
+    probe.add_argument("--cache", choices=("evict", "warm"), default="evict")
     args = parser.parse_args(argv)
     if args.command == "stream":
         stream(args.file, args.n_procs, args.passes, args.cache)
@@ -283,6 +336,8 @@ def main(argv: "list[str] | None" = None) -> None:
             print(small(args.rows, args.chunk, args.passes, args.cache, workdir))
     elif args.command == "placement":
         print(placement(args.file, args.passes, args.cache))
+    elif args.command == "busy":
+        print(busy(args.file, args.passes, args.cache))
     elif args.command == "pattern":
         print(read_pattern(args.file, args.passes))
     else:

@@ -242,8 +242,10 @@ def test_single_process_reader_reads_every_row_in_blocks(small_target: Target, e
 @pytest.mark.parametrize("n_procs", [1, None])
 def test_multitables_reader_reads_every_row(small_target: Target, mode: str, n_procs: "int | None", no_leaks: None) -> None:
     steps: list[int] = []
-    rows = mb.read_multitables(small_target, Reader("multitables", "h5py", mode, n_procs), "evict", steps.append)
+    used: list[int] = []
+    rows = mb.read_multitables(small_target, Reader("multitables", "h5py", mode, n_procs), "evict", steps.append, used)
     assert rows == 1000 and sum(steps) == 1000
+    assert used == [0 if n_procs is None else n_procs]  # 4 MB: read in-process by default
 
 
 def test_probe_reports_what_multitables_picks(small_target: Target, no_leaks: None) -> None:
@@ -382,11 +384,20 @@ def test_summary_is_the_median_over_repeats_of_rates_over_cycles() -> None:
 def test_scaling_table_is_complevel_by_n_procs_with_ratios_and_default() -> None:
     results = mb.summarize(synthetic_passes())
     t = mb.scaling_table(results, "blosc", LEVELS, "h5py", "direct", MAX_PROCS)
-    assert t.header == ("complevel / n_procs", "1", "2", "default (n_procs=2)")
+    assert t.header == ("complevel / n_procs", "1", "2", "default (what it used)")
     assert [row[0] for row in t.rows] == ["0", "3"]
-    assert all(CELL.match(c) for row in t.rows for c in row[1:])
-    assert t.rows[0][1:] == ("100 MB/s 0.25x", "200 MB/s 0.50x", "200 MB/s 0.50x")
+    assert all(CELL.match(c) for row in t.rows for c in row[1:-1])
+    assert t.rows[0][1:] == ("100 MB/s 0.25x", "200 MB/s 0.50x", "200 MB/s 0.50x (2 procs)")
     assert t.notes == ()
+
+
+def test_a_default_cell_says_where_most_passes_read() -> None:
+    codec, reader = Codec("blosc", 3), Reader("multitables", "auto", "direct", None)
+    used = [0, 2, 0]  # the default n_procs is decided in each pass
+    passes = [Pass("main", codec, reader, r, 0, "evict", 0.0, 1.0, 100 * mb.MB, n, 64) for r, n in enumerate(used)]
+    (result,) = mb.summarize(passes)
+    assert result.n_procs_used == 0
+    assert mb._default_cell(result, None) == "100 MB/s (in-process)"
 
 
 def test_warm_start_is_marked_in_its_cell_and_noted() -> None:
@@ -661,18 +672,43 @@ def test_small_times_h5py_and_default_multitables_on_a_generated_file(tmp_path: 
     assert list(tmp_path.iterdir()) == []  # the file is removed
 
 
-def test_placement_compares_h5py_with_readers_and_with_the_consumer(small_target: Target) -> None:
+def test_placement_compares_h5py_with_the_default_readers_and_the_consumer(small_target: Target) -> None:
     from multitables import streamer
+    from multitables._plan import available_cpus
 
     prof = _profile_readers()
     pays = streamer.parallel_pays
-    table = prof.placement(small_target.path, passes=1, cache="warm").splitlines()
-    assert [row.split(" | ")[0] for row in table[2:]] == [
+    table = prof.placement(small_target.path, passes=2, cache="warm").splitlines()
+    cpus = available_cpus()
+    rows = [row.split(" | ") for row in table[2:]]
+    assert [row[0] for row in rows] == [
         "| h5py read_direct, 1 process",
-        "| multitables direct, default n_procs (0 readers)",  # a small file: read in the consumer anyway
+        "| multitables direct, default n_procs",
+        f"| multitables direct, {cpus} readers",
         "| multitables direct, read in the consumer",
-        "| multitables generator, default n_procs (0 readers)",
+        "| multitables generator, default n_procs",
+        f"| multitables generator, {cpus} readers",
         "| multitables generator, read in the consumer",
     ]
-    assert table[2].endswith("| 1.00x |")
+    assert table[2].startswith("| h5py read_direct, 1 process |") and "| 1.00x |" in table[2]
+    # Readers used in each of the two passes: a small file is read in the consumer by default.
+    assert [row[3].rstrip(" |") for row in rows[1:]] == ["0 0", f"{cpus} {cpus}", "0 0"] * 2
     assert streamer.parallel_pays is pays  # put back
+
+
+def test_busy_reports_the_probe_of_each_pass(make_array, monkeypatch: pytest.MonkeyPatch) -> None:
+    from multitables import _plan, streamer
+
+    prof = _profile_readers()
+    path = make_array(np.arange(400 * 3, dtype="<i4").reshape(400, 3), chunkshape=(5, 3))
+    small = prof.busy(str(path), passes=1, cache="warm").splitlines()[2].strip("|").split("|")
+    assert [c.strip() for c in small[:3]] == ["1", "n/a", "0"]  # too small to probe: read in the consumer
+    monkeypatch.setattr(streamer, "parallel_pays", lambda *args, **kwargs: True)
+    monkeypatch.setattr(streamer, "ReadProbe", lambda: _plan.ReadProbe(skip=2, target_bytes=3 * 60))
+    monkeypatch.setattr(_plan, "BUSY_FRACTION", 0.0)
+    monkeypatch.setattr(_plan, "PROBE_MIN_BLOCKS", 4)  # 400 rows make 8 default blocks
+    table = prof.busy(str(path), passes=2, cache="warm").splitlines()
+    assert table[0].startswith(f"| {path.name}, warm pass | busy | readers |")
+    for i, row in enumerate(table[2:]):
+        cells = row.strip("|").split("|")
+        assert len(cells) == 4 and int(cells[0]) == i + 1 and 0.0 <= float(cells[1]) <= 1.0 and int(cells[2]) >= 1

@@ -286,6 +286,27 @@ def test_a_large_default_stream_reads_its_first_blocks_here_then_starts_readers_
     np.testing.assert_array_equal(np.concatenate(blocks), data)
 
 
+@pytest.mark.parametrize("engine", ["h5py", "chunks"])
+def test_readers_that_take_over_open_the_file_themselves(make_array, probing, fds_on, engine: str) -> None:
+    # A reader forked while HDF5 has the file open here would reuse this
+    # process's open file (its descriptor, its readahead state) instead of
+    # opening its own: the consumer closes the file before the readers start.
+    data = np.arange(400 * 3, dtype="<i4").reshape(400, 3)
+    path = make_array(data, chunkshape=(5, 3))
+    stream = multitables.Streamer(path, engine=engine)
+    probing(0.0, 3)
+    with stream.get_queue("/data", block_size=5, ordered=True) as queue:
+        got = []
+        for guard in queue.iter():
+            with guard as block:
+                got.append(block.copy())
+            if queue.n_procs == 0:
+                assert fds_on(path) == 1  # reading here
+            else:
+                assert fds_on(path) == 0
+    np.testing.assert_array_equal(np.concatenate(got), data)
+
+
 def test_a_large_default_stream_stays_in_this_process_when_readers_would_not_pay(make_array, probing, no_leaks: None) -> None:
     data = np.arange(400 * 3, dtype="<i4").reshape(400, 3)
     stream = multitables.Streamer(make_array(data, chunkshape=(5, 3)))

@@ -96,9 +96,7 @@ class ReaderPool:
         n_slots: int,
         start_method: "str | None",
         cache: str = "page",
-        first_block: int = 0,
     ) -> None:
-        """Start ``n_procs`` readers on ``plan``'s blocks from ``first_block`` on (the ones before were read elsewhere)."""
         self._closed = False
         self._stopped = False
         self._error: "ReaderError | None" = None
@@ -113,7 +111,7 @@ class ReaderPool:
         check_space(layout.nbytes)  # before anything is created; Ring.create checks again
         signature = file_signature(node.filename)
         sync = RingSync.create(ctx, n_slots)
-        self.ring = Ring.create(layout, sync, first_block)  # may raise ShmSpaceError; nothing started yet
+        self.ring = Ring.create(layout, sync)  # may raise ShmSpaceError; nothing started yet
         try:
             me = os.getpid()
             me_start = process_start_time(me)

@@ -132,11 +132,10 @@ class Ring:
 
     # -- set-up ---------------------------------------------------------------
     @classmethod
-    def create(cls, layout: RingLayout, sync: RingSync, first_block: int = 0) -> "Ring":
-        """The consumer's ring: a new segment with every slot on the free ring; readers claim blocks from ``first_block`` on."""
+    def create(cls, layout: RingLayout, sync: RingSync) -> "Ring":
+        """The consumer's ring: a new segment with every slot on the free ring."""
         ring = cls(Segment.create(layout.nbytes), layout, sync, writable=False)
         ring._hdr[:] = 0
-        ring._hdr[_NEXT] = first_block
         ring._free_ring[:] = np.arange(layout.n_slots)
         ring._hdr[_FREE_TAIL] = layout.n_slots
         return ring

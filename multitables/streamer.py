@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
 import weakref
 from dataclasses import dataclass
 from dataclasses import field as dc_field
@@ -15,21 +14,10 @@ import numpy as np
 
 from ._engines import CACHES, ENGINES, open_source, resolve_engine
 from ._node import NodeInfo, close_dataset, inspect_node, open_node
-from ._plan import (
-    BlockPlan,
-    RangePlan,
-    ReadProbe,
-    ahead,
-    available_cpus,
-    default_block_size,
-    default_read_ahead,
-    parallel_pays,
-    probe_applies,
-)
+from ._plan import BlockPlan, RangePlan, ahead, available_cpus, default_block_size, default_read_ahead, parallel_pays
 from ._reader_process import check_file_unchanged, file_signature
 from ._readers import ReaderPool
-from ._ring import TICK, RingLayout
-from ._shm import check_space
+from ._ring import TICK
 from .errors import QueueClosed, StreamClosedError
 
 if TYPE_CHECKING:
@@ -66,8 +54,6 @@ class _StreamSpec:
     ordered: bool
     #: Where chunk bytes come from: "page" or "direct" (O_DIRECT).
     cache: str = "page"
-    #: Read the first blocks in the consumer and start the ``n_procs`` readers only if they pay (NOTE [readers or not] in ``_plan``).
-    probe: bool = False
     #: The h5py.Dataset the checks opened (``_node.open_node``), kept for an in-process read (the queue closes it).
     dataset: Any = dc_field(default=None, compare=False, repr=False)
 
@@ -115,7 +101,7 @@ _FREE_BUFFER_REFS = 3
 
 
 class _InlineBackend:
-    """Reads blocks in the consumer process, where readers cannot pay. Its blocks are private memory."""
+    """Reads blocks in the consumer process, for datasets too small for processes to pay."""
 
     def __init__(self, spec: _StreamSpec, open_kwargs: dict[str, Any]) -> None:
         self._plan = spec.plan
@@ -157,17 +143,15 @@ class _InlineBackend:
 class _RingBackend:
     """Blocks from reader processes through the shared-memory ring."""
 
-    def __init__(
-        self, spec: _StreamSpec, open_kwargs: dict[str, Any], start_method: "str | None", first_block: int = 0
-    ) -> None:
+    def __init__(self, spec: _StreamSpec, open_kwargs: dict[str, Any], start_method: "str | None") -> None:
         self._plan = spec.plan
         self._ordered = spec.ordered
         self._pool = ReaderPool(
-            spec.node, spec.engine, open_kwargs, spec.plan, spec.n_procs, spec.n_slots, start_method, spec.cache, first_block
+            spec.node, spec.engine, open_kwargs, spec.plan, spec.n_procs, spec.n_slots, start_method, spec.cache
         )
         self._ring = self._pool.ring
         self._pending: dict[int, int] = {}  # ordered mode: block -> slot, arrived early
-        self._next = first_block
+        self._next = 0
         self.pids = self._pool.pids
 
     def take(self) -> tuple[int, np.ndarray]:
@@ -196,87 +180,6 @@ class _RingBackend:
         self._pool.close()
 
 
-class _ProbingBackend:
-    """Reads the first blocks in the consumer, timed, then starts the readers for the rest only if they pay.
-
-    See NOTE [readers or not] in ``_plan``. Slots ``0..n_slots-1`` are the
-    consumer's private buffers; the ring's slot ``s`` is ``n_slots + s``.
-    """
-
-    def __init__(self, spec: _StreamSpec, open_kwargs: dict[str, Any], start_method: "str | None") -> None:
-        # The ring's size is checked now, with the other arguments, not mid-stream.
-        check_space(RingLayout(spec.n_slots, spec.plan.block_size, spec.node.row_shape, spec.node.dtype).nbytes)
-        self._spec, self._open_kwargs, self._start_method = spec, open_kwargs, start_method
-        self._inline = _InlineBackend(spec, open_kwargs)
-        self._inline_closed = False
-        self._ring: "_RingBackend | None" = None
-        #: The timed first blocks; None once the decision is made.
-        self.probe: "ReadProbe | None" = ReadProbe()
-        #: What the probe measured (``ReadProbe.busy_fraction``), once it has decided.
-        self.busy_fraction: "float | None" = None
-        self._next = 0  # blocks read here while probing: the readers start after them
-        self._last_end: "float | None" = None
-
-    @property
-    def pids(self) -> list[int]:
-        return self._ring.pids if self._ring is not None else []
-
-    @property
-    def n_procs(self) -> int:
-        return self._spec.n_procs if self._ring is not None else 0
-
-    def private(self, slot: int) -> bool:
-        return slot < self._spec.n_slots
-
-    def take(self) -> tuple[int, np.ndarray]:
-        if self._ring is not None:
-            slot, block = self._ring.take()
-            return self._spec.n_slots + slot, block
-        probe = self.probe
-        if probe is None:  # decided: the consumer reads on
-            return self._inline.take()
-        t0 = time.perf_counter()
-        c0 = time.thread_time()
-        slot, block = self._inline.take()
-        t1 = time.perf_counter()
-        cpu = time.thread_time() - c0
-        outside = t0 - self._last_end if self._last_end is not None else 0.0
-        probe.add(t1 - t0, cpu, outside, block.nbytes)
-        self._next += 1
-        if probe.complete:
-            self.probe = None
-            self.busy_fraction = probe.busy_fraction()
-            n_blocks = self._spec.plan.n_blocks
-            if probe.readers_pay() and (n_blocks is None or self._next < n_blocks):
-                # Close the file first: a reader forked while HDF5 has it open
-                # here reuses this process's open file (one descriptor, one
-                # kernel readahead state for every reader) instead of opening
-                # its own. (Targets run at 0f0f8a7, zlib 3, engine h5py, cold:
-                # default n_procs 595 MB/s against 901 for n_procs=2.)
-                self._close_inline()
-                self._ring = _RingBackend(self._spec, self._open_kwargs, self._start_method, first_block=self._next)
-        self._last_end = time.perf_counter()
-        return slot, block
-
-    def release(self, slot: int) -> None:
-        if slot < self._spec.n_slots:
-            self._inline.release(slot)
-        elif self._ring is not None:
-            self._ring.release(slot - self._spec.n_slots)
-
-    def _close_inline(self) -> None:
-        if not self._inline_closed:
-            self._inline_closed = True
-            self._inline.close()
-
-    def close(self) -> None:
-        try:
-            if self._ring is not None:
-                self._ring.close()
-        finally:
-            self._close_inline()
-
-
 class Queue:
     """Direct, zero-copy access to the blocks of one stream.
 
@@ -288,49 +191,28 @@ class Queue:
     def __init__(self, spec: _StreamSpec, open_kwargs: dict[str, Any], start_method: "str | None") -> None:
         #: Rows per block (the last block of a pass may be shorter with ``remainder=True``).
         self.block_size: int = spec.plan.block_size
-        #: The engine reading the file (``"chunks"``, ``"h5py"`` or ``"tables"``).
+        #: The engine reading the file (``"h5py"`` or ``"tables"``).
         self.engine: str = spec.engine
+        #: Reader processes; 0 when blocks are read in this process (the dataset being too small to pay).
+        self.n_procs: int = spec.n_procs
         self._n_blocks = spec.plan.n_blocks
         self._delivered = 0
         self._n_slots = spec.n_slots
         self._held = 0  # guards handed out and not yet released
         self._lock = threading.Lock()
         self._closed = False
-        backend: "_InlineBackend | _RingBackend | _ProbingBackend"
+        backend: "_InlineBackend | _RingBackend"
         if spec.n_procs == 0:
             backend = _InlineBackend(spec, open_kwargs)
-        elif spec.probe:
-            backend = _ProbingBackend(spec, open_kwargs, start_method)
         else:
             backend = _RingBackend(spec, open_kwargs, start_method)
         self._backend = backend
         self._finalizer = weakref.finalize(self, backend.close)
 
     @property
-    def n_procs(self) -> int:
-        """Reader processes filling the queue now; 0 while blocks are read in this process.
-
-        With the default ``n_procs``, a small dataset is read here throughout;
-        a large one starts here, and its readers start after the first blocks
-        only if those showed that they pay (``multitables._plan``, NOTE
-        [readers or not]).
-        """
-        backend = self._backend
-        if isinstance(backend, _ProbingBackend):
-            return backend.n_procs
-        return 0 if isinstance(backend, _InlineBackend) else len(backend.pids)
-
-    @property
     def reader_pids(self) -> list[int]:
         """Process ids of the reader processes (empty when reading in this process)."""
         return list(self._backend.pids)
-
-    def _private(self, guard: "Guard") -> bool:
-        """Whether ``guard``'s block is this process's private memory (read here), not a shared slot."""
-        backend = self._backend
-        if isinstance(backend, _ProbingBackend):
-            return backend.private(guard._slot)
-        return isinstance(backend, _InlineBackend)
 
     def get(self) -> "Guard | Any":
         """Wait for the next block; return its :class:`Guard`, or ``QueueClosed`` at the end of the pass.
@@ -474,7 +356,6 @@ class Streamer:
             engine = self._resolve(node, dataset)
             if engine == "tables" and self._open_kwargs:
                 self._check_tables_open(node)
-            probe = n_procs is None
             if n_procs is None:
                 cpus = available_cpus()
                 nbytes = node.n_rows * node.row_nbytes
@@ -486,14 +367,13 @@ class Streamer:
             if read_ahead is None:
                 read_ahead = default_read_ahead(n_procs)
             plan = BlockPlan(node.n_rows, block_size, cyclic=cyclic, remainder=remainder)
-            probe = probe and n_procs > 0 and probe_applies(plan, engine, self._cache)
         except BaseException:
             close_dataset(dataset)
             raise
-        if (n_procs and not probe) or engine not in ("h5py", "chunks"):
+        if n_procs or engine not in ("h5py", "chunks"):
             close_dataset(dataset)  # readers open their own
             dataset = None
-        return _StreamSpec(node, engine, plan, n_procs, read_ahead, ordered, self._cache, probe, dataset)
+        return _StreamSpec(node, engine, plan, n_procs, read_ahead, ordered, self._cache, dataset)
 
     def _resolve(self, node: NodeInfo, dataset: Any = None) -> str:
         """The engine that will read ``node``; refuses ``cache='direct'`` where the chunk engine cannot read it."""
@@ -531,11 +411,7 @@ class Streamer:
             Reader processes. Default: the CPUs this process may use, or none
             at all (blocks read in this process) when starting them would cost
             more than they save: small datasets, one CPU (see
-            ``multitables._plan.parallel_pays``), and reads that wait on the
-            disk: a large dataset's first blocks are read here, timed, and
-            the readers start for the rest only if this process's core was
-            the limit (NOTE [readers or not] in ``multitables._plan``).
-            :attr:`Queue.n_procs` says what the queue uses.
+            ``multitables._plan.parallel_pays``).
         read_ahead : int, optional
             Slots in the ring (blocks in flight). Default ``2 * n_procs + 2``.
         cyclic : bool
@@ -604,31 +480,33 @@ class Streamer:
 
     def _rows(self, spec: _StreamSpec) -> Iterator[np.ndarray]:
         with Queue(spec, self._open_kwargs, self._start_method) as queue:
-            # Blocks read in this process are private already, and the backend
-            # never refills one whose rows someone holds: no copy (it would
-            # cost ~10% of reading a small file). Blocks from readers are
-            # copied into two private buffers in turn: reuse the older one's
-            # memory unless the caller kept one of its rows (every row is a
-            # view holding a reference to it); a fresh 4 MiB array page-faults
-            # on every block. (The caller's loop variable still holds the
-            # newer one's last row.)
+            if queue.n_procs == 0:
+                # Read in this process: the blocks are private already, and the
+                # backend never refills one whose rows someone holds. A copy
+                # would cost ~10% of reading a small file.
+                for guard in queue.iter():
+                    with guard as block:
+                        rows = block
+                    del block
+                    rows.flags.writeable = True  # private memory, as the copies are
+                    yield from rows
+                    del rows
+                return
+            # Two private copies in turn: reuse the older one's memory unless the
+            # caller kept one of its rows (every row is a view holding a
+            # reference to it); a fresh 4 MiB array page-faults on every block.
+            # (The caller's loop variable still holds the newer one's last row.)
             copies: "list[np.ndarray | None]" = [None, None]
             turn = 0
             for guard in queue.iter():
-                private = queue._private(guard)
                 with guard as block:
-                    if private:
-                        rows = block
-                    else:
-                        owner = copies[turn]
-                        if owner is None or sys.getrefcount(owner) > _FREE_BUFFER_REFS or len(owner) < len(block):
-                            owner = copies[turn] = _empty_block(spec)
-                        rows = owner[: len(block)]
-                        np.copyto(rows, block)
-                        del owner
-                        turn ^= 1
-                del block
-                rows.flags.writeable = True  # private memory, as the copies are
+                    owner = copies[turn]
+                    if owner is None or sys.getrefcount(owner) > _FREE_BUFFER_REFS or len(owner) < len(block):
+                        owner = copies[turn] = _empty_block(spec)
+                    rows = owner[: len(block)]
+                    np.copyto(rows, block)
+                del owner, block
+                turn ^= 1
                 yield from rows
                 del rows
 

@@ -7,19 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from multitables._plan import (
-    BUSY_FRACTION,
-    MiB,
-    PROBE_MIN_BLOCKS,
-    BlockPlan,
-    RangePlan,
-    ReadProbe,
-    ahead,
-    default_block_size,
-    default_read_ahead,
-    parallel_pays,
-    probe_applies,
-)
+from multitables._plan import BlockPlan, RangePlan, ahead, default_block_size, default_read_ahead, parallel_pays
 
 sizes = st.integers(1, 500).flatmap(lambda n: st.tuples(st.just(n), st.integers(1, n)))
 
@@ -128,67 +116,3 @@ def test_ahead_follows_a_range_plan_and_stops_at_its_end() -> None:
     assert [(p.start, p.stop) for p in ahead(plan, 0, 2)] == [(20, 30)]
     assert ahead(plan, 1, 2) == ()
     assert ahead(plan, 0, 0) == ()  # no readers, nothing ahead
-
-
-def _probe(blocks: "list[tuple[float, float, float]]", skip: int = 2, block_bytes: int = 4 * MiB) -> ReadProbe:
-    """A probe fed (read s, cpu s, outside s) per block."""
-    probe = ReadProbe(skip=skip, target_bytes=(len(blocks) - skip) * block_bytes)
-    for read_s, cpu_s, outside_s in blocks:
-        assert not probe.complete
-        probe.add(read_s, cpu_s, outside_s, block_bytes)
-    assert probe.complete
-    return probe
-
-
-def test_readers_pay_when_decoding_keeps_the_consumer_core_busy() -> None:
-    # zlib 3 cold: the consumer is on the CPU 97% of each read.
-    assert _probe([(0.010, 0.002, 0.0)] * 2 + [(0.004, 0.0039, 0.0)] * 6).readers_pay()
-
-
-def test_readers_do_not_pay_when_the_consumer_waits_on_the_disk() -> None:
-    # blosc 3 cold: the consumer is on the CPU 60% of each read, and has no work of its own.
-    probe = _probe([(0.004, 0.0024, 0.00001)] * 8)
-    assert probe.busy_fraction() == pytest.approx(0.6, abs=0.01)
-    assert not probe.readers_pay()
-
-
-def test_the_consumers_own_work_between_blocks_counts_as_busy() -> None:
-    # The same disk-bound reads, but the consumer computes 2 ms per block:
-    # readers would overlap the reading with that work.
-    probe = _probe([(0.004, 0.0024, 0.002)] * 8)
-    assert probe.busy_fraction() == pytest.approx((0.0024 + 0.002) / 0.006)
-    assert not probe.readers_pay()  # 0.73: the disk still idles the core
-    assert _probe([(0.004, 0.0024, 0.020)] * 8).readers_pay()  # 0.93
-
-
-def test_the_first_blocks_are_not_counted() -> None:
-    # Two start-up blocks that waited long on the disk do not outvote six CPU-bound ones.
-    probe = _probe([(0.050, 0.001, 0.0)] * 2 + [(0.004, 0.004, 0.0)] * 6)
-    assert probe.busy_fraction() == 1.0 and probe.readers_pay()
-    assert not _probe([(0.050, 0.001, 0.0)] * 2 + [(0.004, 0.004, 0.0)] * 6, skip=0).readers_pay()
-
-
-def test_the_probe_completes_after_its_bytes_past_the_skipped_blocks() -> None:
-    probe = ReadProbe(skip=2, target_bytes=10)
-    for _ in range(2):
-        probe.add(1.0, 1.0, 0.0, 100)
-    assert not probe.complete and probe.nbytes == 0
-    probe.add(1.0, 1.0, 0.0, 6)
-    assert not probe.complete
-    probe.add(1.0, 1.0, 0.0, 6)
-    assert probe.complete and probe.blocks == 4 and probe.read_s == 2.0
-
-
-def test_cpu_time_beyond_the_wall_time_counts_as_fully_busy() -> None:
-    probe = _probe([(0.004, 0.0041, 0.0)] * 4, skip=0)  # thread and wall clocks tick differently
-    assert probe.busy_fraction() == 1.0
-    assert BUSY_FRACTION < 1.0
-
-
-def test_probe_applies_to_large_page_cache_streams_of_the_in_process_engines() -> None:
-    big = BlockPlan(PROBE_MIN_BLOCKS * 10, 10)
-    assert probe_applies(big, "h5py", "page") and probe_applies(big, "chunks", "page")
-    assert probe_applies(BlockPlan(100, 10, cyclic=True), "h5py", "page")  # endless
-    assert not probe_applies(big, "tables", "page")
-    assert not probe_applies(big, "chunks", "direct")  # O_DIRECT: no readahead, waiting says nothing of the disk
-    assert not probe_applies(BlockPlan((PROBE_MIN_BLOCKS - 1) * 10, 10), "h5py", "page")

@@ -8,7 +8,6 @@ import os
 import tempfile
 import threading
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import psutil
@@ -244,129 +243,6 @@ def test_small_datasets_are_read_in_process_by_default(make_array) -> None:
         assert queue.n_procs == 0 and queue.reader_pids == []
         np.testing.assert_array_equal(np.concatenate(blocks_of(queue)), data)
     np.testing.assert_array_equal(np.array(list(stream.get_generator("/data"))), data)
-
-
-@pytest.fixture
-def probing(monkeypatch: pytest.MonkeyPatch) -> "Callable[[float, int], None]":
-    """``probing(busy_fraction, probe_blocks)``: default streams count as large, and probe ``probe_blocks`` blocks past 2."""
-    from multitables import _plan, streamer
-
-    def setup(busy_fraction: float, probe_blocks: int) -> None:
-        monkeypatch.setattr(streamer, "parallel_pays", lambda *args, **kwargs: True)
-        monkeypatch.setattr(_plan, "BUSY_FRACTION", busy_fraction)
-        # Each block of these tests is 5 rows of 3 int32: 60 bytes.
-        monkeypatch.setattr(streamer, "ReadProbe", lambda: _plan.ReadProbe(skip=2, target_bytes=probe_blocks * 60))
-
-    return setup
-
-
-def _n_procs_per_block(queue: multitables.Queue) -> "tuple[list[np.ndarray], list[int], list[int]]":
-    blocks, n_procs, n_pids = [], [], []
-    for guard in queue.iter():
-        n_procs.append(queue.n_procs)
-        n_pids.append(len(queue.reader_pids))
-        with guard as block:
-            blocks.append(block.copy())
-    return blocks, n_procs, n_pids
-
-
-def test_a_large_default_stream_reads_its_first_blocks_here_then_starts_readers_if_they_pay(
-    make_array, probing, no_leaks: None
-) -> None:
-    data = np.arange(400 * 3, dtype="<i4").reshape(400, 3)  # 80 blocks of 5 rows
-    stream = multitables.Streamer(make_array(data, chunkshape=(5, 3)))
-    probing(0.0, 3)  # any probe says readers pay
-    with stream.get_queue("/data", block_size=5, ordered=True) as queue:
-        assert queue.n_procs == 0 and queue.reader_pids == []
-        blocks, n_procs, n_pids = _n_procs_per_block(queue)
-        cpus = n_procs[-1]
-        assert cpus >= 1
-    # Blocks 0-4 were read here (2 skipped, 3 timed); the readers started after block 4.
-    assert n_procs == [0] * 4 + [cpus] * 76 and n_pids == n_procs
-    np.testing.assert_array_equal(np.concatenate(blocks), data)
-
-
-@pytest.mark.parametrize("engine", ["h5py", "chunks"])
-def test_readers_that_take_over_open_the_file_themselves(make_array, probing, fds_on, engine: str) -> None:
-    # A reader forked while HDF5 has the file open here would reuse this
-    # process's open file (its descriptor, its readahead state) instead of
-    # opening its own: the consumer closes the file before the readers start.
-    data = np.arange(400 * 3, dtype="<i4").reshape(400, 3)
-    path = make_array(data, chunkshape=(5, 3))
-    stream = multitables.Streamer(path, engine=engine)
-    probing(0.0, 3)
-    with stream.get_queue("/data", block_size=5, ordered=True) as queue:
-        got = []
-        for guard in queue.iter():
-            with guard as block:
-                got.append(block.copy())
-            if queue.n_procs == 0:
-                assert fds_on(path) == 1  # reading here
-            else:
-                assert fds_on(path) == 0
-    np.testing.assert_array_equal(np.concatenate(got), data)
-
-
-def test_a_large_default_stream_stays_in_this_process_when_readers_would_not_pay(make_array, probing, no_leaks: None) -> None:
-    data = np.arange(400 * 3, dtype="<i4").reshape(400, 3)
-    stream = multitables.Streamer(make_array(data, chunkshape=(5, 3)))
-    probing(1.01, 3)  # no probe says readers pay
-    with stream.get_queue("/data", block_size=5, ordered=True) as queue:
-        blocks, n_procs, n_pids = _n_procs_per_block(queue)
-    assert n_procs == [0] * 80 and n_pids == [0] * 80
-    np.testing.assert_array_equal(np.concatenate(blocks), data)
-
-
-@pytest.mark.parametrize("work_s,readers", [(0.0, False), (0.02, True)], ids=["waits-on-the-disk", "busy-with-own-work"])
-def test_the_probe_counts_the_consumers_cpu_and_its_work_between_blocks(
-    make_array, probing, monkeypatch: pytest.MonkeyPatch, work_s: float, readers: bool
-) -> None:
-    import time
-    import types
-
-    from multitables import _plan, streamer
-
-    data = np.arange(400 * 3, dtype="<i4").reshape(400, 3)
-    stream = multitables.Streamer(make_array(data, chunkshape=(5, 3)))
-    probing(_plan.BUSY_FRACTION, 3)
-    # As if every read only waited (no CPU time): busy only while the consumer works between blocks.
-    monkeypatch.setattr(streamer, "time", types.SimpleNamespace(perf_counter=time.perf_counter, thread_time=lambda: 0.0))
-    with stream.get_queue("/data", block_size=5, ordered=True) as queue:
-        rows = 0
-        for guard in queue.iter():
-            with guard as block:
-                rows += len(block)
-            time.sleep(work_s)
-        assert queue.n_procs > 0 if readers else queue.n_procs == 0
-        assert rows == 400
-
-
-def test_a_generator_switching_to_readers_yields_every_row_once_in_order_and_private(make_array, probing, no_leaks: None) -> None:
-    data = np.arange(400 * 3, dtype="<i4").reshape(400, 3)
-    stream = multitables.Streamer(make_array(data, chunkshape=(5, 3)))
-    probing(0.0, 3)
-    kept = list(stream.get_generator("/data", block_size=5, ordered=True))
-    np.testing.assert_array_equal(np.array(kept), data)
-    kept[0][:] = -1  # a row of a block read here, and one of a copied block: private memory
-    kept[-1][:] = -1
-    np.testing.assert_array_equal(np.array(kept[1:-1]), data[1:-1])
-
-
-@pytest.mark.parametrize("pays", [True, False], ids=["switches", "stays"])
-def test_a_cyclic_default_stream_wraps_across_the_switch(make_array, probing, no_leaks: None, pays: bool) -> None:
-    data = np.arange(400 * 3, dtype="<i4").reshape(400, 3)
-    stream = multitables.Streamer(make_array(data, chunkshape=(5, 3)))
-    probing(0.0 if pays else 1.01, 3)
-    with stream.get_queue("/data", block_size=7, cyclic=True, ordered=True) as queue:  # blocks cut chunks and wrap
-        got = []
-        for guard in queue.iter():
-            with guard as block:
-                got.append(block.copy())
-            if len(got) == 2 * 58:
-                break
-        assert (queue.n_procs > 0) == pays
-    flat = np.concatenate([data, data, data])
-    np.testing.assert_array_equal(np.concatenate(got), flat[: 7 * 2 * 58])
 
 
 @pytest.mark.parametrize("n_procs", [None, 2], ids=["in-process", "readers"])

@@ -584,9 +584,8 @@ def read_multitables(
 ) -> int:
     """Stream the whole dataset once (remainder included) with multitables; return the rows seen.
 
-    ``used``, if given, gets the reader processes the pass ended with appended
-    (0: read in this process); with the default ``n_procs`` the library
-    decides that during the pass.
+    ``used``, if given, gets the reader processes the pass used appended (0:
+    read in this process), as the queue reports them.
     """
     import multitables
 
@@ -602,19 +601,20 @@ def read_multitables(
             if used is not None:
                 used.append(queue.n_procs)
         return rows
-    pending = running = 0
-    for _row in stream.get_generator(NODE, n_procs=reader.n_procs):
+    pending = 0
+    gen = stream.get_generator(NODE, n_procs=reader.n_procs)
+    for _row in gen:  # the readers start with the first row
+        pending = 1
+        break
+    if used is not None:
+        used.append(_readers_running())  # the generator's queue is out of reach
+    for _row in gen:
         pending += 1
-        if pending == PROGRESS_STEP or (rows + pending == 1):
-            if used is not None:
-                running = max(running, _readers_running())  # the generator's queue is out of reach
         if pending == PROGRESS_STEP:
             rows += pending
             progress(pending)
             pending = 0
     progress(pending)
-    if used is not None:
-        used.append(running)
     return rows + pending
 
 
@@ -764,7 +764,7 @@ def summarize(passes: Iterable[Pass]) -> list[Result]:
         rates = tuple(sum(p.nbytes for p in ps) / sum(p.seconds for p in ps) / MB for _, ps in sorted(by_repeat.items()))
         warm = any(p.warm_start for p in group)
         first = group[0]
-        used = statistics.mode(p.n_procs_used for p in group)  # the default n_procs is decided in each pass
+        used = statistics.mode(p.n_procs_used for p in group)  # what most passes used
         results.append(Result(target, codec, reader, statistics.median(rates), rates, warm, used, first.block_size))
     return results
 

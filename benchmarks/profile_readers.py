@@ -19,17 +19,10 @@ interleaved::
     python benchmarks/profile_readers.py small --rows 100 --chunk 1024 --passes 300 --cache warm
 
 ``placement`` asks where multitables should decode FILE (``/data``): one
-h5py process, then default multitables (which decides in each pass), one
-reader per CPU from the start, and every block read in the consumer, direct
-access and generator, passes interleaved::
+h5py process, then default multitables, one reader per CPU, and every block
+read in the consumer, direct access and generator, passes interleaved::
 
     python benchmarks/profile_readers.py placement FILE.h5 --passes 7
-
-``busy`` prints, pass by pass, what default multitables' probe measured on
-FILE (NOTE [readers or not] in ``multitables._plan``): the share of time the
-consumer's core was busy over its first blocks, and whether readers started::
-
-    python benchmarks/profile_readers.py busy FILE.h5 --passes 3 --cache evict
 
 ``stream`` prepares each pass as the benchmark does (``--cache evict``: the
 file's pages dropped, memory settled where the benchmark settles it; ``--cache
@@ -202,10 +195,10 @@ def small(rows: int, chunk: int, passes: int, cache: str, workdir: str, complib:
 def placement(path: str, passes: int, cache: str = "evict") -> str:
     """One h5py process against multitables three ways on ``/data`` of ``path``: a Markdown table.
 
-    Default ``n_procs`` (it decides in each pass: NOTE [readers or not] in
-    ``multitables._plan``), one reader per CPU from the start, and every block
-    read in the consumer (``_plan.parallel_pays`` made to answer no, as it
-    does for small datasets); direct access and generator.
+    Default ``n_procs``, one reader per CPU, and every block read in the
+    consumer (``_plan.parallel_pays`` made to answer no, as it does for small
+    datasets); direct access and generator. The last column lists the
+    readers each pass used.
     """
     import statistics
 
@@ -250,37 +243,6 @@ def placement(path: str, passes: int, cache: str = "evict") -> str:
     return "\n".join(lines)
 
 
-def busy(path: str, passes: int, cache: str = "evict") -> str:
-    """What default multitables' probe measures on ``/data`` of ``path``, pass by pass: a Markdown table.
-
-    Direct access, each pass prepared as the benchmark prepares its passes:
-    the share of the probed time the consumer's core was busy, whether the
-    readers started, and the pass's MB/s. ``n/a``: the stream did not probe
-    (a small dataset, ``parallel_pays`` said no).
-    """
-    import gc
-
-    import multitables
-    import multitables_benchmark as mb
-
-    lines = [f"| {os.path.basename(path)}, {cache} pass | busy | readers | MB/s |", "|---|---:|---:|---:|"]
-    for i in range(passes):
-        mb.prepare_cache(path, cache)
-        gc.collect()
-        t0 = time.perf_counter()
-        nbytes = 0
-        with multitables.Streamer(path).get_queue("/data", remainder=True) as queue:
-            for guard in queue.iter():
-                with guard as block:
-                    nbytes += block.nbytes
-            fraction = getattr(queue._backend, "busy_fraction", None)
-            n_procs = queue.n_procs
-        rate = nbytes / (time.perf_counter() - t0) / 1e6
-        shown = "n/a" if fraction is None else f"{fraction:.2f}"
-        lines.append(f"| {i + 1} | {shown} | {n_procs} | {rate:,.0f} |")
-    return "\n".join(lines)
-
-
 def summarize(raw_path: str) -> str:
     """A table of the reader processes' samples by activity (raw py-spy output: ``frame;frame;... count``)."""
     counts: collections.Counter[str] = collections.Counter()
@@ -322,10 +284,6 @@ def main(argv: "list[str] | None" = None) -> None:
     where.add_argument("file")
     where.add_argument("--passes", type=int, default=5)
     where.add_argument("--cache", choices=("evict", "warm"), default="evict")
-    probe = sub.add_parser("busy", help="what default multitables' probe measures, pass by pass, as Markdown")
-    probe.add_argument("file")
-    probe.add_argument("--passes", type=int, default=3)
-    probe.add_argument("--cache", choices=("evict", "warm"), default="evict")
     args = parser.parse_args(argv)
     if args.command == "stream":
         stream(args.file, args.n_procs, args.passes, args.cache)
@@ -336,8 +294,6 @@ def main(argv: "list[str] | None" = None) -> None:
             print(small(args.rows, args.chunk, args.passes, args.cache, workdir))
     elif args.command == "placement":
         print(placement(args.file, args.passes, args.cache))
-    elif args.command == "busy":
-        print(busy(args.file, args.passes, args.cache))
     elif args.command == "pattern":
         print(read_pattern(args.file, args.passes))
     else:

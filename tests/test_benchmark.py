@@ -393,7 +393,7 @@ def test_scaling_table_is_complevel_by_n_procs_with_ratios_and_default() -> None
 
 def test_a_default_cell_says_where_most_passes_read() -> None:
     codec, reader = Codec("blosc", 3), Reader("multitables", "auto", "direct", None)
-    used = [0, 2, 0]  # the default n_procs is decided in each pass
+    used = [0, 2, 0]  # as recorded pass by pass
     passes = [Pass("main", codec, reader, r, 0, "evict", 0.0, 1.0, 100 * mb.MB, n, 64) for r, n in enumerate(used)]
     (result,) = mb.summarize(passes)
     assert result.n_procs_used == 0
@@ -694,21 +694,3 @@ def test_placement_compares_h5py_with_the_default_readers_and_the_consumer(small
     # Readers used in each of the two passes: a small file is read in the consumer by default.
     assert [row[3].rstrip(" |") for row in rows[1:]] == ["0 0", f"{cpus} {cpus}", "0 0"] * 2
     assert streamer.parallel_pays is pays  # put back
-
-
-def test_busy_reports_the_probe_of_each_pass(make_array, monkeypatch: pytest.MonkeyPatch) -> None:
-    from multitables import _plan, streamer
-
-    prof = _profile_readers()
-    path = make_array(np.arange(400 * 3, dtype="<i4").reshape(400, 3), chunkshape=(5, 3))
-    small = prof.busy(str(path), passes=1, cache="warm").splitlines()[2].strip("|").split("|")
-    assert [c.strip() for c in small[:3]] == ["1", "n/a", "0"]  # too small to probe: read in the consumer
-    monkeypatch.setattr(streamer, "parallel_pays", lambda *args, **kwargs: True)
-    monkeypatch.setattr(streamer, "ReadProbe", lambda: _plan.ReadProbe(skip=2, target_bytes=3 * 60))
-    monkeypatch.setattr(_plan, "BUSY_FRACTION", 0.0)
-    monkeypatch.setattr(_plan, "PROBE_MIN_BLOCKS", 4)  # 400 rows make 8 default blocks
-    table = prof.busy(str(path), passes=2, cache="warm").splitlines()
-    assert table[0].startswith(f"| {path.name}, warm pass | busy | readers |")
-    for i, row in enumerate(table[2:]):
-        cells = row.strip("|").split("|")
-        assert len(cells) == 4 and int(cells[0]) == i + 1 and 0.0 <= float(cells[1]) <= 1.0 and int(cells[2]) >= 1

@@ -39,6 +39,7 @@ NOTE [ring protocol]
 
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -122,13 +123,36 @@ class Ring:
         self._ready_ring = words[_HEADER_WORDS + n : _HEADER_WORDS + 2 * n]
         self._meta = words[_HEADER_WORDS + 2 * n :].reshape(n, 2)
         self._ready_head = 0  # consumer-local
+        self._lent: "weakref.WeakValueDictionary[int, np.ndarray]" = weakref.WeakValueDictionary()  # slot -> lend()'s
         self._closed = False
         shape = (layout.block_size,) + layout.row_shape
         self.slots: list[np.ndarray] = []
         for s in range(n):
+            # No buffer export (unlike lend()): close() unmaps even while a
+            # guard's view is alive, which the Guard's contract forbids using.
             view = np.ndarray(shape, layout.dtype, buffer=segment.buf, offset=layout.data_offset + s * layout.slot_stride)
             view.flags.writeable = writable
             self.slots.append(view)
+
+    def lend(self, slot: int, rows: int) -> np.ndarray:
+        """A new, writable array on the first ``rows`` rows of ``slot`` (the consumer's side).
+
+        Made afresh on the mapping at each call; its ``base`` is the object
+        every row of it points at, so ``sys.getrefcount(view.base)`` tells
+        whether any row is still alive (NOTE [lent blocks] in ``streamer``).
+        Rows outliving :meth:`close` stay valid: np.frombuffer holds a
+        buffer export, so ``Segment.close`` sees them and moves the slots
+        still lent to private memory (np.ndarray(buffer=...) holds none).
+        """
+        layout = self.layout
+        flat = np.frombuffer(
+            self.segment.buf,
+            layout.dtype,
+            count=rows * int(np.prod(layout.row_shape, dtype=np.int64)),
+            offset=layout.data_offset + slot * layout.slot_stride,
+        )
+        self._lent[slot] = flat
+        return flat.reshape((rows,) + layout.row_shape)
 
     # -- set-up ---------------------------------------------------------------
     @classmethod
@@ -152,7 +176,11 @@ class Ring:
         self._closed = True
         self.slots = []
         self._hdr = self._free_ring = self._ready_ring = self._meta = None  # type: ignore[assignment]
-        self.segment.close()
+        layout = self.layout
+        still_lent = [
+            (layout.data_offset + slot * layout.slot_stride, flat.nbytes) for slot, flat in list(self._lent.items())
+        ]
+        self.segment.close(keep=still_lent)
 
     # -- flags ----------------------------------------------------------------
     @property

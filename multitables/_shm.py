@@ -13,6 +13,15 @@ NOTE [segment lifetime]
     as a last safety net only. Nothing ever sweeps /dev/shm for names it did
     not create itself.
 
+    The owner's mapping holds no file descriptor (``mmap.mmap(fd)`` keeps a
+    dup of ``fd`` for as long as the object lives, and rows lent to the
+    caller keep it alive): an anonymous mapping reserves the addresses and
+    the segment is mapped over them with MAP_FIXED. When the owner closes a
+    segment whose memory the caller still holds (rows lent by the
+    generator), the ranges still in use are moved to private memory at the
+    same addresses (mremap over the old mapping, one atomic step), so the
+    caller's arrays stay valid while the segment is released at once.
+
     The space is checked against statvfs before anything is created, and the
     pages are reserved with posix_fallocate when the segment is created, so a
     /dev/shm that is too small fails here with a clear error rather than with
@@ -22,9 +31,12 @@ NOTE [segment lifetime]
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import secrets
+import sys
+from typing import Sequence
 
 from .errors import ShmSpaceError
 
@@ -36,6 +48,74 @@ try:  # CPython's own binding of shm_open/shm_unlink, used by multiprocessing.sh
     import _posixshmem
 except ImportError:  # pragma: no cover - non-POSIX platforms
     _posixshmem = None
+
+
+_MAP_FIXED = 0x10  # Linux's value; the mmap module does not export it
+_MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _load_libc() -> "ctypes.CDLL | None":
+    """libc with mmap/mremap/munmap typed, on Linux; None elsewhere (plain mmap.mmap is used then)."""
+    if not sys.platform.startswith("linux"):  # pragma: no cover
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc.mremap.restype = ctypes.c_void_p
+        libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        libc.munmap.restype = ctypes.c_int
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    except (OSError, AttributeError):  # pragma: no cover
+        return None
+    return libc
+
+
+_libc = _load_libc()
+
+
+def _address(buf: mmap.mmap) -> int:
+    """Where ``buf`` is mapped (the export made to ask is released before returning)."""
+    probe = ctypes.c_char.from_buffer(buf)
+    try:
+        return ctypes.addressof(probe)
+    finally:
+        del probe
+
+
+def _map_without_fd(fd: int, nbytes: int) -> mmap.mmap:
+    """Map ``fd`` shared and writable through an mmap object that keeps no descriptor of it."""
+    if _libc is None:  # pragma: no cover
+        return mmap.mmap(fd, nbytes)
+    buf = mmap.mmap(-1, nbytes)  # reserves the addresses; unmapping it later unmaps whatever is there
+    got = _libc.mmap(_address(buf), nbytes, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | _MAP_FIXED, fd, 0)
+    if got == _MAP_FAILED:
+        err = ctypes.get_errno()
+        buf.close()
+        raise OSError(err, f"mapping a shared-memory segment of {nbytes} bytes: {os.strerror(err)}")
+    return buf
+
+
+def _move_to_private(buf: mmap.mmap, nbytes: int, keep: Sequence[tuple[int, int]]) -> bool:
+    """Replace ``buf``'s mapping by private memory holding the same bytes in ``keep`` (offset, length).
+
+    Atomic for anyone reading those bytes: the copy is made elsewhere and
+    moved over the old mapping in one mremap. False where that cannot be
+    done (the mapping then stays as it was, which is safe).
+    """
+    if _libc is None:  # pragma: no cover
+        return False
+    new = _libc.mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    if new == _MAP_FAILED:
+        return False
+    addr = _address(buf)
+    for offset, length in keep:
+        ctypes.memmove(new + offset, addr + offset, length)
+    if _libc.mremap(new, nbytes, nbytes, _MREMAP_MAYMOVE | _MREMAP_FIXED, addr) == _MAP_FAILED:
+        _libc.munmap(new, nbytes)
+        return False
+    return True
 
 
 def shm_free_bytes() -> "int | None":
@@ -81,7 +161,8 @@ class Segment:
     """A shared-memory segment mapped into this process.
 
     The creating process owns it: it alone unlinks the name. ``buf`` is the
-    mapping; numpy views made on it keep it alive after :meth:`close`.
+    mapping; arrays holding a buffer export of it (``np.frombuffer``) keep
+    it mapped after :meth:`close`, until the last of them is gone.
     """
 
     def __init__(self, name: str, nbytes: int, buf: mmap.mmap, owner: bool) -> None:
@@ -111,7 +192,7 @@ class Segment:
         resource_tracker.register("/" + name, "shared_memory")
         try:
             _reserve(fd, nbytes, what)
-            buf = mmap.mmap(fd, nbytes)
+            buf = _map_without_fd(fd, nbytes)
         except BaseException:
             os.close(fd)
             _unlink(name)
@@ -126,7 +207,7 @@ class Segment:
             raise OSError("POSIX shared memory is not available on this platform")
         fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
         try:
-            buf = mmap.mmap(fd, nbytes)
+            buf = _map_without_fd(fd, nbytes)
         finally:
             os.close(fd)
         return cls(name, nbytes, buf, owner=False)
@@ -137,12 +218,18 @@ class Segment:
             self._linked = False
             _unlink(self.name)
 
-    def close(self) -> None:
-        """Unmap, unless numpy views still use the mapping (then their last one frees it)."""
+    def close(self, keep: "Sequence[tuple[int, int]] | None" = None) -> None:
+        """Unmap; where exported views still use the mapping, the last of them unmaps it.
+
+        ``keep`` (the owner's side): the byte ranges (offset, length) those
+        views may use. They are moved to private memory first, so the
+        segment is released now and the views keep their bytes.
+        """
         try:
             self.buf.close()
         except BufferError:
-            pass
+            if keep is not None and self.owner:
+                _move_to_private(self.buf, self.nbytes, keep)
 
 
 def _unlink(name: str) -> None:

@@ -1,4 +1,23 @@
-"""Streaming a dataset: the :class:`Streamer`, its direct-access :class:`Queue` and the row generator."""
+"""Streaming a dataset: the :class:`Streamer`, its direct-access :class:`Queue` and the row generator.
+
+NOTE [lent blocks]
+    The generator yields the rows of the readers' slots themselves: copying
+    each block out first took the consumer's time from the cores the
+    readers decode on (measured in BENCHMARKS.md). A slot is lent: it
+    goes back to the readers once no row of it is alive. Every row is a
+    view of one array made for that block (``Ring.lend``), so
+    ``sys.getrefcount`` on that array says whether the caller still holds
+    a row; it is checked for each lent block whenever the next block comes.
+    At most ``_LENT_BLOCKS`` are lent at once, and never every slot: the
+    block being yielded and the one before, whose last row a ``for``
+    loop's name still holds. A caller who keeps rows (``list(gen)``)
+    pins the blocks lent so far; from then on blocks are copied into two
+    private buffers in turn, so the readers are never starved of slots.
+    The last block of a pass is always copied: after the loop its last
+    row is still bound, and should not hold the ring. Rows the caller
+    still holds when the ring closes stay valid: their slots are moved
+    to private memory then (NOTE [segment lifetime] in ``_shm``).
+"""
 
 from __future__ import annotations
 
@@ -99,6 +118,10 @@ class Guard:
 #: sys.getrefcount of a block buffer nobody else holds: its list, a local name, the call's argument.
 _FREE_BUFFER_REFS = 3
 
+#: Blocks the generator lends at most at once (NOTE [lent blocks]): the one it yields and the one
+#: before, whose last row a ``for`` loop's name still holds when the next block's first row comes.
+_LENT_BLOCKS = 2
+
 
 class _InlineBackend:
     """Reads blocks in the consumer process, for datasets too small for processes to pay."""
@@ -176,6 +199,9 @@ class _RingBackend:
     def release(self, slot: int) -> None:
         self._ring.release(slot, self._pool.check)
 
+    def lend(self, slot: int, rows: int) -> np.ndarray:
+        return self._ring.lend(slot, rows)
+
     def close(self) -> None:
         self._pool.close()
 
@@ -245,6 +271,15 @@ class Queue:
     def __iter__(self) -> Iterator[Guard]:
         return self.iter()
 
+    @property
+    def _at_end(self) -> bool:
+        """Whether the last block of the pass has been handed out (never, for a cyclic stream)."""
+        return self._n_blocks is not None and self._delivered >= self._n_blocks
+
+    def _lend(self, guard: Guard) -> np.ndarray:
+        """A new writable array on ``guard``'s slot (ring streams only): NOTE [lent blocks]."""
+        return self._backend.lend(guard._slot, len(guard.block))  # type: ignore[union-attr]
+
     def _release(self, slot: int) -> None:
         with self._lock:
             self._held -= 1
@@ -266,6 +301,18 @@ class Queue:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _give_back_unused(lent: "list[tuple[Guard, np.ndarray]]") -> "list[tuple[Guard, np.ndarray]]":
+    """Release the lent blocks of which no row is alive any more; return the others."""
+    kept = []
+    for guard, base in lent:
+        # References when no row is alive: the entry, this loop's name, getrefcount's argument.
+        if sys.getrefcount(base) > 3:
+            kept.append((guard, base))
+        else:
+            guard.release()
+    return kept
 
 
 def _empty_block(spec: _StreamSpec) -> np.ndarray:
@@ -468,9 +515,11 @@ class Streamer:
     ) -> Iterator[np.ndarray]:
         """Iterate over the rows of ``path``: every row once per pass, remainder included.
 
-        Rows are in this process's private memory (copies of the readers'
-        blocks, or the blocks themselves when read in this process), so they
-        are safe to keep and to change.
+        Rows are yours: safe to keep and to change, and nothing overwrites
+        them while any row of their block is alive. They are views of the
+        block they came from: of the readers' slot itself while you hold no
+        more than a block or two (the slot returns to the readers once every
+        row of it is gone), else of a private copy (NOTE [lent blocks]).
         Arguments as for :meth:`get_queue`; they are checked now, and the
         readers start at the first ``next()``. Closing the generator (or
         dropping it) stops them.
@@ -492,23 +541,45 @@ class Streamer:
                     yield from rows
                     del rows
                 return
-            # Two private copies in turn: reuse the older one's memory unless the
-            # caller kept one of its rows (every row is a view holding a
-            # reference to it); a fresh 4 MiB array page-faults on every block.
-            # (The caller's loop variable still holds the newer one's last row.)
+            # Lend the slots themselves while the caller keeps no more than
+            # _LENT_BLOCKS of them, and never all (NOTE [lent blocks]).
+            lendable = min(_LENT_BLOCKS, spec.n_slots - 1)
+            lent: "list[tuple[Guard, np.ndarray]]" = []
+            # Otherwise two private copies in turn: reuse the older one's memory
+            # unless the caller kept one of its rows (every row is a view
+            # holding a reference to it); a fresh 4 MiB array page-faults on
+            # every block. (The caller's loop variable still holds the newer
+            # one's last row.)
             copies: "list[np.ndarray | None]" = [None, None]
             turn = 0
-            for guard in queue.iter():
-                with guard as block:
-                    owner = copies[turn]
-                    if owner is None or sys.getrefcount(owner) > _FREE_BUFFER_REFS or len(owner) < len(block):
-                        owner = copies[turn] = _empty_block(spec)
-                    rows = owner[: len(block)]
-                    np.copyto(rows, block)
-                del owner, block
-                turn ^= 1
-                yield from rows
-                del rows
+            try:
+                for guard in queue.iter():
+                    lent = _give_back_unused(lent)
+                    if len(lent) < lendable and not queue._at_end:
+                        rows = queue._lend(guard)
+                        lent.append((guard, rows.base))  # every row's base
+                        del guard
+                        yield from rows
+                        del rows
+                        continue
+                    with guard as block:
+                        owner = copies[turn]
+                        if owner is None or sys.getrefcount(owner) > _FREE_BUFFER_REFS or len(owner) < len(block):
+                            owner = copies[turn] = _empty_block(spec)
+                        rows = owner[: len(block)]
+                        np.copyto(rows, block)
+                    del owner, block
+                    turn ^= 1
+                    yield from rows
+                    del rows
+            finally:
+                # Give back the lent slots nobody holds, and close with the others
+                # still lent: given back, one could be refilled before the readers
+                # stop; closing moves them to private memory (NOTE [lent blocks]).
+                rows = None
+                lent = _give_back_unused(lent)
+                queue.close()
+                lent.clear()
 
     def get_batches(self, paths: "str | list[str]", batch_size: int, **kwargs: Any) -> "Batches":
         """Batches of rows of ``paths`` (equal lengths) for training loops: shuffled, sharded, resumable.

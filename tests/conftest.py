@@ -50,6 +50,17 @@ def fds_on() -> Callable[[Path], int]:
     return count
 
 
+@pytest.fixture
+def shm_mappings() -> Callable[[], list[str]]:
+    """``shm_mappings()``: what this process maps of the library's segments (names removed from /dev/shm included)."""
+
+    def mapped() -> list[str]:
+        with open("/proc/self/maps") as f:
+            return [line.split(None, 5)[5].strip() for line in f if f"/dev/shm/{SHM_PREFIX}" in line]
+
+    return mapped
+
+
 def _snapshot() -> dict[str, object]:
     me = psutil.Process()
     children = {c.pid for c in me.children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE}

@@ -7,6 +7,7 @@ import math
 import os
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -268,6 +269,72 @@ def test_generator_reuses_blocks_nobody_holds(make_array, monkeypatch: pytest.Mo
     total = sum(int(row.sum()) for row in gen)  # no row outlives its turn
     assert total == int(data.sum())
     assert len(made) <= 2  # two buffers used in turn for 25 blocks
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_generator_rows_kept_are_never_overwritten(data: st.DataObject) -> None:
+    """Whatever rows the caller keeps (and changes), nothing else writes to them, during the pass or after."""
+    n_rows = data.draw(st.integers(1, 300))
+    table = np.arange(n_rows * 4, dtype="<i4").reshape(n_rows, 4)  # row i starts with 4 * i
+    kwargs = dict(
+        n_procs=data.draw(st.integers(1, 3)),
+        block_size=data.draw(st.integers(1, n_rows)),
+        read_ahead=data.draw(st.one_of(st.none(), st.integers(1, 4))),
+        ordered=data.draw(st.booleans()),
+    )
+    keep = data.draw(st.lists(st.sampled_from(["drop", "keep", "change"]), min_size=n_rows, max_size=n_rows))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "d.h5"
+        write(path, table, FILTERS["zlib"], data.draw(st.integers(1, n_rows)))
+        kept: dict[int, np.ndarray] = {}
+        for row in multitables.Streamer(path).get_generator("/data", **kwargs):
+            i = int(row[0]) // 4
+            if keep[i] != "drop":
+                kept[i] = row
+            if keep[i] == "change":
+                row[:] = -i
+    for i, row in kept.items():
+        np.testing.assert_array_equal(row, -i if keep[i] == "change" else table[i])
+
+
+def test_a_plain_loop_gets_the_readers_slots_without_copies(make_array, monkeypatch: pytest.MonkeyPatch) -> None:
+    from multitables import streamer
+
+    made = []
+    real = streamer._empty_block
+    monkeypatch.setattr(streamer, "_empty_block", lambda spec: made.append(1) or real(spec))
+    data = np.arange(500 * 3, dtype="<i4").reshape(500, 3)
+    stream = multitables.Streamer(make_array(data, chunkshape=(10, 3)))
+    total = 0
+    for row in stream.get_generator("/data", n_procs=2, block_size=20):
+        total += int(row.sum())
+    assert total == int(data.sum())
+    # 25 blocks: every one lent but the last, which is copied so that the
+    # loop's name, still holding its last row, does not hold the ring.
+    assert len(made) == 1
+
+
+def test_rows_kept_past_close_stay_valid_and_the_ring_goes(
+    make_array, shm_mappings, no_leaks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from multitables import streamer
+
+    def close_late(queue: streamer.Queue, real=streamer.Queue.close) -> None:
+        time.sleep(0.3)  # time for the readers to refill any slot given back before the close
+        real(queue)
+
+    monkeypatch.setattr(streamer.Queue, "close", close_late)
+    data = np.arange(500 * 3, dtype="<i4").reshape(500, 3)
+    stream = multitables.Streamer(make_array(data, chunkshape=(10, 3)))
+    gen = stream.get_generator("/data", n_procs=2, block_size=20, ordered=True)
+    first, second = next(gen), next(gen)  # rows of a lent slot
+    assert shm_mappings()
+    gen.close()
+    assert shm_mappings() == []  # the ring is released although its rows live on
+    np.testing.assert_array_equal(np.array([first, second]), data[:2])
+    first[:] = 7  # still the caller's to change
+    np.testing.assert_array_equal(second, data[1])
 
 
 def test_cyclic_generator_wraps(make_array) -> None:

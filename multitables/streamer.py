@@ -303,15 +303,20 @@ class Queue:
         self.close()
 
 
+def _rows_alive(entry: "tuple[Guard, np.ndarray]") -> bool:
+    """Whether a row of a lent block (``(guard, base of its rows)``) is still alive somewhere."""
+    # References to the base when none is: the entry, and getrefcount's argument.
+    return sys.getrefcount(entry[1]) > 2
+
+
 def _give_back_unused(lent: "list[tuple[Guard, np.ndarray]]") -> "list[tuple[Guard, np.ndarray]]":
     """Release the lent blocks of which no row is alive any more; return the others."""
     kept = []
-    for guard, base in lent:
-        # References when no row is alive: the entry, this loop's name, getrefcount's argument.
-        if sys.getrefcount(base) > 3:
-            kept.append((guard, base))
+    for entry in lent:
+        if _rows_alive(entry):
+            kept.append(entry)
         else:
-            guard.release()
+            entry[0].release()
     return kept
 
 
@@ -573,13 +578,16 @@ class Streamer:
                     yield from rows
                     del rows
             finally:
-                # Give back the lent slots nobody holds, and close with the others
-                # still lent: given back, one could be refilled before the readers
-                # stop; closing moves them to private memory (NOTE [lent blocks]).
-                rows = None
-                lent = _give_back_unused(lent)
+                # Close with every lent slot still lent (given back now, one could be
+                # refilled before the readers stop), having dropped the arrays of
+                # those with no row alive: closing moves only the others to private
+                # memory (NOTE [lent blocks]). Releasing the guards after the close
+                # is a no-op.
+                rows = None  # type: ignore[assignment]
+                guards = [entry[0] for entry in lent]
+                lent = [entry for entry in lent if _rows_alive(entry)]
                 queue.close()
-                lent.clear()
+                del guards, lent
 
     def get_batches(self, paths: "str | list[str]", batch_size: int, **kwargs: Any) -> "Batches":
         """Batches of rows of ``paths`` (equal lengths) for training loops: shuffled, sharded, resumable.

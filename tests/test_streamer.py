@@ -214,6 +214,21 @@ def test_consumer_memory_stays_flat_over_twenty_rings(make_array) -> None:
     assert peak - base <= ring_bytes + (16 << 20)
 
 
+def test_consumer_memory_stays_flat_under_the_generator(make_array) -> None:
+    rows, block = 20 * 4 * 64, 64  # 20x a ring of 4 slots of 64 rows of 16 KiB = 4 MiB
+    data = np.random.default_rng(0).standard_normal((rows, 4096), dtype=np.float32)
+    stream = multitables.Streamer(make_array(data, complib="blosc", chunkshape=(64, 4096)))
+    me = psutil.Process()
+    gen = stream.get_generator("/data", n_procs=2, read_ahead=4, block_size=block)
+    next(gen)
+    base = peak = me.memory_info().rss
+    for i, row in enumerate(gen):
+        if i % block == 0:
+            peak = max(peak, me.memory_info().rss)
+    ring_bytes = 4 * block * 4096 * 4
+    assert peak - base <= ring_bytes + (16 << 20)
+
+
 def test_several_threads_share_one_queue_each_block_once(make_array) -> None:
     data = np.arange(3000 * 16, dtype="<i4").reshape(3000, 16)
     stream = multitables.Streamer(make_array(data, chunkshape=(25, 16)))

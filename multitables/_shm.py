@@ -13,10 +13,10 @@ NOTE [segment lifetime]
     as a last safety net only. Nothing ever sweeps /dev/shm for names it did
     not create itself.
 
-    The owner's mapping holds no file descriptor (``mmap.mmap(fd)`` keeps a
-    dup of ``fd`` for as long as the object lives, and rows lent to the
-    caller keep it alive): an anonymous mapping reserves the addresses and
-    the segment is mapped over them with MAP_FIXED. When the owner closes a
+    No mapping holds a file descriptor (``mmap.mmap(fd)`` keeps a dup of
+    ``fd`` for as long as the object lives, and rows lent to the caller
+    keep the owner's alive): an anonymous mapping reserves the addresses
+    and the segment is mapped over them with MAP_FIXED. When the owner closes a
     segment whose memory the caller still holds (rows lent by the
     generator), the ranges still in use are moved to private memory at the
     same addresses (mremap over the old mapping, one atomic step), so the
@@ -50,7 +50,7 @@ except ImportError:  # pragma: no cover - non-POSIX platforms
     _posixshmem = None
 
 
-_MAP_FIXED = 0x10  # Linux's value; the mmap module does not export it
+_MAP_FIXED = 0x10  # Linux's value on x86 and ARM; Python's mmap module does not export it
 _MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
 _MAP_FAILED = ctypes.c_void_p(-1).value
 

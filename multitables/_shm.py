@@ -50,7 +50,7 @@ except ImportError:  # pragma: no cover - non-POSIX platforms
     _posixshmem = None
 
 
-_MAP_FIXED = 0x10  # Linux's value on x86 and ARM; Python's mmap module does not export it
+_MAP_FIXED = 0x10  # Linux's value on most architectures (checked where used); Python's mmap module lacks it
 _MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
@@ -89,11 +89,16 @@ def _map_without_fd(fd: int, nbytes: int) -> mmap.mmap:
     if _libc is None:  # pragma: no cover
         return mmap.mmap(fd, nbytes)
     buf = mmap.mmap(-1, nbytes)  # reserves the addresses; unmapping it later unmaps whatever is there
-    got = _libc.mmap(_address(buf), nbytes, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | _MAP_FIXED, fd, 0)
+    addr = _address(buf)
+    got = _libc.mmap(addr, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | _MAP_FIXED, fd, 0)
     if got == _MAP_FAILED:
         err = ctypes.get_errno()
         buf.close()
         raise OSError(err, f"mapping a shared-memory segment of {nbytes} bytes: {os.strerror(err)}")
+    if got != addr:  # pragma: no cover - an architecture whose MAP_FIXED is another bit: plain mmap
+        _libc.munmap(got, nbytes)
+        buf.close()
+        return mmap.mmap(fd, nbytes)
     return buf
 
 

@@ -75,8 +75,13 @@ class RingLayout:
     dtype: np.dtype
 
     @property
+    def row_items(self) -> int:
+        """Elements of ``dtype`` in one row."""
+        return int(np.prod(self.row_shape, dtype=np.int64))
+
+    @property
     def slot_nbytes(self) -> int:
-        return self.block_size * int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize
+        return self.block_size * self.row_items * self.dtype.itemsize
 
     @property
     def slot_stride(self) -> int:
@@ -93,6 +98,10 @@ class RingLayout:
     @property
     def nbytes(self) -> int:
         return self.data_offset + self.n_slots * self.slot_stride
+
+    def slot_offset(self, slot: int) -> int:
+        """Where ``slot`` starts in the segment."""
+        return self.data_offset + slot * self.slot_stride
 
 
 @dataclass(frozen=True)
@@ -130,7 +139,7 @@ class Ring:
         for s in range(n):
             # No buffer export (unlike lend()): close() unmaps even while a
             # guard's view is alive, which the Guard's contract forbids using.
-            view = np.ndarray(shape, layout.dtype, buffer=segment.buf, offset=layout.data_offset + s * layout.slot_stride)
+            view = np.ndarray(shape, layout.dtype, buffer=segment.buf, offset=layout.slot_offset(s))
             view.flags.writeable = writable
             self.slots.append(view)
 
@@ -148,8 +157,8 @@ class Ring:
         flat = np.frombuffer(
             self.segment.buf,
             layout.dtype,
-            count=rows * int(np.prod(layout.row_shape, dtype=np.int64)),
-            offset=layout.data_offset + slot * layout.slot_stride,
+            count=rows * layout.row_items,
+            offset=layout.slot_offset(slot),
         )
         self._lent[slot] = flat
         return flat.reshape((rows,) + layout.row_shape)
@@ -176,10 +185,7 @@ class Ring:
         self._closed = True
         self.slots = []
         self._hdr = self._free_ring = self._ready_ring = self._meta = None  # type: ignore[assignment]
-        layout = self.layout
-        still_lent = [
-            (layout.data_offset + slot * layout.slot_stride, flat.nbytes) for slot, flat in list(self._lent.items())
-        ]
+        still_lent = [(self.layout.slot_offset(slot), flat.nbytes) for slot, flat in list(self._lent.items())]
         self.segment.close(keep=still_lent)
 
     # -- flags ----------------------------------------------------------------

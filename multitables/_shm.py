@@ -102,25 +102,23 @@ def _map_without_fd(fd: int, nbytes: int) -> mmap.mmap:
     return buf
 
 
-def _move_to_private(buf: mmap.mmap, nbytes: int, keep: Sequence[tuple[int, int]]) -> bool:
+def _move_to_private(buf: mmap.mmap, nbytes: int, keep: Sequence[tuple[int, int]]) -> None:
     """Replace ``buf``'s mapping by private memory holding the same bytes in ``keep`` (offset, length).
 
     Atomic for anyone reading those bytes: the copy is made elsewhere and
-    moved over the old mapping in one mremap. False where that cannot be
-    done (the mapping then stays as it was, which is safe).
+    moved over the old mapping in one mremap. Where that cannot be done the
+    mapping stays as it was, which is safe (it goes with its last view).
     """
     if _libc is None:  # pragma: no cover
-        return False
+        return
     new = _libc.mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
     if new == _MAP_FAILED:
-        return False
+        return
     addr = _address(buf)
     for offset, length in keep:
         ctypes.memmove(new + offset, addr + offset, length)
     if _libc.mremap(new, nbytes, nbytes, _MREMAP_MAYMOVE | _MREMAP_FIXED, addr) == _MAP_FAILED:
         _libc.munmap(new, nbytes)
-        return False
-    return True
 
 
 def shm_free_bytes() -> "int | None":

@@ -7,7 +7,9 @@ of the package; the underscored modules are internal.
 """
 
 from .errors import (
+    EmptyDatasetError,
     FileChangedError,
+    MissingFilterError,
     MultitablesError,
     NodeTypeError,
     NotHDF5Error,
@@ -36,6 +38,8 @@ __all__ = [
     "Guard",
     "QueueClosed",
     "MultitablesError",
+    "EmptyDatasetError",
+    "MissingFilterError",
     "FileChangedError",
     "NodeTypeError",
     "NotHDF5Error",

@@ -65,6 +65,25 @@ class NodeTypeError(MultitablesError, TypeError):
     """The node is not something that can be streamed (a Group, a VLArray...)."""
 
 
+class EmptyDatasetError(MultitablesError, ValueError):
+    """The dataset has no rows: there is nothing to stream or request."""
+
+
+class MissingFilterError(MultitablesError, OSError):
+    """No engine here can decode a filter the dataset was written with.
+
+    Raised before any reader starts. The message names the filter (name and
+    HDF5 id), the dataset, and what would provide it.
+
+    Attributes
+    ----------
+    filter_ids : tuple of int
+        The filters no engine can decode.
+    """
+
+    filter_ids: "tuple[int, ...]" = ()
+
+
 class StreamClosedError(MultitablesError, RuntimeError):
     """The queue or reader was used after ``close()``."""
 

@@ -16,12 +16,14 @@ checked before any reader starts, so a stream never fails over midway):
   and contiguous ones (read with one ``pread`` into the block);
 * element types whose stored bytes are the bytes h5py delivers: integers and
   IEEE floats of any byte order, booleans (PyTables' bitfields) and enums,
-  complex, fixed-length strings (null-terminated ones zero-padded after their
-  first NUL, as h5py's conversion does), and compounds and arrays of those;
+  complex, fixed-length strings (null-terminated and space-padded ones
+  converted as h5py's conversion does, :func:`~multitables._node.deliver_strings`),
+  HDF5 array elements, and compounds and arrays of those;
 * not compact, virtual or external storage, nor HDF5's option to leave
   partial edge chunks unfiltered.
 
-Chunks never written read as the dataset's fill value, as in HDF5.
+Chunks never written read as the dataset's fill value, as in HDF5 (zeros
+where HDF5 writes none, as h5py's reads give).
 
 ``cache="direct"`` reads the stored bytes with ``O_DIRECT`` (page-aligned
 buffers, aligned file ranges), past the page cache, with the stock wheels:
@@ -41,7 +43,7 @@ import numpy as np
 
 from ._chunkplan import ChunkGrid, ChunkPart, Extent, chunk_parts, coalesce
 from ._filters import ChunkDecodeError, FilterSpec, Pipeline, UnsupportedFilter, build_pipeline, filters_of
-from ._node import NodeInfo
+from ._node import NodeInfo, deliver_strings
 
 #: Where chunk bytes come from: the page cache, or the disk past it (``O_DIRECT``).
 CACHES = ("page", "direct")
@@ -58,10 +60,6 @@ INDEX_ALL_LIMIT = 1 << 17
 
 class Unsupported(Exception):
     """The chunk engine does not read this dataset; the message says why."""
-
-
-#: ``(offset, size, count)``: ``count`` consecutive null-terminated strings of ``size`` bytes at ``offset`` in an element.
-NullTerm = tuple[int, int, int]
 
 
 # ---------------------------------------------------------------------------
@@ -81,16 +79,13 @@ class Storage:
     offset: "int | None"
     #: One element of the fill value, as stored bytes.
     fill: bytes
-    #: Null-terminated strings in an element, which h5py delivers null-padded.
-    nullterm: tuple[NullTerm, ...] = ()
 
 
-def _type_problem(tid: Any, dt: np.dtype, offset: int = 0, nullterm: "list[NullTerm] | None" = None) -> "str | None":
+def _type_problem(tid: Any, dt: np.dtype) -> "str | None":
     """Why the stored bytes of HDF5 type ``tid`` are not the bytes h5py delivers as ``dt`` (None: they are).
 
-    Null-terminated strings are the one conversion the engine repeats: h5py
-    delivers them null-padded (every byte after the first NUL zeroed); their
-    places are appended to ``nullterm``.
+    Fixed-length strings are the one conversion the engine repeats
+    (:func:`~multitables._node.deliver_strings`), from the node's ``string_pads``.
     """
     import h5py
 
@@ -118,30 +113,15 @@ def _type_problem(tid: Any, dt: np.dtype, offset: int = 0, nullterm: "list[NullT
             return f"its floats are converted to the byte order of {dt}"
         return None
     if cls == h5t.ENUM:
-        return _type_problem(tid.get_super(), dt if dt.kind != "b" else np.dtype("i1"), offset, nullterm)
+        return _type_problem(tid.get_super(), dt if dt.kind != "b" else np.dtype("i1"))
     if cls == h5t.STRING:
         if tid.is_variable_str() or dt.kind != "S":
             return "it holds variable-length strings"
-        pad = tid.get_strpad()
-        if pad == h5t.STR_NULLTERM and nullterm is not None:
-            nullterm.append((offset, size, 1))
-        elif pad != h5t.STR_NULLPAD:
-            return "its strings are space-padded (h5py converts them)"
         return None
     if cls == h5t.ARRAY:
         if dt.subdtype is None or tuple(tid.get_array_dims()) != dt.subdtype[1]:
             return f"its array elements do not match {dt}"
-        base = dt.subdtype[0]
-        count = int(np.prod(dt.subdtype[1], dtype=np.int64))
-        found: list[NullTerm] = []
-        problem = _type_problem(tid.get_super(), base, 0, found)
-        if problem or nullterm is None or not found:
-            return problem
-        if found == [(0, base.itemsize, 1)]:  # an array of strings: one run
-            nullterm.append((offset, base.itemsize, count))
-        else:
-            nullterm.extend((offset + k * base.itemsize + o, n, c) for k in range(count) for o, n, c in found)
-        return None
+        return _type_problem(tid.get_super(), dt.subdtype[0])
     if cls == h5t.COMPOUND:
         n = tid.get_nmembers()
         if dt.kind == "c":
@@ -158,7 +138,7 @@ def _type_problem(tid: Any, dt: np.dtype, offset: int = 0, nullterm: "list[NullT
             field_dt, field_offset = dt.fields[name][:2]
             if tid.get_member_offset(i) != field_offset:
                 return f"its compound member {name!r} moves from offset {tid.get_member_offset(i)} to {field_offset}"
-            problem = _type_problem(tid.get_member_type(i), field_dt, offset + field_offset, nullterm)
+            problem = _type_problem(tid.get_member_type(i), field_dt)
             if problem:
                 return f"member {name!r}: {problem}"
         return None
@@ -166,17 +146,6 @@ def _type_problem(tid: Any, dt: np.dtype, offset: int = 0, nullterm: "list[NullT
         half = np.dtype(f"{dt.str[0]}f{dt.itemsize // 2}")
         return _type_problem(tid.get_super(), half)
     return f"its element type (HDF5 class {cls}) is converted by h5py"
-
-
-def pad_nullterm(rows: np.ndarray, nullterm: "Sequence[NullTerm]") -> None:
-    """Zero every byte after the first NUL of each null-terminated string in ``rows``, as h5py's conversion does."""
-    if not nullterm or rows.size == 0:
-        return
-    items = rows.reshape(-1).view(np.uint8).reshape(rows.size, rows.dtype.itemsize)
-    for offset, size, count in nullterm:
-        strings = items[:, offset : offset + size * count].reshape(rows.size, count, size)
-        after_nul = np.logical_or.accumulate(strings == 0, axis=2)
-        strings[after_nul] = 0
 
 
 @functools.lru_cache(maxsize=1)
@@ -222,23 +191,28 @@ def inspect_storage(ds: Any, node: NodeInfo) -> Storage:
 
     dsid = ds.id
     dcpl = dsid.get_create_plist()
-    nullterm: list[NullTerm] = []
-    problem = _type_problem(dsid.get_type(), np.dtype(node.file_dtype), 0, nullterm)
+    if node.h5py_problem:
+        raise Unsupported(node.h5py_problem)
+    problem = _type_problem(dsid.get_type(), np.dtype(node.file_dtype))
     if problem:
         raise Unsupported(problem)
     if dcpl.get_external_count():
         raise Unsupported("its data lives in external files")
     layout = dcpl.get_layout()
     shape = tuple(int(s) for s in dsid.shape)
+    # Where HDF5 writes no fill value (undefined, or never written), h5py's reads give zeros.
     fill = np.zeros(1, node.file_dtype)
-    if ds.fillvalue is not None:
-        fill[0] = ds.fillvalue
+    if dcpl.fill_value_defined() != h5py.h5d.FILL_VALUE_UNDEFINED and dcpl.get_fill_time() != h5py.h5d.FILL_TIME_NEVER:
+        try:
+            dcpl.get_fill_value(fill)
+        except (TypeError, ValueError, RuntimeError) as exc:  # e.g. array elements, which h5py converts
+            raise Unsupported(f"its fill value cannot be read as {node.file_dtype} ({exc})") from None
     filters = filters_of(dcpl)
     if layout == h5py.h5d.CONTIGUOUS:
         offset = dsid.get_offset()
         if offset is None:
             raise Unsupported("its storage was never written (it reads as fill values)")
-        return Storage(shape, None, filters, int(offset), fill.tobytes(), tuple(nullterm))
+        return Storage(shape, None, filters, int(offset), fill.tobytes())
     if layout != h5py.h5d.CHUNKED:
         raise Unsupported("its layout is compact or virtual")
     chunks = tuple(int(c) for c in ds.chunks)
@@ -248,7 +222,7 @@ def inspect_storage(ds: Any, node: NodeInfo) -> Storage:
         build_pipeline(filters, int(np.prod(chunks)) * node.file_dtype.itemsize, node.file_dtype.itemsize)
     except UnsupportedFilter as exc:
         raise Unsupported(str(exc)) from None
-    return Storage(shape, chunks, filters, None, fill.tobytes(), tuple(nullterm))
+    return Storage(shape, chunks, filters, None, fill.tobytes())
 
 
 def chunks_problem(node: NodeInfo, dataset: Any = None) -> "str | None":
@@ -421,6 +395,10 @@ class ChunkSource:
         storage = inspect_storage(ds, node)
         self._storage = storage
         self._dtype = np.dtype(node.file_dtype)
+        # Bytes are moved as opaque elements: numpy expands an array element type
+        # (``('<f8', (3,))``) into axes, which the chunk selections do not have.
+        self._edtype = self._dtype if self._dtype.subdtype is None else np.dtype((np.void, self._dtype.itemsize))
+        self._pads = node.string_pads
         self._file_row_shape = storage.shape[1:]
         self._row_nbytes = int(np.prod(self._file_row_shape, dtype=np.int64)) * self._dtype.itemsize
         self._field = node.field
@@ -442,7 +420,7 @@ class ChunkSource:
             self._index.release()
             self._h5file.close()
             self._h5file = None
-        self._fill = np.frombuffer(storage.fill, self._dtype)[0]
+        self._fill = np.frombuffer(storage.fill, self._edtype)[0]
 
     # -- reading -------------------------------------------------------------
 
@@ -458,13 +436,16 @@ class ChunkSource:
                 self._rows = np.empty((n,) + self._file_row_shape, self._dtype)
             rows = self._rows[:n]
             self._read_rows(start, stop, rows)
-            pad_nullterm(rows, self._storage.nullterm)
+            deliver_strings(rows, self._pads, self._dtype.itemsize)
             column = rows[self._field]  # rows x file row shape x the field's sub-array shape
             np.copyto(out.reshape(column.shape), column)
             return
-        rows = out.reshape((n,) + self._file_row_shape)
+        if self._edtype is self._dtype:
+            rows = out.reshape((n,) + self._file_row_shape)
+        else:
+            rows = out.reshape(-1).view(np.uint8).view(self._edtype).reshape((n,) + self._file_row_shape)
         self._read_rows(start, stop, rows)
-        pad_nullterm(rows, self._storage.nullterm)
+        deliver_strings(rows, self._pads, self._dtype.itemsize)
 
     def prefetch(self, start: int, stop: int) -> None:
         """Start reading the stored bytes of rows ``[start, stop)`` into the page cache; returns at once.
@@ -556,7 +537,7 @@ class ChunkSource:
     def _place(self, part: ChunkPart, chunk: np.ndarray, out: np.ndarray, kept: dict, stop: int) -> None:
         """Copy the part of a decoded chunk into ``out``; keep the chunk if the next block starts inside it."""
         assert self._grid is not None and self._storage.chunks is not None
-        elements = chunk.view(self._dtype).reshape(self._storage.chunks)
+        elements = chunk.view(self._edtype).reshape(self._storage.chunks)
         np.copyto(out[part.out_sel], elements[part.chunk_sel])
         chunk_stop = self._grid.origin(part.index)[0] + self._storage.chunks[0]
         if stop < min(chunk_stop, self._grid.shape[0]):

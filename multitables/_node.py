@@ -15,16 +15,23 @@ from typing import Any
 
 import numpy as np
 
-from .errors import NodeTypeError, NotHDF5Error
+from .errors import EmptyDatasetError, NodeTypeError, NotHDF5Error
+
+#: ``(offset, size, count, pad)``: ``count`` consecutive fixed-length strings of
+#: ``size`` bytes at byte ``offset`` of an element, padded as ``pad`` says
+#: (``"nullterm"`` or ``"spacepad"``).
+StringPad = tuple[int, int, int, str]
 
 
 @dataclass(frozen=True)
 class NodeInfo:
     """What the readers and the consumer need to know about one streamed node.
 
-    ``dtype`` and ``row_shape`` describe the rows as delivered: for a ``field``
-    of a table whose column is a sub-array, the sub-array's shape is part of
-    ``row_shape`` and ``dtype`` is its element type.
+    ``dtype`` and ``row_shape`` describe the rows as delivered, as h5py's
+    ``dataset[()]`` has them: for a ``field`` of a table whose column is a
+    sub-array, or for a dataset of HDF5 array elements (PyTables'
+    multidimensional atoms), the sub-array's shape is part of ``row_shape``
+    and ``dtype`` is its element type. ``file_dtype`` is one stored element.
     """
 
     filename: str
@@ -37,6 +44,15 @@ class NodeInfo:
     chunk_rows: "int | None"
     filter_ids: tuple[int, ...]
     is_table: bool
+    #: The filters' names as the file gives them, in the order of ``filter_ids``.
+    filter_names: tuple[str, ...] = ()
+    #: Strings in a stored element that h5py converts (see :func:`deliver_strings`).
+    string_pads: tuple[StringPad, ...] = ()
+    #: HDF5 writes nothing where storage was never allocated and the fill value is
+    #: undefined or never written: readers zero those rows first, as h5py does.
+    zero_first: bool = False
+    #: Why h5py cannot read the element type (None: it can); PyTables then describes the node.
+    h5py_problem: "str | None" = None
 
     @property
     def row_nbytes(self) -> int:
@@ -50,6 +66,60 @@ class NodeInfo:
         if self.field is None:
             return None
         return np.dtype([(self.field, self.file_dtype.fields[self.field][0])])
+
+    @property
+    def delivered_pads(self) -> tuple[int, tuple[StringPad, ...]]:
+        """The bytes of one delivered element (the field's, with a field), and :attr:`string_pads` within it."""
+        if self.field is None:
+            return self.file_dtype.itemsize, self.string_pads
+        fdt, foff = self.file_dtype.fields[self.field][:2]
+        return fdt.itemsize, tuple((o - foff, n, c, p) for o, n, c, p in self.string_pads if foff <= o < foff + fdt.itemsize)
+
+
+def deliver_strings(rows: np.ndarray, pads: "tuple[StringPad, ...]", element_nbytes: "int | None" = None) -> None:
+    """Make the stored bytes of ``rows``' strings what h5py delivers, in place.
+
+    HDF5 converts a null-terminated string to numpy's null padding by zeroing
+    every byte from its first NUL, and a space-padded one by zeroing its
+    trailing spaces (``b'sweet  '`` -> ``b'sweet'``); engines that deliver
+    stored bytes (the chunk engine, PyTables) call this. ``pads`` are places
+    in one element of ``element_nbytes`` bytes (default: ``rows``' item; an
+    HDF5 array element spans several numpy items). Idempotent.
+    """
+    if not pads or rows.size == 0:
+        return
+    items = rows.reshape(-1).view(np.uint8).reshape(-1, element_nbytes or rows.dtype.itemsize)
+    for offset, size, count, pad in pads:
+        strings = items[:, offset : offset + size * count].reshape(len(items), count, size)
+        if pad == "nullterm":
+            strings[np.logical_or.accumulate(strings == 0, axis=2)] = 0
+        else:  # spacepad: the run of spaces at the end
+            strings[np.logical_and.accumulate((strings == 32)[:, :, ::-1], axis=2)[:, :, ::-1]] = 0
+
+
+def _string_pads(tid: Any, offset: int = 0) -> list[StringPad]:
+    """Where the HDF5 type ``tid`` holds fixed-length strings that h5py converts (null-terminated or space-padded)."""
+    import h5py
+
+    h5t = h5py.h5t
+    cls = tid.get_class()
+    if cls == h5t.STRING and not tid.is_variable_str():
+        pad = {h5t.STR_NULLTERM: "nullterm", h5t.STR_SPACEPAD: "spacepad"}.get(tid.get_strpad())
+        return [(offset, tid.get_size(), 1, pad)] if pad else []
+    if cls == h5t.ARRAY:
+        base = tid.get_super()
+        size, count = base.get_size(), math.prod(tid.get_array_dims())
+        inner = _string_pads(base)
+        if len(inner) == 1 and inner[0][:3] == (0, size, 1):  # an array of strings: one run
+            return [(offset, size, count, inner[0][3])]
+        return [(offset + k * size + o, n, c, p) for k in range(count) for o, n, c, p in inner]
+    if cls == h5t.COMPOUND:
+        return [
+            pad
+            for i in range(tid.get_nmembers())
+            for pad in _string_pads(tid.get_member_type(i), offset + tid.get_member_offset(i))
+        ]
+    return []
 
 
 def _has_object(dt: np.dtype) -> bool:
@@ -148,11 +218,51 @@ def _file_access() -> Any:
     return fapl
 
 
+def _tables_dtype(filename: str, path: str) -> np.dtype:
+    """The element dtype PyTables reads ``path`` with: for types h5py has no numpy type for (HDF5 time, quad precision)."""
+    import tables
+
+    with tables.open_file(filename, "r") as f:
+        leaf = f.get_node(path)
+        if isinstance(leaf, tables.Table):
+            return np.dtype(leaf.dtype)
+        atom = getattr(leaf, "atom", None)
+        if atom is None or isinstance(leaf, tables.VLArray):
+            raise NodeTypeError(f"{path!r} in {filename!r} is a {type(leaf).__name__}; only rows of fixed size can be read")
+        return np.dtype(atom.dtype)
+
+
+def _fill_may_leave_holes(dsid: Any, plist: Any) -> bool:
+    """Whether HDF5 leaves parts of a read untouched: unallocated storage, and no fill value written there."""
+    import h5py
+
+    if plist.fill_value_defined() != h5py.h5d.FILL_VALUE_UNDEFINED and plist.get_fill_time() != h5py.h5d.FILL_TIME_NEVER:
+        return False
+    layout = plist.get_layout()
+    if layout == h5py.h5d.CONTIGUOUS:
+        return dsid.get_offset() is None
+    if layout == h5py.h5d.CHUNKED:
+        chunks = plist.get_chunk()
+        expected = math.prod(-(-int(n) // int(c)) for n, c in zip(dsid.shape, chunks))
+        return dsid.get_num_chunks() < expected
+    return False
+
+
 def _describe(filename: str, path: str, field: "str | None", ds: Any) -> NodeInfo:
     import h5py
 
     where = f"{path!r} in {filename!r}"
-    dt: np.dtype = ds.dtype
+    h5py_problem = None
+    try:
+        dt: np.dtype = ds.dtype
+    except (TypeError, ValueError) as exc:  # HDF5 time types, quad precision: PyTables maps them
+        h5py_problem = f"h5py has no numpy type for its elements ({exc})"
+        try:
+            dt = _tables_dtype(filename, path)
+        except NodeTypeError:
+            raise
+        except Exception as texc:
+            raise NodeTypeError(f"{where} cannot be read: {h5py_problem}, and PyTables cannot open it ({texc})") from texc
     # Asked once: h5py's ``Dataset.shape`` asks HDF5 for the dataspace on every
     # call (~20 us), a cost a 1 MB file notices.
     shape = ds.shape
@@ -165,9 +275,12 @@ def _describe(filename: str, path: str, field: "str | None", ds: Any) -> NodeInf
         )
     n_rows = int(shape[0])
     if n_rows == 0:
-        raise ValueError(f"{where} is empty (0 rows); there is nothing to stream")
+        raise EmptyDatasetError(f"{where} is empty (0 rows); there is nothing to stream")
     row_shape = tuple(int(s) for s in shape[1:])
     out_dtype = dt
+    if dt.subdtype is not None:  # HDF5 array elements: h5py delivers their axes after the dataset's
+        out_dtype, sub = dt.subdtype
+        row_shape = row_shape + tuple(sub)
     if field is not None:
         if dt.names is None:
             raise KeyError(f"field={field!r} given, but {where} is not a table (its rows have no fields)")
@@ -180,7 +293,10 @@ def _describe(filename: str, path: str, field: "str | None", ds: Any) -> NodeInf
         else:
             out_dtype = fdt
     plist = ds.id.get_create_plist()
-    filter_ids = tuple(int(plist.get_filter(i)[0]) for i in range(plist.get_nfilters()))
+    filters = [plist.get_filter(i) for i in range(plist.get_nfilters())]
+    filter_ids = tuple(int(f[0]) for f in filters)
+    filter_names = tuple(f[3].decode("utf-8", "replace") if isinstance(f[3], bytes) else str(f[3]) for f in filters)
+    pads = () if h5py_problem else tuple(_string_pads(ds.id.get_type()))
     chunks = plist.get_chunk() if plist.get_layout() == h5py.h5d.CHUNKED else None
     return NodeInfo(
         filename=filename,
@@ -193,4 +309,8 @@ def _describe(filename: str, path: str, field: "str | None", ds: Any) -> NodeInf
         chunk_rows=int(chunks[0]) if chunks else None,
         filter_ids=filter_ids,
         is_table=dt.names is not None,
+        filter_names=filter_names,
+        string_pads=pads,
+        zero_first=_fill_may_leave_holes(ds.id, plist),
+        h5py_problem=h5py_problem,
     )

@@ -213,12 +213,16 @@ class _H5pyRows:
         self._id = ds.id
         self._fspace = self._id.get_space()
         self._file_row = tuple(int(d) for d in ds.shape[1:])
-        self._field_dtype = node.field_read_dtype
-        self._mtype = h5t.py_create(self._field_dtype) if self._field_dtype is not None else None
+        # Read by the file's element type (HDF5 array elements are numpy axes), or one field of it.
+        self._read_dtype = node.field_read_dtype if node.field is not None else node.file_dtype
+        self._mtype = h5t.py_create(self._read_dtype)
+        self._zero_first = node.zero_first
 
     def read(self, rows: np.ndarray, out: np.ndarray, stopped: Callable[[], bool]) -> None:
         if out.nbytes == 0:
             return
+        if self._zero_first:  # HDF5 leaves unallocated storage untouched; h5py's reads give zeros
+            out.reshape(-1).view(np.uint8).fill(0)
         h5s, fs, row = self._h5s, self._fspace, self._file_row
         zeros = (0,) * len(row)
         bounds = run_bounds(rows)
@@ -232,9 +236,7 @@ class _H5pyRows:
                 fs.select_hyperslab((lo,) + zeros, (last + 1 - lo,) + row, op=op)
                 op = h5s.SELECT_OR
             i0, i1 = idx[r0], idx[r1]
-            dest = out[i0:i1]
-            if self._field_dtype is not None:
-                dest = np.ndarray((i1 - i0,), self._field_dtype, buffer=dest)
+            dest = np.ndarray((i1 - i0,) + row, self._read_dtype, buffer=out[i0:i1])
             self._id.read(h5s.create_simple((i1 - i0,) + row), fs, dest, self._mtype)
             if stopped():
                 raise _Stopped

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ._engines import ENGINES, open_source, resolve_engine
+from ._engines import ENGINES, resolve_engine
 from ._node import NodeInfo, check_file, inspect_node
 from ._plan import available_cpus
 from ._reader_process import file_signature
@@ -198,8 +198,6 @@ class Reader:
         core.check_open()
         node = inspect_node(core.filename, path)
         engine = resolve_engine(core.engine, node, core.open_kwargs)
-        if engine == "tables" and core.open_kwargs:
-            open_source("tables", node, core.open_kwargs).close()  # a bad PyTables option fails here
         return Dataset(self, node, engine)
 
     def request(self, request: "Request", stage: "Stage | StagePool", *, timeout: "float | None" = None) -> "Future":

@@ -339,8 +339,11 @@ class Streamer:
         decodes zlib 1.8x and blosc 2.3x faster per core than the PyTables
         wheel. ``auto`` takes ``chunks`` where it reads the node and was
         measured faster (deflate and lzf, contiguous storage), else h5py, and
-        PyTables when PyTables open options are given or h5py lacks a filter.
-        :attr:`Queue.engine` says which engine reads.
+        PyTables when PyTables open options are given or only PyTables reads
+        the dataset. :attr:`Queue.engine` says which engine reads. Every
+        engine delivers what h5py's ``dataset[()]`` gives, or refuses the
+        dataset before any reader starts (:class:`MissingFilterError` for a
+        filter nothing here decodes).
     cache : {"page", "direct"}
         ``direct`` reads chunk bytes with ``O_DIRECT``, past the page cache
         (chunk engine only; with the stock wheels, no HDF5 rebuild needed).
@@ -406,8 +409,6 @@ class Streamer:
         node, dataset = open_node(self._filename, path, field)
         try:
             engine = self._resolve(node, dataset)
-            if engine == "tables" and self._open_kwargs:
-                self._check_tables_open(node)
             if n_procs is None:
                 cpus = available_cpus()
                 nbytes = node.n_rows * node.row_nbytes
@@ -436,11 +437,6 @@ class Streamer:
                 f"(it would be read by {engine!r})"
             )
         return engine
-
-    def _check_tables_open(self, node: NodeInfo) -> None:
-        """Open once here with the user's PyTables options, so a bad option fails before any process starts."""
-        source = open_source("tables", node, self._open_kwargs)
-        source.close()
 
     def get_queue(
         self,

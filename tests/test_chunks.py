@@ -13,7 +13,7 @@ import hdf5plugin
 import numpy as np
 import pytest
 import tables
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import multitables
@@ -304,13 +304,31 @@ def _expect_h5py(path: Path, reason: str) -> None:
         src.close()
 
 
-def test_space_padded_strings_are_left_to_h5py(tmp_path: Path) -> None:
+_STRING_BYTES = st.lists(st.binary(min_size=4, max_size=4).map(lambda b: b.replace(b"\x01", b" ").replace(b"\x02", b"\0")), min_size=1, max_size=30)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stored=_STRING_BYTES, pad=st.sampled_from(["STR_SPACEPAD", "STR_NULLTERM", "STR_NULLPAD"]), chunked=st.booleans())
+def test_fixed_length_strings_read_as_h5py_converts_them(tmp_path: Path, stored: list, pad: str, chunked: bool) -> None:
+    """Space-padded and null-terminated strings, spaces and NULs anywhere: the bytes h5py delivers."""
     tid = h5py.h5t.C_S1.copy()
     tid.set_size(4)
-    tid.set_strpad(h5py.h5t.STR_SPACEPAD)
-    path = tmp_path / "spacepad.h5"
-    _create_with_type(path, tid, np.array([b"ab", b"abcd", b""], "S4"))
-    _expect_h5py(path, "space-padded")
+    tid.set_strpad(getattr(h5py.h5t, pad))
+    path = tmp_path / "strings.h5"
+    dcpl = None
+    if chunked:
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_chunk((min(7, len(stored)),))
+    _create_with_type(path, tid, np.array(stored, "S4"), dcpl)  # same file and memory type: stored as given
+    node = inspect_node(path, "/data")
+    assert resolve_engine("chunks", node, {}) == "chunks"
+    src = ChunkSource(node)
+    try:
+        out = np.full(len(stored), b"\xff\xff\xff\xff", "S4")
+        src.read_into(0, len(stored), out)
+    finally:
+        src.close()
+    assert out.tobytes() == read_like_h5py(path)(0, len(stored)).tobytes()
 
 
 def test_integers_of_fewer_bits_than_their_size_are_left_to_h5py(tmp_path: Path) -> None:

@@ -137,6 +137,8 @@ def _pytables_numpy_like(key: object, ndim: int) -> bool:
     arrays = [e for e in entries if isinstance(e, (list, np.ndarray))]
     if len(arrays) > 1 or (arrays and not isinstance(key, tuple) and ndim > 1):
         return False
+    if arrays and any(isinstance(e, (int, np.integer)) for e in entries):
+        return False  # numpy moves the broadcast axes of [0, ..., [0]] first; PyTables keeps them in place
     for a in arrays:
         a = np.asarray(a)
         if a.dtype == bool or len(a) == 0 or (np.diff(a) <= 0).any() or (a < 0).any():

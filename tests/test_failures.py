@@ -32,6 +32,8 @@ from multitables import QueueClosed, ReaderError, ShmSpaceError, Streamer
 from multitables._shm import SHM_PREFIX, Segment
 from multitables.errors import FileChangedError, MultitablesError
 
+from _readall import hang_guard
+
 N_ROWS = 20_000
 ROW = 16
 CHUNK = 500  # rows per chunk and per block: 40 blocks of 32 KiB
@@ -52,19 +54,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
-def hang_guard() -> Iterator[None]:
+def _hang_guard(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail a test that hangs (pytest-timeout is not a dependency); a guard, not a behavioural limit."""
-
-    def hung(signum: int, frame: Any) -> None:
-        pytest.fail(f"hung for {TEST_GUARD:.0f} s", pytrace=True)
-
-    previous = signal.signal(signal.SIGALRM, hung)
-    signal.setitimer(signal.ITIMER_REAL, TEST_GUARD)
-    try:
+    with hang_guard(TEST_GUARD, request.node.name):
         yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture

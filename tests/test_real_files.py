@@ -1,0 +1,337 @@
+"""Real files (issue #15): what h5py and PyTables write, every engine reads as h5py does, or refuses up front.
+
+Each test writes a small file with h5py or PyTables (or takes one PyTables
+ships) and reads it with every engine ("auto", "chunks", "h5py", "tables"),
+directly (the queue's blocks), as a generator (one reader process) and
+through a Reader (all rows, then rows [n-1, 0]).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Iterator
+
+import h5py
+import numpy as np
+import psutil
+import pytest
+import tables
+
+import multitables
+from _readall import ENGINES, MissingFilterError, h5py_reference, hang_guard, read_all
+
+#: PyTables' own test files: real inputs written by others (never copied into this repository).
+TABLES_TESTS = Path(tables.__file__).parent / "tests"
+#: Guards against a hang only.
+TEST_GUARD = 60.0
+
+
+@pytest.fixture(autouse=True)
+def _guard(request: pytest.FixtureRequest) -> Iterator[None]:
+    with hang_guard(TEST_GUARD, request.node.name):
+        yield
+
+
+def assert_reads_as_h5py(path: Path, name: str, fields: "tuple[str, ...]" = (), may_refuse: "tuple[str, ...]" = ()) -> None:
+    """Every engine, every mode: the rows h5py's ``ds[()]`` has (and each column, as ``ds.fields(col)[()]``).
+
+    The engines in ``may_refuse`` may instead refuse up front (a MultitablesError naming the node).
+    """
+    tables_ = [read_all(path, name, h5py_reference(path, name))]
+    tables_ += [read_all(path, name, h5py_reference(path, name, col), field=col) for col in fields]
+    problems = [line for table in tables_ for line in table.not_read(may_refuse, naming=name)]
+    assert not problems, "\n".join(problems)
+
+
+def pytables_file(name: str) -> Path:
+    path = TABLES_TESTS / name
+    if not path.exists():
+        pytest.skip(f"this tables wheel ships no {name}")
+    return path
+
+
+# -- 1. an extendable dimension that is not the first ---------------------------
+
+
+def test_extendable_dimension_not_first(tmp_path: Path, no_leaks: None) -> None:
+    path = tmp_path / "maxshape.h5"
+    data = np.arange(100, dtype="<i8").reshape(10, 10)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data", data=data, maxshape=(10, None))  # PyTables' main dimension would be 1
+    assert_reads_as_h5py(path, "/data")
+
+
+# -- 2. storage never written ---------------------------------------------------
+
+
+def test_contiguous_storage_never_written_reads_the_fill_value(tmp_path: Path, no_leaks: None) -> None:
+    path = tmp_path / "unwritten.h5"
+    with h5py.File(path, "w") as f:
+        ds = f.create_dataset("data", shape=(20, 3), dtype="<i4", fillvalue=7)
+        assert ds.chunks is None and ds.id.get_storage_size() == 0
+        assert (ds[()] == 7).all()
+    assert_reads_as_h5py(path, "/data")
+
+
+# -- 3. fixed-length strings that are not null-padded ---------------------------
+
+
+def _string_dataset(path: Path, pad: int, stored: list[bytes]) -> None:
+    """A dataset of 7-byte strings with ``pad``, holding exactly the bytes ``stored`` (written with no conversion)."""
+    tid = h5py.h5t.C_S1.copy()
+    tid.set_size(7)
+    tid.set_strpad(pad)
+    raw = np.array(stored, "S7")
+    with h5py.File(path, "w") as f:
+        ds = f.create_dataset("data", shape=raw.shape, dtype=h5py.Datatype(tid))
+        ds.id.write(h5py.h5s.ALL, h5py.h5s.ALL, raw, mtype=tid)
+        back = np.empty_like(raw)
+        ds.id.read(h5py.h5s.ALL, h5py.h5s.ALL, back, mtype=tid)
+        assert [bytes(b).ljust(7, b"\0") for b in back] == [s.ljust(7, b"\0") for s in stored]
+
+
+def test_space_padded_strings(tmp_path: Path, no_leaks: None) -> None:
+    path = tmp_path / "spacepad.h5"
+    _string_dataset(path, h5py.h5t.STR_SPACEPAD, [b"sweet  ", b"ab     ", b"sevench", b"  lead "])
+    assert list(h5py_reference(path, "/data")) == [b"sweet", b"ab", b"sevench", b"  lead"]
+    assert_reads_as_h5py(path, "/data")
+
+
+def test_null_terminated_strings_end_at_the_first_nul(tmp_path: Path, no_leaks: None) -> None:
+    path = tmp_path / "nullterm.h5"
+    _string_dataset(path, h5py.h5t.STR_NULLTERM, [b"ab\0xyz\0", b"sweet\0\0", b"sevench", b"\0abcdef"])
+    assert list(h5py_reference(path, "/data")) == [b"ab", b"sweet", b"sevench", b""]
+    assert_reads_as_h5py(path, "/data")
+
+
+# -- 4. an undefined fill value -------------------------------------------------
+
+
+def _h5py_hdf5() -> ctypes.CDLL:
+    """The HDF5 library h5py itself loaded (ids from h5py are valid there)."""
+    with open("/proc/self/maps") as maps:
+        libs = sorted({line.split()[-1] for line in maps if "/libhdf5" in line and "_hl" not in line})
+    h5py_dir = Path(h5py.__file__).resolve().parent
+    mine = [lib for lib in libs if Path(lib).parent.name == "h5py.libs" and Path(lib).parent.parent == h5py_dir.parent]
+    if len(mine) != 1:
+        pytest.skip(f"cannot tell which of the loaded HDF5 libraries is h5py's: {libs}")
+    lib = ctypes.CDLL(mine[0])
+    lib.H5Pset_fill_value.argtypes = [ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    lib.H5Pset_fill_value.restype = ctypes.c_int
+    return lib
+
+
+@pytest.mark.parametrize("chunks", [None, (4, 3)], ids=["contiguous", "chunked"])
+def test_undefined_fill_value(tmp_path: Path, no_leaks: None, chunks: "tuple[int, ...] | None") -> None:
+    # H5Pset_fill_value(dcpl, type, NULL) leaves the fill value undefined
+    # (H5D_FILL_VALUE_UNDEFINED); h5py cannot say it (PropDCID.set_fill_value
+    # takes an array, never None), so it is called in h5py's own HDF5 library.
+    path = tmp_path / "undefined-fill.h5"
+    data = np.arange(30, dtype="<i4").reshape(10, 3)
+    with h5py.File(path, "w") as f:
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        if chunks:
+            dcpl.set_chunk(chunks)
+        assert _h5py_hdf5().H5Pset_fill_value(dcpl.id, h5py.h5t.NATIVE_INT32.id, None) >= 0
+        dsid = h5py.h5d.create(f.id, b"data", h5py.h5t.STD_I32LE, h5py.h5s.create_simple(data.shape), dcpl=dcpl)
+        h5py.Dataset(dsid)[...] = data
+    with h5py.File(path, "r") as f:
+        assert f["data"].id.get_create_plist().fill_value_defined() == h5py.h5d.FILL_VALUE_UNDEFINED
+    assert_reads_as_h5py(path, "/data")
+
+
+@pytest.mark.parametrize(
+    "name, node",
+    [
+        ("ex-noattr.h5", "/columns/TDC"),
+        ("ex-noattr.h5", "/detector/table"),
+        ("attr-u16.h5", "/wfm_group0/axes/axis1/data_vector/data"),
+    ],
+    ids=["contiguous", "chunked-table", "chunked-deflate"],
+)
+def test_undefined_fill_value_in_pytables_files(no_leaks: None, name: str, node: str) -> None:
+    path = pytables_file(name)
+    with h5py.File(path, "r") as f:
+        assert f[node].id.get_create_plist().fill_value_defined() == h5py.h5d.FILL_VALUE_UNDEFINED
+    assert_reads_as_h5py(path, node)
+
+
+# -- 5. array element types -----------------------------------------------------
+
+
+def test_h5py_array_element_type(tmp_path: Path, no_leaks: None) -> None:
+    path = tmp_path / "vectors.h5"
+    with h5py.File(path, "w") as f:
+        ds = f.create_dataset("data", shape=(5, 5), dtype=np.dtype(("<f8", (3,))))
+        ds[...] = np.arange(75.0).reshape(5, 5, 3)
+    ref = h5py_reference(path, "/data")
+    assert ref.shape == (5, 5, 3) and ref.dtype == np.float64
+    assert_reads_as_h5py(path, "/data")
+
+
+@pytest.mark.parametrize("kind", ["earray", "carray"])
+def test_pytables_multidimensional_atom(tmp_path: Path, no_leaks: None, kind: str) -> None:
+    path = tmp_path / "mdatom.h5"
+    data = np.arange(75.0).reshape(5, 5, 3)
+    with tables.open_file(path, "w") as f:
+        atom = tables.Float64Atom(shape=(3,))
+        if kind == "earray":
+            f.create_earray("/", "data", atom=atom, shape=(0, 5)).append(data)
+        else:
+            f.create_carray("/", "data", atom=atom, shape=(5, 5))[:] = data
+    np.testing.assert_array_equal(h5py_reference(path, "/data"), data)
+    assert_reads_as_h5py(path, "/data")
+
+
+# -- 6. compounds ---------------------------------------------------------------
+
+
+def _compound_file(path: Path, dtype: np.dtype, n: int = 50) -> np.ndarray:
+    rows = np.zeros(n, dtype)
+    for i, name in enumerate(dtype.names):
+        _fill(rows[name], i)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data", data=rows, chunks=(16,))
+    return rows
+
+
+def _fill(column: np.ndarray, seed: int) -> None:
+    if column.dtype.names:
+        for i, name in enumerate(column.dtype.names):
+            _fill(column[name], 10 * seed + i)
+    else:
+        column[...] = (np.arange(column.size).reshape(column.shape) * (seed + 1.5)).astype(column.dtype)
+
+
+def test_big_endian_compound(tmp_path: Path, no_leaks: None) -> None:
+    path = tmp_path / "be.h5"
+    _compound_file(path, np.dtype([("a", ">i4"), ("b", ">f8")]))
+    assert_reads_as_h5py(path, "/data", fields=("a", "b"))
+
+
+def test_compound_with_padding(tmp_path: Path, no_leaks: None) -> None:
+    path = tmp_path / "padded.h5"
+    dtype = np.dtype({"names": ["a", "b", "c"], "formats": ["<u2", "<f8", "S3"], "offsets": [2, 8, 20], "itemsize": 32})
+    _compound_file(path, dtype)
+    assert h5py_reference(path, "/data").dtype.itemsize == 32
+    assert_reads_as_h5py(path, "/data", fields=("a", "b", "c"))
+
+
+def test_nested_compound_with_gaps(tmp_path: Path, no_leaks: None) -> None:
+    path = tmp_path / "nested.h5"
+    inner = np.dtype({"names": ["char", "double"], "formats": ["i1", "<f8"], "offsets": [2, 4], "itemsize": 12})
+    dtype = np.dtype(
+        {"names": ["float", "compound", "v"], "formats": ["<f4", inner, ("<i2", (2,))], "offsets": [1, 7, 21], "itemsize": 28}
+    )
+    _compound_file(path, dtype)
+    # PyTables itself misreads these (a Table's read() gives garbage): the tables
+    # engine may refuse up front instead, as the issue allows; every other engine reads.
+    assert_reads_as_h5py(path, "/data", fields=("float", "compound", "v"), may_refuse=("tables",))
+
+
+# -- 7. an old PyTables flavor --------------------------------------------------
+
+
+def test_python_flavor_array(tmp_path: Path, no_leaks: None) -> None:
+    path = tmp_path / "flavor.h5"
+    with tables.open_file(path, "w") as f:
+        f.create_array("/", "a", obj=[[1, 2], [3, 4]])
+    with tables.open_file(path, "r") as f:
+        assert f.root.a.flavor == "python"
+    assert_reads_as_h5py(path, "/a")
+
+
+# -- 8. a filter nothing installed decodes --------------------------------------
+
+#: A PyTables table compressed with LZO (filter 305): neither h5py (with hdf5plugin) nor the PyTables wheel decodes it.
+LZO_NODE = "/group0/group1/tuple2"
+
+
+def _children() -> set[int]:
+    """Live child processes, multiprocessing's resource tracker aside (it lives as long as this process)."""
+    kids = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(child.cmdline()):
+                kids.add(child.pid)
+        except psutil.Error:
+            pass
+    return kids
+
+
+def _check_missing_filter(exc: BaseException) -> None:
+    text = str(exc)
+    assert isinstance(exc, OSError), f"{type(exc).__name__} is no OSError"
+    assert "lzo" in text.lower() and "305" in text and LZO_NODE in text and "HDF5_PLUGIN_PATH" in text, text
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_filter_nothing_decodes_is_refused_before_any_process_starts(no_leaks: None, engine: str) -> None:
+    import hdf5plugin  # noqa: F401  (what h5py can decode, as the library sees it)
+
+    path = pytables_file("Tables_lzo1.h5")
+    assert not h5py.h5z.filter_avail(305), "h5py decodes LZO here: this test needs a filter nothing decodes"
+    before = _children()
+    with pytest.raises(MissingFilterError) as direct:
+        multitables.Streamer(path, engine=engine).get_queue(LZO_NODE, n_procs=1)
+    assert _children() == before
+    with pytest.raises(MissingFilterError) as generated:
+        next(multitables.Streamer(path, engine=engine).get_generator(LZO_NODE, n_procs=1))
+    assert _children() == before
+    with pytest.raises(MissingFilterError) as column:
+        multitables.Streamer(path, engine=engine).get_queue(LZO_NODE, n_procs=1, field="var1")
+    assert _children() == before
+    with multitables.Reader(path, n_procs=1, engine=engine) as reader:
+        with pytest.raises(MissingFilterError) as random:
+            reader.get_dataset(LZO_NODE)
+    for exc in (direct.value, generated.value, column.value, random.value):
+        _check_missing_filter(exc)
+
+
+# -- 9. a type h5py cannot map --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, node", [("float.h5", "/quadprecision"), ("times-nested-be.h5", "/earr32")], ids=["quad-float", "time32-be"]
+)
+def test_a_type_h5py_cannot_map(no_leaks: None, name: str, node: str) -> None:
+    path = pytables_file(name)
+    with h5py.File(path, "r") as f, pytest.raises((TypeError, ValueError)):
+        f[node][()]  # the premise: h5py has no numpy type for it
+    with tables.open_file(path, "r") as f:
+        ref = np.asarray(f.get_node(node)[:])
+    table = read_all(path, node, ref, strict=False, label=f"{name}:{node}")
+    # auto and tables read it as PyTables does; h5py and chunks may refuse, naming the node
+    problems = table.not_read(may_refuse=("h5py", "chunks"), naming=node)
+    assert not problems, "\n".join(problems)
+
+
+# -- 10. what PyTables cannot open or decode, h5py reads ------------------------
+
+
+def _refused_by_tables_read_by_auto(path: Path, node: str, why: str) -> None:
+    with pytest.raises(multitables.NodeTypeError, match=why) as refused:
+        multitables.Streamer(path, engine="tables").get_queue(node)
+    assert node in str(refused.value) and "(or 'auto') reads it" in str(refused.value)
+    assert_reads_as_h5py(path, node, may_refuse=("tables",))
+
+
+def test_dimension_scales_pytables_cannot_load(tmp_path: Path, no_leaks: None) -> None:
+    """h5py's dimension scales carry object references, which PyTables cannot load (KeyError: 'Reference')."""
+    path = tmp_path / "scales.h5"
+    with h5py.File(path, "w") as f:
+        x = f.create_dataset("x", data=np.arange(10.0))
+        y = f.create_dataset("y", data=np.arange(20.0).reshape(10, 2))
+        x.make_scale("x")
+        y.dims[0].attach_scale(x)
+    _refused_by_tables_read_by_auto(path, "/x", "Reference")
+
+
+def test_a_plugin_filter_pytables_lacks(tmp_path: Path, no_leaks: None) -> None:
+    import hdf5plugin
+
+    path = tmp_path / "lz4.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data", data=np.arange(4000, dtype="<i4").reshape(1000, 4), chunks=(100, 4), **hdf5plugin.LZ4())
+    _refused_by_tables_read_by_auto(path, "/data", "lz4")

@@ -121,7 +121,7 @@ class RingSync:
 class Ring:
     """One side's mapping of a ring segment; see NOTE [ring protocol]."""
 
-    def __init__(self, segment: Segment, layout: RingLayout, sync: RingSync, writable: bool) -> None:
+    def __init__(self, segment: Segment, layout: RingLayout, sync: RingSync) -> None:
         self.segment = segment
         self.layout = layout
         self.sync = sync
@@ -139,9 +139,10 @@ class Ring:
         for s in range(n):
             # No buffer export (unlike lend()): close() unmaps even while a
             # guard's view is alive, which the Guard's contract forbids using.
-            view = np.ndarray(shape, layout.dtype, buffer=segment.buf, offset=layout.slot_offset(s))
-            view.flags.writeable = writable
-            self.slots.append(view)
+            # Writable on both sides: a slot is the consumer's until released,
+            # and a reader writes every row of a block before publishing it,
+            # so nothing the consumer writes outlives the block.
+            self.slots.append(np.ndarray(shape, layout.dtype, buffer=segment.buf, offset=layout.slot_offset(s)))
 
     def lend(self, slot: int, rows: int) -> np.ndarray:
         """A new, writable array on the first ``rows`` rows of ``slot`` (the consumer's side).
@@ -167,7 +168,7 @@ class Ring:
     @classmethod
     def create(cls, layout: RingLayout, sync: RingSync) -> "Ring":
         """The consumer's ring: a new segment with every slot on the free ring."""
-        ring = cls(Segment.create(layout.nbytes), layout, sync, writable=False)
+        ring = cls(Segment.create(layout.nbytes), layout, sync)
         ring._hdr[:] = 0
         ring._free_ring[:] = np.arange(layout.n_slots)
         ring._hdr[_FREE_TAIL] = layout.n_slots
@@ -176,7 +177,7 @@ class Ring:
     @classmethod
     def attach(cls, name: str, layout: RingLayout, sync: RingSync) -> "Ring":
         """A reader's ring: map the consumer's segment by name."""
-        return cls(Segment.attach(name, layout.nbytes), layout, sync, writable=True)
+        return cls(Segment.attach(name, layout.nbytes), layout, sync)
 
     def close(self) -> None:
         """Unmap (idempotent); the ring then counts as stopped."""

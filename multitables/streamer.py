@@ -80,10 +80,13 @@ class _StreamSpec:
 class Guard:
     """Holds one block of a :class:`Queue` until released.
 
-    ``with guard as block:`` gives ``block``, a read-only numpy view on the
-    shared slot: no copy is made, and the view is only valid inside the
-    ``with``; copy what you keep (``block.copy()``). Leaving the ``with``
-    gives the slot back to the readers.
+    ``with guard as block:`` gives ``block``, a numpy view on the shared
+    slot: no copy is made. The slot is yours until the guard is released:
+    change the block in place if you like (``block -= mean``); the changes
+    never reach the file or any other block. The view is only valid inside
+    the ``with``; copy what you keep (``block.copy()``). Leaving the
+    ``with`` gives the slot back to the readers. The thread that enters the
+    ``with`` holds the guard from then on (see :meth:`Queue.get`).
     """
 
     __slots__ = ("_queue", "_slot", "block", "_released", "__weakref__")
@@ -95,6 +98,8 @@ class Guard:
         self._released = False
 
     def __enter__(self) -> np.ndarray:
+        if not self._released:
+            self._queue._hold(self._slot)
         return self.block
 
     def __exit__(self, *exc: object) -> None:
@@ -151,10 +156,10 @@ class _InlineBackend:
             out_part = out[p.dst : p.dst + p.stop - p.start]
             self._source.read_into(p.start, p.stop, out_part)
         check_file_unchanged(self._spec.node.filename, self._signature)  # as the readers do
-        view = out[: self._plan.rows(k)]
-        view = view.view()
-        view.flags.writeable = False
-        return slot, view
+        return slot, out[: self._plan.rows(k)]  # every row is read again for the next block of this slot
+
+    def check(self) -> None:
+        """Nothing to watch: no reader processes."""
 
     def release(self, slot: int) -> None:
         self._free.append(slot)
@@ -176,14 +181,15 @@ class _RingBackend:
         self._pending: dict[int, int] = {}  # ordered mode: block -> slot, arrived early
         self._next = 0
         self.pids = self._pool.pids
+        self._checking = threading.RLock()  # pool.check reads the readers' pipes: one thread at a time
 
     def take(self) -> tuple[int, np.ndarray]:
-        ring, pool = self._ring, self._pool
+        ring = self._ring
         while True:
             if self._ordered and self._next in self._pending:
                 slot = self._pending.pop(self._next)
                 break
-            pool.check()
+            self.check()
             slot = ring.take(TICK)  # type: ignore[assignment]
             if slot is None:
                 continue
@@ -196,8 +202,13 @@ class _RingBackend:
         self._next += 1
         return slot, ring.slots[slot][:rows]
 
+    def check(self) -> bool:
+        """Raise the error of a reader that failed or died (NOTE [failure reports] in ``_readers``)."""
+        with self._checking:
+            return self._pool.check()
+
     def release(self, slot: int) -> None:
-        self._ring.release(slot, self._pool.check)
+        self._ring.release(slot, self.check)
 
     def lend(self, slot: int, rows: int) -> np.ndarray:
         return self._ring.lend(slot, rows)
@@ -211,7 +222,9 @@ class Queue:
 
     Get one with :meth:`Streamer.get_queue`. ``get()`` returns a
     :class:`Guard` per block, or :data:`multitables.QueueClosed` once the pass
-    is over. Safe to share between threads: each block reaches exactly one.
+    is over. Safe to share between threads: each block reaches exactly one,
+    and a ``get()`` that finds every slot held waits for another thread to
+    release one.
     """
 
     def __init__(self, spec: _StreamSpec, open_kwargs: dict[str, Any], start_method: "str | None") -> None:
@@ -225,7 +238,11 @@ class Queue:
         self._delivered = 0
         self._n_slots = spec.n_slots
         self._held = 0  # guards handed out and not yet released
-        self._lock = threading.Lock()
+        self._holders: dict[int, threading.Thread] = {}  # slot -> the thread holding its guard
+        self._taker: "threading.Thread | None" = None  # the thread in backend.take(): one at a time
+        # Reentrant: a guard the GC frees while its thread holds the lock releases through it.
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)  # a slot released, a take done, closed
         self._closed = False
         backend: "_InlineBackend | _RingBackend"
         if spec.n_procs == 0:
@@ -243,22 +260,55 @@ class Queue:
     def get(self) -> "Guard | Any":
         """Wait for the next block; return its :class:`Guard`, or ``QueueClosed`` at the end of the pass.
 
-        Raises :class:`multitables.ReaderError` (also an instance of the
-        original exception type) if a reader failed or died.
+        While every slot is held, waits for another thread to release a guard
+        (a guard is held by the thread that called ``get()`` for it, then by
+        the thread that enters its ``with``) or to close the queue (then
+        ``QueueClosed``). Raises ``RuntimeError`` where no thread could: every
+        guard is the caller's, or no other thread runs; and
+        :class:`multitables.ReaderError` (also an instance of the original
+        exception type) if a reader failed or died, waiting or not.
         """
-        with self._lock:
-            if self._closed or (self._n_blocks is not None and self._delivered >= self._n_blocks):
+        me = threading.current_thread()
+        slot = None
+        try:
+            if not self._wait_turn(me):
                 return QueueClosed
-            if self._held >= self._n_slots:
-                # Every slot is in the consumer's hands: no reader can fill another one.
-                raise RuntimeError(
-                    f"all {self._n_slots} slots of the queue are held by unreleased guards; leave a "
-                    f"guard's `with` (or call guard.release()) before asking for more, or use a larger read_ahead"
-                )
-            slot, block = self._backend.take()
-            self._delivered += 1
-            self._held += 1
+            try:
+                slot, block = self._backend.take()  # outside the lock: guards can be released meanwhile
+            finally:
+                with self._changed:
+                    self._taker = None
+                    if slot is not None:
+                        self._delivered += 1
+                        self._held += 1
+                        self._holders[slot] = me
+                    self._changed.notify_all()
+        except StreamClosedError:
+            if self._closed:  # by another thread while this one waited
+                return QueueClosed
+            raise
         return Guard(self, slot, block)
+
+    def _wait_turn(self, me: threading.Thread) -> bool:
+        """Wait for a free slot and for no other thread to be taking a block, then take the turn; False once over."""
+        while True:
+            with self._changed:
+                if self._closed or self._at_end:
+                    return False
+                starved = self._held >= self._n_slots
+                if not starved and self._taker is None:
+                    self._taker = me
+                    return True
+                mine = all(holder is me for holder in self._holders.values())
+                if starved and (mine or threading.active_count() == 1):  # nobody could release one
+                    raise RuntimeError(
+                        f"all {self._n_slots} slots of the queue are held by unreleased guards "
+                        f"{'of this thread' if mine else 'and no other thread runs to release one'}; leave a "
+                        f"guard's `with` (or call guard.release()) before asking for more, or use a larger read_ahead"
+                    )
+                self._changed.wait(TICK)
+            if starved and not self._closed:
+                self._backend.check()  # a reader failing ends the wait too
 
     def iter(self) -> Iterator[Guard]:
         """Iterate over guards until ``QueueClosed``."""
@@ -280,15 +330,29 @@ class Queue:
         """A new writable array on ``guard``'s slot (ring streams only): NOTE [lent blocks]."""
         return self._backend.lend(guard._slot, len(guard.block))  # type: ignore[union-attr]
 
+    def _hold(self, slot: int) -> None:
+        """The calling thread holds ``slot``'s guard from now on (it entered the guard's ``with``)."""
+        me = threading.current_thread()
+        if self._holders.get(slot) is not me:  # usually the thread that called get() for it
+            with self._lock:
+                if slot in self._holders:
+                    self._holders[slot] = me
+
     def _release(self, slot: int) -> None:
-        with self._lock:
-            self._held -= 1
-        if not self._closed:
-            self._backend.release(slot)
+        try:
+            if not self._closed:
+                self._backend.release(slot)  # first: a waiting get() may take the slot at once
+        finally:
+            with self._changed:
+                self._held -= 1
+                self._holders.pop(slot, None)
+                self._changed.notify_all()
 
     def close(self) -> None:
         """Stop the readers and free the ring (idempotent). Blocks still held become invalid."""
         self._closed = True
+        with self._changed:
+            self._changed.notify_all()  # a get() waiting for a slot returns QueueClosed
         self._finalizer()
 
     @property
@@ -538,7 +602,6 @@ class Streamer:
                     with guard as block:
                         rows = block
                     del block
-                    rows.flags.writeable = True  # private memory, as the copies are
                     yield from rows
                     del rows
                 return

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import os
+import signal
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
+import h5py
 import numpy as np
 import psutil
 import pytest
@@ -19,7 +23,12 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import multitables
+from multitables import QueueClosed
 
+from _readall import hang_guard
+
+#: Seconds any one threaded test may run: a guard against a hang, not a speed limit.
+GUARD = 60.0
 DTYPES = ["<i1", "<u2", "<i4", "<i8", "<f2", "<f4", "<f8", "<c8", "?"]
 FILTERS = {
     "none": None,
@@ -40,11 +49,14 @@ def write(path: Path, data: np.ndarray, filters: "tables.Filters | None", chunk_
             f.create_carray("/", "data", obj=data, filters=filters, chunkshape=(chunk_rows,) + data.shape[1:])
 
 
-def blocks_of(queue: multitables.Queue) -> list[np.ndarray]:
+def blocks_of(queue: multitables.Queue, change: bool = False) -> list[np.ndarray]:
+    """Copies of every block; ``change``: then overwrite every byte of each in its guard, as a consumer may."""
     out = []
     for guard in queue.iter():
         with guard as block:
             out.append(block.copy())
+            if change:  # inline: pytest prints a failing call's arguments, and a block after close is unmapped
+                block.view(np.uint8)[...] = 0xA5
     return out
 
 
@@ -83,8 +95,8 @@ def streams(draw: st.DrawFn) -> dict:
     )
 
 
-def check_stream(case: dict, start_method: "str | None" = None) -> None:
-    """Stream one case and compare with what plain PyTables reads."""
+def check_stream(case: dict, start_method: "str | None" = None, change: bool = False) -> None:
+    """Stream one case and compare with what plain PyTables reads; ``change``: overwrite every block once copied."""
     data, bs = case["data"], case["block_size"]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "d.h5"
@@ -94,7 +106,7 @@ def check_stream(case: dict, start_method: "str | None" = None) -> None:
         if case["cyclic"]:
             n_pass = -(-len(data) // bs)
             with stream.get_queue("/data", cyclic=True, **kwargs) as queue:
-                got = [blocks_of_n(queue, 2 * n_pass + 1)]
+                got = [blocks_of_n(queue, 2 * n_pass + 1, change)]
             windows = [data[(k * bs + np.arange(bs)) % len(data)] for k in range(2 * n_pass + 1)]
             if case["ordered"]:
                 np.testing.assert_array_equal(np.concatenate(got[0]), np.concatenate(windows))
@@ -105,30 +117,34 @@ def check_stream(case: dict, start_method: "str | None" = None) -> None:
                 period = len(data) // math.gcd(len(data), bs)
                 valid = {data[(k * bs + np.arange(bs)) % len(data)].tobytes() for k in range(period)}
                 assert all(b.tobytes() in valid for b in got[0])
-            return
-        with stream.get_queue("/data", remainder=case["remainder"], **kwargs) as queue:
-            got = blocks_of(queue)
-        expected = expected_blocks(data, bs, case["remainder"])
-        if case["ordered"]:
-            assert len(got) == len(expected)
-            for g, e in zip(got, expected):
-                np.testing.assert_array_equal(g, e)
         else:
-            assert as_counter(got) == as_counter(expected)
-        if not case["remainder"]:
-            np.testing.assert_array_equal(stream.get_remainder("/data", bs), data[len(data) - len(data) % bs :])
-        rows = list(stream.get_generator("/data", **kwargs))
-        if case["ordered"]:
-            np.testing.assert_array_equal(np.array(rows).reshape(data.shape), data)
-        else:
-            assert as_counter(rows) == as_counter(list(data))
+            with stream.get_queue("/data", remainder=case["remainder"], **kwargs) as queue:
+                got = blocks_of(queue, change)
+            expected = expected_blocks(data, bs, case["remainder"])
+            if case["ordered"]:
+                assert len(got) == len(expected)
+                for g, e in zip(got, expected):
+                    np.testing.assert_array_equal(g, e)
+            else:
+                assert as_counter(got) == as_counter(expected)
+            if not case["remainder"]:
+                np.testing.assert_array_equal(stream.get_remainder("/data", bs), data[len(data) - len(data) % bs :])
+            rows = list(stream.get_generator("/data", **kwargs))
+            if case["ordered"]:
+                np.testing.assert_array_equal(np.array(rows).reshape(data.shape), data)
+            else:
+                assert as_counter(rows) == as_counter(list(data))
+        with h5py.File(path, "r") as f:  # nothing written into a block reached the file
+            np.testing.assert_array_equal(f["data"][()], data)
 
 
-def blocks_of_n(queue: multitables.Queue, n: int) -> list[np.ndarray]:
+def blocks_of_n(queue: multitables.Queue, n: int, change: bool = False) -> list[np.ndarray]:
     out = []
     for _ in range(n):
         with queue.get() as block:
             out.append(block.copy())
+            if change:
+                block.view(np.uint8)[...] = 0xA5
     return out
 
 
@@ -136,6 +152,16 @@ def blocks_of_n(queue: multitables.Queue, n: int) -> list[np.ndarray]:
 @given(streams())
 def test_every_row_exactly_once_or_in_order_or_wrapping(case: dict) -> None:
     check_stream(case)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(streams(), st.booleans(), st.sampled_from(["h5py", "tables", "auto"]))
+def test_writes_into_blocks_reach_no_later_block_no_row_nor_the_file(case: dict, in_process: bool, engine: str) -> None:
+    """Every block is overwritten in its guard once copied: the copies, the generator and the file stay exact.
+
+    ``in_process``: n_procs=None, which reads these small datasets in this process.
+    """
+    check_stream(dict(case, n_procs=None if in_process else case["n_procs"], engine=engine), change=True)
 
 
 @pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
@@ -182,18 +208,27 @@ def test_the_established_api_runs_unchanged(make_array) -> None:
     assert as_counter(rows) == as_counter(list(data))
 
 
-def test_a_direct_block_is_a_read_only_view_on_a_reused_slot(make_array) -> None:
-    data = np.arange(64 * 1024, dtype="<f4").reshape(-1, 1024)
-    stream = multitables.Streamer(make_array(data, chunkshape=(4, 1024)))
-    with stream.get_queue("/data", n_procs=1, read_ahead=1, block_size=4, ordered=True) as queue:
-        addresses = set()
+@pytest.mark.parametrize("n_procs", [None, 1], ids=["in-process", "readers"])
+def test_blocks_are_writable_on_reused_slots_and_changes_never_reach_the_file(make_array, n_procs: "int | None") -> None:
+    data = np.arange(400 * 3, dtype="<f8").reshape(400, 3) ** 1.5
+    path = make_array(data, chunkshape=(16, 3))
+    stream = multitables.Streamer(path)
+    seen, addresses = [], set()
+    with stream.get_queue("/data", n_procs=n_procs, read_ahead=1, block_size=25, ordered=True) as queue:
+        assert (queue.n_procs == 0) == (n_procs is None)
         for guard in queue.iter():
             with guard as block:
-                assert not block.flags.writeable and not block.flags.owndata
-                with pytest.raises(ValueError):
-                    block[0, 0] = 1
+                assert block.flags.writeable and not block.flags.owndata
+                block -= block.mean(axis=0)  # normalised in place, as code written for 2.x does
+                seen.append(block.copy())
                 addresses.add(block.__array_interface__["data"][0])
-        assert len(addresses) == 1  # one slot, filled again and again: no copies
+    assert n_procs is None or len(addresses) == 1  # one slot, filled again and again: no copies
+    expected = [b - b.mean(axis=0) for b in expected_blocks(data, 25, False)]
+    np.testing.assert_array_equal(np.concatenate(seen), np.concatenate(expected))
+    with h5py.File(path, "r") as f:
+        np.testing.assert_array_equal(f["data"][()], data)
+    rows = list(stream.get_generator("/data", n_procs=n_procs, read_ahead=1, block_size=25, ordered=True))
+    np.testing.assert_array_equal(np.array(rows), data)
 
 
 def test_consumer_memory_stays_flat_over_twenty_rings(make_array) -> None:
@@ -419,13 +454,156 @@ def test_a_queue_over_explicit_ranges_delivers_them_in_order(make_array, n_procs
     assert [list(g) for g in got] == [list(range(a, b)) for a, b in zip(starts, stops)]
 
 
-@pytest.mark.parametrize("n_procs", [None, 2])
-def test_holding_every_slot_is_an_error_not_a_hang(make_array, n_procs: "int | None") -> None:
+@contextlib.contextmanager
+def slots_held_elsewhere(queue: multitables.Queue, n: int) -> Iterator[None]:
+    """Another thread gets ``n`` guards and holds them until the ``with`` ends."""
+    taken, give_back = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        guards = [queue.get() for _ in range(n)]
+        taken.set()
+        give_back.wait()
+        for guard in guards:
+            guard.release()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert taken.wait(GUARD)
+        yield
+    finally:
+        give_back.set()
+        holder.join()
+
+
+@pytest.mark.parametrize("n_procs", [None, 2], ids=["in-process", "readers"])
+def test_a_thread_holding_every_slot_itself_gets_an_error_not_a_hang(make_array, n_procs: "int | None") -> None:
+    """Waiting could never end: no other thread holds a guard. Unrelated threads change nothing."""
     stream = multitables.Streamer(make_array(np.arange(1000.0), chunkshape=(10,)))
-    with stream.get_queue("/data", n_procs=n_procs, read_ahead=2, block_size=10) as queue:
+    bystander = threading.Timer(GUARD, lambda: None)  # alive throughout, holding no guard
+    bystander.daemon = True
+    bystander.start()
+    with hang_guard(GUARD, "a hang"), stream.get_queue("/data", n_procs=n_procs, read_ahead=2, block_size=10) as queue:
         held = [queue.get(), queue.get()]
-        with pytest.raises(RuntimeError, match="all 2 slots of the queue are held"):
+        with pytest.raises(RuntimeError, match="all 2 slots .* held by unreleased guards of this thread"):
             queue.get()
         held[0].release()
         with queue.get() as block:  # one slot free again: the stream goes on
             assert len(block) == 10
+    bystander.cancel()
+    bystander.join()
+
+
+def test_guards_left_by_an_ended_thread_are_an_error_when_no_other_thread_runs(make_array) -> None:
+    import subprocess
+    import sys
+
+    # In a fresh interpreter: this one may run other threads (tqdm's monitor, say), which could release a guard.
+    script = (
+        "import threading, multitables\n"
+        "stream = multitables.Streamer(PATH)\n"
+        "with stream.get_queue('/data', n_procs=2, read_ahead=2, block_size=10) as queue:\n"
+        "    held = []\n"
+        "    taker = threading.Thread(target=lambda: held.extend([queue.get(), queue.get()]))\n"
+        "    taker.start(); taker.join()\n"
+        "    assert threading.active_count() == 1, threading.enumerate()\n"
+        "    try:\n"
+        "        queue.get()\n"
+        "    except RuntimeError as exc:\n"
+        "        print('raised:', exc)\n"
+    ).replace("PATH", repr(str(make_array(np.arange(1000.0), chunkshape=(10,)))))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=GUARD)
+    assert done.returncode == 0, done.stderr
+    assert "raised: all 2 slots" in done.stdout and "no other thread runs to release one" in done.stdout
+
+
+@pytest.mark.parametrize("n_procs", [None, 2], ids=["in-process", "readers"])
+def test_a_get_waits_while_other_threads_hold_every_slot(make_array, n_procs: "int | None") -> None:
+    """``read_ahead`` threads each hold a guard; another's get() waits for one. Every block reaches one thread."""
+    k = 3
+    data = np.arange(600 * 2, dtype="<i4").reshape(600, 2)
+    stream = multitables.Streamer(make_array(data, chunkshape=(10, 2)))
+    got: list[np.ndarray] = []  # list.append is atomic
+    all_held, go = threading.Barrier(k + 1), threading.Event()
+    released_first: list[bool] = []  # each time the late thread's get() returned: had the holders been let go?
+
+    def hold() -> None:
+        with queue.get() as block:
+            all_held.wait()
+            go.wait()
+            got.append(block.copy())
+
+    def consume() -> None:
+        for guard in queue.iter():
+            released_first.append(go.is_set())
+            with guard as block:
+                got.append(block.copy())
+
+    with hang_guard(GUARD, "a hang"), stream.get_queue("/data", n_procs=n_procs, read_ahead=k, block_size=20) as queue:
+        assert (queue.n_procs == 0) == (n_procs is None)
+        threads = [threading.Thread(target=hold) for _ in range(k)]
+        for t in threads:
+            t.start()
+        all_held.wait()  # every slot is held now
+        threads.append(threading.Thread(target=consume))
+        threads[-1].start()
+        try:
+            time.sleep(0.2)  # time for the late thread to reach its wait (nothing is timed)
+            assert threads[-1].is_alive() and not released_first  # it waits: no error, no block
+        finally:
+            go.set()
+            for t in threads:
+                t.join()
+    assert released_first and all(released_first)
+    assert as_counter(got) == as_counter(expected_blocks(data, 20, False))
+
+
+@pytest.mark.parametrize("n_procs", [None, 2], ids=["in-process", "readers"])
+def test_a_guard_entered_by_a_worker_thread_is_the_workers(make_array, n_procs: "int | None") -> None:
+    """A producer hands a guard to a worker that enters it: the producer's get() then waits for the worker."""
+    data = np.arange(1000.0)
+    stream = multitables.Streamer(make_array(data, chunkshape=(10,)))
+    entered, leaving = threading.Event(), threading.Event()
+
+    def work(guard: multitables.Guard) -> None:
+        with guard as block:
+            entered.set()
+            time.sleep(0.2)  # the producer's get() waits meanwhile (nothing is timed)
+            block -= 1000  # every value negative, until the guard is released
+            leaving.set()
+
+    with hang_guard(GUARD, "a hang"), stream.get_queue("/data", n_procs=n_procs, read_ahead=2, block_size=10) as queue:
+        first = queue.get()
+        worker = threading.Thread(target=work, args=(queue.get(),))
+        worker.start()
+        entered.wait()
+        with queue.get() as block:  # waits for the worker to leave its guard
+            assert leaving.is_set()
+            assert len(block) == 10 and (block >= 0).all()  # the worker's changes are gone
+        first.release()
+        worker.join()
+
+
+def test_a_reader_failing_while_get_waits_for_a_slot_reaches_the_waiting_thread(make_array, no_leaks) -> None:
+    stream = multitables.Streamer(make_array(np.arange(1000.0), chunkshape=(10,)))
+    with hang_guard(GUARD, "a hang"), stream.get_queue("/data", n_procs=2, read_ahead=2, block_size=10) as queue:
+        with slots_held_elsewhere(queue, 2):
+            victim = queue.reader_pids[1]
+            killer = threading.Timer(0.2, os.kill, (victim, signal.SIGKILL))
+            killer.start()
+            with pytest.raises(multitables.ReaderError, match="SIGKILL") as info:
+                queue.get()  # waits for a slot: the holder gives none back
+            assert info.value.pid == victim
+            killer.join()
+
+
+@pytest.mark.parametrize("n_procs", [None, 2], ids=["in-process", "readers"])
+def test_closing_the_queue_ends_a_get_waiting_for_a_slot(make_array, no_leaks, n_procs: "int | None") -> None:
+    stream = multitables.Streamer(make_array(np.arange(1000.0), chunkshape=(10,)))
+    with hang_guard(GUARD, "a hang"), stream.get_queue("/data", n_procs=n_procs, read_ahead=2, block_size=10) as queue:
+        with slots_held_elsewhere(queue, 2):
+            closer = threading.Timer(0.2, queue.close)
+            closer.start()
+            assert queue.get() is QueueClosed
+            assert queue.closed  # it was the close that ended the wait
+            closer.join()

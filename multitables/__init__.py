@@ -6,6 +6,8 @@ Public API: :class:`Streamer` (``get_queue``, ``get_generator``,
 of the package; the underscored modules are internal.
 """
 
+import sys
+
 from .errors import (
     EmptyDatasetError,
     FileChangedError,
@@ -14,15 +16,22 @@ from .errors import (
     NodeTypeError,
     NotHDF5Error,
     QueueClosed,
+    QueueClosedException,
     ReaderError,
+    SharedMemoryError,
     ShmSpaceError,
     StreamClosedError,
+    SubprocessException,
 )
 from .streamer import Guard, Queue, Streamer
 from .batches import Batches
-from .reader import DataProxy, Dataset, Future, Reader, Request, Stage, StagePool
+from .reader import DataProxy, Dataset, Future, Reader, Request, RequestPool, Stage, StagePool
+from . import _established
 
 __version__ = "0.1.0"
+
+# The established (2.x) module names: multitables.dataset, .dataset_ops, .request, .stage, .signals, .shared_mem.
+_established.install(sys.modules[__name__])
 
 __all__ = [
     "Streamer",
@@ -34,6 +43,7 @@ __all__ = [
     "StagePool",
     "Future",
     "DataProxy",
+    "RequestPool",
     "Queue",
     "Guard",
     "QueueClosed",
@@ -46,4 +56,7 @@ __all__ = [
     "ReaderError",
     "ShmSpaceError",
     "StreamClosedError",
+    "SharedMemoryError",
+    "QueueClosedException",
+    "SubprocessException",
 ]

@@ -269,6 +269,13 @@ def _describe(filename: str, path: str, field: "str | None", ds: Any) -> NodeInf
     if shape is None or len(shape) == 0:
         raise NodeTypeError(f"{where} is a scalar; only datasets with rows can be streamed")
     if _has_object(dt):
+        if dt.kind == "O" and h5py.check_vlen_dtype(dt) is not None:
+            # A PyTables VLArray, or an h5py vlen dataset.
+            raise NodeTypeError(
+                f"{where} holds variable-length rows (a VLArray): rows of different sizes fit no fixed-size slot "
+                f"or stage, so no access mode of multitables (Streamer or Reader) reads them; read them with "
+                f"PyTables or h5py directly (tables.open_file(...).get_node(path)[i], or h5py's dataset[i])"
+            )
         raise NodeTypeError(
             f"{where} has dtype {dt}, which is variable-length or opaque; only fixed-size numeric, "
             f"string and compound rows can be streamed"

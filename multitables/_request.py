@@ -227,6 +227,68 @@ def result_shape(nkey: Sequence[Entry], shape: Sequence[int]) -> tuple[int, ...]
     return tuple(out) if contiguous else tuple(broadcast) + tuple(out)
 
 
+def _full(e: Entry, dim: int) -> bool:
+    return isinstance(e, slice) and e.indices(dim) == (0, dim, 1)
+
+
+def _range_slice(r: range) -> slice:
+    """The slice that selects ``r`` (from a range's normalized start, stop, step)."""
+    if len(r) == 0:
+        return slice(0, 0, 1)
+    return slice(r.start, r.stop if r.stop >= 0 else None, r.step)
+
+
+def compose_keys(nkey: tuple[Entry, ...], shape: Sequence[int], key: Any) -> "tuple[Entry, ...] | None":
+    """One normalized key on ``shape`` that selects ``data[nkey][key]``, or None where there is none.
+
+    NOTE [chained keys]: ``dataset[a:b][k]`` reads only what ``k`` keeps
+    when the first key selects rows and nothing else: its first-axis entry
+    (an int, a slice, a list of rows) is composed with the entry of ``k``
+    that indexes that axis, *of the same kind* (an int stays an int, a slice
+    a slice, an array an array), so numpy places the axes of the composed
+    key where it places those of ``k`` (advanced indices move axes). Where
+    that cannot hold, None: the caller indexes the rows read instead.
+    Raises what numpy raises for ``key`` on ``data[nkey]``.
+    """
+    shape = tuple(int(d) for d in shape)
+    inner = result_shape(nkey, shape)
+    nk2 = normalize_key(key, inner)
+    e0 = nkey[0] if nkey else None
+    if e0 is None or any(e is None for e in nkey) or not all(_full(e, d) for e, d in zip(nkey[1:], shape[1:])):
+        return None
+    if isinstance(e0, int):
+        # data[i][k] is data[i, *k] only when k is basic (an int joins advanced indices and can move axes).
+        return (e0,) + nk2 if is_basic(nk2) else None
+    if isinstance(e0, np.ndarray) and e0.ndim != 1:
+        return None
+    p = next(i for i, e in enumerate(nk2) if e is not None)
+    f0 = nk2[p]
+    if isinstance(e0, slice):
+        rows: "range | np.ndarray" = range(*e0.indices(shape[0]))
+    else:
+        rows = e0
+    if isinstance(f0, int):
+        c0: Entry = int(rows[f0])
+    elif isinstance(f0, slice):
+        picked = rows[f0]
+        if isinstance(picked, range):
+            c0 = _range_slice(picked)
+        else:
+            prog = _progression(picked) if len(picked) else (0, 1)
+            if prog is not None and prog[1] > 0:
+                c0 = slice(prog[0], prog[0] + prog[1] * len(picked), prog[1])
+            elif any(e is not None and not isinstance(e, slice) for e in nk2[p + 1 :]):
+                return None  # an array here would join the other advanced indices
+            else:
+                c0 = np.asarray(picked, dtype=np.intp)
+    else:
+        assert isinstance(f0, np.ndarray)
+        c0 = np.asarray(rows, dtype=np.intp)[f0] if isinstance(rows, np.ndarray) else (
+            rows.start + rows.step * f0.astype(np.intp)
+        )
+    return nk2[:p] + (c0,) + nk2[p + 1 :]
+
+
 @dataclass(frozen=True, eq=False)
 class RowPlan:
     """Which rows of the node a request reads, and how to index them; see NOTE [request plan].

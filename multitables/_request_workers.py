@@ -16,6 +16,13 @@ NOTE [request protocol]
     * ``DETACH slot``: unmap the stage (it was closed).
     * ``STOP``.
 
+    * ``READ request slot 0 0 0`` of a *query* (``H_QUERY`` set): run the
+      PyTables call the header describes (``Table.read_where``,
+      ``read_sorted``) and copy its result into the data; its row count goes
+      into ``H_RESULT_ROWS``. The size of a query's result is known only
+      once it has run, so it is one share, and a result larger than the
+      stage fails with :class:`~multitables.SharedMemoryError`.
+
     A stage segment holds a header (request id, the rows plan of NOTE
     [request plan], which node to read, one status word per share), the
     explicit rows read when the plan has them, then the data: the rows read,
@@ -57,7 +64,7 @@ from ._readers import JOIN_TIMEOUT, end_processes
 from ._request import effective_chunk_rows, group_bounds, run_bounds
 from ._ring import TICK
 from ._shm import Segment, unlink_orphan
-from .errors import ReaderError, StreamClosedError, _reader_died, _ReaderFailure
+from .errors import ReaderError, SharedMemoryError, StreamClosedError, _reader_died, _ReaderFailure
 
 PAGE = 4096
 #: Items in each worker's inbox.
@@ -72,7 +79,7 @@ STOP, ATTACH, DETACH, READ = 1, 2, 3, 4
 _KIND, _REQ, _SLOT, _SHARE, _A, _B, _ROWS, _DATA = range(8)
 
 # Stage header: int64 words, then the node description from byte _DESC_AT.
-H_REQ, H_EXPLICIT, H_START, H_STEP, H_N_READ, H_DESC_LEN = range(6)
+H_REQ, H_EXPLICIT, H_START, H_STEP, H_N_READ, H_DESC_LEN, H_QUERY, H_RESULT_ROWS = range(8)
 H_STATUS = 16
 #: Most shares one request is split into (one status word each).
 MAX_SHARES = 64
@@ -152,6 +159,17 @@ def describe(engine: str, node: NodeInfo) -> bytes:
     desc = pickle.dumps((engine, node), protocol=pickle.HIGHEST_PROTOCOL)
     if len(desc) > MAX_DESC:
         raise ValueError(f"the file name and node path are too long to hand to the readers ({len(desc)} bytes described)")
+    return desc
+
+
+def describe_query(node: NodeInfo, method: str, kwargs: dict[str, Any]) -> bytes:
+    """The bytes that tell a worker which PyTables call to run on which node (a query)."""
+    desc = pickle.dumps((node, method, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+    if len(desc) > MAX_DESC:
+        raise ValueError(
+            f"the query on {node.path!r} is too large to hand to the readers ({len(desc)} bytes pickled, at most "
+            f"{MAX_DESC}): pass large condvars as columns of the table instead"
+        )
     return desc
 
 
@@ -293,6 +311,7 @@ class _Worker:
         self.stages: dict[int, StageMap] = {}
         self.names: set[str] = {settings.control_name}
         self.readers: dict[bytes, tuple[NodeInfo, Any]] = {}
+        self.tables_file: Any = None  # PyTables' handle on the file, opened by the first query
         self.control: "Segment | None" = None
 
     def stopped(self) -> bool:
@@ -346,14 +365,17 @@ class _Worker:
         try:
             if int(w[H_REQ]) != req:
                 raise RuntimeError(f"stage {slot} holds request {int(w[H_REQ])}, not {req}")
-            node, reader = self._reader(stage.read_desc())
-            n_read = int(w[H_N_READ])
-            if w[H_EXPLICIT]:
-                rows = np.array(stage.rows[a:b])
+            if w[H_QUERY]:
+                node = self.query(stage)
             else:
-                rows = int(w[H_START]) + int(w[H_STEP]) * np.arange(a, b, dtype=np.int64)
-            out = stage.data(node.dtype, (n_read,) + node.row_shape)[a:b]
-            reader.read(rows, out, self.stopped)
+                node, reader = self._reader(stage.read_desc())
+                n_read = int(w[H_N_READ])
+                if w[H_EXPLICIT]:
+                    rows = np.array(stage.rows[a:b])
+                else:
+                    rows = int(w[H_START]) + int(w[H_STEP]) * np.arange(a, b, dtype=np.int64)
+                out = stage.data(node.dtype, (n_read,) + node.row_shape)[a:b]
+                reader.read(rows, out, self.stopped)
             check_file_unchanged(self.settings.filename, self.settings.file_signature)
             status = DONE
         except _Stopped:
@@ -363,6 +385,26 @@ class _Worker:
             self.report(req, exc, node.path if node is not None else "", span)
         w[H_STATUS + share] = status
         self.sync.channels[slot].release()
+
+    def query(self, stage: StageMap) -> NodeInfo:
+        """Run the query described in ``stage``'s header with PyTables; its result becomes the stage's data."""
+        node, method, kwargs = pickle.loads(stage.read_desc())
+        if self.tables_file is None:
+            import tables
+
+            self.tables_file = tables.open_file(self.settings.filename, "r", **self.settings.open_kwargs)
+        result = getattr(self.tables_file.get_node(node.path), method)(**kwargs)
+        result = np.asarray(result)
+        if result.dtype != node.dtype:
+            result = result.astype(node.dtype)
+        if result.nbytes > stage.layout.data_nbytes:
+            raise SharedMemoryError(
+                f"the result of {method}() on {node.path!r} is {len(result)} rows ({result.nbytes} bytes), "
+                f"more than the stage holds ({stage.layout.data_nbytes} bytes); use a larger stage or narrow the query"
+            )
+        stage.data(result.dtype, result.shape)[...] = result
+        stage.words[H_RESULT_ROWS] = len(result)
+        return node
 
     def report(self, req: int, exc: BaseException, path: str, rows: "tuple[int, int] | None") -> None:
         """Send a failure report to the consumer (``req`` -1: the worker itself failed); never raises."""
@@ -383,6 +425,11 @@ class _Worker:
         for _node, reader in self.readers.values():
             try:
                 reader.close()
+            except Exception:
+                pass
+        if self.tables_file is not None:
+            try:
+                self.tables_file.close()
             except Exception:
                 pass
         for stage in self.stages.values():
@@ -435,6 +482,7 @@ class WorkerPool:
         self.filename = filename
         self.n_procs = n_procs
         self.closed = False
+        self.finishing = False  # told to stop once their inboxes are served (finish())
         self._procs: list[Any] = []
         self._conns: list[Any] = []
         self._listening: dict[Any, int] = {}  # error pipe -> worker, until EOF
@@ -500,6 +548,8 @@ class WorkerPool:
                     i = self._watched.pop(sentinel)  # type: ignore[call-overload]
                     proc = self._procs[i]
                     proc.join(TICK)
+                    if self.finishing and proc.exitcode == 0:
+                        continue  # it served its inbox and stopped, as told
                     self._drain(REPORT_TIMEOUT if proc.exitcode else 0)
                     self._dead[i] = (proc.pid, proc.exitcode, self._failures.pop(-1 - i, None))
 
@@ -604,6 +654,25 @@ class WorkerPool:
                     raise ReaderError(f"the request readers of {self.filename!r} did not {what} within {ATTACH_TIMEOUT:.0f} s")
 
     # -- stopping ---------------------------------------------------------------
+    def finish(self) -> None:
+        """Tell every worker to stop once it has served what its inbox holds (does not wait)."""
+        if self.closed or self.finishing:
+            return
+        self.finishing = True
+        for i in range(self.n_procs):
+            if i not in self._dead:
+                self.push(i, [STOP])
+
+    def running(self, timeout: float = 0.0) -> bool:
+        """Whether a worker still runs, after waiting up to ``timeout`` s for one to end."""
+        if self.closed:
+            return False
+        watched = list(self._watched)
+        if watched and timeout > 0:
+            multiprocessing.connection.wait(watched, timeout=timeout)
+        self.look()
+        return bool(self._watched)
+
     def close(self) -> None:
         """Stop every worker and free everything (idempotent); see NOTE [shutdown] in ``_readers``."""
         if self.closed:

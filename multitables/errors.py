@@ -19,7 +19,10 @@ __all__ = [
     "ReaderError",
     "StreamClosedError",
     "ShmSpaceError",
+    "SharedMemoryError",
     "FileChangedError",
+    "SubprocessException",
+    "QueueClosedException",
 ]
 
 
@@ -85,11 +88,25 @@ class MissingFilterError(MultitablesError, OSError):
 
 
 class StreamClosedError(MultitablesError, RuntimeError):
-    """The queue or reader was used after ``close()``."""
+    """The queue or reader was used after ``close()``, or a request was pending when its Reader stopped."""
+
+
+#: The established (2.x) name of :class:`StreamClosedError`.
+QueueClosedException = StreamClosedError
 
 
 class ShmSpaceError(MultitablesError, MemoryError):
     """The ring does not fit in the free space of the shared-memory filesystem."""
+
+
+class SharedMemoryError(MultitablesError, ValueError):
+    """A request's result does not fit in the stage it was given (the established API's name).
+
+    Raised by :meth:`Reader.request` before any worker is involved where the
+    size is known up front; for a query whose size only the read tells
+    (``Dataset.where``), by the future's ``get``, as a :class:`ReaderError`
+    that is also a ``SharedMemoryError``.
+    """
 
 
 class FileChangedError(MultitablesError, OSError):
@@ -122,6 +139,9 @@ class ReaderError(MultitablesError):
         The process exit code, when the reader died without reporting.
     remote_traceback : str
         The reader's formatted traceback (empty when it died by a signal).
+
+    ``SubprocessException``, the established (2.x) name for an error carried
+    home from a subprocess, is this class.
     """
 
     reader_index: int = -1
@@ -137,6 +157,10 @@ class ReaderError(MultitablesError):
         original = next((b for b in type(self).__bases__ if b is not ReaderError), None)
         name = _type_name(original) if original is not None and type(self) is not ReaderError else ""
         return (_rebuild_reader_error, (name, self.args, dict(self.__dict__)))
+
+
+#: The established (2.x) name of :class:`ReaderError`.
+SubprocessException = ReaderError
 
 
 def _rebuild_reader_error(original: str, args: tuple[Any, ...], attrs: dict[str, Any]) -> "ReaderError":

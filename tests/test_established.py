@@ -1,0 +1,382 @@
+"""Code written for multitables 2.x runs unchanged: its names, keywords, close semantics, queries and chains.
+
+Each test is one behaviour the established API documents or its users rely
+on (docs/coming_from_2x.rst), checked against numpy and PyTables on a file
+written here. The streaming side (waiting ``get()``, writable blocks) is
+specified in ``test_streamer``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import tables
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import multitables
+from _readall import hang_guard
+
+ROW = np.dtype([("col_A", "u1", (20, 8)), ("col_B", "<f8", (3,)), ("col_C", "<f4")])
+N = 400
+
+
+@pytest.fixture(scope="module")
+def h5file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray, np.ndarray]:
+    """A file with an array ``/arr`` (N, 6, 5) and a table ``/tab`` of ROW with a sorted index on col_C."""
+    path = tmp_path_factory.mktemp("established") / "data.h5"
+    rng = np.random.default_rng(16)
+    arr = np.arange(N * 30, dtype=np.int64).reshape(N, 6, 5)
+    tab = np.zeros(N, ROW)
+    tab["col_A"] = rng.integers(0, 256, tab["col_A"].shape)
+    tab["col_B"] = rng.random((N, 3))
+    tab["col_C"] = rng.random(N).astype(np.float32)
+    with tables.open_file(path, "w") as f:
+        f.create_carray("/", "arr", obj=arr, filters=tables.Filters(3, "zlib"), chunkshape=(32, 6, 5))
+        t = f.create_table("/", "tab", tab, filters=tables.Filters(3, "blosc"), chunkshape=(50,))
+        t.cols.col_C.create_csindex()
+        f.create_vlarray("/", "vl", tables.Int32Atom()).append([1, 2, 3])
+    return path, arr, tab
+
+
+@pytest.fixture(scope="module")
+def reader(h5file: tuple) -> "multitables.Reader":
+    path, _, _ = h5file
+    r = multitables.Reader(path, 2)
+    yield r
+    r.close(wait=True)
+
+
+def _workers_gone(pids: list[int]) -> bool:
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            pass
+    return True
+
+
+# -- names -------------------------------------------------------------------------------------------------------
+
+
+def test_the_established_errors_are_this_projects(reader: multitables.Reader) -> None:
+    assert multitables.QueueClosedException is multitables.StreamClosedError
+    assert multitables.SubprocessException is multitables.ReaderError
+    assert issubclass(multitables.SharedMemoryError, ValueError)
+    tab = reader.get_dataset("/tab")
+    with tab.create_stage(10) as stage:
+        with pytest.raises(NameError) as info:
+            reader.request(tab.where("nope > 1"), stage).get()
+    # A failure in a worker is both the original type and a SubprocessException, with the worker's traceback.
+    assert isinstance(info.value, multitables.SubprocessException)
+    assert "read_where" in info.value.remote_traceback
+
+
+def test_the_established_module_names_resolve(reader: multitables.Reader, h5file: tuple) -> None:
+    import multitables.dataset as dataset
+    import multitables.dataset_ops as ops
+    import multitables.request as request
+    import multitables.shared_mem as shared_mem
+    import multitables.signals as signals
+    import multitables.stage as stage_module
+
+    arr, tab = reader.get_dataset("/arr"), reader.get_dataset("/tab")
+    assert isinstance(tab, dataset.TableDataset) and not isinstance(tab, dataset.ArrayDataset)
+    assert isinstance(arr, dataset.ArrayDataset) and isinstance(arr, dataset.DatasetBase)
+    assert dataset.Dataset is multitables.Dataset
+    assert signals.QueueClosed is multitables.QueueClosed
+    assert shared_mem.SharedMemoryError is multitables.SharedMemoryError
+    assert stage_module.StagePool is multitables.StagePool and request.RequestPool is multitables.RequestPool
+    mask = np.arange(6) > 2
+    # Each request is an instance of the class 2.x would have made it with (and of that class's bases).
+    expected = [
+        (tab["col_A"], "ColOp"),
+        (tab["col_A"][30:35], "ReadOpTable"),
+        (tab[30:35]["col_A"], "ReadOpTable"),
+        (tab.col("col_A")[30:35, ..., :4], "ColOp"),
+        (tab[:]["col_A"][30:35, np.arange(20) > 12], "ReadOpTable"),
+        (tab["col_A"][[1, 2, 3]], "CoordOp"),
+        (tab[[1, 2, 3]]["col_A"], "CoordOp"),
+        (tab["col_A"][0], "ReadScalarOpTable"),
+        (tab[0]["col_A"], "ReadScalarOpTable"),
+        (arr[4:16:2, ...], "ReadOpArray"),
+        (arr[..., :3], "IndexOp"),
+        (arr[:][:, mask], "ReadOpArray"),
+        (arr[7], "ReadScalarOpArray"),
+        (tab.where("col_C > 0.5"), "WhereOp"),
+        (tab.read_sorted("col_C", checkCSI=True), "SortOp"),
+    ]
+    for req, name in expected:
+        assert isinstance(req, getattr(ops, name)), (req, name)
+        assert isinstance(req, ops.OpBase)
+    assert isinstance(tab["col_A"][0], ops.ReadOpTable) and isinstance(tab["col_A"][0], ops.ReadScalarOpBase)
+    assert not isinstance(tab["col_A"][30:35], ops.CoordOp) and not isinstance(arr[7], ops.ReadOpTable)
+    assert tab[30:35]["col_A"]._col == "col_A"
+    with tab.create_stage(1) as st_:
+        assert isinstance(reader.request(tab[0:1], st_), request.Request)  # 2.x's name for a future
+
+
+def test_the_established_keyword_names(reader: multitables.Reader, h5file: tuple) -> None:
+    _, arr, _ = h5file
+    ds = reader.get_dataset(path="/arr")
+    with ds.create_stage(shape=10) as stage:
+        np.testing.assert_array_equal(reader.request(key=ds[3:13], stage=stage).get(), arr[3:13])
+    with ds.create_stage_pool(shape=2, num_stages=3) as pool:
+        assert len(pool) == 3
+        np.testing.assert_array_equal(reader.request(key=ds[5:7], stage=pool).get(), arr[5:7])
+
+
+# -- stages ------------------------------------------------------------------------------------------------------
+
+
+def test_a_stage_holds_any_result_that_fits_its_bytes(reader: multitables.Reader, h5file: tuple) -> None:
+    _, arr, tab = h5file
+    t, a = reader.get_dataset("/tab"), reader.get_dataset("/arr")
+    with t.create_stage(10) as stage:  # 10 records
+        assert stage.nbytes == 10 * ROW.itemsize
+        # Every value of one column: far more than 10 rows, far fewer bytes than 10 records.
+        np.testing.assert_array_equal(reader.request(t["col_C"][:], stage).get(), tab["col_C"])
+        np.testing.assert_array_equal(reader.request(t["col_C"][np.arange(0, N, 3)], stage).get(), tab["col_C"][::3])
+        with pytest.raises(multitables.SharedMemoryError, match=r"reads 11 rows \(\d+ bytes\)"):
+            reader.request(t[0:11], stage)
+    # A shape whose missing axes are the dataset's (2.x), and a size in elements.
+    assert a.create_stage((4, 3)).nbytes == 4 * 3 * 5 * 8
+    assert a.create_stage((4, None, 2)).nbytes == 4 * 6 * 2 * 8
+    assert a.create_stage_natoms(7).nbytes == 7 * 8
+    with a.create_stage((10, 3)) as half:
+        with pytest.raises(multitables.SharedMemoryError):
+            reader.request(a[0:10], half)
+        np.testing.assert_array_equal(reader.request(a[0:5], half).get(), arr[0:5])
+
+
+def test_a_result_too_large_for_its_stage_is_a_shared_memory_error_that_is_a_value_error(
+    reader: multitables.Reader,
+) -> None:
+    a = reader.get_dataset("/arr")
+    with a.create_stage(10) as stage:
+        with pytest.raises(multitables.SharedMemoryError):
+            reader.request(a[:], stage)
+        with pytest.raises(ValueError):  # code that caught the old error keeps working
+            reader.request(a[:11], stage)
+
+
+def test_data_lent_by_get_unsafe_is_writable_and_reaches_nothing_else(reader: multitables.Reader, h5file: tuple) -> None:
+    path, arr, _ = h5file
+    a = reader.get_dataset("/arr")
+    with a.create_stage(8) as stage:
+        with reader.request(a[0:8], stage).get_unsafe() as data:
+            data -= data.mean(axis=0).astype(np.int64)  # normalise in place, as 2.x code does
+        for k in range(1, 4):
+            np.testing.assert_array_equal(reader.request(a[8 * k : 8 * k + 8], stage).get(), arr[8 * k : 8 * k + 8])
+        np.testing.assert_array_equal(reader.request(a[0:8], stage).get(), arr[0:8])
+    with tables.open_file(path) as f:
+        np.testing.assert_array_equal(f.root.arr[:], arr)
+
+
+def test_get_proxy_keeps_the_records_dtype(reader: multitables.Reader, h5file: tuple) -> None:
+    _, _, tab = h5file
+    t = reader.get_dataset("/tab")
+    with t.create_stage(5) as stage:
+        with reader.request(t[0:5], stage).get_proxy() as proxy:
+            got = np.array(proxy[...])
+            assert got.dtype == ROW and np.asarray(proxy).dtype == ROW
+            np.testing.assert_array_equal(got, tab[0:5])
+
+
+# -- chained indexing --------------------------------------------------------------------------------------------
+
+
+def _key(draw: st.DrawFn, shape: tuple[int, ...]) -> tuple:
+    """A numpy key on ``shape``: per axis an int, a slice or an index list, sometimes an Ellipsis or a new axis."""
+    key: list = []
+    for d in shape[: draw(st.integers(1, len(shape)))]:
+        kind = draw(st.sampled_from(["int", "slice", "list"]))
+        if kind == "int":
+            key.append(draw(st.integers(-d, d - 1)))
+        elif kind == "slice":
+            key.append(slice(draw(st.integers(-d, d) | st.none()), draw(st.integers(-d, d) | st.none()),
+                             draw(st.sampled_from([None, 1, 2, -1, -3]))))
+        else:
+            key.append(draw(st.lists(st.integers(-d, d - 1), min_size=1, max_size=5)))
+    if draw(st.booleans()):
+        key.insert(draw(st.integers(0, len(key))), None)
+    return tuple(key)
+
+
+@st.composite
+def _chain(draw: st.DrawFn) -> tuple:
+    shape = (N, 6, 5)
+    first = draw(st.sampled_from([np.s_[:], np.s_[10:300:3], np.s_[::-7], np.s_[[5, 3, 99, 250]], np.s_[17]]))
+    inner = np.empty(shape, np.int8)[first].shape
+    if not inner:
+        return first, ()
+    return first, _key(draw, inner)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(chain=_chain())
+def test_each_indexing_step_applies_to_the_result_of_the_one_before(reader: multitables.Reader, h5file: tuple, chain: tuple) -> None:
+    _, arr, _ = h5file
+    first, second = chain
+    a = reader.get_dataset("/arr")
+    try:
+        expected = arr[first][second]
+    except IndexError:  # e.g. index lists that do not broadcast: numpy's error, at once
+        with pytest.raises(IndexError):
+            a[first][second]
+        return
+    req = a[first][second]
+    assert req.shape == expected.shape and req.dtype == expected.dtype
+    with a.create_stage(N) as stage:
+        got = reader.request(req, stage).get()
+    np.testing.assert_array_equal(got, expected)
+    assert np.shape(got) == expected.shape
+
+
+def test_chains_read_only_the_rows_they_keep_and_index_tables_like_numpy(reader: multitables.Reader, h5file: tuple) -> None:
+    _, arr, tab = h5file
+    a, t = reader.get_dataset("/arr"), reader.get_dataset("/tab")
+    assert a[:][5:10].n_rows_read == 5 and a[100:][::-50][1].n_rows_read == 1
+    mask = np.arange(20) > 12
+    cases = [
+        (a[:][:, arr[0, :, 0] > 40], arr[:, arr[0, :, 0] > 40]),
+        (a[:][np.array([1, 2, 3])[:, np.newaxis], [1, 2, 3], [1, 2, 3]], arr[np.array([1, 2, 3])[:, np.newaxis], [1, 2, 3], [1, 2, 3]]),
+        (a[...][:5], arr[:5]),
+        (t[:]["col_A"][30:35, mask], tab["col_A"][30:35, mask]),
+        (t["col_A"][30:35, mask], tab["col_A"][30:35, mask]),
+        (t[30:35]["col_B"][::-1, 2], tab[30:35]["col_B"][::-1, 2]),
+        (t[[7, 1, 7]]["col_C"], tab[[7, 1, 7]]["col_C"]),
+        (t[3]["col_A"][4], tab[3]["col_A"][4]),
+    ]
+    with t.create_stage(10) as small, a.create_stage(N) as big:
+        for req, expected in cases:
+            got = reader.request(req, big if req.dataset is a else small).get()
+            np.testing.assert_array_equal(got, expected)
+            assert np.shape(got) == expected.shape
+
+
+# -- queries -----------------------------------------------------------------------------------------------------
+
+
+def test_where_and_read_sorted_run_pytables_queries_in_a_worker(reader: multitables.Reader, h5file: tuple) -> None:
+    path, _, tab = h5file
+    t = reader.get_dataset("/tab")
+    with tables.open_file(path) as f:  # what PyTables itself gives
+        where = f.root.tab.read_where("(col_C > x) & (col_C < 0.9)", {"x": np.float32(0.25)}, start=100, stop=300)
+        where_c = f.root.tab.read_where("col_C < 0.5")["col_C"]
+        in_order = f.root.tab.read_sorted("col_C", checkCSI=True, start=50, stop=150)
+        column = f.root.tab.read_sorted("col_C", field="col_B", start=10, stop=40, step=3)
+    with t.create_stage(N) as stage:
+        req = t.where("(col_C > x) & (col_C < 0.9)", condvars={"x": np.float32(0.25)}, start=100, stop=300)
+        assert req.shape is None  # known once read
+        fut = reader.request(req, stage)
+        np.testing.assert_array_equal(fut.get(), where)
+        assert fut.shape == where.shape
+        np.testing.assert_array_equal(reader.request(t.where("col_C < 0.5")["col_C"], stage).get(), where_c)
+        np.testing.assert_array_equal(reader.request(t.read_sorted("col_C", checkCSI=True, start=50, stop=150), stage).get(), in_order)
+        got = reader.request(t.read_sorted("col_C", field="col_B", start=10, stop=40, step=3), stage).get()
+        np.testing.assert_array_equal(got, column)
+    with t.create_stage(3) as small:
+        with pytest.raises(multitables.SharedMemoryError, match="more than the stage holds"):
+            reader.request(t.where("col_C >= 0"), small).get()
+        # The stage is usable again after the failed query.
+        np.testing.assert_array_equal(reader.request(t[0:3], small).get(), tab[0:3])
+    with pytest.raises(TypeError, match="array"):
+        reader.get_dataset("/arr").where("x > 0")
+
+
+# -- futures, pools, notify --------------------------------------------------------------------------------------
+
+
+def test_request_pool_hands_futures_from_a_loader_thread_over_in_order(h5file: tuple, no_leaks: None) -> None:
+    path, _, tab = h5file
+    r = multitables.Reader(path, 2)
+    t = r.get_dataset("/tab")
+    pool = t.create_stage_pool(1, 6)
+    futures = multitables.RequestPool()
+    loader = threading.Thread(target=lambda: [futures.add(r.request(t[i : i + 1], pool)) for i in range(120)])
+    with hang_guard(60, "the request pool"):
+        loader.start()
+        for i in range(120):
+            np.testing.assert_array_equal(futures.next().get(), tab[i : i + 1])
+        loader.join()
+    with pytest.raises(TimeoutError):
+        futures.next(timeout=0.05)
+    r.close(wait=True)
+
+
+def test_notify_is_called_with_each_future_then_queue_closed(h5file: tuple, no_leaks: None) -> None:
+    path, arr, _ = h5file
+    seen: list = []
+    ended = threading.Event()
+
+    def notify(item: object) -> None:
+        seen.append(item)
+        if item is multitables.QueueClosed:
+            ended.set()
+
+    r = multitables.Reader(path, 2, notify)
+    a = r.get_dataset("/arr")
+    stages = [a.create_stage(4) for _ in range(5)]
+    futures = [r.request(a[4 * i : 4 * i + 4], s) for i, s in enumerate(stages)]
+    r.close(wait=True)
+    assert ended.wait(30)
+    assert seen[-1] is multitables.QueueClosed and sorted(map(id, seen[:-1])) == sorted(map(id, futures))
+    for i, fut in enumerate(futures):
+        np.testing.assert_array_equal(fut.get(), arr[4 * i : 4 * i + 4])
+
+
+def test_close_wait_fulfils_every_pending_request_then_stops_the_workers(h5file: tuple, no_leaks: None) -> None:
+    path, arr, _ = h5file
+    r = multitables.Reader(path, 2)
+    pids = r.reader_pids
+    a = r.get_dataset("/arr")
+    futures = [(i, r.request(a[i], a.create_stage(1))) for i in range(0, N, 13)]
+    r.close(wait=True)
+    assert _workers_gone(pids)
+    with pytest.raises(RuntimeError, match="closed"):  # 2.x raised RuntimeError here too
+        r.request(a[0], a.create_stage(1))
+    for i, fut in futures:  # got after the close: still fulfilled
+        np.testing.assert_array_equal(fut.get(), arr[i])
+    r.close(wait=True)  # idempotent
+
+
+def test_close_without_wait_returns_at_once_and_the_requests_are_still_read(h5file: tuple, no_leaks: None) -> None:
+    path, arr, _ = h5file
+    r = multitables.Reader(path, 1)
+    (worker,) = r.reader_pids
+    a = r.get_dataset("/arr")
+    stage = a.create_stage(50)
+    os.kill(worker, signal.SIGSTOP)  # the request waits in its inbox
+    try:
+        fut = r.request(a[100:150], stage)
+        with hang_guard(10, "close() without wait"):
+            r.close()
+        assert not fut.done()
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    with hang_guard(30, "a request pending at close()"):
+        np.testing.assert_array_equal(fut.get(), arr[100:150])
+        while not _workers_gone([worker]):
+            time.sleep(0.05)
+
+
+def test_a_reader_used_in_a_with_reads_what_was_asked_before_it_ends(h5file: tuple, no_leaks: None) -> None:
+    path, arr, _ = h5file
+    with multitables.Reader(path, 2) as r:
+        a = r.get_dataset("/arr")
+        fut = r.request(a[::40], a.create_stage(10))
+    np.testing.assert_array_equal(fut.get(), arr[::40])
+
+
+def test_a_vlarray_is_refused_saying_what_reads_it(reader: multitables.Reader) -> None:
+    with pytest.raises(multitables.NodeTypeError, match=r"variable-length rows \(a VLArray\).*PyTables or h5py"):
+        reader.get_dataset("/vl")

@@ -64,12 +64,18 @@ class NotHDF5Error(MultitablesError, ValueError):
     """The file exists but is not an HDF5 file."""
 
 
-class NodeTypeError(MultitablesError, TypeError):
-    """The node is not something that can be streamed (a Group, a VLArray...)."""
+class NodeTypeError(MultitablesError, TypeError, RuntimeError):
+    """The node is not something that can be streamed (a Group, a VLArray...).
+
+    Also a ``RuntimeError``: what the established (2.x) API raised for it.
+    """
 
 
-class EmptyDatasetError(MultitablesError, ValueError):
-    """The dataset has no rows: there is nothing to stream or request."""
+class EmptyDatasetError(MultitablesError, ValueError, RuntimeError):
+    """The dataset has no rows: there is nothing to stream or request.
+
+    Also a ``RuntimeError``: what the established (2.x) API raised for it.
+    """
 
 
 class MissingFilterError(MultitablesError, OSError):

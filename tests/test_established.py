@@ -43,6 +43,8 @@ def h5file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray, 
         t = f.create_table("/", "tab", tab, filters=tables.Filters(3, "blosc"), chunkshape=(50,))
         t.cols.col_C.create_csindex()
         f.create_vlarray("/", "vl", tables.Int32Atom()).append([1, 2, 3])
+        f.create_earray("/", "empty", tables.Float32Atom(), shape=(0, 4))
+        f.create_group("/", "grp")
     return path, arr, tab
 
 
@@ -132,6 +134,23 @@ def test_the_established_keyword_names(reader: multitables.Reader, h5file: tuple
     with ds.create_stage_pool(shape=2, num_stages=3) as pool:
         assert len(pool) == 3
         np.testing.assert_array_equal(reader.request(key=ds[5:7], stage=pool).get(), arr[5:7])
+
+
+def test_what_2x_raised_as_runtime_error_is_still_one(reader: multitables.Reader, h5file: tuple) -> None:
+    path, _, _ = h5file
+    with pytest.raises(RuntimeError, match="Group"):
+        reader.get_dataset("/grp")  # 2.x: "Selected dataset is not an array or table."
+    with pytest.raises(RuntimeError, match="empty"):
+        multitables.Streamer(path).get_queue("/empty")  # 2.x: "Cannot read from empty dataset."
+    a = reader.get_dataset("/arr")
+    stage = a.create_stage(1)
+    fut = reader.request(a[0], stage)
+    with pytest.raises(RuntimeError):
+        reader.request(a[1], stage)  # 2.x: "Stage already fielding another request."
+    fut.release()
+    stage.close()
+    with pytest.raises(RuntimeError):
+        reader.request(a[1], stage)  # 2.x: "Stage has already been closed."
 
 
 # -- stages ------------------------------------------------------------------------------------------------------

@@ -1,0 +1,78 @@
+"""A/B of the streaming path between two checkouts, page cache warm, alternating runs in one session.
+
+Times one whole pass of ``get_queue`` (direct access) and ``get_generator``
+over a 1 GiB zlib-3 file of random normal float32 rows, with each checkout in
+turn (a fresh interpreter each, ``PYTHONPATH`` set to the checkout), so that
+the host's drift hits both alike. Prints each run and the medians.
+
+    python benchmarks/ab_stream.py --file bench/ab.h5 --a ../before --b . --runs 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+
+PASS = r"""
+import sys, time, multitables
+path, mode, n_procs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+stream = multitables.Streamer(path, engine="chunks")
+t = time.perf_counter()
+if mode == "direct":
+    with stream.get_queue("/data", n_procs=n_procs) as q:
+        for g in q.iter():
+            with g as block:
+                pass
+else:
+    for row in stream.get_generator("/data", n_procs=n_procs):
+        pass
+print(time.perf_counter() - t)
+"""
+
+
+def make(path: str, rows: int) -> None:
+    import numpy as np
+    import tables
+
+    rng = np.random.default_rng(0)
+    with tables.open_file(path, "w") as f:
+        arr = f.create_earray("/", "data", tables.Float32Atom(), shape=(0, 1024), filters=tables.Filters(3, "zlib"))
+        for start in range(0, rows, 8192):
+            arr.append(rng.standard_normal((min(8192, rows - start), 1024), dtype=np.float32))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--file", required=True)
+    p.add_argument("--a", required=True, help="checkout A (e.g. the commit before)")
+    p.add_argument("--b", required=True, help="checkout B")
+    p.add_argument("--runs", type=int, default=7)
+    p.add_argument("--n_procs", type=int, default=2)
+    args = p.parse_args()
+    if not os.path.exists(args.file):
+        make(args.file, 262_144)
+    nbytes = 262_144 * 1024 * 4
+    subprocess.run(["cat", args.file], stdout=subprocess.DEVNULL, check=True)  # warm the page cache
+    times: dict[tuple[str, str], list[float]] = {}
+    for run in range(args.runs):
+        for mode in ("direct", "generator"):
+            for label, root in (("A", args.a), ("B", args.b)):
+                env = dict(os.environ, PYTHONPATH=os.path.abspath(root))
+                out = subprocess.run(
+                    [sys.executable, "-c", PASS, args.file, mode, str(args.n_procs)],
+                    env=env, capture_output=True, text=True, check=True,
+                )
+                t = float(out.stdout.strip().splitlines()[-1])
+                times.setdefault((mode, label), []).append(t)
+                print(f"run {run} {mode} {label}: {nbytes / t / 1e6:,.0f} MB/s", flush=True)
+    for mode in ("direct", "generator"):
+        a = statistics.median(times[(mode, "A")])
+        b = statistics.median(times[(mode, "B")])
+        print(f"{mode}: A {nbytes / a / 1e6:,.0f} MB/s, B {nbytes / b / 1e6:,.0f} MB/s, B/A {a / b:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -63,7 +63,7 @@ def shm_mappings() -> Callable[[], list[str]]:
 
 def _snapshot() -> dict[str, object]:
     me = psutil.Process()
-    children = {c.pid for c in me.children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE}
+    children = {c.pid for c in me.children(recursive=True) if _status(c) not in (psutil.STATUS_ZOMBIE, None)}
     # multiprocessing's resource tracker is started once and lives as long as this process.
     children = {pid for pid in children if "resource_tracker" not in " ".join(_cmdline(pid))}
     return {
@@ -72,6 +72,14 @@ def _snapshot() -> dict[str, object]:
         "children": children,
         "threads": {t.ident for t in threading.enumerate()},
     }
+
+
+def _status(proc: psutil.Process) -> "str | None":
+    """The process's status, or None once it is gone (it may end between listing and asking)."""
+    try:
+        return proc.status()
+    except psutil.NoSuchProcess:
+        return None
 
 
 def _cmdline(pid: int) -> list[str]:

@@ -122,7 +122,7 @@ class _Readers:
     def close(self) -> None:
         for reader in self._open.values():
             if isinstance(reader, multitables.Reader):
-                reader.close()
+                reader.close(wait=True)
 
 
 def test_the_corpus_is_there() -> None:

@@ -74,7 +74,7 @@ def shared_reader(request: pytest.FixtureRequest, h5file: tuple) -> "tuple[Reade
         ds = reader.get_dataset(node)
         stages[node] = (ds, ds.create_stage(len(ds)))
     yield reader, stages
-    reader.close()
+    reader.close(wait=True)
 
 
 # -- keys ---------------------------------------------------------------------

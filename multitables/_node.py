@@ -10,6 +10,7 @@ import errno
 import functools
 import math
 import os
+import stat
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,15 +138,48 @@ def inspect_node(filename: "str | os.PathLike[str]", path: str, field: "str | No
     return node
 
 
+def as_filename(filename: Any) -> str:
+    """``filename`` as a str, from what ``open()`` and h5py take: str, bytes or ``os.PathLike``.
+
+    Bytes that do not decode in the file system's encoding are kept as
+    surrogates (``os.fsdecode``); ``os.fsencode`` gives them back exactly.
+    """
+    try:
+        return os.fsdecode(filename)
+    except TypeError:
+        raise TypeError(f"filename must be a str, bytes or os.PathLike, not {type(filename).__name__}") from None
+
+
+_NOT_REGULAR = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def check_regular(filename: str) -> None:
+    """Raise unless ``filename`` is a regular file, before anything opens it: opening a FIFO waits for a writer."""
+    try:
+        mode = os.stat(filename).st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, "No such HDF5 file", filename) from None
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, "Expected an HDF5 file, got a directory", filename)
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _NOT_REGULAR if test(mode)), "not a regular file")
+        raise NotHDF5Error(
+            f"{filename!r} is {kind}, not a regular file: HDF5 files are read at offsets, which only a regular "
+            f"file allows"
+        )
+
+
 def check_file(filename: str) -> None:
-    """Raise the builtin-compatible error for a missing file, a directory, or a file that is not HDF5."""
+    """Raise the builtin-compatible error for a missing file, a directory, a FIFO or device, or a file that is not HDF5."""
     import h5py
 
-    if not os.path.exists(filename):
-        raise FileNotFoundError(errno.ENOENT, "No such HDF5 file", filename)
-    if os.path.isdir(filename):
-        raise IsADirectoryError(errno.EISDIR, "Expected an HDF5 file, got a directory", filename)
-    if not h5py.is_hdf5(filename):
+    check_regular(filename)
+    if not h5py.is_hdf5(os.fsencode(filename)):
         raise NotHDF5Error(f"{filename!r} is not an HDF5 file")
 
 
@@ -157,13 +191,16 @@ def open_node(filename: "str | os.PathLike[str]", path: str, field: "str | None"
     """
     import h5py
 
-    filename = os.fspath(filename)
+    filename = as_filename(filename)
     if not isinstance(path, str):
         raise TypeError(f"path must be a str naming a node in the file, not {type(path).__name__}")
+    if not path:
+        raise ValueError(f"path is empty: name the node to read in {filename!r}, such as '/data'")
     if field is not None and not isinstance(field, str):
         raise TypeError(f"field must be a str naming a table column, not {type(field).__name__}")
+    check_regular(filename)
     try:
-        fid = h5py.h5f.open(filename.encode(), h5py.h5f.ACC_RDONLY, _file_access())
+        fid = h5py.h5f.open(os.fsencode(filename), h5py.h5f.ACC_RDONLY, _file_access())
     except OSError:
         check_file(filename)  # the error a user expects: missing, a directory, not HDF5
         raise  # something else (permissions, a damaged superblock): HDF5's own words

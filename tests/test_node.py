@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import h5py
@@ -86,3 +87,61 @@ def test_closing_the_dataset_of_open_node_closes_its_file(make_array, fds_on) ->
     assert node.n_rows == 10 and fds_on(path) == 1
     close_dataset(dataset)
     assert fds_on(path) == 0
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_fifo_or_a_device_is_refused_before_anything_opens_it(tmp_path: Path, kind: str) -> None:
+    # Opening a FIFO for reading waits for a writer: an open before the check would hang here.
+    from _readall import hang_guard
+
+    if kind == "fifo":
+        path = tmp_path / "pipe.h5"
+        os.mkfifo(path)
+        what = "FIFO"
+    else:
+        path = Path(os.devnull)
+        what = "character device"
+    with hang_guard(30, f"a {kind} given as the file"):
+        for call in (
+            lambda: inspect_node(path, "/data"),
+            lambda: multitables.Streamer(path).get_queue("/data"),
+            lambda: list(multitables.Streamer(path).get_generator("/data")),
+            lambda: multitables.Reader(path, n_procs=1),
+        ):
+            with pytest.raises(multitables.NotHDF5Error, match=f"is a {what}.*not a regular file"):
+                call()
+
+
+@pytest.mark.parametrize("spelling", ["str", "bytes", "pathlike", "undecodable"])
+def test_file_names_are_taken_as_open_and_h5py_take_them(tmp_path: Path, spelling: str) -> None:
+    data = np.arange(3000, dtype="<i8").reshape(1000, 3)
+    raw = os.fsencode(tmp_path) + (b"/caf\xe9.h5" if spelling == "undecodable" else b"/data.h5")
+    with h5py.File(raw, "w") as f:  # h5py takes bytes, so does the kernel
+        f.create_dataset("data", data=data, chunks=(100, 3), compression="gzip")
+    name = {"str": os.fsdecode(raw), "bytes": raw, "pathlike": Path(os.fsdecode(raw)), "undecodable": raw}[spelling]
+    node = inspect_node(name, "/data")
+    assert (node.n_rows,) + node.row_shape == data.shape
+    for engine in ("auto", "h5py", "chunks"):
+        stream = multitables.Streamer(name, engine=engine)
+        np.testing.assert_array_equal(np.stack(list(stream.get_generator("/data", n_procs=1))), data)
+        got = []
+        with stream.get_queue("/data", n_procs=2, block_size=100, ordered=True) as queue:
+            for guard in queue:
+                with guard as block:
+                    got.append(block.copy())
+        np.testing.assert_array_equal(np.concatenate(got), data)
+    with multitables.Reader(name, n_procs=1) as reader:
+        ds = reader.get_dataset("/data")
+        np.testing.assert_array_equal(reader.request(ds[::7], ds.create_stage(200)).get(), data[::7])
+    if spelling == "undecodable":
+        # PyTables takes only names that decode: the engine says so, and which engine reads the file.
+        with pytest.raises(multitables.NodeTypeError, match="engine='tables' cannot read.*reads it"):
+            multitables.Streamer(name, engine="tables").get_queue("/data")
+
+
+def test_an_empty_path_is_named_as_such(make_array) -> None:
+    path = make_array(np.zeros(3))
+    with pytest.raises(ValueError, match="path is empty"):  # not "the file may be damaged"
+        inspect_node(path, "")
+    with pytest.raises(ValueError, match="path is empty"):
+        multitables.Streamer(path).get_queue("")

@@ -7,14 +7,19 @@ methods alike.
 NOTE [file identity]
     A file rewritten, truncated or replaced while readers stream it would give
     blocks of another file's bytes, silently. So the consumer records the
-    file's identity (``st_dev, st_ino, st_size, st_mtime_ns``) when the pool
-    starts, and each reader compares it with a fresh ``os.stat`` of the path
+    file's identity (``st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns``)
+    when the pool starts, and each reader compares it with a fresh ``os.stat`` of the path
     after opening the file and after reading each block, before publishing
     it: a block is only handed over if the file was still the same when its
     read had finished. Any change (or the path gone: deleted or renamed) is a
     :class:`~multitables.errors.FileChangedError` naming the path. A stat costs
-    ~1-2 us against milliseconds per block. Writes within one tick of the
-    filesystem's clock that keep the size are below what mtime can show.
+    ~1-2 us against milliseconds per block. The change time (ctime) is there
+    because the modification time can be set back (``cp -p``, ``rsync -t``
+    writing in place, ``touch -r``): only the kernel sets ctime, at every
+    write and every change of the inode (also chmod or a new hard link,
+    which stop the stream too: better than a wrong row). Writes within one
+    tick of the filesystem's clock that keep the size are below what either
+    time can show.
 
 NOTE [prefetch]
     A reader alternates between waiting for the disk and decoding; alone, it
@@ -47,8 +52,9 @@ from __future__ import annotations
 import os
 import signal
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ._engines import limit_threads, open_source
 from ._node import NodeInfo
@@ -57,8 +63,8 @@ from ._ring import PeerGone, Ring, RingLayout, RingSync
 from ._shm import unlink_orphan
 from .errors import FileChangedError, _ReaderFailure
 
-#: ``(st_dev, st_ino, st_size, st_mtime_ns)`` of a file; see NOTE [file identity].
-FileSignature = tuple[int, int, int, int]
+#: ``(st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)`` of a file; see NOTE [file identity].
+FileSignature = tuple[int, int, int, int, int]
 
 #: Seconds between checks that the consumer is still alive while busy reading.
 PARENT_CHECK_INTERVAL = 0.5
@@ -88,7 +94,7 @@ class ReaderSettings:
 def file_signature(filename: str) -> FileSignature:
     """The identity of ``filename`` now; see NOTE [file identity]."""
     st = os.stat(filename)
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def check_file_unchanged(filename: str, expected: "FileSignature | None") -> None:
@@ -108,8 +114,10 @@ def check_file_unchanged(filename: str, expected: "FileSignature | None") -> Non
         what = "replaced by another file"
     elif now[2] != expected[2]:
         what = f"resized from {expected[2]} to {now[2]} bytes"
-    else:
+    elif now[3] != expected[3]:
         what = "modified (its modification time changed)"
+    else:
+        what = "changed (its change time moved: a write with the modification time set back, or a chmod)"
     raise FileChangedError(
         f"{filename!r} was {what} while it was being streamed; blocks read from it now could hold "
         f"other data, so the stream stops"
@@ -153,13 +161,38 @@ class _ParentWatch:
         return self._alive
 
 
+@contextmanager
+def sigint_held_for_children() -> Iterator[None]:
+    """Hold off SIGINT in this thread while it starts processes: see :func:`ignore_sigint`.
+
+    A process inherits the signal mask through fork and exec, so a Ctrl-C
+    that reaches a new process before its entry point runs (a spawned
+    interpreter takes a while to import) stays pending in it until it is
+    ignored there. In this thread it is delivered when the ``with`` ends.
+    """
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def ignore_sigint() -> None:
+    """The first thing a reader or worker does: ignore Ctrl-C, then drop any that came while it started.
+
+    Ctrl-C goes to the whole foreground process group; the consumer decides
+    what happens (it stops us), so our processes ignore it, from before
+    their first instruction (:func:`sigint_held_for_children`).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def run(settings: ReaderSettings, sync: RingSync, error_conn: Any) -> None:
     """Reader process entry point; see NOTE [ring protocol] and NOTE [failure reports]."""
-    # Ctrl-C goes to the whole foreground process group; the consumer decides
-    # what happens (it stops us), so the reader ignores it. SIGTERM is the
-    # consumer's escalation (NOTE [shutdown]): a handler inherited through
-    # fork from the user's program must not keep us alive.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # SIGTERM is the consumer's escalation (NOTE [shutdown]): a handler
+    # inherited through fork from the user's program must not keep us alive.
+    ignore_sigint()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     parent_alive = _ParentWatch(settings.parent_pid, settings.parent_start)
     rows: "tuple[int, int] | None" = None
@@ -170,6 +203,7 @@ def run(settings: ReaderSettings, sync: RingSync, error_conn: Any) -> None:
         ring = Ring.attach(settings.shm_name, settings.layout, sync)
         sync.attached.release()
         keep_going = _keep_going(ring, parent_alive)
+        pacer = _Pacer(settings.node.chunk_rows)
         filename = settings.node.filename
         source = open_source(settings.engine, settings.node, settings.open_kwargs, settings.plan, cache=settings.cache)
         check_file_unchanged(filename, settings.file_signature)
@@ -184,8 +218,14 @@ def run(settings: ReaderSettings, sync: RingSync, error_conn: Any) -> None:
                 source.prefetch(piece.start, piece.stop)
             out = ring.slots[slot]
             for piece in plan.pieces(k):
-                rows = (piece.start, piece.stop)
-                source.read_into(piece.start, piece.stop, out[piece.dst : piece.dst + piece.stop - piece.start])
+                for a, b in pacer.split(piece.start, piece.stop):
+                    rows = (a, b)
+                    t = time.perf_counter()
+                    dst = piece.dst + a - piece.start
+                    source.read_into(a, b, out[dst : dst + b - a])
+                    pacer.took(b - a, time.perf_counter() - t)
+                    if not parent_alive():
+                        raise PeerGone  # orphaned: stop now rather than at the end of the block
             check_file_unchanged(filename, settings.file_signature)
             rows = None
             ring.publish(slot, k, plan.rows(k), keep_going)
@@ -206,6 +246,41 @@ def run(settings: ReaderSettings, sync: RingSync, error_conn: Any) -> None:
             unlink_orphan(settings.shm_name)  # the consumer died before it could
         if ring is not None:
             ring.close()
+
+
+class _Pacer:
+    """Cuts a read into whole chunks of about ``PARENT_CHECK_INTERVAL`` / 2 of work, so a reader notices its consumer died.
+
+    NOTE [orphans]: a reader whose consumer was SIGKILLed must stop within
+    about a second (nobody else would stop it). Between blocks is too
+    seldom where one block takes seconds to decode (16 MiB of bzip2: 1.5 to
+    8.4 s), and a parent check inside an engine's C call is impossible. So
+    a reader reads a block in pieces sized from the rate it has measured,
+    whole chunks (the unit a codec decodes), and checks between them; the
+    first piece is one chunk, to time. A fast codec takes milliseconds a
+    block: after that first chunk it is read in one piece, as before.
+    """
+
+    def __init__(self, chunk_rows: "int | None") -> None:
+        self._unit = max(1, chunk_rows or 1)
+        self._rows_per_piece = self._unit  # one chunk, until a read is timed
+
+    def split(self, start: int, stop: int) -> "Iterator[tuple[int, int]]":
+        """Rows ``start..stop`` as consecutive ``(a, b)`` pieces; call :meth:`took` after reading each."""
+        a = start
+        while a < stop:
+            n = self._rows_per_piece
+            # Cut at multiples of n: chunk boundaries, since n is a multiple of the chunk rows.
+            b = stop if n >= stop - a else min(stop, (a // n + 1) * n)
+            yield a, b
+            a = b
+
+    def took(self, rows: int, seconds: float) -> None:
+        if rows <= 0 or seconds <= 0:
+            return
+        budget = PARENT_CHECK_INTERVAL / 2
+        per_row = seconds / rows
+        self._rows_per_piece = max(self._unit, int(budget / per_row) // self._unit * self._unit)
 
 
 def _keep_going(ring: Ring, parent_alive: Callable[[], bool]) -> Callable[[], bool]:

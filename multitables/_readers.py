@@ -18,8 +18,9 @@ NOTE [failure reports]
     ``ReaderError`` naming the reader, its pid and exit code (and signal). If
     every reader has ended normally yet no block is ready, the block the
     consumer waits for can never come, and that is an error too rather than a
-    hang. The first error is kept: the pool stops its readers at once, and
-    every later ``check()`` raises the same error again.
+    hang. The first error is kept: the pool tells its readers to stop at once
+    (without waiting for them), and every later ``check()`` raises the same
+    error again.
 
 NOTE [shutdown]
     ``ReaderPool.close()`` is the one way a pool ends, whatever ended it (the
@@ -36,9 +37,11 @@ NOTE [shutdown]
 
     Step 1 comes first and cannot block, so even a ``close()`` cut short (a
     second Ctrl-C) leaves readers that stop by themselves within a ``TICK``.
-    Steps 1-3 also run as soon as a reader error is seen (NOTE [failure
-    reports]): the survivors are stopped before the error reaches the user,
-    and ``close()`` later only frees what is left.
+    Step 1 alone also runs as soon as a reader error is seen (NOTE [failure
+    reports]), and the error is raised at once: joining the survivors first
+    kept it from the user for up to ``JOIN_TIMEOUT``. They stop by
+    themselves meanwhile, and ``close()`` (a ``with``, the finalizer) ends
+    them as for any other end.
 
     The segment name is normally unlinked much earlier, as soon as every
     reader has attached (NOTE [segment lifetime]). Readers, for their part,
@@ -57,7 +60,7 @@ from typing import Any
 
 from ._node import NodeInfo
 from ._plan import BlockPlan, RangePlan
-from ._reader_process import ReaderSettings, file_signature, process_start_time, run
+from ._reader_process import ReaderSettings, file_signature, process_start_time, run, sigint_held_for_children
 from ._ring import TICK, Ring, RingLayout, RingSync
 from ._shm import check_space
 from .errors import ReaderError, StreamClosedError, _reader_died, _ReaderFailure
@@ -135,7 +138,8 @@ class ReaderPool:
                 self._open_conns.add(i)
                 try:
                     proc = ctx.Process(target=run, args=(settings, sync, send), name=f"multitables-reader-{i}", daemon=True)
-                    proc.start()
+                    with sigint_held_for_children():
+                        proc.start()
                 finally:
                     send.close()
                 self._procs.append(proc)
@@ -176,7 +180,7 @@ class ReaderPool:
             self._look()
         except ReaderError as exc:
             self._error = exc
-            self._stop_readers()
+            self._tell_stop()  # raise first: close() joins the others (NOTE [shutdown])
             raise
         return True
 
@@ -234,11 +238,15 @@ class ReaderPool:
         """Steps 1-3 of NOTE [shutdown]: stop, join, terminate, kill. Idempotent."""
         if self._stopped:
             return
-        ring = self.ring
-        ring.stop()
-        ring.wake_readers(len(self._procs))
+        self._tell_stop()
         end_processes(self._procs)
         self._stopped = True
+
+    def _tell_stop(self) -> None:
+        """Step 1 of NOTE [shutdown], which cannot block. Idempotent (only the consumer sets the flag)."""
+        if not self.ring.stopped:
+            self.ring.stop()
+            self.ring.wake_readers(len(self._procs))
 
     def close(self) -> None:
         """Stop every reader and free everything; see NOTE [shutdown]. Idempotent."""

@@ -59,7 +59,14 @@ import numpy as np
 
 from ._engines import limit_threads, open_source
 from ._node import NodeInfo
-from ._reader_process import _ParentWatch, check_file_unchanged, process_start_time
+from ._reader_process import (
+    FileSignature,
+    _ParentWatch,
+    check_file_unchanged,
+    ignore_sigint,
+    process_start_time,
+    sigint_held_for_children,
+)
 from ._readers import JOIN_TIMEOUT, end_processes
 from ._request import effective_chunk_rows, group_bounds, run_bounds
 from ._ring import TICK
@@ -193,7 +200,7 @@ class WorkerSettings:
     n_workers: int
     parent_pid: int
     parent_start: "str | None"
-    file_signature: "tuple[int, int, int, int] | None"
+    file_signature: "FileSignature | None"
 
 
 @dataclass(frozen=True)
@@ -445,7 +452,8 @@ class _Worker:
 
 def run(settings: WorkerSettings, sync: WorkerSync, error_conn: Any) -> None:
     """Worker process entry point; see NOTE [request protocol]."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the consumer decides what Ctrl-C does
+    ignore_sigint()  # the consumer decides what Ctrl-C does
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as stream readers: SIGTERM is the consumer's escalation
     worker = _Worker(settings, sync, error_conn)
     try:
         limit_threads()
@@ -475,7 +483,7 @@ class WorkerPool:
         n_procs: int,
         max_stages: int,
         start_method: "str | None",
-        file_signature: "tuple[int, int, int, int] | None",
+        file_signature: "FileSignature | None",
     ) -> None:
         import threading
 
@@ -522,7 +530,8 @@ class WorkerPool:
                 self._listening[recv] = i
                 try:
                     proc = ctx.Process(target=run, args=(settings, sync, send), name=f"multitables-request-{i}", daemon=True)
-                    proc.start()
+                    with sigint_held_for_children():
+                        proc.start()
                 finally:
                     send.close()
                 self._procs.append(proc)

@@ -1,0 +1,162 @@
+"""Inside a reader process: it knows the file it reads (NOTE [file identity]) and ignores Ctrl-C from birth."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+
+import multitables
+from multitables._reader_process import check_file_unchanged, file_signature
+from multitables.errors import FileChangedError
+
+from _readall import hang_guard
+
+N_ROWS, BLOCK = 20_000, 500
+GUARD = 60.0
+
+
+def _rewrite_keeping_mtime(path: Path, other: Path) -> None:
+    """Write another file's bytes over ``path`` in place and set its times back, as ``cp -p`` or ``touch -r`` do."""
+    before = path.stat()
+    with open(path, "r+b") as f:
+        f.write(other.read_bytes())
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+
+
+@pytest.fixture
+def two_files(make_array: Callable[..., Path]) -> tuple[Path, Path, np.ndarray]:
+    """Two files of one size: ``data``, and ``-data`` (contiguous, uncompressed: a stale read raises nothing)."""
+    data = np.arange(N_ROWS * 16, dtype="<f4").reshape(N_ROWS, 16)
+    path = make_array(data, complib=None, kind="array")
+    other = make_array(-data, complib=None, kind="array")
+    assert path.stat().st_size == other.stat().st_size
+    return path, other, data
+
+
+def test_the_signature_sees_a_rewrite_whose_modification_time_was_set_back(two_files: tuple) -> None:
+    path, other, _ = two_files
+    signature = file_signature(path)
+    time.sleep(0.05)  # a later tick of the filesystem clock
+    _rewrite_keeping_mtime(path, other)
+    with pytest.raises(FileChangedError, match="change time"):
+        check_file_unchanged(path, signature)
+
+
+def test_a_stream_stops_at_a_rewrite_whose_modification_time_was_set_back(two_files: tuple, no_leaks: None) -> None:
+    path, other, data = two_files
+    time.sleep(0.05)
+    got = []
+    with hang_guard(GUARD, "a stream over a rewritten file"):
+        with multitables.Streamer(path).get_queue("/data", n_procs=1, block_size=BLOCK, read_ahead=2, ordered=True) as q:
+            with q.get() as block:
+                got.append(block.copy())
+                _rewrite_keeping_mtime(path, other)
+            with pytest.raises(FileChangedError, match="while it was being streamed"):
+                for guard in q:
+                    with guard as block:
+                        got.append(block.copy())
+    assert len(got) < N_ROWS // BLOCK
+    for k, block in enumerate(got):  # whatever came is the original file's
+        np.testing.assert_array_equal(block, data[k * BLOCK : (k + 1) * BLOCK])
+
+
+def test_a_request_fails_after_a_rewrite_whose_modification_time_was_set_back(two_files: tuple, no_leaks: None) -> None:
+    path, other, data = two_files
+    with hang_guard(GUARD, "a request over a rewritten file"), multitables.Reader(path, n_procs=1) as reader:
+        ds = reader.get_dataset("/data")
+        stage = ds.create_stage(BLOCK)
+        np.testing.assert_array_equal(reader.request(ds[:BLOCK], stage).get(), data[:BLOCK])
+        time.sleep(0.05)
+        _rewrite_keeping_mtime(path, other)
+        with pytest.raises(FileChangedError):
+            reader.request(ds[BLOCK : 2 * BLOCK], stage).get()
+
+
+_SIGINT_AT_BIRTH = r"""
+import os, signal, sys, threading, time
+import numpy as np, psutil, multitables
+
+path, what = sys.argv[1], sys.argv[2]
+me, hit, stop = psutil.Process(), set(), threading.Event()
+
+def interrupt_children():
+    # Ctrl-C reaches every process of the group; here only the new ones get it, as early as they can be found.
+    while not stop.is_set():
+        for child in me.children(recursive=True):
+            if child.pid not in hit and "resource_tracker" not in " ".join(child.cmdline()):
+                hit.add(child.pid)
+                os.kill(child.pid, signal.SIGINT)
+        time.sleep(0.0005)
+
+threading.Thread(target=interrupt_children, daemon=True).start()
+if what == "stream":
+    stream = multitables.Streamer(path, start_method="spawn")
+    rows = sum(len(g.block) for g in stream.get_queue("/data", n_procs=2, block_size=500))
+else:
+    with multitables.Reader(path, n_procs=2, start_method="spawn") as reader:
+        ds = reader.get_dataset("/data")
+        rows = len(reader.request(ds[:1000], ds.create_stage(1000)).get())
+stop.set()
+print("rows", rows, "interrupted", len(hit))
+"""
+
+
+@pytest.mark.parametrize("what", ["stream", "reader"])
+def test_processes_ignore_ctrl_c_from_their_first_instruction(make_array: Callable[..., Path], what: str) -> None:
+    # A spawned interpreter takes a while to import before it runs our entry point; a Ctrl-C then used to
+    # kill it with a KeyboardInterrupt traceback.
+    path = make_array(np.arange(N_ROWS * 4, dtype="<f4").reshape(N_ROWS, 4))
+    done = subprocess.run(
+        [sys.executable, "-c", _SIGINT_AT_BIRTH, str(path), what],
+        capture_output=True, text=True, timeout=GUARD, cwd=Path(__file__).parent,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "KeyboardInterrupt" not in done.stderr
+    rows, n_hit = done.stdout.split()[1], int(done.stdout.split()[3])
+    assert rows == (str(N_ROWS) if what == "stream" else "1000") and n_hit >= 2
+
+
+_ORPHANED_MID_BLOCK = r"""
+import sys, time, multitables, multitables._engines as engines
+
+read_into = engines._H5pySource.read_into
+
+def slow(self, start, stop, out):  # 2 ms a row: one block of 5,000 rows takes 10 s
+    time.sleep(0.002 * (stop - start))
+    return read_into(self, start, stop, out)
+
+engines._H5pySource.read_into = slow  # the reader is forked: it reads this slowly too
+queue = multitables.Streamer(sys.argv[1], engine="h5py", start_method="fork").get_queue(
+    "/data", n_procs=1, block_size=5000, read_ahead=1
+)
+print(queue.reader_pids[0], flush=True)
+queue.get()
+"""
+
+
+def test_an_orphaned_reader_stops_within_a_second_even_mid_block(make_array: Callable[..., Path]) -> None:
+    import psutil
+    import signal
+
+    path = make_array(np.arange(20_000 * 4, dtype="<f4").reshape(20_000, 4), chunkshape=(100, 4))
+    consumer = subprocess.Popen([sys.executable, "-c", _ORPHANED_MID_BLOCK, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        reader = psutil.Process(int(consumer.stdout.readline()))
+        time.sleep(1.0)  # the reader is well into its first block
+        consumer.send_signal(signal.SIGKILL)
+        consumer.wait(GUARD)
+        # Before, it read on to the end of the block (10 s here); the promise is about a second.
+        gone, alive = psutil.wait_procs([reader], timeout=3.0)
+        assert not alive, "the orphaned reader read on to the end of its block"
+    finally:
+        consumer.kill()
+        consumer.wait(GUARD)

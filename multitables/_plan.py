@@ -37,6 +37,10 @@ START_COST_S = {"fork": 0.05, "forkserver": 0.9, "spawn": 1.2}
 _DECODE_RATE = {1: 0.55e9, 307: 0.03e9, 32001: 1.5e9, 32026: 1.5e9, 32004: 1.5e9, 32015: 0.8e9, 32008: 1.5e9}
 _ENGINE_SPEED = {"chunks": {1: 2.7}, "tables": {1: 1 / 1.8, 32001: 1 / 2.3}}
 _COPY_RATE = 3.5e9
+#: Most readers per usable CPU: more only take turns on the same cores (each
+#: with its own ring slots and open file), while a few per CPU still help
+#: where reads wait on storage rather than decode.
+READERS_PER_CPU = 4
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,12 @@ def available_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
+
+
+def cap_readers(n_procs: int, n_blocks: "int | None", cpus: int) -> int:
+    """``n_procs`` capped at what can be used: a reader per block of a pass (``None``: endless), ``READERS_PER_CPU`` per CPU."""
+    cap = READERS_PER_CPU * max(cpus, 1)
+    return min(n_procs, cap if n_blocks is None else min(cap, n_blocks))
 
 
 def default_block_size(n_rows: int, row_nbytes: int, chunk_rows: "int | None", n_procs: int) -> int:

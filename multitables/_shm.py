@@ -25,13 +25,16 @@ NOTE [segment lifetime]
     The space is checked against statvfs before anything is created, and the
     pages are reserved with posix_fallocate when the segment is created, so a
     /dev/shm that is too small fails here with a clear error rather than with
-    a SIGBUS on first touch, later, in some process. (A filesystem that cannot
-    reserve gets a plain ftruncate, as ``multiprocessing.shared_memory`` does.)
+    a SIGBUS on first touch, later, in some process; one out of inodes
+    (creating the name fails with ENOSPC) gets the same error, saying so. (A
+    filesystem that cannot reserve gets a plain ftruncate, as
+    ``multiprocessing.shared_memory`` does.)
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
 import secrets
@@ -130,13 +133,40 @@ def shm_free_bytes() -> "int | None":
     return st.f_bavail * st.f_frsize
 
 
+#: What the caller can make smaller, by what needs the memory (the ``what`` of :func:`check_space`).
+_SMALLER = {
+    "The ring": "a smaller read_ahead or block_size",
+    "The stage": "a smaller stage or fewer stages",
+    "The request inboxes": "fewer workers (n_procs)",
+}
+
+
+def _amount(nbytes: int) -> str:
+    return f"{nbytes / (1 << 20):.1f} MiB ({nbytes:,} bytes)"  # the bytes: rounding could hide a few pages short
+
+
 def _space_error(nbytes: int, free: "int | None", what: str) -> ShmSpaceError:
-    mib = 1 << 20
-    free_txt = "an unknown amount" if free is None else f"{free / mib:.1f} MiB"
+    short = ""
+    if free is not None:  # enough free yet short: posix_fallocate failed, something took it meanwhile
+        short = f": {nbytes - free:,} bytes short" if free < nbytes else ", yet it could not be reserved"
+    smaller = _SMALLER.get(what)
     return ShmSpaceError(
-        f"{what} needs {nbytes / mib:.1f} MiB of shared memory but {_SHM_DIR} has {free_txt} free. "
-        f"Use a smaller read_ahead or block_size, or give the machine or container more shared "
+        f"{what} needs {_amount(nbytes)} of shared memory but {_SHM_DIR} has "
+        f"{'an unknown amount' if free is None else _amount(free)} free{short}. "
+        f"{f'Use {smaller}, or give' if smaller else 'Give'} the machine or container more shared "
         f"memory (for Docker: --shm-size)."
+    )
+
+
+def _inode_error(what: str) -> ShmSpaceError:
+    try:
+        st = os.statvfs(_SHM_DIR)
+        counts = f" ({st.f_favail:,} of {st.f_files:,} free)"
+    except OSError:
+        counts = ""
+    return ShmSpaceError(
+        f"{what} cannot be created: {_SHM_DIR} has no inode left for a new file{counts}, whatever space it has. "
+        f"Remove files no longer needed from {_SHM_DIR}, or mount it with more inodes (tmpfs option nr_inodes)."
     )
 
 
@@ -149,8 +179,6 @@ def check_space(nbytes: int, what: str = "The ring") -> None:
 
 def _reserve(fd: int, nbytes: int, what: str) -> None:
     """Give the segment its size with every page reserved, so touching it can never SIGBUS."""
-    import errno
-
     try:
         os.posix_fallocate(fd, 0, nbytes)
     except OSError as exc:
@@ -187,6 +215,10 @@ class Segment:
                 fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
             except FileExistsError:
                 continue
+            except OSError as exc:
+                if exc.errno == errno.ENOSPC:  # creating a file on tmpfs: out of inodes
+                    raise _inode_error(what) from exc
+                raise
             break
         else:  # pragma: no cover - 16 collisions of 64 random bits
             raise FileExistsError("could not find a free shared-memory name")

@@ -25,8 +25,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ._engines import ENGINES, resolve_engine
-from ._node import NodeInfo, check_file, inspect_node
-from ._plan import available_cpus
+from ._node import NodeInfo, as_filename, check_file, inspect_node
+from ._plan import available_cpus, cap_readers
 from ._reader_process import file_signature
 from ._established import first_op, next_op
 from ._request import RowPlan, compose_keys, effective_chunk_rows, normalize_key, plan_rows, split_shares
@@ -241,11 +241,12 @@ class Reader:
 
     Parameters
     ----------
-    filename : str or os.PathLike
+    filename : str, bytes or os.PathLike
         The HDF5 file.
     n_procs : int, optional
         Worker processes reading requests; default: the CPUs this process may
-        use. A large request is split among them, so they decode in parallel.
+        use, and at most 4 per CPU (:attr:`n_procs` says how many run). A large
+        request is split among them, so they decode in parallel.
     notify : callable, optional
         Called in a thread of its own with each :class:`Future` once its data
         is there (or its read failed), and with :data:`QueueClosed` once the
@@ -273,7 +274,7 @@ class Reader:
 
     def __init__(
         self,
-        filename: "str | os.PathLike[str]",
+        filename: "str | bytes | os.PathLike[str] | os.PathLike[bytes]",
         n_procs: "int | None" = None,
         notify: "Callable[[Any], Any] | None" = None,
         *,
@@ -285,8 +286,9 @@ class Reader:
         import multiprocessing
 
         self._core: "_Core | None" = None
-        filename = os.fspath(filename)
-        n_procs = available_cpus() if n_procs is None else _positive_int("n_procs", n_procs)
+        filename = as_filename(filename)
+        cpus = available_cpus()
+        n_procs = cap_readers(cpus if n_procs is None else _positive_int("n_procs", n_procs), None, cpus)
         max_stages = _positive_int("max_stages", max_stages)
         if engine not in ENGINES:
             raise ValueError(f"engine={engine!r} is not one of {ENGINES}")

@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING, Any, Iterator
 import numpy as np
 
 from ._engines import CACHES, ENGINES, open_source, resolve_engine
-from ._node import NodeInfo, close_dataset, inspect_node, open_node
-from ._plan import BlockPlan, RangePlan, ahead, available_cpus, default_block_size, default_read_ahead, parallel_pays
+from ._node import NodeInfo, as_filename, close_dataset, inspect_node, open_node
+from ._plan import BlockPlan, RangePlan, ahead, available_cpus, cap_readers, default_block_size, default_read_ahead
+from ._plan import parallel_pays
 from ._reader_process import check_file_unchanged, file_signature
 from ._readers import ReaderPool
 from ._ring import TICK
@@ -92,14 +93,14 @@ class Guard:
     __slots__ = ("_queue", "_slot", "block", "_released", "__weakref__")
 
     def __init__(self, queue: "Queue", slot: int, block: np.ndarray) -> None:
-        self._queue = queue
+        self._queue: "Queue | None" = queue
         self._slot = slot
         self.block = block
         self._released = False
 
     def __enter__(self) -> np.ndarray:
         if not self._released:
-            self._queue._hold(self._slot)
+            self._queue._hold(self._slot)  # type: ignore[union-attr]
         return self.block
 
     def __exit__(self, *exc: object) -> None:
@@ -110,7 +111,8 @@ class Guard:
         if not self._released:
             self._released = True
             self.block = None  # type: ignore[assignment]
-            self._queue._release(self._slot)
+            queue, self._queue = self._queue, None  # a released guard must not keep the queue (and its readers) alive
+            queue._release(self._slot)
 
     def __del__(self) -> None:
         # A guard dropped without ``with`` must not keep its slot forever.
@@ -232,7 +234,7 @@ class Queue:
         self.block_size: int = spec.plan.block_size
         #: The engine reading the file (``"h5py"`` or ``"tables"``).
         self.engine: str = spec.engine
-        #: Reader processes; 0 when blocks are read in this process (the dataset being too small to pay).
+        #: Reader processes (``n_procs``, capped); 0 when blocks are read in this process (too small to pay).
         self.n_procs: int = spec.n_procs
         self._n_blocks = spec.plan.n_blocks
         self._delivered = 0
@@ -394,7 +396,7 @@ class Streamer:
 
     Parameters
     ----------
-    filename : str or os.PathLike
+    filename : str, bytes or os.PathLike
         The HDF5 file (written by PyTables, h5py or anything else producing HDF5).
     engine : {"auto", "chunks", "h5py", "tables"}
         What the readers decode with. ``chunks`` reads the stored chunks
@@ -423,14 +425,14 @@ class Streamer:
 
     def __init__(
         self,
-        filename: "str | os.PathLike[str]",
+        filename: "str | bytes | os.PathLike[str] | os.PathLike[bytes]",
         *,
         engine: str = "auto",
         cache: str = "page",
         start_method: "str | None" = None,
         **open_kwargs: Any,
     ) -> None:
-        self._filename = os.fspath(filename)
+        self._filename = as_filename(filename)
         self._engine = engine
         self._cache = cache
         self._start_method = start_method
@@ -473,17 +475,19 @@ class Streamer:
         node, dataset = open_node(self._filename, path, field)
         try:
             engine = self._resolve(node, dataset)
+            cpus = available_cpus()
             if n_procs is None:
-                cpus = available_cpus()
                 nbytes = node.n_rows * node.row_nbytes
                 n_procs = cpus if parallel_pays(nbytes, node.filter_ids, self._start_method, cpus, engine) else 0
+            n_procs = cap_readers(n_procs, None, cpus)  # first: the default block size depends on it
             if block_size is None:
                 block_size = default_block_size(node.n_rows, node.row_nbytes, node.chunk_rows, n_procs)
             elif block_size > node.n_rows:
                 raise ValueError(f"block_size={block_size} is larger than {path!r}, which has {node.n_rows} rows")
+            plan = BlockPlan(node.n_rows, block_size, cyclic=cyclic, remainder=remainder)
+            n_procs = cap_readers(n_procs, plan.n_blocks, cpus)
             if read_ahead is None:
                 read_ahead = default_read_ahead(n_procs)
-            plan = BlockPlan(node.n_rows, block_size, cyclic=cyclic, remainder=remainder)
         except BaseException:
             close_dataset(dataset)
             raise
@@ -523,7 +527,9 @@ class Streamer:
             Reader processes. Default: the CPUs this process may use, or none
             at all (blocks read in this process) when starting them would cost
             more than they save: small datasets, one CPU (see
-            ``multitables._plan.parallel_pays``).
+            ``multitables._plan.parallel_pays``). Capped at 4 per usable CPU
+            and at the blocks of a pass (not cyclic); :attr:`Queue.n_procs`
+            says how many run.
         read_ahead : int, optional
             Slots in the ring (blocks in flight). Default ``2 * n_procs + 2``.
         cyclic : bool
@@ -563,6 +569,7 @@ class Streamer:
         if max(plan.stops) > node.n_rows:
             raise ValueError(f"the plan reads up to row {max(plan.stops)} but {path!r} has {node.n_rows} rows")
         engine = self._resolve(node)
+        n_procs = cap_readers(n_procs, plan.n_blocks, available_cpus())
         n_slots = read_ahead if read_ahead is not None else default_read_ahead(n_procs)
         spec = _StreamSpec(node, engine, plan, n_procs, n_slots, ordered, self._cache)
         return Queue(spec, self._open_kwargs, self._start_method)

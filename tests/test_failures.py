@@ -296,8 +296,8 @@ def test_reader_killed_mid_stream_raises_naming_it(no_leaks: None, h5file: Path,
         # The error is kept, not a one-off: the stream cannot go on without the lost block.
         with pytest.raises(ReaderError):
             q.get()
-        # The surviving reader was stopped before the error reached us.
-        assert all(is_gone(p) for p in pids)
+        # The surviving reader, told to stop when the death was seen, ends by itself (not joined first).
+        wait_until(lambda: all(is_gone(p) for p in pids), CLEANUP_WITHIN, "the survivor ends")
 
 
 def test_reader_killed_while_consumer_waits(no_leaks: None, h5file: Path) -> None:
@@ -324,6 +324,29 @@ def test_reader_killed_while_consumer_waits(no_leaks: None, h5file: Path) -> Non
         assert raised_at - killed_at[0] < ERROR_WITHIN
 
 
+def test_a_readers_death_is_raised_before_the_others_are_ended(no_leaks: None, h5file: Path) -> None:
+    """Raise first, then clean up: the error does not wait for the surviving reader; close() ends it."""
+    q = Streamer(h5file).get_queue("/data", n_procs=2, block_size=CHUNK, read_ahead=4, cyclic=True)
+    victim, survivor = q.reader_pids
+    for pid in (victim, survivor):
+        os.kill(pid, signal.SIGSTOP)  # the survivor cannot end by itself while stopped
+    killer = threading.Timer(0.3, os.kill, (victim, signal.SIGKILL))  # while the consumer waits in get()
+    killer.start()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ReaderError, match="SIGKILL"):
+            while time.monotonic() - t0 < GUARD:
+                q.get().release()
+        # Neither joined, terminated nor killed before the error reached us.
+        assert not is_gone(survivor) and psutil.Process(survivor).status() == psutil.STATUS_STOPPED
+    finally:
+        killer.join()
+        if not is_gone(survivor):
+            os.kill(survivor, signal.SIGCONT)
+    q.close()  # told to stop when the death was seen, the survivor ends now; no_leaks checks the rest
+    assert is_gone(survivor)
+
+
 def test_a_lock_held_by_a_dead_process_does_not_block_the_end(no_leaks: None, h5file: Path) -> None:
     """The ring lock is a plain semaphore: whoever dies holding it holds it forever; nobody may wait on it then."""
     s = Streamer(h5file)
@@ -340,7 +363,8 @@ def test_a_lock_held_by_a_dead_process_does_not_block_the_end(no_leaks: None, h5
                 while time.monotonic() - t0 < GUARD:
                     q.get().release()  # the release waits for the lock, and sees the death
             assert time.monotonic() - t0 < ERROR_WITHIN
-            assert all(is_gone(p) for p in pids)  # the survivor gave up waiting for the lock
+            # The survivor gives up waiting for the lock.
+            wait_until(lambda: all(is_gone(p) for p in pids), CLEANUP_WITHIN, "the survivor ends")
         finally:
             lock.release()
 
@@ -558,6 +582,18 @@ def _stop_drop_queue(s: Streamer, seen: dict[str, Any]) -> None:
     del q, guard
 
 
+def _stop_drop_queue_keep_released_guard(s: Streamer, seen: dict[str, Any]) -> None:
+    q = s.get_queue("/data", n_procs=2, block_size=CHUNK, read_ahead=4, cyclic=True)
+    for guard in q.iter():
+        with guard:
+            break
+    seen["guard"] = guard  # released, and still referenced while the test waits: it must not hold the queue
+    seen["pids"] = set(q.reader_pids)
+    seen["t0"] = time.monotonic()
+    del q
+    gc.collect()
+
+
 def _stop_collect_queue_cycle(s: Streamer, seen: dict[str, Any]) -> None:
     q = s.get_queue("/data", n_procs=2, block_size=CHUNK, read_ahead=4, cyclic=True)
     q.get().release()
@@ -574,6 +610,7 @@ STOPS = [
     _stop_drop_generator,
     _stop_exception_in_queue_with,
     _stop_drop_queue,
+    _stop_drop_queue_keep_released_guard,
     _stop_collect_queue_cycle,
 ]
 
@@ -832,13 +869,50 @@ def test_ring_larger_than_free_shm_fails_before_any_process(
     with pytest.raises(ShmSpaceError) as info:
         Streamer(h5file).get_queue("/data", n_procs=2, block_size=CHUNK, read_ahead=64)
     _assert_space_error(info.value)
-    assert "1.0 MiB free" in str(info.value) and "needs 2.0 MiB" in str(info.value)
+    assert "has 1.0 MiB (1,048,576 bytes) free" in str(info.value) and "needs 2.0 MiB" in str(info.value)
     assert not process_starts and own_segments() == segments
     # The same through the generator, at its first next().
     gen = Streamer(h5file).get_generator("/data", n_procs=2, block_size=CHUNK, read_ahead=64)
     with pytest.raises(ShmSpaceError):
         next(gen)
     assert not process_starts
+
+
+def test_a_ring_a_page_too_large_says_exactly_how_much_is_missing(
+    no_leaks: None, h5file: Path, monkeypatch: pytest.MonkeyPatch, process_starts: list[Any]
+) -> None:
+    from multitables import _shm
+    from multitables._ring import RingLayout
+
+    need = RingLayout(4, CHUNK, (ROW,), np.dtype("<f4")).nbytes
+    monkeypatch.setattr(_shm, "shm_free_bytes", lambda: need - 4096)  # rounded to 0.1 MiB, both read the same
+    with pytest.raises(ShmSpaceError) as info:
+        Streamer(h5file).get_queue("/data", n_procs=2, block_size=CHUNK, read_ahead=4)
+    _assert_space_error(info.value)
+    text = str(info.value)
+    assert f"({need:,} bytes)" in text and f"({need - 4096:,} bytes) free" in text and "4,096 bytes short" in text
+    assert not process_starts
+
+
+def test_shm_out_of_inodes_is_a_space_error_naming_them(
+    no_leaks: None, h5file: Path, monkeypatch: pytest.MonkeyPatch, process_starts: list[Any]
+) -> None:
+    """A tmpfs with space left but no inode left refuses to create a file (ENOSPC) whatever its size."""
+    import errno
+
+    from multitables import _shm
+
+    def no_inode(name: str, flags: int, mode: int = 0o600) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_shm._posixshmem, "shm_open", no_inode)
+    segments = own_segments()
+    with pytest.raises(ShmSpaceError) as info:
+        Streamer(h5file).get_queue("/data", n_procs=2, block_size=CHUNK)
+    text = str(info.value)
+    assert isinstance(info.value.__cause__, OSError) and info.value.__cause__.errno == errno.ENOSPC
+    assert "The ring" in text and "/dev/shm" in text and "inodes" in text and "nr_inodes" in text
+    assert not process_starts and own_segments() == segments
 
 
 def test_huge_read_ahead_fails_clearly(no_leaks: None, h5file: Path, process_starts: list[Any]) -> None:

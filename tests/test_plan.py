@@ -7,7 +7,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from multitables._plan import BlockPlan, RangePlan, ahead, default_block_size, default_read_ahead, parallel_pays
+from multitables._plan import (
+    READERS_PER_CPU,
+    BlockPlan,
+    RangePlan,
+    ahead,
+    cap_readers,
+    default_block_size,
+    default_read_ahead,
+    parallel_pays,
+)
 
 sizes = st.integers(1, 500).flatmap(lambda n: st.tuples(st.just(n), st.integers(1, n)))
 
@@ -74,6 +83,15 @@ def test_parallel_reading_pays_only_for_enough_work_and_more_than_one_cpu() -> N
     # Fast codecs and slow start methods need more data before processes pay.
     assert parallel_pays(128 << 20, zlib, "fork", 2) and not parallel_pays(128 << 20, blosc, "fork", 2)
     assert parallel_pays(256 << 20, zlib, "fork", 2) and not parallel_pays(256 << 20, zlib, "spawn", 2)
+
+
+def test_readers_are_capped_at_the_blocks_of_a_pass_and_four_per_cpu() -> None:
+    assert READERS_PER_CPU == 4
+    assert cap_readers(1000, 3, 16) == 3  # a reader per block of the pass at most
+    assert cap_readers(1000, None, 2) == 8  # endless (cyclic): the CPUs alone cap
+    assert cap_readers(1000, 5000, 2) == 8
+    assert cap_readers(2, 100, 16) == 2  # what was asked, where it can be used
+    assert cap_readers(0, 3, 2) == 0  # 0 still means reading in the consumer
 
 
 @given(st.lists(st.tuples(st.integers(0, 100), st.integers(1, 30)), min_size=1, max_size=20))

@@ -550,3 +550,30 @@ def test_spawn(h5file: tuple, no_leaks: None) -> None:
             futs = [reader.request(ds.col("v")[[i, i + 40, i + 7]], pool) for i in range(5)]
             for i, fut in enumerate(futs):
                 np.testing.assert_array_equal(fut.get(), contents["/table"]["v"][[i, i + 40, i + 7]])
+
+
+def test_a_stage_too_large_for_shm_gets_advice_that_fits_a_stage(
+    h5file: tuple, no_leaks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from multitables import _shm
+
+    path, contents = h5file
+    with Reader(path, n_procs=1) as reader:
+        ds = reader.get_dataset("/zlib3d")
+        monkeypatch.setattr(_shm, "shm_free_bytes", lambda: 4096)
+        with pytest.raises(multitables.ShmSpaceError) as info:
+            ds.create_stage(300)
+    text = str(info.value)
+    assert "The stage needs" in text and "smaller stage" in text and "--shm-size" in text
+    assert "read_ahead" not in text and "block_size" not in text  # the Reader has neither
+
+
+def test_n_procs_is_capped_at_four_workers_per_usable_cpu(
+    h5file: tuple, no_leaks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, contents = h5file
+    monkeypatch.setattr(multitables.reader, "available_cpus", lambda: 1)
+    with Reader(path, n_procs=40) as reader:
+        assert reader.n_procs == len(reader.reader_pids) == 4
+        ds = reader.get_dataset("/zlib3d")
+        np.testing.assert_array_equal(reader.request(ds[::7], ds.create_stage(300)).get(), contents["/zlib3d"][::7])

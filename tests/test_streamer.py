@@ -296,6 +296,18 @@ def test_small_datasets_are_read_in_process_by_default(make_array) -> None:
     np.testing.assert_array_equal(np.array(list(stream.get_generator("/data"))), data)
 
 
+def test_n_procs_is_capped_at_the_blocks_of_a_pass_and_four_readers_per_cpu(make_array, monkeypatch, no_leaks) -> None:
+    data = np.arange(3000 * 4, dtype="<f4").reshape(3000, 4)
+    stream = multitables.Streamer(make_array(data, chunkshape=(100, 4)))
+    with stream.get_queue("/data", n_procs=40, block_size=1000, ordered=True) as queue:  # 3 blocks
+        assert queue.n_procs == len(queue.reader_pids) == 3
+        np.testing.assert_array_equal(np.concatenate(blocks_of(queue)), data)
+    monkeypatch.setattr(multitables.streamer, "available_cpus", lambda: 1)
+    with stream.get_queue("/data", n_procs=40, block_size=100, ordered=True) as queue:  # 30 blocks, 1 CPU
+        assert queue.n_procs == len(queue.reader_pids) == 4
+        np.testing.assert_array_equal(np.concatenate(blocks_of(queue)), data)
+
+
 @pytest.mark.parametrize("n_procs", [None, 2], ids=["in-process", "readers"])
 def test_generator_rows_are_safe_to_keep_and_to_change(make_array, n_procs: "int | None") -> None:
     data = np.arange(500 * 3, dtype="<i4").reshape(500, 3)

@@ -10,8 +10,11 @@ NOTE [segment lifetime]
     /dev/shm. If the owner dies before it could unlink, each reader unlinks
     the name when it notices (NOTE [shutdown] in ``_readers``); the name is
     also registered with multiprocessing's resource tracker until the unlink,
-    as a last safety net only. Nothing ever sweeps /dev/shm for names it did
-    not create itself.
+    as a last safety net only. A consumer SIGKILLed between creating a name
+    and registering it leaves the name behind: the next process to create a
+    segment removes names of this library whose creator is dead, that belong
+    to its user and are older than any creation can take (NOTE [creation
+    window], :func:`sweep_orphans`). Nothing else in /dev/shm is touched.
 
     No mapping holds a file descriptor (``mmap.mmap(fd)`` keeps a dup of
     ``fd`` for as long as the object lives, and rows lent to the caller
@@ -22,7 +25,9 @@ NOTE [segment lifetime]
     same addresses (mremap over the old mapping, one atomic step), so the
     caller's arrays stay valid while the segment is released at once.
 
-    The space is checked against statvfs before anything is created, and the
+    The space is checked against statvfs, and against the memory cgroup's
+    limit (shared memory is charged to it, and past it the OOM killer ends
+    a process instead of any error), before anything is created, and the
     pages are reserved with posix_fallocate when the segment is created, so a
     /dev/shm that is too small fails here with a clear error rather than with
     a SIGBUS on first touch, later, in some process; one out of inodes
@@ -38,8 +43,13 @@ import errno
 import mmap
 import os
 import secrets
+import signal
 import sys
-from typing import Sequence
+import threading
+import time
+import weakref
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 from .errors import ShmSpaceError
 
@@ -170,11 +180,103 @@ def _inode_error(what: str) -> ShmSpaceError:
     )
 
 
+#: Where this process's control groups are described and mounted (tests point these elsewhere).
+_PROC_SELF_CGROUP = "/proc/self/cgroup"
+_CGROUP_ROOT = "/sys/fs/cgroup"
+#: A memory limit at or above this is "no limit" (cgroup v1 writes 2**63 rounded down to a page).
+_NO_LIMIT = 1 << 62
+
+
+def _read_int(path: str) -> "int | None":
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return None if text == "max" else int(text)
+
+
+def _reclaimable(directory: str) -> int:
+    """Page cache of files in a memory cgroup (shared memory is not part of it): the kernel frees it for us."""
+    stat: dict[str, int] = {}
+    try:
+        with open(os.path.join(directory, "memory.stat")) as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                stat[key] = int(value)
+    except (OSError, ValueError):
+        return 0
+    # v1 counts the subtree under total_* (as its usage does); v2 has only the plain names, for the subtree.
+    prefix = "total_" if "total_active_file" in stat else ""
+    return stat.get(prefix + "active_file", 0) + stat.get(prefix + "inactive_file", 0)
+
+
+def _cgroup_dirs() -> "list[tuple[str, str, str]]":
+    """``(directory, limit file, usage file)`` of this process's memory cgroup and its ancestors, leaf first."""
+    try:
+        with open(_PROC_SELF_CGROUP) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    for line in lines:  # v1: "N:memory:/path" (a hybrid machine may have both; the memory controller is v1 then)
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            mount = os.path.join(_CGROUP_ROOT, "memory")
+            return _ancestors(mount, path, "memory.limit_in_bytes", "memory.usage_in_bytes")
+    for line in lines:  # v2: "0::/path"
+        if line.startswith("0::"):
+            return _ancestors(_CGROUP_ROOT, line[3:], "memory.max", "memory.current")
+    return []
+
+
+def _ancestors(mount: str, path: str, limit: str, usage: str) -> "list[tuple[str, str, str]]":
+    # Inside a container the path may be the host's: then the mount itself is this process's cgroup.
+    parts = [p for p in path.split("/") if p]
+    while parts and not os.path.isdir(os.path.join(mount, *parts)):
+        parts.pop(0)
+    dirs = [os.path.join(mount, *parts[:i]) for i in range(len(parts), -1, -1)]
+    return [(d, limit, usage) for d in dirs if os.path.exists(os.path.join(d, limit))]
+
+
+def cgroup_free_bytes() -> "tuple[int, int, int] | None":
+    """``(free, limit, used)`` of the tightest memory cgroup this process is in, or None where none limits it.
+
+    Shared memory is charged to the cgroup of the process that touches it;
+    past the limit the kernel's OOM killer ends a process instead of any
+    error. ``used`` leaves out the file cache the kernel would reclaim.
+    """
+    tightest = None
+    for directory, limit_file, usage_file in _cgroup_dirs():
+        limit = _read_int(os.path.join(directory, limit_file))
+        used = _read_int(os.path.join(directory, usage_file))
+        if limit is None or used is None or limit >= _NO_LIMIT:
+            continue
+        used = max(0, used - _reclaimable(directory))
+        free = max(0, limit - used)
+        if tightest is None or free < tightest[0]:
+            tightest = (free, limit, used)
+    return tightest
+
+
 def check_space(nbytes: int, what: str = "The ring") -> None:
-    """Raise :class:`ShmSpaceError` now if ``nbytes`` cannot fit in the free space of /dev/shm."""
+    """Raise :class:`ShmSpaceError` now if ``nbytes`` cannot fit in /dev/shm's free space or this process's memory cgroup."""
     free = shm_free_bytes()
     if free is not None and nbytes > free:
         raise _space_error(nbytes, free, what)
+    cgroup = cgroup_free_bytes()
+    if cgroup is not None and nbytes > cgroup[0]:
+        raise _cgroup_error(nbytes, cgroup, what)
+
+
+def _cgroup_error(nbytes: int, cgroup: tuple[int, int, int], what: str) -> ShmSpaceError:
+    free, limit, used = cgroup
+    smaller = _SMALLER.get(what)
+    return ShmSpaceError(
+        f"{what} needs {_amount(nbytes)} of shared memory, which counts against this process's memory cgroup "
+        f"(a container's memory limit): its limit is {_amount(limit)}, {_amount(used)} in use, so "
+        f"{_amount(free)} free: {nbytes - free:,} bytes short (past the limit the kernel kills a process rather "
+        f"than fail). {f'Use {smaller}, or raise' if smaller else 'Raise'} the container's memory limit."
+    )
 
 
 def _reserve(fd: int, nbytes: int, what: str) -> None:
@@ -201,39 +303,51 @@ class Segment:
         self.nbytes = nbytes
         self.buf = buf
         self.owner = owner
-        self._linked = owner
+        # The owner's name goes with the object at the latest: dropped by an exception anywhere after creation.
+        self._unlinker = weakref.finalize(self, _unlink, name) if owner else None
 
     @classmethod
     def create(cls, nbytes: int, what: str = "The ring") -> "Segment":
-        """Create a new private segment of ``nbytes`` bytes, reserving its pages now."""
+        """Create a new private segment of ``nbytes`` bytes, reserving its pages now.
+
+        NOTE [creation window]: from ``shm_open`` until the returned object
+        exists (whose finalizer unlinks the name), a Ctrl-C is held back
+        (:func:`sigint_deferred`) and any exception unlinks the name and
+        closes the descriptor, so no instruction of creation can leave an
+        entry in /dev/shm or an open fd. A SIGKILL in that window cannot be
+        caught: the next process to create a segment removes such leftovers
+        (:func:`sweep_orphans`).
+        """
         if _posixshmem is None:  # pragma: no cover
             raise OSError("POSIX shared memory is not available on this platform")
         check_space(nbytes, what)
-        for _ in range(16):
-            name = f"{SHM_PREFIX}{os.getpid()}_{secrets.token_hex(8)}"
-            try:
-                fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
-            except FileExistsError:
-                continue
-            except OSError as exc:
-                if exc.errno == errno.ENOSPC:  # creating a file on tmpfs: out of inodes
-                    raise _inode_error(what) from exc
-                raise
-            break
-        else:  # pragma: no cover - 16 collisions of 64 random bits
-            raise FileExistsError("could not find a free shared-memory name")
+        _sweep_once()
         from multiprocessing import resource_tracker
 
-        resource_tracker.register("/" + name, "shared_memory")
-        try:
-            _reserve(fd, nbytes, what)
-            buf = _map_without_fd(fd, nbytes)
-        except BaseException:
+        with sigint_deferred():
+            for _ in range(16):
+                name = f"{SHM_PREFIX}{os.getpid()}_{secrets.token_hex(8)}"
+                try:
+                    fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+                except FileExistsError:
+                    continue
+                except OSError as exc:
+                    if exc.errno == errno.ENOSPC:  # creating a file on tmpfs: out of inodes
+                        raise _inode_error(what) from exc
+                    raise
+                break
+            else:  # pragma: no cover - 16 collisions of 64 random bits
+                raise FileExistsError("could not find a free shared-memory name")
+            try:
+                resource_tracker.register("/" + name, "shared_memory")
+                _reserve(fd, nbytes, what)
+                buf = _map_without_fd(fd, nbytes)
+            except BaseException:
+                os.close(fd)
+                _unlink(name)
+                raise
             os.close(fd)
-            _unlink(name)
-            raise
-        os.close(fd)
-        return cls(name, nbytes, buf, owner=True)
+            return cls(name, nbytes, buf, owner=True)
 
     @classmethod
     def attach(cls, name: str, nbytes: int) -> "Segment":
@@ -249,9 +363,8 @@ class Segment:
 
     def unlink(self) -> None:
         """Remove the name (owner only; idempotent). Existing mappings stay valid."""
-        if self.owner and self._linked:
-            self._linked = False
-            _unlink(self.name)
+        if self._unlinker is not None:
+            self._unlinker()
 
     def close(self, keep: "Sequence[tuple[int, int]] | None" = None) -> None:
         """Unmap; where exported views still use the mapping, the last of them unmaps it.
@@ -275,6 +388,86 @@ def _unlink(name: str) -> None:
     except FileNotFoundError:
         pass
     resource_tracker.unregister("/" + name, "shared_memory")
+
+
+@contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """Hold a Ctrl-C that comes during the ``with`` until its end (NOTE [creation window]).
+
+    Python raises ``KeyboardInterrupt`` in the main thread only, between any
+    two instructions; elsewhere there is nothing to hold. Where Python's
+    handler is not the one installed (``getsignal`` says None), nothing is
+    changed.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield
+        return
+    caught: list[object] = []
+    old = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+        if caught:
+            if callable(old):
+                old(signal.SIGINT, caught[0])
+            elif old == signal.SIG_DFL:
+                os.kill(os.getpid(), signal.SIGINT)
+
+
+#: Seconds after which a name of this library whose creating process is gone is surely a leftover: a live
+#: creation unlinks its name within ATTACH_TIMEOUT (120 s) of creating it.
+ORPHAN_AGE = 300.0
+_swept = False
+
+
+def _creator_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_orphans(age: "float | None" = None) -> list[str]:
+    """Remove this user's names of this library whose creator is dead and that are ``age`` s old; return them.
+
+    What a consumer killed while creating a segment (NOTE [creation window])
+    leaves. A pid alive again (reused) keeps its names; another user's are
+    not ours to remove.
+    """
+    age = ORPHAN_AGE if age is None else age
+    try:
+        names = os.listdir(_SHM_DIR)
+    except OSError:
+        return []
+    removed = []
+    uid, now = os.getuid(), time.time()
+    for name in names:
+        if not name.startswith(SHM_PREFIX):
+            continue
+        pid_text = name[len(SHM_PREFIX) :].partition("_")[0]
+        if not pid_text.isdigit() or _creator_alive(int(pid_text)):
+            continue
+        try:
+            st = os.stat(os.path.join(_SHM_DIR, name))
+        except OSError:
+            continue
+        if st.st_uid != uid or now - st.st_mtime < age:
+            continue
+        unlink_orphan(name)
+        removed.append(name)
+    return removed
+
+
+def _sweep_once() -> None:
+    """Sweep at this process's first creation (a listing of /dev/shm, once)."""
+    global _swept
+    if not _swept:
+        _swept = True
+        sweep_orphans()
 
 
 def unlink_orphan(name: str) -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import pytest
 
 from multitables._shm import Segment
 
@@ -59,3 +62,119 @@ def test_close_without_keep_leaves_a_used_mapping_alone(shm_mappings: Callable[[
     assert (view == 7).all()
     del view  # the last user: the mapping goes with it
     assert not any(name in m for m in shm_mappings())
+
+
+# -- the creation window (NOTE [creation window]) and containers ------------------------------------------------
+
+_CREATE_THEN = r"""
+import os, signal, sys
+from multiprocessing import resource_tracker
+import multitables
+from multitables._shm import Segment
+
+what = sys.argv[1]
+register = resource_tracker.register
+
+def at_the_worst_moment(name, rtype):
+    # Right after shm_open, before anything (the resource tracker included) could clean up.
+    print(name, flush=True)
+    os.kill(os.getpid(), signal.SIGINT if what == "ctrl-c" else signal.SIGKILL)
+    register(name, rtype)
+
+resource_tracker.ensure_running()  # its pipe stays open for the process's life: not ours
+resource_tracker.register = at_the_worst_moment
+fds = set(os.listdir("/proc/self/fd"))
+try:
+    Segment.create(1 << 20, "test")
+except KeyboardInterrupt:
+    print("interrupted", sorted(set(os.listdir("/proc/self/fd")) - fds), flush=True)
+"""
+
+
+def _run_create_then(what: str) -> tuple[str, list[str]]:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _CREATE_THEN, what], capture_output=True, text=True, timeout=60)
+    lines = done.stdout.splitlines()
+    return lines[0].lstrip("/"), lines[1:]
+
+
+def test_ctrl_c_while_a_segment_is_created_leaves_no_name_and_no_descriptor() -> None:
+    name, rest = _run_create_then("ctrl-c")
+    assert rest == ["interrupted []"]  # KeyboardInterrupt came through, and no descriptor is left open
+    assert not (Path("/dev/shm") / name).exists()
+
+
+def test_a_name_left_by_a_creator_killed_mid_creation_is_removed_at_the_next_creation(monkeypatch) -> None:
+    import multitables._shm as shm
+
+    name, _ = _run_create_then("sigkill")  # SIGKILL cannot be caught: the name stays behind
+    leftover = Path("/dev/shm") / name
+    assert leftover.exists()
+    old = leftover.stat().st_mtime - shm.ORPHAN_AGE - 1
+    os.utime(leftover, (old, old))  # as if the kill was minutes ago
+    monkeypatch.setattr(shm, "_swept", False)  # this process's first creation
+    seg = Segment.create(1 << 16, "test")
+    seg.unlink()
+    seg.close()
+    assert not leftover.exists()
+
+
+def test_the_sweep_leaves_young_names_live_creators_and_other_names_alone(tmp_path: Path, monkeypatch) -> None:
+    import multitables._shm as shm
+
+    monkeypatch.setattr(shm, "_SHM_DIR", str(tmp_path))
+    monkeypatch.setattr(shm, "unlink_orphan", lambda name: (tmp_path / name).unlink())
+    dead = 2**22 + 12345  # above the default pid_max: no such process
+    old = time.time() - shm.ORPHAN_AGE - 1
+    for name, mtime in [
+        (f"multitables_{dead}_aa", old),  # a leftover: removed
+        (f"multitables_{dead}_bb", time.time()),  # young: a creation may still be under way elsewhere
+        (f"multitables_{os.getpid()}_cc", old),  # its creator lives
+        ("other_program_dd", old),
+    ]:
+        (tmp_path / name).write_bytes(b"")
+        os.utime(tmp_path / name, (mtime, mtime))
+    assert shm.sweep_orphans() == [f"multitables_{dead}_aa"]
+    assert {p.name for p in tmp_path.iterdir()} == {f"multitables_{dead}_bb", f"multitables_{os.getpid()}_cc", "other_program_dd"}
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_a_ring_past_the_containers_memory_limit_is_a_space_error_not_an_oom_kill(
+    tmp_path: Path, monkeypatch, version: str
+) -> None:
+    """Shared memory counts against the memory cgroup; past its limit the kernel kills instead of failing."""
+    import multitables
+    import multitables._shm as shm
+
+    mib = 1 << 20
+    if version == "v1":
+        group = tmp_path / "memory" / "docker" / "abc"
+        cgroup_line = "4:memory:/docker/abc\n0::/\n"
+        files = {"memory.limit_in_bytes": 200 * mib, "memory.usage_in_bytes": 150 * mib}
+        stat = f"total_active_file {10 * mib}\ntotal_inactive_file {5 * mib}\nactive_file 1\n"
+    else:
+        group = tmp_path / "docker" / "abc"
+        cgroup_line = "0::/docker/abc\n"
+        files = {"memory.max": 200 * mib, "memory.current": 150 * mib}
+        stat = f"active_file {10 * mib}\ninactive_file {5 * mib}\nshmem {mib}\n"
+    group.mkdir(parents=True)
+    for fname, value in files.items():
+        (group / fname).write_text(f"{value}\n")
+    (group / "memory.stat").write_text(stat)
+    (tmp_path / "self_cgroup").write_text(cgroup_line)
+    monkeypatch.setattr(shm, "_CGROUP_ROOT", str(tmp_path))
+    monkeypatch.setattr(shm, "_PROC_SELF_CGROUP", str(tmp_path / "self_cgroup"))
+    # 200 MiB limit, 150 MiB used of which 15 MiB is file cache the kernel reclaims: 65 MiB free.
+    assert shm.cgroup_free_bytes() == (65 * mib, 200 * mib, 135 * mib)
+    with pytest.raises(multitables.ShmSpaceError, match=r"memory cgroup.*limit is 200\.0 MiB.*bytes short") as info:
+        shm.check_space(256 * mib, "The ring")
+    assert f"{256 * mib - 65 * mib:,} bytes short" in str(info.value) and "read_ahead or block_size" in str(info.value)
+    shm.check_space(64 * mib, "The ring")  # what fits passes
+    (group / files_limit(version)).write_text("max\n" if version == "v2" else f"{2**63 - 4096}\n")
+    assert shm.cgroup_free_bytes() is None  # no limit: nothing to check
+
+
+def files_limit(version: str) -> str:
+    return "memory.limit_in_bytes" if version == "v1" else "memory.max"

@@ -142,19 +142,78 @@ def engine_problem(engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]", d
         if _nested_gaps(node.file_dtype):
             # PyTables 3.11 packs nested members and then writes past its buffer (a crash at exit).
             return "PyTables misreads compounds nested with gaps between their members"
-        source = None
         if open_kwargs:  # the user's PyTables options: a bad one raises PyTables' own error
-            source = _TablesSource(node, open_kwargs)
-        try:
-            source = source or _TablesSource(node, open_kwargs)
-            source.read_into(0, 1, np.empty((1,) + node.row_shape, node.dtype))
-        except Exception as exc:
-            return f"PyTables fails on it ({type(exc).__name__}: {_gist(str(exc))})"
-        finally:
-            if source is not None:
-                source.close()
-        return None
+            _TablesSource(node, open_kwargs).close()
+        return _tables_problem_apart(node, open_kwargs)
     raise ValueError(f"engine={engine!r} is not a concrete engine")
+
+
+#: Seconds a forked PyTables probe may take (it opens the file and reads one row).
+PROBE_TIMEOUT = 60.0
+
+
+def _tables_problem(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "str | None":
+    """Open ``node`` with PyTables and read its first row: why that fails, or None."""
+    source = None
+    try:
+        source = _TablesSource(node, open_kwargs)
+        source.read_into(0, 1, np.empty((1,) + node.row_shape, node.dtype))
+    except Exception as exc:
+        return f"PyTables fails on it ({type(exc).__name__}: {_gist(str(exc))})"
+    finally:
+        if source is not None:
+            source.close()
+    return None
+
+
+def _tables_probe_child(conn: Any, node: NodeInfo, open_kwargs: "dict[str, Any]") -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the consumer decides what Ctrl-C does
+    conn.send(_tables_problem(node, open_kwargs))
+    conn.close()
+
+
+def _tables_problem_apart(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "str | None":
+    """:func:`_tables_problem`, in a forked child where there is fork.
+
+    PyTables can crash (SIGSEGV) on a damaged file's metadata, where h5py
+    reads it or fails cleanly; a crash of the probe is a refusal, not the
+    death of the user's process. The fork costs a few milliseconds, paid only
+    where PyTables is a candidate.
+    """
+    import multiprocessing
+    import signal
+
+    if "fork" not in multiprocessing.get_all_start_methods():  # pragma: no cover - not Linux
+        return _tables_problem(node, open_kwargs)
+    ctx = multiprocessing.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_tables_probe_child, args=(send, node, open_kwargs), name="multitables-probe", daemon=True)
+    try:
+        proc.start()
+        send.close()
+        answered = recv.poll(PROBE_TIMEOUT)
+        try:
+            if answered:
+                return recv.recv()
+        except EOFError:
+            pass  # it died before answering
+        proc.join(PROBE_TIMEOUT if answered else 0)
+        if proc.exitcode is None:
+            return f"PyTables did not open it within {PROBE_TIMEOUT:.0f} s"
+        how = f"exit code {proc.exitcode}"
+        if proc.exitcode < 0:
+            how = f"signal {signal.Signals(-proc.exitcode).name}"
+        return f"PyTables crashed on it ({how})"
+    finally:
+        send.close()
+        recv.close()
+        if proc.is_alive():
+            proc.kill()
+        if proc.pid is not None:
+            proc.join()
+            proc.close()
 
 
 def _gist(message: str) -> str:

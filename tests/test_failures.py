@@ -1037,6 +1037,18 @@ CLEAR_ERRORS = (MultitablesError, OSError, KeyError, ValueError, RuntimeError, T
 def test_fuzz_corrupted_files_end_in_right_rows_or_a_clear_error(
     no_leaks: None, tmp_path: Path, writer: str, where: str, engine: str, cases: int
 ) -> None:
+    _fuzz(tmp_path, writer, where, engine, cases, seed=20240611)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("writer, where, engine, cases", [(w, p, e, 10 * c) for w, p, e, c in FUZZ], ids=lambda v: str(v))
+def test_fuzz_corrupted_files_end_in_right_rows_or_a_clear_error_long(
+    no_leaks: None, tmp_path: Path, writer: str, where: str, engine: str, cases: int
+) -> None:
+    _fuzz(tmp_path, writer, where, engine, cases, seed=18)
+
+
+def _fuzz(tmp_path: Path, writer: str, where: str, engine: str, cases: int, seed: int) -> None:
     import multiprocessing
 
     import h5py
@@ -1051,7 +1063,7 @@ def test_fuzz_corrupted_files_end_in_right_rows_or_a_clear_error(
             info = ds.id.get_chunk_info(i)
             in_chunk[info.byte_offset : info.byte_offset + info.size] = True
     pool = {"anywhere": np.arange(len(raw)), "chunks": np.flatnonzero(in_chunk), "metadata": np.flatnonzero(~in_chunk)}[where]
-    rng = np.random.default_rng(20240611)
+    rng = np.random.default_rng(seed)
     ctx = multiprocessing.get_context("fork")
     outcomes: dict[str, int] = {}
     failures = []
@@ -1073,14 +1085,17 @@ def test_fuzz_corrupted_files_end_in_right_rows_or_a_clear_error(
             child.kill()
             child.join()
             outcome = "hang"
-        elif recv.poll():
-            kind, good, text = recv.recv()
+        else:
+            try:
+                kind, good, text = recv.recv() if recv.poll() else ("crash", False, "")
+            except EOFError:  # poll() says yes at the end of the pipe too
+                kind, good, text = "crash", False, ""
             if kind == "rows":
                 outcome = "right rows" if good else "wrong rows"
-            else:
+            elif kind == "error":
                 outcome = "clear error" if good else f"odd error {text}"
-        else:
-            outcome = f"consumer crashed ({child.exitcode})"
+            else:
+                outcome = f"consumer crashed ({child.exitcode})"
         recv.close()
         child.close()
         path.unlink()
@@ -1093,3 +1108,66 @@ def test_fuzz_corrupted_files_end_in_right_rows_or_a_clear_error(
         elif hit_chunk and changed and outcome != "clear error":  # fletcher32 sees every changed chunk byte
             failures.append((case, offset, n, hit_chunk, outcome))
     assert not failures, f"{failures} (all outcomes: {outcomes})"
+
+
+# -- killed at any moment of start-up ------------------------------------------
+
+_START_FOREVER = r"""
+import sys, multitables
+stream = multitables.Streamer(sys.argv[1])
+print("ready", flush=True)
+while True:  # start-up, one block, shut-down, again: a kill lands anywhere in them
+    with stream.get_queue("/data", n_procs=2, block_size=500, read_ahead=64) as q:
+        with q.get():
+            pass
+"""
+
+
+def _kill_at_random_moments(h5file: Path, runs: int, seed: int) -> "tuple[list[int], list[psutil.Process]]":
+    """Start a consumer that starts streams over and over, SIGKILL it after a random delay; ``runs`` times.
+
+    Returns the consumers' pids and their readers at the moment of the kill.
+    """
+    rng = np.random.default_rng(seed)
+    killed, readers = [], []
+    for _ in range(runs):
+        consumer = subprocess.Popen([sys.executable, "-c", _START_FOREVER, str(h5file)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert consumer.stdout.readline().strip() == "ready"
+            time.sleep(float(rng.uniform(0.0, 0.6)))
+            try:
+                readers += psutil.Process(consumer.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                pass
+        finally:
+            consumer.kill()
+            consumer.wait(GUARD)
+            consumer.stdout.close()
+        killed.append(consumer.pid)
+    return killed, readers
+
+
+def _nothing_left_by(killed: list[int], readers: "list[psutil.Process]", monkeypatch: pytest.MonkeyPatch) -> None:
+    import multitables._shm as shm
+
+    # Readers orphaned mid-start exit by themselves within about a second (the resource tracker, too).
+    _, alive = psutil.wait_procs(readers, timeout=ORPHANS_GONE_WITHIN)
+    assert not alive, f"orphaned readers outlived their consumer: {alive}"
+    # Names a consumer was killed holding go at the next start (made old enough for it, as after 5 minutes).
+    monkeypatch.setattr(shm, "ORPHAN_AGE", 0.0)
+    monkeypatch.setattr(shm, "_swept", False)
+    Segment.create(1 << 16, "test").unlink()
+    assert not set().union(*(own_segments(pid) for pid in killed))
+
+
+def test_a_consumer_killed_at_random_moments_of_start_up_leaves_nothing(
+    h5file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _nothing_left_by(*_kill_at_random_moments(h5file, runs=6, seed=18), monkeypatch)
+
+
+@pytest.mark.slow
+def test_a_consumer_killed_at_random_moments_of_start_up_leaves_nothing_long(
+    h5file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _nothing_left_by(*_kill_at_random_moments(h5file, runs=150, seed=1818), monkeypatch)

@@ -58,15 +58,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ._engines import limit_threads, open_source
-from ._node import NodeInfo
-from ._reader_process import (
-    FileSignature,
-    _ParentWatch,
-    check_file_unchanged,
-    ignore_sigint,
-    process_start_time,
-    sigint_held_for_children,
-)
+from ._node import FileSignature, NodeInfo, check_file_unchanged
+from ._reader_process import _ParentWatch, ignore_sigint, process_start_time, sigint_held_for_children
 from ._readers import JOIN_TIMEOUT, end_processes
 from ._request import effective_chunk_rows, group_bounds, run_bounds
 from ._ring import TICK

@@ -25,9 +25,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ._engines import ENGINES, resolve_engine
-from ._node import NodeInfo, as_filename, check_file, inspect_node
+from ._node import NodeInfo, as_filename, check_file, file_signature, inspect_node
 from ._plan import available_cpus, cap_readers
-from ._reader_process import file_signature
 from ._established import first_op, next_op
 from ._request import RowPlan, compose_keys, effective_chunk_rows, normalize_key, plan_rows, split_shares
 from ._request_workers import (

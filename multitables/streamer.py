@@ -32,10 +32,9 @@ from typing import TYPE_CHECKING, Any, Iterator
 import numpy as np
 
 from ._engines import CACHES, ENGINES, open_source, resolve_engine
-from ._node import NodeInfo, as_filename, close_dataset, inspect_node, open_node
+from ._node import NodeInfo, as_filename, check_file_unchanged, close_dataset, file_signature, inspect_node, open_node
 from ._plan import BlockPlan, RangePlan, ahead, available_cpus, cap_readers, default_block_size, default_read_ahead
 from ._plan import parallel_pays
-from ._reader_process import check_file_unchanged, file_signature
 from ._readers import ReaderPool
 from ._ring import TICK
 from .errors import QueueClosed, StreamClosedError

@@ -1,4 +1,5 @@
-"""Inside a reader process: it knows the file it reads (NOTE [file identity]) and ignores Ctrl-C from birth."""
+"""Inside a reader process: it stops at a file changed under it (NOTE [file identity] in ``_node``), ignores Ctrl-C
+from birth and stops when orphaned, even mid-block."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 import multitables
-from multitables._reader_process import check_file_unchanged, file_signature
+from multitables._node import check_file_unchanged, file_signature
 from multitables.errors import FileChangedError
 
 from _readall import hang_guard

@@ -37,6 +37,13 @@ from .errors import MissingFilterError, NodeTypeError
 ENGINES = ("auto", "h5py", "tables", "chunks")
 
 
+def check_engine(engine: Any) -> str:
+    """``engine`` if it names an engine (or ``auto``), else ``ValueError``: the one place engine names are checked."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r} is not one of {ENGINES}")
+    return engine
+
+
 class Source(Protocol):
     """One open node in one process."""
 
@@ -295,8 +302,7 @@ def resolve_engine(engine: str, node: NodeInfo, open_kwargs: dict[str, Any], dat
     decodes, else a :class:`~multitables.NodeTypeError` with each engine's
     reason. ``ValueError`` for unknown names.
     """
-    if engine not in ENGINES:
-        raise ValueError(f"engine={engine!r} is not one of {ENGINES}")
+    check_engine(engine)
     if engine == "chunks" and open_kwargs:
         raise ValueError(
             f"engine='chunks' reads the file itself and takes no open options (PyTables'), got {sorted(open_kwargs)}"

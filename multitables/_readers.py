@@ -67,10 +67,17 @@ from .errors import ReaderError, StreamClosedError, _reader_died, _ReaderFailure
 
 #: Seconds readers get to stop by themselves before they are terminated.
 JOIN_TIMEOUT = 2.0
-#: Seconds the consumer waits for every reader to map the ring.
+#: Seconds the consumer waits for every reader (or request worker) to map a segment.
 ATTACH_TIMEOUT = 120.0
-#: Seconds the consumer waits for the report of a reader that flagged a failure.
+#: Seconds the consumer waits for the report of a process that flagged a failure.
 REPORT_TIMEOUT = 1.0
+
+
+def check_start_method(start_method: "str | None") -> "str | None":
+    """``start_method`` if multiprocessing has it (None: its default), else ``ValueError``."""
+    if start_method is not None and start_method not in multiprocessing.get_all_start_methods():
+        raise ValueError(f"start_method={start_method!r} is not one of {multiprocessing.get_all_start_methods()}")
+    return start_method
 
 
 def end_processes(procs: "list[Any]", timeout: float = JOIN_TIMEOUT) -> None:

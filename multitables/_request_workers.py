@@ -60,7 +60,7 @@ import numpy as np
 from ._engines import limit_threads, open_source
 from ._node import FileSignature, NodeInfo, check_file_unchanged
 from ._reader_process import _ParentWatch, ignore_sigint, process_start_time, sigint_held_for_children
-from ._readers import JOIN_TIMEOUT, end_processes
+from ._readers import ATTACH_TIMEOUT, REPORT_TIMEOUT, end_processes
 from ._request import effective_chunk_rows, group_bounds, run_bounds
 from ._ring import TICK
 from ._shm import Segment, unlink_orphan
@@ -88,11 +88,6 @@ HEADER_BYTES = 2 * PAGE
 # Share status.
 PENDING, DONE, FAILED = 0, 1, 2
 
-#: Seconds readers get to stop by themselves before they are terminated.
-#: Seconds to wait for the workers to start, or to map a new stage.
-ATTACH_TIMEOUT = 120.0
-#: Seconds to wait for the report of a worker that flagged a failure.
-REPORT_TIMEOUT = 1.0
 #: Most runs of rows in one h5py read: HDF5 builds a union of hyperslabs in
 #: quadratic time (256 runs: ~2 ms; 2560: ~120 ms), so longer lists are read in pieces.
 RUNS_PER_READ = 64

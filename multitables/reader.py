@@ -24,11 +24,12 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ._engines import ENGINES, resolve_engine
+from ._engines import check_engine, resolve_engine
 from ._node import NodeInfo, as_filename, check_file, file_signature, inspect_node
 from ._plan import available_cpus, cap_readers
 from ._established import first_op, next_op
 from ._request import RowPlan, compose_keys, effective_chunk_rows, normalize_key, plan_rows, split_shares
+from ._readers import check_start_method
 from ._request_workers import (
     FAILED,
     H_EXPLICIT,
@@ -282,17 +283,13 @@ class Reader:
         max_stages: int = DEFAULT_MAX_STAGES,
         **open_kwargs: Any,
     ) -> None:
-        import multiprocessing
-
         self._core: "_Core | None" = None
         filename = as_filename(filename)
         cpus = available_cpus()
         n_procs = cap_readers(cpus if n_procs is None else _positive_int("n_procs", n_procs), None, cpus)
         max_stages = _positive_int("max_stages", max_stages)
-        if engine not in ENGINES:
-            raise ValueError(f"engine={engine!r} is not one of {ENGINES}")
-        if start_method is not None and start_method not in multiprocessing.get_all_start_methods():
-            raise ValueError(f"start_method={start_method!r} is not one of {multiprocessing.get_all_start_methods()}")
+        check_engine(engine)
+        check_start_method(start_method)
         if notify is not None and not callable(notify):
             raise TypeError(f"notify must be callable, not {type(notify).__name__}")
         check_file(filename)

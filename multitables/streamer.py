@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
-from ._engines import CACHES, ENGINES, open_source, resolve_engine
+from ._engines import CACHES, check_engine, open_source, resolve_engine
 from ._node import NodeInfo, as_filename, check_file_unchanged, close_dataset, file_signature, inspect_node, open_node
 from ._plan import BlockPlan, RangePlan, ahead, available_cpus, cap_readers, default_block_size, default_read_ahead
 from ._plan import parallel_pays
-from ._readers import ReaderPool
+from ._readers import ReaderPool, check_start_method
 from ._ring import TICK
 from .errors import QueueClosed, StreamClosedError
 
@@ -436,17 +436,12 @@ class Streamer:
         self._cache = cache
         self._start_method = start_method
         self._open_kwargs = open_kwargs
-        if engine not in ENGINES:
-            raise ValueError(f"engine={engine!r} is not one of {ENGINES}")
+        check_engine(engine)
         if cache not in CACHES:
             raise ValueError(f"cache={cache!r} is not one of {CACHES}")
         if cache == "direct" and engine not in ("auto", "chunks"):
             raise ValueError(f"cache='direct' needs the chunk engine (engine='auto' or 'chunks'), not engine={engine!r}")
-        if start_method is not None:
-            import multiprocessing
-
-            if start_method not in multiprocessing.get_all_start_methods():
-                raise ValueError(f"start_method={start_method!r} is not one of {multiprocessing.get_all_start_methods()}")
+        check_start_method(start_method)
 
     @property
     def filename(self) -> str:

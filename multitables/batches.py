@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence, Union
 
 import numpy as np
 
+from ._checks import check_bool, check_int
 from ._epoch import EpochSettings, RankEpoch
 from ._node import inspect_node
 from ._plan import MiB, RangePlan, available_cpus, default_block_size, parallel_pays
@@ -50,18 +51,6 @@ Batch = Union[np.ndarray, tuple[np.ndarray, ...]]
 _ORDER_KEYS = ("seed", "world_size", "batch_size", "n_rows", "shuffle", "drop_last", "block_size", "window")
 
 
-def _check_int(name: str, value: Any, minimum: int, allow_none: bool = True) -> "int | None":
-    from .streamer import _check_int as check
-
-    return check(name, value, minimum, allow_none)
-
-
-def _check_bool(name: str, value: Any) -> bool:
-    from .streamer import _check_bool as check
-
-    return check(name, value)
-
-
 def _rank_and_world(rank: Any, world_size: Any) -> tuple[int, int]:
     """The rank and world size given, else torch.distributed's when it is initialised, else (0, 1)."""
     if rank is None and world_size is None:
@@ -71,8 +60,8 @@ def _rank_and_world(rank: Any, world_size: Any) -> tuple[int, int]:
         return 0, 1
     if rank is None or world_size is None:
         raise ValueError("give both rank and world_size, or neither (then torch.distributed's are used when initialised)")
-    world = _check_int("world_size", world_size, 1, allow_none=False)
-    rank = _check_int("rank", rank, 0, allow_none=False)
+    world = check_int("world_size", world_size, 1, allow_none=False)
+    rank = check_int("rank", rank, 0, allow_none=False)
     assert world is not None and rank is not None
     if rank >= world:
         raise ValueError(f"rank must be in [0, world_size={world}), got {rank}")
@@ -188,14 +177,14 @@ class Batches:
         path_list = [os.fspath(paths)] if self._single else [os.fspath(p) for p in paths]  # type: ignore[arg-type]
         if not path_list:
             raise ValueError("paths is empty; give at least one dataset")
-        batch_size = _check_int("batch_size", batch_size, 1, allow_none=False)  # type: ignore[assignment]
-        shuffle = _check_bool("shuffle", shuffle)
-        drop_last = _check_bool("drop_last", drop_last)
-        seed = _check_int("seed", seed, 0, allow_none=False)  # type: ignore[assignment]
-        n_procs = _check_int("n_procs", n_procs, 0)
-        block_size = _check_int("block_size", block_size, 1)
-        window = _check_int("window", window, 1)
-        self._read_ahead = _check_int("read_ahead", read_ahead, 2)
+        batch_size = check_int("batch_size", batch_size, 1, allow_none=False)  # type: ignore[assignment]
+        shuffle = check_bool("shuffle", shuffle)
+        drop_last = check_bool("drop_last", drop_last)
+        seed = check_int("seed", seed, 0, allow_none=False)  # type: ignore[assignment]
+        n_procs = check_int("n_procs", n_procs, 0)
+        block_size = check_int("block_size", block_size, 1)
+        window = check_int("window", window, 1)
+        self._read_ahead = check_int("read_ahead", read_ahead, 2)
         self._rank, world = _rank_and_world(rank, world_size)
 
         nodes = [inspect_node(stream.filename, p) for p in path_list]
@@ -297,7 +286,7 @@ class Batches:
         So the usual ``set_epoch(epoch)`` at the top of the epoch loop keeps
         a position restored by :meth:`load_state_dict` in the middle of it.
         """
-        epoch = _check_int("epoch", epoch, 0, allow_none=False)  # type: ignore[assignment]
+        epoch = check_int("epoch", epoch, 0, allow_none=False)  # type: ignore[assignment]
         if epoch != self._epoch:
             self._stop_active()
             self._epoch, self._batch = epoch, 0
@@ -329,8 +318,8 @@ class Batches:
         differ = [f"{k}={state[k]!r} (here {mine[k]!r})" for k in _ORDER_KEYS if state[k] != mine[k]]
         if differ:
             raise ValueError("the state was saved with a different order: " + ", ".join(differ))
-        epoch = _check_int("epoch", state["epoch"], 0, allow_none=False)
-        batch = _check_int("batch", state["batch"], 0, allow_none=False)
+        epoch = check_int("epoch", state["epoch"], 0, allow_none=False)
+        batch = check_int("batch", state["batch"], 0, allow_none=False)
         assert epoch is not None and batch is not None
         if batch > len(self):
             raise ValueError(f"batch={batch} is beyond the {len(self)} batches of an epoch")

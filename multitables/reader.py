@@ -27,6 +27,7 @@ import numpy as np
 from ._engines import check_engine, resolve_engine
 from ._node import NodeInfo, as_filename, check_file, file_signature, inspect_node
 from ._plan import available_cpus, cap_readers
+from ._checks import check_int
 from ._established import first_op, next_op
 from ._request import RowPlan, compose_keys, effective_chunk_rows, normalize_key, plan_rows, split_shares
 from ._readers import check_start_method
@@ -58,14 +59,6 @@ __all__ = ["Reader", "Dataset", "Request", "Stage", "StagePool", "Future", "Data
 
 #: Stages a Reader can have open at once, unless told otherwise.
 DEFAULT_MAX_STAGES = 64
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {value}")
-    return int(value)
 
 
 class _Core:
@@ -286,8 +279,8 @@ class Reader:
         self._core: "_Core | None" = None
         filename = as_filename(filename)
         cpus = available_cpus()
-        n_procs = cap_readers(cpus if n_procs is None else _positive_int("n_procs", n_procs), None, cpus)
-        max_stages = _positive_int("max_stages", max_stages)
+        n_procs = cap_readers(cpus if n_procs is None else check_int("n_procs", n_procs, 1, allow_none=False), None, cpus)
+        max_stages = check_int("max_stages", max_stages, 1, allow_none=False)
         check_engine(engine)
         check_start_method(start_method)
         if notify is not None and not callable(notify):
@@ -550,12 +543,12 @@ class Dataset:
             if len(dims) > self.ndim:
                 raise ValueError(f"a stage shape has at most {self.ndim} axes, like the dataset; got {tuple(shape)}")
             full = [d if (d is not None and d != -1) else n for d, n in zip(dims, self.shape)]
-            rows = _positive_int("shape[0]", full[0])
+            rows = check_int("shape[0]", full[0], 1, allow_none=False)
             for d in full[1:]:
                 if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0:
                     raise ValueError(f"stage shape entries must be ints >= 0, -1 or None; got {tuple(shape)}")
             return rows, int(np.prod(full, dtype=np.int64)) * self.dtype.itemsize
-        rows = _positive_int("shape", shape)
+        rows = check_int("shape", shape, 1, allow_none=False)
         return rows, rows * self._node.row_nbytes
 
     def create_stage(self, shape: "int | tuple[int | None, ...]") -> "Stage":
@@ -572,13 +565,13 @@ class Dataset:
 
     def create_stage_natoms(self, size_natoms: int) -> "Stage":
         """A :class:`Stage` of ``size_natoms`` elements of this dataset's dtype (the established API)."""
-        size_natoms = _positive_int("size_natoms", size_natoms)
+        size_natoms = check_int("size_natoms", size_natoms, 1, allow_none=False)
         nbytes = size_natoms * self.dtype.itemsize
         return Stage(self._reader, max(1, nbytes // max(self._node.row_nbytes, 1)), nbytes)
 
     def create_stage_pool(self, shape: "int | tuple[int | None, ...]", num_stages: int) -> "StagePool":
         """A :class:`StagePool` of ``num_stages`` stages, each as :meth:`create_stage` makes for ``shape``."""
-        num_stages = _positive_int("num_stages", num_stages)
+        num_stages = check_int("num_stages", num_stages, 1, allow_none=False)
         return StagePool([self.create_stage(shape) for _ in range(num_stages)])
 
     def __repr__(self) -> str:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
+from ._checks import check_bool, check_int
 from ._engines import CACHES, check_engine, open_source, resolve_engine
 from ._node import NodeInfo, as_filename, check_file_unchanged, close_dataset, file_signature, inspect_node, open_node
 from ._plan import BlockPlan, RangePlan, ahead, available_cpus, cap_readers, default_block_size, default_read_ahead
@@ -43,22 +44,6 @@ if TYPE_CHECKING:
     from .batches import Batches
 
 __all__ = ["Streamer", "Queue", "Guard"]
-
-
-def _check_int(name: str, value: Any, minimum: int, allow_none: bool = True) -> "int | None":
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int{' or None' if allow_none else ''}, not {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return int(value)
-
-
-def _check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, not {value!r}")
-    return bool(value)
 
 
 @dataclass(frozen=True)
@@ -460,12 +445,12 @@ class Streamer:
         remainder: bool,
     ) -> _StreamSpec:
         """Check every argument and the node, and plan the stream; starts nothing."""
-        n_procs = _check_int("n_procs", n_procs, 1)
-        read_ahead = _check_int("read_ahead", read_ahead, 1)
-        block_size = _check_int("block_size", block_size, 1)
-        cyclic = _check_bool("cyclic", cyclic)
-        ordered = _check_bool("ordered", ordered)
-        remainder = _check_bool("remainder", remainder)
+        n_procs = check_int("n_procs", n_procs, 1)
+        read_ahead = check_int("read_ahead", read_ahead, 1)
+        block_size = check_int("block_size", block_size, 1)
+        cyclic = check_bool("cyclic", cyclic)
+        ordered = check_bool("ordered", ordered)
+        remainder = check_bool("remainder", remainder)
         node, dataset = open_node(self._filename, path, field)
         try:
             engine = self._resolve(node, dataset)
@@ -660,7 +645,7 @@ class Streamer:
 
     def get_remainder(self, path: str, block_size: int, field: "str | None" = None) -> np.ndarray:
         """The last ``len % block_size`` rows of ``path`` (empty when ``block_size`` divides the length), read here."""
-        block_size = _check_int("block_size", block_size, 1, allow_none=False)  # type: ignore[assignment]
+        block_size = check_int("block_size", block_size, 1, allow_none=False)  # type: ignore[assignment]
         node = inspect_node(self._filename, path, field)
         start = block_size * (node.n_rows // block_size)
         out = np.empty((node.n_rows - start,) + node.row_shape, node.dtype)

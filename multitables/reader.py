@@ -980,9 +980,13 @@ class Future:
 
     def done(self) -> bool:
         """Whether the data is there (or the read failed): ``get*`` would not wait."""
-        if self._ready or self._error is not None or self._stage is None or self._stage._freed:
+        stage = self._stage
+        if self._ready or self._error is not None or stage is None:
             return True
-        return PENDING not in self._stage._status(len(self._workers))
+        try:
+            return PENDING not in stage._status(len(self._workers))
+        except StreamClosedError:  # freed (its reader stopped), maybe by another thread just now
+            return True
 
     def wait(self, timeout: "float | None" = None) -> bool:
         """Wait until :meth:`done`, for up to ``timeout`` s; False if it timed out. Does not raise read errors."""

@@ -61,7 +61,7 @@ from ._engines import limit_threads, open_source
 from ._node import FileSignature, NodeInfo, check_file_unchanged
 from ._reader_process import _ParentWatch, ignore_sigint, process_start_time, sigint_held_for_children
 from ._readers import ATTACH_TIMEOUT, REPORT_TIMEOUT, end_processes
-from ._request import effective_chunk_rows, group_bounds, run_bounds
+from ._request import RowPlan, effective_chunk_rows, group_bounds, run_bounds
 from ._ring import TICK
 from ._shm import Segment, unlink_orphan
 from .errors import ReaderError, SharedMemoryError, StreamClosedError, _reader_died, _ReaderFailure
@@ -136,6 +136,39 @@ class StageMap:
     def write_desc(self, desc: bytes) -> None:
         self.segment.buf[_DESC_AT : _DESC_AT + len(desc)] = desc
         self.words[H_DESC_LEN] = len(desc)
+
+    # -- the consumer's side of the header: the one place that knows its words ----------------
+    def write_request(self, req: int, plan: "RowPlan | None", desc: bytes) -> None:
+        """Set up request ``req``: its rows ``plan`` (None: a query, described in ``desc``), every share pending."""
+        w = self.words
+        w[H_REQ] = req
+        w[H_QUERY] = plan is None
+        w[H_RESULT_ROWS] = 0
+        if plan is not None:
+            w[H_EXPLICIT] = plan.rows is not None
+            w[H_START] = plan.start
+            w[H_STEP] = plan.step
+            w[H_N_READ] = plan.n_read
+            if plan.rows is not None:
+                self.rows[: plan.n_read] = plan.rows
+        w[H_STATUS : H_STATUS + MAX_SHARES] = PENDING
+        self.write_desc(desc)
+
+    def status(self, n_shares: int) -> list[int]:
+        """The status (PENDING, DONE, FAILED) of the first ``n_shares`` shares; ``StreamClosedError`` once closed.
+
+        A copy: a view on the stage kept in a frame (say, of a traceback)
+        would keep the mapping, and its file descriptor, alive.
+        """
+        words = self.words
+        if words is None:
+            raise StreamClosedError("the stage is closed")
+        return words[H_STATUS : H_STATUS + n_shares].tolist()
+
+    @property
+    def result_rows(self) -> int:
+        """Rows a query's worker wrote."""
+        return int(self.words[H_RESULT_ROWS])
 
     def read_desc(self) -> bytes:
         return bytes(self.segment.buf[_DESC_AT : _DESC_AT + int(self.words[H_DESC_LEN])])
@@ -622,6 +655,10 @@ class WorkerPool:
                 item[_NAME_WORD:] = np.frombuffer(name.ljust(_NAME_BYTES, b"\0"), dtype=np.int64)
             self._tails[worker] += 1
         self._works[worker].release()
+
+    def read(self, worker: int, req: int, slot: int, share: int, a: int, b: int) -> None:
+        """Have ``worker`` read rows ``a..b`` of request ``req`` (share ``share``) into stage ``slot``."""
+        self.push(worker, [READ, req, slot, share, a, b])
 
     def attach(self, slot: int, segment: Segment, layout: StageLayout) -> None:
         """Have every worker map a new stage, and wait until they all did (then the name can go)."""

@@ -33,18 +33,9 @@ from ._request import RowPlan, compose_keys, effective_chunk_rows, normalize_key
 from ._readers import check_start_method
 from ._request_workers import (
     FAILED,
-    H_EXPLICIT,
-    H_N_READ,
-    H_REQ,
-    H_START,
-    H_STATUS,
-    H_STEP,
     MAX_SHARES,
     PENDING,
-    READ,
     StageLayout,
-    H_QUERY,
-    H_RESULT_ROWS,
     StageMap,
     WorkerPool,
     describe,
@@ -368,31 +359,18 @@ class Reader:
         else:
             chunk = effective_chunk_rows(request._node.chunk_rows, request._node.row_nbytes)
             shares = split_shares(plan, chunk, min(pool.n_procs, MAX_SHARES))
-        smap = stage._map
-        w = smap.words
         with core.lock:
             core.check_open()
             core.detach_dropped()
             req = next(core.req_ids)
-            w[H_REQ] = req
-            w[H_QUERY] = plan is None
-            w[H_RESULT_ROWS] = 0
-            if plan is not None:
-                w[H_EXPLICIT] = plan.rows is not None
-                w[H_START] = plan.start
-                w[H_STEP] = plan.step
-                w[H_N_READ] = plan.n_read
-            w[H_STATUS : H_STATUS + MAX_SHARES] = PENDING
-            smap.write_desc(request._desc)
-            if plan is not None and plan.rows is not None:
-                smap.rows[: plan.n_read] = plan.rows
+            stage._map.write_request(req, plan, request._desc)
             first = core.next_worker
             workers = [(first + s) % pool.n_procs for s in range(len(shares))]
             core.next_worker = (first + max(len(shares), 1)) % pool.n_procs
             pushed = 0
             try:
                 for s, ((a, b), worker) in enumerate(zip(shares, workers)):
-                    pool.push(worker, [READ, req, stage._slot, s, a, b])
+                    pool.read(worker, req, stage._slot, s, a, b)
                     pushed += 1
             finally:
                 # The stage is reused once these shares are done (Stage._settle).
@@ -822,15 +800,8 @@ class Stage:
         self._last = None
 
     def _status(self, n_shares: int) -> list[int]:
-        """The status of the first ``n_shares`` shares of the request in the stage.
-
-        A copy: a view on the stage kept in a frame (say, of a traceback)
-        would keep the mapping, and its file descriptor, alive.
-        """
-        words = self._map.words
-        if words is None:
-            raise StreamClosedError("the stage is closed")
-        return words[H_STATUS : H_STATUS + n_shares].tolist()
+        """The status of the first ``n_shares`` shares of the request in the stage."""
+        return self._map.status(n_shares)
 
     def _give_back(self) -> None:
         """Release the hold (never blocks: may run in a finalizer)."""
@@ -1046,7 +1017,7 @@ class Future:
         request = self.request
         node, plan = request._node, request._plan
         if plan is None:  # a query: as many rows as its worker wrote
-            data = stage._map.data(node.dtype, (int(stage._map.words[H_RESULT_ROWS]),) + node.row_shape)
+            data = stage._map.data(node.dtype, (stage._map.result_rows,) + node.row_shape)
         else:
             data = stage._map.data(node.dtype, (plan.n_read,) + node.row_shape)[plan.local_key]
         for key in request._post:

@@ -174,9 +174,9 @@ def _tables_problem(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "str | Non
 
 
 def _tables_probe_child(conn: Any, node: NodeInfo, open_kwargs: "dict[str, Any]") -> None:
-    import signal
+    from ._signals import ignore_sigint
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the consumer decides what Ctrl-C does
+    ignore_sigint()
     conn.send(_tables_problem(node, open_kwargs))
     conn.close()
 

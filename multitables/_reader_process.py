@@ -35,7 +35,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -44,6 +43,7 @@ from ._node import FileSignature, NodeInfo, check_file_unchanged
 from ._plan import BlockPlan, RangePlan, ahead
 from ._ring import PeerGone, Ring, RingLayout, RingSync
 from ._shm import unlink_orphan
+from ._signals import ignore_sigint
 from .errors import _ReaderFailure
 
 
@@ -107,33 +107,6 @@ class _ParentWatch:
             else:
                 self._alive = process_start_time(self._pid) == self._start
         return self._alive
-
-
-@contextmanager
-def sigint_held_for_children() -> Iterator[None]:
-    """Hold off SIGINT in this thread while it starts processes: see :func:`ignore_sigint`.
-
-    A process inherits the signal mask through fork and exec, so a Ctrl-C
-    that reaches a new process before its entry point runs (a spawned
-    interpreter takes a while to import) stays pending in it until it is
-    ignored there. In this thread it is delivered when the ``with`` ends.
-    """
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-def ignore_sigint() -> None:
-    """The first thing a reader or worker does: ignore Ctrl-C, then drop any that came while it started.
-
-    Ctrl-C goes to the whole foreground process group; the consumer decides
-    what happens (it stops us), so our processes ignore it, from before
-    their first instruction (:func:`sigint_held_for_children`).
-    """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def run(settings: ReaderSettings, sync: RingSync, error_conn: Any) -> None:

@@ -60,7 +60,8 @@ from typing import Any
 
 from ._node import NodeInfo, file_signature
 from ._plan import BlockPlan, RangePlan
-from ._reader_process import ReaderSettings, process_start_time, run, sigint_held_for_children
+from ._reader_process import ReaderSettings, process_start_time, run
+from ._signals import sigint_held_for_children
 from ._ring import TICK, Ring, RingLayout, RingSync
 from ._shm import check_space
 from .errors import ReaderError, StreamClosedError, _reader_died, _ReaderFailure

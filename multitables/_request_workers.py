@@ -59,7 +59,8 @@ import numpy as np
 
 from ._engines import limit_threads, open_source
 from ._node import FileSignature, NodeInfo, check_file_unchanged
-from ._reader_process import _ParentWatch, ignore_sigint, process_start_time, sigint_held_for_children
+from ._reader_process import _ParentWatch, process_start_time
+from ._signals import ignore_sigint, sigint_held_for_children
 from ._readers import ATTACH_TIMEOUT, REPORT_TIMEOUT, end_processes
 from ._request import RowPlan, effective_chunk_rows, group_bounds, run_bounds
 from ._ring import TICK

@@ -43,14 +43,12 @@ import errno
 import mmap
 import os
 import secrets
-import signal
 import sys
-import threading
 import time
 import weakref
-from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Sequence
 
+from ._signals import sigint_deferred
 from .errors import ShmSpaceError
 
 #: Every segment this library creates has a name starting with this.
@@ -312,7 +310,7 @@ class Segment:
 
         NOTE [creation window]: from ``shm_open`` until the returned object
         exists (whose finalizer unlinks the name), a Ctrl-C is held back
-        (:func:`sigint_deferred`) and any exception unlinks the name and
+        (``_signals.sigint_deferred``) and any exception unlinks the name and
         closes the descriptor, so no instruction of creation can leave an
         entry in /dev/shm or an open fd. A SIGKILL in that window cannot be
         caught: the next process to create a segment removes such leftovers
@@ -388,31 +386,6 @@ def _unlink(name: str) -> None:
     except FileNotFoundError:
         pass
     resource_tracker.unregister("/" + name, "shared_memory")
-
-
-@contextmanager
-def sigint_deferred() -> Iterator[None]:
-    """Hold a Ctrl-C that comes during the ``with`` until its end (NOTE [creation window]).
-
-    Python raises ``KeyboardInterrupt`` in the main thread only, between any
-    two instructions; elsewhere there is nothing to hold. Where Python's
-    handler is not the one installed (``getsignal`` says None), nothing is
-    changed.
-    """
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
-        yield
-        return
-    caught: list[object] = []
-    old = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
-        if caught:
-            if callable(old):
-                old(signal.SIGINT, caught[0])
-            elif old == signal.SIG_DFL:
-                os.kill(os.getpid(), signal.SIGINT)
 
 
 #: Seconds after which a name of this library whose creating process is gone is surely a leftover: a live

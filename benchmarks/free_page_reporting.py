@@ -8,9 +8,9 @@ on the disk under test)::
 For every repeat it drops FILE's pages from the page cache and reads the file
 once with plain buffered reads, four ways: at once; after waiting ``--wait``
 seconds (Linux hands freed pages to the host every ~2 s); and both again with
-:func:`multitables._pagecache.settle_free_memory` (the benchmark's step before
+:func:`multitables_bench.cache.settle_free_memory` (the benchmark's step before
 every cold pass) between the wait and the read. It prints MB/s and the system
-time of each read; see NOTE [free page reporting] in ``multitables/_pagecache.py``.
+time of each read; see NOTE [free page reporting] in ``multitables_bench/cache.py``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import statistics
 import sys
 import time
 
-from multitables._pagecache import evict, free_page_reporting, settle_free_memory
+from multitables_bench.cache import evict, free_page_reporting, settle_free_memory
 
 READ_BYTES = 4 << 20
 

@@ -45,22 +45,24 @@ from typing import Callable
 
 #: (what the reader was doing, a frame that says so), first match wins; frames as py-spy writes them.
 ACTIVITIES = (
-    ("decode: inflate (deflate)", "_Deflate.decode"),
-    ("decode: unshuffle", "_Shuffle.decode"),
-    ("decode: other filters", "multitables/_filters.py"),
+    ("decode: inflate (deflate)", "Deflate.decode"),
+    ("decode: unshuffle", "Shuffle.decode"),
+    ("decode: other filters", "multitables/_io/codecs/"),
     ("wait for the disk: pread", "_FileReader.read_into"),
     ("wait for the disk: prefetch hint (WILLNEED queues the reads)", "_FileReader.will_need"),
-    ("ring: wait for a free slot, publish", "multitables/_ring.py"),
+    ("ring: wait for a free slot, publish", "multitables/_shm/ring.py"),
     ("file check (stat)", "check_file_unchanged"),
-    ("chunk engine bookkeeping: plan, index, partial chunks", "multitables/_chunk"),
+    ("chunk engine bookkeeping: plan, index, partial chunks", "multitables/_io/chunks.py"),
+    ("chunk engine bookkeeping: plan, index, partial chunks", "multitables/_io/storage.py"),
+    ("chunk engine bookkeeping: plan, index, partial chunks", "multitables/_plan/chunkgrid.py"),
 )
-READER = "run (multitables/_reader_process.py"
+READER = "stream_loop (multitables/_procs/stream.py"
 
 
 def stream(path: str, n_procs: int, passes: int, cache: str = "evict") -> None:
     """Stream ``path`` ``passes`` times; print MB/s and the CPU seconds the readers and the consumer spent."""
     import multitables
-    from multitables_benchmark import prepare_cache
+    from multitables_bench.cache_modes import prepare_cache
 
     for _ in range(passes):
         prepare_cache(path, cache)
@@ -110,7 +112,7 @@ def read_pattern(path: str, passes: int) -> str:
     import multiprocessing
     import statistics
 
-    from multitables_benchmark import prepare_cache
+    from multitables_bench.cache_modes import prepare_cache
 
     ways = {"1 process, in order": (1, False), "2 processes, alternate blocks": (2, False),
             "2 processes, alternate blocks, next block hinted": (2, True)}
@@ -145,7 +147,7 @@ def _time_interleaved(
     """Seconds of each reader's passes, interleaved, each prepared as the benchmark prepares its passes."""
     import gc
 
-    from multitables_benchmark import prepare_cache
+    from multitables_bench.cache_modes import prepare_cache
 
     times: dict[str, list[float]] = {name: [] for name in readers}
     for _ in range(passes):
@@ -168,18 +170,20 @@ def small(rows: int, chunk: int, passes: int, cache: str, workdir: str, complib:
     """
     import statistics
 
-    import multitables_benchmark as mb
+    from multitables_bench.files import write_file
+    from multitables_bench.readers import probe_multitables, read_multitables, read_single
+    from multitables_bench.records import Codec, Reader, Target
 
-    target = mb.Target("small", os.path.join(workdir, f"small-{rows}-{chunk}.h5"), mb.Codec(complib, 3), rows, chunk)
-    mb.write_file(target.path, rows, target.codec, chunk)
+    target = Target("small", os.path.join(workdir, f"small-{rows}-{chunk}.h5"), Codec(complib, 3), rows, chunk)
+    write_file(target.path, rows, target.codec, chunk)
     try:
-        _, block = mb.probe_multitables(target, "auto", None, cache)
+        _, block = probe_multitables(target, "auto", None, cache)
         readers = {
-            "h5py read_direct, 1 process": lambda: mb.read_single(target, mb.Reader("single", "h5py"), cache, block, _no_progress),
-            "multitables direct, default n_procs": lambda: mb.read_multitables(
-                target, mb.Reader("multitables", "auto", "direct"), cache, _no_progress),
-            "multitables generator, default n_procs": lambda: mb.read_multitables(
-                target, mb.Reader("multitables", "auto", "generator"), cache, _no_progress),
+            "h5py read_direct, 1 process": lambda: read_single(target, Reader("single", "h5py"), cache, block, _no_progress),
+            "multitables direct, default n_procs": lambda: read_multitables(
+                target, Reader("multitables", "auto", "direct"), cache, _no_progress),
+            "multitables generator, default n_procs": lambda: read_multitables(
+                target, Reader("multitables", "auto", "generator"), cache, _no_progress),
         }
         times = _time_interleaved(target.path, rows, readers, passes, cache)
     finally:
@@ -204,13 +208,14 @@ def placement(path: str, passes: int, cache: str = "evict") -> str:
 
     import h5py
 
-    import multitables_benchmark as mb
     from multitables import streamer
-    from multitables._plan import available_cpus
+    from multitables._plan.blocks import available_cpus
+    from multitables_bench.readers import probe_multitables, read_multitables, read_single
+    from multitables_bench.records import MODES, Codec, Reader, Target
 
     with h5py.File(path, "r") as f:
         n_rows = f["/data"].shape[0]
-    target = mb.Target("file", path, mb.Codec("file", 0), n_rows)
+    target = Target("file", path, Codec("file", 0), n_rows)
     pays = streamer.parallel_pays
     cpus = available_cpus()
     used: dict[str, list[int]] = {}
@@ -218,14 +223,14 @@ def placement(path: str, passes: int, cache: str = "evict") -> str:
     def read(name: str, mode: str, n_procs: "int | None", consumer: bool = False) -> int:
         streamer.parallel_pays = (lambda *args, **kwargs: False) if consumer else pays
         try:
-            reader = mb.Reader("multitables", "auto", mode, n_procs)
-            return mb.read_multitables(target, reader, cache, _no_progress, used.setdefault(name, []))
+            reader = Reader("multitables", "auto", mode, n_procs)
+            return read_multitables(target, reader, cache, _no_progress, used.setdefault(name, []))
         finally:
             streamer.parallel_pays = pays
 
-    _, block = mb.probe_multitables(target, "auto", None, cache)
-    readers = {"h5py read_direct, 1 process": lambda: mb.read_single(target, mb.Reader("single", "h5py"), cache, block, _no_progress)}
-    for mode in mb.MODES:
+    _, block = probe_multitables(target, "auto", None, cache)
+    readers = {"h5py read_direct, 1 process": lambda: read_single(target, Reader("single", "h5py"), cache, block, _no_progress)}
+    for mode in MODES:
         for name, n_procs, consumer in (
             (f"multitables {mode}, default n_procs", None, False),
             (f"multitables {mode}, {cpus} readers", cpus, False),

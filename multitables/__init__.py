@@ -26,7 +26,7 @@ from .errors import (
 from .streamer import Guard, Queue, Streamer
 from .batches import Batches
 from .reader import DataProxy, Dataset, Future, Reader, Request, RequestPool, Stage, StagePool
-from . import _established
+from ._api import established as _established
 
 __version__ = "0.1.0"
 

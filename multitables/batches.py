@@ -21,7 +21,6 @@ NOTE [window pipelining]
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import warnings
@@ -29,13 +28,15 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence, Union
 
 import numpy as np
 
-from ._checks import check_bool, check_int
-from ._epoch import EpochSettings, RankEpoch
-from ._node import inspect_node
-from ._plan import MiB, RangePlan, available_cpus, default_block_size, parallel_pays
+from ._api.checks import check_bool, check_int
+from ._api.windows import BlockWindows, NoWindows, ShuffledWindows, Windows, cut
+from ._plan.epoch import EpochSettings
+from ._io.node import inspect_node
+from ._plan.blocks import MiB, RangePlan, available_cpus, default_block_size, parallel_pays
 
 if TYPE_CHECKING:
-    from .streamer import Queue, Streamer
+    from ._api.queue import Queue
+    from .streamer import Streamer  # type only: the streamer makes batches
 
 __all__ = ["Batches"]
 
@@ -220,7 +221,7 @@ class Batches:
         self._nodes = nodes
         cpus = available_cpus()
         nbytes = [n.n_rows * n.row_nbytes for n in nodes]
-        pays = [parallel_pays(b, n.filter_ids, stream._start_method, cpus) for b, n in zip(nbytes, nodes)]
+        pays = [parallel_pays(b, n.filter_ids, stream.options.start_method, cpus) for b, n in zip(nbytes, nodes)]
         self._readers = split_readers(nbytes, pays, n_procs, cpus)
         self._epoch = 0
         self._batch = 0  # batches delivered in this epoch
@@ -372,16 +373,16 @@ class Batches:
                 for path, n in zip(self._paths, self._readers):
                     # In-process reading needs two buffers at most: one held, one being read.
                     read_ahead = self._read_ahead or (2 if n == 0 else None)
-                    queues.append(self._stream._queue_for_plan(path, ranges, n, read_ahead))
-                source: "_Windows"
+                    queues.append(self._stream.options.queue_for_plan(path, ranges, n, read_ahead))
+                source: "Windows"
                 if s.shuffle:
-                    source = _ShuffledWindows(plan, w0, queues, self._window_buffers(), s.batch_size)
+                    source = ShuffledWindows(plan, w0, queues, self._window_buffers(), s.batch_size)
                 else:
-                    source = _BlockWindows(plan, w0, queues)
+                    source = BlockWindows(plan, w0, queues)
             else:
-                source = _NoWindows()
+                source = NoWindows()
             k = start
-            for arrays in _cut(source, skip, s.batch_size):
+            for arrays in cut(source, skip, s.batch_size):
                 k += 1
                 self._batch = k
                 yield arrays[0] if self._single else tuple(arrays)
@@ -396,148 +397,3 @@ class Batches:
         finally:
             for queue in queues:
                 queue.close()
-
-
-# -- executing a rank's epoch -------------------------------------------------
-
-
-class _Window:
-    """The rows of one window, in delivered order; ``take`` copies a run of them out."""
-
-    rows: int
-
-    def take(self, a: int, b: int) -> list[np.ndarray]:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        pass
-
-
-class _Windows:
-    """The windows of a rank's epoch from window ``w0`` on."""
-
-    def __iter__(self) -> Iterator[_Window]:
-        raise NotImplementedError
-
-    def prefetch(self) -> None:
-        """Called before each batch goes out (see NOTE [window pipelining])."""
-
-
-class _NoWindows(_Windows):
-    def __iter__(self) -> Iterator[_Window]:
-        return iter(())
-
-
-class _BufferWindow(_Window):
-    def __init__(self, buffers: list[np.ndarray], perm: "np.ndarray | None") -> None:
-        self._buffers, self._perm = buffers, perm
-        self.rows = len(buffers[0])
-
-    def take(self, a: int, b: int) -> list[np.ndarray]:
-        if self._perm is None:
-            return [buf[a:b].copy() for buf in self._buffers]
-        idx = self._perm[a:b]
-        return [np.take(buf, idx, axis=0) for buf in self._buffers]
-
-
-class _ShuffledWindows(_Windows):
-    """Windows copied out of the slots into two alternating buffers per dataset."""
-
-    def __init__(self, plan: RankEpoch, w0: int, queues: list["Queue"], buffers: list[list[np.ndarray]], batch_size: int) -> None:
-        self._plan, self._queues, self._batch_size = plan, queues, batch_size
-        self._buffers = buffers
-        self._piece = plan.bounds[w0]  # next piece to pull from the queues
-        self._filled = 0  # rows of that piece's window already pulled
-        self._w0 = w0
-        self._rate = 0  # pieces to pull per batch going out
-        self._limit = 0  # ... but not beyond this piece: the end of the next window
-
-    def _pull(self, n: int, limit: int) -> None:
-        """Copy up to ``n`` more pieces, not beyond piece ``limit``, into their window's buffer."""
-        plan = self._plan
-        while n > 0 and self._piece < limit:
-            w = int(np.searchsorted(plan.bounds, self._piece, side="right")) - 1
-            rows = plan.stops[self._piece] - plan.starts[self._piece]
-            for queue, buf in zip(self._queues, self._buffers[w % 2]):
-                guard = queue.get()
-                with guard as block:
-                    assert len(block) == rows, (len(block), rows)
-                    buf[self._filled : self._filled + rows] = block
-            self._filled += rows
-            self._piece += 1
-            if self._piece == plan.bounds[w + 1]:
-                self._filled = 0
-            n -= 1
-
-    def __iter__(self) -> Iterator[_Window]:
-        plan = self._plan
-        for w in range(self._w0, plan.n_windows):
-            self._rate = 0
-            self._pull(len(plan.starts), plan.bounds[w + 1])  # the rest of window w
-            rows = plan.window_rows(w)
-            if w + 1 < plan.n_windows:
-                # Window w + 1 goes to the other buffer; w + 2 would overwrite this one.
-                self._limit = plan.bounds[w + 2]
-                self._rate = math.ceil((self._limit - plan.bounds[w + 1]) / max(1, rows // self._batch_size))
-            yield _BufferWindow([buf[:rows] for buf in self._buffers[w % 2]], plan.window_perm(w))
-
-    def prefetch(self) -> None:
-        if self._rate:
-            self._pull(self._rate, self._limit)
-
-
-class _SlotWindow(_Window):
-    """One block, held in its slots; batches are copied straight out of them."""
-
-    def __init__(self, queues: list["Queue"]) -> None:
-        self._guards = [queue.get() for queue in queues]
-        self._blocks = [guard.block for guard in self._guards]
-        self.rows = len(self._blocks[0])
-
-    def take(self, a: int, b: int) -> list[np.ndarray]:
-        return [block[a:b].copy() for block in self._blocks]
-
-    def close(self) -> None:
-        self._blocks = []
-        for guard in self._guards:
-            guard.release()
-
-
-class _BlockWindows(_Windows):
-    """Unshuffled: every window is one block (the plan has ``window=1``)."""
-
-    def __init__(self, plan: RankEpoch, w0: int, queues: list["Queue"]) -> None:
-        self._n = plan.n_windows - w0
-        self._queues = queues
-
-    def __iter__(self) -> Iterator[_Window]:
-        for _ in range(self._n):
-            yield _SlotWindow(self._queues)
-
-
-def _cut(source: _Windows, skip: int, batch_size: int) -> Iterator[list[np.ndarray]]:
-    """Consecutive batches of ``batch_size`` rows over the windows (the last may be short); skips ``skip`` rows first."""
-    parts: list[list[np.ndarray]] = []
-    have = 0
-    for win in source:
-        pos, skip = skip, 0
-        try:
-            while pos < win.rows:
-                n = min(batch_size - have, win.rows - pos)
-                arrays = win.take(pos, pos + n)
-                pos += n
-                if have == 0 and n == batch_size:
-                    source.prefetch()
-                    yield arrays
-                    continue
-                parts.append(arrays)
-                have += n
-                if have == batch_size:
-                    batch = [np.concatenate(column) for column in zip(*parts)]
-                    parts, have = [], 0
-                    source.prefetch()
-                    yield batch
-        finally:
-            win.close()
-    if have:
-        yield [np.concatenate(column) for column in zip(*parts)]

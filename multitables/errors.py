@@ -7,8 +7,6 @@ would already catch (``KeyError``, ``ValueError``, ...), so existing
 
 from __future__ import annotations
 
-import traceback
-from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
@@ -158,6 +156,21 @@ class ReaderError(MultitablesError):
     exitcode: "int | None" = None
     remote_traceback: str = ""
 
+    @classmethod
+    def like(cls, type_name: str, message: str) -> "ReaderError":
+        """A ReaderError that is also the exception class named ``type_name`` (``module.qualname``).
+
+        A plain ReaderError where that class cannot be found in this process
+        or cannot be combined with ReaderError. Used to carry a worker's
+        exception home (``_procs.failure``).
+        """
+        exc_type = _resolve_type(type_name)
+        kind = _reader_type(exc_type) if exc_type is not None else None
+        try:
+            return kind(message) if kind is not None else cls(message)
+        except Exception:  # a constructor that wants other arguments
+            return cls(message)
+
     def __reduce__(self) -> tuple[Any, ...]:
         # The Reader<Name> classes are made at run time; pickle by the original type's name.
         original = next((b for b in type(self).__bases__ if b is not ReaderError), None)
@@ -178,10 +191,6 @@ def _rebuild_reader_error(original: str, args: tuple[Any, ...], attrs: dict[str,
         exc = ReaderError(*args)
     exc.__dict__.update(attrs)
     return exc
-
-
-#: Longest traceback text a report carries (a report must fit the pipe comfortably).
-_MAX_TRACEBACK = 32_000
 
 
 def _type_name(t: type) -> str:
@@ -228,96 +237,3 @@ def _reader_type(exc_type: type) -> "type | None":
             return None
         _READER_TYPES[exc_type] = kind
     return kind
-
-
-@dataclass(frozen=True)
-class _ReaderFailure:
-    """A picklable report of an exception in a reader process; see NOTE [failure reports] in ``_readers``.
-
-    Traceback objects do not pickle, and an exception's class may not
-    unpickle in the consumer, so only strings travel: the class by name, the
-    message, the formatted traceback. The consumer rebuilds an exception of
-    the same type around them.
-    """
-
-    exc_type_name: str
-    message: str
-    traceback: str
-    reader_index: int
-    pid: int
-    filename: str
-    path: str
-    rows: "tuple[int, int] | None"
-
-    @classmethod
-    def from_exception(
-        cls,
-        exc: BaseException,
-        reader_index: int,
-        pid: int,
-        filename: str,
-        path: str,
-        rows: "tuple[int, int] | None",
-    ) -> "_ReaderFailure":
-        text = "".join(traceback.format_exception(exc))
-        if len(text) > _MAX_TRACEBACK:
-            half = _MAX_TRACEBACK // 2
-            text = f"{text[:half]}\n[... {len(text) - 2 * half} characters left out ...]\n{text[-half:]}"
-        message = str(exc)
-        if len(message) > _MAX_TRACEBACK:
-            message = message[:_MAX_TRACEBACK] + " [...]"
-        return cls(
-            exc_type_name=_type_name(type(exc)),
-            message=message,
-            traceback=text,
-            reader_index=reader_index,
-            pid=pid,
-            filename=filename,
-            path=path,
-            rows=rows,
-        )
-
-    def to_exception(self) -> ReaderError:
-        """Build the exception raised in the consumer: a ReaderError that is also the original type."""
-        short_name = self.exc_type_name.rpartition(".")[2]
-        where = f"rows {self.rows[0]}:{self.rows[1]} of " if self.rows else ""
-        text = (
-            f"Caught {short_name} in reader {self.reader_index} (pid {self.pid}) "
-            f"while reading {where}{self.path!r} in {self.filename!r}: {self.message}\n\n"
-            f"Original traceback in the reader:\n{self.traceback}"
-        )
-        exc_type = _resolve_type(self.exc_type_name)
-        kind = _reader_type(exc_type) if exc_type is not None else None
-        exc: ReaderError
-        try:
-            exc = kind(text) if kind is not None else ReaderError(text)
-        except Exception:  # a constructor that wants other arguments
-            exc = ReaderError(text)
-        exc.reader_index = self.reader_index
-        exc.pid = self.pid
-        exc.filename = self.filename
-        exc.path = self.path
-        exc.rows = self.rows
-        exc.remote_traceback = self.traceback
-        return exc
-
-
-def _reader_died(reader_index: int, pid: int, exitcode: "int | None", filename: str, path: str) -> ReaderError:
-    """The error for a reader that exited without reporting (killed, or crashed in C)."""
-    import signal
-
-    how = f"exit code {exitcode}"
-    if exitcode is not None and exitcode < 0:
-        try:
-            how += f" ({signal.Signals(-exitcode).name})"
-        except ValueError:
-            pass
-    exc = ReaderError(
-        f"Reader {reader_index} (pid {pid}) streaming {path!r} in {filename!r} died unexpectedly with {how}."
-    )
-    exc.reader_index = reader_index
-    exc.pid = pid
-    exc.filename = filename
-    exc.path = path
-    exc.exitcode = exitcode
-    return exc

@@ -13,7 +13,7 @@ import numpy as np
 import psutil
 import pytest
 
-from multitables._shm import SHM_PREFIX
+from multitables._shm.segment import SHM_PREFIX
 
 #: Seconds a test's processes and segments get to disappear after it ends.
 SETTLE_TIMEOUT = 5.0

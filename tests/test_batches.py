@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import multitables
-from multitables._epoch import EpochSettings
+from multitables._plan.epoch import EpochSettings
 from multitables.batches import Batches, split_readers
 
 

@@ -17,9 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-import multitables_benchmark as mb
-from multitables._shm import SHM_PREFIX
-from multitables_benchmark import Codec, Context, Pass, Reader, Settings, Target
+from multitables._shm.segment import SHM_PREFIX
+from multitables_bench import cache_modes, cli, files, machine, readers, records
+from multitables_bench import passes as timing
+from multitables_bench import plot as plotting
+from multitables_bench import report as reporting
+from multitables_bench.records import Codec, Context, Pass, Reader, Settings, Target
 
 REPO = Path(__file__).resolve().parents[1]
 CELL = re.compile(r"^[\d,]+ MB/s( \d+\.\d\dx)?\*?$")
@@ -31,35 +34,35 @@ CELL = re.compile(r"^[\d,]+ MB/s( \d+\.\d\dx)?\*?$")
 
 
 def test_defaults_follow_the_established_benchmark() -> None:
-    s = mb.parse_args([])
+    s = cli.parse_args([])
     assert (s.size_gib, s.cycles, s.repeats) == (1.0, 1, 3)
     assert s.complibs == ("blosc",) and s.complevels == (0, 3, 9)
     assert s.engines == ("chunks", "h5py", "tables") and s.modes == ("direct", "generator")
     assert s.cache == "auto" and not s.direct_off and s.small_files
-    assert s.max_procs == mb._usable_cpus()
+    assert s.max_procs == machine.usable_cpus()
     assert s.n_rows == (1 << 30) // 4096
 
 
 def test_quick_is_small_and_explicit_options_win() -> None:
-    s = mb.parse_args(["--quick"])
-    assert s.quick and s.size_gib == mb.QUICK_SIZE_GIB and s.repeats == 1 and 1 <= s.max_procs <= 2
-    assert s.n_rows * mb.ROW_NBYTES > 16 << 20  # above the in-process threshold: readers start
-    s = mb.parse_args(["--quick", "--repeats", "2", "--size", "0.5", "--max_procs", "3"])
+    s = cli.parse_args(["--quick"])
+    assert s.quick and s.size_gib == cli.QUICK_SIZE_GIB and s.repeats == 1 and 1 <= s.max_procs <= 2
+    assert s.n_rows * records.ROW_NBYTES > 16 << 20  # above the in-process threshold: readers start
+    s = cli.parse_args(["--quick", "--repeats", "2", "--size", "0.5", "--max_procs", "3"])
     assert (s.repeats, s.size_gib, s.max_procs) == (2, 0.5, 3)
 
 
 def test_every_established_option_parses() -> None:
-    s = mb.parse_args(["--size", "2", "--cycles", "2", "--max_procs", "6", "--complib", "zlib", "--H5FD_DIRECT_OFF"])
+    s = cli.parse_args(["--size", "2", "--cycles", "2", "--max_procs", "6", "--complib", "zlib", "--H5FD_DIRECT_OFF"])
     assert (s.size_gib, s.cycles, s.max_procs, s.complibs, s.direct_off) == (2.0, 2, 6, ("zlib",), True)
 
 
 def test_complib_joins_complibs_without_repeats() -> None:
-    s = mb.parse_args(["--complib", "zlib", "--complibs", "blosc:lz4", "zlib", "blosc:zstd"])
+    s = cli.parse_args(["--complib", "zlib", "--complibs", "blosc:lz4", "zlib", "blosc:zstd"])
     assert s.complibs == ("zlib", "blosc:lz4", "blosc:zstd")
 
 
 def test_new_options_parse() -> None:
-    s = mb.parse_args(
+    s = cli.parse_args(
         ["--complevels", "1", "5", "--engines", "tables", "--modes", "generator", "--cache", "warm", "--json", "r.json",
          "--markdown", "--html", "out.html", "--no-small-files"]
     )
@@ -84,7 +87,7 @@ def test_new_options_parse() -> None:
 )
 def test_bad_options_are_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
-        mb.parse_args(argv)
+        cli.parse_args(argv)
     assert exc.value.code == 2
     assert "error" in capsys.readouterr().err
 
@@ -93,24 +96,24 @@ def test_file_must_be_new_and_its_directory_exist(tmp_path: Path) -> None:
     existing = tmp_path / "data.h5"
     existing.write_bytes(b"precious")
     with pytest.raises(SystemExit):
-        mb.parse_args(["--file", str(existing)])
+        cli.parse_args(["--file", str(existing)])
     with pytest.raises(SystemExit):
-        mb.parse_args(["--file", str(tmp_path / "missing" / "bench.h5")])
-    assert mb.parse_args(["--file", str(tmp_path / "bench.h5")]).file == str(tmp_path / "bench.h5")
+        cli.parse_args(["--file", str(tmp_path / "missing" / "bench.h5")])
+    assert cli.parse_args(["--file", str(tmp_path / "bench.h5")]).file == str(tmp_path / "bench.h5")
 
 
 def test_plot_without_matplotlib_says_so(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(mb, "_matplotlib_available", lambda: False)
+    monkeypatch.setattr(cli, "_matplotlib_available", lambda: False)
     with pytest.raises(SystemExit):
-        mb.parse_args(["--plot", "p.png"])
+        cli.parse_args(["--plot", "p.png"])
     assert "pip install matplotlib" in capsys.readouterr().err
 
 
 def test_codecs_write_complevel_zero_once() -> None:
-    s = mb.parse_args(["--complibs", "zlib", "blosc", "--complevels", "3", "0", "9"])
+    s = cli.parse_args(["--complibs", "zlib", "blosc", "--complevels", "3", "0", "9"])
     assert s.codecs == (Codec("none", 0), Codec("zlib", 3), Codec("zlib", 9), Codec("blosc", 3), Codec("blosc", 9))
     assert s.small_codec == Codec("zlib", 3)
-    assert mb.parse_args(["--complevels", "0"]).small_codec == Codec("none", 0)
+    assert cli.parse_args(["--complevels", "0"]).small_codec == Codec("none", 0)
 
 
 # ---------------------------------------------------------------------------
@@ -119,82 +122,82 @@ def test_codecs_write_complevel_zero_once() -> None:
 
 
 def _settings(**kw: Any) -> Settings:
-    return mb.parse_args([]) if not kw else Settings(**{**mb.parse_args([]).__dict__, **kw})
+    return cli.parse_args([]) if not kw else Settings(**{**cli.parse_args([]).__dict__, **kw})
 
 
 def test_cache_modes_resolve(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import multitables._pagecache as pc
+    import multitables_bench.cache as pc
 
-    assert mb.resolve_cache(_settings(cache="warm"), str(tmp_path))[0] == "warm"
-    assert mb.resolve_cache(_settings(cache="evict"), str(tmp_path))[0] == "evict"
-    assert mb.resolve_cache(_settings(direct_off=True), str(tmp_path))[0] == "evict"
+    assert cache_modes.resolve_cache(_settings(cache="warm"), str(tmp_path))[0] == "warm"
+    assert cache_modes.resolve_cache(_settings(cache="evict"), str(tmp_path))[0] == "evict"
+    assert cache_modes.resolve_cache(_settings(direct_off=True), str(tmp_path))[0] == "evict"
 
     monkeypatch.setattr(pc, "direct_driver_available", lambda engine, directory=None: False)
-    mode, note = mb.resolve_cache(_settings(), str(tmp_path))
+    mode, note = cache_modes.resolve_cache(_settings(), str(tmp_path))
     assert mode == "evict" and "no usable direct driver" in note
     # Asked for, "direct" works with the stock wheels: the chunk engine reads with O_DIRECT, the rest evict.
-    mode, note = mb.resolve_cache(_settings(cache="direct"), str(tmp_path))
-    assert mode == mb.DIRECT_CHUNKS and "O_DIRECT" in note and "no usable direct driver" in note
-    assert mb.open_kwargs_for(mb.DIRECT_CHUNKS, "chunks") == {"cache": "direct"}
-    assert mb.open_kwargs_for(mb.DIRECT_CHUNKS, "h5py") == {}
-    assert mb.open_kwargs_for(mb.DIRECT_CHUNKS, "auto") == {}
+    mode, note = cache_modes.resolve_cache(_settings(cache="direct"), str(tmp_path))
+    assert mode == cache_modes.DIRECT_CHUNKS and "O_DIRECT" in note and "no usable direct driver" in note
+    assert cache_modes.open_kwargs_for(cache_modes.DIRECT_CHUNKS, "chunks") == {"cache": "direct"}
+    assert cache_modes.open_kwargs_for(cache_modes.DIRECT_CHUNKS, "h5py") == {}
+    assert cache_modes.open_kwargs_for(cache_modes.DIRECT_CHUNKS, "auto") == {}
 
     monkeypatch.setattr(pc, "direct_driver_available", lambda engine, directory=None: True)
-    assert mb.resolve_cache(_settings(), str(tmp_path))[0] == "direct"
-    assert mb.open_kwargs_for("direct", "h5py") == {"driver": "direct"}
-    assert mb.open_kwargs_for("direct", "tables") == {"driver": "H5FD_DIRECT"}
-    assert mb.open_kwargs_for("direct", "chunks") == {"cache": "direct"}
-    assert mb.open_kwargs_for("evict", "tables") == {}
-    assert mb.open_kwargs_for("evict", "chunks") == {}
+    assert cache_modes.resolve_cache(_settings(), str(tmp_path))[0] == "direct"
+    assert cache_modes.open_kwargs_for("direct", "h5py") == {"driver": "direct"}
+    assert cache_modes.open_kwargs_for("direct", "tables") == {"driver": "H5FD_DIRECT"}
+    assert cache_modes.open_kwargs_for("direct", "chunks") == {"cache": "direct"}
+    assert cache_modes.open_kwargs_for("evict", "tables") == {}
+    assert cache_modes.open_kwargs_for("evict", "chunks") == {}
 
 
 @pytest.mark.parametrize("reporting", [True, False])
 def test_cold_passes_settle_memory_under_free_page_reporting(
     monkeypatch: pytest.MonkeyPatch, small_target: Target, tmp_path: Path, reporting: bool
 ) -> None:
-    import multitables._pagecache as pc
+    import multitables_bench.cache as pc
 
     settled: list[int] = []
-    monkeypatch.setattr(mb, "_settles_memory", lambda: reporting)
+    monkeypatch.setattr(cache_modes, "_settles_memory", lambda: reporting)
     monkeypatch.setattr(pc, "settle_free_memory", settled.append)
-    mb.prepare_cache(small_target.path, "evict")
-    mb.prepare_cache(small_target.path, mb.DIRECT_CHUNKS)
-    mb.prepare_cache(small_target.path, "warm")  # warm passes read from memory: nothing to settle
+    cache_modes.prepare_cache(small_target.path, "evict")
+    cache_modes.prepare_cache(small_target.path, cache_modes.DIRECT_CHUNKS)
+    cache_modes.prepare_cache(small_target.path, "warm")  # warm passes read from memory: nothing to settle
     size = os.path.getsize(small_target.path)
-    assert settled == ([size + mb.SETTLE_EXTRA] * 2 if reporting else [])
-    note = mb.resolve_cache(_settings(cache="evict"), str(tmp_path))[1]
+    assert settled == ([size + cache_modes.SETTLE_EXTRA] * 2 if reporting else [])
+    note = cache_modes.resolve_cache(_settings(cache="evict"), str(tmp_path))[1]
     assert ("free page reporting" in note) == reporting
-    assert "free page reporting" not in mb.resolve_cache(_settings(cache="warm"), str(tmp_path))[1]
+    assert "free page reporting" not in cache_modes.resolve_cache(_settings(cache="warm"), str(tmp_path))[1]
 
 
 @pytest.mark.parametrize("kind", ["single", "multitables"])
 def test_direct_chunk_passes_leave_the_page_cache_cold(tmp_path: Path, kind: str) -> None:
-    from multitables._pagecache import resident_fraction
+    from multitables_bench.cache import resident_fraction
 
     path = tmp_path / "z.h5"
-    mb.write_file(str(path), 2000, Codec("zlib", 3), chunk_rows=64)  # 8 MB: HDF5's metadata, read cached, is ~1%
+    files.write_file(str(path), 2000, Codec("zlib", 3), chunk_rows=64)  # 8 MB: HDF5's metadata, read cached, is ~1%
     target = Target("main", str(path), Codec("zlib", 3), 2000, 64)
-    if mb.prepare_cache(str(path), "evict") > 0.05:
+    if cache_modes.prepare_cache(str(path), "evict") > 0.05:
         pytest.skip("this filesystem keeps the file cached (tmpfs?)")
     try:
         os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
     except OSError:
         pytest.skip("this filesystem refuses O_DIRECT")
     if kind == "single":
-        rows = mb.read_single(target, Reader("single", "chunks"), mb.DIRECT_CHUNKS, 64, lambda n: None)
+        rows = readers.read_single(target, Reader("single", "chunks"), cache_modes.DIRECT_CHUNKS, 64, lambda n: None)
     else:
-        rows = mb.read_multitables(target, Reader("multitables", "chunks", "direct", 2), mb.DIRECT_CHUNKS, lambda n: None)
+        rows = readers.read_multitables(target, Reader("multitables", "chunks", "direct", 2), cache_modes.DIRECT_CHUNKS, lambda n: None)
     assert rows == 2000
     assert resident_fraction(str(path)) < 0.05  # read with O_DIRECT; the page-cache path leaves ~100% (below)
-    mb.read_single(target, Reader("single", "chunks"), "evict", 64, lambda n: None)
+    readers.read_single(target, Reader("single", "chunks"), "evict", 64, lambda n: None)
     assert resident_fraction(str(path)) > 0.5
 
 
 def test_prepare_cache_warm_reads_the_file_in(tmp_path: Path) -> None:
     path = tmp_path / "f.h5"
-    mb.write_file(str(path), 300, Codec("zlib", 1))
-    assert mb.prepare_cache(str(path), "warm") == pytest.approx(1.0)
-    assert 0.0 <= mb.prepare_cache(str(path), "evict") <= 1.0
+    files.write_file(str(path), 300, Codec("zlib", 1))
+    assert cache_modes.prepare_cache(str(path), "warm") == pytest.approx(1.0)
+    assert 0.0 <= cache_modes.prepare_cache(str(path), "evict") <= 1.0
 
 
 @pytest.mark.parametrize(
@@ -215,7 +218,7 @@ def test_a_cold_pass_starting_cached_is_marked(cache: str, resident: float, warm
 @pytest.fixture
 def small_target(tmp_path: Path) -> Target:
     path = tmp_path / "t.h5"
-    mb.write_file(str(path), 1000, Codec("blosc", 3), chunk_rows=64)
+    files.write_file(str(path), 1000, Codec("blosc", 3), chunk_rows=64)
     return Target("main", str(path), Codec("blosc", 3), 1000, 64)
 
 
@@ -223,50 +226,50 @@ def test_written_file_is_random_normal_float32_rows(small_target: Target) -> Non
     import tables
 
     with tables.open_file(small_target.path) as f:
-        node = f.get_node(mb.NODE)
+        node = f.get_node(records.NODE)
         assert node.shape == (1000, 1024) and node.dtype == np.float32 and node.chunkshape == (64, 1024)
         assert node.filters.complib == "blosc" and node.filters.complevel == 3
         data = node.read()
     assert abs(float(data.mean())) < 0.01 and abs(float(data.std()) - 1) < 0.01
 
 
-@pytest.mark.parametrize("engine", mb.ENGINES)
+@pytest.mark.parametrize("engine", records.ENGINES)
 def test_single_process_reader_reads_every_row_in_blocks(small_target: Target, engine: str) -> None:
     steps: list[int] = []
-    rows = mb.read_single(small_target, Reader("single", engine), "evict", 96, steps.append)
+    rows = readers.read_single(small_target, Reader("single", engine), "evict", 96, steps.append)
     assert rows == 1000 and sum(steps) == 1000 and max(steps) == 96 and steps[-1] == 1000 % 96
-    assert mb.engine_can_read(small_target.path, engine) is None
+    assert readers.engine_can_read(small_target.path, engine) is None
 
 
-@pytest.mark.parametrize("mode", mb.MODES)
+@pytest.mark.parametrize("mode", records.MODES)
 @pytest.mark.parametrize("n_procs", [1, None])
 def test_multitables_reader_reads_every_row(small_target: Target, mode: str, n_procs: "int | None", no_leaks: None) -> None:
     steps: list[int] = []
     used: list[int] = []
-    rows = mb.read_multitables(small_target, Reader("multitables", "h5py", mode, n_procs), "evict", steps.append, used)
+    rows = readers.read_multitables(small_target, Reader("multitables", "h5py", mode, n_procs), "evict", steps.append, used)
     assert rows == 1000 and sum(steps) == 1000
     assert used == [0 if n_procs is None else n_procs]  # 4 MB: read in-process by default
 
 
 def test_probe_reports_what_multitables_picks(small_target: Target, no_leaks: None) -> None:
-    used, block = mb.probe_multitables(small_target, "auto", None, "evict")
+    used, block = readers.probe_multitables(small_target, "auto", None, "evict")
     assert used == 0  # 4 MB: read in-process by default
     assert block == 1000  # in-process: one block of the whole file
-    assert mb.probe_multitables(small_target, "h5py", 2, "evict")[0] == 2
+    assert readers.probe_multitables(small_target, "h5py", 2, "evict")[0] == 2
 
 
 def test_unreadable_file_is_explained(tmp_path: Path) -> None:
     path = tmp_path / "not.h5"
     path.write_bytes(b"not HDF5 at all")
-    assert mb.engine_can_read(str(path), "h5py") and mb.engine_can_read(str(path), "tables")
+    assert readers.engine_can_read(str(path), "h5py") and readers.engine_can_read(str(path), "tables")
 
 
 def test_an_engine_that_cannot_decode_is_skipped_with_a_note(
     small_target: Target, monkeypatch: pytest.MonkeyPatch, no_leaks: None
 ) -> None:
-    monkeypatch.setattr(mb, "engine_can_read", lambda path, engine: "no filter" if engine == "h5py" else None)
+    monkeypatch.setattr(timing, "engine_can_read", lambda path, engine: "no filter" if engine == "h5py" else None)
     notes: list[str] = []
-    jobs = mb.main_jobs(small_target, _settings(max_procs=1, engines=("h5py", "tables")), "evict", notes)
+    jobs = timing.main_jobs(small_target, _settings(max_procs=1, engines=("h5py", "tables")), "evict", notes)
     assert {j.reader.engine for j in jobs if j.reader.kind != "odirect"} == {"tables"}
     assert len(notes) == 1 and "h5py cannot decode" in notes[0]
     # The O_DIRECT read, one single-process reader, n_procs 1 and default in both modes:
@@ -274,20 +277,20 @@ def test_an_engine_that_cannot_decode_is_skipped_with_a_note(
 
 
 def test_small_files_get_more_repeats_than_a_quick_run_gives_them() -> None:
-    assert mb.small_repeats(mb.parse_args([])) == mb.SMALL_MIN_REPEATS == 41
-    assert mb.small_repeats(mb.parse_args(["--quick"])) == mb.QUICK_SMALL_REPEATS == 15
-    assert mb.small_repeats(mb.parse_args(["--repeats", "50"])) == 50
+    assert timing.small_repeats(cli.parse_args([])) == timing.SMALL_MIN_REPEATS == 41
+    assert timing.small_repeats(cli.parse_args(["--quick"])) == timing.QUICK_SMALL_REPEATS == 15
+    assert timing.small_repeats(cli.parse_args(["--repeats", "50"])) == 50
 
 
 def test_run_jobs_interleaves_repeats_and_records_residency(small_target: Target) -> None:
-    jobs = [mb.Job(small_target, Reader("odirect")), mb.Job(small_target, Reader("single", "h5py"), block_size=128)]
+    jobs = [timing.Job(small_target, Reader("odirect")), timing.Job(small_target, Reader("single", "h5py"), block_size=128)]
     lines: list[str] = []
-    passes = mb.run_jobs(jobs, "evict", repeats=2, cycles=2, log=lines.append)
+    passes = timing.run_jobs(jobs, "evict", repeats=2, cycles=2, log=lines.append)
     assert [(p.repeat, p.reader.kind, p.cycle) for p in passes] == [
         (r, k, c) for r in range(2) for k in ("odirect", "single") for c in range(2)
     ]
     assert all(0.0 <= p.resident <= 1.0 and p.seconds > 0 for p in passes)
-    assert passes[-1].nbytes == 1000 * mb.ROW_NBYTES and passes[0].nbytes == os.path.getsize(small_target.path)
+    assert passes[-1].nbytes == 1000 * records.ROW_NBYTES and passes[0].nbytes == os.path.getsize(small_target.path)
     assert len(lines) == len(passes) and all("cached]" in line and "MB/s" in line for line in lines)
 
 
@@ -306,18 +309,18 @@ def test_a_pass_starts_with_the_garbage_of_the_pass_before_collected(
         return weakref.ref(cycle)
 
     alive_when_timed: list[bool] = []
-    real = mb.read_single
+    real = timing.read_single
 
     def read_single(*args: Any) -> int:
         alive_when_timed.append(garbage() is not None)
         return real(*args)
 
-    monkeypatch.setattr(mb, "read_single", read_single)
+    monkeypatch.setattr(timing, "read_single", read_single)
     gc.disable()  # so that only the pass can collect it
     try:
         garbage = leave_garbage()
         assert garbage() is not None
-        mb.time_pass(mb.Job(small_target, Reader("single", "h5py"), block_size=128), "evict", 0, 0, lambda line: None)
+        timing.time_pass(timing.Job(small_target, Reader("single", "h5py"), block_size=128), "evict", 0, 0, lambda line: None)
     finally:
         gc.enable()
     assert alive_when_timed == [False]
@@ -337,14 +340,14 @@ def _pass(target: str, codec: Codec, reader: Reader, rate: float, repeat: int = 
     n_procs_used = None
     if reader.kind == "multitables":
         n_procs_used = reader.n_procs if reader.n_procs is not None else (2 if target == "main" else 0)
-    return Pass(target, codec, reader, repeat, cycle, "evict", resident, 1.0, int(rate * mb.MB), n_procs_used, 64)
+    return Pass(target, codec, reader, repeat, cycle, "evict", resident, 1.0, int(rate * records.MB), n_procs_used, 64)
 
 
 def synthetic_passes() -> list[Pass]:
     """Every pass a full run with two complevels, both engines and modes, max_procs 2 and the small files would make."""
     passes = []
     for level in LEVELS:
-        codec = mb._codec("blosc", level)
+        codec = records.make_codec("blosc", level)
         passes.append(_pass("main", codec, Reader("odirect"), 900.0))
         passes += [_pass("main", codec, Reader("single", e), 400.0 if e == "h5py" else 200.0) for e in ENGINES]
         for e in ENGINES:
@@ -352,7 +355,7 @@ def synthetic_passes() -> list[Pass]:
                 for n in (1, 2, None):
                     warm = 0.5 if (level, e, m, n) == (3, "tables", "generator", 2) else 0.0
                     passes.append(_pass("main", codec, Reader("multitables", e, m, n), 100.0 * (n or 2), resident=warm))
-    for small in mb.SMALL_FILES:
+    for small in records.SMALL_FILES:
         codec = Codec("blosc", 3)
         passes += [_pass(small.key, codec, Reader("single", e), 100.0) for e in ENGINES]
         rate = 50.0 if small.key == "sub-chunk" else 95.0
@@ -363,7 +366,7 @@ def synthetic_passes() -> list[Pass]:
 @pytest.fixture
 def ctx(tmp_path: Path) -> Context:
     s = _settings(complibs=("blosc",), complevels=LEVELS, max_procs=MAX_PROCS, repeats=1, engines=ENGINES)
-    return Context(s, "evict", "evict: pages dropped", mb.machine_info(str(tmp_path)), {"numpy": np.__version__}, ("a note",))
+    return Context(s, "evict", "evict: pages dropped", machine.machine_info(str(tmp_path)), {"numpy": np.__version__}, ("a note",))
 
 
 def test_summary_is_the_median_over_repeats_of_rates_over_cycles() -> None:
@@ -373,17 +376,17 @@ def test_summary_is_the_median_over_repeats_of_rates_over_cycles() -> None:
         for repeat, times in enumerate([(1.0, 1.0), (0.5, 0.5), (2.0, 2.0)])
         for cycle, seconds in enumerate(times)
     ]
-    (result,) = mb.summarize(passes)
+    (result,) = reporting.summarize(passes)
     assert result.rates == pytest.approx((100.0, 200.0, 50.0))
     assert result.mb_per_s == pytest.approx(100.0)
     assert not result.warm_start
-    marked = mb.summarize(passes[:-1] + [Pass("main", codec, reader, 2, 1, "evict", 0.3, 2.0, 100 * 10**6)])
+    marked = reporting.summarize(passes[:-1] + [Pass("main", codec, reader, 2, 1, "evict", 0.3, 2.0, 100 * 10**6)])
     assert marked[0].warm_start
 
 
 def test_scaling_table_is_complevel_by_n_procs_with_ratios_and_default() -> None:
-    results = mb.summarize(synthetic_passes())
-    t = mb.scaling_table(results, "blosc", LEVELS, "h5py", "direct", MAX_PROCS)
+    results = reporting.summarize(synthetic_passes())
+    t = reporting.scaling_table(results, "blosc", LEVELS, "h5py", "direct", MAX_PROCS)
     assert t.header == ("complevel / n_procs", "1", "2", "default (what it used)")
     assert [row[0] for row in t.rows] == ["0", "3"]
     assert all(CELL.match(c) for row in t.rows for c in row[1:-1])
@@ -394,44 +397,44 @@ def test_scaling_table_is_complevel_by_n_procs_with_ratios_and_default() -> None
 def test_a_default_cell_says_where_most_passes_read() -> None:
     codec, reader = Codec("blosc", 3), Reader("multitables", "auto", "direct", None)
     used = [0, 2, 0]  # as recorded pass by pass
-    passes = [Pass("main", codec, reader, r, 0, "evict", 0.0, 1.0, 100 * mb.MB, n, 64) for r, n in enumerate(used)]
-    (result,) = mb.summarize(passes)
+    passes = [Pass("main", codec, reader, r, 0, "evict", 0.0, 1.0, 100 * records.MB, n, 64) for r, n in enumerate(used)]
+    (result,) = reporting.summarize(passes)
     assert result.n_procs_used == 0
-    assert mb._default_cell(result, None) == "100 MB/s (in-process)"
+    assert reporting._default_cell(result, None) == "100 MB/s (in-process)"
 
 
 def test_warm_start_is_marked_in_its_cell_and_noted() -> None:
-    results = mb.summarize(synthetic_passes())
-    t = mb.scaling_table(results, "blosc", LEVELS, "tables", "generator", MAX_PROCS)
+    results = reporting.summarize(synthetic_passes())
+    t = reporting.scaling_table(results, "blosc", LEVELS, "tables", "generator", MAX_PROCS)
     assert t.rows[1][2].endswith("*") and not t.rows[0][2].endswith("*")
-    assert t.notes == (mb.WARM_NOTE,)
+    assert t.notes == (reporting.WARM_NOTE,)
 
 
 def test_baseline_table_has_the_disk_and_each_engine() -> None:
-    results = mb.summarize(synthetic_passes())
-    t = mb.baseline_table(results, "blosc", LEVELS, ENGINES)
+    results = reporting.summarize(synthetic_passes())
+    t = reporting.baseline_table(results, "blosc", LEVELS, ENGINES)
     assert t.header[1].startswith("O_DIRECT") and len(t.header) == 2 + len(ENGINES)
     assert t.rows[0][1:] == ("900 MB/s", "400 MB/s 1.00x", "200 MB/s 0.50x")
 
 
 def test_missing_measurements_read_n_a() -> None:
-    t = mb.scaling_table([], "zlib", LEVELS, "h5py", "direct", MAX_PROCS)
+    t = reporting.scaling_table([], "zlib", LEVELS, "h5py", "direct", MAX_PROCS)
     assert {c for row in t.rows for c in row[1:]} == {"n/a"}
 
 
 def test_small_files_table_checks_the_target() -> None:
-    results = mb.summarize(synthetic_passes())
-    t = mb.small_table(results, MODES)
-    assert len(t.rows) == len(mb.SMALL_FILES)
+    results = reporting.summarize(synthetic_passes())
+    t = reporting.small_table(results, MODES)
+    assert len(t.rows) == len(records.SMALL_FILES)
     assert [row[-1] for row in t.rows] == ["yes", "yes", "NO"]
     assert "in-process" in t.rows[0][3] and "0.95x" in t.rows[0][3]
 
 
 def test_text_report_aligns_every_table(ctx: Context) -> None:
-    results = mb.summarize(synthetic_passes())
-    tables = mb.report_tables(results, ctx)
+    results = reporting.summarize(synthetic_passes())
+    tables = reporting.report_tables(results, ctx)
     assert len(tables) == 1 + len(ENGINES) * len(MODES) + 1  # baseline, scaling tables, small files
-    text = mb.render_text(tables, ctx)
+    text = reporting.render_text(tables, ctx)
     for key in ("machine", "file", "data", "cache", "method", "versions", "note"):
         assert re.search(rf"^\s*{key}: ", text, re.M)
     assert "decompression overhead only" in text
@@ -444,12 +447,12 @@ def test_text_report_aligns_every_table(ctx: Context) -> None:
 
 
 def test_markdown_tables_are_well_formed(ctx: Context) -> None:
-    results = mb.summarize(synthetic_passes())
-    tables = mb.report_tables(results, ctx)
-    md = mb.render_markdown(tables, ctx)
+    results = reporting.summarize(synthetic_passes())
+    tables = reporting.report_tables(results, ctx)
+    md = reporting.render_markdown(tables, ctx)
     assert md.count("\n### ") == len(tables)
     for t in tables:
-        section = md.split("### " + mb._md_escape(t.title), 1)[1].split("\n###", 1)[0]
+        section = md.split("### " + reporting._md_escape(t.title), 1)[1].split("\n###", 1)[0]
         rows = [line for line in section.splitlines() if line.startswith("|")]
         assert len(rows) == 2 + len(t.rows)
         widths = {len(re.findall(r"(?<!\\)\|", line)) for line in rows}
@@ -478,9 +481,9 @@ class _Cells(HTMLParser):
 
 
 def test_html_is_one_page_of_balanced_tables(ctx: Context) -> None:
-    results = mb.summarize(synthetic_passes())
-    tables = mb.report_tables(results, ctx)
-    page = mb.render_html(tables, ctx)
+    results = reporting.summarize(synthetic_passes())
+    tables = reporting.report_tables(results, ctx)
+    page = reporting.render_html(tables, ctx)
     assert page.startswith("<!DOCTYPE html>")
     parser = _Cells()
     parser.feed(page.replace("<!DOCTYPE html>", "").replace('<meta charset="utf-8">', ""))
@@ -491,8 +494,8 @@ def test_html_is_one_page_of_balanced_tables(ctx: Context) -> None:
 
 def test_json_has_every_raw_time_and_reloads(ctx: Context, tmp_path: Path) -> None:
     passes = synthetic_passes()
-    results = mb.summarize(passes)
-    doc = json.loads(json.dumps(mb.report_json(passes, results, ctx)))
+    results = reporting.summarize(passes)
+    doc = json.loads(json.dumps(reporting.report_json(passes, results, ctx)))
     assert doc["benchmark"] == "multitables" and doc["cache"] == "evict"
     assert len(doc["passes"]) == len(passes) and len(doc["results"]) == len(results)
     first = doc["passes"][0]
@@ -501,22 +504,22 @@ def test_json_has_every_raw_time_and_reloads(ctx: Context, tmp_path: Path) -> No
     assert {"cpu_model", "cpus", "memory_bytes", "file"} <= set(doc["machine"])
     path = tmp_path / "r.json"
     path.write_text(json.dumps(doc))
-    reloaded, rctx = mb.load_report(str(path))
+    reloaded, rctx = reporting.load_report(str(path))
     assert reloaded == passes and rctx.settings == ctx.settings and rctx.notes == ctx.notes
 
 
 def test_report_from_json_measures_nothing(ctx: Context, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     passes = synthetic_passes()
     saved = tmp_path / "r.json"
-    saved.write_text(json.dumps(mb.report_json(passes, mb.summarize(passes), ctx)))
+    saved.write_text(json.dumps(reporting.report_json(passes, reporting.summarize(passes), ctx)))
     md = tmp_path / "r.md"
-    mb.main(["--report-from", str(saved), "--markdown", str(md)])
+    cli.main(["--report-from", str(saved), "--markdown", str(md)])
     out = capsys.readouterr().out
-    assert "Small files" in out and md.read_text().count("\n### ") == len(mb.report_tables(mb.summarize(passes), ctx))
+    assert "Small files" in out and md.read_text().count("\n### ") == len(reporting.report_tables(reporting.summarize(passes), ctx))
 
 
 def test_machine_names_the_device_and_filesystem(tmp_path: Path) -> None:
-    m = mb.machine_info(str(tmp_path))
+    m = machine.machine_info(str(tmp_path))
     assert m["cpus"] >= 1 and m["usable_cpus"] >= 1 and m["cpu_model"]
     assert m["file"]["fstype"] and m["file"]["mount"]
     if "disk" in m["file"]:
@@ -526,7 +529,7 @@ def test_machine_names_the_device_and_filesystem(tmp_path: Path) -> None:
 def test_plot_writes_a_png(ctx: Context, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     out = tmp_path / "p.png"
-    mb.plot(mb.summarize(synthetic_passes()), ctx, str(out))
+    plotting.plot(reporting.summarize(synthetic_passes()), ctx, str(out))
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -538,9 +541,9 @@ def test_interrupted_run_reports_what_it_measured(
         passes.append(_pass("main", Codec("none", 0), Reader("odirect"), 500.0))
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(mb, "measure", measure_then_stop)
+    monkeypatch.setattr(cli, "measure", measure_then_stop)
     report = tmp_path / "r.json"
-    mb.main(["--quick", "--file", str(tmp_path / "bench.h5"), "--json", str(report)])
+    cli.main(["--quick", "--file", str(tmp_path / "bench.h5"), "--json", str(report)])
     doc = json.loads(report.read_text())
     assert len(doc["passes"]) == 1 and any("interrupted" in n for n in doc["notes"])
     assert "500 MB/s" in capsys.readouterr().out
@@ -568,11 +571,11 @@ def test_quick_run_end_to_end(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     doc = json.loads(out["json"].read_text())
-    s = mb.parse_args(["--quick"])
+    s = cli.parse_args(["--quick"])
     kinds = {(p["target"], p["reader"]["kind"]) for p in doc["passes"]}
     assert {("main", "odirect"), ("main", "single"), ("main", "multitables")} <= kinds
-    assert {k.key for k in mb.SMALL_FILES} <= {t for t, _ in kinds}
-    assert {p["repeat"] for p in doc["passes"] if p["target"] == "sub-chunk"} == set(range(mb.small_repeats(s)))
+    assert {k.key for k in records.SMALL_FILES} <= {t for t, _ in kinds}
+    assert {p["repeat"] for p in doc["passes"] if p["target"] == "sub-chunk"} == set(range(timing.small_repeats(s)))
     main = [p for p in doc["passes"] if p["target"] == "main"]
     per_codec = 1 + len(s.engines) + len(s.engines) * len(s.modes) * (s.max_procs + 1)
     assert len(main) == per_codec * len(s.codecs) * s.repeats * s.cycles
@@ -587,11 +590,11 @@ def test_quick_run_end_to_end(tmp_path: Path) -> None:
 
 
 def test_the_chunk_engine_is_measured_but_never_the_baseline() -> None:
-    assert mb.single_engines(("chunks",)) == ["chunks", "h5py", "tables"]
-    assert mb.single_engines(("h5py",)) == ["h5py", "tables"]
-    codec = mb._codec("zlib", 3)
+    assert records.single_engines(("chunks",)) == ["chunks", "h5py", "tables"]
+    assert records.single_engines(("h5py",)) == ["h5py", "tables"]
+    codec = records.make_codec("zlib", 3)
     passes = [_pass("main", codec, Reader("single", e), r) for e, r in (("chunks", 900.0), ("h5py", 400.0), ("tables", 150.0))]
-    best = mb.best_single(mb.summarize(passes), "main", codec)
+    best = reporting.best_single(reporting.summarize(passes), "main", codec)
     assert best is not None and best.reader.engine == "h5py"
 
 
@@ -613,13 +616,13 @@ def _profile_readers() -> Any:
 
 def test_reader_profile_summary_sorts_reader_samples_by_activity(tmp_path: Path) -> None:
     prof = _profile_readers()
-    reader = "process 2:\"python\";run (multitables/_reader_process.py:180)"
+    reader = "process 2:\"python\";worker_main (multitables/_procs/worker.py:120);stream_loop (multitables/_procs/stream.py:75)"
     raw = tmp_path / "raw.txt"
     raw.write_text(
-        f"{reader};ChunkSource._read_rows (multitables/_chunks.py:530);_Deflate.decode (multitables/_filters.py:233) 6\n"
-        f"{reader};ChunkSource._read_rows (multitables/_chunks.py:512);_FileReader.read_into (multitables/_chunks.py:359) 3\n"
-        f"{reader};Ring.claim (multitables/_ring.py:190) 1\n"
-        "process 1:\"python\";<module> (x.py:1);Ring.take (multitables/_ring.py:225) 50\n"  # the consumer: not counted
+        f"{reader};ChunkSource._read_rows (multitables/_io/chunks.py:330);Deflate.decode (multitables/_io/codecs/deflate.py:30) 6\n"
+        f"{reader};ChunkSource._read_rows (multitables/_io/chunks.py:312);_FileReader.read_into (multitables/_io/chunks.py:159) 3\n"
+        f"{reader};Ring.claim (multitables/_shm/ring.py:190) 1\n"
+        "process 1:\"python\";<module> (x.py:1);Ring.take (multitables/_shm/ring.py:225) 50\n"  # the consumer: not counted
     )
     table = prof.summarize(str(raw)).splitlines()
     assert table[2:] == [
@@ -674,7 +677,7 @@ def test_small_times_h5py_and_default_multitables_on_a_generated_file(tmp_path: 
 
 def test_placement_compares_h5py_with_the_default_readers_and_the_consumer(small_target: Target) -> None:
     from multitables import streamer
-    from multitables._plan import available_cpus
+    from multitables._plan.blocks import available_cpus
 
     prof = _profile_readers()
     pays = streamer.parallel_pays

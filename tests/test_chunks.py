@@ -17,11 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import multitables
-from multitables._chunks import ChunkSource, Unsupported, _hdf5_library, chunks_problem
-from multitables._engines import open_source, resolve_engine
-from multitables._filters import ChunkDecodeError
-from multitables._node import inspect_node
-from multitables._plan import BlockPlan
+from multitables._io.chunks import ChunkSource
+from multitables._io.codecs.base import ChunkDecodeError
+from multitables._io.engines import open_source, resolve_engine
+from multitables._io.node import inspect_node
+from multitables._io.storage import Unsupported, _hdf5_library, chunks_problem
+from multitables._plan.blocks import BlockPlan
 
 
 def _direct_io_works(directory: str) -> bool:
@@ -394,7 +395,7 @@ def test_a_chunk_two_blocks_share_is_decoded_once(make_array: Callable[..., Path
 @pytest.mark.skipif(not DIRECT_IO, reason="the temporary directory's filesystem refuses O_DIRECT")
 @pytest.mark.parametrize("kind", ["carray", "array"])
 def test_direct_reads_leave_the_page_cache_cold(make_array: Callable[..., Path], kind: str) -> None:
-    from multitables._pagecache import evict, resident_fraction
+    from multitables_bench.cache import evict, resident_fraction
 
     data = np.random.default_rng(2).standard_normal((20_000, 64)).astype("<f4")
     path = make_array(data, complib="zlib" if kind == "carray" else None, kind=kind)
@@ -417,7 +418,7 @@ def test_direct_reads_leave_the_page_cache_cold(make_array: Callable[..., Path],
 
 def _cold(path: Path) -> float:
     """Evict ``path``; skip where this filesystem keeps it cached anyway (tmpfs)."""
-    from multitables._pagecache import evict, resident_fraction
+    from multitables_bench.cache import evict, resident_fraction
 
     evict(path)
     before = resident_fraction(path)
@@ -430,7 +431,7 @@ def _resident_after(path: Path, at_least: float, within: float = 5.0) -> float:
     """The file's resident fraction once it reaches ``at_least`` (prefetching runs in the background), or after ``within`` s."""
     import time
 
-    from multitables._pagecache import resident_fraction
+    from multitables_bench.cache import resident_fraction
 
     deadline = time.monotonic() + within
     while True:
@@ -462,7 +463,7 @@ def test_prefetch_brings_exactly_those_rows_into_the_page_cache(make_array: Call
 def test_prefetch_does_nothing_past_the_page_cache(make_array: Callable[..., Path]) -> None:
     import time
 
-    from multitables._pagecache import resident_fraction
+    from multitables_bench.cache import resident_fraction
 
     data = np.random.default_rng(4).standard_normal((20_000, 64)).astype("<f4")
     path = make_array(data, complib="zlib")

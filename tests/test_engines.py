@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import tables
 
-from multitables._engines import ENGINES, open_source, resolve_engine
-from multitables._node import inspect_node
+from multitables._io.engines import ENGINES, open_source, resolve_engine
+from multitables._io.node import inspect_node
 
 CONCRETE = [e for e in ENGINES if e != "auto"]
 
@@ -133,8 +133,8 @@ def test_cache_direct_is_the_chunk_engines_alone(make_array) -> None:
 
 
 def test_the_chunk_cache_is_off_only_when_no_two_blocks_share_a_chunk() -> None:
-    from multitables._engines import whole_chunks
-    from multitables._plan import BlockPlan, RangePlan
+    from multitables._io.h5py_source import whole_chunks
+    from multitables._plan.blocks import BlockPlan, RangePlan
 
     assert whole_chunks(BlockPlan(1000, 64), 1000, 32)
     assert whole_chunks(BlockPlan(1000, 64, remainder=True), 1000, 32)  # the last block ends at the end
@@ -149,7 +149,7 @@ def test_the_chunk_cache_is_off_only_when_no_two_blocks_share_a_chunk() -> None:
 
 @pytest.mark.parametrize("block_size", [64, 48, 1])
 def test_h5py_reads_equal_with_and_without_the_chunk_cache(make_array, block_size: int) -> None:
-    from multitables._plan import BlockPlan
+    from multitables._plan.blocks import BlockPlan
 
     data = np.random.default_rng(3).standard_normal((1000, 7)).astype("<f4")
     node = inspect_node(make_array(data, complib="blosc", chunkshape=(32, 7)), "/data")
@@ -169,8 +169,8 @@ def test_h5py_takes_over_the_checks_dataset_with_the_chunk_cache_its_plan_needs(
     make_array, fds_on, block_size: int, cache_bytes: int
 ) -> None:
     """The in-process read reuses open_node's file; blocks that cut chunks still get a chunk cache; closing frees the file."""
-    from multitables._node import open_node
-    from multitables._plan import BlockPlan
+    from multitables._io.node import open_node
+    from multitables._plan.blocks import BlockPlan
 
     data = np.arange(1000 * 7, dtype="<f4").reshape(1000, 7)
     path = make_array(data, complib="blosc", chunkshape=(32, 7))

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from multitables._epoch import EpochSettings
+from multitables._plan.epoch import EpochSettings
 
 
 @st.composite

@@ -356,7 +356,7 @@ def test_notify_is_called_with_each_future_then_queue_closed(h5file: tuple, no_l
 def test_close_wait_fulfils_every_pending_request_then_stops_the_workers(h5file: tuple, no_leaks: None) -> None:
     path, arr, _ = h5file
     r = multitables.Reader(path, 2)
-    pids = r.reader_pids
+    pids = r.worker_pids
     a = r.get_dataset("/arr")
     futures = [(i, r.request(a[i], a.create_stage(1))) for i in range(0, N, 13)]
     r.close(wait=True)
@@ -371,7 +371,7 @@ def test_close_wait_fulfils_every_pending_request_then_stops_the_workers(h5file:
 def test_close_without_wait_returns_at_once_and_the_requests_are_still_read(h5file: tuple, no_leaks: None) -> None:
     path, arr, _ = h5file
     r = multitables.Reader(path, 1)
-    (worker,) = r.reader_pids
+    (worker,) = r.worker_pids
     a = r.get_dataset("/arr")
     stage = a.create_stage(50)
     os.kill(worker, signal.SIGSTOP)  # the request waits in its inbox

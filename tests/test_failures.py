@@ -11,7 +11,6 @@ timeouts), far above the behaviour they guard.
 from __future__ import annotations
 
 import gc
-import json
 import os
 import shutil
 import signal
@@ -29,9 +28,10 @@ import pytest
 
 import multitables
 from multitables import QueueClosed, ReaderError, ShmSpaceError, Streamer
-from multitables._shm import SHM_PREFIX, Segment
+from multitables._shm.segment import SHM_PREFIX, Segment
 from multitables.errors import FileChangedError, MultitablesError
 
+from _consumer import Consumer
 from _readall import hang_guard
 
 N_ROWS = 20_000
@@ -46,8 +46,6 @@ GUARD = 30.0
 TEST_GUARD = 150.0
 
 START_METHODS = [pytest.param(None, id="default"), pytest.param("spawn", id="spawn")]
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 # -- helpers -------------------------------------------------------------------
@@ -152,7 +150,7 @@ SCRIPT = textwrap.dedent(
     import numpy as np
     import psutil
     import multitables
-    from multitables._shm import SHM_PREFIX
+    from multitables._shm.segment import SHM_PREFIX
 
     def say(**kw):
         print(json.dumps(kw), flush=True)
@@ -174,14 +172,15 @@ SCRIPT = textwrap.dedent(
             # consumer unlinks the name, with the resource tracker's safety net
             # off: only the readers' own clean-up can remove the segment.
             import multiprocessing.resource_tracker as rt
-            from multitables import _readers
+            from multitables._procs import stream as _stream
             rt.register = lambda name, rtype: None
-            def hold(self, n):
-                while self.ring.sync.attached.get_value() < n:
+            def hold(self, what, check):
+                while self.attached.get_value() < self.n_workers:
                     time.sleep(0.01)
-                say(readers=self.pids, segment=self.ring.segment.name)
+                mine = f"{SHM_PREFIX}{os.getpid()}_"
+                say(readers=self.pids, segment=[n for n in os.listdir("/dev/shm") if n.startswith(mine)][0])
                 time.sleep(3600)
-            _readers.ReaderPool._wait_attached = hold
+            _stream.WorkerPool.wait_attached = hold
         try:
             if mode == "generator":
                 for i, row in enumerate(s.get_generator("/data", cyclic=True, **kw)):
@@ -221,46 +220,6 @@ def script(tmp_path: Path) -> Path:
     path = tmp_path / "consumer.py"
     path.write_text(SCRIPT)
     return path
-
-
-class Consumer:
-    """The helper program running in its own session (so signals to its group do not reach pytest)."""
-
-    def __init__(self, script: Path, h5: Path, mode: str, start_method: "str | None" = None) -> None:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-        self.proc = subprocess.Popen(
-            [sys.executable, str(script), str(h5), mode, start_method or "default"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            start_new_session=True,
-        )
-
-    def read(self) -> dict[str, Any]:
-        """The next message; fails (rather than waits forever) if none comes."""
-        result: list[str] = []
-        reader = threading.Thread(target=lambda: result.append(self.proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
-        reader.start()
-        reader.join(GUARD)
-        if not result or not result[0]:
-            self.proc.kill()
-            raise AssertionError(f"no message from the consumer; stderr:\n{self.proc.communicate()[1]}")
-        return json.loads(result[0])
-
-    def finish(self) -> tuple[int, str]:
-        try:
-            _, err = self.proc.communicate(timeout=GUARD)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            _, err = self.proc.communicate()
-            raise AssertionError(f"the consumer did not exit; stderr:\n{err}")
-        return self.proc.returncode, err
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.communicate()
 
 
 @pytest.fixture
@@ -371,7 +330,7 @@ def test_a_lock_held_by_a_dead_process_does_not_block_the_end(no_leaks: None, h5
 
 def test_a_stuck_reader_is_terminated_by_close(no_leaks: None, h5file: Path) -> None:
     """A reader that cannot see the stop flag (here: stopped by SIGSTOP) is ended by SIGTERM, then SIGKILL."""
-    from multitables._readers import JOIN_TIMEOUT
+    from multitables._procs.pool import JOIN_TIMEOUT
 
     q = Streamer(h5file).get_queue("/data", n_procs=2, block_size=CHUNK, read_ahead=4, cyclic=True)
     pids = q.reader_pids
@@ -477,16 +436,16 @@ def test_any_exception_type_travels(no_leaks: None, h5file: Path, monkeypatch: p
 
     if multiprocessing.get_start_method() != "fork":
         pytest.skip("the patched engine reaches the readers only under fork")
-    from multitables import _engines
+    from multitables._io import h5py_source as _h5py_source
 
-    original = _engines._H5pySource.read_into
+    original = _h5py_source.H5pySource.read_into
 
     def read_into(self: Any, start: int, stop: int, out: np.ndarray) -> None:
         if start == 2 * CHUNK:
             raise InjectedError(f"injected at {start}")
         original(self, start, stop, out)
 
-    monkeypatch.setattr(_engines._H5pySource, "read_into", read_into)
+    monkeypatch.setattr(_h5py_source.H5pySource, "read_into", read_into)
     with Streamer(h5file, engine="h5py").get_queue("/data", n_procs=1, block_size=CHUNK) as q:
         with pytest.raises(InjectedError) as info:
             drain(q)
@@ -501,7 +460,7 @@ def test_unpicklable_exception_type_still_reported(no_leaks: None, h5file: Path,
 
     if multiprocessing.get_start_method() != "fork":
         pytest.skip("the patched engine reaches the readers only under fork")
-    from multitables import _engines
+    from multitables._io import h5py_source as _h5py_source
 
     class LocalError(Exception):  # not importable by name: travels as a plain ReaderError
         pass
@@ -509,7 +468,7 @@ def test_unpicklable_exception_type_still_reported(no_leaks: None, h5file: Path,
     def read_into(self: Any, start: int, stop: int, out: np.ndarray) -> None:
         raise LocalError("local")
 
-    monkeypatch.setattr(_engines._H5pySource, "read_into", read_into)
+    monkeypatch.setattr(_h5py_source.H5pySource, "read_into", read_into)
     with Streamer(h5file, engine="h5py").get_queue("/data", n_procs=1, block_size=CHUNK) as q:
         with pytest.raises(ReaderError, match="Caught LocalError in reader 0") as info:
             drain(q)
@@ -522,13 +481,13 @@ def test_reader_crash_in_c_is_reported(no_leaks: None, h5file: Path, monkeypatch
 
     if multiprocessing.get_start_method() != "fork":
         pytest.skip("the patched engine reaches the readers only under fork")
-    from multitables import _engines
+    from multitables._io import h5py_source as _h5py_source
 
     def read_into(self: Any, start: int, stop: int, out: np.ndarray) -> None:
         signal.signal(signal.SIGSEGV, signal.SIG_DFL)  # no faulthandler dump in the test output
         os.kill(os.getpid(), signal.SIGSEGV)
 
-    monkeypatch.setattr(_engines._H5pySource, "read_into", read_into)
+    monkeypatch.setattr(_h5py_source.H5pySource, "read_into", read_into)
     t0 = time.monotonic()
     with Streamer(h5file, engine="h5py").get_queue("/data", n_procs=2, block_size=CHUNK) as q:
         with pytest.raises(ReaderError, match=r"exit code -11 \(SIGSEGV\)") as info:
@@ -785,7 +744,7 @@ def test_segments_are_owner_only_whatever_the_umask(no_leaks: None) -> None:
 
 
 def test_queue_segments_are_created_exclusive_and_private(no_leaks: None, h5file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from multitables import _shm
+    from multitables._shm import segment as _shm
 
     calls: list[tuple[str, int, int]] = []
     real = _shm._posixshmem
@@ -862,7 +821,7 @@ def _assert_space_error(err: ShmSpaceError) -> None:
 def test_ring_larger_than_free_shm_fails_before_any_process(
     no_leaks: None, h5file: Path, monkeypatch: pytest.MonkeyPatch, process_starts: list[Any]
 ) -> None:
-    from multitables import _shm
+    from multitables._shm import segment as _shm
 
     monkeypatch.setattr(_shm, "shm_free_bytes", lambda: 1 << 20)
     segments = own_segments()
@@ -881,8 +840,8 @@ def test_ring_larger_than_free_shm_fails_before_any_process(
 def test_a_ring_a_page_too_large_says_exactly_how_much_is_missing(
     no_leaks: None, h5file: Path, monkeypatch: pytest.MonkeyPatch, process_starts: list[Any]
 ) -> None:
-    from multitables import _shm
-    from multitables._ring import RingLayout
+    from multitables._shm import segment as _shm
+    from multitables._shm.ring import RingLayout
 
     need = RingLayout(4, CHUNK, (ROW,), np.dtype("<f4")).nbytes
     monkeypatch.setattr(_shm, "shm_free_bytes", lambda: need - 4096)  # rounded to 0.1 MiB, both read the same
@@ -900,7 +859,7 @@ def test_shm_out_of_inodes_is_a_space_error_naming_them(
     """A tmpfs with space left but no inode left refuses to create a file (ENOSPC) whatever its size."""
     import errno
 
-    from multitables import _shm
+    from multitables._shm import segment as _shm
 
     def no_inode(name: str, flags: int, mode: int = 0o600) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -1148,7 +1107,7 @@ def _kill_at_random_moments(h5file: Path, runs: int, seed: int) -> "tuple[list[i
 
 
 def _nothing_left_by(killed: list[int], readers: "list[psutil.Process]", monkeypatch: pytest.MonkeyPatch) -> None:
-    import multitables._shm as shm
+    import multitables._shm.segment as shm
 
     # Readers orphaned mid-start exit by themselves within about a second (the resource tracker, too).
     _, alive = psutil.wait_procs(readers, timeout=ORPHANS_GONE_WITHIN)

@@ -11,7 +11,7 @@ import pytest
 import tables
 
 import multitables
-from multitables._node import inspect_node
+from multitables._io.node import inspect_node
 
 
 def test_describes_a_pytables_carray(make_array) -> None:
@@ -80,7 +80,7 @@ def test_unknown_fields_are_key_errors_listing_the_fields(table_file, make_array
 
 
 def test_closing_the_dataset_of_open_node_closes_its_file(make_array, fds_on) -> None:
-    from multitables._node import close_dataset, open_node
+    from multitables._io.node import close_dataset, open_node
 
     path = make_array(np.arange(10.0))
     node, dataset = open_node(path, "/data")

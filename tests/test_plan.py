@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from multitables._plan import (
+from multitables._plan.blocks import (
     READERS_PER_CPU,
     BlockPlan,
     RangePlan,

@@ -395,7 +395,7 @@ def test_a_read_error_fails_its_future_and_the_others_carry_on(tmp_path: Path, n
 
 
 def _children_of(reader: Reader) -> list[psutil.Process]:
-    return [psutil.Process(pid) for pid in reader.reader_pids]
+    return [psutil.Process(pid) for pid in reader.worker_pids]
 
 
 def test_a_worker_killed_mid_request_fails_its_futures_only_then_the_reader(h5file: tuple, no_leaks: None) -> None:
@@ -404,7 +404,7 @@ def test_a_worker_killed_mid_request_fails_its_futures_only_then_the_reader(h5fi
     with Reader(path, n_procs=2) as reader:
         ds = reader.get_dataset("/blosc1d")
         pool = ds.create_stage_pool(10, 8)
-        victim = reader.reader_pids[0]
+        victim = reader.worker_pids[0]
         os.kill(victim, signal.SIGSTOP)  # its shares wait in its inbox
         futures = [reader.request(ds[i * 10 : i * 10 + 1], pool) for i in range(6)]  # one share each: both workers
         os.kill(victim, signal.SIGKILL)
@@ -428,7 +428,7 @@ def test_get_times_out_and_stop_ends_pending_futures(h5file: tuple, no_leaks: No
     reader = Reader(path, n_procs=1)
     ds = reader.get_dataset("/zlib3d")
     stage = ds.create_stage(300)
-    (worker,) = reader.reader_pids
+    (worker,) = reader.worker_pids
     os.kill(worker, signal.SIGSTOP)
     try:
         fut = reader.request(ds[:], stage)
@@ -478,7 +478,7 @@ def test_workers_end_and_leave_nothing_when_the_consumer_is_killed(h5file: tuple
         "ds = reader.get_dataset('/zlib3d')\n"
         "pool = ds.create_stage_pool(300, 2)\n"
         "future = reader.request(ds[::2], pool)\n"
-        "print(' '.join(map(str, reader.reader_pids)), flush=True)\n"
+        "print(' '.join(map(str, reader.worker_pids)), flush=True)\n"
         "time.sleep(60)\n"
     )
     env = dict(os.environ, PYTHONPATH=str(Path(multitables.__file__).parent.parent))
@@ -510,7 +510,7 @@ def test_dropping_everything_shuts_down(h5file: tuple, no_leaks: None) -> None:
     ds = reader.get_dataset("/plain2d")
     stage = ds.create_stage(20)
     fut = reader.request(ds[[1, 2, 3]], stage)
-    pids = reader.reader_pids
+    pids = reader.worker_pids
     del reader, ds, stage, fut
     gc.collect()
     for pid in pids:
@@ -555,7 +555,7 @@ def test_spawn(h5file: tuple, no_leaks: None) -> None:
 def test_a_stage_too_large_for_shm_gets_advice_that_fits_a_stage(
     h5file: tuple, no_leaks: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from multitables import _shm
+    from multitables._shm import segment as _shm
 
     path, contents = h5file
     with Reader(path, n_procs=1) as reader:
@@ -574,6 +574,7 @@ def test_n_procs_is_capped_at_four_workers_per_usable_cpu(
     path, contents = h5file
     monkeypatch.setattr(multitables.reader, "available_cpus", lambda: 1)
     with Reader(path, n_procs=40) as reader:
-        assert reader.n_procs == len(reader.reader_pids) == 4
+        assert reader.n_procs == len(reader.worker_pids) == 4
+        assert reader.reader_pids == reader.worker_pids  # the older name still answers
         ds = reader.get_dataset("/zlib3d")
         np.testing.assert_array_equal(reader.request(ds[::7], ds.create_stage(300)).get(), contents["/zlib3d"][::7])

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import multitables
-from multitables._node import check_file_unchanged, file_signature
+from multitables._io.node import check_file_unchanged, file_signature
 from multitables.errors import FileChangedError
 
 from _readall import hang_guard
@@ -93,9 +93,12 @@ def interrupt_children():
     # Ctrl-C reaches every process of the group; here only the new ones get it, as early as they can be found.
     while not stop.is_set():
         for child in me.children(recursive=True):
-            if child.pid not in hit and "resource_tracker" not in " ".join(child.cmdline()):
-                hit.add(child.pid)
-                os.kill(child.pid, signal.SIGINT)
+            try:  # a short-lived child (the PyTables probe) may be gone before its command line is read
+                if child.pid not in hit and "resource_tracker" not in " ".join(child.cmdline()):
+                    hit.add(child.pid)
+                    os.kill(child.pid, signal.SIGINT)
+            except (psutil.Error, ProcessLookupError):
+                pass
         time.sleep(0.0005)
 
 threading.Thread(target=interrupt_children, daemon=True).start()
@@ -127,15 +130,15 @@ def test_processes_ignore_ctrl_c_from_their_first_instruction(make_array: Callab
 
 
 _ORPHANED_MID_BLOCK = r"""
-import sys, time, multitables, multitables._engines as engines
+import sys, time, multitables, multitables._io.h5py_source as h5py_source
 
-read_into = engines._H5pySource.read_into
+read_into = h5py_source.H5pySource.read_into
 
 def slow(self, start, stop, out):  # 2 ms a row: one block of 5,000 rows takes 10 s
     time.sleep(0.002 * (stop - start))
     return read_into(self, start, stop, out)
 
-engines._H5pySource.read_into = slow  # the reader is forked: it reads this slowly too
+h5py_source.H5pySource.read_into = slow  # the reader is forked: it reads this slowly too
 queue = multitables.Streamer(sys.argv[1], engine="h5py", start_method="fork").get_queue(
     "/data", n_procs=1, block_size=5000, read_ahead=1
 )

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from multitables._request import (
+from multitables._plan.requests import (
     effective_chunk_rows,
     group_bounds,
     normalize_key,

@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from multitables._shm import Segment
+from multitables._shm.segment import Segment
 
 
 def test_the_owners_mapping_keeps_no_file_descriptor_open(
@@ -70,7 +70,7 @@ _CREATE_THEN = r"""
 import os, signal, sys
 from multiprocessing import resource_tracker
 import multitables
-from multitables._shm import Segment
+from multitables._shm.segment import Segment
 
 what = sys.argv[1]
 register = resource_tracker.register
@@ -107,7 +107,7 @@ def test_ctrl_c_while_a_segment_is_created_leaves_no_name_and_no_descriptor() ->
 
 
 def test_a_name_left_by_a_creator_killed_mid_creation_is_removed_at_the_next_creation(monkeypatch) -> None:
-    import multitables._shm as shm
+    import multitables._shm.segment as shm
 
     name, _ = _run_create_then("sigkill")  # SIGKILL cannot be caught: the name stays behind
     leftover = Path("/dev/shm") / name
@@ -122,7 +122,7 @@ def test_a_name_left_by_a_creator_killed_mid_creation_is_removed_at_the_next_cre
 
 
 def test_the_sweep_leaves_young_names_live_creators_and_other_names_alone(tmp_path: Path, monkeypatch) -> None:
-    import multitables._shm as shm
+    import multitables._shm.segment as shm
 
     monkeypatch.setattr(shm, "_SHM_DIR", str(tmp_path))
     monkeypatch.setattr(shm, "unlink_orphan", lambda name: (tmp_path / name).unlink())
@@ -146,7 +146,7 @@ def test_a_ring_past_the_containers_memory_limit_is_a_space_error_not_an_oom_kil
 ) -> None:
     """Shared memory counts against the memory cgroup; past its limit the kernel kills instead of failing."""
     import multitables
-    import multitables._shm as shm
+    import multitables._shm.segment as shm
 
     mib = 1 << 20
     if version == "v1":

@@ -321,10 +321,12 @@ def test_generator_rows_are_safe_to_keep_and_to_change(make_array, n_procs: "int
 @pytest.mark.parametrize("n_procs", [None, 2], ids=["in-process", "readers"])
 def test_generator_reuses_blocks_nobody_holds(make_array, monkeypatch: pytest.MonkeyPatch, n_procs: "int | None") -> None:
     from multitables import streamer
+    from multitables._api import queue
 
     made = []
-    real = streamer._empty_block
-    monkeypatch.setattr(streamer, "_empty_block", lambda spec: made.append(1) or real(spec))
+    real = queue.empty_block
+    for module in (streamer, queue):  # the generator's buffers, and the in-process backend's
+        monkeypatch.setattr(module, "empty_block", lambda spec: made.append(1) or real(spec))
     data = np.arange(500 * 3, dtype="<i4").reshape(500, 3)
     stream = multitables.Streamer(make_array(data, chunkshape=(10, 3)))
     gen = stream.get_generator("/data", n_procs=n_procs, block_size=20, read_ahead=2)
@@ -362,10 +364,12 @@ def test_generator_rows_kept_are_never_overwritten(data: st.DataObject) -> None:
 
 def test_a_plain_loop_gets_the_readers_slots_without_copies(make_array, monkeypatch: pytest.MonkeyPatch) -> None:
     from multitables import streamer
+    from multitables._api import queue
 
     made = []
-    real = streamer._empty_block
-    monkeypatch.setattr(streamer, "_empty_block", lambda spec: made.append(1) or real(spec))
+    real = queue.empty_block
+    for module in (streamer, queue):  # the generator's buffers, and the in-process backend's
+        monkeypatch.setattr(module, "empty_block", lambda spec: made.append(1) or real(spec))
     data = np.arange(500 * 3, dtype="<i4").reshape(500, 3)
     stream = multitables.Streamer(make_array(data, chunkshape=(10, 3)))
     total = 0
@@ -456,12 +460,12 @@ def test_pytables_open_options_go_to_pytables(make_array) -> None:
 
 @pytest.mark.parametrize("n_procs", [0, 2])
 def test_a_queue_over_explicit_ranges_delivers_them_in_order(make_array, n_procs: int) -> None:
-    from multitables._plan import RangePlan
+    from multitables._plan.blocks import RangePlan
 
     data = np.arange(1000, dtype="<i8")
     stream = multitables.Streamer(make_array(data, chunkshape=(16,)))
     starts, stops = (900, 0, 333, 512), (1000, 7, 400, 513)
-    with stream._queue_for_plan("/data", RangePlan(starts, stops), n_procs=n_procs) as queue:
+    with stream.options.queue_for_plan("/data", RangePlan(starts, stops), n_procs=n_procs) as queue:
         got = blocks_of(queue)
     assert [list(g) for g in got] == [list(range(a, b)) for a, b in zip(starts, stops)]
 

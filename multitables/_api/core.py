@@ -1,0 +1,188 @@
+"""What a Reader's datasets, stages and futures share: its workers, its stages, its notify thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from .._procs.serve import ServeWorkers
+from .._shm.ring import TICK
+from .._shm.stage import StageMap
+from ..errors import QueueClosed, StreamClosedError
+
+if TYPE_CHECKING:
+    from .futures import Future
+
+
+class ReaderCore:
+    """What the Reader's datasets, stages and futures share: the workers and the bookkeeping.
+
+    Three states, in order: *closed* (no new requests or stages: ``close()``
+    or ``stop()``), *stopped* (``stop()``: requests not yet read are
+    dropped), *shut* (the workers are gone; the stages no future holds are
+    freed, the others when their future gives them back).
+    """
+
+    def __init__(
+        self,
+        filename: str,
+        engine: str,
+        open_kwargs: dict[str, Any],
+        pool: ServeWorkers,
+        max_stages: int,
+        notify: "Callable[[Any], Any] | None",
+    ) -> None:
+        self.filename = filename
+        self.engine = engine
+        self.open_kwargs = open_kwargs
+        self.pool = pool
+        self.closed = False
+        self.stopped = False
+        self.shut = False
+        self.lock = threading.Lock()
+        self._shut_lock = threading.Lock()
+        self.free_stage_ids = list(range(max_stages - 1, -1, -1))
+        self.stages: dict[int, StageMap] = {}
+        self.held: set[int] = set()  # ids of stages a future holds
+        # Stages dropped by the garbage collector, detached at the next call
+        # (a finalizer must not wait on anything; SimpleQueue.put never does).
+        self.dropped: "queue.SimpleQueue[int]" = queue.SimpleQueue()
+        self.req_ids = itertools.count()
+        self.next_worker = 0
+        self.notifier = Notifier(notify) if notify is not None else None
+
+    def check_open(self) -> None:
+        """Raise unless new requests can be made: open, not stopped, and no worker dead (looked at now)."""
+        if self.closed:
+            raise StreamClosedError(f"the Reader of {self.filename!r} is closed")
+        self.check_not_stopped()
+        self.pool.look()  # a worker may have died while nothing waited on it
+        broken = self.pool.broken()
+        if broken is not None:
+            raise broken
+
+    def check_not_stopped(self) -> None:
+        """Raise unless requests already made can still be read (a dead worker fails only its own shares)."""
+        if self.stopped:
+            raise StreamClosedError(
+                f"the Reader of {self.filename!r} was stopped (stop(), or it was garbage-collected) before this "
+                f"request was read"
+            )
+
+    def detach_dropped(self) -> None:
+        """Let the workers unmap the stages closed since the last call; their ids become free."""
+        while True:
+            try:
+                stage_id = self.dropped.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                if not self.closed and self.pool.broken() is None:
+                    self.pool.detach(stage_id)
+            finally:
+                self.free_stage_ids.append(stage_id)
+
+    def close(self, wait: bool) -> None:
+        """No more requests; the workers stop once they have read every request made (waits if ``wait``)."""
+        with self.lock:
+            if not self.closed:
+                self.closed = True
+                if not self.stopped:
+                    self.pool.finish()  # after every request pushed so far (pushes hold this lock)
+                    if not wait:
+                        threading.Thread(target=self._finish, name="multitables-reader-close", daemon=True).start()
+        if wait:
+            self._finish()
+
+    def _finish(self) -> None:
+        """Wait until the workers have stopped by themselves (or died), then shut down."""
+        try:
+            while not self.shut and self.pool.running(TICK):
+                pass
+        finally:
+            self.shutdown()
+
+    def stop(self) -> None:
+        """No more requests, and those not yet read are dropped: stop the workers now."""
+        self.closed = self.stopped = True
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        with self._shut_lock:
+            if self.shut:
+                return
+            self.shut = True
+            self.pool.close()
+            for stage_id, smap in list(self.stages.items()):
+                if self.stopped or stage_id not in self.held:
+                    del self.stages[stage_id]
+                    smap.close()
+        if self.notifier is not None:
+            self.notifier.end()
+
+    def give_back(self, stage_id: int) -> None:
+        """A future gave its stage back; free the stage if the reader has shut down meanwhile."""
+        self.held.discard(stage_id)
+        if self.shut:
+            smap = self.stages.pop(stage_id, None)
+            if smap is not None:
+                smap.close()
+
+
+class Notifier:
+    """Calls the Reader's ``notify`` in a thread with each future once it is done, then with ``QueueClosed``.
+
+    The established API's callback. Futures are polled (``Future.done``
+    reads status words only): a thread waiting on one stage's channel would
+    take the wake-ups its own ``get()`` waits for.
+    """
+
+    POLL = 0.0005  # seconds between looks while futures are pending
+
+    def __init__(self, callback: Callable[[Any], Any]) -> None:
+        self._callback = callback
+        self._pending: list[Future] = []
+        self._cond = threading.Condition()
+        self._ending = False
+        self._thread = threading.Thread(target=self._run, name="multitables-notify", daemon=True)
+        self._thread.start()
+
+    def add(self, future: "Future") -> None:
+        with self._cond:
+            self._pending.append(future)
+            self._cond.notify()
+
+    def end(self) -> None:
+        """Call ``notify(QueueClosed)`` once the futures pending now are done, then stop."""
+        with self._cond:
+            self._ending = True
+            self._cond.notify()
+
+    def _call(self, arg: Any) -> None:
+        try:
+            self._callback(arg)
+        except Exception:  # keep notifying the others; show it as an uncaught thread exception would be
+            threading.excepthook(threading.ExceptHookArgs((*sys.exc_info(), self._thread)))  # type: ignore[arg-type]
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._ending:
+                    self._cond.wait()
+                if not self._pending:
+                    break
+                pending = list(self._pending)
+            done = [f for f in pending if f.done()]
+            if not done:
+                time.sleep(self.POLL)
+                continue
+            with self._cond:
+                self._pending = [f for f in self._pending if f not in done]
+            for future in done:
+                self._call(future)
+        self._call(QueueClosed)

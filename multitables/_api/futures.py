@@ -1,0 +1,228 @@
+"""Futures: a request on its way into a stage, and a pool of them to wait on together.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import numpy as np
+
+from .._shm.stage import FAILED, PENDING
+from .proxy import DataProxy, Lease
+from .._shm.ring import TICK
+from ..errors import ReaderError, StreamClosedError
+
+from .request import Request
+from .stages import Stage
+if TYPE_CHECKING:
+    from ..reader import Reader
+
+class Future:
+    """The result of :meth:`Reader.request`, to come: wait for it and take the data.
+
+    Take the data once, by one of:
+
+    * :meth:`get`: a private copy;
+    * ``with future.get_unsafe() as data``: the stage itself, zero-copy,
+      valid only inside the ``with`` (writable: the stage is yours until
+      then; what you write reaches nothing else);
+    * ``with future.get_proxy() as data``: the same, behind a proxy that
+      raises if used after the ``with``;
+    * :meth:`get_direct`: calls a function on the zero-copy data.
+
+    Each gives the stage back afterwards. A failed read raises here: a
+    :class:`ReaderError` that is also the original exception's type.
+
+    Attributes
+    ----------
+    request : Request
+        What is read.
+    shape, dtype
+        Those of the result (``shape`` is None for a query until its data is got).
+    """
+
+    def __init__(self, reader: Reader, request: Request, stage: Stage, req: int, workers: "list[int]") -> None:
+        self._reader = reader
+        self.request = request
+        self.shape: "tuple[int, ...] | None" = request.shape
+        self.dtype: np.dtype = request.dtype
+        self._stage: "Stage | None" = stage
+        self._req = req
+        self._workers = workers
+        self._lock = threading.Lock()
+        self._ready = False
+        self._error: "BaseException | None" = None
+
+    def done(self) -> bool:
+        """Whether the data is there (or the read failed): ``get*`` would not wait."""
+        stage = self._stage
+        if self._ready or self._error is not None or stage is None:
+            return True
+        try:
+            status = stage._status(len(self._workers))
+        except StreamClosedError:  # freed (its reader stopped), maybe by another thread just now
+            return True
+        if PENDING not in status:
+            return True
+        # A share whose worker died stays pending for ever: get() would raise at once, so it is done.
+        pool = self._reader._live().pool
+        pool.look()
+        return any(s == PENDING and pool.is_dead(w) for w, s in zip(self._workers, status))
+
+    def wait(self, timeout: "float | None" = None) -> bool:
+        """Wait until :meth:`done`, for up to ``timeout`` s; False if it timed out. Does not raise read errors."""
+        try:
+            with self._lock:
+                self._wait(timeout)
+        except TimeoutError:
+            return False
+        except Exception:
+            pass
+        return True
+
+    def _wait(self, timeout: "float | None") -> None:
+        """Wait for every share; raise the read's error, or TimeoutError. Call with the lock held."""
+        if self._error is not None:
+            raise self._error.with_traceback(None)
+        stage = self._stage
+        if stage is None:
+            raise StreamClosedError("the data of this future was already released")
+        if self._ready:
+            return
+        core = self._reader._live()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        n = len(self._workers)
+        channel = core.pool.channels[stage._stage_id]
+        try:
+            while True:
+                if stage._freed:
+                    core.check_not_stopped()
+                    raise StreamClosedError("the stage of this future was closed before its data came")
+                if PENDING not in stage._status(n):
+                    break
+                wait = TICK if deadline is None else max(0.0, min(TICK, deadline - time.monotonic()))
+                if channel.acquire(timeout=wait):
+                    continue
+                core.pool.look()
+                for worker, status in zip(self._workers, stage._status(n)):
+                    if status == PENDING:
+                        died = core.pool.dead_error(worker, self.request.dataset.path)
+                        if died is not None:
+                            raise died
+                core.check_not_stopped()
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"the data of {self.request!r} did not come within {timeout} s")
+            if FAILED in stage._status(n):
+                raise core.pool.failure(self._req)
+        except (ReaderError, StreamClosedError) as exc:
+            self._error = exc
+            raise
+        if stage._last is not None and stage._last[0] == self._req:
+            stage._last = (self._req, self._workers, True)
+        self._ready = True
+
+    def _data(self) -> Any:
+        stage = self._stage
+        assert stage is not None
+        request = self.request
+        node, plan = request._node, request._plan
+        if plan is None:  # a query: as many rows as its worker wrote
+            data = stage._map.data(node.dtype, (stage._map.result_rows,) + node.row_shape)
+        else:
+            data = stage._map.data(node.dtype, (plan.n_read,) + node.row_shape)[plan.local_key]
+        for key in request._post:
+            data = data[key]
+        if self.shape is None:
+            self.shape = np.shape(data)
+        return data
+
+    @contextmanager
+    def get_unsafe(self, timeout: "float | None" = None) -> Iterator[Any]:
+        """Wait, then lend the data: a writable view on the stage where the request allows (see
+        :attr:`Request.zero_copy`), valid only inside the ``with``; the stage is given back at its end.
+        """
+        with self._lock:
+            try:
+                self._wait(timeout)
+            except (ReaderError, StreamClosedError):
+                self.release()  # the data will never come: the stage can serve another request
+                raise
+            data = self._data()
+        try:
+            yield data
+        finally:
+            del data
+            self.release()
+
+    @contextmanager
+    def get_proxy(self, timeout: "float | None" = None) -> Iterator[DataProxy]:
+        """As :meth:`get_unsafe`, behind a :class:`DataProxy` that raises if used after the ``with``."""
+        with self.get_unsafe(timeout) as data:
+            lease = Lease(data)
+            try:
+                yield DataProxy(lease, data)
+            finally:
+                lease.alive = False
+                lease.root = None
+
+    def get(self, timeout: "float | None" = None) -> Any:
+        """Wait, and return a private copy of the data (a numpy scalar for a single element)."""
+        with self.get_unsafe(timeout) as data:
+            if isinstance(data, (np.ndarray, np.void)) and self.request.zero_copy:
+                return data.copy()
+            return data  # gathered into private memory already, or an immutable scalar
+
+    def get_direct(self, action: Callable[[Any], Any], timeout: "float | None" = None) -> Any:
+        """Wait, call ``action(data)`` on the zero-copy data, return what it returns; the stage is then given back."""
+        with self.get_unsafe(timeout) as data:
+            return action(data)
+
+    def release(self) -> None:
+        """Give the stage back (idempotent); the data can no longer be got. Does not wait for the read."""
+        stage, self._stage = self._stage, None
+        if stage is not None:
+            stage._give_back()
+
+    def __del__(self) -> None:
+        # A future dropped without taking its data must not hold its stage forever.
+        try:
+            self.release()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        state = "released" if self._stage is None else ("done" if self.done() else "pending")
+        return f"<multitables.Future {self.request!r} ({state})>"
+
+
+class RequestPool:
+    """A thread-safe first-in, first-out queue of futures (or anything): one thread adds, another takes.
+
+    The established API's pattern for keeping many requests in flight: a
+    loader thread adds the futures :meth:`Reader.request` returns, the
+    consumer takes them in order with :meth:`next`.
+    """
+
+    def __init__(self) -> None:
+        self._items: "collections.deque[Any]" = collections.deque()
+        self._cond = threading.Condition()
+
+    def add(self, item: Any) -> None:
+        """Put ``item`` at the end of the pool."""
+        with self._cond:
+            self._items.append(item)
+            self._cond.notify()
+
+    def next(self, timeout: "float | None" = None) -> Any:
+        """Take the first item, waiting while there is none (for up to ``timeout`` s, then ``TimeoutError``)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._items, timeout):
+                raise TimeoutError(f"no item came into the pool within {timeout} s")
+            return self._items.popleft()
+
+    def __len__(self) -> int:
+        return len(self._items)

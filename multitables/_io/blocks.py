@@ -1,0 +1,103 @@
+"""One block of a stream into a caller's buffer: the one loop both the consumer and a reader process run.
+
+NOTE [prefetch]
+    A reader alternates between waiting for the disk and decoding; alone, it
+    leaves the disk idle while it decodes and the CPU idle while it waits.
+    Readers claim blocks in order from one counter, so with n readers the
+    block a reader will claim next is about k + n when it has just claimed
+    k. Before reading block k it asks the source to start fetching block
+    k + n (``Source.prefetch``: ``POSIX_FADV_WILLNEED`` on the chunks' byte
+    ranges, which queues the reads and returns). The page cache is shared,
+    so it does not matter which reader ends up claiming that block. With
+    ``O_DIRECT`` there is no cache to warm.
+    Measured on a cold 1 GiB zlib-3 file (PyTables chunks of 512 KiB, 4 MiB
+    blocks), two readers, 8 interleaved passes each: median 705 MB/s
+    without, 1,125 MB/s with (every pass with it faster than every pass
+    without); hinting further ahead (k+1..k+3, k+2..k+4) did no better. The
+    gain depends on the device: later runs, once this VM's host had cached
+    the disk image, and runs under a blkio bandwidth limit (420 and 840
+    MiB/s, where the kernel's own 8 MiB readahead already keeps the disk
+    busy) showed no difference either way (within the +-10% noise), and
+    a warm file no cost beyond that noise. A hint costs microseconds a block.
+    Those runs predate the benchmark's memory settling (NOTE [free page
+    reporting] in ``multitables_bench/cache.py``); with it, ``benchmarks/profile_readers.py
+    pattern`` puts two processes reading alternate blocks within this VM's
+    noise of each other with and without the hint. It stays: it is what keeps
+    a device busy that does not read ahead for a strided pattern.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterator
+
+import numpy as np
+
+from .._plan.blocks import BlockPlan, RangePlan, ahead
+from .engines import Source
+
+
+def read_block(
+    source: Source,
+    plan: "BlockPlan | RangePlan",
+    k: int,
+    out: np.ndarray,
+    n_readers: int,
+    pacer: "Pacer | None" = None,
+    before_read: "Callable[[int, int], None] | None" = None,
+) -> np.ndarray:
+    """Read block ``k`` of ``plan`` into ``out`` (the caller's slot); return the rows of it that the block fills.
+
+    First hints block ``k + n_readers`` to the source (NOTE [prefetch]).
+    With a ``pacer`` the pieces are cut into timed reads (NOTE [orphans]);
+    ``before_read(a, b)`` runs before each read of source rows ``a..b``
+    (to note them for a failure report, or to raise and stop).
+    """
+    for piece in ahead(plan, k, n_readers):
+        source.prefetch(piece.start, piece.stop)
+    for piece in plan.pieces(k):
+        spans = pacer.split(piece.start, piece.stop) if pacer is not None else ((piece.start, piece.stop),)
+        for a, b in spans:
+            if before_read is not None:
+                before_read(a, b)
+            dst = piece.dst + a - piece.start
+            t = time.perf_counter()
+            source.read_into(a, b, out[dst : dst + b - a])
+            if pacer is not None:
+                pacer.took(b - a, time.perf_counter() - t)
+    return out[: plan.rows(k)]
+
+
+class Pacer:
+    """Cuts a read into whole chunks of about ``budget`` seconds of work, so a reader notices its consumer died.
+
+    NOTE [orphans]: a reader whose consumer was SIGKILLed must stop within
+    about a second (nobody else would stop it). Between blocks is too
+    seldom where one block takes seconds to decode (16 MiB of bzip2: 1.5 to
+    8.4 s), and a parent check inside an engine's C call is impossible. So
+    a reader reads a block in pieces sized from the rate it has measured,
+    whole chunks (the unit a codec decodes), and checks between them; the
+    first piece is one chunk, to time. A fast codec takes milliseconds a
+    block: after that first chunk it is read in one piece, as before.
+    """
+
+    def __init__(self, chunk_rows: "int | None", budget: float) -> None:
+        self._unit = max(1, chunk_rows or 1)
+        self._budget = budget
+        self._rows_per_piece = self._unit  # one chunk, until a read is timed
+
+    def split(self, start: int, stop: int) -> "Iterator[tuple[int, int]]":
+        """Rows ``start..stop`` as consecutive ``(a, b)`` pieces; call :meth:`took` after reading each."""
+        a = start
+        while a < stop:
+            n = self._rows_per_piece
+            # Cut at multiples of n: chunk boundaries, since n is a multiple of the chunk rows.
+            b = stop if n >= stop - a else min(stop, (a // n + 1) * n)
+            yield a, b
+            a = b
+
+    def took(self, rows: int, seconds: float) -> None:
+        if rows <= 0 or seconds <= 0:
+            return
+        per_row = seconds / rows
+        self._rows_per_piece = max(self._unit, int(self._budget / per_row) // self._unit * self._unit)

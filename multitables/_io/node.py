@@ -1,0 +1,414 @@
+"""Inspecting the node to stream: every check on the user's input that needs the file.
+
+Runs in the consumer before any process starts, so bad input fails early with
+an error that names the file, the path and the argument.
+
+NOTE [file identity]
+    A file rewritten, truncated or replaced while readers stream it would give
+    blocks of another file's bytes, silently. So the consumer records the
+    file's identity (``st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns``)
+    when the pool starts, and each reader compares it with a fresh ``os.stat`` of the path
+    after opening the file and after reading each block, before publishing
+    it: a block is only handed over if the file was still the same when its
+    read had finished. Any change (or the path gone: deleted or renamed) is a
+    :class:`~multitables.errors.FileChangedError` naming the path. A stat costs
+    ~1-2 us against milliseconds per block. The change time (ctime) is there
+    because the modification time can be set back (``cp -p``, ``rsync -t``
+    writing in place, ``touch -r``): only the kernel sets ctime, at every
+    write and every change of the inode (also chmod or a new hard link,
+    which stop the stream too: better than a wrong row). Writes within one
+    tick of the filesystem's clock that keep the size are below what either
+    time can show.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import math
+import os
+import stat
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import EmptyDatasetError, FileChangedError, NodeTypeError, NotHDF5Error
+
+#: ``(offset, size, count, pad)``: ``count`` consecutive fixed-length strings of
+#: ``size`` bytes at byte ``offset`` of an element, padded as ``pad`` says
+#: (``"nullterm"`` or ``"spacepad"``).
+StringPad = tuple[int, int, int, str]
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What the readers and the consumer need to know about one streamed node.
+
+    ``dtype`` and ``row_shape`` describe the rows as delivered, as h5py's
+    ``dataset[()]`` has them: for a ``field`` of a table whose column is a
+    sub-array, or for a dataset of HDF5 array elements (PyTables'
+    multidimensional atoms), the sub-array's shape is part of ``row_shape``
+    and ``dtype`` is its element type. ``file_dtype`` is one stored element.
+    """
+
+    filename: str
+    path: str
+    field: "str | None"
+    n_rows: int
+    row_shape: tuple[int, ...]
+    dtype: np.dtype
+    file_dtype: np.dtype
+    chunk_rows: "int | None"
+    filter_ids: tuple[int, ...]
+    is_table: bool
+    #: The filters' names as the file gives them, in the order of ``filter_ids``.
+    filter_names: tuple[str, ...] = ()
+    #: Strings in a stored element that h5py converts (see :func:`deliver_strings`).
+    string_pads: tuple[StringPad, ...] = ()
+    #: HDF5 writes nothing where storage was never allocated and the fill value is
+    #: undefined or never written: readers zero those rows first, as h5py does.
+    zero_first: bool = False
+    #: Why h5py cannot read the element type (None: it can); PyTables then describes the node.
+    h5py_problem: "str | None" = None
+
+    @property
+    def row_nbytes(self) -> int:
+        """Bytes in one delivered row."""
+        # math.prod, not np.prod: ~0.3 us against ~15 us, asked twice per stream.
+        return math.prod(self.row_shape) * self.dtype.itemsize
+
+    @property
+    def field_read_dtype(self) -> "np.dtype | None":
+        """A one-field compound that selects ``field`` in an HDF5 read (None without a field)."""
+        if self.field is None:
+            return None
+        return np.dtype([(self.field, self.file_dtype.fields[self.field][0])])
+
+    @property
+    def delivered_pads(self) -> tuple[int, tuple[StringPad, ...]]:
+        """The bytes of one delivered element (the field's, with a field), and :attr:`string_pads` within it."""
+        if self.field is None:
+            return self.file_dtype.itemsize, self.string_pads
+        fdt, foff = self.file_dtype.fields[self.field][:2]
+        return fdt.itemsize, tuple((o - foff, n, c, p) for o, n, c, p in self.string_pads if foff <= o < foff + fdt.itemsize)
+
+
+def deliver_strings(rows: np.ndarray, pads: "tuple[StringPad, ...]", element_nbytes: "int | None" = None) -> None:
+    """Make the stored bytes of ``rows``' strings what h5py delivers, in place.
+
+    HDF5 converts a null-terminated string to numpy's null padding by zeroing
+    every byte from its first NUL, and a space-padded one by zeroing its
+    trailing spaces (``b'sweet  '`` -> ``b'sweet'``); engines that deliver
+    stored bytes (the chunk engine, PyTables) call this. ``pads`` are places
+    in one element of ``element_nbytes`` bytes (default: ``rows``' item; an
+    HDF5 array element spans several numpy items). Idempotent.
+    """
+    if not pads or rows.size == 0:
+        return
+    items = rows.reshape(-1).view(np.uint8).reshape(-1, element_nbytes or rows.dtype.itemsize)
+    for offset, size, count, pad in pads:
+        strings = items[:, offset : offset + size * count].reshape(len(items), count, size)
+        if pad == "nullterm":
+            strings[np.logical_or.accumulate(strings == 0, axis=2)] = 0
+        else:  # spacepad: the run of spaces at the end
+            strings[np.logical_and.accumulate((strings == 32)[:, :, ::-1], axis=2)[:, :, ::-1]] = 0
+
+
+def _string_pads(tid: Any, offset: int = 0) -> list[StringPad]:
+    """Where the HDF5 type ``tid`` holds fixed-length strings that h5py converts (null-terminated or space-padded)."""
+    import h5py
+
+    h5t = h5py.h5t
+    cls = tid.get_class()
+    if cls == h5t.STRING and not tid.is_variable_str():
+        pad = {h5t.STR_NULLTERM: "nullterm", h5t.STR_SPACEPAD: "spacepad"}.get(tid.get_strpad())
+        return [(offset, tid.get_size(), 1, pad)] if pad else []
+    if cls == h5t.ARRAY:
+        base = tid.get_super()
+        size, count = base.get_size(), math.prod(tid.get_array_dims())
+        inner = _string_pads(base)
+        if len(inner) == 1 and inner[0][:3] == (0, size, 1):  # an array of strings: one run
+            return [(offset, size, count, inner[0][3])]
+        return [(offset + k * size + o, n, c, p) for k in range(count) for o, n, c, p in inner]
+    if cls == h5t.COMPOUND:
+        return [
+            pad
+            for i in range(tid.get_nmembers())
+            for pad in _string_pads(tid.get_member_type(i), offset + tid.get_member_offset(i))
+        ]
+    return []
+
+
+def _has_object(dt: np.dtype) -> bool:
+    if dt.names:
+        return any(_has_object(dt.fields[n][0]) for n in dt.names)
+    if dt.subdtype is not None:
+        return _has_object(dt.subdtype[0])
+    return dt.kind in "OV" or dt.hasobject
+
+
+def inspect_node(filename: "str | os.PathLike[str]", path: str, field: "str | None" = None) -> NodeInfo:
+    """Open ``filename`` read-only, check ``path`` (and ``field``) can be streamed, describe it."""
+    node, dataset = open_node(filename, path, field)
+    close_dataset(dataset)
+    return node
+
+
+#: ``(st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)`` of a file; see NOTE [file identity].
+FileSignature = tuple[int, int, int, int, int]
+
+
+def file_signature(filename: str) -> FileSignature:
+    """The identity of ``filename`` now; see NOTE [file identity]."""
+    st = os.stat(filename)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def check_file_unchanged(filename: str, expected: "FileSignature | None") -> None:
+    """Raise :class:`FileChangedError` if ``filename`` is no longer the file ``expected`` describes."""
+    if expected is None:
+        return
+    try:
+        now = file_signature(filename)
+    except FileNotFoundError:
+        raise FileChangedError(
+            f"{filename!r} was deleted or renamed while it was being streamed; the stream stops "
+            f"rather than read a file that may be rewritten"
+        ) from None
+    if now == expected:
+        return
+    if now[:2] != expected[:2]:
+        what = "replaced by another file"
+    elif now[2] != expected[2]:
+        what = f"resized from {expected[2]} to {now[2]} bytes"
+    elif now[3] != expected[3]:
+        what = "modified (its modification time changed)"
+    else:
+        what = "changed (its change time moved: a write with the modification time set back, or a chmod)"
+    raise FileChangedError(
+        f"{filename!r} was {what} while it was being streamed; blocks read from it now could hold "
+        f"other data, so the stream stops"
+    )
+
+
+def as_filename(filename: Any) -> str:
+    """``filename`` as a str, from what ``open()`` and h5py take: str, bytes or ``os.PathLike``.
+
+    Bytes that do not decode in the file system's encoding are kept as
+    surrogates (``os.fsdecode``); ``os.fsencode`` gives them back exactly.
+    """
+    try:
+        return os.fsdecode(filename)
+    except TypeError:
+        raise TypeError(f"filename must be a str, bytes or os.PathLike, not {type(filename).__name__}") from None
+
+
+_NOT_REGULAR = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def check_regular(filename: str) -> None:
+    """Raise unless ``filename`` is a regular file, before anything opens it: opening a FIFO waits for a writer."""
+    try:
+        mode = os.stat(filename).st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, "No such HDF5 file", filename) from None
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, "Expected an HDF5 file, got a directory", filename)
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _NOT_REGULAR if test(mode)), "not a regular file")
+        raise NotHDF5Error(
+            f"{filename!r} is {kind}, not a regular file: HDF5 files are read at offsets, which only a regular "
+            f"file allows"
+        )
+
+
+def check_file(filename: str) -> None:
+    """Raise the builtin-compatible error for a missing file, a directory, a FIFO or device, or a file that is not HDF5."""
+    import h5py
+
+    check_regular(filename)
+    if not h5py.is_hdf5(os.fsencode(filename)):
+        raise NotHDF5Error(f"{filename!r} is not an HDF5 file")
+
+
+def open_node(filename: "str | os.PathLike[str]", path: str, field: "str | None" = None) -> "tuple[NodeInfo, Any]":
+    """As :func:`inspect_node`, but also return the open ``h5py.Dataset``: the caller closes it with :func:`close_dataset`.
+
+    The file is opened without a chunk cache (see :func:`_file_access`), and
+    no file id is kept: the dataset holds the file open.
+    """
+    import h5py
+
+    filename = as_filename(filename)
+    if not isinstance(path, str):
+        raise TypeError(f"path must be a str naming a node in the file, not {type(path).__name__}")
+    if not path:
+        raise ValueError(f"path is empty: name the node to read in {filename!r}, such as '/data'")
+    if field is not None and not isinstance(field, str):
+        raise TypeError(f"field must be a str naming a table column, not {type(field).__name__}")
+    check_regular(filename)
+    try:
+        fid = h5py.h5f.open(os.fsencode(filename), h5py.h5f.ACC_RDONLY, _file_access())
+    except OSError:
+        check_file(filename)  # the error a user expects: missing, a directory, not HDF5
+        raise  # something else (permissions, a damaged superblock): HDF5's own words
+    try:
+        try:
+            oid = h5py.h5o.open(fid, path.encode())
+        except KeyError as exc:
+            # h5py says KeyError for a damaged file too; only these messages mean "no such node".
+            if "doesn't exist" in str(exc) or "not found" in str(exc):
+                raise KeyError(f"no node {path!r} in {filename!r}") from None
+            raise OSError(f"cannot open {path!r} in {filename!r}; the file may be damaged: {exc}") from exc
+        if not isinstance(oid, h5py.h5d.DatasetID):
+            kind = "a Group" if isinstance(oid, h5py.h5g.GroupID) else "a named Datatype"
+            raise NodeTypeError(
+                f"{path!r} in {filename!r} is {kind}; only array datasets (Array, CArray, EArray) "
+                f"and Tables can be streamed"
+            )
+        node = h5py.Dataset(oid)
+        return _describe(filename, path, field, node), node
+    except BaseException:
+        h5py.File(fid).close()  # closes what is open in it too, which a bare H5Fclose (weak) leaves to the collector
+        raise
+
+
+def close_dataset(dataset: Any) -> None:
+    """Close a dataset from :func:`open_node`, and with it its file.
+
+    :func:`open_node` keeps no file id, and HDF5 (weak close degree) closes
+    a file with the last object open in it, so closing the dataset closes
+    the file, unless the caller opened more objects there (it closes those
+    too). h5py's ``File.close`` would first list every object open in the
+    file, a cost a small file's read notices.
+    """
+    dataset.id.close()
+
+
+@functools.lru_cache(maxsize=1)
+def _file_access() -> Any:
+    """The file-access list of :func:`open_node`: no chunk cache.
+
+    HDF5's high-level open (``h5py.File``, then ``f[path]``) costs ~0.2 ms
+    more than these two library calls, a tenth of reading a 1 MB file. With
+    no chunk cache, h5py decodes whole chunks straight into the caller's
+    buffer (1.2-1.8x faster, ``h5py_source._chunk_cache_bytes``); a reader that
+    needs a cache opens the dataset again with one.
+    """
+    import h5py
+
+    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    _mdc, slots, _nbytes, w0 = fapl.get_cache()
+    fapl.set_cache(0, slots, 0, w0)
+    return fapl
+
+
+def _tables_dtype(filename: str, path: str) -> np.dtype:
+    """The element dtype PyTables reads ``path`` with: for types h5py has no numpy type for (HDF5 time, quad precision)."""
+    import tables
+
+    with tables.open_file(filename, "r") as f:
+        leaf = f.get_node(path)
+        if isinstance(leaf, tables.Table):
+            return np.dtype(leaf.dtype)
+        atom = getattr(leaf, "atom", None)
+        if atom is None or isinstance(leaf, tables.VLArray):
+            raise NodeTypeError(f"{path!r} in {filename!r} is a {type(leaf).__name__}; only rows of fixed size can be read")
+        return np.dtype(atom.dtype)
+
+
+def _fill_may_leave_holes(dsid: Any, plist: Any) -> bool:
+    """Whether HDF5 leaves parts of a read untouched: unallocated storage, and no fill value written there."""
+    import h5py
+
+    if plist.fill_value_defined() != h5py.h5d.FILL_VALUE_UNDEFINED and plist.get_fill_time() != h5py.h5d.FILL_TIME_NEVER:
+        return False
+    layout = plist.get_layout()
+    if layout == h5py.h5d.CONTIGUOUS:
+        return dsid.get_offset() is None
+    if layout == h5py.h5d.CHUNKED:
+        chunks = plist.get_chunk()
+        expected = math.prod(-(-int(n) // int(c)) for n, c in zip(dsid.shape, chunks))
+        return dsid.get_num_chunks() < expected
+    return False
+
+
+def _describe(filename: str, path: str, field: "str | None", ds: Any) -> NodeInfo:
+    import h5py
+
+    where = f"{path!r} in {filename!r}"
+    h5py_problem = None
+    try:
+        dt: np.dtype = ds.dtype
+    except (TypeError, ValueError) as exc:  # HDF5 time types, quad precision: PyTables maps them
+        h5py_problem = f"h5py has no numpy type for its elements ({exc})"
+        try:
+            dt = _tables_dtype(filename, path)
+        except NodeTypeError:
+            raise
+        except Exception as texc:
+            raise NodeTypeError(f"{where} cannot be read: {h5py_problem}, and PyTables cannot open it ({texc})") from texc
+    # Asked once: h5py's ``Dataset.shape`` asks HDF5 for the dataspace on every
+    # call (~20 us), a cost a 1 MB file notices.
+    shape = ds.shape
+    if shape is None or len(shape) == 0:
+        raise NodeTypeError(f"{where} is a scalar; only datasets with rows can be streamed")
+    if _has_object(dt):
+        if dt.kind == "O" and h5py.check_vlen_dtype(dt) is not None:
+            # A PyTables VLArray, or an h5py vlen dataset.
+            raise NodeTypeError(
+                f"{where} holds variable-length rows (a VLArray): rows of different sizes fit no fixed-size slot "
+                f"or stage, so no access mode of multitables (Streamer or Reader) reads them; read them with "
+                f"PyTables or h5py directly (tables.open_file(...).get_node(path)[i], or h5py's dataset[i])"
+            )
+        raise NodeTypeError(
+            f"{where} has dtype {dt}, which is variable-length or opaque; only fixed-size numeric, "
+            f"string and compound rows can be streamed"
+        )
+    n_rows = int(shape[0])
+    if n_rows == 0:
+        raise EmptyDatasetError(f"{where} is empty (0 rows); there is nothing to stream")
+    row_shape = tuple(int(s) for s in shape[1:])
+    out_dtype = dt
+    if dt.subdtype is not None:  # HDF5 array elements: h5py delivers their axes after the dataset's
+        out_dtype, sub = dt.subdtype
+        row_shape = row_shape + tuple(sub)
+    if field is not None:
+        if dt.names is None:
+            raise KeyError(f"field={field!r} given, but {where} is not a table (its rows have no fields)")
+        if field not in dt.names:
+            raise KeyError(f"{where} has no field {field!r}; its fields are {list(dt.names)}")
+        fdt = dt.fields[field][0]
+        if fdt.subdtype is not None:
+            out_dtype, sub = fdt.subdtype
+            row_shape = row_shape + tuple(sub)
+        else:
+            out_dtype = fdt
+    plist = ds.id.get_create_plist()
+    filters = [plist.get_filter(i) for i in range(plist.get_nfilters())]
+    filter_ids = tuple(int(f[0]) for f in filters)
+    filter_names = tuple(f[3].decode("utf-8", "replace") if isinstance(f[3], bytes) else str(f[3]) for f in filters)
+    pads = () if h5py_problem else tuple(_string_pads(ds.id.get_type()))
+    chunks = plist.get_chunk() if plist.get_layout() == h5py.h5d.CHUNKED else None
+    return NodeInfo(
+        filename=filename,
+        path=path if path.startswith("/") else "/" + path,
+        field=field,
+        n_rows=n_rows,
+        row_shape=row_shape,
+        dtype=np.dtype(out_dtype),
+        file_dtype=dt,
+        chunk_rows=int(chunks[0]) if chunks else None,
+        filter_ids=filter_ids,
+        is_table=dt.names is not None,
+        filter_names=filter_names,
+        string_pads=pads,
+        zero_first=_fill_may_leave_holes(ds.id, plist),
+        h5py_problem=h5py_problem,
+    )

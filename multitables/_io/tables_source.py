@@ -1,0 +1,192 @@
+"""The ``tables`` engine: PyTables' ``read(out=)``, made to deliver what h5py's ``dataset[()]`` gives.
+
+:func:`tables_problem` says whether PyTables reads a node by trying it (open
+the file, read the first row) in a forked child, as PyTables can crash on a
+damaged file where h5py fails cleanly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .node import NodeInfo, deliver_strings
+
+
+def tables_problem(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "str | None":
+    """Why PyTables cannot read ``node`` as h5py delivers it (None: it can), tried for real.
+
+    A bad PyTables open option in ``open_kwargs`` raises PyTables' own error.
+    """
+    if _nested_gaps(node.file_dtype):
+        # PyTables 3.11 packs nested members and then writes past its buffer (a crash at exit).
+        return "PyTables misreads compounds nested with gaps between their members"
+    if open_kwargs:  # the user's PyTables options: a bad one raises PyTables' own error
+        TablesSource(node, open_kwargs).close()
+    return _first_row_problem_apart(node, open_kwargs)
+
+
+
+#: Seconds a forked PyTables probe may take (it opens the file and reads one row).
+PROBE_TIMEOUT = 60.0
+
+
+def _first_row_problem(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "str | None":
+    """Open ``node`` with PyTables and read its first row: why that fails, or None."""
+    source = None
+    try:
+        source = TablesSource(node, open_kwargs)
+        source.read_into(0, 1, np.empty((1,) + node.row_shape, node.dtype))
+    except Exception as exc:
+        return f"PyTables fails on it ({type(exc).__name__}: {_gist(str(exc))})"
+    finally:
+        if source is not None:
+            source.close()
+    return None
+
+
+def _probe_child(conn: Any, node: NodeInfo, open_kwargs: "dict[str, Any]") -> None:
+    from .._sys.signals import ignore_sigint
+
+    ignore_sigint()
+    conn.send(_first_row_problem(node, open_kwargs))
+    conn.close()
+
+
+def _first_row_problem_apart(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "str | None":
+    """:func:`_first_row_problem`, in a forked child where there is fork.
+
+    PyTables can crash (SIGSEGV) on a damaged file's metadata, where h5py
+    reads it or fails cleanly; a crash of the probe is a refusal, not the
+    death of the user's process. The fork costs a few milliseconds, paid only
+    where PyTables is a candidate.
+    """
+    import multiprocessing
+    import signal
+
+    if "fork" not in multiprocessing.get_all_start_methods():  # pragma: no cover - not Linux
+        return _first_row_problem(node, open_kwargs)
+    ctx = multiprocessing.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_probe_child, args=(send, node, open_kwargs), name="multitables-probe", daemon=True)
+    try:
+        proc.start()
+        send.close()
+        answered = recv.poll(PROBE_TIMEOUT)
+        try:
+            if answered:
+                return recv.recv()
+        except EOFError:
+            pass  # it died before answering
+        proc.join(PROBE_TIMEOUT if answered else 0)
+        if proc.exitcode is None:
+            return f"PyTables did not open it within {PROBE_TIMEOUT:.0f} s"
+        how = f"exit code {proc.exitcode}"
+        if proc.exitcode < 0:
+            how = f"signal {signal.Signals(-proc.exitcode).name}"
+        return f"PyTables crashed on it ({how})"
+    finally:
+        send.close()
+        recv.close()
+        if proc.is_alive():
+            proc.kill()
+        if proc.pid is not None:
+            proc.join()
+            proc.close()
+
+
+def _gist(message: str) -> str:
+    """One line of an error message: of an HDF5 back trace, the step that names a filter, else the deepest step."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if not lines:
+        return "no message"
+    steps = [line for line in message.splitlines() if line.startswith("    ")]
+    if lines[0] == "HDF5 error back trace" and steps:
+        named = [line.strip() for line in steps if "filter" in line]
+        return (named or [steps[-1].strip()])[0][:200]
+    return lines[0][:200]
+
+
+def _nested_gaps(dt: np.dtype, nested: bool = False) -> bool:
+    """Whether a compound inside compound ``dt`` leaves bytes between or after its members."""
+    if dt.subdtype is not None:
+        return _nested_gaps(dt.subdtype[0], nested)
+    if dt.names is None:
+        return False
+    members = [dt.fields[name][0] for name in dt.names]
+    if nested and dt.itemsize != sum(m.itemsize for m in members):
+        return True
+    return any(_nested_gaps(m, True) for m in members)
+
+
+
+class TablesSource:
+    """PyTables' ``read``, made to deliver what h5py's ``dataset[()]`` gives.
+
+    PyTables reads into ``out`` only along its main dimension (an h5py
+    dataset extendable along axis 1 has main dimension 1), in the ``numpy``
+    flavor, and in its own element layout (native byte order, packed
+    compounds); otherwise it reads along axis 0 into a new array, copied
+    into ``out`` field by field. Strings come back as stored, and are then
+    converted as h5py converts them.
+    """
+
+    engine = "tables"
+
+    def __init__(self, node: NodeInfo, open_kwargs: dict[str, Any], plan: Any = None) -> None:
+        import tables
+
+        tables.set_blosc_max_threads(1)
+        self._file = tables.open_file(node.filename, "r", **open_kwargs)
+        try:
+            leaf = self._file.get_node(node.path)
+            if not isinstance(leaf, tables.Leaf) or isinstance(leaf, tables.VLArray):
+                raise TypeError(f"PyTables opens it as a {type(leaf).__name__}, not a leaf of fixed-size rows")
+            self._node = leaf
+            self._field = node.field
+            self._element_nbytes, self._pads = node.delivered_pads
+            self._zero_first = node.zero_first
+            if node.field is not None:
+                read = np.dtype(leaf.coldtypes[node.field])
+            elif isinstance(leaf, tables.Table):
+                read = np.dtype(leaf.dtype)
+            else:
+                read = np.dtype(leaf.atom.dtype)
+            base = read.subdtype[0] if read.subdtype is not None else read
+            self._into_out = getattr(leaf, "maindim", 0) == 0 and leaf.flavor == "numpy" and base == node.dtype
+        except BaseException:
+            self._file.close()
+            raise
+
+    def read_into(self, start: int, stop: int, out: np.ndarray) -> None:
+        if self._zero_first:
+            out.reshape(-1).view(np.uint8).fill(0)
+        if self._into_out:
+            if self._field is not None:
+                self._node.read(start, stop, field=self._field, out=out)
+            else:
+                self._node.read(start, stop, out=out)
+        else:
+            if self._field is not None:
+                got = self._node.read(start, stop, field=self._field)
+            else:
+                got = self._node[start:stop]  # along axis 0, whatever PyTables' main dimension
+            _copy_by_name(out, np.asarray(got).reshape(out.shape))
+        deliver_strings(out, self._pads, self._element_nbytes)
+
+    def prefetch(self, start: int, stop: int) -> None:
+        pass  # HDF5 reads its chunks itself; see the chunk engine
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _copy_by_name(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src``, compound members matched by name (numpy matches them by position, and PyTables may reorder them)."""
+    if dst.dtype.names is None or src.dtype.names is None:
+        dst[...] = src
+        return
+    for name in dst.dtype.names:
+        _copy_by_name(dst[name], src[name])
+

@@ -1,0 +1,99 @@
+"""How a worker's failure travels to the consumer: one picklable report, one format for every worker.
+
+See NOTE [failure reports] in ``pool``.
+"""
+
+from __future__ import annotations
+
+import signal
+import traceback
+from dataclasses import dataclass
+
+from ..errors import ReaderError
+
+#: Longest traceback text a report carries (a report must fit the pipe comfortably).
+MAX_TRACEBACK = 32_000
+
+
+@dataclass(frozen=True)
+class FailureReport:
+    """A picklable report of an exception in a reader process; see NOTE [failure reports] in ``pool``.
+
+    Traceback objects do not pickle, and an exception's class may not
+    unpickle in the consumer, so only strings travel: the class by name, the
+    message, the formatted traceback. The consumer rebuilds an exception of
+    the same type around them.
+    """
+
+    exc_type_name: str
+    message: str
+    traceback: str
+    reader_index: int
+    pid: int
+    filename: str
+    path: str
+    rows: "tuple[int, int] | None"
+
+    @classmethod
+    def from_exception(
+        cls,
+        exc: BaseException,
+        reader_index: int,
+        pid: int,
+        filename: str,
+        path: str,
+        rows: "tuple[int, int] | None",
+    ) -> "FailureReport":
+        text = "".join(traceback.format_exception(exc))
+        if len(text) > MAX_TRACEBACK:
+            half = MAX_TRACEBACK // 2
+            text = f"{text[:half]}\n[... {len(text) - 2 * half} characters left out ...]\n{text[-half:]}"
+        message = str(exc)
+        if len(message) > MAX_TRACEBACK:
+            message = message[:MAX_TRACEBACK] + " [...]"
+        return cls(
+            exc_type_name=f"{type(exc).__module__}.{type(exc).__qualname__}",
+            message=message,
+            traceback=text,
+            reader_index=reader_index,
+            pid=pid,
+            filename=filename,
+            path=path,
+            rows=rows,
+        )
+
+    def to_exception(self) -> ReaderError:
+        """Build the exception raised in the consumer: a ReaderError that is also the original type."""
+        short_name = self.exc_type_name.rpartition(".")[2]
+        where = f"rows {self.rows[0]}:{self.rows[1]} of " if self.rows else ""
+        text = (
+            f"Caught {short_name} in reader {self.reader_index} (pid {self.pid}) "
+            f"while reading {where}{self.path!r} in {self.filename!r}: {self.message}\n\n"
+            f"Original traceback in the reader:\n{self.traceback}"
+        )
+        exc = ReaderError.like(self.exc_type_name, text)
+        exc.reader_index = self.reader_index
+        exc.pid = self.pid
+        exc.filename = self.filename
+        exc.path = self.path
+        exc.rows = self.rows
+        exc.remote_traceback = self.traceback
+        return exc
+
+
+def died_error(reader_index: int, pid: int, exitcode: "int | None", filename: str, path: str) -> ReaderError:
+    """The error for a worker that exited without reporting (killed, or crashed in C)."""
+    how = f"exit code {exitcode}"
+    if exitcode is not None and exitcode < 0:
+        try:
+            how += f" ({signal.Signals(-exitcode).name})"
+        except ValueError:
+            pass
+    what = f"reading {path!r} in {filename!r}" if path else f"of {filename!r}"
+    exc = ReaderError(f"Reader {reader_index} (pid {pid}) {what} died unexpectedly with {how}.")
+    exc.reader_index = reader_index
+    exc.pid = pid
+    exc.filename = filename
+    exc.path = path
+    exc.exitcode = exitcode
+    return exc

@@ -1,0 +1,359 @@
+"""Random access on the worker pool: the loop that reads requests into stages, and the consumer's side of it.
+
+NOTE [request protocol]
+    A :class:`~multitables.Reader` starts ``n_procs`` worker processes on a
+    :class:`~.pool.WorkerPool`. Each has an *inbox* (``_shm.inbox``): a ring
+    of fixed-size items in one shared control segment, written by the
+    consumer only and read by that worker only. Items, in the order they
+    are put:
+
+    * ``ATTACH stage_id name``: map the stage segment ``name`` as stage ``stage_id``,
+      then release ``attached``. A stage is created by the consumer, attached
+      by every worker, then unlinked (NOTE [segment lifetime]).
+    * ``READ request stage_id share a b``: read rows ``a..b`` of the plan held in
+      the stage's header into rows ``a..b`` of its data.
+    * ``DETACH stage_id``: unmap the stage (it was closed).
+    * ``STOP``.
+
+    * ``READ request stage_id 0 0 0`` of a *query* (the stage says so): run the
+      PyTables call the header describes (``Table.read_where``,
+      ``read_sorted``) and copy its result into the data; its row count goes
+      into the header. The size of a query's result is known only
+      once it has run, so it is one share, and a result larger than the
+      stage fails with :class:`~multitables.SharedMemoryError`.
+
+    A stage segment (``_shm.stage``) holds a header (request id, the rows
+    plan of NOTE [request plan], which node to read, one status word per
+    share), the explicit rows read when the plan has them, then the data:
+    the rows read, in order. ``Reader.request`` writes header and rows, then puts one READ
+    per share into the inboxes of distinct workers. A worker reads its share,
+    sends a report (tagged with the request) on its pipe if it failed, sets its share's status
+    (DONE or FAILED) and releases the stage's *channel*: one semaphore per
+    stage id, made when the workers start, since semaphores cannot be
+    handed to processes that are already running.
+
+    Status words are the truth; channel tokens only wake the waiting future,
+    so a request dropped before it finished leaves at most spurious wake-ups
+    behind. A stage is reused only once every share of its last request has a
+    status. Inboxes are served in order, so a DETACH comes after every READ
+    that used the stage, and a later ATTACH of the same stage_id after that.
+
+    Every wait, on either side, is a loop of ``TICK`` waits that looks at the
+    other side: the consumer at the workers' sentinels and error pipes, a
+    worker at the stop flag and at whether the consumer still lives.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._io.node import FileSignature, NodeInfo, check_file_unchanged
+from .._io.scattered import Stopped, open_rows
+from .._shm.inbox import ATTACH, DETACH, READ, STOP, InboxSync, Inboxes, Item
+from .._shm.ring import TICK
+from .._shm.segment import Segment
+from .._shm.stage import DONE, FAILED, StageLayout, StageMap
+from ..errors import FileChangedError, ReaderError, SharedMemoryError, StreamClosedError
+from .failure import died_error
+from .pool import REPORT_TIMEOUT, WorkerPool
+from .worker import Worker
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """What every request worker of one Reader needs, sent once at process start."""
+
+    open_kwargs: dict[str, Any]
+    control_name: str
+    file_signature: "FileSignature | None"
+
+
+# -- the worker's side -----------------------------------------------------------------------
+
+
+def serve_loop(worker: Worker, settings: ServeSettings, sync: InboxSync, channels: tuple[Any, ...]) -> None:
+    """A request worker's loop: serve its inbox until STOP, the stop word, or the consumer's death."""
+    worker.segments.add(settings.control_name)
+    server = _Server(worker, settings, channels, Inboxes.attach(settings.control_name, worker.identity.n_workers))
+    try:
+        worker.attached()
+        server.serve(sync)
+    finally:
+        server.close()
+
+
+class _Server:
+    """The state of one request worker; see NOTE [request protocol]."""
+
+    def __init__(self, worker: Worker, settings: ServeSettings, channels: tuple[Any, ...], inboxes: Inboxes) -> None:
+        self.worker, self.settings, self.channels, self.inboxes = worker, settings, channels, inboxes
+        self.stages: dict[int, StageMap] = {}
+        self.readers: dict[bytes, tuple[NodeInfo, Any]] = {}
+        self.tables_file: Any = None  # PyTables' handle on the file, opened by the first query
+
+    def stopped(self) -> bool:
+        return self.inboxes.stopped or not self.worker.parent_alive()
+
+    def serve(self, sync: InboxSync) -> None:
+        me = self.worker.identity.index
+        head = 0
+        while True:
+            if not sync.work.acquire(timeout=TICK):
+                if self.stopped():
+                    return
+                continue
+            item = self.inboxes.get(me, head)
+            head += 1
+            sync.space.release()
+            if item.kind == STOP or self.stopped():
+                return
+            if item.kind == READ:
+                self.read_share(item)
+            elif item.kind == ATTACH:
+                self.worker.segments.add(item.name)
+                layout = StageLayout(item.max_rows, item.data_nbytes)
+                self.stages[item.stage_id] = StageMap(Segment.attach(item.name, layout.nbytes), layout, writable=True)
+                self.worker.attached()
+            elif item.kind == DETACH:
+                stage = self.stages.pop(item.stage_id, None)
+                if stage is not None:
+                    stage.close()
+
+    def _reader(self, desc: bytes) -> tuple[NodeInfo, Any]:
+        got = self.readers.get(desc)
+        if got is None:
+            engine, node = pickle.loads(desc)
+            got = self.readers[desc] = (node, open_rows(engine, node, self.settings.open_kwargs))
+        return got
+
+    def read_share(self, item: Item) -> None:
+        stage = self.stages[item.stage_id]
+        status = FAILED
+        node: "NodeInfo | None" = None
+        rows: "np.ndarray | None" = None
+        try:
+            if stage.request_id != item.req:
+                raise RuntimeError(f"stage {item.stage_id} holds request {stage.request_id}, not {item.req}")
+            if stage.is_query:
+                node, method, kwargs = pickle.loads(stage.read_desc())
+                self.query(stage, node, method, kwargs)
+            else:
+                node, reader = self._reader(stage.read_desc())
+                rows = stage.rows_of(item.a, item.b)
+                out = stage.data(node.dtype, (stage.n_read,) + node.row_shape)[item.a : item.b]
+                reader.read(rows, out, self.stopped)
+            check_file_unchanged(self.worker.identity.filename, self.settings.file_signature)
+            status = DONE
+        except Stopped:
+            return
+        except Exception as exc:
+            try:  # a file changed under a read explains the read's failure (NOTE [file identity])
+                check_file_unchanged(self.worker.identity.filename, self.settings.file_signature)
+            except FileChangedError as changed:
+                changed.__cause__, exc = exc, changed
+            span = (int(rows[0]), int(rows[-1]) + 1) if rows is not None and len(rows) else None
+            self.worker.report(item.req, exc, node.path if node is not None else "", span)
+        stage.set_status(item.share, status)
+        self.channels[item.stage_id].release()
+
+    def query(self, stage: StageMap, node: NodeInfo, method: str, kwargs: dict[str, Any]) -> None:
+        """Run PyTables' ``method(**kwargs)`` on ``node``; its result becomes ``stage``'s data."""
+        if self.tables_file is None:
+            import tables
+
+            self.tables_file = tables.open_file(self.worker.identity.filename, "r", **self.settings.open_kwargs)
+        result = getattr(self.tables_file.get_node(node.path), method)(**kwargs)
+        result = np.asarray(result)
+        if result.dtype != node.dtype:
+            result = result.astype(node.dtype)
+        if result.nbytes > stage.layout.data_nbytes:
+            raise SharedMemoryError(
+                f"the result of {method}() on {node.path!r} is {len(result)} rows ({result.nbytes} bytes), "
+                f"more than the stage holds ({stage.layout.data_nbytes} bytes); use a larger stage or narrow the query"
+            )
+        stage.data(result.dtype, result.shape)[...] = result
+        stage.set_result_rows(len(result))
+
+    def close(self) -> None:
+        for _node, reader in self.readers.values():
+            try:
+                reader.close()
+            except Exception:
+                pass
+        if self.tables_file is not None:
+            try:
+                self.tables_file.close()
+            except Exception:
+                pass
+        for stage in self.stages.values():
+            stage.close()
+        self.inboxes.close()
+
+
+# -- the consumer's side ---------------------------------------------------------------------
+
+
+class ServeWorkers:
+    """The consumer's side of a Reader's request workers: start, feed, watch, stop.
+
+    Shutdown follows NOTE [shutdown] in ``pool``: the stop word, and every
+    worker woken, then join, SIGTERM, SIGKILL; the pool's pipes closed,
+    the inboxes unlinked and unmapped.
+    """
+
+    def __init__(
+        self,
+        filename: str,
+        open_kwargs: dict[str, Any],
+        n_procs: int,
+        max_stages: int,
+        start_method: "str | None",
+        file_signature: "FileSignature | None",
+    ) -> None:
+        self.filename = filename
+        self.n_procs = n_procs
+        self.finishing = False  # told to stop once their inboxes are served (finish())
+        self._tails = [0] * n_procs
+        self._push_lock = threading.Lock()
+        self._attach_lock = threading.Lock()
+        self.pool = WorkerPool(start_method, filename, name="request")
+        ctx = self.pool.ctx
+        self._syncs = [InboxSync.create(ctx) for _ in range(n_procs)]
+        self.channels = tuple(ctx.Semaphore(0) for _ in range(max_stages))
+        self._inboxes = Inboxes.create(n_procs)
+        try:
+            settings = ServeSettings(open_kwargs, self._inboxes.segment.name, file_signature)
+            self.pool.start(serve_loop, [(settings, sync, self.channels) for sync in self._syncs])
+            self.pool.wait_attached("start", self._check_broken)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            self._inboxes.segment.unlink()
+
+    @property
+    def closed(self) -> bool:
+        return self.pool.closed
+
+    @property
+    def pids(self) -> list[int]:
+        return self.pool.pids
+
+    # -- watching ---------------------------------------------------------------
+    def look(self) -> None:
+        """Collect failure reports and notice workers that ended; cheap, call it every tick of a wait."""
+        self.pool.look()
+
+    def _dead(self) -> list[int]:
+        """Workers that ended other than as told (a clean exit after finish() is as told)."""
+        return sorted(i for i, (_pid, code, _r) in self.pool.ended.items() if not (self.finishing and code == 0))
+
+    def is_dead(self, i: int) -> bool:
+        """Whether worker ``i`` ended other than as told (as last looked)."""
+        return i in self._dead()
+
+    def dead_error(self, i: int, path: str) -> "ReaderError | None":
+        """A fresh error for worker ``i`` if it died, else None."""
+        if i not in self._dead():
+            return None
+        error = self.pool.end_error(i, path)
+        if error is None:  # exited cleanly though nobody told it to
+            pid, code, _report = self.pool.ended[i]
+            error = died_error(i, pid, code, self.filename, path)
+        return error
+
+    def broken(self) -> "ReaderError | None":
+        """The error of the first worker that died, if one did: the pool takes no more requests."""
+        for i in self._dead():
+            exc = self.dead_error(i, "")
+            broken = ReaderError(f"a request reader died, so this Reader cannot take more requests; close it. {exc}")
+            broken.__cause__ = exc
+            return broken
+        return None
+
+    def _check_broken(self) -> None:
+        self.look()
+        broken = self.broken()
+        if broken is not None:
+            raise broken
+
+    def failure(self, req: int) -> ReaderError:
+        """The error a worker reported for request ``req`` (it sends the report before flagging the share)."""
+        report = self.pool.tagged_report(req, REPORT_TIMEOUT)
+        if report is None:
+            return ReaderError(f"a reader failed on request {req} of {self.filename!r}, but its report was lost")
+        return report.to_exception()
+
+    def forget(self, req: int) -> None:
+        """Drop the report of a request nobody will ask about."""
+        self.pool.forget(req)
+
+    # -- feeding ----------------------------------------------------------------
+    def _push(self, worker: int, item: Item) -> None:
+        """Put one item in a worker's inbox, waiting (with liveness checks) while it is full."""
+        space = self._syncs[worker].space
+        while not space.acquire(timeout=TICK):
+            self.look()
+            if self.closed:
+                raise StreamClosedError(f"the Reader of {self.filename!r} was closed")
+            if worker in self._dead():
+                raise self.broken()  # type: ignore[misc]
+        with self._push_lock:
+            self._inboxes.put(worker, self._tails[worker], item)
+            self._tails[worker] += 1
+        self._syncs[worker].work.release()
+
+    def read(self, worker: int, req: int, stage_id: int, share: int, a: int, b: int) -> None:
+        """Have ``worker`` read rows ``a..b`` of request ``req`` (share ``share``) into stage ``stage_id``."""
+        self._push(worker, Item(READ, req, stage_id, share, a, b))
+
+    def attach(self, stage_id: int, segment: Segment, layout: StageLayout) -> None:
+        """Have every worker map a new stage, and wait until they all did (then the name can go)."""
+        with self._attach_lock:
+            for i in range(self.n_procs):
+                self._push(i, Item(ATTACH, stage_id=stage_id, max_rows=layout.max_rows, data_nbytes=layout.data_nbytes, name=segment.name))
+            self.pool.wait_attached("map a new stage", self._check_broken)
+
+    def detach(self, stage_id: int) -> None:
+        """Have every live worker unmap a closed stage (does not wait)."""
+        dead = self._dead()
+        for i in range(self.n_procs):
+            if i not in dead and not self.closed:
+                self._push(i, Item(DETACH, stage_id=stage_id))
+
+    # -- stopping ---------------------------------------------------------------
+    def finish(self) -> None:
+        """Tell every worker to stop once it has served what its inbox holds (does not wait)."""
+        if self.closed or self.finishing:
+            return
+        self.finishing = True
+        dead = self._dead()
+        for i in range(self.n_procs):
+            if i not in dead:
+                self._push(i, Item(STOP))
+
+    def running(self, timeout: float = 0.0) -> bool:
+        """Whether a worker still runs, after waiting up to ``timeout`` s for one to end."""
+        if self.closed:
+            return False
+        self.pool.wait_any(timeout)
+        self.look()
+        return self.pool.running > 0
+
+    def _tell_stop(self) -> None:
+        self._inboxes.stop()
+        for sync in self._syncs:
+            sync.work.release()  # wake an idle worker now rather than at its next tick
+
+    def close(self) -> None:
+        """Stop every worker and free everything (idempotent); see NOTE [shutdown] in ``pool``."""
+        if self.closed:
+            return
+        self.pool.close(self._tell_stop)
+        self._inboxes.segment.unlink()
+        self._inboxes.close()

@@ -1,0 +1,179 @@
+"""Streaming on the worker pool: the loop that fills a ring with blocks, and the consumer's side of it.
+
+A stream's workers are its *readers*: each claims the next block of the plan,
+reads it into a free ring slot (``_io.blocks.read_block``) and publishes it
+(NOTE [ring protocol] in ``_shm.ring``). The consumer's
+:class:`StreamWorkers` starts them on a :class:`~.pool.WorkerPool` and,
+before every wait for a block, checks that none failed (NOTE [failure
+reports] in ``pool``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .._io.blocks import Pacer, read_block
+from .._io.engines import open_source
+from .._io.node import FileSignature, NodeInfo, check_file_unchanged, file_signature
+from .._plan.blocks import BlockPlan, RangePlan
+from .._shm.ring import PeerGone, Ring, RingLayout, RingSync
+from .._shm.segment import check_space
+from ..errors import ReaderError, StreamClosedError
+from .pool import REPORT_TIMEOUT, WorkerPool
+from .worker import PARENT_CHECK_INTERVAL, Worker
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    """What every reader of one stream needs, sent once at process start."""
+
+    node: NodeInfo
+    engine: str
+    open_kwargs: dict[str, Any]
+    plan: "BlockPlan | RangePlan"
+    shm_name: str
+    layout: RingLayout
+    #: The file's identity when the stream started (None: not checked); see NOTE [file identity].
+    file_signature: "FileSignature | None" = None
+    #: Where chunk bytes come from: "page" (the page cache) or "direct" (O_DIRECT, chunk engine only).
+    cache: str = "page"
+
+
+def stream_loop(worker: Worker, settings: StreamSettings, sync: RingSync) -> None:
+    """A reader's loop: claim, read, publish, until the plan is done or the consumer stops or dies."""
+    worker.segments.add(settings.shm_name)
+    ring = Ring.attach(settings.shm_name, settings.layout, sync)
+    source = None
+    try:
+        worker.on_failure = ring.fail  # wakes the consumer, which then waits for the report
+        worker.attached()
+        worker.path = settings.node.path
+        parent_alive = worker.parent_alive
+
+        def keep_going() -> bool:
+            return not ring.stopped and parent_alive()
+
+        def before_read(a: int, b: int) -> None:
+            worker.rows = (a, b)
+            if not parent_alive():
+                raise PeerGone  # orphaned: stop now rather than at the end of the block (NOTE [orphans])
+
+        pacer = Pacer(settings.node.chunk_rows, PARENT_CHECK_INTERVAL / 2)
+        filename, plan = settings.node.filename, settings.plan
+        source = open_source(settings.engine, settings.node, settings.open_kwargs, plan, cache=settings.cache)
+        check_file_unchanged(filename, settings.file_signature)
+        n_readers = worker.identity.n_workers
+        while True:
+            claimed = ring.claim(plan.n_blocks, keep_going)
+            if claimed is None:
+                break
+            k, slot = claimed
+            read_block(source, plan, k, ring.slots[slot], n_readers, pacer, before_read)
+            check_file_unchanged(filename, settings.file_signature)
+            worker.rows = None
+            ring.publish(slot, k, plan.rows(k), keep_going)
+            if not parent_alive():
+                break
+    except PeerGone:
+        pass  # the consumer died or stopped us while we waited for the ring lock
+    except Exception:
+        # A file changed under a read explains the read's failure (a truncated
+        # chunk, a decode error): say so, with the read's error as context.
+        check_file_unchanged(settings.node.filename, settings.file_signature)
+        raise
+    finally:
+        if source is not None:
+            try:
+                source.close()
+            except Exception:
+                pass
+        ring.close()
+
+
+class StreamWorkers:
+    """``n_procs`` readers filling one ring; owned by one queue."""
+
+    def __init__(
+        self,
+        node: NodeInfo,
+        engine: str,
+        open_kwargs: dict[str, Any],
+        plan: "BlockPlan | RangePlan",
+        n_procs: int,
+        n_slots: int,
+        start_method: "str | None",
+        cache: str = "page",
+    ) -> None:
+        self._error: "ReaderError | None" = None
+        self.filename, self.path = node.filename, node.path
+        self.pool = WorkerPool(start_method, node.filename, node.path, name="reader")
+        layout = RingLayout(n_slots, plan.block_size, node.row_shape, node.dtype)
+        check_space(layout.nbytes)  # before anything is created; Ring.create checks again
+        signature = file_signature(node.filename)
+        sync = RingSync.create(self.pool.ctx, n_slots)
+        self.ring = Ring.create(layout, sync)  # may raise ShmSpaceError; nothing started yet
+        try:
+            settings = StreamSettings(node, engine, open_kwargs, plan, self.ring.segment.name, layout, signature, cache)
+            self.pool.start(stream_loop, [(settings, sync)] * n_procs)
+            self.pool.wait_attached("start", self.check)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            self.ring.segment.unlink()  # every reader has it mapped, or none ever will (NOTE [segment lifetime])
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the readers."""
+        return self.pool.pids
+
+    def check(self) -> bool:
+        """Raise the error of a reader that failed or died; True otherwise. Cheap enough to call per block.
+
+        See NOTE [failure reports] in ``pool``.
+        """
+        if self._error is not None:
+            raise self._error.with_traceback(None)
+        if self.pool.closed:  # closed from another thread while this one waited for a block
+            raise StreamClosedError(f"the stream of {self.path!r} in {self.filename!r} was closed")
+        try:
+            self._look()
+        except ReaderError as exc:
+            self._error = exc
+            self._tell_stop()  # raise first: close() joins the others (NOTE [shutdown])
+            raise
+        return True
+
+    def _look(self) -> None:
+        pool, ring = self.pool, self.ring
+        if ring.failed:
+            report = pool.own_report(REPORT_TIMEOUT)
+            if report is not None:
+                raise report.to_exception()
+            raise ReaderError(f"a reader of {self.path!r} in {self.filename!r} failed without sending a report")
+        pool.look()
+        for i in sorted(pool.ended):
+            error = pool.end_error(i)
+            if error is not None:
+                raise error
+        if not pool.running and not ring.stopped and ring.ready_count() == 0:
+            raise ReaderError(
+                f"every reader of {self.path!r} in {self.filename!r} has exited, but the block the "
+                f"consumer waits for never came"
+            )
+
+    def _tell_stop(self) -> None:
+        """Step 1 of NOTE [shutdown], which cannot block. Idempotent (only the consumer sets the flag)."""
+        if not self.ring.stopped:
+            self.ring.stop()
+            self.ring.wake_readers(self.pool.n_workers)
+
+    def close(self) -> None:
+        """Stop every reader and free everything; see NOTE [shutdown]. Idempotent."""
+        if self.pool.closed:
+            return
+        self.pool.close(self._tell_stop)
+        self.ring.segment.unlink()
+        self.ring.close()
+

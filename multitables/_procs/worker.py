@@ -1,0 +1,140 @@
+"""What every worker process does around its loop: signals, thread limits, parent watch, failure report.
+
+A pool (``pool.WorkerPool``) starts each worker at :func:`worker_main` with a
+*loop*: a module-level function of ``(worker, *args)`` that does the work
+(``stream.stream_loop`` fills a ring with blocks; ``serve.serve_loop`` reads
+requests into stages). The entry is a module-level function taking picklable
+arguments, so it works under the fork, spawn and forkserver start methods
+alike. Modelled on PyTorch's ``_utils/worker.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .._io.engines import limit_threads
+from .._shm.segment import unlink_orphan
+from .._sys.signals import ignore_sigint
+from .failure import FailureReport
+
+#: Seconds between checks that the consumer is still alive while busy.
+PARENT_CHECK_INTERVAL = 0.5
+
+
+def process_start_time(pid: int) -> "str | None":
+    """The kernel's start time of ``pid`` (tells a live process from a reused pid); None if gone or unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError:  # pragma: no cover - no procfs
+        return "?"
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    if fields[0] == b"Z":  # a zombie: dead, not yet reaped
+        return None
+    return fields[19].decode()
+
+
+class ParentWatch:
+    """Answers "is the consumer still alive?", at most once per interval when asked often."""
+
+    def __init__(self, pid: int, start: "str | None") -> None:
+        self._pid, self._start = pid, start
+        self._next = 0.0
+        self._alive = True
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + PARENT_CHECK_INTERVAL
+            if self._start is None or self._start == "?":
+                try:
+                    os.kill(self._pid, 0)
+                except ProcessLookupError:
+                    self._alive = False
+            else:
+                self._alive = process_start_time(self._pid) == self._start
+        return self._alive
+
+
+@dataclass(frozen=True)
+class WorkerIdentity:
+    """Who a worker is and whom it serves; sent once at process start."""
+
+    index: int
+    n_workers: int
+    filename: str
+    parent_pid: int
+    parent_start: "str | None"
+    attached: Any  # the pool's semaphore: released once per segment mapped (the attach barrier)
+
+
+@dataclass
+class Worker:
+    """A worker's own state, handed to its loop: what it reads now (for a report), what to unlink if orphaned."""
+
+    identity: WorkerIdentity
+    conn: Any  # the write end of this worker's report pipe
+    parent_alive: Callable[[], bool]
+    #: The dataset and rows being read, named in a failure report.
+    path: str = ""
+    rows: "tuple[int, int] | None" = None
+    #: Segment names this worker maps: unlinked on exit if the consumer died before it could.
+    segments: set[str] = field(default_factory=set)
+    #: Called before a failure report is sent (the stream loop flags its ring: that wakes the consumer).
+    on_failure: "Callable[[], None] | None" = None
+
+    def attached(self) -> None:
+        """Tell the consumer one more segment is mapped (NOTE [segment lifetime])."""
+        self.identity.attached.release()
+
+    def report(self, tag: int, exc: BaseException, path: "str | None" = None, rows: "tuple[int, int] | None" = None) -> None:
+        """Send ``(tag, FailureReport)`` to the consumer; tag -1 is the worker's own failure. Never raises."""
+        try:
+            failure = FailureReport.from_exception(
+                exc,
+                self.identity.index,
+                os.getpid(),
+                self.identity.filename,
+                self.path if path is None else path,
+                self.rows if path is None else rows,
+            )
+        except BaseException:  # pragma: no cover - formatting the traceback failed
+            return
+        try:
+            self.conn.send((tag, failure))
+        except BaseException:
+            pass  # the consumer is gone or closed the pipe; it sees our exit instead
+
+
+def worker_main(loop: Callable[..., None], identity: WorkerIdentity, args: tuple[Any, ...], conn: Any) -> None:
+    """Worker process entry point: run ``loop(worker, *args)``; report its exception and exit 1 if it raises."""
+    ignore_sigint()  # the consumer decides what Ctrl-C does
+    # SIGTERM is the consumer's escalation (NOTE [shutdown]): a handler
+    # inherited through fork from the user's program must not keep us alive.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    worker = Worker(identity, conn, ParentWatch(identity.parent_pid, identity.parent_start))
+    failed = False
+    try:
+        limit_threads()
+        loop(worker, *args)
+    except BaseException as exc:
+        failed = True
+        if worker.on_failure is not None:
+            try:
+                worker.on_failure()
+            except BaseException:
+                pass
+        worker.report(-1, exc)
+    finally:
+        conn.close()
+        if not worker.parent_alive():
+            for name in worker.segments:  # the consumer died, maybe before it could unlink these
+                unlink_orphan(name)
+    if failed:
+        raise SystemExit(1)

@@ -1,0 +1,453 @@
+"""Shared-memory segments: created by one owner, attached by readers, unlinked early.
+
+NOTE [segment lifetime]
+    The consumer process owns every segment. It creates it exclusively
+    (O_CREAT | O_EXCL, mode 0600) under a fresh random name with the library's
+    prefix, so a rerun after a crash never collides with, attaches to or
+    overwrites another run's memory. Readers attach by name, each say so, and
+    the owner then unlinks the name at once: the mappings keep working, and
+    from then on a SIGKILL of every process involved leaves nothing in
+    /dev/shm. If the owner dies before it could unlink, each reader unlinks
+    the name when it notices (NOTE [shutdown] in ``_readers``); the name is
+    also registered with multiprocessing's resource tracker until the unlink,
+    as a last safety net only. A consumer SIGKILLed between creating a name
+    and registering it leaves the name behind: the next process to create a
+    segment removes names of this library whose creator is dead, that belong
+    to its user and are older than any creation can take (NOTE [creation
+    window], :func:`sweep_orphans`). Nothing else in /dev/shm is touched.
+
+    No mapping holds a file descriptor (``mmap.mmap(fd)`` keeps a dup of
+    ``fd`` for as long as the object lives, and rows lent to the caller
+    keep the owner's alive): an anonymous mapping reserves the addresses
+    and the segment is mapped over them with MAP_FIXED. When the owner closes a
+    segment whose memory the caller still holds (rows lent by the
+    generator), the ranges still in use are moved to private memory at the
+    same addresses (mremap over the old mapping, one atomic step), so the
+    caller's arrays stay valid while the segment is released at once.
+
+    The space is checked against statvfs, and against the memory cgroup's
+    limit (shared memory is charged to it, and past it the OOM killer ends
+    a process instead of any error), before anything is created, and the
+    pages are reserved with posix_fallocate when the segment is created, so a
+    /dev/shm that is too small fails here with a clear error rather than with
+    a SIGBUS on first touch, later, in some process; one out of inodes
+    (creating the name fails with ENOSPC) gets the same error, saying so. (A
+    filesystem that cannot reserve gets a plain ftruncate, as
+    ``multiprocessing.shared_memory`` does.)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import mmap
+import os
+import secrets
+import sys
+import time
+import weakref
+from typing import Sequence
+
+from .._sys.signals import sigint_deferred
+from ..errors import ShmSpaceError
+
+#: Every segment this library creates has a name starting with this.
+SHM_PREFIX = "multitables_"
+_SHM_DIR = "/dev/shm"
+
+try:  # CPython's own binding of shm_open/shm_unlink, used by multiprocessing.shared_memory
+    import _posixshmem
+except ImportError:  # pragma: no cover - non-POSIX platforms
+    _posixshmem = None
+
+
+_MAP_FIXED = 0x10  # Linux's value on most architectures (checked where used); Python's mmap module lacks it
+_MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _load_libc() -> "ctypes.CDLL | None":
+    """libc with mmap/mremap/munmap typed, on Linux; None elsewhere (plain mmap.mmap is used then)."""
+    if not sys.platform.startswith("linux"):  # pragma: no cover
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc.mremap.restype = ctypes.c_void_p
+        libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        libc.munmap.restype = ctypes.c_int
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    except (OSError, AttributeError):  # pragma: no cover
+        return None
+    return libc
+
+
+_libc = _load_libc()
+
+
+def _address(buf: mmap.mmap) -> int:
+    """Where ``buf`` is mapped (the export made to ask is released before returning)."""
+    probe = ctypes.c_char.from_buffer(buf)
+    try:
+        return ctypes.addressof(probe)
+    finally:
+        del probe
+
+
+def _map_without_fd(fd: int, nbytes: int) -> mmap.mmap:
+    """Map ``fd`` shared and writable through an mmap object that keeps no descriptor of it."""
+    if _libc is None:  # pragma: no cover
+        return mmap.mmap(fd, nbytes)
+    buf = mmap.mmap(-1, nbytes)  # reserves the addresses; unmapping it later unmaps whatever is there
+    addr = _address(buf)
+    got = _libc.mmap(addr, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED | _MAP_FIXED, fd, 0)
+    if got == _MAP_FAILED:
+        err = ctypes.get_errno()
+        buf.close()
+        raise OSError(err, f"mapping a shared-memory segment of {nbytes} bytes: {os.strerror(err)}")
+    if got != addr:  # pragma: no cover - an architecture whose MAP_FIXED is another bit: plain mmap
+        _libc.munmap(got, nbytes)
+        buf.close()
+        return mmap.mmap(fd, nbytes)
+    return buf
+
+
+def _move_to_private(buf: mmap.mmap, nbytes: int, keep: Sequence[tuple[int, int]]) -> None:
+    """Replace ``buf``'s mapping by private memory holding the same bytes in ``keep`` (offset, length).
+
+    Atomic for anyone reading those bytes: the copy is made elsewhere and
+    moved over the old mapping in one mremap. Where that cannot be done the
+    mapping stays as it was, which is safe (it goes with its last view).
+    """
+    if _libc is None:  # pragma: no cover
+        return
+    new = _libc.mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    if new == _MAP_FAILED:
+        return
+    addr = _address(buf)
+    for offset, length in keep:
+        ctypes.memmove(new + offset, addr + offset, length)
+    if _libc.mremap(new, nbytes, nbytes, _MREMAP_MAYMOVE | _MREMAP_FIXED, addr) == _MAP_FAILED:
+        _libc.munmap(new, nbytes)
+
+
+def shm_free_bytes() -> "int | None":
+    """Bytes free in /dev/shm, or None where it cannot be told."""
+    try:
+        st = os.statvfs(_SHM_DIR)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+#: What the caller can make smaller, by what needs the memory (the ``what`` of :func:`check_space`).
+_SMALLER = {
+    "The ring": "a smaller read_ahead or block_size",
+    "The stage": "a smaller stage or fewer stages",
+    "The request inboxes": "fewer workers (n_procs)",
+}
+
+
+def _amount(nbytes: int) -> str:
+    return f"{nbytes / (1 << 20):.1f} MiB ({nbytes:,} bytes)"  # the bytes: rounding could hide a few pages short
+
+
+def _space_error(nbytes: int, free: "int | None", what: str) -> ShmSpaceError:
+    short = ""
+    if free is not None:  # enough free yet short: posix_fallocate failed, something took it meanwhile
+        short = f": {nbytes - free:,} bytes short" if free < nbytes else ", yet it could not be reserved"
+    smaller = _SMALLER.get(what)
+    return ShmSpaceError(
+        f"{what} needs {_amount(nbytes)} of shared memory but {_SHM_DIR} has "
+        f"{'an unknown amount' if free is None else _amount(free)} free{short}. "
+        f"{f'Use {smaller}, or give' if smaller else 'Give'} the machine or container more shared "
+        f"memory (for Docker: --shm-size)."
+    )
+
+
+def _inode_error(what: str) -> ShmSpaceError:
+    try:
+        st = os.statvfs(_SHM_DIR)
+        counts = f" ({st.f_favail:,} of {st.f_files:,} free)"
+    except OSError:
+        counts = ""
+    return ShmSpaceError(
+        f"{what} cannot be created: {_SHM_DIR} has no inode left for a new file{counts}, whatever space it has. "
+        f"Remove files no longer needed from {_SHM_DIR}, or mount it with more inodes (tmpfs option nr_inodes)."
+    )
+
+
+#: Where this process's control groups are described and mounted (tests point these elsewhere).
+_PROC_SELF_CGROUP = "/proc/self/cgroup"
+_CGROUP_ROOT = "/sys/fs/cgroup"
+#: A memory limit at or above this is "no limit" (cgroup v1 writes 2**63 rounded down to a page).
+_NO_LIMIT = 1 << 62
+
+
+def _read_int(path: str) -> "int | None":
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return None if text == "max" else int(text)
+
+
+def _reclaimable(directory: str) -> int:
+    """Page cache of files in a memory cgroup (shared memory is not part of it): the kernel frees it for us."""
+    stat: dict[str, int] = {}
+    try:
+        with open(os.path.join(directory, "memory.stat")) as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                stat[key] = int(value)
+    except (OSError, ValueError):
+        return 0
+    # v1 counts the subtree under total_* (as its usage does); v2 has only the plain names, for the subtree.
+    prefix = "total_" if "total_active_file" in stat else ""
+    return stat.get(prefix + "active_file", 0) + stat.get(prefix + "inactive_file", 0)
+
+
+def _cgroup_dirs() -> "list[tuple[str, str, str]]":
+    """``(directory, limit file, usage file)`` of this process's memory cgroup and its ancestors, leaf first."""
+    try:
+        with open(_PROC_SELF_CGROUP) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    for line in lines:  # v1: "N:memory:/path" (a hybrid machine may have both; the memory controller is v1 then)
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            mount = os.path.join(_CGROUP_ROOT, "memory")
+            return _ancestors(mount, path, "memory.limit_in_bytes", "memory.usage_in_bytes")
+    for line in lines:  # v2: "0::/path"
+        if line.startswith("0::"):
+            return _ancestors(_CGROUP_ROOT, line[3:], "memory.max", "memory.current")
+    return []
+
+
+def _ancestors(mount: str, path: str, limit: str, usage: str) -> "list[tuple[str, str, str]]":
+    # Inside a container the path may be the host's: then the mount itself is this process's cgroup.
+    parts = [p for p in path.split("/") if p]
+    while parts and not os.path.isdir(os.path.join(mount, *parts)):
+        parts.pop(0)
+    dirs = [os.path.join(mount, *parts[:i]) for i in range(len(parts), -1, -1)]
+    return [(d, limit, usage) for d in dirs if os.path.exists(os.path.join(d, limit))]
+
+
+def cgroup_free_bytes() -> "tuple[int, int, int] | None":
+    """``(free, limit, used)`` of the tightest memory cgroup this process is in, or None where none limits it.
+
+    Shared memory is charged to the cgroup of the process that touches it;
+    past the limit the kernel's OOM killer ends a process instead of any
+    error. ``used`` leaves out the file cache the kernel would reclaim.
+    """
+    tightest = None
+    for directory, limit_file, usage_file in _cgroup_dirs():
+        limit = _read_int(os.path.join(directory, limit_file))
+        used = _read_int(os.path.join(directory, usage_file))
+        if limit is None or used is None or limit >= _NO_LIMIT:
+            continue
+        used = max(0, used - _reclaimable(directory))
+        free = max(0, limit - used)
+        if tightest is None or free < tightest[0]:
+            tightest = (free, limit, used)
+    return tightest
+
+
+def check_space(nbytes: int, what: str = "The ring") -> None:
+    """Raise :class:`ShmSpaceError` now if ``nbytes`` cannot fit in /dev/shm's free space or this process's memory cgroup."""
+    free = shm_free_bytes()
+    if free is not None and nbytes > free:
+        raise _space_error(nbytes, free, what)
+    cgroup = cgroup_free_bytes()
+    if cgroup is not None and nbytes > cgroup[0]:
+        raise _cgroup_error(nbytes, cgroup, what)
+
+
+def _cgroup_error(nbytes: int, cgroup: tuple[int, int, int], what: str) -> ShmSpaceError:
+    free, limit, used = cgroup
+    smaller = _SMALLER.get(what)
+    return ShmSpaceError(
+        f"{what} needs {_amount(nbytes)} of shared memory, which counts against this process's memory cgroup "
+        f"(a container's memory limit): its limit is {_amount(limit)}, {_amount(used)} in use, so "
+        f"{_amount(free)} free: {nbytes - free:,} bytes short (past the limit the kernel kills a process rather "
+        f"than fail). {f'Use {smaller}, or raise' if smaller else 'Raise'} the container's memory limit."
+    )
+
+
+def _reserve(fd: int, nbytes: int, what: str) -> None:
+    """Give the segment its size with every page reserved, so touching it can never SIGBUS."""
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            os.ftruncate(fd, nbytes)  # a filesystem that cannot reserve: size it, as shared_memory does
+            return
+        raise _space_error(nbytes, shm_free_bytes(), what) from exc
+
+
+class Segment:
+    """A shared-memory segment mapped into this process.
+
+    The creating process owns it: it alone unlinks the name. ``buf`` is the
+    mapping; arrays holding a buffer export of it (``np.frombuffer``) keep
+    it mapped after :meth:`close`, until the last of them is gone.
+    """
+
+    def __init__(self, name: str, nbytes: int, buf: mmap.mmap, owner: bool) -> None:
+        self.name = name
+        self.nbytes = nbytes
+        self.buf = buf
+        self.owner = owner
+        # The owner's name goes with the object at the latest: dropped by an exception anywhere after creation.
+        self._unlinker = weakref.finalize(self, _unlink, name) if owner else None
+
+    @classmethod
+    def create(cls, nbytes: int, what: str = "The ring") -> "Segment":
+        """Create a new private segment of ``nbytes`` bytes, reserving its pages now.
+
+        NOTE [creation window]: from ``shm_open`` until the returned object
+        exists (whose finalizer unlinks the name), a Ctrl-C is held back
+        (``_signals.sigint_deferred``) and any exception unlinks the name and
+        closes the descriptor, so no instruction of creation can leave an
+        entry in /dev/shm or an open fd. A SIGKILL in that window cannot be
+        caught: the next process to create a segment removes such leftovers
+        (:func:`sweep_orphans`).
+        """
+        if _posixshmem is None:  # pragma: no cover
+            raise OSError("POSIX shared memory is not available on this platform")
+        check_space(nbytes, what)
+        _sweep_once()
+        from multiprocessing import resource_tracker
+
+        with sigint_deferred():
+            for _ in range(16):
+                name = f"{SHM_PREFIX}{os.getpid()}_{secrets.token_hex(8)}"
+                try:
+                    fd = _posixshmem.shm_open("/" + name, os.O_CREAT | os.O_EXCL | os.O_RDWR, mode=0o600)
+                except FileExistsError:
+                    continue
+                except OSError as exc:
+                    if exc.errno == errno.ENOSPC:  # creating a file on tmpfs: out of inodes
+                        raise _inode_error(what) from exc
+                    raise
+                break
+            else:  # pragma: no cover - 16 collisions of 64 random bits
+                raise FileExistsError("could not find a free shared-memory name")
+            try:
+                resource_tracker.register("/" + name, "shared_memory")
+                _reserve(fd, nbytes, what)
+                buf = _map_without_fd(fd, nbytes)
+            except BaseException:
+                os.close(fd)
+                _unlink(name)
+                raise
+            os.close(fd)
+            return cls(name, nbytes, buf, owner=True)
+
+    @classmethod
+    def attach(cls, name: str, nbytes: int) -> "Segment":
+        """Map an existing segment by name (a reader's side; never registers it anywhere)."""
+        if _posixshmem is None:  # pragma: no cover
+            raise OSError("POSIX shared memory is not available on this platform")
+        fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+        try:
+            buf = _map_without_fd(fd, nbytes)
+        finally:
+            os.close(fd)
+        return cls(name, nbytes, buf, owner=False)
+
+    def unlink(self) -> None:
+        """Remove the name (owner only; idempotent). Existing mappings stay valid."""
+        if self._unlinker is not None:
+            self._unlinker()
+
+    def close(self, keep: "Sequence[tuple[int, int]] | None" = None) -> None:
+        """Unmap; where exported views still use the mapping, the last of them unmaps it.
+
+        ``keep`` (the owner's side): the byte ranges (offset, length) those
+        views may use. They are moved to private memory first, so the
+        segment is released now and the views keep their bytes.
+        """
+        try:
+            self.buf.close()
+        except BufferError:
+            if keep is not None and self.owner:
+                _move_to_private(self.buf, self.nbytes, keep)
+
+
+def _unlink(name: str) -> None:
+    from multiprocessing import resource_tracker
+
+    try:
+        _posixshmem.shm_unlink("/" + name)
+    except FileNotFoundError:
+        pass
+    resource_tracker.unregister("/" + name, "shared_memory")
+
+
+#: Seconds after which a name of this library whose creating process is gone is surely a leftover: a live
+#: creation unlinks its name within ATTACH_TIMEOUT (120 s) of creating it.
+ORPHAN_AGE = 300.0
+_swept = False
+
+
+def _creator_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_orphans(age: "float | None" = None) -> list[str]:
+    """Remove this user's names of this library whose creator is dead and that are ``age`` s old; return them.
+
+    What a consumer killed while creating a segment (NOTE [creation window])
+    leaves. A pid alive again (reused) keeps its names; another user's are
+    not ours to remove.
+    """
+    age = ORPHAN_AGE if age is None else age
+    try:
+        names = os.listdir(_SHM_DIR)
+    except OSError:
+        return []
+    removed = []
+    uid, now = os.getuid(), time.time()
+    for name in names:
+        if not name.startswith(SHM_PREFIX):
+            continue
+        pid_text = name[len(SHM_PREFIX) :].partition("_")[0]
+        if not pid_text.isdigit() or _creator_alive(int(pid_text)):
+            continue
+        try:
+            st = os.stat(os.path.join(_SHM_DIR, name))
+        except OSError:
+            continue
+        if st.st_uid != uid or now - st.st_mtime < age:
+            continue
+        unlink_orphan(name)
+        removed.append(name)
+    return removed
+
+
+def _sweep_once() -> None:
+    """Sweep at this process's first creation (a listing of /dev/shm, once)."""
+    global _swept
+    if not _swept:
+        _swept = True
+        sweep_orphans()
+
+
+def unlink_orphan(name: str) -> None:
+    """Unlink a segment whose owner died before it could (a reader's last act)."""
+    if _posixshmem is None:  # pragma: no cover
+        return
+    try:
+        _posixshmem.shm_unlink("/" + name)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,175 @@
+"""Request stages: shared-memory segments that a Reader's workers read requests into.
+
+A stage segment holds a header (request id, the rows plan of NOTE [request
+plan], which node to read, one status word per share), the explicit rows
+read when the plan has them, then the data: the rows read, in order.
+:class:`StageMap` alone knows the header's words; see NOTE [request
+protocol] in ``_procs.serve``.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import StreamClosedError
+from .segment import Segment
+
+if TYPE_CHECKING:
+    from .._io.node import NodeInfo
+    from .._plan.requests import RowPlan
+
+PAGE = 4096
+
+
+def round_up(n: int, to: int) -> int:
+    """``n`` rounded up to a multiple of ``to``."""
+    return -(-n // to) * to
+
+
+# Stage header: int64 words, then the node description from byte _DESC_AT. Only StageMap uses them.
+_H_REQ, _H_EXPLICIT, _H_START, _H_STEP, _H_N_READ, _H_DESC_LEN, _H_QUERY, _H_RESULT_ROWS = range(8)
+_H_STATUS = 16
+#: Most shares one request is split into (one status word each).
+MAX_SHARES = 64
+_DESC_AT = 1024
+HEADER_BYTES = 2 * PAGE
+# Share status.
+PENDING, DONE, FAILED = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class StageLayout:
+    """Sizes and offsets of a stage segment (bytes)."""
+
+    max_rows: int
+    data_nbytes: int
+
+    @property
+    def rows_offset(self) -> int:
+        return HEADER_BYTES
+
+    @property
+    def data_offset(self) -> int:
+        return HEADER_BYTES + round_up(8 * self.max_rows, PAGE)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data_offset + round_up(max(self.data_nbytes, 1), PAGE)
+
+
+class StageMap:
+    """One process's mapping of a stage segment."""
+
+    def __init__(self, segment: Segment, layout: StageLayout, writable: bool) -> None:
+        self.segment = segment
+        self.layout = layout
+        self.words: "np.ndarray | None" = np.frombuffer(segment.buf, dtype=np.int64, count=_DESC_AT // 8)
+        self.rows = np.frombuffer(segment.buf, dtype=np.int64, count=layout.max_rows, offset=layout.rows_offset)
+        self._writable = writable
+
+    def data(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """The first ``shape`` of the data area, as ``dtype``."""
+        arr = np.ndarray(shape, dtype, buffer=self.segment.buf, offset=self.layout.data_offset)
+        arr.flags.writeable = self._writable
+        return arr
+
+    def write_desc(self, desc: bytes) -> None:
+        self.segment.buf[_DESC_AT : _DESC_AT + len(desc)] = desc
+        self.words[_H_DESC_LEN] = len(desc)
+
+    # -- the consumer's side of the header: the one place that knows its words ----------------
+    def write_request(self, req: int, plan: "RowPlan | None", desc: bytes) -> None:
+        """Set up request ``req``: its rows ``plan`` (None: a query, described in ``desc``), every share pending."""
+        w = self.words
+        w[_H_REQ] = req
+        w[_H_QUERY] = plan is None
+        w[_H_RESULT_ROWS] = 0
+        if plan is not None:
+            w[_H_EXPLICIT] = plan.rows is not None
+            w[_H_START] = plan.start
+            w[_H_STEP] = plan.step
+            w[_H_N_READ] = plan.n_read
+            if plan.rows is not None:
+                self.rows[: plan.n_read] = plan.rows
+        w[_H_STATUS : _H_STATUS + MAX_SHARES] = PENDING
+        self.write_desc(desc)
+
+    def status(self, n_shares: int) -> list[int]:
+        """The status (PENDING, DONE, FAILED) of the first ``n_shares`` shares; ``StreamClosedError`` once closed.
+
+        A copy: a view on the stage kept in a frame (say, of a traceback)
+        would keep the mapping, and its file descriptor, alive.
+        """
+        words = self.words
+        if words is None:
+            raise StreamClosedError("the stage is closed")
+        return words[_H_STATUS : _H_STATUS + n_shares].tolist()
+
+    @property
+    def result_rows(self) -> int:
+        """Rows a query's worker wrote."""
+        return int(self.words[_H_RESULT_ROWS])
+
+    # -- the worker's side -------------------------------------------------------------------
+    def read_desc(self) -> bytes:
+        """The node (or query) description the consumer wrote."""
+        return bytes(self.segment.buf[_DESC_AT : _DESC_AT + int(self.words[_H_DESC_LEN])])
+
+    @property
+    def request_id(self) -> int:
+        return int(self.words[_H_REQ])
+
+    @property
+    def is_query(self) -> bool:
+        return bool(self.words[_H_QUERY])
+
+    @property
+    def n_read(self) -> int:
+        """Rows the request reads (the first dimension of its data)."""
+        return int(self.words[_H_N_READ])
+
+    def rows_of(self, a: int, b: int) -> np.ndarray:
+        """The source rows of positions ``a..b`` of the request (a new array)."""
+        w = self.words
+        if w[_H_EXPLICIT]:
+            return np.array(self.rows[a:b])
+        return int(w[_H_START]) + int(w[_H_STEP]) * np.arange(a, b, dtype=np.int64)
+
+    def set_result_rows(self, n: int) -> None:
+        """A query's worker wrote ``n`` rows."""
+        self.words[_H_RESULT_ROWS] = n
+
+    def set_status(self, share: int, status: int) -> None:
+        """Share ``share`` is read (DONE) or failed (FAILED); set after its data and report."""
+        self.words[_H_STATUS + share] = status
+
+    def close(self) -> None:
+        self.words = self.rows = None  # type: ignore[assignment]
+        self.segment.close()
+
+
+#: Longest node description a stage header holds.
+MAX_DESC = HEADER_BYTES - _DESC_AT
+
+
+def describe(engine: str, node: NodeInfo) -> bytes:
+    """The bytes that tell a worker which node to read and how (written into the stage per request)."""
+    desc = pickle.dumps((engine, node), protocol=pickle.HIGHEST_PROTOCOL)
+    if len(desc) > MAX_DESC:
+        raise ValueError(f"the file name and node path are too long to hand to the readers ({len(desc)} bytes described)")
+    return desc
+
+
+def describe_query(node: NodeInfo, method: str, kwargs: dict[str, Any]) -> bytes:
+    """The bytes that tell a worker which PyTables call to run on which node (a query)."""
+    desc = pickle.dumps((node, method, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+    if len(desc) > MAX_DESC:
+        raise ValueError(
+            f"the query on {node.path!r} is too large to hand to the readers ({len(desc)} bytes pickled, at most "
+            f"{MAX_DESC}): pass large condvars as columns of the table instead"
+        )
+    return desc

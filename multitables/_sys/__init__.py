@@ -1,0 +1,1 @@
+"""What the operating system does to the library: signals."""

@@ -1,0 +1,274 @@
+"""multitables-benchmark: how fast multitables reads HDF5 from the disk, beside the disk itself and plain single-process reads.
+
+For every codec (``--complibs`` x ``--complevels``) it writes a file of random
+normal float32 rows of 1024 values (``--size`` GiB; incompressible noise, so
+the figures show decompression overhead only) and times, in the same run:
+
+* the raw read rate of the file with ``O_DIRECT`` (the disk ceiling);
+* one process reading it in order with each engine, as a user without this
+  library would (h5py ``read_direct``, PyTables ``read(out=)``), in blocks of
+  the size multitables uses;
+* multitables for ``n_procs`` = 1 .. ``--max_procs`` and the default
+  (``n_procs=None``), direct access and generator, with each engine;
+
+then a "small files" section: three tiny files read by default-``n_procs``
+multitables against the best single-process reader.
+
+Every pass reads the whole file once. Before it, the page cache is set up
+(``--cache``: ``direct`` = past the page cache: the chunk engine with
+``O_DIRECT``, the HDF5 readers with HDF5's direct driver where the installed
+HDF5 has it, else with their pages dropped; ``evict`` = drop the file's
+pages; ``warm`` = read the file into the cache; ``auto`` = direct where the
+installed HDF5 has the direct driver, else evict) and the file's resident fraction is
+measured (``mincore``) and printed; a pass meant to be cold that starts with
+more than 1% of the file resident is marked in every output. A figure is the
+median over ``--repeats`` of ``--cycles`` passes.
+
+Run ``multitables-benchmark --quick`` (small file, well under a minute) or
+``multitables-benchmark --file /disk/under/test/bench.h5`` (1 GiB).
+Progress goes to stderr, the report to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import asdict, replace
+from typing import Sequence
+
+from multitables_bench.cache_modes import resolve_cache
+from multitables_bench.machine import machine_info, usable_cpus, versions
+from multitables_bench.passes import measure
+from multitables_bench.plot import plot
+from multitables_bench.records import ENGINES, GiB, MODES, ROW_NBYTES, Context, Pass, Settings
+from multitables_bench.report import load_report, render_html, render_markdown, render_text, report_json, report_tables, summarize
+from multitables_bench.sections import run_sections
+
+SECTIONS = ("main", "training", "random")
+#: Rows of 1 KiB in the training / random-access file: 256 MiB (--quick: 16 MiB).
+SECTION_ROWS, QUICK_SECTION_ROWS = 1 << 18, 1 << 14
+CACHES = ("auto", "direct", "evict", "warm")
+DEFAULT_COMPLEVELS = (0, 3, 9)
+DEFAULT_COMPLIB = "blosc"
+#: --quick: a 32 MiB file (over multitables' 16 MiB in-process threshold, so readers do start).
+QUICK_SIZE_GIB = 1 / 32
+
+
+# ---------------------------------------------------------------------------
+# Options
+# ---------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="multitables-benchmark",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = parser.add_argument
+    add("--size", type=float, default=None, help="GiB of data in the generated file (default 1; --quick: 1/32)")
+    add("--cycles", type=int, default=None, help="passes through the file per repeat (default 1)")
+    add("--max_procs", type=int, default=None, help="largest n_procs measured (default: the usable CPUs; --quick: at most 2)")
+    add("--complib", default=None, help="one compression library (as the established benchmark); joins --complibs")
+    add("--complibs", nargs="+", default=None, help=f"compression libraries, PyTables names (default {DEFAULT_COMPLIB})")
+    add("--complevels", nargs="+", type=int, default=None, help="compression levels, 0-9 (default 0 3 9)")
+    add("--engines", nargs="+", default=list(ENGINES), choices=ENGINES, help="engines to decode with (default: both)")
+    add("--modes", nargs="+", default=list(MODES), choices=MODES, help="multitables access modes (default: both)")
+    add("--repeats", type=int, default=None, help="repeats per measurement; medians are quoted (default 3; --quick: 1)")
+    add("--cache", default="auto", choices=CACHES, help="how passes avoid (or use) the page cache (default: auto)")
+    add("--H5FD_DIRECT_OFF", dest="direct_off", action="store_true", help="never use HDF5's direct driver (auto then evicts)")
+    add("--file", default=None, help="where to write the benchmark file: on the disk under test (default: a temporary directory)")
+    add("--quick", action="store_true", help="a small file and one repeat: well under a minute (README, CI)")
+    add("--no-small-files", dest="small_files", action="store_false", help="skip the small-files section")
+    add("--json", metavar="PATH", default=None, help="write every raw time and the summary as JSON")
+    add("--markdown", metavar="PATH", nargs="?", const="-", default=None, help="write Markdown tables (no PATH: stdout)")
+    add("--html", metavar="PATH", nargs="?", const="-", default=None, help="write an HTML page (no PATH: stdout)")
+    add("--plot", metavar="PATH.png", default=None, help="plot MB/s against n_procs (needs matplotlib)")
+    add("--sections", nargs="+", default=["main"], choices=SECTIONS,
+        help="what to measure: main (streaming, the default), training (batches vs DataLoader), random (Reader vs h5py)")
+    add("--report-from", metavar="JSON", default=None, help="measure nothing: report the results of an earlier --json run")
+    return parser
+
+
+def parse_args(argv: "Sequence[str] | None" = None) -> Settings:
+    """Parse and check the command line; ``--quick`` fills in small defaults that explicit options override."""
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    quick = a.quick
+    complibs = tuple(dict.fromkeys(([a.complib] if a.complib else []) + (a.complibs or [])))
+    settings = Settings(
+        size_gib=a.size if a.size is not None else (QUICK_SIZE_GIB if quick else 1.0),
+        cycles=a.cycles if a.cycles is not None else 1,
+        max_procs=a.max_procs if a.max_procs is not None else (min(2, usable_cpus()) if quick else usable_cpus()),
+        complibs=complibs or (DEFAULT_COMPLIB,),
+        complevels=tuple(dict.fromkeys(a.complevels if a.complevels is not None else DEFAULT_COMPLEVELS)),
+        engines=tuple(dict.fromkeys(a.engines)),
+        modes=tuple(dict.fromkeys(a.modes)),
+        repeats=a.repeats if a.repeats is not None else (1 if quick else 3),
+        cache=a.cache,
+        direct_off=a.direct_off,
+        file=a.file,
+        quick=quick,
+        small_files=a.small_files,
+        json=a.json,
+        markdown=a.markdown,
+        html=a.html,
+        plot=a.plot,
+        report_from=a.report_from,
+        sections=tuple(dict.fromkeys(a.sections)),
+    )
+    problem = check_settings(settings)
+    if problem:
+        parser.error(problem)
+    return settings
+
+
+def check_settings(s: Settings) -> "str | None":
+    """What is wrong with ``s``, or None."""
+    import tables
+
+    if s.size_gib <= 0:
+        return f"--size must be positive, got {s.size_gib}"
+    for name, value in (("--cycles", s.cycles), ("--max_procs", s.max_procs), ("--repeats", s.repeats)):
+        if value < 1:
+            return f"{name} must be at least 1, got {value}"
+    bad_levels = [lvl for lvl in s.complevels if not 0 <= lvl <= 9]
+    if bad_levels:
+        return f"--complevels must be within 0-9, got {bad_levels}"
+    bad_libs = [lib for lib in s.complibs if lib not in tables.filters.all_complibs]
+    if bad_libs:
+        return f"unknown complib {bad_libs}; PyTables knows {', '.join(tables.filters.all_complibs)}"
+    if s.cache == "direct" and s.direct_off:
+        return "--cache direct and --H5FD_DIRECT_OFF contradict each other"
+    if s.file and not s.report_from:
+        if os.path.exists(s.file):
+            return f"--file {s.file} exists: the benchmark writes and then removes this file, so give a new path"
+        if not os.path.isdir(os.path.dirname(os.path.abspath(s.file))):
+            return f"--file {s.file}: no such directory"
+    if s.plot and not _matplotlib_available():
+        return "--plot needs matplotlib, which is not installed (pip install matplotlib)"
+    return None
+
+
+def _matplotlib_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+# ---------------------------------------------------------------------------
+# Entry point
+# ---------------------------------------------------------------------------
+
+
+def _write(path: str, text: str) -> None:
+    if path == "-":
+        sys.stdout.write("\n" + text)
+    else:
+        with open(path, "w") as f:
+            f.write(text)
+
+
+def _limit_threads() -> None:
+    """One decompression thread, so that "one process" means one core (multitables' readers do the same)."""
+    for var in ("BLOSC_NTHREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
+        os.environ[var] = "1"
+
+
+def _workdir(settings: Settings) -> tuple[str, str]:
+    """(directory for the small files, the benchmark file's path): the small files sit beside the big one."""
+    parent = os.path.dirname(os.path.abspath(settings.file)) if settings.file else None
+    workdir = tempfile.mkdtemp(prefix="multitables_bench_", dir=parent)
+    return workdir, os.path.abspath(settings.file) if settings.file else os.path.join(workdir, "bench.h5")
+
+
+def _check_space(directory: str, settings: Settings) -> None:
+    needed = int(settings.n_rows * ROW_NBYTES * 1.1) + (64 << 20)
+    free = shutil.disk_usage(directory).free
+    if free < needed:
+        raise SystemExit(f"multitables-benchmark: {directory} has {free / GiB:.1f} GiB free, the files need {needed / GiB:.1f}")
+
+
+def main(argv: "Sequence[str] | None" = None) -> None:
+    _limit_threads()
+    settings = parse_args(argv)
+    if settings.report_from:
+        report(settings)
+        return
+    extra = [name for name in settings.sections if name != "main"]
+    if extra:
+        measure_sections(settings, extra)
+        if "main" not in settings.sections:
+            return
+    workdir, main_path = _workdir(settings)
+    passes: list[Pass] = []
+
+    def log(msg: str) -> None:
+        from tqdm import tqdm
+
+        tqdm.write(msg, file=sys.stderr)
+
+    try:
+        _check_space(workdir, settings)
+        cache, cache_note = resolve_cache(settings, workdir)
+        log(f"cache: {cache_note}")
+        machine = machine_info(workdir)
+        notes: list[str] = []
+        if machine["file"].get("fstype") in ("tmpfs", "ramfs") and cache != "warm":
+            notes.append(f"the file is on {machine['file']['fstype']}, which lives in memory: no pass can read from a disk; "
+                         "use --file on the disk under test")
+            log("warning: " + notes[-1])
+        try:
+            measure(settings, workdir, main_path, cache, notes, log, passes)
+        except KeyboardInterrupt:
+            notes.append(f"interrupted after {len(passes)} passes: the figures are partial")
+            log(notes[-1])
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    machine["file"]["path"] = main_path
+    ctx = Context(settings, cache, cache_note, machine, versions(), tuple(notes))
+    emit(passes, ctx)
+
+
+def measure_sections(settings: Settings, sections: Sequence[str]) -> None:
+    """Run the training / random-access sections; print their Markdown tables (JSON beside ``--json``)."""
+    workdir, _ = _workdir(settings)
+    rows = QUICK_SECTION_ROWS if settings.quick else SECTION_ROWS
+    n_procs = settings.max_procs
+    try:
+        text, figures = run_sections(sections, workdir, rows, n_procs, settings.repeats, lambda m: print(m, file=sys.stderr))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    sys.stdout.write(text + "\n\n")
+    if settings.json:
+        with open(settings.json + ".sections.json", "w") as f:
+            json.dump([asdict(fig) for fig in figures], f, indent=1)
+
+
+def report(settings: Settings) -> None:
+    """Report an earlier run's JSON, to the outputs asked for now."""
+    passes, ctx = load_report(settings.report_from or "")
+    outputs = {k: getattr(settings, k) for k in ("json", "markdown", "html", "plot")}
+    emit(passes, replace(ctx, settings=replace(ctx.settings, **outputs)))
+
+
+def emit(passes: Sequence[Pass], ctx: Context) -> None:
+    """Print the text report; write the JSON, Markdown, HTML and plot asked for."""
+    s = ctx.settings
+    results = summarize(passes)
+    tables = report_tables(results, ctx)
+    sys.stdout.write(render_text(tables, ctx))
+    if s.markdown:
+        _write(s.markdown, render_markdown(tables, ctx))
+    if s.html:
+        _write(s.html, render_html(tables, ctx))
+    if s.json:
+        with open(s.json, "w") as f:
+            json.dump(report_json(passes, results, ctx), f, indent=1)
+    if s.plot:
+        plot(results, ctx, s.plot)
+

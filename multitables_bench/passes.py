@@ -1,0 +1,139 @@
+"""Timing passes: one whole read of a file by one reader, the page cache set up first; which jobs a run times.
+
+:func:`measure` writes each file in turn, times every job on it
+(:func:`main_jobs` on the benchmark file, :func:`small_jobs` on the small
+files) and removes it.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from multitables_bench.cache_modes import prepare_cache
+from multitables_bench.files import write_file
+from multitables_bench.readers import engine_can_read, probe_multitables, read_multitables, read_odirect, read_single
+from multitables_bench.records import SMALL_FILES, Pass, Reader, Settings, Target, single_engines
+
+#: Small-file passes take milliseconds, and one disk request more or less moves a figure by 10-20%:
+#: at least this many repeats (a median of 15 still moved a ratio by 5-10% from run to run).
+SMALL_MIN_REPEATS = 41
+#: ... and in a --quick run, which must stay well under a minute.
+QUICK_SMALL_REPEATS = 15
+
+
+@dataclass(frozen=True)
+class Job:
+    """A reader on a target, with what the pass records besides its time."""
+
+    target: Target
+    reader: Reader
+    n_procs_used: "int | None" = None
+    block_size: "int | None" = None
+
+
+def time_pass(job: Job, cache: str, repeat: int, cycle: int, log: Callable[[str], None]) -> Pass:
+    """Set the cache up, measure residency, read the whole file once, timed with ``perf_counter``."""
+    from tqdm import tqdm
+
+    target, reader = job.target, job.reader
+    resident = prepare_cache(target.path, cache)
+    # The garbage of the pass before (PyTables leaves many objects) is collected
+    # now, not charged to whichever reader runs next, which on the small files
+    # made the pass after a PyTables one measurably slower.
+    gc.collect()
+    desc = f"{target.key} {target.codec.label} {reader.label} [{resident:.1%} cached]"
+    n_procs_used = job.n_procs_used
+    if reader.kind == "odirect":
+        nbytes = os.path.getsize(target.path)
+        with tqdm(total=nbytes, desc=desc, unit="B", unit_scale=True, leave=False) as bar:
+            seconds = nbytes / read_odirect(target, bar.update)
+    else:
+        with tqdm(total=target.n_rows, desc=desc, unit="row", unit_scale=True, leave=False) as bar:
+            used: list[int] = []
+            t0 = time.perf_counter()
+            if reader.kind == "single":
+                rows = read_single(target, reader, cache, job.block_size or 1, bar.update)
+            else:
+                rows = read_multitables(target, reader, cache, bar.update, used)
+            seconds = time.perf_counter() - t0
+        if rows != target.n_rows:
+            raise RuntimeError(f"{reader.label} read {rows} rows of {target.path}, which has {target.n_rows}")
+        nbytes = target.data_nbytes
+        if used:
+            n_procs_used = used[0]
+    p = Pass(target.key, target.codec, reader, repeat, cycle, cache, resident, seconds, nbytes, n_procs_used, job.block_size)
+    flag = "  WARM START" if p.warm_start else ""
+    log(f"{desc} repeat {repeat + 1} cycle {cycle + 1}: {p.seconds:.3f} s, {p.mb_per_s:,.0f} MB/s{flag}")
+    return p
+
+
+def run_jobs(
+    jobs: Sequence[Job], cache: str, repeats: int, cycles: int, log: Callable[[str], None], passes: "list[Pass] | None" = None
+) -> list[Pass]:
+    """Every job ``repeats`` x ``cycles`` times, appended to ``passes`` (returned).
+
+    Repeats are interleaved (every job once, then again) so that slow drift on the machine touches every job alike.
+    """
+    passes = [] if passes is None else passes
+    for r in range(repeats):
+        for job in jobs:
+            passes += [time_pass(job, cache, r, c, log) for c in range(cycles)]
+    return passes
+
+
+def main_jobs(target: Target, settings: Settings, cache: str, notes: list[str]) -> list[Job]:
+    """The O_DIRECT read, the single-process readers and multitables (1..max_procs and default) on the benchmark file."""
+    jobs = [Job(target, Reader("odirect"))]
+    engines = []
+    for engine in settings.engines:
+        problem = engine_can_read(target.path, engine)
+        if problem:
+            notes.append(f"{target.codec.label}: {engine} cannot decode the file here, skipped ({problem})")
+        else:
+            engines.append(engine)
+    _, default_block = probe_multitables(target, "auto", None, cache)
+    singles = single_engines(settings.engines)
+    jobs += [Job(target, Reader("single", e), block_size=default_block) for e in singles if not engine_can_read(target.path, e)]
+    for engine in engines:
+        for n_procs in [*range(1, settings.max_procs + 1), None]:
+            used, block = probe_multitables(target, engine, n_procs, cache)
+            jobs += [Job(target, Reader("multitables", engine, mode, n_procs), used, block) for mode in settings.modes]
+    return jobs
+
+
+def small_repeats(settings: Settings) -> int:
+    """Repeats for the small files: --repeats, but at least SMALL_MIN_REPEATS (QUICK_SMALL_REPEATS with --quick)."""
+    return max(settings.repeats, QUICK_SMALL_REPEATS if settings.quick else SMALL_MIN_REPEATS)
+
+
+def small_jobs(target: Target, settings: Settings, cache: str) -> list[Job]:
+    """Single-process readers and default multitables (engine auto) on a small file."""
+    used, block = probe_multitables(target, "auto", None, cache)
+    jobs = [Job(target, Reader("single", engine), block_size=block) for engine in single_engines(settings.engines)]
+    return jobs + [Job(target, Reader("multitables", "auto", mode, None), used, block) for mode in settings.modes]
+
+
+def measure(
+    settings: Settings, workdir: str, main_path: str, cache: str, notes: list[str], log: Callable[[str], None], passes: list[Pass]
+) -> None:
+    """Write each file in turn, run its jobs, remove it; every pass is appended to ``passes`` as it ends."""
+    try:
+        for codec in settings.codecs:
+            target = Target("main", main_path, codec, settings.n_rows)
+            write_file(target.path, target.n_rows, codec)
+            run_jobs(main_jobs(target, settings, cache, notes), cache, settings.repeats, settings.cycles, log, passes)
+        if settings.small_files:
+            repeats = small_repeats(settings)
+            for small in SMALL_FILES:
+                path = os.path.join(workdir, f"{small.key}.h5")
+                target = Target(small.key, path, settings.small_codec, small.n_rows, small.chunk_rows)
+                write_file(target.path, target.n_rows, target.codec, small.chunk_rows)
+                run_jobs(small_jobs(target, settings, cache), cache, repeats, settings.cycles, log, passes)
+                os.remove(target.path)
+    finally:
+        if os.path.exists(main_path):
+            os.remove(main_path)

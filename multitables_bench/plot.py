@@ -1,0 +1,64 @@
+"""The ``--plot`` figure: MB/s against n_procs (needs matplotlib)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from multitables_bench.records import Codec, Context, Reader, Result, Settings, make_codec
+from multitables_bench.report import best_single, find_result
+
+
+def plot(results: Sequence[Result], ctx: Context, path: str) -> None:
+    """MB/s against n_procs, one panel per (complib, complevel), with the disk and single-process ceilings drawn in."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    s = ctx.settings
+    rows, cols = len(s.complibs), len(s.complevels)
+    fig, axes = plt.subplots(rows, cols, figsize=(max(6.0, 4.5 * cols), 3.6 * rows + 0.6), squeeze=False, sharex=True)
+    xs = list(range(1, s.max_procs + 1))
+    for i, complib in enumerate(s.complibs):
+        for j, level in enumerate(s.complevels):
+            _plot_panel(axes[i][j], results, make_codec(complib, level), s, xs)
+    handles, _ = axes[0][0].get_legend_handles_labels()
+    handles += [
+        Line2D([], [], marker="*", linestyle="", color="grey", markersize=10, label="default n_procs"),
+        Line2D([], [], marker="x", linestyle="", color="red", markersize=8, label="started warm (>1% cached)"),
+    ]
+    axes[0][0].legend(handles=handles, fontsize=7, loc="best")
+    fig.suptitle(f"multitables: MB/s against n_procs (cache: {ctx.cache})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _plot_panel(ax: Any, results: Sequence[Result], codec: Codec, s: Settings, xs: list[int]) -> None:
+    odirect = find_result(results, "main", codec, Reader("odirect"))
+    best = best_single(results, "main", codec)
+    if odirect is not None:
+        ax.axhline(odirect.mb_per_s, color="black", linestyle="--", linewidth=1, label="disk (O_DIRECT)")
+    if best is not None:
+        ax.axhline(best.mb_per_s, color="grey", linestyle=":", linewidth=1.5, label=f"best 1 process ({best.reader.engine})")
+    for engine in s.engines:
+        for mode in s.modes:
+            found = [find_result(results, "main", codec, Reader("multitables", engine, mode, n)) for n in xs]
+            pts = [(x, r) for x, r in zip(xs, found) if r is not None]
+            if not pts:
+                continue
+            line = ax.plot([x for x, _ in pts], [r.mb_per_s for _, r in pts], marker="o", label=f"{engine} {mode}")[0]
+            warm = [(x, r.mb_per_s) for x, r in pts if r.warm_start]
+            if warm:
+                ax.scatter(*zip(*warm), marker="x", s=80, color="red", zorder=3)
+            default = find_result(results, "main", codec, Reader("multitables", engine, mode, None))
+            if default is not None and default.n_procs_used:
+                ax.scatter([default.n_procs_used], [default.mb_per_s], marker="*", s=120, color=line.get_color(), zorder=3)
+    ax.set_title("uncompressed" if codec.complevel == 0 else f"{codec.complib} level {codec.complevel}", fontsize=9)
+    ax.set_xlabel("n_procs")
+    ax.set_ylabel("MB/s")
+    ax.set_xticks(xs)
+    ax.set_ylim(bottom=0)
+
+

@@ -1,7 +1,8 @@
 """A/B of the streaming path between two checkouts, page cache warm, alternating runs in one session.
 
 Times one whole pass of ``get_queue`` (direct access) and ``get_generator``
-over a 1 GiB zlib-3 file of random normal float32 rows, with each checkout in
+over a 1 GiB zlib-3 file of random normal float32 rows (``--engine``, default
+the chunk engine; ``--n_procs``, default 2), with each checkout in
 turn (a fresh interpreter each, ``PYTHONPATH`` set to the checkout), so that
 the host's drift hits both alike. Prints each run and the medians.
 
@@ -18,8 +19,8 @@ import sys
 
 PASS = r"""
 import sys, time, multitables
-path, mode, n_procs = sys.argv[1], sys.argv[2], int(sys.argv[3])
-stream = multitables.Streamer(path, engine="chunks")
+path, mode, n_procs, engine = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+stream = multitables.Streamer(path, engine=engine)
 t = time.perf_counter()
 if mode == "direct":
     with stream.get_queue("/data", n_procs=n_procs) as q:
@@ -51,6 +52,7 @@ def main() -> None:
     p.add_argument("--b", required=True, help="checkout B")
     p.add_argument("--runs", type=int, default=7)
     p.add_argument("--n_procs", type=int, default=2)
+    p.add_argument("--engine", default="chunks", help="the engine the readers decode with")
     args = p.parse_args()
     if not os.path.exists(args.file):
         make(args.file, 262_144)
@@ -62,7 +64,7 @@ def main() -> None:
             for label, root in (("A", args.a), ("B", args.b)):
                 env = dict(os.environ, PYTHONPATH=os.path.abspath(root))
                 out = subprocess.run(
-                    [sys.executable, "-c", PASS, args.file, mode, str(args.n_procs)],
+                    [sys.executable, "-c", PASS, args.file, mode, str(args.n_procs), args.engine],
                     env=env, capture_output=True, text=True, check=True,
                 )
                 t = float(out.stdout.strip().splitlines()[-1])

@@ -16,7 +16,7 @@ NOTE [lent blocks]
     The last block of a pass is always copied: after the loop its last
     row is still bound, and should not hold the ring. Rows the caller
     still holds when the ring closes stay valid: their slots are moved
-    to private memory then (NOTE [segment lifetime] in ``_shm``).
+    to private memory then (NOTE [segment lifetime] in ``_shm.segment``).
 """
 
 from __future__ import annotations

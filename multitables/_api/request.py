@@ -50,7 +50,7 @@ class Request:
     Index errors (out of range, too many indices, a missing column) are
     raised when the request is made. A request can be submitted any number
     of times, and indexed again: each step applies to the result of the one
-    before (NOTE [chained keys] in ``_request``).
+    before (NOTE [chained keys] in ``_plan.requests``).
 
     Attributes
     ----------

@@ -207,11 +207,11 @@ class WorkerPool:
         while True:
             with self._lock:
                 self._drain(0.0)
-                for i in sorted(self._own):
-                    return self._own[i]
-                for i in sorted(self.ended):
-                    if self.ended[i][2] is not None:
-                        return self.ended[i][2]
+                if self._own:
+                    return self._own[min(self._own)]
+                reported = [report for _pid, _code, report in self.ended.values() if report is not None]
+                if reported:
+                    return reported[0]
                 if not self._listening or time.monotonic() > deadline:
                     return None
                 self._drain(TICK)

@@ -34,7 +34,7 @@ NOTE [ring protocol]
     (``release`` is a no-op on a stopped ring), so a process that died holding
     the lock cannot block the end. A reader that fails sets the *error flag*
     and releases ``ready`` to wake the consumer, *then* sends its report (NOTE
-    [failure reports] in ``_readers``).
+    [failure reports] in ``_procs.pool``).
 """
 
 from __future__ import annotations

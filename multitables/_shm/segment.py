@@ -8,7 +8,7 @@ NOTE [segment lifetime]
     the owner then unlinks the name at once: the mappings keep working, and
     from then on a SIGKILL of every process involved leaves nothing in
     /dev/shm. If the owner dies before it could unlink, each reader unlinks
-    the name when it notices (NOTE [shutdown] in ``_readers``); the name is
+    the name when it notices (NOTE [shutdown] in ``_procs.pool``); the name is
     also registered with multiprocessing's resource tracker until the unlink,
     as a last safety net only. A consumer SIGKILLed between creating a name
     and registering it leaves the name behind: the next process to create a

@@ -4,7 +4,7 @@ The consumer decides what Ctrl-C does; readers and workers ignore it, from
 their first instruction (:func:`sigint_held_for_children`,
 :func:`ignore_sigint`), and the consumer holds it back while it creates a
 shared-memory segment (:func:`sigint_deferred`, NOTE [creation window] in
-``_shm``).
+``_shm.segment``).
 """
 
 from __future__ import annotations

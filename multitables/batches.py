@@ -1,8 +1,8 @@
 """Batches for training loops: rows of several datasets in lock-step, shuffled, sharded and resumable.
 
-Which rows go where is planned in :mod:`multitables._epoch` (pure; see NOTE
+Which rows go where is planned in :mod:`multitables._plan.epoch` (pure; see NOTE
 [epoch plan] there). This module executes a plan: one ordered queue per
-dataset over the same :class:`~multitables._plan.RangePlan`, so block ``k`` of
+dataset over the same :class:`~multitables._plan.blocks.RangePlan`, so block ``k`` of
 every queue holds the same rows; the blocks of a shuffle window are copied
 out of their slots into a buffer this object owns, and each batch is
 gathered from it in the window's permuted order into fresh arrays that
@@ -44,8 +44,9 @@ __all__ = ["Batches"]
 #: given (two such buffers are alive at once; see NOTE [window pipelining]).
 WINDOW_BYTES = 256 * MiB
 
-#: A batch: one array per dataset, or a single array when one path was given.
-Batch = Union[np.ndarray, tuple[np.ndarray, ...]]
+#: A batch: one array per dataset, a single array when one path was given, or
+#: one array per column (a dict) with ``fields``.
+Batch = Union[np.ndarray, tuple[np.ndarray, ...], dict[str, np.ndarray]]
 
 #: Keys of :meth:`Batches.state_dict` that fix the order of an epoch: a state
 #: only loads into batches that agree on all of them.
@@ -104,6 +105,42 @@ def split_readers(nbytes: Sequence[int], pays: Sequence[bool], n_procs: "int | N
     return out
 
 
+def _check_fields(
+    paths: list[str], single: bool, field: Any, fields: Any
+) -> "tuple[str | None, list[str] | None]":
+    """``(field, columns)`` as given, checked: at most one of them, and only with one path."""
+    if field is None and fields is None:
+        return None, None
+    if field is not None and fields is not None:
+        raise ValueError("give field= (one column, as an array) or fields= (columns, as a dict), not both")
+    if not single:
+        raise ValueError(
+            f"field= and fields= select columns of one table; give one path (a string), not {len(paths)} paths"
+        )
+    if field is not None:
+        if not isinstance(field, str):
+            raise TypeError(f"field must be a str naming a column, not {type(field).__name__}")
+        return field, None
+    if isinstance(fields, str) or not all(isinstance(f, str) for f in fields):
+        raise TypeError(f"fields must be a sequence of column names (str), not {fields!r}")
+    columns = list(fields)
+    if not columns:
+        raise ValueError("fields is empty; give at least one column")
+    if len(set(columns)) != len(columns):
+        raise ValueError(f"fields names a column twice: {columns}")
+    return None, columns
+
+
+def _check_columns(node: Any, columns: list[str]) -> None:
+    """``KeyError`` naming the table's columns unless every one of ``columns`` is one of them."""
+    names = node.dtype.names
+    if names is None:
+        raise KeyError(f"fields={columns!r} given, but {node.path!r} in {node.filename!r} is not a table (its rows have no fields)")
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise KeyError(f"{node.path!r} in {node.filename!r} has no column {', '.join(map(repr, missing))}; its columns: {list(names)}")
+
+
 class Batches:
     """Batches of rows of one or more datasets of equal length, for training loops.
 
@@ -156,6 +193,14 @@ class Batches:
     read_ahead : int, optional
         Slots in each dataset's ring (see :meth:`Streamer.get_queue
         <multitables.Streamer.get_queue>`).
+    field : str, optional
+        With one path, a table (or compound dataset): batches of this column
+        only, one array each, as :meth:`Streamer.get_queue
+        <multitables.Streamer.get_queue>`'s ``field``.
+    fields : sequence of str, optional
+        With one path, a table: batches as a dict of one array per column,
+        in this order. The table's rows are read once and the columns copied
+        out of each batch, each into an array of its own.
     """
 
     def __init__(
@@ -173,11 +218,14 @@ class Batches:
         block_size: "int | None" = None,
         window: "int | None" = None,
         read_ahead: "int | None" = None,
+        field: "str | None" = None,
+        fields: "Sequence[str] | None" = None,
     ) -> None:
         self._single = isinstance(paths, (str, os.PathLike))
         path_list = [os.fspath(paths)] if self._single else [os.fspath(p) for p in paths]  # type: ignore[arg-type]
         if not path_list:
             raise ValueError("paths is empty; give at least one dataset")
+        self._field, self._columns = _check_fields(path_list, self._single, field, fields)
         batch_size = check_int("batch_size", batch_size, 1, allow_none=False)  # type: ignore[assignment]
         shuffle = check_bool("shuffle", shuffle)
         drop_last = check_bool("drop_last", drop_last)
@@ -188,7 +236,9 @@ class Batches:
         self._read_ahead = check_int("read_ahead", read_ahead, 2)
         self._rank, world = _rank_and_world(rank, world_size)
 
-        nodes = [inspect_node(stream.filename, p) for p in path_list]
+        nodes = [inspect_node(stream.filename, p, self._field) for p in path_list]
+        if self._columns is not None:
+            _check_columns(nodes[0], self._columns)
         lengths = {n.n_rows for n in nodes}
         if len(lengths) > 1:
             listing = ", ".join(f"{p!r} has {n.n_rows}" for p, n in zip(path_list, nodes))
@@ -347,6 +397,13 @@ class Batches:
             self._buffers = [[np.empty((rows,) + n.row_shape, n.dtype) for n in self._nodes] for _ in range(2)]
         return self._buffers
 
+    def _deliver(self, arrays: list[np.ndarray]) -> Batch:
+        """A batch as the caller asked for it: one array, a tuple of them, or a dict of columns."""
+        if self._columns is not None:
+            # A column of a record array is a strided view: each gets memory of its own.
+            return {name: np.ascontiguousarray(arrays[0][name]) for name in self._columns}
+        return arrays[0] if self._single else tuple(arrays)
+
     def _stop_active(self) -> None:
         active, self._active = self._active, None
         if active is not None:
@@ -373,7 +430,7 @@ class Batches:
                 for path, n in zip(self._paths, self._readers):
                     # In-process reading needs two buffers at most: one held, one being read.
                     read_ahead = self._read_ahead or (2 if n == 0 else None)
-                    queues.append(self._stream.options.queue_for_plan(path, ranges, n, read_ahead))
+                    queues.append(self._stream.options.queue_for_plan(path, ranges, n, read_ahead, field=self._field))
                 source: "Windows"
                 if s.shuffle:
                     source = ShuffledWindows(plan, w0, queues, self._window_buffers(), s.batch_size)
@@ -385,14 +442,13 @@ class Batches:
             for arrays in cut(source, skip, s.batch_size):
                 k += 1
                 self._batch = k
-                yield arrays[0] if self._single else tuple(arrays)
+                yield self._deliver(arrays)
             for queue in queues:  # the readers are done: stop them before the empty batches
                 queue.close()
             while k < s.n_batches:  # see NOTE [epoch plan]: empty last batches
                 k += 1
                 self._batch = k
-                empty = [np.empty((0,) + n.row_shape, n.dtype) for n in self._nodes]
-                yield empty[0] if self._single else tuple(empty)
+                yield self._deliver([np.empty((0,) + n.row_shape, n.dtype) for n in self._nodes])
             self._epoch, self._batch = epoch + 1, 0
         finally:
             for queue in queues:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import textwrap
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -322,6 +323,87 @@ def test_tables_work_too(table_file) -> None:
     assert got.dtype == rows.dtype
     np.testing.assert_array_equal(np.sort(got["a"]), rows["a"])
     np.testing.assert_array_equal(got["b"], got["a"] * 0.5)
+
+
+@pytest.mark.parametrize("n_procs", [0, 2], ids=["in-process", "readers"])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_a_column_or_columns_of_a_table_come_in_the_order_of_its_rows(table_file, n_procs: int, shuffle: bool) -> None:
+    path, rows = table_file
+    stream = multitables.Streamer(path)
+    kw = dict(batch_size=48, seed=5, shuffle=shuffle, n_procs=n_procs, block_size=64)
+    whole = list(stream.get_batches("/table", **kw))
+    one = list(stream.get_batches("/table", field="v", **kw))
+    several = list(stream.get_batches("/table", fields=["b", "a"], **kw))
+    assert len(whole) == len(one) == len(several) == -(-len(rows) // 48)
+    for records, column, columns in zip(whole, one, several):
+        np.testing.assert_array_equal(column, records["v"])  # the same rows, in the same order
+        assert column.shape == (len(records), 3) and column.dtype == np.float32
+        assert list(columns) == ["b", "a"]  # the order asked for
+        for name, array in columns.items():
+            np.testing.assert_array_equal(array, records[name])
+            assert array.flags.c_contiguous and array.flags.writeable and array.base is None  # each its own memory
+    np.testing.assert_array_equal(np.sort(np.concatenate([c["a"] for c in several])), rows["a"])
+
+
+def test_columns_resume_where_they_stopped(table_file) -> None:
+    path, _rows = table_file
+    stream = multitables.Streamer(path)
+    b = stream.get_batches("/table", batch_size=100, seed=1, fields=["a"], n_procs=0)
+    first = [next(iter(b))["a"] for _ in range(1)]
+    state = b.state_dict()
+    rest = [batch["a"] for batch in stream.get_batches("/table", batch_size=100, seed=1, fields=["a"], n_procs=0)][1:]
+    again = stream.get_batches("/table", batch_size=100, seed=1, fields=["a"], n_procs=0)
+    again.load_state_dict(state)
+    resumed = [batch["a"] for batch in again]
+    assert len(resumed) == len(rest)
+    for x, y in zip(resumed, rest):
+        np.testing.assert_array_equal(x, y)
+    assert not set(np.concatenate(resumed)) & set(first[0])
+
+
+@pytest.mark.parametrize(
+    "paths, kwargs, error, match",
+    [
+        ("/table", dict(field="a", fields=["b"]), ValueError, "not both"),
+        (["/table"], dict(field="a"), ValueError, "one path"),
+        ("/table", dict(fields="a"), TypeError, "sequence of column names"),
+        ("/table", dict(fields=[]), ValueError, "empty"),
+        ("/table", dict(fields=["a", "a"]), ValueError, "twice"),
+        ("/table", dict(fields=["a", "nope"]), KeyError, "no column 'nope'; its columns: \\['a', 'b', 'v'\\]"),
+        ("/table", dict(field="nope"), KeyError, "nope"),
+        ("/table", dict(field=3), TypeError, "field must be a str"),
+    ],
+)
+def test_bad_columns_are_refused_before_anything_starts(table_file, paths, kwargs: dict, error: type, match: str) -> None:
+    path, _rows = table_file
+    with pytest.raises(error, match=match):
+        multitables.Streamer(path).get_batches(paths, batch_size=10, **kwargs)
+
+
+def test_the_columns_snippet_of_the_training_docs_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+
+    import tables
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "training.rst").read_text()
+    section = text[text.index("Columns of a table") :]
+    snippet = re.search(r"\.\. code-block:: python\n\n((?:   .*\n|\n)+)", section).group(1)  # type: ignore[union-attr]
+    rows = np.zeros(1000, [("image", "u1", (8, 8)), ("label", "<i8")])
+    rows["label"] = np.arange(1000)
+    rows["image"] = (np.arange(1000) % 256).astype("u1")[:, None, None]
+    monkeypatch.chdir(tmp_path)
+    with tables.open_file("samples.h5", "w") as f:
+        f.create_table("/", "samples", rows, filters=tables.Filters(3, "zlib"))
+    scope: dict = {}
+    exec(textwrap.dedent(snippet), scope)
+    assert scope["images"].shape == (1000 % 256, 8, 8) and scope["images"].dtype == np.uint8
+    np.testing.assert_array_equal(scope["images"][:, 0, 0], scope["labels"] % 256)
+    assert sorted(np.concatenate(list(scope["labels_only"])).tolist()) == list(range(1000))
+
+
+def test_fields_of_an_array_without_columns_are_refused(data_file) -> None:
+    with pytest.raises(KeyError, match="not a table"):
+        multitables.Streamer(data_file(100)).get_batches("/X", batch_size=10, fields=["a"])
 
 
 BIG = 1 << 30

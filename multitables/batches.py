@@ -201,6 +201,12 @@ class Batches:
         With one path, a table: batches as a dict of one array per column,
         in this order. The table's rows are read once and the columns copied
         out of each batch, each into an array of its own.
+    epochs : int or None
+        Epochs one iteration runs through, from the current position (the
+        rest of the current epoch counts as one). ``None``: endless, for
+        step-based training: epoch follows epoch, each with its own seeded
+        order, until the loop stops; :meth:`state_dict` records the epoch,
+        the batch in it, and the ``step`` (batches since epoch 0 began).
     """
 
     def __init__(
@@ -220,6 +226,7 @@ class Batches:
         read_ahead: "int | None" = None,
         field: "str | None" = None,
         fields: "Sequence[str] | None" = None,
+        epochs: "int | None" = 1,
     ) -> None:
         self._single = isinstance(paths, (str, os.PathLike))
         path_list = [os.fspath(paths)] if self._single else [os.fspath(p) for p in paths]  # type: ignore[arg-type]
@@ -234,6 +241,7 @@ class Batches:
         block_size = check_int("block_size", block_size, 1)
         window = check_int("window", window, 1)
         self._read_ahead = check_int("read_ahead", read_ahead, 2)
+        self._epochs = check_int("epochs", epochs, 1)
         self._rank, world = _rank_and_world(rank, world_size)
 
         nodes = [inspect_node(stream.filename, p, self._field) for p in path_list]
@@ -352,6 +360,7 @@ class Batches:
         return {
             "epoch": self._epoch,
             "batch": self._batch,
+            "step": self._epoch * s.n_batches + self._batch,
             "rank": self.rank,
             **{key: getattr(s, key) for key in _ORDER_KEYS},
         }
@@ -412,11 +421,18 @@ class Batches:
     # -- iteration -----------------------------------------------------------
 
     def __iter__(self) -> Iterator[Batch]:
-        """The batches left in the current epoch; at its end, the position moves to the next epoch."""
+        """The batches left in the current epoch (and ``epochs - 1`` more, or endless); each epoch's end moves the position on."""
         self._stop_active()  # an older iteration ends here: its position is this one's start
-        it = self._iterate(self._epoch, self._batch)
+        it = self._iterate(self._epoch, self._batch) if self._epochs == 1 else self._run_epochs(self._epochs)
         self._active = it
         return it
+
+    def _run_epochs(self, epochs: "int | None") -> Iterator[Batch]:
+        """``epochs`` epochs (None: endless) from the current position, each in its own order."""
+        done = 0
+        while epochs is None or done < epochs:
+            yield from self._iterate(self._epoch, self._batch)
+            done += 1
 
     def _iterate(self, epoch: int, start: int) -> Iterator[Batch]:
         s = self._settings

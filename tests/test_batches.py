@@ -406,6 +406,79 @@ def test_fields_of_an_array_without_columns_are_refused(data_file) -> None:
         multitables.Streamer(data_file(100)).get_batches("/X", batch_size=10, fields=["a"])
 
 
+@pytest.mark.parametrize("n_procs", [0, 2], ids=["in-process", "readers"])
+def test_endless_epochs_follow_each_other_each_in_its_own_order(data_file, n_procs: int) -> None:
+    stream = multitables.Streamer(data_file(500))
+    kw = dict(batch_size=64, seed=3, n_procs=n_procs)
+    one = stream.get_batches(["/X", "/y"], **kw)
+    per_epoch = len(one)
+    expected = []
+    for epoch in range(3):  # what set_epoch gives, epoch by epoch
+        one.set_epoch(epoch)
+        expected.extend(epoch_rows(one))
+    endless = stream.get_batches(["/X", "/y"], epochs=None, **kw)
+    got = []
+    for step, (_x, y) in enumerate(endless):
+        got.append(y.copy())
+        if step + 1 == 3 * per_epoch:
+            break
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected):
+        np.testing.assert_array_equal(a, b)
+    assert endless.state_dict()["epoch"] == 2 and endless.state_dict()["step"] == 3 * per_epoch
+    for e in range(3):  # every row once per epoch, and a new order each epoch
+        rows = np.concatenate(got[e * per_epoch : (e + 1) * per_epoch])
+        assert sorted(rows.tolist()) == list(range(500))
+    assert not np.array_equal(np.concatenate(got[:per_epoch]), np.concatenate(got[per_epoch : 2 * per_epoch]))
+
+
+def test_a_step_based_run_resumes_mid_epoch_with_the_next_step(data_file) -> None:
+    stream = multitables.Streamer(data_file(300))
+    kw = dict(batch_size=32, seed=9, epochs=None, n_procs=0)
+    reference = []
+    for step, (_x, y) in enumerate(stream.get_batches(["/X", "/y"], **kw)):
+        reference.append(y.copy())
+        if step == 24:
+            break
+    first = stream.get_batches(["/X", "/y"], **kw)
+    for step, _batch in enumerate(first):
+        if step == 14:
+            break
+    state = json.loads(json.dumps(first.state_dict()))  # a checkpoint survives JSON
+    assert state["epoch"] == 1 and state["step"] == 15 and state["batch"] == 15 - len(first)
+    resumed = stream.get_batches(["/X", "/y"], **kw)
+    resumed.load_state_dict(state)
+    for step, (_x, y) in enumerate(resumed, start=15):
+        np.testing.assert_array_equal(y, reference[step])
+        if step == 24:
+            break
+
+
+def test_the_step_based_snippet_of_the_training_docs_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "training.rst").read_text()
+    section = text[text.index("Step-based training") :]
+    snippet = re.search(r"\.\. code-block:: python\n\n((?:   .*\n|\n)+)", section).group(1)  # type: ignore[union-attr]
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "train.h5", 3000, 64)
+    scope: dict = {}
+    exec(textwrap.dedent(snippet), scope)
+    state = scope["checkpoint"]
+    assert state["step"] == 1000 and state["epoch"] == 1000 // len(scope["batches"])
+
+
+def test_a_given_number_of_epochs_runs_that_many_then_stops(data_file) -> None:
+    stream = multitables.Streamer(data_file(200))
+    b = stream.get_batches(["/X", "/y"], batch_size=64, seed=0, epochs=3, n_procs=0)
+    assert len(list(b)) == 3 * len(b)
+    assert b.state_dict()["epoch"] == 3 and b.state_dict()["batch"] == 0
+    with pytest.raises(ValueError, match="epochs must be at least 1"):
+        stream.get_batches(["/X", "/y"], batch_size=64, epochs=0)
+    with pytest.raises(TypeError, match="epochs must be an int or None"):
+        stream.get_batches(["/X", "/y"], batch_size=64, epochs=2.5)
+
+
 BIG = 1 << 30
 
 

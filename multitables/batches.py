@@ -33,6 +33,7 @@ from ._api.windows import BlockWindows, NoWindows, ShuffledWindows, Windows, cut
 from ._plan.epoch import EpochSettings
 from ._io.node import inspect_node
 from ._plan.blocks import MiB, RangePlan, available_cpus, default_block_size, parallel_pays
+from ._plan.subset import default_subset_block, piece_spans, subset_key, subset_rows
 
 if TYPE_CHECKING:
     from ._api.queue import Queue
@@ -201,6 +202,13 @@ class Batches:
         With one path, a table: batches as a dict of one array per column,
         in this order. The table's rows are read once and the columns copied
         out of each batch, each into an array of its own.
+    indices : integer array, slice or boolean mask, optional
+        Train on these rows only (a train/validation split, a class subset):
+        an epoch holds each of them once, shuffled and sharded as a whole
+        dataset of that many rows would be. Rows are named once each (numpy's
+        negative indices count from the end). Rows between them are read
+        and dropped where they share a block (NOTE [subsets] in
+        ``multitables._plan.subset``).
     epochs : int or None
         Epochs one iteration runs through, from the current position (the
         rest of the current epoch counts as one). ``None``: endless, for
@@ -226,6 +234,7 @@ class Batches:
         read_ahead: "int | None" = None,
         field: "str | None" = None,
         fields: "Sequence[str] | None" = None,
+        indices: Any = None,
         epochs: "int | None" = 1,
     ) -> None:
         self._single = isinstance(paths, (str, os.PathLike))
@@ -251,13 +260,18 @@ class Batches:
         if len(lengths) > 1:
             listing = ", ".join(f"{p!r} has {n.n_rows}" for p, n in zip(path_list, nodes))
             raise ValueError(f"datasets read together need the same number of rows: {listing}")
-        n_rows = nodes[0].n_rows
+        file_rows = nodes[0].n_rows
+        self._subset = subset_rows(indices, file_rows) if indices is not None else None
+        n_rows = file_rows if self._subset is None else len(self._subset)
         main = max(nodes, key=lambda n: n.row_nbytes)
         if block_size is None:
             # One reader as the default's n_procs: the order must not depend on the machine.
-            block_size = default_block_size(n_rows, main.row_nbytes, main.chunk_rows, 1)
+            block_size = default_block_size(file_rows, main.row_nbytes, main.chunk_rows, 1)
+            if self._subset is not None:
+                block_size = default_subset_block(block_size, n_rows, file_rows)
         elif block_size > n_rows:
-            raise ValueError(f"block_size={block_size} is larger than the datasets, which have {n_rows} rows")
+            what = "the datasets, which have" if self._subset is None else "the subset, which has"
+            raise ValueError(f"block_size={block_size} is larger than {what} {n_rows} rows")
         if window is None:
             row_nbytes = max(1, sum(n.row_nbytes for n in nodes))
             window = max(1, WINDOW_BYTES // (block_size * row_nbytes))
@@ -295,7 +309,7 @@ class Batches:
 
     @property
     def n_rows(self) -> int:
-        """Rows in each dataset."""
+        """Rows an epoch holds: each dataset's, or the subset's with ``indices``."""
         return self._settings.n_rows
 
     @property
@@ -362,6 +376,7 @@ class Batches:
             "batch": self._batch,
             "step": self._epoch * s.n_batches + self._batch,
             "rank": self.rank,
+            "subset": None if self._subset is None else subset_key(self._subset),
             **{key: getattr(s, key) for key in _ORDER_KEYS},
         }
 
@@ -375,7 +390,8 @@ class Batches:
         if missing:
             raise ValueError(f"not a state of Batches: missing {missing}")
         mine = self.state_dict()
-        differ = [f"{k}={state[k]!r} (here {mine[k]!r})" for k in _ORDER_KEYS if state[k] != mine[k]]
+        keys = _ORDER_KEYS + ("subset",)  # states saved before subsets have none: the whole dataset
+        differ = [f"{k}={state.get(k)!r} (here {mine[k]!r})" for k in keys if state.get(k) != mine[k]]
         if differ:
             raise ValueError("the state was saved with a different order: " + ", ".join(differ))
         epoch = check_int("epoch", state["epoch"], 0, allow_none=False)
@@ -440,18 +456,22 @@ class Batches:
         w0, skip = plan.locate(start * s.batch_size)
         queues: list["Queue"] = []
         try:
+            selections = None
             if w0 < plan.n_windows:
                 first = plan.bounds[w0]
                 ranges = RangePlan(plan.starts[first:], plan.stops[first:])
+                if self._subset is not None:  # NOTE [subsets]: each piece reads its span of file rows
+                    spans = piece_spans(self._subset, ranges.starts, ranges.stops)
+                    ranges, selections = RangePlan(spans.starts, spans.stops), spans.selections
                 for path, n in zip(self._paths, self._readers):
                     # In-process reading needs two buffers at most: one held, one being read.
                     read_ahead = self._read_ahead or (2 if n == 0 else None)
                     queues.append(self._stream.options.queue_for_plan(path, ranges, n, read_ahead, field=self._field))
                 source: "Windows"
                 if s.shuffle:
-                    source = ShuffledWindows(plan, w0, queues, self._window_buffers(), s.batch_size)
+                    source = ShuffledWindows(plan, w0, queues, self._window_buffers(), s.batch_size, selections)
                 else:
-                    source = BlockWindows(plan, w0, queues)
+                    source = BlockWindows(plan, w0, queues, selections)
             else:
                 source = NoWindows()
             k = start

@@ -468,6 +468,25 @@ def test_the_step_based_snippet_of_the_training_docs_runs_as_written(tmp_path: P
     assert state["step"] == 1000 and state["epoch"] == 1000 // len(scope["batches"])
 
 
+def test_the_subsets_snippet_of_the_training_docs_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "training.rst").read_text()
+    section = text[text.index("\nSubsets\n") :]
+    snippet = re.search(r"\.\. code-block:: python\n\n((?:   .*\n|\n)+)", section).group(1)  # type: ignore[union-attr]
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "train.h5", 3000, 64)
+    scope: dict = {}
+    exec(textwrap.dedent(snippet), scope)
+    mask = scope["validation"]
+    train = np.concatenate([y for _x, y in scope["train"]])
+    check = np.concatenate([y for _x, y in scope["check"]])
+    half = np.concatenate([y for _x, y in scope["first_half"]])
+    assert sorted(train.tolist()) == np.flatnonzero(~mask).tolist()
+    assert check.tolist() == np.flatnonzero(mask).tolist()  # unshuffled: in file order
+    assert sorted(half.tolist()) == list(range(1500))
+
+
 def test_a_given_number_of_epochs_runs_that_many_then_stops(data_file) -> None:
     stream = multitables.Streamer(data_file(200))
     b = stream.get_batches(["/X", "/y"], batch_size=64, seed=0, epochs=3, n_procs=0)
@@ -477,6 +496,92 @@ def test_a_given_number_of_epochs_runs_that_many_then_stops(data_file) -> None:
         stream.get_batches(["/X", "/y"], batch_size=64, epochs=0)
     with pytest.raises(TypeError, match="epochs must be an int or None"):
         stream.get_batches(["/X", "/y"], batch_size=64, epochs=2.5)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(
+    n=st.integers(1, 400),
+    batch_size=st.integers(1, 50),
+    world_size=st.integers(1, 3),
+    shuffle=st.booleans(),
+    n_procs=st.sampled_from([0, 2]),
+    kind=st.sampled_from(["mask", "array", "slice"]),
+    data=st.data(),
+)
+def test_a_subset_is_planned_as_a_dataset_of_its_rows_and_resumes_anywhere(
+    n, batch_size, world_size, shuffle, n_procs, kind, data
+) -> None:
+    if kind == "slice":
+        start, stop = sorted(data.draw(st.lists(st.integers(0, n), min_size=2, max_size=2)))
+        assume(stop > start)
+        indices = slice(start, stop, data.draw(st.integers(1, 5)))
+    else:
+        mask = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)), bool)
+        assume(mask.any())
+        indices = mask if kind == "mask" else data.draw(st.permutations(np.flatnonzero(mask).tolist()))
+    rows = np.arange(n)[indices] if kind == "slice" else np.flatnonzero(mask)
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # empty last batches are expected in some shapes
+        stream = multitables.Streamer(write(Path(tmp) / "d.h5", n, 16))
+        kwargs = dict(batch_size=batch_size, shuffle=shuffle, seed=4, n_procs=n_procs, world_size=world_size,
+                      indices=indices, block_size=max(1, min(len(rows), data.draw(st.integers(1, 40)))))  # fmt: skip
+        seen = []
+        for rank in range(world_size):
+            b = stream.get_batches(["/X", "/y"], rank=rank, **kwargs)
+            assert b.n_rows == len(rows)
+            planned = [rows[p].tolist() for p in settings_of(b).rank_epoch(0, rank).batches()]
+            k = data.draw(st.integers(0, len(planned)))
+            first = list(iter_n(b, k))
+            assert first == planned[:k]
+            again = stream.get_batches(["/X", "/y"], rank=rank, **kwargs)
+            again.load_state_dict(json.loads(json.dumps(b.state_dict())))
+            rest = [y.tolist() for y in epoch_rows(again)]
+            assert first + rest == planned
+            seen.extend(r for batch in planned for r in batch)
+        assert sorted(seen) == rows.tolist()  # every row of the subset once an epoch, and no other
+
+
+def test_a_subset_default_block_spans_about_a_default_block_of_the_file(data_file) -> None:
+    stream = multitables.Streamer(data_file(20_000, 64))
+    whole = stream.get_batches(["/X", "/y"], batch_size=100)
+    every_tenth = stream.get_batches(["/X", "/y"], batch_size=100, indices=slice(None, None, 10))
+    assert every_tenth.n_rows == 2000 and every_tenth.block_size == max(1, whole.block_size // 10)
+    got = np.concatenate([y for _x, y in every_tenth])
+    assert sorted(got.tolist()) == list(range(0, 20_000, 10))
+
+
+def test_a_state_only_loads_into_batches_over_the_same_subset(data_file) -> None:
+    stream = multitables.Streamer(data_file(300))
+    b = stream.get_batches(["/X", "/y"], batch_size=10, indices=np.arange(0, 300, 2))
+    state = b.state_dict()
+    for other in (np.arange(1, 300, 2), None):
+        with pytest.raises(ValueError, match="subset="):
+            stream.get_batches(["/X", "/y"], batch_size=10, indices=other).load_state_dict(state)
+    whole = stream.get_batches(["/X", "/y"], batch_size=10).state_dict()
+    del whole["subset"]  # a state saved before subsets existed: the whole dataset
+    stream.get_batches(["/X", "/y"], batch_size=10).load_state_dict(whole)
+
+
+@pytest.mark.parametrize(
+    "indices, error, match",
+    [
+        (np.array([3, 3]), ValueError, "more than once.*weights="),
+        (np.array([300]), IndexError, "out of range for 300 rows"),
+        (np.zeros(299, bool), ValueError, "one value per row"),
+        (np.zeros(300, bool), ValueError, "select none"),
+        (slice(5, 5), ValueError, "select none"),
+        (np.array([1.5]), TypeError, "integer array, a slice or a boolean mask"),
+        ("rows", TypeError, "integer array, a slice or a boolean mask"),
+    ],
+)
+def test_bad_indices_are_refused_before_anything_starts(data_file, indices, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        multitables.Streamer(data_file(300)).get_batches(["/X", "/y"], batch_size=10, indices=indices)
+
+
+def test_negative_indices_count_from_the_end(data_file) -> None:
+    b = multitables.Streamer(data_file(300)).get_batches(["/X", "/y"], batch_size=10, indices=[-1, 0, -300 + 5])
+    assert sorted(np.concatenate([y for _x, y in b]).tolist()) == [0, 5, 299]
 
 
 BIG = 1 << 30

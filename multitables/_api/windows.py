@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
@@ -57,12 +57,31 @@ class BufferWindow(Window):
         return [np.take(buf, idx, axis=0) for buf in self._buffers]
 
 
-class ShuffledWindows(Windows):
-    """Windows copied out of the slots into two alternating buffers per dataset."""
+def _selected(block: np.ndarray, selection: "np.ndarray | None") -> np.ndarray:
+    return block if selection is None else np.take(block, selection, axis=0)
 
-    def __init__(self, plan: RankEpoch, w0: int, queues: list["Queue"], buffers: list[list[np.ndarray]], batch_size: int) -> None:
+
+class ShuffledWindows(Windows):
+    """Windows copied out of the slots into two alternating buffers per dataset.
+
+    ``selections``: for each piece from the first one read, the rows of its
+    block that the epoch takes (None: all of them), for a subset (NOTE
+    [subsets] in ``_plan.subset``); None: every block is all rows.
+    """
+
+    def __init__(
+        self,
+        plan: RankEpoch,
+        w0: int,
+        queues: list["Queue"],
+        buffers: list[list[np.ndarray]],
+        batch_size: int,
+        selections: "Sequence[np.ndarray | None] | None" = None,
+    ) -> None:
         self._plan, self._queues, self._batch_size = plan, queues, batch_size
         self._buffers = buffers
+        self._selections = selections
+        self._base = plan.bounds[w0]  # the piece the queues read first
         self._piece = plan.bounds[w0]  # next piece to pull from the queues
         self._filled = 0  # rows of that piece's window already pulled
         self._w0 = w0
@@ -75,11 +94,16 @@ class ShuffledWindows(Windows):
         while n > 0 and self._piece < limit:
             w = int(np.searchsorted(plan.bounds, self._piece, side="right")) - 1
             rows = plan.stops[self._piece] - plan.starts[self._piece]
+            selection = None if self._selections is None else self._selections[self._piece - self._base]
             for queue, buf in zip(self._queues, self._buffers[w % 2]):
                 guard = queue.get()
                 with guard as block:
-                    assert len(block) == rows, (len(block), rows)
-                    buf[self._filled : self._filled + rows] = block
+                    out = buf[self._filled : self._filled + rows]
+                    if selection is None:
+                        assert len(block) == rows, (len(block), rows)
+                        out[...] = block
+                    else:
+                        np.take(block, selection, axis=0, out=out)
             self._filled += rows
             self._piece += 1
             if self._piece == plan.bounds[w + 1]:
@@ -106,9 +130,9 @@ class ShuffledWindows(Windows):
 class SlotWindow(Window):
     """One block, held in its slots; batches are copied straight out of them."""
 
-    def __init__(self, queues: list["Queue"]) -> None:
+    def __init__(self, queues: list["Queue"], selection: "np.ndarray | None" = None) -> None:
         self._guards = [queue.get() for queue in queues]
-        self._blocks = [guard.block for guard in self._guards]
+        self._blocks = [_selected(guard.block, selection) for guard in self._guards]
         self.rows = len(self._blocks[0])
 
     def take(self, a: int, b: int) -> list[np.ndarray]:
@@ -123,13 +147,14 @@ class SlotWindow(Window):
 class BlockWindows(Windows):
     """Unshuffled: every window is one block (the plan has ``window=1``)."""
 
-    def __init__(self, plan: RankEpoch, w0: int, queues: list["Queue"]) -> None:
+    def __init__(self, plan: RankEpoch, w0: int, queues: list["Queue"], selections: "Sequence[np.ndarray | None] | None" = None) -> None:
         self._n = plan.n_windows - w0
         self._queues = queues
+        self._selections = selections
 
     def __iter__(self) -> Iterator[Window]:
-        for _ in range(self._n):
-            yield SlotWindow(self._queues)
+        for i in range(self._n):  # one piece per window
+            yield SlotWindow(self._queues, None if self._selections is None else self._selections[i])
 
 
 def cut(source: Windows, skip: int, batch_size: int) -> Iterator[list[np.ndarray]]:

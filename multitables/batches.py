@@ -28,12 +28,14 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence, Union
 
 import numpy as np
 
-from ._api.checks import check_bool, check_int
+from ._api.checks import check_bool, check_columns, check_fields, check_int
 from ._api.windows import BlockWindows, NoWindows, ShuffledWindows, Windows, cut
 from ._plan.epoch import EpochSettings
 from ._io.node import inspect_node
 from ._plan.blocks import MiB, RangePlan, available_cpus, default_block_size, parallel_pays
-from ._plan.subset import default_subset_block, piece_spans, subset_key, subset_rows
+from ._plan.subset import (
+    check_weights, default_subset_block, piece_spans, subset_key, subset_rows, weighted_draw, weights_key,
+)
 
 if TYPE_CHECKING:
     from ._api.queue import Queue
@@ -106,42 +108,6 @@ def split_readers(nbytes: Sequence[int], pays: Sequence[bool], n_procs: "int | N
     return out
 
 
-def _check_fields(
-    paths: list[str], single: bool, field: Any, fields: Any
-) -> "tuple[str | None, list[str] | None]":
-    """``(field, columns)`` as given, checked: at most one of them, and only with one path."""
-    if field is None and fields is None:
-        return None, None
-    if field is not None and fields is not None:
-        raise ValueError("give field= (one column, as an array) or fields= (columns, as a dict), not both")
-    if not single:
-        raise ValueError(
-            f"field= and fields= select columns of one table; give one path (a string), not {len(paths)} paths"
-        )
-    if field is not None:
-        if not isinstance(field, str):
-            raise TypeError(f"field must be a str naming a column, not {type(field).__name__}")
-        return field, None
-    if isinstance(fields, str) or not all(isinstance(f, str) for f in fields):
-        raise TypeError(f"fields must be a sequence of column names (str), not {fields!r}")
-    columns = list(fields)
-    if not columns:
-        raise ValueError("fields is empty; give at least one column")
-    if len(set(columns)) != len(columns):
-        raise ValueError(f"fields names a column twice: {columns}")
-    return None, columns
-
-
-def _check_columns(node: Any, columns: list[str]) -> None:
-    """``KeyError`` naming the table's columns unless every one of ``columns`` is one of them."""
-    names = node.dtype.names
-    if names is None:
-        raise KeyError(f"fields={columns!r} given, but {node.path!r} in {node.filename!r} is not a table (its rows have no fields)")
-    missing = [c for c in columns if c not in names]
-    if missing:
-        raise KeyError(f"{node.path!r} in {node.filename!r} has no column {', '.join(map(repr, missing))}; its columns: {list(names)}")
-
-
 class Batches:
     """Batches of rows of one or more datasets of equal length, for training loops.
 
@@ -209,6 +175,15 @@ class Batches:
         negative indices count from the end). Rows between them are read
         and dropped where they share a block (NOTE [subsets] in
         ``multitables._plan.subset``).
+    weights : array of numbers, optional
+        One weight per row of the file: each epoch draws ``num_samples`` rows
+        with replacement, row ``i`` in proportion to ``weights[i]`` (as
+        PyTorch's ``WeightedRandomSampler``), from ``(seed, epoch)``, the same
+        on every rank; for class balancing. The copies of a row drawn
+        several times come within one shuffle window. Not with ``indices``
+        (give the rows outside a weight of 0).
+    num_samples : int, optional
+        Rows drawn per epoch with ``weights``; default: the file's rows.
     epochs : int or None
         Epochs one iteration runs through, from the current position (the
         rest of the current epoch counts as one). ``None``: endless, for
@@ -235,13 +210,15 @@ class Batches:
         field: "str | None" = None,
         fields: "Sequence[str] | None" = None,
         indices: Any = None,
+        weights: Any = None,
+        num_samples: "int | None" = None,
         epochs: "int | None" = 1,
     ) -> None:
         self._single = isinstance(paths, (str, os.PathLike))
         path_list = [os.fspath(paths)] if self._single else [os.fspath(p) for p in paths]  # type: ignore[arg-type]
         if not path_list:
             raise ValueError("paths is empty; give at least one dataset")
-        self._field, self._columns = _check_fields(path_list, self._single, field, fields)
+        self._field, self._columns = check_fields(path_list, self._single, field, fields)
         batch_size = check_int("batch_size", batch_size, 1, allow_none=False)  # type: ignore[assignment]
         shuffle = check_bool("shuffle", shuffle)
         drop_last = check_bool("drop_last", drop_last)
@@ -255,19 +232,28 @@ class Batches:
 
         nodes = [inspect_node(stream.filename, p, self._field) for p in path_list]
         if self._columns is not None:
-            _check_columns(nodes[0], self._columns)
+            check_columns(nodes[0], self._columns)
         lengths = {n.n_rows for n in nodes}
         if len(lengths) > 1:
             listing = ", ".join(f"{p!r} has {n.n_rows}" for p, n in zip(path_list, nodes))
             raise ValueError(f"datasets read together need the same number of rows: {listing}")
         file_rows = nodes[0].n_rows
         self._subset = subset_rows(indices, file_rows) if indices is not None else None
-        n_rows = file_rows if self._subset is None else len(self._subset)
+        self._weights = None if weights is None else check_weights(weights, file_rows)
+        num_samples = check_int("num_samples", num_samples, 1)
+        if self._weights is not None and self._subset is not None:
+            raise ValueError("give indices= (a subset) or weights= (a weighted draw), not both; weight 0 leaves rows out")
+        if num_samples is not None and self._weights is None:
+            raise ValueError("num_samples= is the size of a weighted draw: give weights= too")
+        if self._weights is not None:
+            n_rows = num_samples or file_rows
+        else:
+            n_rows = file_rows if self._subset is None else len(self._subset)
         main = max(nodes, key=lambda n: n.row_nbytes)
         if block_size is None:
             # One reader as the default's n_procs: the order must not depend on the machine.
             block_size = default_block_size(file_rows, main.row_nbytes, main.chunk_rows, 1)
-            if self._subset is not None:
+            if self._subset is not None or self._weights is not None:
                 block_size = default_subset_block(block_size, n_rows, file_rows)
         elif block_size > n_rows:
             what = "the datasets, which have" if self._subset is None else "the subset, which has"
@@ -376,7 +362,7 @@ class Batches:
             "batch": self._batch,
             "step": self._epoch * s.n_batches + self._batch,
             "rank": self.rank,
-            "subset": None if self._subset is None else subset_key(self._subset),
+            "subset": self._subset_key(),
             **{key: getattr(s, key) for key in _ORDER_KEYS},
         }
 
@@ -422,6 +408,17 @@ class Batches:
             self._buffers = [[np.empty((rows,) + n.row_shape, n.dtype) for n in self._nodes] for _ in range(2)]
         return self._buffers
 
+    def _subset_key(self) -> "str | None":
+        if self._weights is not None:
+            return weights_key(self._weights, self._settings.n_rows)
+        return None if self._subset is None else subset_key(self._subset)
+
+    def _rows_of(self, epoch: int) -> "np.ndarray | None":
+        """The file rows of an epoch's positions (NOTE [subsets]); None: every row, in order."""
+        if self._weights is not None:
+            return weighted_draw(self._weights, self._settings.n_rows, self._settings.seed, epoch)
+        return self._subset
+
     def _deliver(self, arrays: list[np.ndarray]) -> Batch:
         """A batch as the caller asked for it: one array, a tuple of them, or a dict of columns."""
         if self._columns is not None:
@@ -460,8 +457,9 @@ class Batches:
             if w0 < plan.n_windows:
                 first = plan.bounds[w0]
                 ranges = RangePlan(plan.starts[first:], plan.stops[first:])
-                if self._subset is not None:  # NOTE [subsets]: each piece reads its span of file rows
-                    spans = piece_spans(self._subset, ranges.starts, ranges.stops)
+                rows = self._rows_of(epoch)
+                if rows is not None:  # NOTE [subsets]: each piece reads its span of file rows
+                    spans = piece_spans(rows, ranges.starts, ranges.stops)
                     ranges, selections = RangePlan(spans.starts, spans.stops), spans.selections
                 for path, n in zip(self._paths, self._readers):
                     # In-process reading needs two buffers at most: one held, one being read.

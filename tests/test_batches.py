@@ -584,6 +584,57 @@ def test_negative_indices_count_from_the_end(data_file) -> None:
     assert sorted(np.concatenate([y for _x, y in b]).tolist()) == [0, 5, 299]
 
 
+@pytest.mark.parametrize("n_procs", [0, 2], ids=["in-process", "readers"])
+def test_a_weighted_draw_takes_rows_in_proportion_anew_each_epoch(data_file, n_procs: int) -> None:
+    stream = multitables.Streamer(data_file(1000))
+    weights = np.zeros(1000)
+    weights[:10] = 9.0  # ten rows with nearly half the weight: 90 against 990 x 0.1
+    weights[10:] = 0.1
+    kw = dict(batch_size=100, seed=2, weights=weights, num_samples=2000, n_procs=n_procs)
+    b = stream.get_batches(["/X", "/y"], **kw)
+    assert b.n_rows == 2000 and len(b) == 20
+    epochs = []
+    for epoch in range(2):
+        b.set_epoch(epoch)
+        rows = np.concatenate(epoch_rows(b))  # X and y of every batch agree, row by row
+        assert len(rows) == 2000
+        epochs.append(np.sort(rows))
+        heavy = np.isin(rows, np.arange(10)).mean()
+        assert 0.42 < heavy < 0.53  # expected 90 / 189 = 0.476 (sd 0.011); a uniform draw gives 0.01
+    assert not np.array_equal(epochs[0], epochs[1])  # a fresh draw each epoch
+    again = stream.get_batches(["/X", "/y"], **kw)  # ... the same one for the same seed
+    np.testing.assert_array_equal(np.sort(np.concatenate(epoch_rows(again))), epochs[0])
+
+
+def test_a_weighted_draw_is_the_same_on_every_rank_and_split_between_them(data_file) -> None:
+    stream = multitables.Streamer(data_file(500))
+    weights = np.arange(500, dtype=float)  # row 0 is never drawn
+    one = np.sort(np.concatenate(epoch_rows(stream.get_batches(["/X", "/y"], batch_size=50, weights=weights, n_procs=0))))
+    shares = [
+        np.concatenate(epoch_rows(stream.get_batches(["/X", "/y"], batch_size=50, weights=weights, rank=r, world_size=2, n_procs=0)))
+        for r in range(2)
+    ]
+    np.testing.assert_array_equal(np.sort(np.concatenate(shares)), one)
+    assert 0 not in one and len(one) == 500
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(weights=np.ones(299)), ValueError, "one value per row"),
+        (dict(weights=-np.ones(300)), ValueError, "not negative"),
+        (dict(weights=np.zeros(300)), ValueError, "all 0"),
+        (dict(weights=np.array(["a"] * 300)), TypeError, "array of numbers"),
+        (dict(weights=np.ones(300), indices=slice(0, 10)), ValueError, "not both"),
+        (dict(num_samples=10), ValueError, "give weights= too"),
+        (dict(weights=np.ones(300), num_samples=0), ValueError, "num_samples"),
+    ],
+)
+def test_bad_weights_are_refused_before_anything_starts(data_file, kwargs: dict, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        multitables.Streamer(data_file(300)).get_batches(["/X", "/y"], batch_size=10, **kwargs)
+
+
 BIG = 1 << 30
 
 

@@ -1,4 +1,4 @@
-"""Checks of the public faces' plain arguments (ints, flags), shared so each says the same thing."""
+"""Checks of the public faces' arguments (ints, flags, table columns), shared so each says the same thing."""
 
 from __future__ import annotations
 
@@ -23,3 +23,39 @@ def check_bool(name: str, value: Any) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be True or False, not {value!r}")
     return bool(value)
+
+
+def check_fields(
+    paths: list[str], single: bool, field: Any, fields: Any
+) -> "tuple[str | None, list[str] | None]":
+    """``(field, columns)`` as given, checked: at most one of them, and only with one path."""
+    if field is None and fields is None:
+        return None, None
+    if field is not None and fields is not None:
+        raise ValueError("give field= (one column, as an array) or fields= (columns, as a dict), not both")
+    if not single:
+        raise ValueError(
+            f"field= and fields= select columns of one table; give one path (a string), not {len(paths)} paths"
+        )
+    if field is not None:
+        if not isinstance(field, str):
+            raise TypeError(f"field must be a str naming a column, not {type(field).__name__}")
+        return field, None
+    if isinstance(fields, str) or not all(isinstance(f, str) for f in fields):
+        raise TypeError(f"fields must be a sequence of column names (str), not {fields!r}")
+    columns = list(fields)
+    if not columns:
+        raise ValueError("fields is empty; give at least one column")
+    if len(set(columns)) != len(columns):
+        raise ValueError(f"fields names a column twice: {columns}")
+    return None, columns
+
+
+def check_columns(node: Any, columns: list[str]) -> None:
+    """``KeyError`` naming the table's columns unless every one of ``columns`` is one of them."""
+    names = node.dtype.names
+    if names is None:
+        raise KeyError(f"fields={columns!r} given, but {node.path!r} in {node.filename!r} is not a table (its rows have no fields)")
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise KeyError(f"{node.path!r} in {node.filename!r} has no column {', '.join(map(repr, missing))}; its columns: {list(names)}")

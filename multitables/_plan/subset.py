@@ -13,6 +13,12 @@ NOTE [subsets]
     the unit of decoding). The default block holds as many subset rows as
     make a span of the usual block size, so a slot holds about what it
     would for the whole dataset.
+
+    A weighted draw (``weights=``) is a subset drawn afresh each epoch, with
+    replacement, from ``(seed, epoch)``: its rows, sorted, may repeat, and a
+    piece takes a repeated row as often as it was drawn. Since blocks are
+    runs of the sorted draw, the copies of a row fall in one shuffle window:
+    they come within that window's batches, not spread over the epoch.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
+
+from .epoch import rng
 
 
 def subset_rows(indices: Any, n_rows: int) -> np.ndarray:
@@ -85,10 +93,47 @@ def piece_spans(rows: np.ndarray, starts: Sequence[int], stops: Sequence[int]) -
         first, last = int(rows[a]), int(rows[b - 1])
         span_starts.append(first)
         span_stops.append(last + 1)
-        selections.append(None if last + 1 - first == b - a else rows[a:b] - first)
+        piece = rows[a:b]
+        # All of the span, once each (a weighted draw may repeat a row and skip the next).
+        whole = last + 1 - first == b - a and bool((np.diff(piece) == 1).all())
+        selections.append(None if whole else piece - first)
     return Spans(tuple(span_starts), tuple(span_stops), tuple(selections))
 
 
 def subset_key(rows: np.ndarray) -> str:
     """A short fingerprint of a subset: a saved position only loads into batches over the same rows."""
     return f"{len(rows)}:{zlib.crc32(np.ascontiguousarray(rows, np.int64).tobytes()):08x}"
+
+
+#: Spawn-key tag of the weighted draws, apart from ``_plan.epoch``'s block-order (0) and window (1) tags.
+_DRAW = 2
+
+
+def check_weights(weights: Any, n_rows: int) -> np.ndarray:
+    """``weights`` as float64, one per row, finite, >= 0, not all 0; ``ValueError``/``TypeError`` otherwise."""
+    w = np.asarray(weights)
+    if w.dtype.kind not in "iuf" or w.ndim != 1:
+        raise TypeError(f"weights must be a 1-d array of numbers (one per row), not {type(weights).__name__} of dtype {w.dtype}")
+    if len(w) != n_rows:
+        raise ValueError(f"weights needs one value per row ({n_rows}), not {len(w)}")
+    w = w.astype(np.float64)
+    if not np.isfinite(w).all() or (w < 0).any():
+        raise ValueError("weights must be finite and not negative")
+    if not w.any():
+        raise ValueError("weights are all 0: no row could be drawn")
+    return w
+
+
+def weighted_draw(weights: np.ndarray, n_samples: int, seed: int, epoch: int) -> np.ndarray:
+    """Epoch ``epoch``'s ``n_samples`` rows drawn with replacement, row ``i`` in proportion to ``weights[i]``; sorted.
+
+    The same on every rank and machine: drawn from ``(seed, epoch)`` alone.
+    """
+    drawn = rng(seed, epoch, _DRAW).choice(len(weights), size=n_samples, replace=True, p=weights / weights.sum())
+    drawn.sort()
+    return drawn.astype(np.int64)
+
+
+def weights_key(weights: np.ndarray, n_samples: int) -> str:
+    """A short fingerprint of a weighted draw's settings (see :func:`subset_key`)."""
+    return f"weights:{n_samples}:{zlib.crc32(np.ascontiguousarray(weights).tobytes()):08x}"

@@ -2,11 +2,41 @@
 
 Needs PyTorch (``pip install 'multitables[torch]'``); ``import multitables``
 alone never imports it.
+
+NOTE [DataLoader uses]
+    The items are whole batches, so the only right ``DataLoader`` is one that
+    does not batch again: ``DataLoader(dataset, batch_size=None)`` (extra
+    options such as ``pin_memory`` are fine), or no loader at all
+    (``for x, y in dataset``). Two mistakes would go by silently otherwise,
+    and are refused instead, when ``iter(dataset)`` is called (so at
+    ``iter(loader)``, before any batch is read):
+
+    * automatic batching (``DataLoader(dataset)``, whose ``batch_size`` is 1
+      by default, or any other ``batch_size``) would stack batches into a
+      batch of them: shape ``(1, 256, 64)``. PyTorch has no public flag for
+      it; its fetcher (``torch.utils.data._utils.fetch``) is what calls
+      ``iter(dataset)``, and holds ``dataset`` and ``auto_collation``.
+      :func:`_auto_batching` looks for that object in the caller's frames, by
+      those two attributes (torchdata's ``StatefulDataLoader`` has the same
+      fetchers). Refusing is cheaper than undoing: PyTorch would also report
+      ``len(loader)`` in its own batches. ``tests/test_torch.py`` pins the
+      detection against the installed PyTorch.
+    * ``num_workers > 0``: each worker would iterate a copy, delivering every
+      row once per worker, and the position (``epoch``, ``state_dict``) would
+      move in the workers, not here. The reading already runs in parallel in
+      reader processes (``n_procs``). A forked worker finds
+      :func:`~torch.utils.data.get_worker_info` set and raises, which the
+      loader re-raises at the first ``next(loader)``; with the ``spawn`` or
+      ``forkserver`` start method (Python 3.14's default on Linux) the
+      dataset is refused when it is pickled for the worker, at
+      ``iter(loader)``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator, Sequence, Union
+import sys
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
@@ -23,8 +53,38 @@ if TYPE_CHECKING:
 
 __all__ = ["TorchBatches", "get_batches", "to_tensor"]
 
-#: A batch as tensors: one per dataset, or a single one when one path was given.
-TensorBatch = Union[torch.Tensor, tuple[torch.Tensor, ...]]
+#: A batch as tensors: one per dataset, a single one when one path was given,
+#: or one per column (a dict) with ``fields``.
+TensorBatch = Union[torch.Tensor, tuple[torch.Tensor, ...], dict[str, torch.Tensor]]
+
+#: Frames above ``__iter__`` searched for PyTorch's fetcher: it calls
+#: ``iter(dataset)`` itself (one frame up); the rest is room for a wrapper.
+_FETCHER_FRAMES = 3
+
+_NO_WORKERS = (
+    "TorchBatches cannot run in DataLoader worker processes (num_workers > 0): every row would come "
+    "once per worker, and the position (epoch, state_dict) lives in this process. The reading "
+    "already runs in parallel in multitables' own reader processes (n_procs=). "
+    "Write DataLoader(dataset, batch_size=None) with num_workers=0 (the default)"
+)
+
+
+def _auto_batching(dataset: object, frame: Optional[FrameType]) -> bool:
+    """Whether a ``DataLoader`` that batches automatically is calling ``iter(dataset)`` (see NOTE [DataLoader uses]).
+
+    ``frame`` is the caller of ``iter``. PyTorch's fetcher is recognised by
+    its attributes, ``dataset`` (this very object) and ``auto_collation``.
+    """
+    for _ in range(_FETCHER_FRAMES):
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        if owner is not None and owner is not dataset and getattr(owner, "dataset", None) is dataset:
+            flag = getattr(owner, "auto_collation", None)
+            if flag is not None:
+                return bool(flag)
+        frame = frame.f_back
+    return False
 
 
 def to_tensor(array: np.ndarray, path: str = "") -> torch.Tensor:
@@ -42,7 +102,7 @@ def to_tensor(array: np.ndarray, path: str = "") -> torch.Tensor:
         where = f" of {path!r}" if path else ""
         raise TypeError(
             f"rows{where} have dtype {array.dtype}, which PyTorch cannot hold in a tensor; "
-            f"stream numeric datasets (or a numeric column of a table) to get tensors"
+            f"stream numeric datasets, or numeric columns of a table (get_batches' field= or fields=), to get tensors"
         ) from exc
 
 
@@ -50,10 +110,13 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
     """The batches of a :class:`~multitables.batches.Batches` as tensors.
 
     Iterate over it directly in a training loop, or give it to
-    ``torch.utils.data.DataLoader(dataset, batch_size=None)`` (batching is
-    done here; ``num_workers`` must stay 0: the reading already runs in
-    parallel processes). Each tensor is made with ``torch.from_numpy`` on the
-    fresh array of the batch, so it costs no copy and is yours.
+    ``torch.utils.data.DataLoader(dataset, batch_size=None)``: the items are
+    batches already. A ``DataLoader`` that batches again (``batch_size``
+    left at its default of 1, or any number) and ``num_workers > 0`` are
+    refused with ``RuntimeError`` before any batch is read, saying what to
+    write (see NOTE [DataLoader uses]). Each tensor is made with
+    ``torch.from_numpy`` on the fresh array of the batch, so it costs no copy
+    and is yours.
 
     :meth:`set_epoch`, :meth:`state_dict` and :meth:`load_state_dict` are
     those of the wrapped batches (``set_epoch`` as on
@@ -68,20 +131,32 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
 
     def __iter__(self) -> Iterator[TensorBatch]:
         if get_worker_info() is not None:
+            raise RuntimeError(_NO_WORKERS)
+        if _auto_batching(self, sys._getframe(1)):
+            n = self.batches.batch_size
             raise RuntimeError(
-                "TorchBatches runs inside a DataLoader worker: use DataLoader(..., batch_size=None, "
-                "num_workers=0); multitables already reads with its own processes (n_procs), and a copy "
-                "in each worker would deliver every row once per worker"
+                f"DataLoader(dataset) batches automatically (batch_size=1 unless given): it would stack these "
+                f"batches, already of {n} rows each (get_batches' batch_size), into batches of batches, of shape "
+                f"(batch_size, {n}, ...). Write DataLoader(dataset, batch_size=None), or iterate over the dataset itself"
             )
+        return self._tensors()
+
+    def _tensors(self) -> Iterator[TensorBatch]:
         paths = self.batches.paths
         for batch in self.batches:
-            if self._single:
+            if isinstance(batch, dict):  # fields=: one array per column of the table
+                yield {name: to_tensor(a, f"{paths[0]}[{name!r}]") for name, a in batch.items()}
+            elif self._single:
                 yield to_tensor(batch, paths[0])  # type: ignore[arg-type]
             else:
                 yield tuple(to_tensor(a, p) for a, p in zip(batch, paths))
 
     def __len__(self) -> int:
         return len(self.batches)
+
+    def __reduce__(self) -> Any:
+        # A worker started with spawn or forkserver gets the dataset pickled: refuse it here, clearly.
+        raise RuntimeError(_NO_WORKERS.replace("(num_workers > 0)", "(num_workers > 0), nor be pickled"))
 
     @property
     def epoch(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -103,11 +104,85 @@ def test_state_dict_through_the_adapter(h5: Path) -> None:
     assert torch.equal(torch.cat(head + list(again)), whole)
 
 
-def test_dataloader_workers_are_refused_with_a_reason(h5: Path) -> None:
-    batches = mtt.get_batches(multitables.Streamer(h5), ["/X", "/y"], 64, n_procs=0)
-    loader = torch.utils.data.DataLoader(batches, batch_size=None, num_workers=1)
-    with pytest.raises(RuntimeError, match="num_workers=0"):
+def from_file(h5: Path) -> "tuple[np.ndarray, np.ndarray]":
+    import h5py
+
+    with h5py.File(h5, "r") as f:
+        return f["X"][:], f["y"][:]
+
+
+def epoch_of(h5: Path, **kwargs: object) -> mtt.TorchBatches:
+    return mtt.get_batches(multitables.Streamer(h5), ["/X", "/y"], 64, seed=3, n_procs=1, **kwargs)  # type: ignore[arg-type]
+
+
+def check_epoch(h5: Path, got: list) -> None:
+    """``got``: one epoch of (x, y) tensors, 64 rows each but the last; every row of the file once, /X with /y."""
+    X, y = from_file(h5)
+    assert [tuple(b[0].shape) for b in got] == [(64, 2)] * 15 + [(43, 2)]
+    assert [tuple(b[1].shape) for b in got] == [(64,)] * 15 + [(43,)]
+    for xb, yb in got:
+        assert xb.dtype == torch.float64 and yb.dtype == torch.int64
+        assert np.array_equal(xb.numpy(), X[yb.numpy()])
+    assert np.array_equal(np.sort(torch.cat([b[1] for b in got]).numpy()), y)
+
+
+def test_iterating_the_dataset_and_a_dataloader_without_batching_give_the_same_batches(h5: Path, no_leaks: None) -> None:
+    direct = [(x, y) for x, y in epoch_of(h5)]
+    check_epoch(h5, direct)
+    loaded = [(x, y) for x, y in torch.utils.data.DataLoader(epoch_of(h5), batch_size=None)]
+    assert len(loaded) == len(direct)
+    assert all(torch.equal(a, b) for d, l in zip(direct, loaded) for a, b in zip(d, l))
+    single = torch.utils.data.DataLoader(mtt.get_batches(multitables.Streamer(h5), "/y", 100, n_procs=0), batch_size=None)
+    assert [tuple(y.shape) for y in single] == [(100,)] * 10 + [(3,)]
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"batch_size": 1}, {"batch_size": 4}, {"batch_size": 4, "drop_last": True}], ids=repr
+)
+def test_a_dataloader_that_batches_again_is_refused_before_any_batch(h5: Path, kwargs: dict, no_leaks: None) -> None:
+    batches = epoch_of(h5)
+    loader = torch.utils.data.DataLoader(batches, **kwargs)
+    with pytest.raises(RuntimeError, match=r"batches of batches, of shape \(batch_size, 64, \.\.\.\)") as info:
         next(iter(loader))
+    assert "Write DataLoader(dataset, batch_size=None), or iterate over the dataset itself" in str(info.value)
+    assert batches.state_dict()["batch"] == 0, "a batch was read"
+    del info
+    check_epoch(h5, list(batches))  # the dataset itself is still whole
+
+
+def test_dataloader_workers_are_refused_before_any_batch(
+    h5: Path, no_leaks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gc
+
+    # PyTorch waits this long for each worker whose dataset raised before it kills it (any
+    # dataset: its shutdown does not reach such workers); 5 s by default.
+    monkeypatch.setattr(torch.utils.data._utils, "MP_STATUS_CHECK_INTERVAL", 0.2)
+    batches = epoch_of(h5)
+    for context in ("fork", "spawn"):
+        # fork: the workers raise and the loader re-raises at the first next(); spawn (and
+        # forkserver, Python 3.14's default): pickling the dataset for the worker raises.
+        loader = torch.utils.data.DataLoader(batches, batch_size=None, num_workers=2, multiprocessing_context=context)
+        with pytest.raises(RuntimeError, match=r"DataLoader worker processes \(num_workers > 0\)") as info:
+            next(iter(loader))
+        assert "Write DataLoader(dataset, batch_size=None) with num_workers=0" in str(info.value)
+        del info, loader
+        gc.collect()  # the loader's iterator stops its workers
+    assert batches.state_dict()["batch"] == 0, "a batch was read"
+    check_epoch(h5, list(batches))
+    with pytest.raises(RuntimeError, match="nor be pickled"):  # not "cannot pickle 'generator'"
+        pickle.dumps(batches)
+
+
+def test_fields_give_a_dict_of_tensors(table_file: "tuple[Path, np.ndarray]") -> None:
+    path, rows = table_file
+    batches = mtt.get_batches(multitables.Streamer(path), "/table", 100, fields=["a", "v"], n_procs=0)
+    got = list(torch.utils.data.DataLoader(batches, batch_size=None))
+    assert len(got) == 10 and all(list(b) == ["a", "v"] for b in got)
+    a = torch.cat([b["a"] for b in got]).numpy()
+    v = torch.cat([b["v"] for b in got]).numpy()
+    assert sorted(a.tolist()) == list(range(1000))
+    assert np.array_equal(v, rows["v"][a])
 
 
 def test_the_adapter_wraps_only_batches() -> None:

@@ -1,0 +1,71 @@
+"""``python -m multitables``: what it prints and what it leaves behind (behaviour only, no timings)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from multitables.__main__ import main, why
+
+
+def check_report(out: str) -> None:
+    """Both readers, their ratios to h5py, the reader processes and the engine, and where the figures come from."""
+    assert "h5py read_direct, 1 process" in out
+    out = " ".join(out.split())  # the closing lines are wrapped
+    assert "multitables get_queue" in out and "multitables get_generator" in out
+    assert re.search(r"multitables get_queue, \S+ [\d,]+ [\d,]+ \d+\.\d\dx", out), out
+    assert re.search(r"multitables read the file (\d+\.\d\dx as fast as|at \d+\.\d\dx)", out), out
+    assert re.search(r"with \d+ reader process(es)? \(.*\) and its '(chunks|h5py|tables)' engine", out), out
+    assert "page cache warm" in out and "this machine" in out
+    assert "Why:" in out
+
+
+def test_temporary_file_is_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    main(["--rows", "2048"])
+    out = capsys.readouterr().out
+    check_report(out)
+    assert "2,048 rows of 1024 float32" in out and "zlib level 3" in out and "smooth data" in out
+    assert "'chunks' engine" in out  # auto reads deflate with the chunk engine
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_given_file_is_kept(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "demo.h5"
+    main(["--rows", "2048", "--file", str(path), "--n-procs", "2", "--complib", "blosc", "--data", "noise"])
+    out = capsys.readouterr().out
+    check_report(out)
+    out = " ".join(out.split())
+    assert "blosc level 3" in out and "noise data" in out
+    assert "with 2 reader processes (n_procs=2 asked)" in out
+    assert "get_queue, n_procs=2" in out and "get_queue, n_procs=1" in out
+    assert path.is_file() and f"The file is kept: {path}" in out
+
+
+def test_as_a_module(tmp_path: Path) -> None:
+    """The command the README gives, run from outside the checkout."""
+    run = subprocess.run(
+        [sys.executable, "-m", "multitables", "--rows", "1024", "--n-procs", "1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    assert run.returncode == 0, run.stderr
+    check_report(run.stdout)
+    assert "with 1 reader process (n_procs=1 asked)" in " ".join(run.stdout.split())
+    assert run.stdout.count("get_queue, n_procs=1") == 1  # no second one-reader line when one reader is asked
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_why_reports_a_slower_ratio_as_measured() -> None:
+    lines = " ".join(why({"procs": 2, "engine": "h5py"}, {"h5py": 1.0, "direct": 0.8, "one": 0.5}, 2, None))
+    assert "at 0.80x plain h5py's rate: slower here" in lines
+    assert "(the default on 2 CPUs)" in lines and "one reader process alone: 0.50x" in lines
+    lines = " ".join(why({"procs": 0, "engine": "chunks"}, {"h5py": 1.0, "direct": 2.5, "one": 1.0}, 2, None))
+    assert "2.50x as fast as plain h5py" in lines and "too small for reader processes to pay" in lines

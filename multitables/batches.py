@@ -24,15 +24,16 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Iterator, Sequence, Union
 
 import numpy as np
 
 from ._api.checks import check_bool, check_columns, check_fields, check_int
 from ._api.windows import BlockWindows, NoWindows, ShuffledWindows, Windows, cut
-from ._plan.epoch import EpochSettings
+from ._plan.epoch import EpochSettings, remaining_after
 from ._io.node import inspect_node
-from ._plan.blocks import MiB, RangePlan, available_cpus, default_block_size, parallel_pays
+from ._plan.blocks import MiB, RangePlan, available_cpus, default_block_size, parallel_pays, split_readers
 from ._plan.subset import (
     check_weights, default_subset_block, piece_spans, subset_key, subset_rows, weighted_draw, weights_key,
 )
@@ -71,41 +72,6 @@ def _rank_and_world(rank: Any, world_size: Any) -> tuple[int, int]:
     if rank >= world:
         raise ValueError(f"rank must be in [0, world_size={world}), got {rank}")
     return rank, world
-
-
-def split_readers(nbytes: Sequence[int], pays: Sequence[bool], n_procs: "int | None", cpus: int) -> list[int]:
-    """Reader processes per dataset: shared in proportion to bytes, small datasets read in-process.
-
-    ``pays[i]`` says whether readers can pay for dataset ``i`` at all
-    (:func:`~multitables._plan.parallel_pays`). ``n_procs=None`` shares
-    ``cpus`` among those; if there are none, everything is read in-process.
-    An explicit ``n_procs`` is shared the same way, and goes to the largest
-    dataset when none pays.
-    """
-    n = len(nbytes)
-    if n_procs == 0:
-        return [0] * n
-    total = cpus if n_procs is None else n_procs
-    big = [i for i in range(n) if pays[i]]
-    if not big:
-        if n_procs is None:
-            return [0] * n
-        big = [max(range(n), key=lambda i: nbytes[i])]
-    big.sort(key=lambda i: -nbytes[i])
-    big = big[:total]  # more big datasets than processes: the largest get one each
-    weight = sum(nbytes[i] for i in big) or 1
-    out = [0] * n
-    for i in big:
-        out[i] = 1
-    # Largest remainders: hand out what is left beyond one each, in proportion to bytes.
-    spare = total - len(big)
-    shares = {i: spare * nbytes[i] / weight for i in big}
-    for i in big:
-        out[i] += int(shares[i])
-    left = spare - sum(int(x) for x in shares.values())
-    for i in sorted(big, key=lambda i: -(shares[i] - int(shares[i])))[:left]:
-        out[i] += 1
-    return out
 
 
 class Batches:
@@ -283,6 +249,8 @@ class Batches:
         self._readers = split_readers(nbytes, pays, n_procs, cpus)
         self._epoch = 0
         self._batch = 0  # batches delivered in this epoch
+        #: The current epoch's parts run at other world sizes: (world_size, batches), NOTE [elastic resume].
+        self._elastic: list[tuple[int, int]] = []
         self._active: "Iterator[Batch] | None" = None
         self._buffers: "list[list[np.ndarray]] | None" = None  # see _window_buffers
 
@@ -348,7 +316,7 @@ class Batches:
         epoch = check_int("epoch", epoch, 0, allow_none=False)  # type: ignore[assignment]
         if epoch != self._epoch:
             self._stop_active()
-            self._epoch, self._batch = epoch, 0
+            self._epoch, self._batch, self._elastic = epoch, 0, []
 
     def state_dict(self) -> dict[str, Any]:
         """The position (epoch, batches delivered in it) and what fixes the order; small, picklable, JSON-able.
@@ -363,6 +331,7 @@ class Batches:
             "step": self._epoch * s.n_batches + self._batch,
             "rank": self.rank,
             "subset": self._subset_key(),
+            "elastic": [list(segment) for segment in self._elastic],
             **{key: getattr(s, key) for key in _ORDER_KEYS},
         }
 
@@ -370,23 +339,36 @@ class Batches:
         """Go to the position of ``state``: the next batch is the one after the last delivered before it was saved.
 
         Raises ``ValueError`` if ``state`` was saved with settings that give a
-        different order (seed, batch size, world size, shuffle, ...).
+        different order (seed, batch size, block size, shuffle, subset, ...).
+        A state saved at another world size goes on with the rows of that
+        epoch no rank delivered yet, shared among this world's ranks (NOTE
+        [elastic resume] in ``multitables._plan.epoch``).
         """
         missing = [k for k in ("epoch", "batch", *_ORDER_KEYS) if k not in state]
         if missing:
             raise ValueError(f"not a state of Batches: missing {missing}")
         mine = self.state_dict()
-        keys = _ORDER_KEYS + ("subset",)  # states saved before subsets have none: the whole dataset
+        # A state saved at another world size goes on with what no rank delivered yet (NOTE [elastic resume]).
+        keys = tuple(k for k in _ORDER_KEYS if k != "world_size") + ("subset",)
         differ = [f"{k}={state.get(k)!r} (here {mine[k]!r})" for k in keys if state.get(k) != mine[k]]
         if differ:
             raise ValueError("the state was saved with a different order: " + ", ".join(differ))
         epoch = check_int("epoch", state["epoch"], 0, allow_none=False)
         batch = check_int("batch", state["batch"], 0, allow_none=False)
-        assert epoch is not None and batch is not None
-        if batch > len(self):
-            raise ValueError(f"batch={batch} is beyond the {len(self)} batches of an epoch")
+        world = check_int("world_size", state["world_size"], 1, allow_none=False)
+        assert epoch is not None and batch is not None and world is not None
+        elastic = [(int(w), int(b)) for w, b in state.get("elastic", [])]
+        if world != self.world_size:
+            elastic, batch = elastic + [(world, batch)], 0
         self._stop_active()
-        self._epoch, self._batch = epoch, batch
+        self._epoch, self._batch, self._elastic = epoch, 0, elastic
+        settings, _rows = self._epoch_plan(epoch)
+        if settings is None:  # every row of the epoch was delivered: on to the next
+            self._epoch, self._elastic = epoch + 1, []
+        elif batch > settings.n_batches:
+            raise ValueError(f"batch={batch} is beyond the {settings.n_batches} batches of that epoch")
+        else:
+            self._batch = batch
 
     def close(self) -> None:
         """Stop the readers of an iteration still in progress and free the window buffers (idempotent).
@@ -412,6 +394,20 @@ class Batches:
         if self._weights is not None:
             return weights_key(self._weights, self._settings.n_rows)
         return None if self._subset is None else subset_key(self._subset)
+
+    def _epoch_plan(self, epoch: int) -> "tuple[EpochSettings | None, np.ndarray | None]":
+        """How ``epoch`` is planned, and the file rows of its positions (None: every row, in order).
+
+        After an elastic resume, the rest of the current epoch (NOTE [elastic
+        resume]); settings None when nothing of it is left.
+        """
+        s, rows = self._settings, self._rows_of(epoch)
+        if not self._elastic or epoch != self._epoch:
+            return s, rows
+        left = remaining_after(s, epoch, self._elastic)
+        if not len(left):
+            return None, None
+        return replace(s, n_rows=len(left), block_size=min(s.block_size, len(left))), left if rows is None else rows[left]
 
     def _rows_of(self, epoch: int) -> "np.ndarray | None":
         """The file rows of an epoch's positions (NOTE [subsets]); None: every row, in order."""
@@ -448,7 +444,10 @@ class Batches:
             done += 1
 
     def _iterate(self, epoch: int, start: int) -> Iterator[Batch]:
-        s = self._settings
+        s, rows = self._epoch_plan(epoch)
+        if s is None:  # an elastic resume found the epoch done
+            self._epoch, self._batch, self._elastic = epoch + 1, 0, []
+            return
         plan = s.rank_epoch(epoch, self.rank)
         w0, skip = plan.locate(start * s.batch_size)
         queues: list["Queue"] = []
@@ -457,7 +456,6 @@ class Batches:
             if w0 < plan.n_windows:
                 first = plan.bounds[w0]
                 ranges = RangePlan(plan.starts[first:], plan.stops[first:])
-                rows = self._rows_of(epoch)
                 if rows is not None:  # NOTE [subsets]: each piece reads its span of file rows
                     spans = piece_spans(rows, ranges.starts, ranges.stops)
                     ranges, selections = RangePlan(spans.starts, spans.stops), spans.selections
@@ -483,7 +481,7 @@ class Batches:
                 k += 1
                 self._batch = k
                 yield self._deliver([np.empty((0,) + n.row_shape, n.dtype) for n in self._nodes])
-            self._epoch, self._batch = epoch + 1, 0
+            self._epoch, self._batch, self._elastic = epoch + 1, 0, []
         finally:
             for queue in queues:
                 queue.close()

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 import multitables
 from multitables._plan.epoch import EpochSettings
-from multitables.batches import Batches, split_readers
+from multitables._plan.blocks import split_readers
+from multitables.batches import Batches
 
 
 
@@ -265,8 +266,6 @@ def test_a_state_with_another_order_is_refused(data_file) -> None:
     state = stream.get_batches(["/X", "/y"], batch_size=10, seed=1).state_dict()
     with pytest.raises(ValueError, match="seed=1"):
         stream.get_batches(["/X", "/y"], batch_size=10, seed=2).load_state_dict(state)
-    with pytest.raises(ValueError, match="world_size"):
-        stream.get_batches(["/X", "/y"], batch_size=10, seed=1, rank=0, world_size=2).load_state_dict(state)
     with pytest.raises(ValueError, match="missing"):
         stream.get_batches(["/X", "/y"], batch_size=10, seed=1).load_state_dict({"epoch": 1})
     with pytest.raises(ValueError, match="beyond"):
@@ -633,6 +632,84 @@ def test_a_weighted_draw_is_the_same_on_every_rank_and_split_between_them(data_f
 def test_bad_weights_are_refused_before_anything_starts(data_file, kwargs: dict, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         multitables.Streamer(data_file(300)).get_batches(["/X", "/y"], batch_size=10, **kwargs)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(
+    n=st.integers(1, 300),
+    batch_size=st.integers(1, 20),
+    sizes=st.lists(st.integers(1, 4), min_size=2, max_size=4),
+    shuffle=st.booleans(),
+    data=st.data(),
+)
+def test_an_elastic_resume_neither_repeats_nor_skips_a_row(n, batch_size, sizes, shuffle, data) -> None:
+    """Saved at one world size and resumed at others, in the same epoch: every row once (drop_last=False)."""
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # empty last batches are expected in some shapes
+        stream = multitables.Streamer(write(Path(tmp) / "d.h5", n, 16))
+        kw = dict(batch_size=batch_size, shuffle=shuffle, seed=6, n_procs=0, block_size=max(1, min(n, 24)), window=2)
+        delivered: list[int] = []
+        state = None
+        for i, world in enumerate(sizes):
+            ranks = [stream.get_batches(["/X", "/y"], rank=r, world_size=world, **kw) for r in range(world)]
+            if state is not None:
+                for b in ranks:
+                    b.load_state_dict(json.loads(json.dumps(state)))  # rank 0's checkpoint, on every rank
+            if ranks[0].epoch > 0:
+                break  # the epoch was over
+            last = i == len(sizes) - 1
+            left = sum(1 for _ in ranks[0]._epoch_plan(0)[0].rank_epoch(0, 0).batches()) - ranks[0].state_dict()["batch"]
+            steps = left if last else data.draw(st.integers(0, left))
+            for b in ranks:  # every rank takes the same number of steps
+                delivered.extend(r for batch in iter_n(b, steps) for r in batch)
+            state = ranks[0].state_dict()
+            if steps == left and not last:
+                for b in ranks:
+                    list(b)  # the rest of the epoch (empty last batches): the position moves on
+                state = ranks[0].state_dict()
+        else:
+            for b in ranks:
+                assert b.epoch == 1 or len(list(b)) == 0
+        assert sorted(delivered) == list(range(n))
+
+
+def test_an_elastic_resume_at_another_world_size_goes_on_with_the_rows_left(data_file) -> None:
+    stream = multitables.Streamer(data_file(1000))
+    kw = dict(batch_size=25, seed=3, n_procs=0)
+    two = [stream.get_batches(["/X", "/y"], rank=r, world_size=2, **kw) for r in range(2)]
+    seen = [r for b in two for batch in iter_n(b, 8) for r in batch]  # 2 ranks x 8 steps x 25 rows
+    state = two[0].state_dict()
+    three = [stream.get_batches(["/X", "/y"], rank=r, world_size=3, **kw) for r in range(3)]
+    for b in three:
+        b.load_state_dict(state)
+        assert b.state_dict()["elastic"] == [[2, 8]] and b.state_dict()["batch"] == 0
+    rest = [np.concatenate(epoch_rows(b)) for b in three]
+    assert sorted(seen + np.concatenate(rest).tolist()) == list(range(1000))
+    assert {len(r) for r in rest} == {200} and all(b.epoch == 1 for b in three)  # 600 rows left, shared evenly
+    np.testing.assert_array_equal(  # the next epoch is planned as usual, at the new size
+        np.concatenate(epoch_rows(three[1])),
+        np.concatenate(epoch_rows(_at_epoch(stream.get_batches(["/X", "/y"], rank=1, world_size=3, **kw), 1))),
+    )
+
+
+def test_the_elastic_snippet_of_the_training_docs_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "training.rst").read_text()
+    section = text[text.index("A state saved at one **world size**") :]
+    snippet = re.search(r"\.\. code-block:: python\n\n((?:   .*\n|\n)+)", section).group(1)  # type: ignore[union-attr]
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "train.h5", 2000, 64)
+    scope: dict = {}
+    exec(textwrap.dedent(snippet), scope)
+    assert scope["checkpoint"]["batch"] == 10
+    rest = np.concatenate(scope["rest"])
+    assert len(rest) == 2000 - 2 * 10 * 32 and len(set(rest.tolist())) == len(rest)
+
+
+def _at_epoch(b: Batches, epoch: int) -> Batches:
+    b.set_epoch(epoch)
+    return b
 
 
 BIG = 1 << 30

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Sequence
 
 MiB = 1 << 20
 
@@ -198,3 +199,38 @@ class RangePlan:
 
     def pieces(self, k: int) -> tuple[Piece, ...]:
         return (Piece(self.starts[k], self.stops[k], 0),)
+
+
+def split_readers(nbytes: Sequence[int], pays: Sequence[bool], n_procs: "int | None", cpus: int) -> list[int]:
+    """Reader processes per dataset: shared in proportion to bytes, small datasets read in-process.
+
+    ``pays[i]`` says whether readers can pay for dataset ``i`` at all
+    (:func:`~multitables._plan.parallel_pays`). ``n_procs=None`` shares
+    ``cpus`` among those; if there are none, everything is read in-process.
+    An explicit ``n_procs`` is shared the same way, and goes to the largest
+    dataset when none pays.
+    """
+    n = len(nbytes)
+    if n_procs == 0:
+        return [0] * n
+    total = cpus if n_procs is None else n_procs
+    big = [i for i in range(n) if pays[i]]
+    if not big:
+        if n_procs is None:
+            return [0] * n
+        big = [max(range(n), key=lambda i: nbytes[i])]
+    big.sort(key=lambda i: -nbytes[i])
+    big = big[:total]  # more big datasets than processes: the largest get one each
+    weight = sum(nbytes[i] for i in big) or 1
+    out = [0] * n
+    for i in big:
+        out[i] = 1
+    # Largest remainders: hand out what is left beyond one each, in proportion to bytes.
+    spare = total - len(big)
+    shares = {i: spare * nbytes[i] / weight for i in big}
+    for i in big:
+        out[i] += int(shares[i])
+    left = spare - sum(int(x) for x in shares.values())
+    for i in sorted(big, key=lambda i: -(shares[i] - int(shares[i])))[:left]:
+        out[i] += 1
+    return out

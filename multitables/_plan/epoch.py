@@ -32,11 +32,26 @@ NOTE [epoch plan]
        empty last batch (0 rows): with every row exactly once and equal batch
        counts, nothing else is possible. :attr:`EpochSettings.empty_last_batch`
        tells when.
+
+NOTE [elastic resume]
+    A position saved at one world size and loaded at another, in the middle
+    of an epoch, goes on with the rows no rank has delivered yet: all ranks
+    are at the same batch ``b`` when a state is saved, so the rows delivered
+    are those of every rank's first ``b`` batches, known from the plan alone
+    (:func:`consumed`). The rest of the epoch is planned afresh as a subset
+    of those rows (NOTE [subsets] in ``subset``) with the new world size,
+    from the same ``(seed, epoch)``; later epochs are planned as usual.
+    Resumed again at yet another size, the segments replay in turn
+    (:func:`remaining_after`). So no row is repeated and, with
+    ``drop_last=False``, none is skipped; the resumed epoch has fewer
+    batches. With ``drop_last=True``, rows a segment left out are still to
+    come in the next; the last leaves out what cannot fill a batch on every
+    rank.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Iterator
 
@@ -204,3 +219,32 @@ class RankEpoch:
         order, bs = self.order(), self.settings.batch_size
         for k in range(self.settings.n_batches):
             yield order[k * bs : (k + 1) * bs]
+
+
+def consumed(settings: EpochSettings, epoch: int, n_batches: int) -> np.ndarray:
+    """A mask of the epoch's positions that every rank's first ``n_batches`` batches deliver together."""
+    mask = np.zeros(settings.n_rows, bool)
+    for rank in range(settings.world_size):
+        plan = settings.rank_epoch(epoch, rank)
+        w, skip = plan.locate(min(n_batches * settings.batch_size, plan.n_rows))
+        for piece in range(plan.bounds[min(w, plan.n_windows)]):  # whole windows: their pieces
+            mask[plan.starts[piece] : plan.stops[piece]] = True
+        if w < plan.n_windows and skip:
+            mask[plan.window_order(w)[:skip]] = True
+    return mask
+
+
+def remaining_after(settings: EpochSettings, epoch: int, segments: "list[tuple[int, int]]") -> np.ndarray:
+    """The epoch's positions not yet delivered after ``segments`` of ``(world_size, batches)`` (NOTE [elastic resume]).
+
+    Each segment is planned over what the ones before it left, as
+    :class:`EpochSettings` with that world size (blocks no larger than
+    what is left); the result indexes the epoch's positions, sorted.
+    """
+    left = np.arange(settings.n_rows, dtype=np.int64)
+    for world_size, n_batches in segments:
+        if not len(left):
+            break
+        part = replace(settings, n_rows=len(left), block_size=min(settings.block_size, len(left)), world_size=world_size)
+        left = left[~consumed(part, epoch, n_batches)]
+    return left

@@ -22,14 +22,14 @@ NOTE [window pipelining]
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Iterator, Sequence, Union
 
 import numpy as np
 
-from ._api.checks import check_bool, check_columns, check_fields, check_int
+from ._api.checks import check_bool, check_columns, check_fields, check_int, rank_and_world
+from ._api.transforms import infer_transforms
 from ._api.windows import BlockWindows, NoWindows, ShuffledWindows, Windows, cut
 from ._plan.epoch import EpochSettings, remaining_after
 from ._io.node import inspect_node
@@ -55,23 +55,6 @@ Batch = Union[np.ndarray, tuple[np.ndarray, ...], dict[str, np.ndarray]]
 #: Keys of :meth:`Batches.state_dict` that fix the order of an epoch: a state
 #: only loads into batches that agree on all of them.
 _ORDER_KEYS = ("seed", "world_size", "batch_size", "n_rows", "shuffle", "drop_last", "block_size", "window")
-
-
-def _rank_and_world(rank: Any, world_size: Any) -> tuple[int, int]:
-    """The rank and world size given, else torch.distributed's when it is initialised, else (0, 1)."""
-    if rank is None and world_size is None:
-        dist = sys.modules.get("torch.distributed")  # never import torch here: it is optional
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            return int(dist.get_rank()), int(dist.get_world_size())
-        return 0, 1
-    if rank is None or world_size is None:
-        raise ValueError("give both rank and world_size, or neither (then torch.distributed's are used when initialised)")
-    world = check_int("world_size", world_size, 1, allow_none=False)
-    rank = check_int("rank", rank, 0, allow_none=False)
-    assert world is not None and rank is not None
-    if rank >= world:
-        raise ValueError(f"rank must be in [0, world_size={world}), got {rank}")
-    return rank, world
 
 
 class Batches:
@@ -150,6 +133,15 @@ class Batches:
         (give the rows outside a weight of 0).
     num_samples : int, optional
         Rows drawn per epoch with ``weights``; default: the file's rows.
+    transform : callable, or dict of path to callable, optional
+        A picklable function of a block's rows (a numpy array, rows first)
+        returning an array of as many rows, run in the reader processes on
+        each block as it is read, so per-sample work (augmentation, decoding
+        bytes stored per row) runs in parallel as decoding does (NOTE
+        [transforms] in ``multitables._io.blocks``). One function for one
+        path; a dict for several (paths it leaves out are not transformed).
+        Its output's dtype and row shape are learnt by calling it on the
+        first rows, before any reader starts. Not with ``fields``.
     epochs : int or None
         Epochs one iteration runs through, from the current position (the
         rest of the current epoch counts as one). ``None``: endless, for
@@ -179,6 +171,7 @@ class Batches:
         weights: Any = None,
         num_samples: "int | None" = None,
         epochs: "int | None" = 1,
+        transform: Any = None,
     ) -> None:
         self._single = isinstance(paths, (str, os.PathLike))
         path_list = [os.fspath(paths)] if self._single else [os.fspath(p) for p in paths]  # type: ignore[arg-type]
@@ -194,7 +187,7 @@ class Batches:
         window = check_int("window", window, 1)
         self._read_ahead = check_int("read_ahead", read_ahead, 2)
         self._epochs = check_int("epochs", epochs, 1)
-        self._rank, world = _rank_and_world(rank, world_size)
+        self._rank, world = rank_and_world(rank, world_size)
 
         nodes = [inspect_node(stream.filename, p, self._field) for p in path_list]
         if self._columns is not None:
@@ -243,6 +236,11 @@ class Batches:
         self._stream = stream
         self._paths = path_list
         self._nodes = nodes
+        self._transforms = infer_transforms(stream, path_list, nodes, transform, self._columns is not None)
+        #: (dtype, row shape) of each dataset's delivered rows: the transform's output where there is one.
+        self._row_types = [
+            (n.dtype, n.row_shape) if t is None else (t.dtype, t.row_shape) for n, t in zip(nodes, self._transforms)
+        ]
         cpus = available_cpus()
         nbytes = [n.n_rows * n.row_nbytes for n in nodes]
         pays = [parallel_pays(b, n.filter_ids, stream.options.start_method, cpus) for b, n in zip(nbytes, nodes)]
@@ -387,7 +385,7 @@ class Batches:
         """
         if self._buffers is None:
             rows = self._settings.window * self._settings.block_size
-            self._buffers = [[np.empty((rows,) + n.row_shape, n.dtype) for n in self._nodes] for _ in range(2)]
+            self._buffers = [[np.empty((rows,) + shape, dtype) for dtype, shape in self._row_types] for _ in range(2)]
         return self._buffers
 
     def _subset_key(self) -> "str | None":
@@ -459,10 +457,12 @@ class Batches:
                 if rows is not None:  # NOTE [subsets]: each piece reads its span of file rows
                     spans = piece_spans(rows, ranges.starts, ranges.stops)
                     ranges, selections = RangePlan(spans.starts, spans.stops), spans.selections
-                for path, n in zip(self._paths, self._readers):
+                for path, n, transform in zip(self._paths, self._readers, self._transforms):
                     # In-process reading needs two buffers at most: one held, one being read.
                     read_ahead = self._read_ahead or (2 if n == 0 else None)
-                    queues.append(self._stream.options.queue_for_plan(path, ranges, n, read_ahead, field=self._field))
+                    queues.append(
+                        self._stream.options.queue_for_plan(path, ranges, n, read_ahead, field=self._field, transform=transform)
+                    )
                 source: "Windows"
                 if s.shuffle:
                     source = ShuffledWindows(plan, w0, queues, self._window_buffers(), s.batch_size, selections)
@@ -480,7 +480,7 @@ class Batches:
             while k < s.n_batches:  # see NOTE [epoch plan]: empty last batches
                 k += 1
                 self._batch = k
-                yield self._deliver([np.empty((0,) + n.row_shape, n.dtype) for n in self._nodes])
+                yield self._deliver([np.empty((0,) + shape, dtype) for dtype, shape in self._row_types])
             self._epoch, self._batch, self._elastic = epoch + 1, 0, []
         finally:
             for queue in queues:

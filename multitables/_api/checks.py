@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -59,3 +60,20 @@ def check_columns(node: Any, columns: list[str]) -> None:
     missing = [c for c in columns if c not in names]
     if missing:
         raise KeyError(f"{node.path!r} in {node.filename!r} has no column {', '.join(map(repr, missing))}; its columns: {list(names)}")
+
+
+def rank_and_world(rank: Any, world_size: Any) -> tuple[int, int]:
+    """The rank and world size given, else torch.distributed's when it is initialised, else (0, 1)."""
+    if rank is None and world_size is None:
+        dist = sys.modules.get("torch.distributed")  # never import torch here: it is optional
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()), int(dist.get_world_size())
+        return 0, 1
+    if rank is None or world_size is None:
+        raise ValueError("give both rank and world_size, or neither (then torch.distributed's are used when initialised)")
+    world = check_int("world_size", world_size, 1, allow_none=False)
+    rank = check_int("rank", rank, 0, allow_none=False)
+    assert world is not None and rank is not None
+    if rank >= world:
+        raise ValueError(f"rank must be in [0, world_size={world}), got {rank}")
+    return rank, world

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .._io.blocks import read_block
+from .._io.blocks import Transform, read_block
 from .._io.engines import open_source, resolve_engine
 from .._io.node import NodeInfo, check_file_unchanged, file_signature, inspect_node
 from .._plan.blocks import BlockPlan, RangePlan, available_cpus, cap_readers, default_read_ahead
@@ -44,6 +44,18 @@ class StreamSpec:
     cache: str = "page"
     #: The h5py.Dataset the checks opened (``_node.open_node``), kept for an in-process read (the queue closes it).
     dataset: Any = dc_field(default=None, compare=False, repr=False)
+    #: Run on each block's rows where it is read (NOTE [transforms]); the blocks are its output.
+    transform: "Transform | None" = None
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        """The shape of a delivered row (the transform's output, with one)."""
+        return self.node.row_shape if self.transform is None else self.transform.row_shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The dtype of the delivered rows."""
+        return self.node.dtype if self.transform is None else self.transform.dtype
 
 
 @dataclass(frozen=True)
@@ -78,6 +90,7 @@ class StreamOptions:
         read_ahead: "int | None" = None,
         ordered: bool = True,
         field: "str | None" = None,
+        transform: "Transform | None" = None,
     ) -> "Queue":
         """A queue over explicitly planned blocks (for the training layer; ``n_procs=0`` reads in-process)."""
         node = inspect_node(self.filename, path, field)
@@ -86,7 +99,7 @@ class StreamOptions:
         engine = self.resolve(node)
         n_procs = cap_readers(n_procs, plan.n_blocks, available_cpus())
         n_slots = read_ahead if read_ahead is not None else default_read_ahead(n_procs)
-        return self.open_queue(StreamSpec(node, engine, plan, n_procs, n_slots, ordered, self.cache))
+        return self.open_queue(StreamSpec(node, engine, plan, n_procs, n_slots, ordered, self.cache, transform=transform))
 
 
 class Guard:
@@ -144,6 +157,7 @@ class InlineBackend:
         self._buffers: "list[np.ndarray | None]" = [None] * spec.n_slots  # allocated on first use
         self._free = list(range(spec.n_slots))
         self._next = 0
+        self._scratch: "np.ndarray | None" = None  # the rows as read, for a transform
         self.pids: list[int] = []
 
     def take(self) -> tuple[int, np.ndarray]:
@@ -155,7 +169,11 @@ class InlineBackend:
         # generator can hand these private blocks out without a copy.
         if out is None or sys.getrefcount(out) > FREE_BUFFER_REFS:
             out = self._buffers[slot] = empty_block(self._spec)
-        rows = read_block(self._source, self._plan, k, out, 1)  # NOTE [prefetch], with one reader: the consumer
+        transform = self._spec.transform
+        if transform is not None and self._scratch is None:
+            self._scratch = np.empty((self._plan.block_size,) + self._spec.node.row_shape, self._spec.node.dtype)
+        # NOTE [prefetch], with one reader: the consumer.
+        rows = read_block(self._source, self._plan, k, out, 1, transform=transform, scratch=self._scratch)
         check_file_unchanged(self._spec.node.filename, self._signature)  # as the readers do
         return slot, rows  # every row is read again for the next block of this slot
 
@@ -176,7 +194,8 @@ class RingBackend:
         self._plan = spec.plan
         self._ordered = spec.ordered
         self._pool = StreamWorkers(
-            spec.node, spec.engine, open_kwargs, spec.plan, spec.n_procs, spec.n_slots, start_method, spec.cache
+            spec.node, spec.engine, open_kwargs, spec.plan, spec.n_procs, spec.n_slots, start_method, spec.cache,
+            spec.transform,
         )
         self._ring = self._pool.ring
         self._pending: dict[int, int] = {}  # ordered mode: block -> slot, arrived early
@@ -370,4 +389,4 @@ class Queue:
 
 def empty_block(spec: StreamSpec) -> np.ndarray:
     """An uninitialised array shaped like one full block of ``spec``."""
-    return np.empty((spec.plan.block_size,) + spec.node.row_shape, spec.node.dtype)
+    return np.empty((spec.plan.block_size,) + spec.row_shape, spec.dtype)

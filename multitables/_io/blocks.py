@@ -1,5 +1,18 @@
 """One block of a stream into a caller's buffer: the one loop both the consumer and a reader process run.
 
+NOTE [transforms]
+    A training loop's per-sample work (augmentation, decoding bytes stored
+    per row) can run where the rows are read: ``get_batches(transform=)``
+    gives a function of a block's rows to the readers, which read each block
+    into a private buffer, call the function, and write its result into the
+    slot, so it runs in parallel as decoding does, without a second pool of
+    processes. Its output (dtype, rows' shape) is learnt once, in the
+    consumer, by calling it on the first rows before any reader starts
+    (:meth:`Transform.infer`); the slots are laid out for it, and a later
+    call that gives anything else fails with the function's traceback, as
+    any error in a reader does. Rows reach it block by block, in file order,
+    before any shuffling; it must map each row on its own.
+
 NOTE [prefetch]
     A reader alternates between waiting for the disk and decoding; alone, it
     leaves the disk idle while it decodes and the CPU idle while it waits.
@@ -29,6 +42,7 @@ NOTE [prefetch]
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import numpy as np
@@ -45,14 +59,20 @@ def read_block(
     n_readers: int,
     pacer: "Pacer | None" = None,
     before_read: "Callable[[int, int], None] | None" = None,
+    transform: "Transform | None" = None,
+    scratch: "np.ndarray | None" = None,
 ) -> np.ndarray:
     """Read block ``k`` of ``plan`` into ``out`` (the caller's slot); return the rows of it that the block fills.
 
+    With a ``transform``, the rows are read into ``scratch`` (a block of the
+    node's rows) and the transform's result goes into ``out``.
     First hints block ``k + n_readers`` to the source (NOTE [prefetch]).
     With a ``pacer`` the pieces are cut into timed reads (NOTE [orphans]);
     ``before_read(a, b)`` runs before each read of source rows ``a..b``
     (to note them for a failure report, or to raise and stop).
     """
+    target = out if transform is None else scratch
+    assert target is not None, "a transform needs a scratch buffer"
     for piece in ahead(plan, k, n_readers):
         source.prefetch(piece.start, piece.stop)
     for piece in plan.pieces(k):
@@ -62,10 +82,13 @@ def read_block(
                 before_read(a, b)
             dst = piece.dst + a - piece.start
             t = time.perf_counter()
-            source.read_into(a, b, out[dst : dst + b - a])
+            source.read_into(a, b, target[dst : dst + b - a])
             if pacer is not None:
                 pacer.took(b - a, time.perf_counter() - t)
-    return out[: plan.rows(k)]
+    n = plan.rows(k)
+    if transform is not None:
+        transform.apply(target[:n], out[:n])
+    return out[:n]
 
 
 class Pacer:
@@ -101,3 +124,44 @@ class Pacer:
             return
         per_row = seconds / rows
         self._rows_per_piece = max(self._unit, int(self._budget / per_row) // self._unit * self._unit)
+
+
+@dataclass(frozen=True)
+class Transform:
+    """A function of a block's rows run where the block is read (NOTE [transforms]), and what it gives.
+
+    ``function(rows) -> array``: ``rows`` holds the block's rows as read, in
+    a buffer reused for the next block (change it freely, copy what you
+    keep); the result has as many rows, of ``dtype`` and ``row_shape``.
+    """
+
+    function: Callable[[np.ndarray], np.ndarray]
+    dtype: np.dtype
+    row_shape: tuple[int, ...]
+
+    @classmethod
+    def infer(cls, function: Callable[[np.ndarray], np.ndarray], sample: np.ndarray, what: str) -> "Transform":
+        """The transform of ``function``, its output described by calling it on ``sample`` (a few rows)."""
+        if not callable(function):
+            raise TypeError(f"transform for {what} must be callable, not {type(function).__name__}")
+        out = function(sample.copy())
+        if not isinstance(out, np.ndarray) or out.ndim < 1 or len(out) != len(sample):
+            got = f"shape {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
+            raise TypeError(
+                f"transform for {what} must return a numpy array with one row per row it is given "
+                f"({len(sample)} given, got {got})"
+            )
+        if out.dtype.hasobject:
+            raise TypeError(f"transform for {what} returned dtype {out.dtype}; shared memory holds plain numbers and records only")
+        return cls(function, out.dtype, out.shape[1:])
+
+    def apply(self, rows: np.ndarray, out: np.ndarray) -> None:
+        """``function(rows)`` into ``out`` (as many rows); ``TypeError`` if it gives another dtype or shape than before."""
+        got = self.function(rows)
+        if not isinstance(got, np.ndarray) or got.shape != out.shape or got.dtype != self.dtype:
+            desc = f"{got.dtype} {got.shape}" if isinstance(got, np.ndarray) else type(got).__name__
+            raise TypeError(
+                f"transform {getattr(self.function, '__qualname__', self.function)!r} returned {desc} for "
+                f"{len(rows)} rows; it gave {self.dtype} rows of shape {self.row_shape} on its first call"
+            )
+        out[...] = got

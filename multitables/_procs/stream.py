@@ -13,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .._io.blocks import Pacer, read_block
+import numpy as np
+
+from .._io.blocks import Pacer, Transform, read_block
 from .._io.engines import open_source
 from .._io.node import FileSignature, NodeInfo, check_file_unchanged, file_signature
 from .._plan.blocks import BlockPlan, RangePlan
@@ -38,6 +40,8 @@ class StreamSettings:
     file_signature: "FileSignature | None" = None
     #: Where chunk bytes come from: "page" (the page cache) or "direct" (O_DIRECT, chunk engine only).
     cache: str = "page"
+    #: Run on each block's rows before it goes into its slot (NOTE [transforms]); the slots hold its output.
+    transform: "Transform | None" = None
 
 
 def stream_loop(worker: Worker, settings: StreamSettings, sync: RingSync) -> None:
@@ -60,6 +64,8 @@ def stream_loop(worker: Worker, settings: StreamSettings, sync: RingSync) -> Non
                 raise PeerGone  # orphaned: stop now rather than at the end of the block (NOTE [orphans])
 
         pacer = Pacer(settings.node.chunk_rows, PARENT_CHECK_INTERVAL / 2)
+        node = settings.node
+        scratch = None if settings.transform is None else np.empty((settings.plan.block_size,) + node.row_shape, node.dtype)
         filename, plan = settings.node.filename, settings.plan
         source = open_source(settings.engine, settings.node, settings.open_kwargs, plan, cache=settings.cache)
         check_file_unchanged(filename, settings.file_signature)
@@ -69,7 +75,7 @@ def stream_loop(worker: Worker, settings: StreamSettings, sync: RingSync) -> Non
             if claimed is None:
                 break
             k, slot = claimed
-            read_block(source, plan, k, ring.slots[slot], n_readers, pacer, before_read)
+            read_block(source, plan, k, ring.slots[slot], n_readers, pacer, before_read, settings.transform, scratch)
             check_file_unchanged(filename, settings.file_signature)
             worker.rows = None
             ring.publish(slot, k, plan.rows(k), keep_going)
@@ -104,17 +110,19 @@ class StreamWorkers:
         n_slots: int,
         start_method: "str | None",
         cache: str = "page",
+        transform: "Transform | None" = None,
     ) -> None:
         self._error: "ReaderError | None" = None
         self.filename, self.path = node.filename, node.path
         self.pool = WorkerPool(start_method, node.filename, node.path, name="reader")
-        layout = RingLayout(n_slots, plan.block_size, node.row_shape, node.dtype)
+        row_shape, dtype = (node.row_shape, node.dtype) if transform is None else (transform.row_shape, transform.dtype)
+        layout = RingLayout(n_slots, plan.block_size, row_shape, dtype)
         check_space(layout.nbytes)  # before anything is created; Ring.create checks again
         signature = file_signature(node.filename)
         sync = RingSync.create(self.pool.ctx, n_slots)
         self.ring = Ring.create(layout, sync)  # may raise ShmSpaceError; nothing started yet
         try:
-            settings = StreamSettings(node, engine, open_kwargs, plan, self.ring.segment.name, layout, signature, cache)
+            settings = StreamSettings(node, engine, open_kwargs, plan, self.ring.segment.name, layout, signature, cache, transform)
             self.pool.start(stream_loop, [(settings, sync)] * n_procs)
             self.pool.wait_attached("start", self.check)
         except BaseException:

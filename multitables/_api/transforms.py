@@ -1,0 +1,71 @@
+"""Transforms of ``get_batches(transform=)``: checked and described in the consumer, before any reader starts.
+
+See NOTE [transforms] in ``_io.blocks``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+from typing import Any, Protocol
+
+import numpy as np
+
+from .._io.blocks import Transform
+from .._io.engines import open_source
+from .queue import StreamOptions
+
+
+class StreamerLike(Protocol):
+    """What a transform needs of the streamer: how it opens its file."""
+
+    @property
+    def options(self) -> StreamOptions: ...
+
+
+#: Rows a transform is first called on, to learn its output.
+_SAMPLE_ROWS = 2
+
+
+def infer_transforms(stream: "StreamerLike", paths: list[str], nodes: list[Any], transform: Any, columns: bool) -> list[Any]:
+    """Each dataset's :class:`~multitables._io.blocks.Transform` (None: none), learnt on its first rows here."""
+    if transform is None:
+        return [None] * len(paths)
+    if columns:
+        raise ValueError("transform= and fields= do not go together: transform the columns after the batch")
+    if callable(transform):
+        if len(paths) > 1:
+            raise ValueError(f"one transform for {len(paths)} paths: give a dict of path to function")
+        functions = {paths[0]: transform}
+    elif isinstance(transform, dict):
+        functions = {os.fspath(p): f for p, f in transform.items()}
+        unknown = sorted(set(functions) - set(paths))
+        if unknown:
+            raise KeyError(f"transform names paths not read: {unknown}; the paths are {paths}")
+    else:
+        raise TypeError(f"transform must be a function or a dict of path to function, not {type(transform).__name__}")
+    options = stream.options
+    out = []
+    for path, node in zip(paths, nodes):
+        function = functions.get(path)
+        if function is None:
+            out.append(None)
+            continue
+        sample = np.empty((min(_SAMPLE_ROWS, node.n_rows),) + node.row_shape, node.dtype)
+        source = open_source(options.resolve(node), node, options.open_kwargs, cache=options.cache)
+        try:
+            source.read_into(0, len(sample), sample)
+        finally:
+            source.close()
+        found = Transform.infer(function, sample, repr(path))
+        if (options.start_method or multiprocessing.get_start_method()) != "fork":
+            try:  # spawned readers get it pickled: say so now rather than in a reader
+                pickle.dumps(function)
+            except Exception as exc:
+                raise TypeError(
+                    f"transform for {path!r} must be picklable for the {options.start_method or 'default'} start "
+                    f"method (a module-level function, not a lambda or a local function): {exc}"
+                ) from exc
+        out.append(found)
+    return out

@@ -1,0 +1,127 @@
+"""Transforms in the readers (``get_batches(transform=)``; ``_io.blocks.Transform``, ``_api.transforms``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+import multitables
+from multitables import ReaderError
+
+
+def write(path: Path, n_rows: int) -> Path:
+    """/X rows are (i, -i, 0.5 i), /y is i."""
+    i = np.arange(n_rows)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("/X", data=np.stack([i, -i, 0.5 * i], axis=1).astype("<f8"), chunks=(64, 3), compression="gzip")
+        f.create_dataset("/y", data=i.astype("<i8"), chunks=(64,), compression="gzip")
+    return path
+
+
+def first_two_as_float32_with_pid(rows: np.ndarray) -> np.ndarray:
+    """A new dtype and row shape, and who ran it."""
+    out = np.empty((len(rows), 3), np.float32)
+    out[:, :2] = rows[:, :2]
+    out[:, 2] = os.getpid()
+    return out
+
+
+def fails_on_row_300(rows: np.ndarray) -> np.ndarray:
+    if (rows[:, 0] == 300).any():
+        raise ValueError("row 300 is cursed")
+    return rows
+
+
+def grows_a_column(rows: np.ndarray) -> np.ndarray:
+    return rows if rows[0, 0] == 0 else np.zeros((len(rows), 4))
+
+
+@pytest.fixture
+def h5(tmp_path: Path) -> Path:
+    return write(tmp_path / "d.h5", 1000)
+
+
+@pytest.mark.parametrize("n_procs", [0, 2], ids=["in-process", "readers"])
+def test_a_transform_runs_where_the_rows_are_read_and_its_rows_stay_aligned(h5: Path, n_procs: int, no_leaks) -> None:
+    b = multitables.Streamer(h5).get_batches(
+        ["/X", "/y"], batch_size=64, seed=1, n_procs=n_procs, transform={"/X": first_two_as_float32_with_pid}
+    )
+    pids = set()
+    seen = []
+    for x, y in b:
+        assert x.dtype == np.float32 and x.shape == (len(y), 3)
+        np.testing.assert_array_equal(x[:, 0], y)  # the transformed rows are the batch's rows
+        np.testing.assert_array_equal(x[:, 1], -y)
+        pids.update(x[:, 2].astype(int).tolist())
+        seen.extend(y.tolist())
+    assert sorted(seen) == list(range(1000))
+    if n_procs:
+        assert os.getpid() not in pids and len(pids) >= 1  # run in the reader processes, not here
+    else:
+        assert pids == {os.getpid()}
+
+
+def test_an_error_in_a_transform_comes_back_with_its_traceback(h5: Path, no_leaks) -> None:
+    b = multitables.Streamer(h5).get_batches("/X", batch_size=50, shuffle=False, n_procs=2, transform=fails_on_row_300)
+    with pytest.raises(ReaderError) as info:
+        list(b)
+    assert isinstance(info.value, ValueError) and "row 300 is cursed" in str(info.value)
+    assert "fails_on_row_300" in info.value.remote_traceback
+
+
+def test_a_transform_that_changes_its_output_is_stopped_with_a_reason(h5: Path) -> None:
+    b = multitables.Streamer(h5).get_batches("/X", batch_size=50, shuffle=False, n_procs=0, block_size=64, transform=grows_a_column)
+    with pytest.raises(TypeError, match="on its first call"):
+        list(b)
+
+
+def test_a_resumed_run_with_a_transform_goes_on_with_the_next_batch(h5: Path) -> None:
+    stream = multitables.Streamer(h5)
+    kw = dict(batch_size=100, seed=4, n_procs=2, transform={"/X": first_two_as_float32_with_pid})
+    whole = [y.copy() for _x, y in stream.get_batches(["/X", "/y"], **kw)]
+    b = stream.get_batches(["/X", "/y"], **kw)
+    for i, _batch in enumerate(b):
+        if i == 3:
+            break
+    again = stream.get_batches(["/X", "/y"], **kw)
+    again.load_state_dict(b.state_dict())
+    rest = [y for _x, y in again]
+    assert len(rest) == len(whole) - 4
+    for got, want in zip(rest, whole[4:]):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(
+    "paths, kwargs, error, match",
+    [
+        ("/X", dict(transform=3), TypeError, "a function or a dict"),
+        (["/X", "/y"], dict(transform=fails_on_row_300), ValueError, "give a dict of path to function"),
+        (["/X", "/y"], dict(transform={"/Z": fails_on_row_300}), KeyError, "paths not read"),
+        ("/X", dict(transform=lambda rows: rows[:1]), TypeError, "one row per row"),
+        ("/X", dict(transform=lambda rows: rows.tolist()), TypeError, "must return a numpy array"),
+        ("/X", dict(transform=lambda rows: rows.astype(object)), TypeError, "plain numbers"),
+    ],
+)
+def test_bad_transforms_are_refused_before_any_reader_starts(h5: Path, paths, kwargs: dict, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        multitables.Streamer(h5).get_batches(paths, batch_size=10, **kwargs)
+
+
+def test_a_transform_spawned_readers_cannot_get_is_refused_up_front(h5: Path) -> None:
+    stream = multitables.Streamer(h5, start_method="spawn")
+    with pytest.raises(TypeError, match="picklable for the spawn start method"):
+        stream.get_batches("/X", batch_size=10, transform=lambda rows: rows)
+
+
+def test_transform_and_fields_do_not_go_together(tmp_path: Path) -> None:
+    import tables
+
+    rows = np.zeros(100, [("a", "<i4"), ("b", "<f8")])
+    with tables.open_file(tmp_path / "t.h5", "w") as f:
+        f.create_table("/", "table", rows)
+    with pytest.raises(ValueError, match="do not go together"):
+        multitables.Streamer(tmp_path / "t.h5").get_batches("/table", batch_size=10, fields=["a"], transform=lambda r: r)

@@ -125,3 +125,20 @@ def test_transform_and_fields_do_not_go_together(tmp_path: Path) -> None:
         f.create_table("/", "table", rows)
     with pytest.raises(ValueError, match="do not go together"):
         multitables.Streamer(tmp_path / "t.h5").get_batches("/table", batch_size=10, fields=["a"], transform=lambda r: r)
+
+
+def test_the_transform_snippet_of_the_training_docs_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+    import textwrap
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "training.rst").read_text()
+    section = text[text.index("Work per sample in the readers") :]
+    snippet = re.search(r"\.\. code-block:: python\n\n((?:   .*\n|\n)+)", section).group(1)  # type: ignore[union-attr]
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "train.h5", 3000)
+    scope: dict = {}
+    exec(textwrap.dedent(snippet), scope)
+    x, y = scope["x"], scope["y"]
+    assert x.dtype == np.float32 and x.shape == (len(y), 3)
+    raw = np.stack([y, -y, 0.5 * y], axis=1).astype(np.float64)
+    np.testing.assert_allclose(x, ((raw - raw.mean(axis=1, keepdims=True)) / 10).astype(np.float32), rtol=1e-6)

@@ -24,7 +24,7 @@ from .errors import (
     SubprocessException,
 )
 from .streamer import Guard, Queue, Streamer
-from .batches import Batches
+from .batches import Batches, MixedBatches, mix_batches
 from .reader import DataProxy, Dataset, Future, Reader, Request, RequestPool, Stage, StagePool
 from ._api import established as _established
 
@@ -36,6 +36,8 @@ _established.install(sys.modules[__name__])
 __all__ = [
     "Streamer",
     "Batches",
+    "MixedBatches",
+    "mix_batches",
     "Reader",
     "Dataset",
     "Request",

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence, Union
 
 import numpy as np
 
+from ._api.mix import MixedBatches, mix_batches
 from ._api.checks import check_bool, check_columns, check_fields, check_int, rank_and_world
 from ._api.transforms import infer_transforms
 from ._api.windows import BlockWindows, NoWindows, ShuffledWindows, Windows, cut
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     from ._api.queue import Queue
     from .streamer import Streamer  # type only: the streamer makes batches
 
-__all__ = ["Batches"]
+__all__ = ["Batches", "MixedBatches", "mix_batches"]
 
 #: Memory a shuffle window aims at, over all datasets, when ``window`` is not
 #: given (two such buffers are alive at once; see NOTE [window pipelining]).
@@ -485,3 +486,4 @@ class Batches:
         finally:
             for queue in queues:
                 queue.close()
+

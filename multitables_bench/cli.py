@@ -2,7 +2,9 @@
 
 For every codec (``--complibs`` x ``--complevels``) it writes a file of random
 normal float32 rows of 1024 values (``--size`` GiB; incompressible noise, so
-the figures show decompression overhead only) and times, in the same run:
+the figures show decompression overhead only; ``--data smooth``: a random
+walk in whole steps along each row, which compresses several times; ``--data
+noise smooth``: a file of each) and times, in the same run:
 
 * the raw read rate of the file with ``O_DIRECT`` (the disk ceiling);
 * one process reading it in order with each engine, as a user without this
@@ -44,7 +46,7 @@ from multitables_bench.cache_modes import resolve_cache
 from multitables_bench.machine import machine_info, usable_cpus, versions
 from multitables_bench.passes import measure
 from multitables_bench.plot import plot
-from multitables_bench.records import ENGINES, GiB, MODES, ROW_NBYTES, Context, Pass, Settings
+from multitables_bench.records import DATA, DEFAULT_DATA, ENGINES, GiB, MODES, ROW_NBYTES, Context, Pass, Settings, data_path
 from multitables_bench.report import load_report, render_html, render_markdown, render_text, report_json, report_tables, summarize
 from multitables_bench.sections import run_sections
 
@@ -90,6 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--plot", metavar="PATH.png", default=None, help="plot MB/s against n_procs (needs matplotlib)")
     add("--sections", nargs="+", default=["main"], choices=SECTIONS,
         help="what to measure: main (streaming, the default), training (batches vs DataLoader), random (Reader vs h5py)")
+    add("--data", nargs="+", default=[DEFAULT_DATA], choices=list(DATA),
+        help="what the files hold: noise (random normal, the default) and/or smooth (a random walk in whole steps, "
+             "which compresses several times); with both, a file of each per codec")
     add("--report-from", metavar="JSON", default=None, help="measure nothing: report the results of an earlier --json run")
     return parser
 
@@ -120,6 +125,7 @@ def parse_args(argv: "Sequence[str] | None" = None) -> Settings:
         plot=a.plot,
         report_from=a.report_from,
         sections=tuple(dict.fromkeys(a.sections)),
+        data=tuple(dict.fromkeys(a.data)),
     )
     problem = check_settings(settings)
     if problem:
@@ -145,8 +151,9 @@ def check_settings(s: Settings) -> "str | None":
     if s.cache == "direct" and s.direct_off:
         return "--cache direct and --H5FD_DIRECT_OFF contradict each other"
     if s.file and not s.report_from:
-        if os.path.exists(s.file):
-            return f"--file {s.file} exists: the benchmark writes and then removes this file, so give a new path"
+        for path in (data_path(s.file, data, s.data) for data in s.data):
+            if os.path.exists(path):
+                return f"--file {path} exists: the benchmark writes and then removes this file, so give a new path"
         if not os.path.isdir(os.path.dirname(os.path.abspath(s.file))):
             return f"--file {s.file}: no such directory"
     if s.plot and not _matplotlib_available():

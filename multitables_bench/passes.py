@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 from multitables_bench.cache_modes import prepare_cache
 from multitables_bench.files import write_file
 from multitables_bench.readers import engine_can_read, probe_multitables, read_multitables, read_odirect, read_single
-from multitables_bench.records import SMALL_FILES, Pass, Reader, Settings, Target, single_engines
+from multitables_bench.records import DEFAULT_DATA, SMALL_FILES, Pass, Reader, Settings, Target, data_path, single_engines
 
 #: Small-file passes take milliseconds, and one disk request more or less moves a figure by 10-20%:
 #: at least this many repeats (a median of 15 still moved a ratio by 5-10% from run to run).
@@ -45,10 +45,12 @@ def time_pass(job: Job, cache: str, repeat: int, cycle: int, log: Callable[[str]
     # now, not charged to whichever reader runs next, which on the small files
     # made the pass after a PyTables one measurably slower.
     gc.collect()
-    desc = f"{target.key} {target.codec.label} {reader.label} [{resident:.1%} cached]"
+    kind = "" if target.data == DEFAULT_DATA else f"{target.data} "
+    desc = f"{target.key} {kind}{target.codec.label} {reader.label} [{resident:.1%} cached]"
+    file_nbytes = os.path.getsize(target.path)
     n_procs_used = job.n_procs_used
     if reader.kind == "odirect":
-        nbytes = os.path.getsize(target.path)
+        nbytes = file_nbytes
         with tqdm(total=nbytes, desc=desc, unit="B", unit_scale=True, leave=False) as bar:
             seconds = nbytes / read_odirect(target, bar.update)
     else:
@@ -65,7 +67,8 @@ def time_pass(job: Job, cache: str, repeat: int, cycle: int, log: Callable[[str]
         nbytes = target.data_nbytes
         if used:
             n_procs_used = used[0]
-    p = Pass(target.key, target.codec, reader, repeat, cycle, cache, resident, seconds, nbytes, n_procs_used, job.block_size)
+    p = Pass(target.key, target.codec, reader, repeat, cycle, cache, resident, seconds, nbytes, n_procs_used, job.block_size,
+             target.data, file_nbytes)
     flag = "  WARM START" if p.warm_start else ""
     log(f"{desc} repeat {repeat + 1} cycle {cycle + 1}: {p.seconds:.3f} s, {p.mb_per_s:,.0f} MB/s{flag}")
     return p
@@ -120,20 +123,28 @@ def small_jobs(target: Target, settings: Settings, cache: str) -> list[Job]:
 def measure(
     settings: Settings, workdir: str, main_path: str, cache: str, notes: list[str], log: Callable[[str], None], passes: list[Pass]
 ) -> None:
-    """Write each file in turn, run its jobs, remove it; every pass is appended to ``passes`` as it ends."""
+    """Write each file in turn, run its jobs, remove it; every pass is appended to ``passes`` as it ends.
+
+    Per codec, one file of each ``--data`` kind (named by :func:`data_path`), each measured beside its own baselines;
+    the small files hold the first kind.
+    """
+    paths = [data_path(main_path, data, settings.data) for data in settings.data]
     try:
         for codec in settings.codecs:
-            target = Target("main", main_path, codec, settings.n_rows)
-            write_file(target.path, target.n_rows, codec)
-            run_jobs(main_jobs(target, settings, cache, notes), cache, settings.repeats, settings.cycles, log, passes)
+            for data, path in zip(settings.data, paths):
+                target = Target("main", path, codec, settings.n_rows, data=data)
+                write_file(target.path, target.n_rows, codec, data=data)
+                run_jobs(main_jobs(target, settings, cache, notes), cache, settings.repeats, settings.cycles, log, passes)
+                os.remove(target.path)
         if settings.small_files:
             repeats = small_repeats(settings)
             for small in SMALL_FILES:
                 path = os.path.join(workdir, f"{small.key}.h5")
-                target = Target(small.key, path, settings.small_codec, small.n_rows, small.chunk_rows)
-                write_file(target.path, target.n_rows, target.codec, small.chunk_rows)
+                target = Target(small.key, path, settings.small_codec, small.n_rows, small.chunk_rows, settings.data[0])
+                write_file(target.path, target.n_rows, target.codec, small.chunk_rows, data=target.data)
                 run_jobs(small_jobs(target, settings, cache), cache, repeats, settings.cycles, log, passes)
                 os.remove(target.path)
     finally:
-        if os.path.exists(main_path):
-            os.remove(main_path)
+        for path in paths:
+            if os.path.exists(path):
+                os.remove(path)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from multitables_bench.records import Codec, Context, Reader, Result, Settings, make_codec
+from multitables_bench.records import DEFAULT_DATA, Codec, Context, Reader, Result, Settings, make_codec
 from multitables_bench.report import best_single, find_result
 
 
 def plot(results: Sequence[Result], ctx: Context, path: str) -> None:
-    """MB/s against n_procs, one panel per (complib, complevel), with the disk and single-process ceilings drawn in."""
+    """MB/s against n_procs, one panel per (data, complib, complevel), with the disk and single-process ceilings drawn in."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -17,12 +17,16 @@ def plot(results: Sequence[Result], ctx: Context, path: str) -> None:
     from matplotlib.lines import Line2D
 
     s = ctx.settings
-    rows, cols = len(s.complibs), len(s.complevels)
+    parts = [(data, complib) for data in s.data for complib in s.complibs]
+    rows, cols = len(parts), len(s.complevels)
     fig, axes = plt.subplots(rows, cols, figsize=(max(6.0, 4.5 * cols), 3.6 * rows + 0.6), squeeze=False, sharex=True)
     xs = list(range(1, s.max_procs + 1))
-    for i, complib in enumerate(s.complibs):
+    for i, (data, complib) in enumerate(parts):
+        mine = [r for r in results if r.data == data]
         for j, level in enumerate(s.complevels):
-            _plot_panel(axes[i][j], results, make_codec(complib, level), s, xs)
+            _plot_panel(axes[i][j], mine, make_codec(complib, level), s, xs)
+            if s.data != (DEFAULT_DATA,):
+                axes[i][j].set_title(f"{data}: {axes[i][j].get_title()}", fontsize=9)
     handles, _ = axes[0][0].get_legend_handles_labels()
     handles += [
         Line2D([], [], marker="*", linestyle="", color="grey", markersize=10, label="default n_procs"),

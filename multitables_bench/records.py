@@ -8,6 +8,7 @@ timed read of a whole file; a :class:`Result` sums up the passes of one
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -26,6 +27,14 @@ ENGINES = ("chunks", "h5py", "tables")
 #: The single-process readers a user without multitables would write: the baselines of every ratio.
 USER_ENGINES = ("h5py", "tables")
 MODES = ("direct", "generator")
+#: What the generated files hold (``--data``), written by :func:`multitables_bench.files.make_rows`.
+DATA = {
+    "noise": "random normal float32 (does not compress: the figures show decompression overhead only)",
+    "smooth": "a random walk along each row in whole steps of -8..8, stored as float32 like sensor counts "
+              "(compresses several times)",
+}
+#: The data of the established benchmark, and of a run that does not say.
+DEFAULT_DATA = "noise"
 
 
 @dataclass(frozen=True, order=True)
@@ -70,6 +79,8 @@ class Target:
     codec: Codec
     n_rows: int
     chunk_rows: "int | None" = None
+    #: What the file holds: a key of :data:`DATA`.
+    data: str = DEFAULT_DATA
 
     @property
     def data_nbytes(self) -> int:
@@ -96,6 +107,10 @@ class Pass:
     n_procs_used: "int | None" = None
     #: Rows per read (single-process readers and multitables).
     block_size: "int | None" = None
+    #: What the file holds: a key of :data:`DATA`.
+    data: str = DEFAULT_DATA
+    #: Size of the file read (None in reports written before it was recorded).
+    file_nbytes: "int | None" = None
 
     @property
     def warm_start(self) -> bool:
@@ -120,6 +135,11 @@ class Result:
     warm_start: bool
     n_procs_used: "int | None"
     block_size: "int | None"
+    data: str = DEFAULT_DATA
+    #: The same median in MB/s of the file's bytes (the data rate over the compression ratio); None if not recorded.
+    file_mb_per_s: "float | None" = None
+    #: The file's compression ratio, uncompressed data bytes / file bytes (None for O_DIRECT or if not recorded).
+    file_ratio: "float | None" = None
 
 
 @dataclass(frozen=True)
@@ -146,6 +166,8 @@ class Settings:
     report_from: "str | None" = None
     #: What to measure: "main" (the streaming matrix), "training", "random" (:mod:`multitables_bench.sections`).
     sections: tuple[str, ...] = ("main",)
+    #: The kinds of data written (keys of :data:`DATA`), one file of each per codec.
+    data: tuple[str, ...] = (DEFAULT_DATA,)
 
     @property
     def n_rows(self) -> int:
@@ -201,6 +223,14 @@ SMALL_FILES = (
 def make_codec(complib: str, complevel: int) -> Codec:
     """The :class:`Codec` of ``complib`` at ``complevel`` (``none`` at level 0)."""
     return Codec("none", 0) if complevel == 0 else Codec(complib, complevel)
+
+
+def data_path(path: str, data: str, kinds: Sequence[str]) -> str:
+    """Where the file of ``data`` is written: ``path`` itself in a noise-only run, else ``path`` with ``-<data>`` before its extension."""
+    if tuple(kinds) == (DEFAULT_DATA,):
+        return path
+    root, ext = os.path.splitext(path)
+    return f"{root}-{data}{ext}"
 
 
 def single_engines(engines: Sequence[str]) -> list[str]:

@@ -10,11 +10,13 @@ import html
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Sequence
 
 from multitables_bench.records import (
     COLD_TOLERANCE,
+    DATA,
+    DEFAULT_DATA,
     GiB,
     MB,
     ROW_NBYTES,
@@ -27,6 +29,7 @@ from multitables_bench.records import (
     Reader,
     Result,
     Settings,
+    data_path,
     make_codec,
     single_engines,
 )
@@ -37,20 +40,35 @@ WARM_NOTE = "* started with more than 1% of the file in the page cache although 
 
 
 def summarize(passes: Iterable[Pass]) -> list[Result]:
-    """One :class:`Result` per (file, codec, reader), in first-seen order."""
-    groups: dict[tuple[str, Codec, Reader], list[Pass]] = {}
+    """One :class:`Result` per (file, data, codec, reader), in first-seen order."""
+    groups: dict[tuple[str, str, Codec, Reader], list[Pass]] = {}
+    # The file's size, for passes recorded before file_nbytes was: what the O_DIRECT pass of that file read.
+    sizes: dict[tuple[str, str, Codec], int] = {}
     for p in passes:
-        groups.setdefault((p.target, p.codec, p.reader), []).append(p)
+        groups.setdefault((p.target, p.data, p.codec, p.reader), []).append(p)
+        if p.reader.kind == "odirect":
+            sizes.setdefault((p.target, p.data, p.codec), p.nbytes)
     results = []
-    for (target, codec, reader), group in groups.items():
+    for (target, data, codec, reader), group in groups.items():
         by_repeat: dict[int, list[Pass]] = {}
         for p in group:
             by_repeat.setdefault(p.repeat, []).append(p)
-        rates = tuple(sum(p.nbytes for p in ps) / sum(p.seconds for p in ps) / MB for _, ps in sorted(by_repeat.items()))
+        repeats = [ps for _, ps in sorted(by_repeat.items())]
+        rates = tuple(sum(p.nbytes for p in ps) / sum(p.seconds for p in ps) / MB for ps in repeats)
         warm = any(p.warm_start for p in group)
         first = group[0]
         used = statistics.mode(p.n_procs_used for p in group)  # what most passes used
-        results.append(Result(target, codec, reader, statistics.median(rates), rates, warm, used, first.block_size))
+        file_rate = ratio = None
+        if reader.kind == "odirect":  # it reads the file's bytes
+            file_rate = statistics.median(rates)
+        else:
+            size = first.file_nbytes or sizes.get((target, data, codec))
+            if size:
+                ratio = first.nbytes / size
+                file_rate = statistics.median(rates) / ratio
+        results.append(
+            Result(target, codec, reader, statistics.median(rates), rates, warm, used, first.block_size, data, file_rate, ratio)
+        )
     return results
 
 
@@ -62,6 +80,8 @@ class Table:
     header: tuple[str, ...]
     rows: tuple[tuple[str, ...], ...]
     notes: tuple[str, ...] = field(default=())
+    #: The heading of the part of the report it belongs to ("": none, as in a noise-only run).
+    section: str = ""
 
 
 def find_result(results: Sequence[Result], target: str, codec: Codec, reader: Reader) -> "Result | None":
@@ -89,13 +109,38 @@ def cell(result: "Result | None", best: "Result | None" = None) -> str:
     return text + ("*" if result.warm_start else "")
 
 
+def file_cell(result: "Result | None") -> str:
+    """``"193 MB/s"`` of the file's bytes, ``*`` for a warm start; ``n/a`` when not measured or not recorded."""
+    if result is None or result.file_mb_per_s is None:
+        return "n/a"
+    return f"{result.file_mb_per_s:,.0f} MB/s" + ("*" if result.warm_start else "")
+
+
+def compression(results: Sequence[Result], target: str, codec: Codec) -> "float | None":
+    """The file's compression ratio (uncompressed data bytes / file bytes), or None if no pass recorded it."""
+    return next((r.file_ratio for r in results if r.target == target and r.codec == codec and r.file_ratio), None)
+
+
+def _ratio_cell(ratio: "float | None") -> str:
+    return "n/a" if ratio is None else f"{ratio:.2f}x"
+
+
+def efficiency(results: Sequence[Result], codec: Codec, engine: str, mode: str, n_procs: int) -> "float | None":
+    """Parallel efficiency: MB/s with ``n_procs`` readers / (``n_procs`` x MB/s with one); None if either is missing."""
+    one = find_result(results, "main", codec, Reader("multitables", engine, mode, 1))
+    many = find_result(results, "main", codec, Reader("multitables", engine, mode, n_procs))
+    if one is None or many is None:
+        return None
+    return many.mb_per_s / (n_procs * one.mb_per_s)
+
+
 def _notes(results: Iterable["Result | None"]) -> tuple[str, ...]:
     return (WARM_NOTE,) if any(r is not None and r.warm_start for r in results) else ()
 
 
 def baseline_table(results: Sequence[Result], complib: str, complevels: Sequence[int], engines: Sequence[str]) -> Table:
-    """Per complevel: the disk ceiling and each single-process reader (ratio to the best of them)."""
-    header = ("complevel", "O_DIRECT read (disk)", *(Reader("single", e).label for e in engines))
+    """Per complevel: the file's compression ratio, the disk ceiling and each single-process reader (ratio to the best)."""
+    header = ("complevel", "compression (data / file bytes)", "O_DIRECT read (disk)", *(Reader("single", e).label for e in engines))
     rows, seen = [], []
     for level in complevels:
         codec = make_codec(complib, level)
@@ -103,7 +148,8 @@ def baseline_table(results: Sequence[Result], complib: str, complevels: Sequence
         readers = [Reader("odirect"), *(Reader("single", e) for e in engines)]
         found = [find_result(results, "main", codec, r) for r in readers]
         seen += found
-        rows.append((str(level), cell(found[0]), *(cell(r, best) for r in found[1:])))
+        ratio = _ratio_cell(compression(results, "main", codec))
+        rows.append((str(level), ratio, cell(found[0]), *(cell(r, best) for r in found[1:])))
     title = f"{complib}: the disk and one process (MB/s, ratio to the best single-process reader)"
     return Table(title, header, tuple(rows), _notes(seen))
 
@@ -111,7 +157,7 @@ def baseline_table(results: Sequence[Result], complib: str, complevels: Sequence
 def scaling_table(
     results: Sequence[Result], complib: str, complevels: Sequence[int], engine: str, mode: str, max_procs: int
 ) -> Table:
-    """Complevel x n_procs for one engine and mode, with the default n_procs as the last column."""
+    """Complevel x n_procs for one engine and mode, with the default n_procs, then the parallel efficiency at max_procs."""
     n_procs_list: list["int | None"] = [*range(1, max_procs + 1), None]
     rows, seen = [], []
     for level in complevels:
@@ -119,10 +165,31 @@ def scaling_table(
         best = best_single(results, "main", codec)
         found = [find_result(results, "main", codec, Reader("multitables", engine, mode, n)) for n in n_procs_list]
         seen += found
-        rows.append((str(level), *(cell(r, best) for r in found[:-1]), _default_cell(found[-1], best)))
-    header = ("complevel / n_procs", *(str(n) for n in n_procs_list[:-1]), "default (what it used)")
+        eff = efficiency(results, codec, engine, mode, max_procs)
+        extra = ("n/a" if eff is None else f"{eff:.2f}",) if max_procs > 1 else ()
+        rows.append((str(level), *(cell(r, best) for r in found[:-1]), _default_cell(found[-1], best), *extra))
+    eff_header = (f"efficiency {max_procs} / ({max_procs} x 1)",) if max_procs > 1 else ()
+    header = ("complevel / n_procs", *(str(n) for n in n_procs_list[:-1]), "default (what it used)", *eff_header)
     title = f"{complib}: multitables, {mode} access, engine {engine} (MB/s, ratio to the best single-process reader)"
     return Table(title, header, tuple(rows), _notes(seen))
+
+
+def file_table(
+    results: Sequence[Result], complib: str, complevels: Sequence[int], engines: Sequence[str], modes: Sequence[str],
+    max_procs: int,
+) -> Table:
+    """Every reader's rate in MB/s of file bytes (the data rate / the compression ratio), one column per complevel."""
+    codecs = [make_codec(complib, level) for level in complevels]
+    readers = [Reader("odirect"), *(Reader("single", e) for e in single_engines(engines))]
+    readers += [Reader("multitables", e, m, n) for e in engines for m in modes for n in [*range(1, max_procs + 1), None]]
+    rows = [("compression (data / file bytes)", *(_ratio_cell(compression(results, "main", c)) for c in codecs))]
+    seen = []
+    for reader in readers:
+        found = [find_result(results, "main", c, reader) for c in codecs]
+        seen += found
+        rows.append((reader.label, *(file_cell(r) for r in found)))
+    title = f"{complib}: MB/s of file bytes (the data rate divided by the file's compression ratio)"
+    return Table(title, ("reader / complevel", *(str(level) for level in complevels)), tuple(rows), _notes(seen))
 
 
 def small_table(results: Sequence[Result], modes: Sequence[str]) -> Table:
@@ -156,16 +223,26 @@ def _default_cell(result: "Result | None", best: "Result | None") -> str:
 
 
 def report_tables(results: Sequence[Result], ctx: Context) -> list[Table]:
+    """Per data kind (a section each unless the run is noise only), per complib: the baselines, the scaling tables and
+    the file-bytes table; then the small files."""
     s = ctx.settings
     levels = s.complevels
+    sectioned = s.data != (DEFAULT_DATA,)
     tables = []
-    for complib in s.complibs:
-        tables.append(baseline_table(results, complib, levels, single_engines(s.engines)))
-        for engine in s.engines:
-            for mode in s.modes:
-                tables.append(scaling_table(results, complib, levels, engine, mode, s.max_procs))
+    for data in s.data:
+        mine = [r for r in results if r.data == data]
+        part = []
+        for complib in s.complibs:
+            part.append(baseline_table(mine, complib, levels, single_engines(s.engines)))
+            for engine in s.engines:
+                for mode in s.modes:
+                    part.append(scaling_table(mine, complib, levels, engine, mode, s.max_procs))
+            part.append(file_table(mine, complib, levels, s.engines, s.modes, s.max_procs))
+        section = f"data: {data}, {DATA.get(data, data)}" if sectioned else ""
+        tables += [replace(t, section=section) for t in part]
     if any(r.target != "main" for r in results):
-        tables.append(small_table(results, s.modes))
+        section = f"small files (data: {s.data[0]})" if sectioned else ""
+        tables.append(replace(small_table(results, s.modes), section=section))
     return tables
 
 
@@ -181,15 +258,15 @@ def describe(ctx: Context) -> list[tuple[str, str]]:
     model = f", {f['model']}" if f.get("model") else ""
     return [
         ("machine", f"{m['cpu_model']}, {m['cpus']} CPUs ({m['usable_cpus']} usable), {mem}; {m['system']}"),
-        ("file", f"{f.get('path', '?')} on {device} ({rot}{raid}{under}{model}), "
+        ("file", f"{_file_paths(f.get('path', '?'), s)} on {device} ({rot}{raid}{under}{model}), "
                  f"{f.get('fstype', '?')} mounted at {f.get('mount', '?')}"),
-        ("data", f"{s.n_rows:,} rows of {ROW_VALUES} random normal float32 ({s.n_rows * ROW_NBYTES / GiB:.3g} GiB): "
-                 "noise does not compress, so these figures show decompression overhead only, "
-                 "not what compression saves on real data"),
+        ("data", _describe_data(s)),
         ("cache", ctx.cache_note),
         ("method", f"each pass reads the whole file once (multitables: start-up and shut-down included); median over {s.repeats} "
                    f"repeat(s) of {s.cycles} pass(es); MB = 10^6 bytes of uncompressed data (file bytes for O_DIRECT); "
-                   "ratios are to the best single-process reader of the same file"),
+                   "ratios are to the best single-process reader of the same file; MB/s of file bytes = the data rate "
+                   "/ the file's compression ratio (uncompressed bytes / file bytes); parallel efficiency = "
+                   "MB/s(n_procs=N) / (N x MB/s(n_procs=1)), N the largest n_procs measured"),
         *((("quick", "a --quick run: the file is small, so starting reader processes weighs on multitables' figures; "
                       "they check that everything works, the full run gives the figures"),) if s.quick else ()),
         ("versions", ", ".join(f"{k} {v}" for k, v in ctx.versions.items())),
@@ -197,13 +274,41 @@ def describe(ctx: Context) -> list[tuple[str, str]]:
     ]
 
 
+def _describe_data(s: Settings) -> str:
+    size = f"{s.n_rows:,} rows of {ROW_VALUES} "
+    if s.data == (DEFAULT_DATA,):
+        return (f"{size}random normal float32 ({s.n_rows * ROW_NBYTES / GiB:.3g} GiB): "
+                "noise does not compress, so these figures show decompression overhead only, "
+                "not what compression saves on real data")
+    kinds = "; ".join(f"{d}: {DATA.get(d, d)}" for d in s.data)
+    return f"{size}float32 values ({s.n_rows * ROW_NBYTES / GiB:.3g} GiB) in a file per codec of each kind: {kinds}"
+
+
+def _file_paths(path: str, s: Settings) -> str:
+    """The benchmark file's path, or with several kinds of data, the file of each."""
+    if s.data == (DEFAULT_DATA,):
+        return path
+    return ", ".join(data_path(path, d, s.data) for d in s.data) + " (one per data kind)"
+
+
 def render_text(tables: Sequence[Table], ctx: Context) -> str:
     lines = ["multitables benchmark", ""] + [f"{k:>8}: {v}" for k, v in describe(ctx)]
-    for t in tables:
+    for t, section in _with_sections(tables):
+        if section:
+            lines += ["", "=" * len(section), section, "=" * len(section)]
         widths = [max(len(row[i]) for row in (t.header, *t.rows)) for i in range(len(t.header))]
         lines += ["", t.title, _text_row(t.header, widths), "-+-".join("-" * w for w in widths)]
         lines += [_text_row(row, widths) for row in t.rows] + list(t.notes)
     return "\n".join(lines) + "\n"
+
+
+def _with_sections(tables: Sequence[Table]) -> list[tuple[Table, str]]:
+    """Each table with the section heading to print before it ("" but where the section changes)."""
+    out, current = [], ""
+    for t in tables:
+        out.append((t, t.section if t.section != current else ""))
+        current = t.section
+    return out
 
 
 def _text_row(row: Sequence[str], widths: Sequence[int]) -> str:
@@ -216,7 +321,9 @@ def _md_escape(text: str) -> str:
 
 def render_markdown(tables: Sequence[Table], ctx: Context) -> str:
     lines = ["## multitables benchmark", ""] + [f"- **{k}**: {_md_escape(v)}" for k, v in describe(ctx)]
-    for t in tables:
+    for t, section in _with_sections(tables):
+        if section:
+            lines += ["", f"## {_md_escape(section)}"]
         lines += ["", f"### {_md_escape(t.title)}", ""]
         lines.append("| " + " | ".join(map(_md_escape, t.header)) + " |")
         lines.append("|" + "|".join("---" if i == 0 else "---:" for i in range(len(t.header))) + "|")
@@ -235,8 +342,10 @@ def render_html(tables: Sequence[Table], ctx: Context) -> str:
         "<h1>multitables benchmark</h1>",
         "<ul>" + "".join(f"<li><b>{e(k)}</b>: {e(v)}</li>" for k, v in describe(ctx)) + "</ul>",
     ]
-    for t in tables:
-        parts.append(f"<h2>{e(t.title)}</h2>")
+    for t, section in _with_sections(tables):
+        if section:
+            parts.append(f"<h2>{e(section)}</h2>")
+        parts.append(f"<h{3 if t.section else 2}>{e(t.title)}</h{3 if t.section else 2}>")
         parts.append("<table>\n<tr>" + "".join(f"<th>{e(c)}</th>" for c in t.header) + "</tr>")
         parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in t.rows]
         parts.append("</table>")

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,29 @@ def test_plot_without_matplotlib_says_so(monkeypatch: pytest.MonkeyPatch, capsys
     with pytest.raises(SystemExit):
         cli.parse_args(["--plot", "p.png"])
     assert "pip install matplotlib" in capsys.readouterr().err
+
+
+def test_data_defaults_to_noise_and_takes_a_list() -> None:
+    assert cli.parse_args([]).data == ("noise",)
+    assert cli.parse_args(["--data", "smooth"]).data == ("smooth",)
+    assert cli.parse_args(["--data", "noise", "smooth", "noise"]).data == ("noise", "smooth")
+    assert "--data" in cli.build_parser().format_help()
+
+
+def test_unknown_data_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--data", "walk"])
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_each_data_kind_gets_its_own_file(tmp_path: Path) -> None:
+    assert records.data_path("bench/x.h5", "noise", ("noise",)) == "bench/x.h5"  # as before --data
+    assert records.data_path("bench/x.h5", "smooth", ("smooth",)) == "bench/x-smooth.h5"
+    assert [records.data_path("x.h5", d, ("noise", "smooth")) for d in ("noise", "smooth")] == ["x-noise.h5", "x-smooth.h5"]
+    (tmp_path / "x-smooth.h5").write_bytes(b"precious")
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--file", str(tmp_path / "x.h5"), "--data", "noise", "smooth"])
+    assert cli.parse_args(["--file", str(tmp_path / "x.h5"), "--data", "noise"]).file == str(tmp_path / "x.h5")
 
 
 def test_codecs_write_complevel_zero_once() -> None:
@@ -233,6 +257,48 @@ def test_written_file_is_random_normal_float32_rows(small_target: Target) -> Non
     assert abs(float(data.mean())) < 0.01 and abs(float(data.std()) - 1) < 0.01
 
 
+def test_noise_rows_are_the_established_ones() -> None:
+    expected = np.random.default_rng(5).standard_normal((3, records.ROW_VALUES), dtype=np.float32)
+    assert np.array_equal(files.make_rows(np.random.default_rng(5), 3), expected)
+
+
+def test_smooth_rows_are_a_seeded_walk_in_whole_steps() -> None:
+    a = files.make_rows(np.random.default_rng(1), 50, "smooth")
+    assert a.shape == (50, records.ROW_VALUES) and a.dtype == np.float32
+    assert np.array_equal(a, files.make_rows(np.random.default_rng(1), 50, "smooth"))  # deterministic
+    assert not np.array_equal(a, files.make_rows(np.random.default_rng(2), 50, "smooth"))
+    steps = np.diff(a, axis=1, prepend=0)
+    assert np.array_equal(steps, np.round(steps)) and np.abs(steps).max() == files.SMOOTH_STEP
+    assert set(np.unique(steps)) == set(range(-files.SMOOTH_STEP, files.SMOOTH_STEP + 1))
+    with pytest.raises(ValueError):
+        files.make_rows(np.random.default_rng(1), 1, "walk")
+
+
+def _stored(path: Path) -> tuple[np.ndarray, float]:
+    """The data of a written file and its compression ratio (data bytes / file bytes)."""
+    import tables
+
+    with tables.open_file(str(path)) as f:
+        data = f.get_node(records.NODE).read()
+    return data, data.nbytes / os.path.getsize(path)
+
+
+def test_smooth_file_is_deterministic_and_compresses_several_times(tmp_path: Path) -> None:
+    """Written block by block (WRITE_ROWS), the same seed gives the same rows; zlib 3 packs them ~4x, noise ~1.1x."""
+    n = files.WRITE_ROWS + 500  # two appends
+    for name in ("a", "b"):
+        files.write_file(str(tmp_path / f"{name}.h5"), n, Codec("zlib", 3), data="smooth")
+    files.write_file(str(tmp_path / "noise.h5"), n, Codec("zlib", 3))
+    a, ratio = _stored(tmp_path / "a.h5")
+    b, _ = _stored(tmp_path / "b.h5")
+    assert a.shape == (n, records.ROW_VALUES) and np.array_equal(a, b)
+    rng = np.random.default_rng(0)
+    first, second = files.make_rows(rng, files.WRITE_ROWS, "smooth"), files.make_rows(rng, 500, "smooth")
+    assert np.array_equal(a, np.concatenate([first, second]))
+    assert ratio > 3.5
+    assert _stored(tmp_path / "noise.h5")[1] < 1.3
+
+
 @pytest.mark.parametrize("engine", records.ENGINES)
 def test_single_process_reader_reads_every_row_in_blocks(small_target: Target, engine: str) -> None:
     steps: list[int] = []
@@ -336,25 +402,37 @@ MODES = ("direct", "generator")
 MAX_PROCS = 2
 
 
-def _pass(target: str, codec: Codec, reader: Reader, rate: float, repeat: int = 0, cycle: int = 0, resident: float = 0.0) -> Pass:
+#: Compression ratio of the synthetic files, by (data, complevel).
+RATIOS = {("noise", 0): 1.0, ("noise", 3): 1.25, ("smooth", 0): 1.0, ("smooth", 3): 4.0}
+
+
+def _pass(
+    target: str, codec: Codec, reader: Reader, rate: float, repeat: int = 0, cycle: int = 0, resident: float = 0.0,
+    data: str = "noise",
+) -> Pass:
     n_procs_used = None
     if reader.kind == "multitables":
         n_procs_used = reader.n_procs if reader.n_procs is not None else (2 if target == "main" else 0)
-    return Pass(target, codec, reader, repeat, cycle, "evict", resident, 1.0, int(rate * records.MB), n_procs_used, 64)
+    nbytes = int(rate * records.MB)
+    file_nbytes = nbytes if reader.kind == "odirect" else int(nbytes / RATIOS[data, codec.complevel])
+    return Pass(target, codec, reader, repeat, cycle, "evict", resident, 1.0, nbytes, n_procs_used, 64, data, file_nbytes)
 
 
-def synthetic_passes() -> list[Pass]:
+def synthetic_passes(data: str = "noise", small: bool = True) -> list[Pass]:
     """Every pass a full run with two complevels, both engines and modes, max_procs 2 and the small files would make."""
     passes = []
     for level in LEVELS:
         codec = records.make_codec("blosc", level)
-        passes.append(_pass("main", codec, Reader("odirect"), 900.0))
-        passes += [_pass("main", codec, Reader("single", e), 400.0 if e == "h5py" else 200.0) for e in ENGINES]
+        passes.append(_pass("main", codec, Reader("odirect"), 900.0, data=data))
+        passes += [_pass("main", codec, Reader("single", e), 400.0 if e == "h5py" else 200.0, data=data) for e in ENGINES]
         for e in ENGINES:
             for m in MODES:
                 for n in (1, 2, None):
                     warm = 0.5 if (level, e, m, n) == (3, "tables", "generator", 2) else 0.0
-                    passes.append(_pass("main", codec, Reader("multitables", e, m, n), 100.0 * (n or 2), resident=warm))
+                    rate = 100.0 * (n or 2) * (0.9 if (data, e, n) == ("smooth", "h5py", 2) else 1.0)
+                    passes.append(_pass("main", codec, Reader("multitables", e, m, n), rate, resident=warm, data=data))
+    if not small:
+        return passes
     for small in records.SMALL_FILES:
         codec = Codec("blosc", 3)
         passes += [_pass(small.key, codec, Reader("single", e), 100.0) for e in ENGINES]
@@ -387,11 +465,56 @@ def test_summary_is_the_median_over_repeats_of_rates_over_cycles() -> None:
 def test_scaling_table_is_complevel_by_n_procs_with_ratios_and_default() -> None:
     results = reporting.summarize(synthetic_passes())
     t = reporting.scaling_table(results, "blosc", LEVELS, "h5py", "direct", MAX_PROCS)
-    assert t.header == ("complevel / n_procs", "1", "2", "default (what it used)")
+    assert t.header == ("complevel / n_procs", "1", "2", "default (what it used)", "efficiency 2 / (2 x 1)")
     assert [row[0] for row in t.rows] == ["0", "3"]
-    assert all(CELL.match(c) for row in t.rows for c in row[1:-1])
-    assert t.rows[0][1:] == ("100 MB/s 0.25x", "200 MB/s 0.50x", "200 MB/s 0.50x (2 procs)")
+    assert all(CELL.match(c) for row in t.rows for c in row[1:-2])
+    assert t.rows[0][1:] == ("100 MB/s 0.25x", "200 MB/s 0.50x", "200 MB/s 0.50x (2 procs)", "1.00")
     assert t.notes == ()
+
+
+def test_parallel_efficiency_is_n_readers_over_n_times_one() -> None:
+    results = reporting.summarize(synthetic_passes("smooth", small=False))
+    codec = Codec("blosc", 3)
+    assert reporting.efficiency(results, codec, "h5py", "direct", 2) == pytest.approx(0.9)  # 180 / (2 x 100)
+    assert reporting.efficiency(results, codec, "tables", "direct", 2) == pytest.approx(1.0)
+    assert reporting.efficiency(results, codec, "tables", "direct", 3) is None  # not measured
+    t = reporting.scaling_table(results, "blosc", LEVELS, "h5py", "direct", MAX_PROCS)
+    assert t.rows[1][-1] == "0.90"
+    one = reporting.scaling_table(results, "blosc", LEVELS, "h5py", "direct", 1)
+    assert one.header == ("complevel / n_procs", "1", "default (what it used)")  # no efficiency with one reader
+
+
+def test_summary_has_the_rate_of_file_bytes_and_the_compression_ratio() -> None:
+    results = reporting.summarize(synthetic_passes("smooth", small=False))
+    codec = Codec("blosc", 3)
+    h5py = reporting.find_result(results, "main", codec, Reader("single", "h5py"))
+    disk = reporting.find_result(results, "main", codec, Reader("odirect"))
+    assert h5py is not None and disk is not None and h5py.data == "smooth"
+    assert h5py.file_ratio == pytest.approx(4.0) and h5py.file_mb_per_s == pytest.approx(100.0)  # 400 MB/s of data / 4
+    assert disk.file_ratio is None and disk.file_mb_per_s == pytest.approx(900.0)  # O_DIRECT reads file bytes
+    assert reporting.compression(results, "main", codec) == pytest.approx(4.0)
+    # A report from before file_nbytes was recorded: the file's size is what its O_DIRECT pass read.
+    old = [replace(p, file_nbytes=None) for p in synthetic_passes("smooth", small=False)]
+    found = reporting.summarize(old)
+    h5py = reporting.find_result(found, "main", codec, Reader("single", "h5py"))
+    assert h5py is not None and h5py.file_ratio == pytest.approx(400 / 900) and h5py.file_mb_per_s == pytest.approx(900.0)
+    assert all(r.file_mb_per_s == r.mb_per_s for r in found if r.reader.kind == "odirect")  # it reads file bytes
+    without_disk = [p for p in old if p.reader.kind != "odirect"]
+    assert all(r.file_mb_per_s is None and r.file_ratio is None for r in reporting.summarize(without_disk))
+
+
+def test_file_table_has_every_reader_in_file_bytes() -> None:
+    results = reporting.summarize(synthetic_passes("smooth", small=False))
+    t = reporting.file_table(results, "blosc", LEVELS, ENGINES, MODES, MAX_PROCS)
+    assert t.header == ("reader / complevel", "0", "3")
+    assert t.rows[0] == ("compression (data / file bytes)", "1.00x", "4.00x")
+    rows = {row[0]: row[1:] for row in t.rows}
+    assert rows["O_DIRECT read"] == ("900 MB/s", "900 MB/s")
+    assert rows["h5py read_direct, 1 process"] == ("400 MB/s", "100 MB/s")
+    assert rows["multitables h5py direct n_procs=2"] == ("180 MB/s", "45 MB/s")
+    assert len(t.rows) == 1 + 1 + len(ENGINES) + len(ENGINES) * len(MODES) * (MAX_PROCS + 1)
+    assert t.rows[-2][2].endswith("*") and t.notes == (reporting.WARM_NOTE,)  # tables generator n_procs=2, level 3
+    assert {c for row in reporting.file_table([], "zlib", LEVELS, ENGINES, MODES, 1).rows for c in row[1:]} == {"n/a"}
 
 
 def test_a_default_cell_says_where_most_passes_read() -> None:
@@ -413,8 +536,9 @@ def test_warm_start_is_marked_in_its_cell_and_noted() -> None:
 def test_baseline_table_has_the_disk_and_each_engine() -> None:
     results = reporting.summarize(synthetic_passes())
     t = reporting.baseline_table(results, "blosc", LEVELS, ENGINES)
-    assert t.header[1].startswith("O_DIRECT") and len(t.header) == 2 + len(ENGINES)
-    assert t.rows[0][1:] == ("900 MB/s", "400 MB/s 1.00x", "200 MB/s 0.50x")
+    assert t.header[1].startswith("compression") and t.header[2].startswith("O_DIRECT") and len(t.header) == 3 + len(ENGINES)
+    assert t.rows[0][1:] == ("1.00x", "900 MB/s", "400 MB/s 1.00x", "200 MB/s 0.50x")
+    assert t.rows[1][1] == "1.25x"
 
 
 def test_missing_measurements_read_n_a() -> None:
@@ -433,7 +557,8 @@ def test_small_files_table_checks_the_target() -> None:
 def test_text_report_aligns_every_table(ctx: Context) -> None:
     results = reporting.summarize(synthetic_passes())
     tables = reporting.report_tables(results, ctx)
-    assert len(tables) == 1 + len(ENGINES) * len(MODES) + 1  # baseline, scaling tables, small files
+    assert len(tables) == 1 + len(ENGINES) * len(MODES) + 1 + 1  # baseline, scaling tables, file bytes, small files
+    assert {t.section for t in tables} == {""}  # noise only: no sections, as before --data
     text = reporting.render_text(tables, ctx)
     for key in ("machine", "file", "data", "cache", "method", "versions", "note"):
         assert re.search(rf"^\s*{key}: ", text, re.M)
@@ -459,6 +584,55 @@ def test_markdown_tables_are_well_formed(ctx: Context) -> None:
         assert widths == {len(t.header) + 1}
         assert set(rows[1]) <= set("|-:")
     assert "\\*" in md  # the warm-start mark survives Markdown
+
+
+@pytest.fixture
+def both_ctx(ctx: Context) -> Context:
+    machine = {**ctx.machine, "file": {**ctx.machine["file"], "path": "bench/x.h5"}}
+    return replace(ctx, settings=replace(ctx.settings, data=("noise", "smooth")), machine=machine)
+
+
+def both_passes() -> list[Pass]:
+    return synthetic_passes("noise", small=False) + synthetic_passes("smooth")
+
+
+def test_report_has_a_section_per_data_kind(both_ctx: Context) -> None:
+    results = reporting.summarize(both_passes())
+    tables = reporting.report_tables(results, both_ctx)
+    per_kind = 1 + len(ENGINES) * len(MODES) + 1
+    assert len(tables) == 2 * per_kind + 1
+    sections = [t.section for t in tables]
+    assert sections[0].startswith("data: noise") and sections[per_kind].startswith("data: smooth")
+    assert len(set(sections[:per_kind])) == len(set(sections[per_kind:-1])) == 1
+    assert sections[-1] == "small files (data: noise)"
+    # Each section reports its own data: compression and efficiency differ.
+    assert tables[0].rows[1][1] == "1.25x" and tables[per_kind].rows[1][1] == "4.00x"
+    smooth_h5py = tables[per_kind + 1]  # after the baseline: h5py direct
+    assert "engine h5py" in smooth_h5py.title and "direct" in smooth_h5py.title and smooth_h5py.rows[1][-1] == "0.90"
+    assert tables[1].rows[1][-1] == "1.00"
+    text = reporting.render_text(tables, both_ctx)
+    assert text.count("\ndata: noise") == 1 and text.count("\ndata: smooth") == 1
+    assert "random walk" in text and "bench/x-noise.h5, bench/x-smooth.h5 (one per data kind)" in text
+    md = reporting.render_markdown(tables, both_ctx)
+    assert md.count("\n### ") == len(tables) and md.count("\n## data: ") == 2 and md.count("\n## small files") == 1
+    parser = _Cells()
+    parser.feed(reporting.render_html(tables, both_ctx).replace("<!DOCTYPE html>", "").replace('<meta charset="utf-8">', ""))
+    assert parser.stack == [] and len(parser.tables) == len(tables)
+
+
+def test_a_report_without_data_or_file_sizes_still_loads(ctx: Context, tmp_path: Path) -> None:
+    """JSON written before --data: every pass is noise; file sizes come from the O_DIRECT passes."""
+    passes = synthetic_passes(small=False)
+    doc = json.loads(json.dumps(reporting.report_json(passes, reporting.summarize(passes), ctx)))
+    del doc["settings"]["data"]
+    for p in doc["passes"]:
+        del p["data"], p["file_nbytes"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(doc))
+    reloaded, rctx = reporting.load_report(str(path))
+    assert rctx.settings.data == ("noise",) and {p.data for p in reloaded} == {"noise"}
+    tables = reporting.report_tables(reporting.summarize(reloaded), rctx)
+    assert tables[0].rows[0][1] == "0.44x" and tables[-1].rows[1][1:] == ("900 MB/s", "900 MB/s")  # 400 MB/s / 900
 
 
 class _Cells(HTMLParser):
@@ -587,6 +761,24 @@ def test_quick_run_end_to_end(tmp_path: Path) -> None:
     assert out["md"].read_text().count("\n### ") == out["html"].read_text().count("<table>")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in out.values())  # files removed
     assert own_segments() <= before
+
+
+def test_quick_run_of_both_data_kinds(tmp_path: Path) -> None:
+    """``--data noise smooth`` writes a file of each, reports a section of each, and removes both."""
+    out = {k: tmp_path / f"report.{k}" for k in ("json", "md")}
+    argv = [sys.executable, str(REPO / "multitables_benchmark.py"), "--quick", "--file", str(tmp_path / "bench.h5"),
+            "--data", "noise", "smooth", "--complibs", "zlib", "--complevels", "3", "--engines", "chunks",
+            "--modes", "direct", "--max_procs", "1", "--no-small-files", "--json", str(out["json"]), "--markdown", str(out["md"])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), "TQDM_DISABLE": "1"}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out["json"].read_text())
+    ratios = {p["data"]: p["nbytes"] / p["file_nbytes"] for p in doc["passes"] if p["reader"]["kind"] != "odirect"}
+    assert set(ratios) == {"noise", "smooth"} and ratios["smooth"] > 3.5 and ratios["noise"] < 1.3
+    md = out["md"].read_text()
+    assert md.count("\n## data: ") == 2 and "bench-noise.h5, " in md and "bench-smooth.h5 (one per data kind)" in md
+    assert all(r["file_mb_per_s"] for r in doc["results"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in out.values())  # files removed
 
 
 def test_the_chunk_engine_is_measured_but_never_the_baseline() -> None:

@@ -33,7 +33,7 @@ from ._api.checks import check_bool, check_columns, check_fields, check_int, ran
 from ._api.transforms import infer_transforms
 from ._api.windows import BlockWindows, NoWindows, ShuffledWindows, Windows, cut
 from ._plan.epoch import EpochSettings, remaining_after
-from ._io.node import inspect_node
+from ._io.fileset import inspect_files
 from ._plan.blocks import MiB, RangePlan, available_cpus, default_block_size, parallel_pays, split_readers
 from ._plan.subset import (
     check_weights, default_subset_block, piece_spans, subset_key, subset_rows, weighted_draw, weights_key,
@@ -190,7 +190,7 @@ class Batches:
         self._epochs = check_int("epochs", epochs, 1)
         self._rank, world = rank_and_world(rank, world_size)
 
-        nodes = [inspect_node(stream.filename, p, self._field) for p in path_list]
+        nodes = [inspect_files(stream.filename, p, self._field) for p in path_list]
         if self._columns is not None:
             check_columns(nodes[0], self._columns)
         lengths = {n.n_rows for n in nodes}

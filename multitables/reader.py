@@ -17,7 +17,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ._io.engines import check_engine, resolve_engine
-from ._io.node import NodeInfo, as_filename, check_file, file_signature, inspect_node
+from ._io.fileset import as_files, describe_files, inspect_files
+from ._io.node import NodeInfo, check_file, file_signature
 from ._plan.blocks import available_cpus, cap_readers
 from ._api.checks import check_int
 from ._api.established import first_op
@@ -40,12 +41,14 @@ from ._api.stages import Stage, StagePool
 
 
 class Reader:
-    """Random access to the datasets of one HDF5 file, served by worker processes.
+    """Random access to the datasets of an HDF5 file, or of a set of files, served by worker processes.
 
     Parameters
     ----------
-    filename : str, bytes or os.PathLike
-        The HDF5 file.
+    filename : str, bytes, os.PathLike, or a list of them
+        The HDF5 file; a list of files or a glob pattern is one dataset of
+        the files' rows in turn, as for :class:`Streamer` (queries, which
+        PyTables runs on one file, are refused on a set).
     n_procs : int, optional
         Worker processes reading requests; default: the CPUs this process may
         use, and at most 4 per CPU (:attr:`n_procs` says how many run). A large
@@ -77,7 +80,7 @@ class Reader:
 
     def __init__(
         self,
-        filename: "str | bytes | os.PathLike[str] | os.PathLike[bytes]",
+        filename: "str | bytes | os.PathLike[str] | os.PathLike[bytes] | list[Any] | tuple[Any, ...]",
         n_procs: "int | None" = None,
         notify: "Callable[[Any], Any] | None" = None,
         *,
@@ -87,7 +90,7 @@ class Reader:
         **open_kwargs: Any,
     ) -> None:
         self._core: "ReaderCore | None" = None
-        filename = as_filename(filename)
+        files = as_files(filename)
         cpus = available_cpus()
         n_procs = cap_readers(cpus if n_procs is None else check_int("n_procs", n_procs, 1, allow_none=False), None, cpus)
         max_stages = check_int("max_stages", max_stages, 1, allow_none=False)
@@ -95,14 +98,20 @@ class Reader:
         check_start_method(start_method)
         if notify is not None and not callable(notify):
             raise TypeError(f"notify must be callable, not {type(notify).__name__}")
-        check_file(filename)
-        pool = ServeWorkers(filename, open_kwargs, n_procs, max_stages, start_method, file_signature(filename))
-        self._core = ReaderCore(filename, engine, open_kwargs, pool, max_stages, notify)
+        if isinstance(files, str):
+            check_file(files)
+            where, signature = files, file_signature(files)
+        else:  # each file is checked, and its identity taken, with each dataset (NOTE [file sets])
+            for name in files:
+                check_file(name)
+            where, signature = describe_files(files), None
+        pool = ServeWorkers(where, open_kwargs, n_procs, max_stages, start_method, signature, files)
+        self._core = ReaderCore(files, engine, open_kwargs, pool, max_stages, notify)
         self._finalizer = weakref.finalize(self, self._core.stop)
 
     @property
-    def filename(self) -> str:
-        """The HDF5 file."""
+    def filename(self) -> "str | tuple[str, ...]":
+        """The HDF5 file; for a set, its files in row order."""
         return self._live().filename
 
     @property
@@ -137,7 +146,7 @@ class Reader:
         """
         core = self._live()
         core.check_open()
-        node = inspect_node(core.filename, path)
+        node = inspect_files(core.filename, path)
         engine = resolve_engine(core.engine, node, core.open_kwargs)
         return Dataset(self, node, engine)
 
@@ -230,7 +239,7 @@ class Reader:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{self.n_procs} workers"
-        return f"<multitables.Reader {self._core.filename if self._core else '?'!r} ({state})>"
+        return f"<multitables.Reader {self._core.pool.filename if self._core else '?'!r} ({state})>"
 
 
 class Dataset:
@@ -272,7 +281,7 @@ class Dataset:
         if got is None:
             if not isinstance(field, str):
                 raise TypeError(f"a column is named by a str, not {type(field).__name__}")
-            node = inspect_node(self._node.filename, self._node.path, field)  # KeyError for a missing column
+            node = inspect_files(self._node.files, self._node.path, field)  # KeyError for a missing column
             got = self._fields[field] = (node, describe(self._engine, node))
         return got
 
@@ -335,6 +344,11 @@ class Dataset:
     def _need_table(self, what: str) -> None:
         if not self.is_table:
             raise TypeError(f"{what}() is a query on a table's columns; {self.path!r} is an array")
+        if self._node.parts:
+            raise ValueError(
+                f"{what}() is a PyTables query, which runs on one file; {self.path!r} spans {self._node.filename!r}: "
+                f"make a Reader of each file to query it"
+            )
 
     def _stage_nbytes(self, shape: Any) -> tuple[int, int]:
         """``(rows, bytes)`` of a stage for ``shape``: rows, or a shape whose missing or -1/None axes are this dataset's."""

@@ -32,7 +32,8 @@ from .batches import Batches
 from ._api.queue import FREE_BUFFER_REFS, Guard, Queue, StreamOptions, StreamSpec, empty_block
 from ._io.chunks import CACHES
 from ._io.engines import check_engine, open_source
-from ._io.node import as_filename, close_dataset, inspect_node, open_node
+from ._io.fileset import as_files, inspect_files, open_files
+from ._io.node import close_dataset
 from ._plan.blocks import BlockPlan, available_cpus, cap_readers, default_block_size, default_read_ahead, parallel_pays
 from ._procs.pool import check_start_method
 
@@ -62,12 +63,18 @@ def _give_back_unused(lent: "list[tuple[Guard, np.ndarray]]") -> "list[tuple[Gua
 
 
 class Streamer:
-    """Streams datasets of one HDF5 file through parallel reader processes.
+    """Streams datasets of an HDF5 file, or of a set of files, through parallel reader processes.
 
     Parameters
     ----------
-    filename : str, bytes or os.PathLike
-        The HDF5 file (written by PyTables, h5py or anything else producing HDF5).
+    filename : str, bytes, os.PathLike, or a list of them
+        The HDF5 file (written by PyTables, h5py or anything else producing
+        HDF5). A list of files, or a glob pattern (``"train-*.h5"``, its
+        matches in sorted order), is one dataset: each node's rows are the
+        files' rows in turn, in every access mode. Each file must hold the
+        node with the same dtype and row shape; one that does not is
+        refused, by name, before any reader starts. Readers keep a few files
+        open at a time, however many there are.
     engine : {"auto", "chunks", "h5py", "tables"}
         What the readers decode with. ``chunks`` reads the stored chunks
         itself and decodes them straight into the slots (zlib + shuffle 2.7x
@@ -95,14 +102,14 @@ class Streamer:
 
     def __init__(
         self,
-        filename: "str | bytes | os.PathLike[str] | os.PathLike[bytes]",
+        filename: "str | bytes | os.PathLike[str] | os.PathLike[bytes] | list[Any] | tuple[Any, ...]",
         *,
         engine: str = "auto",
         cache: str = "page",
         start_method: "str | None" = None,
         **open_kwargs: Any,
     ) -> None:
-        self._filename = as_filename(filename)
+        self._filename = as_files(filename)
         self._engine = engine
         self._cache = cache
         self._start_method = start_method
@@ -116,13 +123,13 @@ class Streamer:
         check_start_method(start_method)
 
     @property
-    def filename(self) -> str:
-        """The HDF5 file's name, as given."""
+    def filename(self) -> "str | tuple[str, ...]":
+        """The HDF5 file's name, as given; for a set, its files in row order (a pattern's matches)."""
         return self._filename
 
     @property
     def options(self) -> StreamOptions:
-        """How this streamer opens its file (engine, cache, start method, open options): what its streams share."""
+        """How this streamer opens its files (engine, cache, start method, open options): what its streams share."""
         return self._options
 
     def _spec(
@@ -143,7 +150,7 @@ class Streamer:
         cyclic = check_bool("cyclic", cyclic)
         ordered = check_bool("ordered", ordered)
         remainder = check_bool("remainder", remainder)
-        node, dataset = open_node(self._filename, path, field)
+        node, dataset = open_files(self._filename, path, field)
         try:
             engine = self._options.resolve(node, dataset)
             cpus = available_cpus()
@@ -307,7 +314,7 @@ class Streamer:
     def get_remainder(self, path: str, block_size: int, field: "str | None" = None) -> np.ndarray:
         """The last ``len % block_size`` rows of ``path`` (empty when ``block_size`` divides the length), read here."""
         block_size = check_int("block_size", block_size, 1, allow_none=False)  # type: ignore[assignment]
-        node = inspect_node(self._filename, path, field)
+        node = inspect_files(self._filename, path, field)
         start = block_size * (node.n_rows // block_size)
         out = np.empty((node.n_rows - start,) + node.row_shape, node.dtype)
         if len(out):

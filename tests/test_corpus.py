@@ -155,3 +155,25 @@ def test_reads_as_h5py_or_refuses(path: Path, no_leaks: None) -> None:
             readers.close()
     failures = [line.replace(str(path), "<file>") for table in results for line in table.failures()]
     assert not failures, f"in {path} (<file>):\n" + "\n".join(failures)
+
+
+@pytest.mark.parametrize("path", [p for _, p in CORPUS], ids=[i for i, _ in CORPUS])
+def test_a_file_twice_is_a_set_of_its_rows_twice(path: Path, no_leaks: None) -> None:
+    """A set (NOTE [file sets]) of the file listed twice reads each dataset's rows twice, or refuses as the file does."""
+    failures: list[str] = []
+    with hang_guard(FILE_GUARD, str(path)):
+        for t in _targets(path):
+            if t.ref is None or t.ref.ndim == 0:
+                continue
+            twice = np.concatenate([t.ref, t.ref], dtype=t.ref.dtype)  # numpy would make it native-endian
+            table = Table(f"{t.name} twice [ref: {t.source}]")
+            for mode in ("direct", "reader"):
+                got = read([path, path], t.name, "auto", mode)
+                if got.refusal is not None:
+                    alone = read(path, t.name, "auto", mode)
+                    if alone.refusal is None or type(alone.refusal) is not type(got.refusal):
+                        failures.append(f"{t.name}: the set refuses ({got.refusal!r}) but the file alone does not")
+                table.add("auto", mode, got, twice, t.strict)
+            failures += table.failures(auto_rule=False)
+    failures = [line.replace(str(path), "<file>") for line in failures]
+    assert not failures, f"in {path} (<file>):\n" + "\n".join(failures)

@@ -30,7 +30,7 @@ class ReaderCore:
 
     def __init__(
         self,
-        filename: str,
+        filename: "str | tuple[str, ...]",
         engine: str,
         open_kwargs: dict[str, Any],
         pool: ServeWorkers,
@@ -59,7 +59,7 @@ class ReaderCore:
     def check_open(self) -> None:
         """Raise unless new requests can be made: open, not stopped, and no worker dead (looked at now)."""
         if self.closed:
-            raise StreamClosedError(f"the Reader of {self.filename!r} is closed")
+            raise StreamClosedError(f"the Reader of {self.pool.filename!r} is closed")
         self.check_not_stopped()
         self.pool.look()  # a worker may have died while nothing waited on it
         broken = self.pool.broken()
@@ -70,7 +70,7 @@ class ReaderCore:
         """Raise unless requests already made can still be read (a dead worker fails only its own shares)."""
         if self.stopped:
             raise StreamClosedError(
-                f"the Reader of {self.filename!r} was stopped (stop(), or it was garbage-collected) before this "
+                f"the Reader of {self.pool.filename!r} was stopped (stop(), or it was garbage-collected) before this "
                 f"request was read"
             )
 

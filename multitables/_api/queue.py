@@ -20,7 +20,8 @@ import numpy as np
 
 from .._io.blocks import Transform, read_block
 from .._io.engines import open_source, resolve_engine
-from .._io.node import NodeInfo, check_file_unchanged, file_signature, inspect_node
+from .._io.fileset import inspect_files, node_signature
+from .._io.node import NodeInfo, check_file_unchanged
 from .._plan.blocks import BlockPlan, RangePlan, available_cpus, cap_readers, default_read_ahead
 from .._procs.stream import StreamWorkers
 from .._shm.ring import TICK
@@ -60,9 +61,10 @@ class StreamSpec:
 
 @dataclass(frozen=True)
 class StreamOptions:
-    """How one :class:`~multitables.Streamer` opens its file: what every stream of it shares."""
+    """How one :class:`~multitables.Streamer` opens its files: what every stream of it shares."""
 
-    filename: str
+    #: The file, or the files of a set in row order (NOTE [file sets] in ``_io.fileset``).
+    files: "str | tuple[str, ...]"
     engine: str
     cache: str
     start_method: "str | None"
@@ -93,7 +95,7 @@ class StreamOptions:
         transform: "Transform | None" = None,
     ) -> "Queue":
         """A queue over explicitly planned blocks (for the training layer; ``n_procs=0`` reads in-process)."""
-        node = inspect_node(self.filename, path, field)
+        node = inspect_files(self.files, path, field)
         if max(plan.stops) > node.n_rows:
             raise ValueError(f"the plan reads up to row {max(plan.stops)} but {path!r} has {node.n_rows} rows")
         engine = self.resolve(node)
@@ -153,7 +155,7 @@ class InlineBackend:
         self._plan = spec.plan
         self._source = open_source(spec.engine, spec.node, open_kwargs, spec.plan, spec.dataset, cache=spec.cache)
         self._spec = spec
-        self._signature = file_signature(spec.node.filename)
+        self._signature = node_signature(spec.node)
         self._buffers: "list[np.ndarray | None]" = [None] * spec.n_slots  # allocated on first use
         self._free = list(range(spec.n_slots))
         self._next = 0

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..errors import MissingFilterError, NodeTypeError
 from .chunks import CACHES, ChunkSource
+from .fileset import SetSource
 from .h5py_source import H5pySource, h5py_lacks
 from .node import NodeInfo, close_dataset
 from .storage import Unsupported, chunks_problem
@@ -121,8 +122,15 @@ def engine_problem(engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]", d
 
     ``tables`` is tried for real: the file is opened with PyTables and the
     first row read, here, since what PyTables fails on (netCDF-4 groups, object
-    references, filters its HDF5 lacks) shows no sooner.
+    references, filters its HDF5 lacks) shows no sooner. For a set, the
+    first file's problem, named.
     """
+    if node.parts:
+        for part in node.parts:
+            why = engine_problem(engine, part.node, open_kwargs)
+            if why is not None:
+                return f"{part.node.filename!r}: {why}"
+        return None
     if engine == "chunks":
         if open_kwargs:
             return f"it takes no open options (PyTables'), got {sorted(open_kwargs)}"
@@ -196,6 +204,8 @@ def resolve_engine(engine: str, node: NodeInfo, open_kwargs: dict[str, Any], dat
     reason. ``ValueError`` for unknown names.
     """
     check_engine(engine)
+    if node.parts:
+        return _resolve_set(engine, node, open_kwargs)
     if engine == "chunks" and open_kwargs:
         raise ValueError(
             f"engine='chunks' reads the file itself and takes no open options (PyTables'), got {sorted(open_kwargs)}"
@@ -217,6 +227,30 @@ def resolve_engine(engine: str, node: NodeInfo, open_kwargs: dict[str, Any], dat
     raise _refuse(node, problems, open_kwargs, dataset)
 
 
+def _resolve_set(engine: str, node: NodeInfo, open_kwargs: dict[str, Any]) -> str:
+    """The one engine that reads every file of a set (NOTE [file sets]): each file's own choice where they agree.
+
+    Where the files' choices differ (other filters in some shards), the
+    first of h5py and PyTables that reads every file; else the refusal of
+    the first file neither reads, naming it.
+    """
+    chosen = {resolve_engine(engine, part.node, open_kwargs) for part in node.parts}  # each refusal names its file
+    if len(chosen) == 1:
+        return chosen.pop()
+    for common in ("h5py", "tables"):
+        if all(engine_problem(common, part.node, open_kwargs) is None for part in node.parts):
+            return common
+    raise _set_refusal(node, open_kwargs)
+
+
+def _set_refusal(node: NodeInfo, open_kwargs: dict[str, Any]) -> Exception:
+    """Why no one engine reads every file of the set ``node``."""
+    for part in node.parts:
+        problems = {e: engine_problem(e, part.node, open_kwargs) for e in ("h5py", "tables")}
+        if all(problems.values()):
+            return _refuse(part.node, {e: p for e, p in problems.items() if p}, open_kwargs, None)
+    return NodeTypeError(f"no one engine reads every file of {node.filename!r}")
+
 
 def open_source(
     engine: str, node: NodeInfo, open_kwargs: dict[str, Any], plan: Any = None, dataset: Any = None, *, cache: str = "page"
@@ -231,6 +265,10 @@ def open_source(
     """
     if cache not in CACHES:
         raise ValueError(f"cache={cache!r} is not one of {CACHES}")
+    if node.parts:  # NOTE [file sets]
+        if dataset is not None:
+            close_dataset(dataset)
+        return SetSource(node, engine, lambda part: open_source(engine, part, open_kwargs, cache=cache))
     if engine == "chunks":
         try:
             return ChunkSource(node, cache, dataset)

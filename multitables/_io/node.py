@@ -35,6 +35,9 @@ import numpy as np
 
 from ..errors import EmptyDatasetError, FileChangedError, NodeTypeError, NotHDF5Error
 
+#: ``(st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)`` of a file; see NOTE [file identity].
+FileSignature = tuple[int, int, int, int, int]
+
 #: ``(offset, size, count, pad)``: ``count`` consecutive fixed-length strings of
 #: ``size`` bytes at byte ``offset`` of an element, padded as ``pad`` says
 #: (``"nullterm"`` or ``"spacepad"``).
@@ -71,6 +74,14 @@ class NodeInfo:
     zero_first: bool = False
     #: Why h5py cannot read the element type (None: it can); PyTables then describes the node.
     h5py_problem: "str | None" = None
+    #: A node spread over several files (``_io.fileset``): its parts in row order; empty for one file,
+    #: whose ``filename`` is then the file (else a description of the set).
+    parts: "tuple[Part, ...]" = ()
+
+    @property
+    def files(self) -> "str | tuple[str, ...]":
+        """What to inspect again to get this node: the file, or the set's files in order."""
+        return tuple(p.node.filename for p in self.parts) if self.parts else self.filename
 
     @property
     def row_nbytes(self) -> int:
@@ -92,6 +103,16 @@ class NodeInfo:
             return self.file_dtype.itemsize, self.string_pads
         fdt, foff = self.file_dtype.fields[self.field][:2]
         return fdt.itemsize, tuple((o - foff, n, c, p) for o, n, c, p in self.string_pads if foff <= o < foff + fdt.itemsize)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One file's share of a node spread over several files: rows ``[offset, offset + node.n_rows)`` of the set."""
+
+    node: NodeInfo
+    offset: int
+    #: The file's identity when it was inspected; see NOTE [file identity].
+    signature: "FileSignature"
 
 
 def deliver_strings(rows: np.ndarray, pads: "tuple[StringPad, ...]", element_nbytes: "int | None" = None) -> None:
@@ -153,10 +174,6 @@ def inspect_node(filename: "str | os.PathLike[str]", path: str, field: "str | No
     node, dataset = open_node(filename, path, field)
     close_dataset(dataset)
     return node
-
-
-#: ``(st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)`` of a file; see NOTE [file identity].
-FileSignature = tuple[int, int, int, int, int]
 
 
 def file_signature(filename: str) -> FileSignature:
@@ -237,8 +254,13 @@ def check_file(filename: str) -> None:
         raise NotHDF5Error(f"{filename!r} is not an HDF5 file")
 
 
-def open_node(filename: "str | os.PathLike[str]", path: str, field: "str | None" = None) -> "tuple[NodeInfo, Any]":
+def open_node(
+    filename: "str | os.PathLike[str]", path: str, field: "str | None" = None, *, allow_empty: bool = False
+) -> "tuple[NodeInfo, Any]":
     """As :func:`inspect_node`, but also return the open ``h5py.Dataset``: the caller closes it with :func:`close_dataset`.
+
+    ``allow_empty``: describe a node of 0 rows (a shard of a set may be
+    empty) rather than raise :class:`EmptyDatasetError`.
 
     The file is opened without a chunk cache (see :func:`_file_access`), and
     no file id is kept: the dataset holds the file open.
@@ -273,14 +295,14 @@ def open_node(filename: "str | os.PathLike[str]", path: str, field: "str | None"
                 f"and Tables can be streamed"
             )
         node = h5py.Dataset(oid)
-        return _describe(filename, path, field, node), node
+        return _describe(filename, path, field, node, allow_empty), node
     except BaseException:
         h5py.File(fid).close()  # closes what is open in it too, which a bare H5Fclose (weak) leaves to the collector
         raise
 
 
 def close_dataset(dataset: Any) -> None:
-    """Close a dataset from :func:`open_node`, and with it its file.
+    """Close a dataset from :func:`open_node`, and with it its file (None: nothing to close).
 
     :func:`open_node` keeps no file id, and HDF5 (weak close degree) closes
     a file with the last object open in it, so closing the dataset closes
@@ -288,7 +310,8 @@ def close_dataset(dataset: Any) -> None:
     too). h5py's ``File.close`` would first list every object open in the
     file, a cost a small file's read notices.
     """
-    dataset.id.close()
+    if dataset is not None:  # a set keeps no dataset open (``_io.fileset``)
+        dataset.id.close()
 
 
 @functools.lru_cache(maxsize=1)
@@ -339,7 +362,7 @@ def _fill_may_leave_holes(dsid: Any, plist: Any) -> bool:
     return False
 
 
-def _describe(filename: str, path: str, field: "str | None", ds: Any) -> NodeInfo:
+def _describe(filename: str, path: str, field: "str | None", ds: Any, allow_empty: bool = False) -> NodeInfo:
     import h5py
 
     where = f"{path!r} in {filename!r}"
@@ -372,7 +395,7 @@ def _describe(filename: str, path: str, field: "str | None", ds: Any) -> NodeInf
             f"string and compound rows can be streamed"
         )
     n_rows = int(shape[0])
-    if n_rows == 0:
+    if n_rows == 0 and not allow_empty:
         raise EmptyDatasetError(f"{where} is empty (0 rows); there is nothing to stream")
     row_shape = tuple(int(s) for s in shape[1:])
     out_dtype = dt

@@ -85,6 +85,6 @@ class _SourceRows:
 
 
 def open_rows(engine: str, node: NodeInfo, open_kwargs: dict[str, Any]) -> "_H5pyRows | _SourceRows":
-    if engine == "h5py":
+    if engine == "h5py" and not node.parts:  # a set reads each file's rows through its own source
         return _H5pyRows(node, open_kwargs)
     return _SourceRows(engine, node, open_kwargs)

@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from .._io.fileset import SetRef
 from .._io.node import FileSignature, NodeInfo, check_file_unchanged
 from .._io.scattered import Stopped, open_rows
 from .._shm.inbox import ATTACH, DETACH, READ, STOP, InboxSync, Inboxes, Item
@@ -71,6 +72,8 @@ class ServeSettings:
     open_kwargs: dict[str, Any]
     control_name: str
     file_signature: "FileSignature | None"
+    #: The Reader's file, or its set's files (NOTE [file sets] in ``_io.fileset``).
+    files: "str | tuple[str, ...]" = ""
 
 
 # -- the worker's side -----------------------------------------------------------------------
@@ -128,6 +131,8 @@ class _Server:
         got = self.readers.get(desc)
         if got is None:
             engine, node = pickle.loads(desc)
+            if isinstance(node, SetRef):
+                node = node.resolve(self.settings.files)  # type: ignore[arg-type]
             got = self.readers[desc] = (node, open_rows(engine, node, self.settings.open_kwargs))
         return got
 
@@ -214,6 +219,7 @@ class ServeWorkers:
         max_stages: int,
         start_method: "str | None",
         file_signature: "FileSignature | None",
+        files: "str | tuple[str, ...]" = "",
     ) -> None:
         self.filename = filename
         self.n_procs = n_procs
@@ -227,7 +233,7 @@ class ServeWorkers:
         self.channels = tuple(ctx.Semaphore(0) for _ in range(max_stages))
         self._inboxes = Inboxes.create(n_procs)
         try:
-            settings = ServeSettings(open_kwargs, self._inboxes.segment.name, file_signature)
+            settings = ServeSettings(open_kwargs, self._inboxes.segment.name, file_signature, files)
             self.pool.start(serve_loop, [(settings, sync, self.channels) for sync in self._syncs])
             self.pool.wait_attached("start", self._check_broken)
         except BaseException:

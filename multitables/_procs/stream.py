@@ -17,7 +17,8 @@ import numpy as np
 
 from .._io.blocks import Pacer, Transform, read_block
 from .._io.engines import open_source
-from .._io.node import FileSignature, NodeInfo, check_file_unchanged, file_signature
+from .._io.fileset import node_signature
+from .._io.node import FileSignature, NodeInfo, check_file_unchanged
 from .._plan.blocks import BlockPlan, RangePlan
 from .._shm.ring import PeerGone, Ring, RingLayout, RingSync
 from .._shm.segment import check_space
@@ -118,7 +119,7 @@ class StreamWorkers:
         row_shape, dtype = (node.row_shape, node.dtype) if transform is None else (transform.row_shape, transform.dtype)
         layout = RingLayout(n_slots, plan.block_size, row_shape, dtype)
         check_space(layout.nbytes)  # before anything is created; Ring.create checks again
-        signature = file_signature(node.filename)
+        signature = node_signature(node)
         sync = RingSync.create(self.pool.ctx, n_slots)
         self.ring = Ring.create(layout, sync)  # may raise ShmSpaceError; nothing started yet
         try:

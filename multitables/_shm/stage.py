@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._io.fileset import SetRef
 from ..errors import StreamClosedError
 from .segment import Segment
 
@@ -157,8 +158,12 @@ MAX_DESC = HEADER_BYTES - _DESC_AT
 
 
 def describe(engine: str, node: NodeInfo) -> bytes:
-    """The bytes that tell a worker which node to read and how (written into the stage per request)."""
-    desc = pickle.dumps((engine, node), protocol=pickle.HIGHEST_PROTOCOL)
+    """The bytes that tell a worker which node to read and how (written into the stage per request).
+
+    A node of a set goes as a :class:`~multitables._io.fileset.SetRef`,
+    which the worker resolves with the Reader's files.
+    """
+    desc = pickle.dumps((engine, SetRef.of(node) if node.parts else node), protocol=pickle.HIGHEST_PROTOCOL)
     if len(desc) > MAX_DESC:
         raise ValueError(f"the file name and node path are too long to hand to the readers ({len(desc)} bytes described)")
     return desc

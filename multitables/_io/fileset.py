@@ -1,0 +1,281 @@
+"""Several files as one dataset: the rows of each file in turn, read as the rows of one node.
+
+NOTE [file sets]
+    Real datasets are sharded (``train-000.h5 ... train-511.h5``) and are one
+    dataset to their user. A list of files, or a glob, names a *set*; every
+    access mode reads a node of it as one node whose rows are the files'
+    rows in order. The set is checked up front, in the consumer, one file
+    at a time (each opened, described and closed): every file must hold the
+    node, with the same delivered dtype and row shape as the first; a file
+    that differs is refused with its name, before any process starts. Files
+    whose node has no rows are allowed (a last shard may be empty) and take
+    no part; the set must have rows.
+
+    The set's :class:`~multitables._io.node.NodeInfo` describes the whole
+    (rows, dtype, the union of the files' filters) and lists its *parts*:
+    each file's own ``NodeInfo``, its first row in the set and its identity.
+    :class:`SetSource` is the one place that knows a node spans files: it
+    splits a read at file boundaries and reads each piece through the
+    file's own engine source, so blocks never mix two files' bytes, and
+    everything above it (plans, rings, stages, shuffles, shards) sees rows.
+
+    Open files are bounded: a source keeps at most ``MAX_OPEN`` files open
+    (least recently read closed first). Blocks are planned in row order, so
+    a reader walks from file to file; thousands of small files cost one
+    pool of processes and a handful of descriptors per process.
+
+    The file identity check (NOTE [file identity] in ``node``) is per file:
+    each file's identity is taken when the set is inspected, and compared in
+    the process that reads, after opening a file and after every read from
+    it, before the rows go anywhere.
+"""
+
+from __future__ import annotations
+
+import errno
+import glob
+import hashlib
+import os
+from bisect import bisect_right
+from collections import OrderedDict
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from dataclasses import dataclass
+
+from ..errors import EmptyDatasetError, FileChangedError
+from .node import FileSignature, NodeInfo, Part, as_filename, check_file_unchanged, close_dataset, file_signature, open_node
+
+#: Files a :class:`SetSource` keeps open at once in one process.
+MAX_OPEN = 4
+
+_GLOB_CHARS = frozenset("*?[")
+
+def as_files(filename: Any) -> "str | tuple[str, ...]":
+    """The file, or the set of files in order, that ``filename`` names.
+
+    ``filename``: a file (str, bytes or ``os.PathLike``), a glob pattern
+    (``"train-*.h5"``: its matches in sorted order), or a list or tuple of
+    files and patterns (each pattern expanded in place). One file in all
+    gives that file's name; more give a tuple. A name that exists is never
+    taken as a pattern. ``FileNotFoundError`` for a pattern nothing matches.
+    """
+    if isinstance(filename, (list, tuple)):
+        if not filename:
+            raise ValueError("an empty list of files was given; name at least one HDF5 file")
+        names = [name for item in filename for name in _expand(as_filename(item))]
+    else:
+        names = _expand(as_filename(filename))
+    return names[0] if len(names) == 1 else tuple(names)
+
+
+def _expand(name: str) -> "list[str]":
+    if not _GLOB_CHARS.intersection(name) or os.path.lexists(name):
+        return [name]
+    matches = sorted(glob.glob(name))
+    if not matches:
+        raise FileNotFoundError(errno.ENOENT, "No HDF5 file matches the pattern", name)
+    return matches
+
+
+def describe_files(files: "Sequence[str]") -> str:
+    """How errors and reprs name a set: its size, first and last file."""
+    return f"{len(files)} files: {files[0]} .. {files[-1]}"
+
+
+def open_files(files: "str | tuple[str, ...]", path: str, field: "str | None" = None) -> "tuple[NodeInfo, Any]":
+    """The node at ``path`` of one file (with its open ``h5py.Dataset``, as :func:`~.node.open_node`) or of a set (None).
+
+    For a set, every file is checked in turn (NOTE [file sets]): ``KeyError``
+    naming the file that lacks the node, ``ValueError`` naming the file whose
+    rows differ from the first file's, :class:`EmptyDatasetError` if no
+    file has rows.
+    """
+    if isinstance(files, str):
+        return open_node(files, path, field)
+    parts: list[Part] = []
+    first: "NodeInfo | None" = None
+    offset = 0
+    for name in files:
+        signature = _signature(name)
+        node, dataset = open_node(name, path, field, allow_empty=True)
+        close_dataset(dataset)
+        if first is None:
+            first = node
+        elif (node.dtype, node.row_shape) != (first.dtype, first.row_shape):
+            raise ValueError(
+                f"{name!r} does not match the other files of the set: its {node.path!r} has rows of shape "
+                f"{node.row_shape} and dtype {node.dtype}, {first.filename!r}'s have shape {first.row_shape} "
+                f"and dtype {first.dtype}"
+            )
+        if node.n_rows:
+            parts.append(Part(node, offset, signature))
+            offset += node.n_rows
+    assert first is not None
+    where = describe_files(files)
+    if not parts:
+        raise EmptyDatasetError(f"{first.path!r} has no rows in any of the {where}; there is nothing to stream")
+    return _set_node(where, first, parts, offset), None
+
+
+def inspect_files(files: "str | tuple[str, ...]", path: str, field: "str | None" = None) -> NodeInfo:
+    """As :func:`open_files`, without the open dataset."""
+    node, dataset = open_files(files, path, field)
+    if dataset is not None:
+        close_dataset(dataset)
+    return node
+
+
+def _signature(name: str) -> FileSignature:
+    try:
+        return file_signature(name)
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, "No such HDF5 file", name) from None
+
+
+def _set_node(where: str, first: NodeInfo, parts: "list[Part]", n_rows: int) -> NodeInfo:
+    """The node of a set: its rows, and what every part shares or any part has."""
+    nodes = [p.node for p in parts]
+    filters: dict[int, str] = {}
+    for node in nodes:
+        filters.update(zip(node.filter_ids, node.filter_names))
+    chunk_rows = {node.chunk_rows for node in nodes}
+    # A size hint for planning (block size, pacing); each part reads its own chunks.
+    hint = None if chunk_rows == {None} else max(c for c in chunk_rows if c is not None)
+    return NodeInfo(
+        filename=where,
+        path=first.path,
+        field=first.field,
+        n_rows=n_rows,
+        row_shape=first.row_shape,
+        dtype=first.dtype,
+        file_dtype=first.file_dtype,
+        chunk_rows=hint,
+        filter_ids=tuple(filters),
+        is_table=first.is_table,
+        filter_names=tuple(filters.values()),
+        zero_first=any(node.zero_first for node in nodes),
+        h5py_problem=next((node.h5py_problem for node in nodes if node.h5py_problem), None),
+        parts=tuple(parts),
+    )
+
+
+@dataclass(frozen=True)
+class SetRef:
+    """A node of a set named in a few bytes, for a Reader's stage header: resolved by a worker that has the files.
+
+    A stage header holds a few KiB and a set's node (every file's
+    description) grows with the files; the workers get the Reader's files
+    once, at start, and inspect the set themselves on its first request.
+    ``fingerprint`` (of every part's file, identity and rows) makes sure
+    they found what the consumer checked.
+    """
+
+    path: str
+    field: "str | None"
+    fingerprint: str
+
+    @classmethod
+    def of(cls, node: NodeInfo) -> "SetRef":
+        return cls(node.path, node.field, _fingerprint(node))
+
+    def resolve(self, files: "tuple[str, ...]") -> NodeInfo:
+        """The node this names, inspected now; :class:`FileChangedError` if a file changed since the consumer's inspection."""
+        node = inspect_files(files, self.path, self.field)
+        if _fingerprint(node) != self.fingerprint:
+            raise FileChangedError(
+                f"a file of {node.filename!r} changed between the Reader's look at {self.path!r} and its workers': "
+                f"the rows asked for may no longer be there"
+            )
+        return node
+
+
+def _fingerprint(node: NodeInfo) -> str:
+    parts = [(p.node.filename, p.signature, p.offset, p.node.n_rows) for p in node.parts]
+    return hashlib.sha256(repr(parts).encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def node_signature(node: NodeInfo) -> "FileSignature | None":
+    """The identity to check a one-file node's reads against; None for a set, whose source checks each file."""
+    return None if node.parts else file_signature(node.filename)
+
+
+class SetSource:
+    """Reads rows of a set (NOTE [file sets]) through one engine source per file, at most ``max_open`` open at once.
+
+    ``open_part(node)`` opens a part's file and returns its ``Source``.
+    """
+
+    def __init__(self, node: NodeInfo, engine: str, open_part: "Callable[[NodeInfo], Any]", max_open: int = MAX_OPEN) -> None:
+        assert node.parts, "a SetSource reads a set"
+        self.engine = engine
+        self._parts = node.parts
+        self._starts = [p.offset for p in node.parts]
+        self._open_part = open_part
+        self._max_open = max_open
+        self._open: "OrderedDict[int, Any]" = OrderedDict()
+
+    @property
+    def open_files(self) -> int:
+        """Files open now."""
+        return len(self._open)
+
+    def _source(self, i: int) -> Any:
+        source = self._open.get(i)
+        if source is not None:
+            self._open.move_to_end(i)
+            return source
+        while len(self._open) >= self._max_open:
+            self._open.popitem(last=False)[1].close()
+        part = self._parts[i]
+        source = self._open_part(part.node)
+        try:
+            check_file_unchanged(part.node.filename, part.signature)
+        except BaseException:
+            source.close()
+            raise
+        self._open[i] = source
+        return source
+
+    def _pieces(self, start: int, stop: int) -> "Iterator[tuple[int, int, int]]":
+        """``(part, a, b)``: rows ``a..b`` of part ``part``'s file, for rows ``start..stop`` of the set, in order."""
+        i = bisect_right(self._starts, start) - 1
+        while start < stop:
+            part = self._parts[i]
+            end = min(stop, part.offset + part.node.n_rows)
+            yield i, start - part.offset, end - part.offset
+            start = end
+            i += 1
+
+    def read_into(self, start: int, stop: int, out: np.ndarray) -> None:
+        """Rows ``start..stop`` of the set into ``out``, each file's rows checked against its identity once read."""
+        pos = 0
+        for i, a, b in self._pieces(start, stop):
+            part = self._parts[i]
+            try:
+                self._source(i).read_into(a, b, out[pos : pos + b - a])
+            except Exception:
+                # A file changed under the read explains its failure: say so, the read's error as context.
+                check_file_unchanged(part.node.filename, part.signature)
+                raise
+            check_file_unchanged(part.node.filename, part.signature)
+            pos += b - a
+
+    def prefetch(self, start: int, stop: int) -> None:
+        for i, a, b in self._pieces(start, stop):
+            self._source(i).prefetch(a, b)
+
+    def close(self) -> None:
+        while self._open:
+            self._open.popitem(last=False)[1].close()
+
+
+def part_of_row(node: NodeInfo, row: int) -> "tuple[str, int]":
+    """The file holding row ``row`` of ``node``, and the row's index in that file (for error messages)."""
+    if not node.parts:
+        return node.filename, row
+    i = bisect_right([p.offset for p in node.parts], row) - 1
+    part = node.parts[max(i, 0)]
+    return part.node.filename, row - part.offset
+

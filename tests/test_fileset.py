@@ -1,0 +1,399 @@
+"""Several files as one dataset (``_io.fileset``, NOTE [file sets]): every access mode reads the files' rows in turn.
+
+A set is named by a list of files or a glob; its rows are the files' rows in
+order, in every mode (queue, generator, batches, the torch adapter, random
+access); a file that does not match the others is refused by name before
+any process starts; a reader keeps a few files open however many there are;
+each file's identity is checked where it is read.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import h5py
+import numpy as np
+import psutil
+import pytest
+import tables
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import multitables
+from multitables._io.engines import open_source, resolve_engine
+from multitables._io.fileset import MAX_OPEN, SetSource, as_files, inspect_files
+
+ROW = 16  # values per row
+
+#: Codecs a shard may be written with: the set's files need not agree.
+CODECS = {"zlib": tables.Filters(3, "zlib"), "blosc": tables.Filters(3, "blosc:lz4"), "none": None}
+
+
+def rows_of(n: int, seed: int) -> np.ndarray:
+    return (np.arange(n * ROW, dtype=np.float32).reshape(n, ROW) + seed * 1e6).astype(np.float32)
+
+
+def write_shards(
+    folder: Path, sizes: "list[int]", codecs: "list[str] | None" = None, chunk: int = 8, name: str = "shard"
+) -> "tuple[list[Path], np.ndarray]":
+    """One PyTables EArray ``/data`` per size (float32 rows of ``ROW``); returns the files and all their rows in order."""
+    files, parts = [], []
+    for i, n in enumerate(sizes):
+        path = folder / f"{name}-{i:03d}.h5"
+        rows = rows_of(n, i)
+        codec = CODECS[(codecs or ["zlib"])[i % len(codecs or ["zlib"])]]
+        with tables.open_file(path, "w") as f:
+            arr = f.create_earray("/", "data", tables.Float32Atom(), (0, ROW), filters=codec, chunkshape=(chunk, ROW))
+            if n:
+                arr.append(rows)
+        files.append(path)
+        parts.append(rows)
+    return files, np.concatenate(parts)
+
+
+def blocks_of(queue: "multitables.Queue") -> np.ndarray:
+    out = []
+    with queue:
+        for guard in queue.iter():
+            with guard as block:
+                out.append(block.copy())
+    return np.concatenate(out)
+
+
+# -- naming a set ----------------------------------------------------------------
+
+
+def test_a_glob_names_its_matches_in_sorted_order(tmp_path: Path) -> None:
+    files, _ = write_shards(tmp_path, [3, 4, 5])
+    assert as_files(str(tmp_path / "shard-*.h5")) == tuple(map(str, files))
+    assert as_files([files[2], str(tmp_path / "shard-00[01].h5")]) == (str(files[2]), str(files[0]), str(files[1]))
+    assert as_files([files[1]]) == str(files[1])  # one file is that file
+    assert multitables.Streamer(tmp_path / "shard-*.h5").filename == tuple(map(str, files))
+
+
+def test_an_existing_name_is_never_a_pattern(tmp_path: Path) -> None:
+    odd = tmp_path / "run[1].h5"
+    write_shards(tmp_path, [2])[0][0].rename(odd)
+    assert as_files(odd) == str(odd)
+
+
+def test_a_pattern_nothing_matches_and_an_empty_list_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError) as info:
+        multitables.Streamer(str(tmp_path / "train-*.h5"))
+    assert info.value.filename == str(tmp_path / "train-*.h5")
+    with pytest.raises(ValueError, match="empty list of files"):
+        multitables.Streamer([])
+
+
+# -- refused up front, by name ---------------------------------------------------
+
+
+def _children() -> set[int]:
+    return {c.pid for c in psutil.Process().children(recursive=True)}
+
+
+def test_a_file_with_other_rows_is_refused_by_name(tmp_path: Path, no_leaks: None) -> None:
+    files, _ = write_shards(tmp_path, [10, 10, 10])
+    with h5py.File(files[1], "w") as f:  # rows of 8 values, not 16
+        f["data"] = np.zeros((10, 8), np.float32)
+    before = _children()
+    with pytest.raises(ValueError, match=f"{files[1]}.*shape \\(8,\\).*{files[0]}.*shape \\(16,\\)"):
+        multitables.Streamer(files).get_queue("/data", n_procs=2)
+    with h5py.File(files[1], "w") as f:  # float64
+        f["data"] = np.zeros((10, ROW), np.float64)
+    with pytest.raises(ValueError, match=f"{files[1]}.*float64"):
+        multitables.Streamer(files).get_batches("/data", 4)
+    with pytest.raises(ValueError, match=str(files[1])):
+        multitables.Reader(files, n_procs=1).get_dataset("/data")
+    assert _children() == before
+
+
+def test_a_file_without_the_node_is_a_key_error_naming_it(tmp_path: Path, no_leaks: None) -> None:
+    files, _ = write_shards(tmp_path, [10, 10])
+    with h5py.File(files[1], "w") as f:
+        f["other"] = np.zeros((10, ROW), np.float32)
+    with pytest.raises(KeyError, match=str(files[1])):
+        multitables.Streamer(files).get_generator("/data")
+
+
+def test_a_file_that_is_not_hdf5_is_refused_by_name(tmp_path: Path, no_leaks: None) -> None:
+    files, _ = write_shards(tmp_path, [10])
+    junk = tmp_path / "notes.h5"
+    junk.write_text("not HDF5")
+    with pytest.raises(multitables.NotHDF5Error, match=str(junk)):
+        multitables.Streamer([files[0], junk]).get_queue("/data")
+    with pytest.raises(multitables.NotHDF5Error, match=str(junk)):
+        multitables.Reader([files[0], junk], n_procs=1)
+
+
+def test_empty_files_take_no_part_but_a_set_without_rows_is_refused(tmp_path: Path, no_leaks: None) -> None:
+    files, data = write_shards(tmp_path, [0, 5, 0, 7, 0])
+    node = inspect_files(tuple(map(str, files)), "/data")
+    assert [p.node.filename for p in node.parts] == [str(files[1]), str(files[3])]
+    assert [p.offset for p in node.parts] == [0, 5]
+    assert np.array_equal(np.stack(list(multitables.Streamer(files).get_generator("/data"))), data)
+    empties, _ = write_shards(tmp_path, [0, 0], name="empty")
+    with pytest.raises(multitables.EmptyDatasetError, match="2 files"):
+        multitables.Streamer(empties).get_queue("/data")
+
+
+def test_queries_are_refused_on_a_set(tmp_path: Path, table_file: "tuple[Path, np.ndarray]", no_leaks: None) -> None:
+    path, _ = table_file
+    with multitables.Reader([path, path], n_procs=1) as reader:
+        ds = reader.get_dataset("/table")
+        with pytest.raises(ValueError, match="runs on one file"):
+            ds.where("a > 3")
+
+
+# -- every mode reads the files' rows in turn ------------------------------------
+
+sizes_st = st.lists(st.integers(0, 40), min_size=2, max_size=6).filter(lambda s: sum(s) > 0)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    sizes=sizes_st,
+    codecs=st.lists(st.sampled_from(sorted(CODECS)), min_size=1, max_size=3),
+    chunk=st.sampled_from([1, 3, 8]),
+    block=st.integers(1, 50),
+    engine=st.sampled_from(["auto", "h5py", "chunks"]),
+)
+def test_in_process_modes_read_the_rows_in_file_order(
+    tmp_path_factory: pytest.TempPathFactory, sizes: "list[int]", codecs: "list[str]", chunk: int, block: int, engine: str
+) -> None:
+    files, data = write_shards(tmp_path_factory.mktemp("set"), sizes, codecs, chunk)
+    stream = multitables.Streamer(files, engine=engine)
+    block = min(block, len(data))
+    got = blocks_of(stream.get_queue("/data", n_procs=1, block_size=block, ordered=True, remainder=True))
+    assert np.array_equal(got, data)
+    assert np.array_equal(np.stack(list(stream.get_generator("/data", block_size=block))), data)
+    assert np.array_equal(stream.get_remainder("/data", block), data[len(data) // block * block :])
+    # The source alone: reads that start and end anywhere, across any number of files.
+    node = inspect_files(stream.filename, "/data")
+    source = open_source(resolve_engine(engine, node, {}), node, {})
+    try:
+        n = len(data)
+        for a, b in [(0, n), (n // 3, min(n, n // 3 + block)), (n - 1, n)]:
+            out = np.empty((b - a, ROW), np.float32)
+            source.read_into(a, b, out)
+            assert np.array_equal(out, data[a:b])
+    finally:
+        source.close()
+
+
+@pytest.mark.parametrize("n_procs", [1, 2])
+def test_readers_deliver_every_block_across_files(tmp_path: Path, no_leaks: None, n_procs: int) -> None:
+    files, data = write_shards(tmp_path, [37, 0, 64, 5, 100, 1], ["zlib", "blosc", "none"])
+    stream = multitables.Streamer(files)
+    got = blocks_of(stream.get_queue("/data", n_procs=n_procs, block_size=9, ordered=True, remainder=True))
+    assert np.array_equal(got, data)
+    unordered = blocks_of(stream.get_queue("/data", n_procs=n_procs, block_size=9, remainder=True))
+    assert sorted(map(bytes, unordered)) == sorted(map(bytes, data))
+    rows = list(stream.get_generator("/data", n_procs=n_procs, block_size=16, ordered=True))
+    assert np.array_equal(np.stack(rows), data)
+
+
+def test_cyclic_wraps_from_the_last_file_to_the_first(tmp_path: Path, no_leaks: None) -> None:
+    files, data = write_shards(tmp_path, [10, 15])
+    queue = multitables.Streamer(files).get_queue("/data", n_procs=2, block_size=10, cyclic=True, ordered=True)
+    with queue:
+        got = []
+        for _ in range(5):
+            with queue.get() as block:
+                got.append(block.copy())
+    assert np.array_equal(np.concatenate(got), np.concatenate([data, data])[:50])
+
+
+def test_shuffled_ranks_share_every_row_of_every_file_once(tmp_path: Path, no_leaks: None) -> None:
+    files, data = write_shards(tmp_path, [30, 45, 0, 61, 20])
+    seen = []
+    for rank in range(2):
+        batches = multitables.Streamer(files).get_batches(
+            "/data", 8, shuffle=True, seed=3, rank=rank, world_size=2, drop_last=False, block_size=8, n_procs=2
+        )
+        seen += [row.tobytes() for batch in batches for row in batch]
+    assert sorted(seen) == sorted(row.tobytes() for row in data)
+
+
+def test_batches_resume_on_a_set(tmp_path: Path, no_leaks: None) -> None:
+    files, _ = write_shards(tmp_path, [33, 50, 17])
+
+    def batches() -> Any:
+        return multitables.Streamer(files).get_batches("/data", 10, shuffle=True, seed=5, block_size=8, n_procs=1)
+
+    whole = [b.copy() for b in batches()]
+    first = batches()
+    it = iter(first)
+    head = [next(it).copy() for _ in range(4)]
+    state = first.state_dict()
+    first.close()
+    rest = batches()
+    rest.load_state_dict(state)
+    tail = [b.copy() for b in rest]
+    assert all(np.array_equal(a, b) for a, b in zip(head + tail, whole)) and len(head + tail) == len(whole)
+
+
+def test_table_columns_of_a_set(tmp_path: Path, table_file: "tuple[Path, np.ndarray]", no_leaks: None) -> None:
+    path, rows = table_file
+    twice = np.concatenate([rows, rows])
+    batches = multitables.Streamer([path, path]).get_batches("/table", 100, fields=["a", "v"], shuffle=False, n_procs=2)
+    got = list(batches)
+    assert np.array_equal(np.concatenate([b["a"] for b in got]), twice["a"])
+    assert np.array_equal(np.concatenate([b["v"] for b in got]), twice["v"])
+
+
+def test_the_torch_adapter_reads_a_set(tmp_path: Path, no_leaks: None) -> None:
+    torch = pytest.importorskip("torch")
+    import multitables.torch as mtt
+
+    files, data = write_shards(tmp_path, [20, 12])
+    batches = mtt.get_batches(multitables.Streamer(files), "/data", 8, shuffle=False, n_procs=1)
+    got = torch.cat(list(torch.utils.data.DataLoader(batches, batch_size=None)))
+    batches.close()
+    assert np.array_equal(got.numpy(), data)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sizes=sizes_st, keys=st.lists(st.integers(0, 10**6), min_size=1, max_size=20), step=st.integers(1, 7))
+def test_random_access_across_files(tmp_path_factory: pytest.TempPathFactory, sizes: "list[int]", keys: "list[int]", step: int) -> None:
+    files, data = write_shards(tmp_path_factory.mktemp("set"), sizes, ["zlib", "none"])
+    n = len(data)
+    coords = np.array([k % n for k in keys])
+    with multitables.Reader(files, n_procs=2) as reader:
+        ds = reader.get_dataset("/data")
+        assert len(ds) == n
+        with ds.create_stage(n) as stage:
+            assert np.array_equal(reader.request(ds[:], stage).get(), data)
+            assert np.array_equal(reader.request(ds[coords], stage).get(), data[coords])
+            assert np.array_equal(reader.request(ds[n // 4 :: step], stage).get(), data[n // 4 :: step])
+
+
+# -- bounded open files ----------------------------------------------------------
+
+
+def test_a_source_keeps_at_most_max_open_files_open(tmp_path: Path, no_leaks: None, fds_on: Callable[[Path], int]) -> None:
+    files, data = write_shards(tmp_path, [5] * 20, ["zlib", "none"])
+    node = inspect_files(tuple(map(str, files)), "/data")
+    opened: list[str] = []
+
+    def open_part(part: Any) -> Any:
+        opened.append(part.filename)
+        return open_source("h5py", part, {})
+
+    source = SetSource(node, "h5py", open_part)
+    try:
+        out = np.empty((1, ROW), np.float32)
+        for row in range(len(data)):
+            source.read_into(row, row + 1, out)
+            assert np.array_equal(out[0], data[row])
+            assert source.open_files <= MAX_OPEN
+            assert sum(fds_on(f) for f in files) <= MAX_OPEN
+        assert opened == list(map(str, files))  # read in order: each file opened once
+    finally:
+        source.close()
+    assert sum(fds_on(f) for f in files) == 0
+
+
+def test_readers_of_many_files_hold_few_open(tmp_path: Path, no_leaks: None) -> None:
+    files, data = write_shards(tmp_path, [10] * 60)
+    names = set(map(str, files))
+    queue = multitables.Streamer(tmp_path / "shard-*.h5").get_queue("/data", n_procs=2, block_size=10, ordered=True)
+    most = 0
+    got = []
+    with queue:
+        for guard in queue.iter():
+            with guard as block:
+                got.append(block.copy())
+            for pid in queue.reader_pids:
+                try:
+                    held = {f.path for f in psutil.Process(pid).open_files()} & names
+                except psutil.NoSuchProcess:  # done with its share of the blocks
+                    continue
+                most = max(most, len(held))
+    assert np.array_equal(np.concatenate(got), data)
+    assert 1 <= most <= MAX_OPEN
+
+
+# -- each file's identity, where it is read --------------------------------------
+
+
+@pytest.mark.parametrize("n_procs", [None, 2])
+@pytest.mark.parametrize("changed", [0, 3], ids=["a file being read", "a file not yet opened"])
+def test_a_file_changed_mid_stream_stops_the_stream_naming_it(
+    tmp_path: Path, no_leaks: None, n_procs: "int | None", changed: int
+) -> None:
+    files, _ = write_shards(tmp_path, [80, 40, 40, 40])
+    queue = multitables.Streamer(files).get_queue("/data", n_procs=n_procs, block_size=10, ordered=True, read_ahead=2)
+    with pytest.raises(multitables.FileChangedError, match=str(files[changed])):
+        with queue:
+            for i, guard in enumerate(queue.iter()):
+                with guard:
+                    pass
+                if i == 0:
+                    st_ = os.stat(files[changed])
+                    os.utime(files[changed], ns=(st_.st_atime_ns, st_.st_mtime_ns + 10**9))
+
+
+def test_a_damaged_file_is_named_in_the_readers_error(tmp_path: Path, no_leaks: None) -> None:
+    files, _ = write_shards(tmp_path, [64, 64, 64], chunk=64)
+    with h5py.File(files[1], "r") as f:
+        offset = f["data"].id.get_chunk_info(0).byte_offset
+    with open(files[1], "r+b") as f:
+        f.seek(offset + 4)
+        f.write(b"\xff" * 32)
+    stream = multitables.Streamer(files, engine="chunks")
+    with pytest.raises(multitables.ReaderError, match=str(files[1])):
+        blocks_of(stream.get_queue("/data", n_procs=2, block_size=64))
+
+
+# -- the docs --------------------------------------------------------------------
+
+
+def test_the_sharded_snippet_of_the_training_docs_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+    import textwrap
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "training.rst").read_text()
+    section = text[text.index("Many files as one dataset") :]
+    snippet = re.search(r"\.\. code-block:: python\n\n((?:   .*\n|\n)+)", section).group(1)  # type: ignore[union-attr]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "shards").mkdir()
+    sizes = [50, 0, 70, 30]
+    for i, n in enumerate(sizes):
+        with h5py.File(tmp_path / "shards" / f"train-{i:03d}.h5", "w") as f:
+            rows = np.arange(sum(sizes[:i]), sum(sizes[: i + 1]))
+            f["X"] = np.stack([rows, -rows], axis=1).astype(np.float32)
+            f["y"] = rows
+    seen: list[int] = []
+
+    def model(x: np.ndarray, y: np.ndarray) -> float:
+        assert np.array_equal(x[:, 0], y) and len(y) <= 256
+        seen.extend(y.tolist())
+        return 0.0
+
+    exec(textwrap.dedent(snippet), {"model": model, "print": lambda *a: None})
+    assert sorted(seen) == list(range(sum(sizes))) and seen != sorted(seen)
+
+
+def test_random_access_over_many_files(tmp_path: Path, no_leaks: None) -> None:
+    """A set's description outgrows a stage header; the workers get the files at start and inspect the set themselves."""
+    files, data = write_shards(tmp_path, [3] * 150, ["zlib", "none"])
+    coords = np.array([449, 0, 3, 200, 2])
+    with multitables.Reader(tmp_path / "shard-*.h5", n_procs=2) as reader:
+        ds = reader.get_dataset("/data")
+        with ds.create_stage(len(data)) as stage:
+            assert np.array_equal(reader.request(ds[:], stage).get(), data)
+            assert np.array_equal(reader.request(ds[coords], stage).get(), data[coords])
+
+
+def test_a_file_changed_before_the_workers_look_fails_the_request(tmp_path: Path, no_leaks: None) -> None:
+    files, _ = write_shards(tmp_path, [10, 10])
+    with multitables.Reader(files, n_procs=1) as reader:
+        ds = reader.get_dataset("/data")
+        st_ = os.stat(files[1])
+        os.utime(files[1], ns=(st_.st_atime_ns, st_.st_mtime_ns + 10**9))
+        with ds.create_stage(20) as stage:
+            with pytest.raises(multitables.FileChangedError):
+                reader.request(ds[:], stage).get()

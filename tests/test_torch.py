@@ -249,3 +249,17 @@ def test_two_ranks_with_gloo_see_every_row_once_in_equal_steps(tmp_path: Path) -
         assert sorted(rows) == list(range(1003)), "the ranks together did not see every row exactly once"
         assert all(len(batch) == 32 for batches in per_rank for batch in batches[:-1])
     assert results[0][0] != results[0][1], "epoch 1 repeated epoch 0's order"
+
+
+def test_the_example_trains_on_two_sharded_sources_and_resumes(tmp_path: Path) -> None:
+    """``examples/train.py``: the loss falls over rounds, and a run restarted from its checkpoint goes on."""
+    run = [sys.executable, str(ROOT / "examples" / "train.py"), "--rows", "20000", "--shards", "3",
+           "--dir", str(tmp_path / "data"), "--checkpoint", str(tmp_path / "ckpt.pt")]  # fmt: skip
+    first = subprocess.run([*run, "--rounds", "3"], capture_output=True, text=True, timeout=DDP_TIMEOUT)
+    assert first.returncode == 0, first.stderr
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == [f"{s}-{i:03d}.h5" for s in ("extra", "train") for i in range(3)]
+    losses = [float(line.split("loss ")[1].split()[0]) for line in first.stdout.splitlines()]
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    again = subprocess.run([*run, "--rounds", "4"], capture_output=True, text=True, timeout=DDP_TIMEOUT)
+    assert again.returncode == 0, again.stderr
+    assert [line.split(":")[0] for line in again.stdout.splitlines()] == ["rank 0 round 3"]

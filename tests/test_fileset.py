@@ -397,3 +397,19 @@ def test_a_file_changed_before_the_workers_look_fails_the_request(tmp_path: Path
         with ds.create_stage(20) as stage:
             with pytest.raises(multitables.FileChangedError):
                 reader.request(ds[:], stage).get()
+
+
+def test_a_set_is_inspected_again_only_when_a_file_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import multitables._io.fileset as fileset
+
+    files, _ = write_shards(tmp_path, [10, 10, 10])
+    names = tuple(map(str, files))
+    opened: list[str] = []
+    real = fileset.open_node
+    monkeypatch.setattr(fileset, "open_node", lambda name, *a, **k: (opened.append(name), real(name, *a, **k))[1])
+    first = inspect_files(names, "/data")
+    assert inspect_files(names, "/data") is first and opened == list(names)  # every epoch asks; nothing changed
+    with h5py.File(files[1], "w") as f:
+        f["data"] = np.zeros((10, 8), np.float32)
+    with pytest.raises(ValueError, match=str(files[1])):
+        inspect_files(names, "/data")

@@ -26,6 +26,7 @@ reason, or the missing filter) where none can.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Protocol
 
@@ -205,7 +206,10 @@ def resolve_engine(engine: str, node: NodeInfo, open_kwargs: dict[str, Any], dat
     """
     check_engine(engine)
     if node.parts:
-        return _resolve_set(engine, node, open_kwargs)
+        try:
+            return _resolve_set_again(engine, node, tuple(sorted(open_kwargs.items())))
+        except TypeError:  # an open option that is not hashable
+            return _resolve_set(engine, node, open_kwargs)
     if engine == "chunks" and open_kwargs:
         raise ValueError(
             f"engine='chunks' reads the file itself and takes no open options (PyTables'), got {sorted(open_kwargs)}"
@@ -225,6 +229,13 @@ def resolve_engine(engine: str, node: NodeInfo, open_kwargs: dict[str, Any], dat
             return candidate
         problems[candidate] = why
     raise _refuse(node, problems, open_kwargs, dataset)
+
+
+@functools.lru_cache(maxsize=16)
+def _resolve_set_again(engine: str, node: NodeInfo, open_options: "tuple[tuple[str, Any], ...]") -> str:
+    """:func:`_resolve_set`, remembered: a set's node holds every file's identity, so an equal node is the same files
+    (a training loop asks every epoch, and each file's chunk-engine check opens it)."""
+    return _resolve_set(engine, node, dict(open_options))
 
 
 def _resolve_set(engine: str, node: NodeInfo, open_kwargs: dict[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""PyTorch adapter: :class:`Batches <multitables.batches.Batches>` as tensors, for training loops and ``DataLoader``.
+"""PyTorch adapter: :class:`Batches <multitables.batches.Batches>` (or a mix of them) as tensors, for training loops and ``DataLoader``.
 
 Needs PyTorch (``pip install 'multitables[torch]'``); ``import multitables``
 alone never imports it.
@@ -46,7 +46,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError("multitables.torch needs PyTorch: pip install 'multitables[torch]'") from exc
 
-from .batches import Batches
+from .batches import Batches, MixedBatches
 
 if TYPE_CHECKING:
     from .streamer import Streamer
@@ -107,7 +107,7 @@ def to_tensor(array: np.ndarray, path: str = "") -> torch.Tensor:
 
 
 class TorchBatches(IterableDataset):  # type: ignore[type-arg]
-    """The batches of a :class:`~multitables.batches.Batches` as tensors.
+    """The batches of a :class:`~multitables.batches.Batches`, or of a mix of them (:func:`multitables.mix_batches`), as tensors.
 
     Iterate over it directly in a training loop, or give it to
     ``torch.utils.data.DataLoader(dataset, batch_size=None)``: the items are
@@ -120,20 +120,21 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
 
     :meth:`set_epoch`, :meth:`state_dict` and :meth:`load_state_dict` are
     those of the wrapped batches (``set_epoch`` as on
-    ``DistributedSampler``).
+    ``DistributedSampler``; a mix has no epochs, and no length unless it
+    was given ``steps``).
     """
 
-    def __init__(self, batches: Batches) -> None:
-        if not isinstance(batches, Batches):
-            raise TypeError(f"TorchBatches wraps multitables Batches, not {type(batches).__name__}")
+    def __init__(self, batches: "Batches | MixedBatches") -> None:
+        if not isinstance(batches, (Batches, MixedBatches)):
+            raise TypeError(f"TorchBatches wraps multitables Batches (or a mix of them), not {type(batches).__name__}")
         self.batches = batches
-        self._single = batches._single
 
     def __iter__(self) -> Iterator[TensorBatch]:
         if get_worker_info() is not None:
             raise RuntimeError(_NO_WORKERS)
         if _auto_batching(self, sys._getframe(1)):
-            n = self.batches.batch_size
+            first = self.batches.sources[0] if isinstance(self.batches, MixedBatches) else self.batches
+            n = first.batch_size
             raise RuntimeError(
                 f"DataLoader(dataset) batches automatically (batch_size=1 unless given): it would stack these "
                 f"batches, already of {n} rows each (get_batches' batch_size), into batches of batches, of shape "
@@ -142,16 +143,18 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
         return self._tensors()
 
     def _tensors(self) -> Iterator[TensorBatch]:
-        paths = self.batches.paths
-        for batch in self.batches:
-            if isinstance(batch, dict):  # fields=: one array per column of the table
-                yield {name: to_tensor(a, f"{paths[0]}[{name!r}]") for name, a in batch.items()}
-            elif self._single:
-                yield to_tensor(batch, paths[0])  # type: ignore[arg-type]
-            else:
-                yield tuple(to_tensor(a, p) for a, p in zip(batch, paths))
+        if isinstance(self.batches, MixedBatches):  # each batch as its source gives it
+            for batch in self.batches:
+                yield _as_tensors(batch, ("",) * (1 if isinstance(batch, (np.ndarray, dict)) else len(batch)))
+        else:
+            for batch in self.batches:
+                yield _as_tensors(batch, self.batches.paths)
 
     def __len__(self) -> int:
+        if isinstance(self.batches, MixedBatches):
+            if self.batches.steps is None:
+                raise TypeError("a mix of batches without steps= is endless: it has no length")
+            return self.batches.steps
         return len(self.batches)
 
     def __reduce__(self) -> Any:
@@ -160,11 +163,16 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
 
     @property
     def epoch(self) -> int:
-        return self.batches.epoch
+        return self._epochs().epoch
 
     def set_epoch(self, epoch: int) -> None:
         """As :meth:`Batches.set_epoch <multitables.batches.Batches.set_epoch>`."""
-        self.batches.set_epoch(epoch)
+        self._epochs().set_epoch(epoch)
+
+    def _epochs(self) -> Batches:
+        if isinstance(self.batches, MixedBatches):
+            raise AttributeError("a mix of batches has no epochs of its own (each source keeps its own); it counts steps")
+        return self.batches
 
     def state_dict(self) -> dict[str, Any]:
         return self.batches.state_dict()
@@ -174,6 +182,15 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
 
     def close(self) -> None:
         self.batches.close()
+
+
+def _as_tensors(batch: Any, paths: Sequence[str]) -> TensorBatch:
+    """One batch (an array, a tuple of arrays, or a dict of columns) as tensors; ``paths`` name its arrays in errors."""
+    if isinstance(batch, dict):  # fields=: one array per column of the table
+        return {name: to_tensor(a, f"{paths[0]}[{name!r}]" if paths[0] else name) for name, a in batch.items()}
+    if isinstance(batch, np.ndarray):
+        return to_tensor(batch, paths[0])
+    return tuple(to_tensor(a, p) for a, p in zip(batch, paths))
 
 
 def get_batches(stream: "Streamer", paths: "str | Sequence[str]", batch_size: int, **kwargs: Any) -> TorchBatches:

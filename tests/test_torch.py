@@ -263,3 +263,25 @@ def test_the_example_trains_on_two_sharded_sources_and_resumes(tmp_path: Path) -
     again = subprocess.run([*run, "--rounds", "4"], capture_output=True, text=True, timeout=DDP_TIMEOUT)
     assert again.returncode == 0, again.stderr
     assert [line.split(":")[0] for line in again.stdout.splitlines()] == ["rank 0 round 3"]
+
+
+def test_a_mix_of_batches_as_tensors(tmp_path: Path) -> None:
+    files = [write(tmp_path / "a.h5", 400), write(tmp_path / "b.h5", 300)]
+
+    def mix(steps: "int | None" = 20) -> multitables.MixedBatches:
+        sources = [multitables.Streamer(f).get_batches(["/X", "/y"], 32, seed=i, n_procs=0) for i, f in enumerate(files)]
+        return multitables.mix_batches(sources, [0.5, 0.5], seed=3, steps=steps)
+
+    reference = [(x.copy(), y.copy()) for x, y in mix()]
+    wrapped = mtt.TorchBatches(mix())
+    assert len(wrapped) == 20
+    got = list(torch.utils.data.DataLoader(wrapped, batch_size=None))
+    assert len(got) == 20
+    for (x, y), (rx, ry) in zip(got, reference):
+        assert isinstance(x, torch.Tensor) and torch.equal(x, torch.from_numpy(rx)) and torch.equal(y, torch.from_numpy(ry))
+    with pytest.raises(AttributeError, match="no epochs"):
+        wrapped.set_epoch(1)
+    with pytest.raises(RuntimeError, match="batch_size=None"):
+        iter(torch.utils.data.DataLoader(wrapped))
+    with pytest.raises(TypeError, match="endless"):
+        len(mtt.TorchBatches(mix(None)))

@@ -70,9 +70,19 @@ class MixedBatches:
         self._iters: "list[Iterator[Any] | None]" = [None] * len(self._sources)
 
     @property
+    def sources(self) -> "tuple[Batches, ...]":
+        """The batches mixed, in the order of :attr:`proportions`."""
+        return tuple(self._sources)
+
+    @property
     def proportions(self) -> list[float]:
         """Each source's share of the steps (normalised)."""
         return self._proportions.tolist()
+
+    @property
+    def steps(self) -> "int | None":
+        """Steps a pass over the mix gives (None: endless)."""
+        return self._steps
 
     @property
     def step(self) -> int:

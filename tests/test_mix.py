@@ -9,8 +9,11 @@ import h5py
 import numpy as np
 import pytest
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 import multitables
-from multitables._api.mix import SCHEDULE_STEPS, schedule
+from multitables._api.mix import SCHEDULE_STEPS, row_counts, schedule
 
 
 def write(path: Path, n_rows: int, tag: int) -> Path:
@@ -109,3 +112,106 @@ def test_the_mixing_snippet_of_the_training_docs_runs_as_written(tmp_path: Path,
     exec(textwrap.dedent(snippet), scope)
     assert scope["checkpoint"]["step"] == 100 and scope["mix"].step == 100
     assert scope["y"].shape == (256,)
+
+
+def test_the_per_row_snippet_of_the_training_docs_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+    import textwrap
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "training.rst").read_text()
+    section = text[text.index('With ``per="row"``') :]
+    snippet = re.search(r"\.\. code-block:: python\n\n((?:   .*\n|\n)+)", section).group(1)  # type: ignore[union-attr]
+    monkeypatch.chdir(tmp_path)
+    for name, tag in (("train.h5", 1), ("books.h5", 2)):
+        with h5py.File(name, "w") as f:
+            f.create_dataset("/X", data=np.zeros((500, 2)))
+            f.create_dataset("/y", data=(tag * 10_000 + np.arange(500)).astype("<i8"))
+    scope: dict = {}
+    exec(textwrap.dedent(snippet), scope)
+    tags = (scope["y"] // 10_000).tolist()
+    assert len(tags) == 256 and tags.count(1) + tags.count(2) == 256 and 150 < tags.count(1) < 250
+    assert scope["checkpoint"]["step"] == 1 and scope["checkpoint"]["per"] == "row"
+
+
+# -- per="row": rows of every source in each batch ------------------------------
+
+
+@pytest.fixture
+def row_sources(tmp_path: Path):
+    a = multitables.Streamer(write(tmp_path / "a.h5", 700, 1))
+    b = multitables.Streamer(write(tmp_path / "b.h5", 300, 2))
+    c = multitables.Streamer(write(tmp_path / "c.h5", 130, 3))
+
+    def make(seed: int = 0, n_procs: int = 0, batch_size: int = 50, **kw):
+        batches = [s.get_batches("/y", batch_size=batch_size, seed=i, n_procs=n_procs) for i, s in enumerate((a, b, c))]
+        return multitables.mix_batches(batches, [0.5, 0.3, 0.2], seed=seed, per="row", **kw), batches
+
+    return make
+
+
+def test_per_row_each_batch_holds_each_sources_next_rows_in_the_drawn_counts(row_sources) -> None:
+    mix, _ = row_sources(seed=4, steps=40)
+    _, alone = row_sources(seed=4)  # the same sources, read on their own
+    streams = [iter(np.concatenate([batch for _, batch in zip(range(60), _endless(s))])) for s in alone]
+    p = np.array([0.5, 0.3, 0.2])
+    for step, batch in enumerate(mix):
+        assert len(batch) == 50
+        counts = row_counts(p, 50, 4, step)
+        tags = (batch // 10_000).tolist()
+        assert [tags.count(i + 1) for i in range(3)] == counts.tolist()
+        for i, n in enumerate(counts.tolist()):  # the source's next n rows, in some order
+            want = sorted(next(streams[i]).item() for _ in range(n))
+            assert sorted(batch[batch // 10_000 == i + 1].tolist()) == want
+    assert mix.step == 40
+
+
+def _endless(batches):
+    while True:
+        yield from batches
+
+
+def test_per_row_counts_keep_the_proportions_and_do_not_depend_on_the_readers(row_sources) -> None:
+    counts = np.array([row_counts(np.array([0.5, 0.3, 0.2]), 50, 1, step) for step in range(3000)])
+    assert np.allclose(counts.sum(axis=0) / counts.sum(), [0.5, 0.3, 0.2], atol=0.01)
+    here = [batch.copy() for batch in row_sources(seed=1, steps=30)[0]]
+    readers = [batch.copy() for batch in row_sources(seed=1, steps=30, n_procs=2)[0]]
+    assert all(np.array_equal(x, y) for x, y in zip(here, readers))
+    assert not all(np.array_equal(x, y) for x, y in zip(here, row_sources(seed=2, steps=30)[0]))
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stop=st.integers(0, 45), batch_size=st.sampled_from([7, 50, 128]), close=st.booleans())
+def test_per_row_resumes_mid_batch_of_a_source(row_sources, stop: int, batch_size: int, close: bool) -> None:
+    whole = [batch.copy() for batch in row_sources(seed=6, batch_size=batch_size, steps=45)[0]]
+    first, _ = row_sources(seed=6, batch_size=batch_size, steps=45)
+    it = iter(first)
+    head = [next(it).copy() for _ in range(stop)]
+    if close:
+        first.close()  # the held source batches are read again on the next pass
+        head += [batch.copy() for _, batch in zip(range(3), first)]
+    state = json.loads(json.dumps(first.state_dict()))
+    again, _ = row_sources(seed=6, batch_size=batch_size, steps=45)
+    again.load_state_dict(state)
+    rest = [batch.copy() for batch in again]
+    assert len(head) + len(rest) == 45
+    for got, want in zip(head + rest, whole):
+        np.testing.assert_array_equal(got, want)
+    first.close()
+
+
+def test_per_row_refuses_sources_that_cannot_share_a_batch(tmp_path: Path, row_sources) -> None:
+    a = multitables.Streamer(write(tmp_path / "a.h5", 700, 1))
+    with h5py.File(tmp_path / "f.h5", "w") as f:
+        f["/y"] = np.arange(300, dtype="<f8")
+    f = multitables.Streamer(tmp_path / "f.h5")
+    with pytest.raises(ValueError, match="batch sizes differ: \\[50, 60\\]"):
+        multitables.mix_batches([a.get_batches("/y", 50), f.get_batches("/y", 60)], [1, 1], per="row")
+    mix = multitables.mix_batches([a.get_batches("/y", 50, n_procs=0), f.get_batches("/y", 50, n_procs=0)], [1, 1], per="row")
+    with pytest.raises(TypeError, match="int64.*float64|float64.*int64"):
+        next(iter(mix))
+    mix.close()
+    with pytest.raises(ValueError, match="per='rows' is not one of"):
+        multitables.mix_batches([a.get_batches("/y", 50), f.get_batches("/y", 50)], [1, 1], per="rows")
+    by_batch = row_sources()[0].state_dict()
+    with pytest.raises(ValueError, match="another mix"):
+        multitables.mix_batches(row_sources()[1], [0.5, 0.3, 0.2]).load_state_dict(by_batch)

@@ -10,6 +10,16 @@ NOTE [mixing]
     positions: a resumed run draws the same sources from the same step on.
     A source that ends an epoch goes on with its next one; a mix has no
     epochs of its own.
+
+    With ``per="row"`` each batch holds rows of every source instead, as
+    MosaicML streaming's batches and ``sample_from_datasets`` over rows do:
+    each step's count of rows from each source is a multinomial draw of the
+    batch size with the proportions, from a generator of ``(seed, step //
+    SCHEDULE_STEPS)``, and the rows are interleaved in an order drawn from
+    ``(seed, step)``. Rows are taken from each source's batches in turn, so
+    a source batch may be split between two steps; a position then also
+    holds, per source, where its held batch began and how many of its rows
+    were taken, and a resumed run reads that batch again and skips them.
 """
 
 from __future__ import annotations
@@ -26,8 +36,16 @@ if TYPE_CHECKING:
 
 #: Steps whose sources are drawn at once (one generator each): the unit of the schedule.
 SCHEDULE_STEPS = 1024
-#: Spawn-key tag of the schedule, apart from the epoch plan's and the weighted draws' (0, 1, 2).
-_MIX = 3
+#: Spawn-key tags of the schedule, the rows' counts and their order, apart from the epoch plan's and the weighted draws' (0, 1, 2).
+_MIX, _MIX_ROWS, _MIX_ORDER = 3, 4, 5
+#: How a mix takes from its sources: whole batches, or rows of every source in each batch.
+PER = ("batch", "row")
+
+
+def row_counts(proportions: np.ndarray, batch_size: int, seed: int, step: int) -> np.ndarray:
+    """How many of step ``step``'s ``batch_size`` rows come from each source: a function of its arguments alone."""
+    block, offset = divmod(step, SCHEDULE_STEPS)
+    return rng(seed, block, _MIX_ROWS).multinomial(batch_size, proportions, size=SCHEDULE_STEPS)[offset]
 
 
 def schedule(proportions: np.ndarray, seed: int, first: int, n: int) -> np.ndarray:
@@ -54,10 +72,22 @@ class MixedBatches:
     position.
     """
 
-    def __init__(self, sources: "Sequence[Batches]", proportions: Sequence[float], seed: int = 0, steps: "int | None" = None) -> None:
+    def __init__(
+        self, sources: "Sequence[Batches]", proportions: Sequence[float], seed: int = 0, steps: "int | None" = None, per: str = "batch"
+    ) -> None:
         self._sources = list(sources)
         if len(self._sources) < 2:
             raise ValueError("mix_batches needs at least two sources")
+        if per not in PER:
+            raise ValueError(f"per={per!r} is not one of {PER}")
+        self._per = per
+        sizes = {source.batch_size for source in self._sources}
+        if per == "row" and len(sizes) > 1:
+            raise ValueError(f"per='row' mixes rows into batches of one size; the sources' batch sizes differ: {sorted(sizes)}")
+        self._batch_size = sizes.pop() if len(sizes) == 1 else 0
+        # per="row": each source's batch being taken from, its position before it, and rows taken of it.
+        self._held: "list[tuple[dict[str, Any], Any, int] | None]" = [None] * len(self._sources)
+        self._skip = [0] * len(self._sources)  # rows of the next batch already delivered (after a load)
         p = np.asarray(proportions, dtype=np.float64)
         if p.shape != (len(self._sources),):
             raise ValueError(f"give one proportion per source ({len(self._sources)}), not {list(proportions)}")
@@ -101,7 +131,42 @@ class MixedBatches:
                 self._iters[i] = None  # its position has moved to the next epoch
         raise RuntimeError(f"source {i} gives no batch in an epoch")  # pragma: no cover - Batches always gives one
 
+    @property
+    def per(self) -> str:
+        """``"batch"``: each batch from one source; ``"row"``: rows of every source in each batch."""
+        return self._per
+
+    def _rows_of(self, i: int, n: int) -> "list[Any]":
+        """The next ``n`` rows of source ``i``, as pieces of its batches."""
+        pieces = []
+        while n > 0:
+            held = self._held[i]
+            if held is None or held[2] == _length(held[1]):
+                before = self._sources[i].state_dict()
+                batch = self._next_of(i)
+                held = (before, batch, self._skip[i])
+                self._skip[i] = 0
+            before, batch, used = held
+            take = min(n, _length(batch) - used)
+            if take:
+                pieces.append(_rows(batch, used, used + take))
+            self._held[i] = (before, batch, used + take)
+            n -= take
+        return pieces
+
+    def _mixed(self, step: int) -> "Batch":
+        counts = row_counts(self._proportions, self._batch_size, self._seed, step)
+        pieces = [piece for i, n in enumerate(counts.tolist()) for piece in self._rows_of(i, n)]
+        order = rng(self._seed, step, _MIX_ORDER).permutation(self._batch_size)
+        return _join(pieces, order)
+
     def __iter__(self) -> "Iterator[Batch]":
+        if self._per == "row":
+            while self._steps is None or self._step < self._steps:
+                batch = self._mixed(self._step)
+                self._step += 1
+                yield batch
+            return
         while self._steps is None or self._step < self._steps:
             first = self._step
             n = SCHEDULE_STEPS if self._steps is None else min(SCHEDULE_STEPS, self._steps - first)
@@ -112,46 +177,92 @@ class MixedBatches:
 
     def state_dict(self) -> dict[str, Any]:
         """The step, what fixes the schedule, and every source's position; small, picklable, JSON-able."""
-        return {
-            "step": self._step,
-            "seed": self._seed,
-            "proportions": self.proportions,
-            "sources": [source.state_dict() for source in self._sources],
-        }
+        state = {"step": self._step, "seed": self._seed, "proportions": self.proportions}
+        if self._per == "batch":
+            return {**state, "sources": [source.state_dict() for source in self._sources]}
+        # A source batch partly taken: where it began, and how many of its rows were taken.
+        sources = [held[0] if held else source.state_dict() for held, source in zip(self._held, self._sources)]
+        taken = [held[2] if held else skip for held, skip in zip(self._held, self._skip)]
+        return {**state, "per": "row", "sources": sources, "taken": taken}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Go to the position of ``state``; ``ValueError`` if it was saved with another schedule or other sources."""
         if state.get("seed") != self._seed or not np.allclose(state.get("proportions", []), self._proportions) \
-                or len(state.get("sources", [])) != len(self._sources):  # fmt: skip
+                or len(state.get("sources", [])) != len(self._sources) or state.get("per", "batch") != self._per:  # fmt: skip
             raise ValueError(
                 f"the state was saved for another mix (seed {state.get('seed')!r}, proportions "
-                f"{state.get('proportions')!r}, {len(state.get('sources', []))} sources)"
+                f"{state.get('proportions')!r}, {len(state.get('sources', []))} sources, per={state.get('per', 'batch')!r})"
             )
         for source, saved in zip(self._sources, state["sources"]):
             source.load_state_dict(saved)
         self._iters = [None] * len(self._sources)
+        self._held = [None] * len(self._sources)
+        self._skip = [int(n) for n in state["taken"]] if self._per == "row" else [0] * len(self._sources)
         self._step = int(state["step"])
 
     def close(self) -> None:
         """Stop every source's readers (the positions stay)."""
+        if self._per == "row":  # the held batches are read again from where they began
+            self._skip = [held[2] if held else skip for held, skip in zip(self._held, self._skip)]
+            for i, held in enumerate(self._held):
+                if held is not None:
+                    self._sources[i].load_state_dict(held[0])
+            self._held = [None] * len(self._sources)
         self._iters = [None] * len(self._sources)
         for source in self._sources:
             source.close()
 
     def __repr__(self) -> str:
         shares = ", ".join(f"{p:.3g}" for p in self._proportions)
-        return f"<MixedBatches of {len(self._sources)} sources ({shares}) at step {self._step}>"
+        return f"<MixedBatches of {len(self._sources)} sources ({shares}, per {self._per}) at step {self._step}>"
+
+
+def _length(batch: Any) -> int:
+    if isinstance(batch, dict):
+        return len(next(iter(batch.values())))
+    return len(batch) if isinstance(batch, np.ndarray) else len(batch[0])
+
+
+def _rows(batch: Any, a: int, b: int) -> Any:
+    """Rows ``a..b`` of a batch (an array, a tuple of arrays or a dict of columns), as views."""
+    if isinstance(batch, dict):
+        return {name: array[a:b] for name, array in batch.items()}
+    if isinstance(batch, np.ndarray):
+        return batch[a:b]
+    return tuple(array[a:b] for array in batch)
+
+
+def _join(pieces: "list[Any]", order: np.ndarray) -> Any:
+    """The pieces' rows in one batch of the same kind, row ``k`` the ``order[k]``-th of the pieces' rows; fresh arrays."""
+
+    def one(arrays: "list[np.ndarray]", what: str) -> np.ndarray:
+        kinds = {(a.dtype, a.shape[1:]) for a in arrays}
+        if len(kinds) > 1:
+            listed = ", ".join(sorted(f"{dt} rows of shape {shape}" for dt, shape in kinds))
+            raise TypeError(f"per='row' mixes rows of one kind; the sources' {what} differ: {listed}")
+        return np.concatenate(arrays)[order]
+
+    first = pieces[0]
+    if isinstance(first, dict):
+        return {name: one([p[name] for p in pieces], f"columns {name!r}") for name in first}
+    if isinstance(first, np.ndarray):
+        return one(pieces, "batches")
+    return tuple(one([p[k] for p in pieces], f"arrays #{k}") for k in range(len(first)))
 
 
 def mix_batches(
-    sources: "Sequence[Batches]", proportions: Sequence[float], *, seed: int = 0, steps: "int | None" = None
+    sources: "Sequence[Batches]", proportions: Sequence[float], *, seed: int = 0, steps: "int | None" = None, per: str = "batch"
 ) -> "MixedBatches":
-    """Batches from several sources in ``proportions``: each step's batch comes from one source, drawn by a seeded schedule.
+    """Batches from several sources in ``proportions``, drawn by a seeded schedule.
 
     ``sources``: :class:`Batches` (of any files and datasets; each keeps its
-    own epochs, shuffle and position). The schedule depends on ``seed`` and
-    the step only, not on ``n_procs``; iteration is endless unless ``steps``
-    is given. See :class:`~multitables.batches.MixedBatches` and NOTE
-    [mixing] in ``multitables._api.mix``.
+    own epochs, shuffle and position). ``per="batch"``: each step's batch
+    comes whole from one source. ``per="row"``: each batch holds rows of
+    every source, about ``proportions`` of them, interleaved (the sources
+    must have one batch size, and rows of one dtype and shape). The schedule
+    depends on ``seed`` and the step only, not on ``n_procs``; iteration is
+    endless unless ``steps`` is given. See
+    :class:`~multitables.batches.MixedBatches` and NOTE [mixing] in
+    ``multitables._api.mix``.
     """
-    return MixedBatches(sources, proportions, seed=seed, steps=steps)
+    return MixedBatches(sources, proportions, seed=seed, steps=steps, per=per)

@@ -70,6 +70,8 @@ def test_a_glob_names_its_matches_in_sorted_order(tmp_path: Path) -> None:
     assert as_files(str(tmp_path / "shard-*.h5")) == tuple(map(str, files))
     assert as_files([files[2], str(tmp_path / "shard-00[01].h5")]) == (str(files[2]), str(files[0]), str(files[1]))
     assert as_files([files[1]]) == str(files[1])  # one file is that file
+    assert as_files(sorted(tmp_path.glob("shard-*.h5"))) == tuple(map(str, files))
+    assert sorted(as_files(tmp_path.glob("shard-*.h5"))) == list(map(str, files))  # any iterable, in its order
     assert multitables.Streamer(tmp_path / "shard-*.h5").filename == tuple(map(str, files))
 
 

@@ -63,15 +63,16 @@ def as_files(filename: Any) -> "str | tuple[str, ...]":
     """The file, or the set of files in order, that ``filename`` names.
 
     ``filename``: a file (str, bytes or ``os.PathLike``), a glob pattern
-    (``"train-*.h5"``: its matches in sorted order), or a list or tuple of
-    files and patterns (each pattern expanded in place). One file in all
+    (``"train-*.h5"``: its matches in sorted order), or a list, tuple or
+    other iterable of files and patterns (each pattern expanded in place). One file in all
     gives that file's name; more give a tuple. A name that exists is never
     taken as a pattern. ``FileNotFoundError`` for a pattern nothing matches.
     """
-    if isinstance(filename, (list, tuple)):
-        if not filename:
+    if not isinstance(filename, (str, bytes, os.PathLike)) and hasattr(filename, "__iter__"):
+        items = list(filename)  # a list, a tuple, or Path.glob's generator
+        if not items:
             raise ValueError("an empty list of files was given; name at least one HDF5 file")
-        names = [name for item in filename for name in _expand(as_filename(item))]
+        names = [name for item in items for name in _expand(as_filename(item))]
     else:
         names = _expand(as_filename(filename))
     return names[0] if len(names) == 1 else tuple(names)

@@ -237,11 +237,19 @@ class ChunkSource:
             reader.will_need([Extent(first, (stop - start) * self._row_nbytes, 0)])
             return
         assert self._index is not None
+        grid, lookup, kept = self._grid, self._index.lookup, self._kept
+        if grid.per_chunk_row == 1:
+            # One chunk per chunk-row: its index alone, without the parts' selections
+            # (a reader hints every block; this costs half as much).
+            c0, rest = grid.chunks[0], (0,) * (len(grid.chunks) - 1)
+            indices = [(i, *rest) for i in range(start // c0, (stop - 1) // c0 + 1)]
+        else:
+            indices = [part.index for part in chunk_parts(grid, start, stop)]
         extents = []
-        for part in chunk_parts(self._grid, start, stop):
-            if part.index in self._kept:
+        for index in indices:
+            if index in kept:
                 continue
-            found = self._index.lookup(part.index)
+            found = lookup(index)
             if found is not None:
                 extents.append(Extent(found[0], found[1], 0))
         reader.will_need(extents)

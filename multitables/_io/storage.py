@@ -226,9 +226,18 @@ class ChunkIndex:
         self._where: "list[tuple[int, int, int] | None]" = [None] * n
         found: list[Any] = []
         dsid.chunk_iter(found.append)
-        for info in found:
-            k = grid.linear(grid.index_of(info.chunk_offset))
-            self._where[k] = (int(info.byte_offset), int(info.size), int(info.filter_mask))
+        where = self._where
+        if grid.per_chunk_row == 1:
+            # Chunks of whole rows (PyTables' and most layouts): the position is the first
+            # coordinate alone. Listing 2,048 chunks takes 1.7 ms so, 3.3 ms through the
+            # grid's methods: time every reader's start and every small file's read pays.
+            c0 = grid.chunks[0]
+            for info in found:
+                where[info.chunk_offset[0] // c0] = (int(info.byte_offset), int(info.size), int(info.filter_mask))
+        else:
+            for info in found:
+                k = grid.linear(grid.index_of(info.chunk_offset))
+                where[k] = (int(info.byte_offset), int(info.size), int(info.filter_mask))
 
     @property
     def listed(self) -> bool:

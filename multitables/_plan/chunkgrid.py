@@ -13,6 +13,7 @@ where they lie close together in the file: :func:`coalesce` plans those reads.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
@@ -64,6 +65,22 @@ class ChunkGrid:
             n = n * k + i
         return n
 
+    @functools.cached_property
+    def trailing(self) -> "list[tuple[tuple[int, ...], tuple[slice, ...], tuple[slice, ...]]]":
+        """For every chunk of one chunk-row, in C order: its index, selection in the chunk and in a row, past axis 0.
+
+        The same for every chunk-row, so worked out once per grid: building it
+        cost half of :func:`chunk_parts` for a block of 8 chunks (14 us).
+        """
+        per_axis = [
+            [(i, slice(0, min(c, s - i * c)), slice(i * c, min(i * c + c, s))) for i in range(k)]
+            for k, c, s in zip(self.counts[1:], self.chunks[1:], self.shape[1:])
+        ]
+        return [
+            (tuple(t[0] for t in combo), tuple(t[1] for t in combo), tuple(t[2] for t in combo))
+            for combo in itertools.product(*per_axis)
+        ]
+
     def is_edge(self, index: tuple[int, ...]) -> bool:
         """Whether chunk ``index`` reaches past the dataset's extent in some dimension (a partial edge chunk)."""
         return any((i + 1) * c > s for i, c, s in zip(index, self.chunks, self.shape))
@@ -101,15 +118,7 @@ def chunk_parts(grid: ChunkGrid, start: int, stop: int) -> list[ChunkPart]:
         return []
     c0 = grid.chunks[0]
     whole_rows = grid.whole_rows
-    # The trailing dimensions' (index, chunk selection, output selection), the same for every chunk-row.
-    trailing = [
-        [(i, slice(0, min(c, s - i * c)), slice(i * c, min(i * c + c, s))) for i in range(k)]
-        for k, c, s in zip(grid.counts[1:], grid.chunks[1:], grid.shape[1:])
-    ]
-    combos = [
-        (tuple(t[0] for t in combo), tuple(t[1] for t in combo), tuple(t[2] for t in combo))
-        for combo in itertools.product(*trailing)
-    ]
+    combos = grid.trailing
     parts = []
     for i0 in range(start // c0, (stop - 1) // c0 + 1):
         o0 = i0 * c0

@@ -1,0 +1,380 @@
+"""Small work (issue #20, part 1): multitables against one plain process on small files, cold and warm.
+
+The shapes of the issue, each written with PyTables (float32 rows of 4 KiB,
+``multitables_bench.files.write_file``) for every codec asked:
+
+* ``three``: three files of 1,000 rows in 16-row chunks (PyTables' default
+  for them), read one after the other: one ``Streamer`` per file;
+* ``block``: one file of 256 rows in one 256-row chunk (a single block);
+* ``subchunk``: 100 rows in a 1,024-row chunk (less than a chunk).
+
+Every row of every file is read by each reader of a pass, which includes
+opening the files (and, for multitables, creating the ``Streamer``):
+
+* ``h5py``: one ``h5py.File`` per file, ``read_direct`` of the whole
+  dataset into a fresh array (hdf5plugin's filters registered);
+* ``tables``: ``tables.open_file`` and ``read()`` of the whole node;
+* ``direct``: ``multitables.Streamer(f).get_queue('/data', remainder=True)``,
+  every block taken and released (default ``n_procs``, ``engine``);
+* ``generator``: ``Streamer(f).get_generator('/data')``, every row.
+
+Passes are prepared as the benchmark prepares its own (``multitables_bench.cache_modes.prepare_cache``:
+``cold`` drops the files' pages and, on a VM whose balloon reports free
+pages, settles memory; ``warm`` reads them in) and ``gc.collect()`` runs
+before each, outside the timer. Within a repeat every reader runs once; the
+order rotates from repeat to repeat. Printed: per shape and codec, each
+reader's median ms and its rate against the best single-process reader
+(h5py or PyTables, whichever is faster by median), as a Markdown table.
+
+Run from the checkout, e.g.::
+
+    python benchmarks/small_work.py --repeats 41 --cache cold warm
+    python benchmarks/small_work.py --shapes three --codecs zlib --cache cold --profile 30
+    python benchmarks/small_work.py --one-reader 1 --codecs blosc --data smooth --repeats 9
+
+``--profile N`` instead times N passes of multitables (direct) phase by
+phase (opening the file and checking the node, engine choice, ``parallel_pays``,
+opening the source, reading the blocks, closing it; the rest is the
+Streamer and queue themselves) and prints a cProfile of N more, by
+cumulative time.
+
+``--one-reader GIB`` (issue #20, part 2) instead writes a file of GIB GiB
+and times one reader process against one plain h5py process on it
+(:func:`one_reader`). ``PYTHONPATH`` may name another copy of the package
+to measure (the checkout is appended to ``sys.path`` for
+``multitables_bench`` only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+from typing import Callable
+
+import numpy as np
+
+# The checkout, for multitables_bench; appended, so that PYTHONPATH may name another multitables to compare.
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+
+from multitables_bench.cache_modes import prepare_cache  # noqa: E402
+from multitables_bench.files import h5py_with_filters, write_file  # noqa: E402
+from multitables_bench.records import NODE, Codec  # noqa: E402
+
+#: (files, rows per file, rows per chunk) of each shape.
+SHAPES = {"three": (3, 1000, 16), "block": (1, 256, 256), "subchunk": (1, 100, 1024)}
+CODECS = {"zlib": Codec("zlib", 3), "blosc": Codec("blosc", 3), "none": Codec("zlib", 0)}
+READERS = ("h5py", "tables", "direct", "generator")
+SINGLE = ("h5py", "tables")
+
+
+def make_files(directory: str, shape: str, codec: str, data: str) -> list[str]:
+    """Write the files of ``shape`` (once: kept between runs); return their paths."""
+    n_files, n_rows, chunk = SHAPES[shape]
+    paths = []
+    for i in range(n_files):
+        path = os.path.join(directory, f"small-{shape}-{codec}-{data}-{i}.h5")
+        if not os.path.exists(path):
+            write_file(path, n_rows, CODECS[codec], chunk, seed=i, data=data)
+        paths.append(path)
+    return paths
+
+
+def read_h5py(paths: list[str]) -> int:
+    h5py = h5py_with_filters()
+    rows = 0
+    for path in paths:
+        with h5py.File(path, "r") as f:
+            ds = f[NODE]
+            out = np.empty(ds.shape, ds.dtype)
+            ds.read_direct(out)
+            rows += len(out)
+    return rows
+
+
+def read_tables(paths: list[str]) -> int:
+    import tables
+
+    rows = 0
+    for path in paths:
+        with tables.open_file(path, "r") as f:
+            rows += len(f.get_node(NODE).read())
+    return rows
+
+
+#: The engine the multitables readers ask for (``--engine``).
+ENGINE = ["auto"]
+
+
+def read_direct(paths: list[str]) -> int:
+    import multitables
+
+    rows = 0
+    for path in paths:
+        with multitables.Streamer(path, engine=ENGINE[0]).get_queue(NODE, remainder=True) as queue:
+            for guard in queue.iter():
+                with guard as block:
+                    rows += len(block)
+    return rows
+
+
+def read_generator(paths: list[str]) -> int:
+    import multitables
+
+    rows = 0
+    for _row in (row for path in paths for row in multitables.Streamer(path, engine=ENGINE[0]).get_generator(NODE)):
+        rows += 1
+    return rows
+
+
+FUNCTIONS: dict[str, Callable[[list[str]], int]] = {
+    "h5py": read_h5py, "tables": read_tables, "direct": read_direct, "generator": read_generator,
+}
+
+
+def prepare(paths: list[str], cache: str) -> None:
+    for path in paths:
+        prepare_cache(path, "warm" if cache == "warm" else "evict")
+    gc.collect()
+
+
+def time_readers(paths: list[str], readers: "list[str]", cache: str, repeats: int, n_rows: int) -> dict[str, list[float]]:
+    """Seconds of each reader's passes over ``paths``; the order rotates each repeat."""
+    return time_functions(paths, {r: (lambda r=r: FUNCTIONS[r](paths)) for r in readers}, cache, repeats, n_rows)
+
+
+def time_functions(
+    paths: list[str], functions: "dict[str, Callable[[], int]]", cache: str, repeats: int, n_rows: int
+) -> dict[str, list[float]]:
+    """Seconds of each function's passes (each returns the rows it read), prepared as ``cache`` says; the order rotates."""
+    readers = list(functions)
+    times: dict[str, list[float]] = {r: [] for r in readers}
+    for rep in range(repeats):
+        for j in range(len(readers)):
+            name = readers[(rep + j) % len(readers)]
+            prepare(paths, cache)
+            t0 = time.perf_counter()
+            got = functions[name]()
+            times[name].append(time.perf_counter() - t0)
+            if got != n_rows:
+                raise SystemExit(f"{name} read {got} rows, expected {n_rows}")
+    return times
+
+
+def table(results: "list[tuple[str, str, str, dict[str, list[float]]]]", readers: "list[str]", repeats: int) -> str:
+    head = "| shape | codec | cache | " + " | ".join(f"{r} ms" for r in readers)
+    mt = [r for r in readers if r not in SINGLE]
+    head += " | " + " | ".join(f"{r} / best single" for r in mt) + " |"
+    lines = [f"Medians of {repeats} repeats; ratio = best single-process time / multitables time (rates).", "", head,
+             "|" + "---|" * (3 + len(readers) + len(mt))]
+    for shape, codec, cache, times in results:
+        med = {r: statistics.median(ts) for r, ts in times.items()}
+        best = min(med[r] for r in readers if r in SINGLE) if any(r in SINGLE for r in readers) else float("nan")
+        cells = [f"{med[r] * 1e3:.2f}" for r in readers] + [f"{best / med[r]:.2f}x" for r in mt]
+        lines.append(f"| {shape} | {codec} | {cache} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# -- the phases of one multitables pass ------------------------------------------------------
+
+
+def profile(paths: list[str], passes: int, cache: str) -> str:
+    """Time ``passes`` multitables (direct) passes phase by phase, then cProfile as many; a report."""
+    import cProfile
+    import io
+    import pstats
+
+    import multitables
+    from multitables import streamer as streamer_mod
+    from multitables._api import queue as queue_mod
+
+    spans: dict[str, list[float]] = {}
+    stamp: dict[str, float] = {}
+
+    def timed(owner: object, name: str, label: str) -> None:
+        original = getattr(owner, name, None)
+        if original is None:  # another layout of the package: that phase goes to "the rest"
+            return
+
+        def wrapper(*args: object, **kwargs: object) -> object:
+            t = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                stamp[label] = stamp.get(label, 0.0) + time.perf_counter() - t
+
+        setattr(owner, name, wrapper)
+
+    timed(streamer_mod, "open_node", "open file, node checks (open_node)")
+    timed(streamer_mod, "open_files", "open file, node checks (open_files)")
+    timed(queue_mod.StreamOptions, "resolve", "engine choice (resolve_engine)")
+    timed(streamer_mod, "parallel_pays", "plan (parallel_pays)")
+    timed(queue_mod, "open_source", "open the source (open_source)")
+    timed(queue_mod, "read_block", "read blocks (read_block)")
+    timed(queue_mod.InlineBackend, "close", "close the source")
+
+    def one_pass() -> None:
+        for path in paths:
+            with multitables.Streamer(path, engine=ENGINE[0]).get_queue(NODE, remainder=True) as queue:
+                for guard in queue.iter():
+                    with guard:
+                        pass
+
+    totals = []
+    for _ in range(passes):
+        prepare(paths, cache)
+        stamp.clear()
+        t0 = time.perf_counter()
+        one_pass()
+        totals.append(time.perf_counter() - t0)
+        for k, v in stamp.items():
+            spans.setdefault(k, []).append(v)
+    lines = [f"{len(paths)} file(s), {cache}, {passes} passes: total median {statistics.median(totals) * 1e3:.3f} ms", ""]
+    for k, v in spans.items():
+        lines.append(f"  {statistics.median(v) * 1e3:8.3f} ms  {k}")
+    accounted = sum(statistics.median(v) for v in spans.values())
+    lines.append(f"  {(statistics.median(totals) - accounted) * 1e3:8.3f} ms  the rest (Streamer, queue, loop)")
+    prof = cProfile.Profile()
+    for _ in range(passes):
+        prepare(paths, cache)
+        prof.enable()
+        one_pass()
+        prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(45)
+    return "\n".join(lines) + "\n\n" + out.getvalue()
+
+
+# -- one reader on a large file (issue #20, part 2) --------------------------------------------
+
+
+#: The readers of ``--one-reader``: one plain process, the chunk engine in this process, and multitables
+#: with one reader process per engine, and with a source that reads nothing (the process and the ring alone).
+ONE_READERS = ("h5py", "chunks in-process", "mt chunks", "mt h5py", "mt no-op source")
+
+
+def one_reader(path: str, repeats: int, caches: "list[str]") -> str:
+    """MB/s of the ``ONE_READERS`` on ``/data`` of ``path``, passes interleaved (order rotating); a Markdown table.
+
+    ``h5py`` reads in blocks of the size multitables picks for one reader
+    (as the benchmark's single-process reader does) into one buffer;
+    ``chunks in-process`` does the same with the chunk engine's source;
+    ``mt ...`` stream with ``get_queue(n_procs=1, remainder=True)``, direct
+    access. The no-op source is the chunk engine's with ``read_into`` made
+    to return at once (forked readers inherit it): the rows are garbage,
+    the time is the reader process and the hand-off alone.
+    """
+    import multitables
+    from multitables._io import chunks as chunks_mod
+    from multitables._io.engines import open_source
+    from multitables._io.node import inspect_node
+
+    h5py = h5py_with_filters()
+    node = inspect_node(path, NODE)
+    nbytes = node.n_rows * node.row_nbytes
+    with multitables.Streamer(path, engine="chunks").get_queue(NODE, n_procs=1) as queue:
+        block = queue.block_size
+
+    def blocks(read: Callable[[int, int, np.ndarray], object]) -> int:
+        buf = np.empty((block,) + node.row_shape, node.dtype)
+        for a in range(0, node.n_rows, block):
+            b = min(a + block, node.n_rows)
+            read(a, b, buf[: b - a])
+        return node.n_rows
+
+    def plain() -> int:
+        with h5py.File(path, "r") as f:
+            ds = f[NODE]
+            return blocks(lambda a, b, out: ds.read_direct(out, np.s_[a:b]))
+
+    def in_process() -> int:
+        source = open_source("chunks", inspect_node(path, NODE), {})
+        try:
+            return blocks(source.read_into)
+        finally:
+            source.close()
+
+    def stream(engine: str) -> Callable[[], int]:
+        def read() -> int:
+            rows = 0
+            with multitables.Streamer(path, engine=engine).get_queue(NODE, n_procs=1, remainder=True) as queue:
+                for guard in queue.iter():
+                    with guard as got:
+                        rows += len(got)
+            return rows
+        return read
+
+    def no_op() -> int:
+        real = chunks_mod.ChunkSource.read_into
+        chunks_mod.ChunkSource.read_into = lambda self, start, stop, out: None  # type: ignore[method-assign]
+        try:
+            return stream("chunks")()
+        finally:
+            chunks_mod.ChunkSource.read_into = real  # type: ignore[method-assign]
+
+    functions = dict(zip(ONE_READERS, (plain, in_process, stream("chunks"), stream("h5py"), no_op)))
+    lines = [f"{os.path.basename(path)}: {nbytes / 1e6:,.0f} MB of rows, {os.path.getsize(path) / 1e6:,.0f} MB of file, "
+             f"blocks of {block} rows; medians of {repeats} passes, MB/s of data (ratio to h5py)", "",
+             "| cache | " + " | ".join(ONE_READERS) + " |", "|---|" + "---:|" * len(ONE_READERS)]
+    for cache in caches:
+        names = list(ONE_READERS)
+        times = time_functions([path], {n: functions[n] for n in names}, cache, repeats, node.n_rows)
+        med = {n: statistics.median(times[n]) for n in names}
+        cells = [f"{nbytes / med[n] / 1e6:,.0f} ({med['h5py'] / med[n]:.2f}x)" for n in names]
+        lines.append(f"| {cache} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: "list[str] | None" = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", default="bench", help="where the files are written (kept; default: bench)")
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--codecs", nargs="+", default=list(CODECS), choices=list(CODECS))
+    parser.add_argument("--data", default="noise", choices=("noise", "smooth"))
+    parser.add_argument("--cache", nargs="+", default=["cold", "warm"], choices=("cold", "warm"))
+    parser.add_argument("--readers", nargs="+", default=list(READERS), choices=READERS)
+    parser.add_argument("--engine", default="auto", choices=("auto", "chunks", "h5py", "tables"),
+                        help="the engine multitables is asked for (default: auto, the library's default)")
+    parser.add_argument("--repeats", type=int, default=41)
+    parser.add_argument("--profile", type=int, default=0, metavar="PASSES", help="profile multitables' phases instead")
+    parser.add_argument("--one-reader", type=float, default=0, metavar="GIB",
+                        help="instead: one reader process on a file of GIB GiB of --data rows, --codecs[0] (issue #20 part 2)")
+    args = parser.parse_args(argv)
+    os.makedirs(args.dir, exist_ok=True)
+    ENGINE[0] = args.engine
+    if args.one_reader:
+        codec = args.codecs[0]
+        path = os.path.join(args.dir, f"one-reader-{codec}-{args.data}-{args.one_reader:g}.h5")
+        if not os.path.exists(path):
+            write_file(path, int(args.one_reader * (1 << 30)) // 4096, CODECS[codec], data=args.data)
+        print(f"{args.data} rows, {codec}; load average before: {os.getloadavg()[0]:.2f}")
+        print(one_reader(path, args.repeats, args.cache))
+        return
+    if args.profile:
+        for shape in args.shapes:
+            for codec in args.codecs:
+                for cache in args.cache:
+                    print(f"## {shape}, {codec}, {args.data}")
+                    print(profile(make_files(args.dir, shape, codec, args.data), args.profile, cache))
+        return
+    results = []
+    for shape in args.shapes:
+        for codec in args.codecs:
+            paths = make_files(args.dir, shape, codec, args.data)
+            n_rows = SHAPES[shape][0] * SHAPES[shape][1]
+            for reader in args.readers:  # once, untimed: imports, and the files written
+                FUNCTIONS[reader](paths)
+            for cache in args.cache:
+                t0 = time.perf_counter()
+                times = time_readers(paths, args.readers, cache, args.repeats, n_rows)
+                results.append((shape, codec, cache, times))
+                print(f"{shape} {codec} {cache}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    print(f"{args.data} rows, engine {args.engine}; load average before: {os.getloadavg()[0]:.2f}, after: see uptime")
+    print(table(results, args.readers, args.repeats))
+
+
+if __name__ == "__main__":
+    main()

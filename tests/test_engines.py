@@ -186,3 +186,35 @@ def test_h5py_takes_over_the_checks_dataset_with_the_chunk_cache_its_plan_needs(
     finally:
         src.close()
     assert fds_on(path) == 0
+
+
+def test_cache_direct_with_auto_asks_the_chunk_engine_first(make_array) -> None:
+    """``auto`` leaves blosc to h5py for speed; with O_DIRECT, which only the chunk engine has, it must not refuse."""
+    from multitables._api.queue import StreamOptions
+
+    path = make_array(np.arange(3000.0).reshape(1000, 3), complib="blosc")
+    node = inspect_node(path, "/data")
+    assert StreamOptions(str(path), "auto", "page", None, {}).resolve(node) == "h5py"
+    assert StreamOptions(str(path), "auto", "direct", None, {}).resolve(node) == "chunks"
+
+
+def test_auto_reads_a_set_of_small_files_with_h5py(tmp_path) -> None:
+    import h5py
+
+    from multitables._io.engines import SMALL_FILE_BYTES
+    from multitables._io.fileset import inspect_files
+
+    def shards(name: str, rows: int) -> "tuple[str, ...]":
+        files = []
+        for i in range(3):
+            files.append(str(tmp_path / f"{name}-{i}.h5"))
+            with h5py.File(files[-1], "w") as f:
+                f.create_dataset("data", data=np.zeros((rows, 256), np.float32), chunks=(8, 256), compression="gzip")
+        return tuple(files)
+
+    row_bytes = 256 * 4
+    small = inspect_files(shards("small", SMALL_FILE_BYTES // row_bytes - 1), "/data")
+    large = inspect_files(shards("large", SMALL_FILE_BYTES // row_bytes), "/data")
+    assert resolve_engine("auto", small, {}) == "h5py"
+    assert resolve_engine("chunks", small, {}) == "chunks"
+    assert resolve_engine("auto", large, {}) == "chunks"

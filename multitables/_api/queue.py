@@ -72,7 +72,10 @@ class StreamOptions:
 
     def resolve(self, node: NodeInfo, dataset: Any = None) -> str:
         """The engine that will read ``node``; refuses ``cache='direct'`` where the chunk engine cannot read it."""
-        engine = resolve_engine(self.engine, node, self.open_kwargs, dataset)
+        # O_DIRECT is the chunk engine's alone: with it, ``auto`` asks that engine first even where
+        # h5py would be chosen for speed (blosc), rather than refuse a node the chunk engine reads.
+        asked = "chunks" if self.cache == "direct" and self.engine == "auto" else self.engine
+        engine = resolve_engine(asked, node, self.open_kwargs, dataset)
         if self.cache == "direct" and engine != "chunks":
             raise ValueError(
                 f"cache='direct' needs the chunk engine, which cannot read {node.path!r} in {node.filename!r} "

@@ -42,7 +42,7 @@ from .._plan.chunkgrid import ChunkGrid, ChunkPart, Extent, chunk_parts, coalesc
 from .codecs.base import ChunkDecodeError
 from .codecs.pipeline import Pipeline
 from .codecs.registry import build_pipeline
-from .node import NodeInfo, deliver_strings
+from .node import NodeInfo, deliver_strings, reopen_dataset
 from .storage import INDEX_ALL_LIMIT, ChunkIndex, inspect_storage
 
 #: Where chunk bytes come from: the page cache, or the disk past it (``O_DIRECT``).
@@ -151,13 +151,9 @@ class ChunkSource:
         self._node = node
         self._reader: "_FileReader | None" = None
         self._h5file: Any = None
-        import h5py
-
         if dataset is None:
-            self._h5file = h5py.File(node.filename, "r")
-            dataset = self._h5file[node.path]
-        else:
-            self._h5file = dataset.id  # closing it closes the checks' file (node.close_dataset)
+            dataset = reopen_dataset(node)
+        self._h5file = dataset.id  # closing it closes its file too (node.close_dataset)
         try:
             self._setup(dataset, cache, index_limit)
         except BaseException:

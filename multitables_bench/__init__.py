@@ -3,11 +3,14 @@
 Modules, top to bottom (each imports only those below it):
 
 * ``cli``: the command line, and running what it asks for;
-* ``sections``: the training and random-access sections;
+* ``sections``: the training and random-access sections, with ``training``
+  (shards, PyTorch's DataLoader and MosaicML streaming side by side);
 * ``passes``: timing one pass of one reader, and which jobs a run times;
 * ``plot`` over ``report``: the report, from the passes and their context;
 * ``readers``: the ways of reading a whole file (O_DIRECT, one process, multitables);
 * ``cache_modes``: the ``--cache`` modes: the page cache before each pass;
+* ``diskmodel`` (with ``diskmodel.c``): a spinning disk or a RAID 0 of two,
+  modelled under every reader process (``--disk-model``);
 * ``files``, ``cache``, ``machine``, ``records``: writing the files, page-cache
   control (eviction, residency, O_DIRECT reads, memory settling, the
   direct-driver probe), describing the machine, and the records and

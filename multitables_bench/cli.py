@@ -42,6 +42,7 @@ import tempfile
 from dataclasses import asdict, replace
 from typing import Sequence
 
+from multitables_bench import diskmodel
 from multitables_bench.cache_modes import resolve_cache
 from multitables_bench.machine import machine_info, usable_cpus, versions
 from multitables_bench.passes import measure
@@ -96,6 +97,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="what the files hold: noise (random normal, the default) and/or smooth (a random walk in whole steps, "
              "which compresses several times); with both, a file of each per codec")
     add("--report-from", metavar="JSON", default=None, help="measure nothing: report the results of an earlier --json run")
+    add("--section-mib", type=int, default=None,
+        help=f"--sections training / random: MiB of 1 KiB rows in their file (default {SECTION_ROWS >> 10}; "
+             f"--quick: {QUICK_SECTION_ROWS >> 10})")
+    add("--disk-model", choices=tuple(diskmodel.KINDS), default=None,
+        help="read through a model of a spinning disk (hdd) or a RAID 0 of two (raid0), shared by every reader process: "
+             "a seek for every read that does not continue the previous one, a capped rate (multitables_bench/diskmodel.py)")
+    add("--seek-ms", type=float, default=diskmodel.SEEK_MS, help=f"--disk-model: ms per seek (default {diskmodel.SEEK_MS:g})")
+    add("--disk-mbps", type=float, default=diskmodel.DISK_MBPS,
+        help=f"--disk-model: MB/s of one disk (default {diskmodel.DISK_MBPS:g})")
+    add("--disk-readahead-kib", type=int, default=diskmodel.READAHEAD >> 10,
+        help=f"--disk-model: KiB a disk reads on past a read while idle (default {diskmodel.READAHEAD >> 10}; 0: none)")
+    add("--disk-page-cache", action=argparse.BooleanOptionalAction, default=True,
+        help="--disk-model: model a page cache in front of the disks, emptied before every pass, so that a page is "
+             "read from the disk once per pass (default; O_DIRECT reads bypass it)")
     return parser
 
 
@@ -131,6 +146,29 @@ def parse_args(argv: "Sequence[str] | None" = None) -> Settings:
     if problem:
         parser.error(problem)
     return settings
+
+
+def parse_disk_model(argv: "Sequence[str] | None" = None) -> "argparse.Namespace | None":
+    """The ``--disk-model`` options (``disk_model``, ``seek_ms``, ``disk_mbps``, ``disk_readahead_kib``,
+    ``disk_page_cache``), or None without one.
+
+    They stay out of :class:`Settings`: the run they ask for is this same
+    command re-run with the model under it (:func:`diskmodel.run_modelled`),
+    and the report names the model in its cache line.
+    """
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if a.disk_model is None:
+        return None
+    if a.seek_ms < 0 or a.disk_mbps <= 0 or a.disk_readahead_kib < 0:
+        parser.error(f"--seek-ms must be >= 0, --disk-mbps > 0 and --disk-readahead-kib >= 0; got {a.seek_ms}, "
+                     f"{a.disk_mbps}, {a.disk_readahead_kib}")
+    if a.cache not in ("auto", "warm") or a.direct_off:
+        parser.error("--disk-model keeps the file in the page cache under the model (every read reaches the model at "
+                     "its system call); --cache must be auto or warm, without --H5FD_DIRECT_OFF")
+    if set(a.sections) != {"main"}:
+        parser.error("--disk-model applies to the main section only")
+    return a
 
 
 def check_settings(s: Settings) -> "str | None":
@@ -206,9 +244,16 @@ def main(argv: "Sequence[str] | None" = None) -> None:
     if settings.report_from:
         report(settings)
         return
+    model_args = parse_disk_model(argv)
+    model = diskmodel.current()
+    if model_args is not None and model is None:
+        # Every reader must read through the shim, and only processes started with it do: run again under it.
+        raise SystemExit(diskmodel.run_modelled(
+            list(sys.argv[1:] if argv is None else argv), model_args.disk_model, model_args.seek_ms, model_args.disk_mbps,
+            model_args.disk_readahead_kib << 10, model_args.disk_page_cache))
     extra = [name for name in settings.sections if name != "main"]
     if extra:
-        measure_sections(settings, extra)
+        measure_sections(settings, extra, parse_section_mib(argv))
         if "main" not in settings.sections:
             return
     workdir, main_path = _workdir(settings)
@@ -221,7 +266,10 @@ def main(argv: "Sequence[str] | None" = None) -> None:
 
     try:
         _check_space(workdir, settings)
-        cache, cache_note = resolve_cache(settings, workdir)
+        if model is not None:
+            cache, cache_note = "warm", model_cache_note(model)
+        else:
+            cache, cache_note = resolve_cache(settings, workdir)
         log(f"cache: {cache_note}")
         machine = machine_info(workdir)
         notes: list[str] = []
@@ -241,10 +289,28 @@ def main(argv: "Sequence[str] | None" = None) -> None:
     emit(passes, ctx)
 
 
-def measure_sections(settings: Settings, sections: Sequence[str]) -> None:
+def model_cache_note(model: diskmodel.DiskModel) -> str:
+    """The report's cache line for a run on the disk model."""
+    return (
+        f"disk model, {model.describe()}: every read call of the file is charged to the model (multitables_bench/"
+        "diskmodel.py); under the model the real file is kept in this machine's page cache (read in before every "
+        "pass) so that its own disk adds nothing"
+    )
+
+
+def parse_section_mib(argv: "Sequence[str] | None" = None) -> "int | None":
+    """``--section-mib`` (kept out of :class:`Settings`, as it only sizes the sections' file), or None."""
+    parser = build_parser()
+    mib = parser.parse_args(argv).section_mib
+    if mib is not None and mib < 1:
+        parser.error(f"--section-mib must be at least 1, got {mib}")
+    return mib
+
+
+def measure_sections(settings: Settings, sections: Sequence[str], mib: "int | None" = None) -> None:
     """Run the training / random-access sections; print their Markdown tables (JSON beside ``--json``)."""
     workdir, _ = _workdir(settings)
-    rows = QUICK_SECTION_ROWS if settings.quick else SECTION_ROWS
+    rows = mib << 10 if mib else QUICK_SECTION_ROWS if settings.quick else SECTION_ROWS
     n_procs = settings.max_procs
     try:
         text, figures = run_sections(sections, workdir, rows, n_procs, settings.repeats, lambda m: print(m, file=sys.stderr))

@@ -7,12 +7,14 @@ files) and removes it.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from multitables_bench import diskmodel
 from multitables_bench.cache_modes import prepare_cache
 from multitables_bench.files import write_file
 from multitables_bench.readers import engine_can_read, probe_multitables, read_multitables, read_odirect, read_single
@@ -37,8 +39,6 @@ class Job:
 
 def time_pass(job: Job, cache: str, repeat: int, cycle: int, log: Callable[[str], None]) -> Pass:
     """Set the cache up, measure residency, read the whole file once, timed with ``perf_counter``."""
-    from tqdm import tqdm
-
     target, reader = job.target, job.reader
     resident = prepare_cache(target.path, cache)
     # The garbage of the pass before (PyTables leaves many objects) is collected
@@ -49,29 +49,39 @@ def time_pass(job: Job, cache: str, repeat: int, cycle: int, log: Callable[[str]
     desc = f"{target.key} {kind}{target.codec.label} {reader.label} [{resident:.1%} cached]"
     file_nbytes = os.path.getsize(target.path)
     n_procs_used = job.n_procs_used
-    if reader.kind == "odirect":
-        nbytes = file_nbytes
-        with tqdm(total=nbytes, desc=desc, unit="B", unit_scale=True, leave=False) as bar:
-            seconds = nbytes / read_odirect(target, bar.update)
-    else:
-        with tqdm(total=target.n_rows, desc=desc, unit="row", unit_scale=True, leave=False) as bar:
-            used: list[int] = []
-            t0 = time.perf_counter()
-            if reader.kind == "single":
-                rows = read_single(target, reader, cache, job.block_size or 1, bar.update)
-            else:
-                rows = read_multitables(target, reader, cache, bar.update, used)
-            seconds = time.perf_counter() - t0
-        if rows != target.n_rows:
-            raise RuntimeError(f"{reader.label} read {rows} rows of {target.path}, which has {target.n_rows}")
-        nbytes = target.data_nbytes
-        if used:
-            n_procs_used = used[0]
+    model = diskmodel.current()
+    # Under a disk model (--disk-model) only the pass itself is charged: writing, probing and warming are not.
+    charging = model.charging(os.path.dirname(target.path)) if model is not None else contextlib.nullcontext()
+    with charging:
+        seconds, n_procs_used = _timed_read(job, cache, desc, file_nbytes, n_procs_used)
+    nbytes = file_nbytes if reader.kind == "odirect" else target.data_nbytes
     p = Pass(target.key, target.codec, reader, repeat, cycle, cache, resident, seconds, nbytes, n_procs_used, job.block_size,
              target.data, file_nbytes)
     flag = "  WARM START" if p.warm_start else ""
-    log(f"{desc} repeat {repeat + 1} cycle {cycle + 1}: {p.seconds:.3f} s, {p.mb_per_s:,.0f} MB/s{flag}")
+    on_model = f", {model.stats().summary()}" if model is not None else ""
+    log(f"{desc} repeat {repeat + 1} cycle {cycle + 1}: {p.seconds:.3f} s, {p.mb_per_s:,.0f} MB/s{on_model}{flag}")
     return p
+
+
+def _timed_read(job: Job, cache: str, desc: str, file_nbytes: int, n_procs_used: "int | None") -> tuple[float, "int | None"]:
+    """Read the whole file once with the job's reader: (seconds, reader processes used)."""
+    from tqdm import tqdm
+
+    target, reader = job.target, job.reader
+    if reader.kind == "odirect":
+        with tqdm(total=file_nbytes, desc=desc, unit="B", unit_scale=True, leave=False) as bar:
+            return file_nbytes / read_odirect(target, bar.update), n_procs_used
+    with tqdm(total=target.n_rows, desc=desc, unit="row", unit_scale=True, leave=False) as bar:
+        used: list[int] = []
+        t0 = time.perf_counter()
+        if reader.kind == "single":
+            rows = read_single(target, reader, cache, job.block_size or 1, bar.update)
+        else:
+            rows = read_multitables(target, reader, cache, bar.update, used)
+        seconds = time.perf_counter() - t0
+    if rows != target.n_rows:
+        raise RuntimeError(f"{reader.label} read {rows} rows of {target.path}, which has {target.n_rows}")
+    return seconds, used[0] if used else n_procs_used
 
 
 def run_jobs(

@@ -1,45 +1,41 @@
 """The training and random-access sections of the benchmark (``multitables-benchmark --sections ...``).
 
-Both read a zlib level 3 file with the page cache warm, as a training loop or
-a sampler re-reading a file that fits in memory would, and set multitables
-beside what a user would write without it, measured in the same run:
+Both read a zlib level 3 file of 1 KiB float32 rows (``/X``) and their int64
+labels (``/y``), and set multitables beside what a user would write without
+it, measured in the same run:
 
-* training: samples/s for shuffled batches of 256 rows of ``/X`` and
-  ``/y``, against a PyTorch ``DataLoader`` over an h5py dataset with per-row
-  ``__getitem__`` (a), and one whose sampler hands the workers contiguous
-  slices (b), with ``num_workers`` = the reader count;
-* random access: rows/s for batches of 256 sorted random row indices,
-  against h5py fancy indexing in one process and the established ``Reader``
-  approach of one request at a time.
+* training (:mod:`multitables_bench.training`): samples/s and MB/s of
+  shuffled batches of 256 rows, page cache warm and cold, for multitables
+  over the file and over the same rows in 64 shard files, PyTorch
+  ``DataLoader`` over h5py, and MosaicML streaming over the rows in its MDS
+  format (where the ``streaming`` package is installed);
+* random access: rows/s for batches of 256 sorted random row indices, page
+  cache warm, against h5py fancy indexing in one process and the
+  established ``Reader`` approach of one request at a time.
+
+This module writes the files (the training file, its shards, its MDS copy),
+measures random access, and reports both sections.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from multitables_bench.files import h5py_with_filters, read_through_cache
+from multitables_bench.training import (
+    BATCH, FEATURES, SEED, SHARDS, Figure, import_streaming, training_section,
+)
 
-#: Features per row of the training and random-access files (float32): 1 KiB rows.
-FEATURES = 256
-BATCH = 256
-SEED = 0
-
-
-@dataclass(frozen=True)
-class Figure:
-    """One measured way of reading: rows (samples) per second, median over repeats."""
-
-    section: str
-    label: str
-    rows_per_s: float
-    seconds: tuple[float, ...]
-    rows: int
+#: MosaicML's codec for the MDS copy: deflate level 3, as zlib 3 (gzip framing; MDS has no byte-shuffle filter).
+MDS_COMPRESSION = "gz:3"
+#: Rows read and written at a time while copying the training file.
+COPY_ROWS = 16384
 
 
 def write_training_file(path: str, n_rows: int) -> None:
@@ -51,13 +47,50 @@ def write_training_file(path: str, n_rows: int) -> None:
     with tables.open_file(path, "w") as f:
         x = f.create_earray("/", "X", tables.Float32Atom(), (0, FEATURES), filters=filters, expectedrows=n_rows)
         y = f.create_earray("/", "y", tables.Int64Atom(), (0,), filters=filters, expectedrows=n_rows)
-        for start in range(0, n_rows, 16384):
-            n = min(16384, n_rows - start)
+        for start in range(0, n_rows, COPY_ROWS):
+            n = min(COPY_ROWS, n_rows - start)
             x.append(rng.standard_normal((n, FEATURES), dtype=np.float32))
             y.append(np.arange(start, start + n))
 
 
-def _median_rate(section: str, label: str, run: Callable[[], int], repeats: int, log: Callable[[str], None]) -> Figure:
+def shard_paths(directory: str) -> str:
+    """The glob naming the shard files in ``directory`` (``train-000.h5`` ...)."""
+    return os.path.join(directory, "train-*.h5")
+
+
+def write_shards(path: str, directory: str, n_shards: int = SHARDS) -> list[str]:
+    """Split ``path``'s /X and /y into ``n_shards`` files of consecutive rows (as equal as can be), same chunks and filters."""
+    import tables
+
+    os.makedirs(directory, exist_ok=True)
+    names = []
+    with tables.open_file(path) as src:
+        n_rows = len(src.root.y)
+        bounds = np.linspace(0, n_rows, n_shards + 1).astype(int)
+        for k in range(n_shards):
+            names.append(os.path.join(directory, f"train-{k:03d}.h5"))
+            with tables.open_file(names[-1], "w") as f:
+                for node in (src.root.X, src.root.y):
+                    out = f.create_earray("/", node.name, node.atom, (0,) + node.shape[1:], filters=node.filters,
+                                          chunkshape=node.chunkshape)
+                    for start in range(bounds[k], bounds[k + 1], COPY_ROWS):
+                        out.append(node[start:min(start + COPY_ROWS, bounds[k + 1])])
+    return names
+
+
+def write_mds(path: str, directory: str, streaming: Any) -> None:
+    """The rows of ``path`` as MosaicML MDS in ``directory``: columns ``x`` (float32 row) and ``y`` (int64), gz level 3."""
+    columns = {"x": f"ndarray:float32:{FEATURES}", "y": "int64"}
+    with h5py_with_filters().File(path, "r") as f, \
+            streaming.MDSWriter(out=directory, columns=columns, compression=MDS_COMPRESSION) as writer:
+        for start in range(0, len(f["y"]), COPY_ROWS):
+            x, y = f["X"][start:start + COPY_ROWS], f["y"][start:start + COPY_ROWS]
+            for row, label in zip(x, y):
+                writer.write({"x": row, "y": int(label)})
+
+
+def median_rate(section: str, label: str, run: Callable[[], int], repeats: int, log: Callable[[str], None]) -> Figure:
+    """Time ``run`` ``repeats`` times in a row (page cache as it is); its rows over the median time."""
     times, rows = [], 0
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -65,90 +98,6 @@ def _median_rate(section: str, label: str, run: Callable[[], int], repeats: int,
         times.append(time.perf_counter() - t0)
         log(f"{section}: {label}: {rows} rows in {times[-1]:.3f} s")
     return Figure(section, label, rows / statistics.median(times), tuple(times), rows)
-
-
-# ---------------------------------------------------------------------------
-# Training
-# ---------------------------------------------------------------------------
-
-
-class _H5Rows:
-    """A map-style dataset as users write it: one h5py row per ``__getitem__`` (file opened per worker)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._f: Any = None
-        with h5py_with_filters().File(path, "r") as f:
-            self.n = len(f["y"])
-
-    def _open(self) -> Any:
-        if self._f is None:
-            self._f = h5py_with_filters().File(self.path, "r")
-        return self._f
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: Any) -> Any:
-        f = self._open()
-        return f["X"][i], f["y"][i]
-
-
-class _ContiguousSlices:
-    """A sampler handing each worker whole contiguous slices of BATCH rows, in shuffled order."""
-
-    def __init__(self, n_rows: int, seed: int) -> None:
-        self.starts = np.arange(0, n_rows - n_rows % BATCH, BATCH)
-        self.seed = seed
-
-    def __len__(self) -> int:
-        return len(self.starts)
-
-    def __iter__(self) -> Any:
-        for s in np.random.default_rng(self.seed).permutation(self.starts):
-            yield slice(int(s), int(s) + BATCH)
-
-
-def training_section(path: str, n_procs: int, repeats: int, per_row_batches: int, log: Callable[[str], None]) -> list[Figure]:
-    """Samples/s of one shuffled epoch (multitables, slices DataLoader) and of ``per_row_batches`` per-row batches."""
-    import torch
-    from torch.utils.data import DataLoader
-
-    import multitables
-
-    torch.set_num_threads(1)
-    read_through_cache(path)
-    stream = multitables.Streamer(path)
-
-    def ours() -> int:
-        batches = stream.get_batches(["/X", "/y"], batch_size=BATCH, shuffle=True, seed=SEED, n_procs=n_procs)
-        return sum(len(y) for _, y in batches)
-
-    def per_row() -> int:
-        loader = DataLoader(_H5Rows(path), batch_size=BATCH, shuffle=True, num_workers=n_procs)
-        rows = 0
-        for i, (_, y) in enumerate(loader):
-            rows += len(y)
-            if i + 1 == per_row_batches:
-                break
-        return rows
-
-    def slices() -> int:
-        loader = DataLoader(_H5Rows(path), batch_size=None, sampler=_ContiguousSlices(len(_H5Rows(path)), SEED), num_workers=n_procs)
-        return sum(len(y) for _, y in loader)
-
-    return [
-        _median_rate("training", f"multitables get_batches, shuffle=True, n_procs={n_procs}", ours, repeats, log),
-        _median_rate("training", f"(a) DataLoader, h5py row per __getitem__, shuffle=True, num_workers={n_procs} "
-                     f"(first {per_row_batches} batches)", per_row, repeats, log),
-        _median_rate("training", f"(b) DataLoader, contiguous slices of {BATCH} in shuffled order, num_workers={n_procs}",
-                     slices, repeats, log),
-    ]
-
-
-# ---------------------------------------------------------------------------
-# Random access
-# ---------------------------------------------------------------------------
 
 
 def _index_batches(n_rows: int, n_batches: int) -> list[np.ndarray]:
@@ -187,10 +136,10 @@ def random_access_section(path: str, n_procs: int, repeats: int, n_batches: int,
         return run
 
     return [
-        _median_rate("random", "h5py fancy indexing, 1 process", h5py_fancy, repeats, log),
-        _median_rate("random", f"multitables Reader, one request at a time (established use), n_procs={n_procs}",
+        median_rate("random", "h5py fancy indexing, 1 process", h5py_fancy, repeats, log),
+        median_rate("random", f"multitables Reader, one request at a time (established use), n_procs={n_procs}",
                      reader(1), repeats, log),
-        _median_rate("random", f"multitables Reader, 4 requests in flight, n_procs={n_procs}", reader(4), repeats, log),
+        median_rate("random", f"multitables Reader, 4 requests in flight, n_procs={n_procs}", reader(4), repeats, log),
     ]
 
 
@@ -208,18 +157,65 @@ def markdown(figures: Sequence[Figure], baseline_label_prefix: str, unit: str) -
     return "\n".join(lines)
 
 
+#: (numerator, denominator, what, target): the training ratios reported, by contender key.
+TRAINING_RATIOS = (
+    ("shards", "one", f"multitables: {SHARDS} shard files / one file", 0.9),
+    ("one", "mosaic", "multitables, one file / MosaicML, first epoch", 1.0),
+    ("shards", "mosaic", f"multitables, {SHARDS} shards / MosaicML, first epoch", 1.0),
+    ("one", "mosaic-later", "multitables, one file / MosaicML, later epochs", 1.0),
+    ("one", "a", "multitables, one file / DataLoader (a) row per __getitem__", 10.0),
+    ("one", "b", "multitables, one file / DataLoader (b) contiguous slices", 1.3),
+)
+
+
+def training_markdown(figures: Sequence[Figure], notes: Sequence[str]) -> str:
+    """The training table (warm and cold, samples/s and MB/s), the ratios against their targets, and the notes."""
+    by = {(f.key, f.cache): f for f in figures}
+    lines = ["| reader | warm samples/s | warm MB/s | cold samples/s | cold MB/s |", "| --- | ---: | ---: | ---: | ---: |"]
+    for f in figures:
+        if f.cache == "warm":
+            c = by[(f.key, "cold")]
+            mark = "*" if c.warm_start else ""
+            lines.append(f"| {f.label} | {f.rows_per_s:,.0f} | {f.mb_per_s:,.0f} | {c.rows_per_s:,.0f}{mark} | "
+                         f"{c.mb_per_s:,.0f}{mark} |")
+    lines += ["", "| ratio | warm | cold | target | |", "| --- | ---: | ---: | ---: | --- |"]
+    for num, den, what, target in TRAINING_RATIOS:
+        if (num, "warm") not in by or (den, "warm") not in by:
+            continue
+        ratios = [by[(num, c)].rows_per_s / by[(den, c)].rows_per_s for c in ("warm", "cold")]
+        met = [r >= target for r in ratios]
+        verdict = "met" if all(met) else "missed" if not any(met) else f"met {'warm' if met[0] else 'cold'} only"
+        lines.append(f"| {what} | {ratios[0]:.2f}x | {ratios[1]:.2f}x | >= {target:g}x | {verdict} |")
+    if any(f.warm_start for f in figures):
+        lines.append("\n\\* a cold pass of this reader started with more than 1% of its files in the page cache.")
+    lines += [""] + [f"{note}" for note in notes]
+    return "\n".join(lines).rstrip()
+
+
 def run_sections(sections: Sequence[str], workdir: str, n_rows: int, n_procs: int, repeats: int,
                  log: Callable[[str], None]) -> tuple[str, list[Figure]]:
-    """Write the zlib-3 file, run the sections asked for, remove the file; the Markdown report and the figures."""
+    """Write the zlib-3 file (and for training its shards and MDS copy), run the sections, remove the files.
+
+    Returns the Markdown report and the figures.
+    """
     path = os.path.join(workdir, "sections.h5")
+    shards, mds = path + "-shards", path + "-mds"
     write_training_file(path, n_rows)
     out, figures = [], []
     try:
         if "training" in sections:
-            fig = training_section(path, n_procs, repeats, per_row_batches=40, log=log)
+            log(f"writing {SHARDS} shards of {os.path.basename(path)}")
+            write_shards(path, shards)
+            streaming, _ = import_streaming()
+            if streaming is not None:
+                log(f"writing {os.path.basename(path)} as MDS ({MDS_COMPRESSION})")
+                write_mds(path, mds, streaming)
+            fig, notes = training_section(path, shard_paths(shards), mds if streaming is not None else None,
+                                          n_procs, repeats, per_row_batches=40, log=log)
             figures += fig
-            out.append(f"### Training reads: {n_rows:,} rows of {FEATURES} float32 + int64 label, zlib 3, batches of {BATCH}, "
-                       f"page cache warm\n\n" + markdown(fig, "(a)", "samples/s"))
+            out.append(f"### Training reads: {n_rows:,} rows of {FEATURES} float32 + int64 label, zlib 3, shuffled "
+                       f"batches of {BATCH}, {n_procs} processes each, page cache warm and cold\n\n"
+                       + training_markdown(fig, notes))
         if "random" in sections:
             fig = random_access_section(path, n_procs, repeats, n_batches=200, log=log)
             figures += fig
@@ -227,4 +223,6 @@ def run_sections(sections: Sequence[str], workdir: str, n_rows: int, n_procs: in
                        f"zlib 3, page cache warm\n\n" + markdown(fig, "h5py", "rows/s"))
     finally:
         os.remove(path)
+        for directory in (shards, mds):
+            shutil.rmtree(directory, ignore_errors=True)
     return "\n\n".join(out), figures

@@ -136,6 +136,10 @@ FUNCTIONS: dict[str, Callable[[list[str]], int]] = {
 
 
 def prepare(paths: list[str], cache: str) -> None:
+    """The cache for a pass, and a process that never read the files (no layout remembered: NOTE [layout cache])."""
+    from multitables._io.storage import forget_layouts
+
+    forget_layouts()
     for path in paths:
         prepare_cache(path, "warm" if cache == "warm" else "evict")
     gc.collect()

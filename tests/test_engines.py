@@ -198,10 +198,9 @@ def test_cache_direct_with_auto_asks_the_chunk_engine_first(make_array) -> None:
     assert StreamOptions(str(path), "auto", "direct", None, {}).resolve(node) == "chunks"
 
 
-def test_auto_reads_a_set_of_small_files_with_h5py(tmp_path) -> None:
+def test_auto_reads_a_set_with_each_files_choice_small_files_too(tmp_path) -> None:
     import h5py
 
-    from multitables._io.engines import SMALL_FILE_BYTES
     from multitables._io.fileset import inspect_files
 
     def shards(name: str, rows: int) -> "tuple[str, ...]":
@@ -212,9 +211,8 @@ def test_auto_reads_a_set_of_small_files_with_h5py(tmp_path) -> None:
                 f.create_dataset("data", data=np.zeros((rows, 256), np.float32), chunks=(8, 256), compression="gzip")
         return tuple(files)
 
-    row_bytes = 256 * 4
-    small = inspect_files(shards("small", SMALL_FILE_BYTES // row_bytes - 1), "/data")
-    large = inspect_files(shards("large", SMALL_FILE_BYTES // row_bytes), "/data")
-    assert resolve_engine("auto", small, {}) == "h5py"
-    assert resolve_engine("chunks", small, {}) == "chunks"
+    small = inspect_files(shards("small", 8), "/data")
+    large = inspect_files(shards("large", 4096), "/data")
+    assert resolve_engine("auto", small, {}) == "chunks"
+    assert resolve_engine("h5py", small, {}) == "h5py"
     assert resolve_engine("auto", large, {}) == "chunks"

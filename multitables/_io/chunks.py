@@ -38,12 +38,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .._plan.chunkgrid import ChunkGrid, ChunkPart, Extent, chunk_parts, coalesce
+from .._plan.chunkgrid import ChunkPart, Extent, chunk_parts, coalesce
 from .codecs.base import ChunkDecodeError
 from .codecs.pipeline import Pipeline
 from .codecs.registry import build_pipeline
-from .node import NodeInfo, deliver_strings, reopen_dataset
-from .storage import INDEX_ALL_LIMIT, ChunkIndex, inspect_storage
+from .node import NodeInfo, close_dataset, deliver_strings, reopen_dataset
+from .storage import INDEX_ALL_LIMIT, Layout, known_layout, learn_layout
 
 #: Where chunk bytes come from: the page cache, or the disk past it (``O_DIRECT``).
 CACHES = ("page", "direct")
@@ -60,10 +60,51 @@ DIRECT_ALIGN = 4096
 # ---------------------------------------------------------------------------
 
 
-class _FileReader:
-    """Reads byte ranges of one file: ``os.preadv``, through the page cache or past it (``O_DIRECT``)."""
+def will_need(fd: int, extents: Sequence[Extent]) -> None:
+    """Start reading ``extents`` of the file open as ``fd`` into the page cache in the background; a hint.
 
-    def __init__(self, filename: str, cache: str) -> None:
+    ``POSIX_FADV_WILLNEED`` over the extents coalesced: the kernel queues
+    large reads in file order, which a spinning disk serves without seeking
+    back and forth between readers (BENCHMARKS.md, the disk model).
+    """
+    for group in coalesce(extents, MAX_GAP, MAX_READ) if extents else ():
+        try:
+            os.posix_fadvise(fd, group.start, group.stop - group.start, os.POSIX_FADV_WILLNEED)
+        except OSError:  # pragma: no cover - a filesystem without readahead; reading works the same
+            return
+
+
+class ScratchBuffer:
+    """A growable byte buffer, aligned for ``O_DIRECT``, that holds the stored bytes of one read at a time.
+
+    The sources of a set's files share one (one process reads one block at a
+    time): a fresh buffer per file paid its page faults again on every block,
+    0.5 ms for a block of 4 MiB, a fifth of a shuffled epoch over shards.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = np.empty(0, np.uint8)
+
+    def get(self, n: int) -> np.ndarray:
+        """``n`` bytes of scratch, valid until the next call (their contents are the caller's to overwrite)."""
+        if len(self._buffer) < n:
+            # Over-allocate by one alignment unit and start on a boundary, as O_DIRECT needs.
+            raw = np.empty(max(n, 1 << 20) + DIRECT_ALIGN, np.uint8)
+            skip = -raw.ctypes.data % DIRECT_ALIGN
+            self._buffer = raw[skip : skip + len(raw) - DIRECT_ALIGN]
+        return self._buffer[:n]
+
+    def release(self) -> None:
+        self._buffer = np.empty(0, np.uint8)
+
+
+class _FileReader:
+    """Reads byte ranges of one file: ``os.preadv``, through the page cache or past it (``O_DIRECT``).
+
+    ``scratch``: the buffer for :meth:`read`, shared with other readers (a new one, this reader's own, when None).
+    """
+
+    def __init__(self, filename: str, cache: str, scratch: "ScratchBuffer | None" = None) -> None:
         self.direct = cache == "direct"
         self.filename = filename
         flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
@@ -77,23 +118,16 @@ class _FileReader:
             if self.direct and exc.errno == errno.EINVAL:
                 raise OSError(exc.errno, f"cache='direct': the filesystem refuses O_DIRECT ({exc.strerror})", filename) from None
             raise
-        self._buffer = np.empty(0, np.uint8)
+        self._own_scratch = scratch is None
+        self._scratch = ScratchBuffer() if scratch is None else scratch
 
     @property
     def align(self) -> int:
         return DIRECT_ALIGN if self.direct else 1
 
-    def _scratch(self, n: int) -> np.ndarray:
-        if len(self._buffer) < n:
-            # Over-allocate by one alignment unit and start on a boundary, as O_DIRECT needs.
-            raw = np.empty(max(n, 1 << 20) + DIRECT_ALIGN, np.uint8)
-            skip = -raw.ctypes.data % DIRECT_ALIGN
-            self._buffer = raw[skip : skip + len(raw) - DIRECT_ALIGN]
-        return self._buffer[:n]
-
     def read(self, start: int, stop: int, need: int) -> np.ndarray:
         """File bytes ``[start, stop)`` (aligned for ``O_DIRECT``); at least ``need`` of them must exist."""
-        view = self._scratch(stop - start)
+        view = self._scratch.get(stop - start)
         got = self.read_into(view, start)
         if got < need:
             raise ChunkDecodeError(f"{self.filename!r} ends at byte {start + got}; a chunk reaches byte {start + need}")
@@ -114,16 +148,12 @@ class _FileReader:
 
         Past the page cache (``O_DIRECT``) there is nothing to warm, so it does nothing.
         """
-        if self.direct or not extents:
-            return
-        for group in coalesce(extents, MAX_GAP, MAX_READ):
-            try:
-                os.posix_fadvise(self.fd, group.start, group.stop - group.start, os.POSIX_FADV_WILLNEED)
-            except OSError:  # pragma: no cover - a filesystem without readahead; reading works the same
-                return
+        if not self.direct:
+            will_need(self.fd, extents)
 
     def close(self) -> None:
-        self._buffer = np.empty(0, np.uint8)
+        if self._own_scratch:
+            self._scratch.release()
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -137,32 +167,48 @@ class _FileReader:
 class ChunkSource:
     """One open dataset read by the chunk engine (the :class:`~multitables._io.engines.Source` protocol).
 
-    ``dataset``: an open ``h5py.Dataset`` of the node to take the layout and
-    chunk index from (its file is closed here); otherwise the file is opened
-    briefly. Raises :class:`~multitables._io.storage.Unsupported` for what
-    the engine cannot read.
+    The layout and chunk index come from what this process learned of the
+    file before (NOTE [layout cache] in ``storage``), else from ``dataset``,
+    an open ``h5py.Dataset`` of the node (its file is closed here), else
+    from the file opened briefly. ``scratch``: the buffer for stored bytes,
+    shared with the other sources of a set (this source's own when None).
+    Raises :class:`~multitables._io.storage.Unsupported` for what the engine
+    cannot read.
     """
 
     engine = "chunks"
 
-    def __init__(self, node: NodeInfo, cache: str = "page", dataset: Any = None, index_limit: int = INDEX_ALL_LIMIT) -> None:
+    def __init__(self, node: NodeInfo, cache: str = "page", dataset: Any = None, index_limit: int = INDEX_ALL_LIMIT,
+                 scratch: "ScratchBuffer | None" = None) -> None:
         if cache not in CACHES:
             raise ValueError(f"cache={cache!r} is not one of {CACHES}")
         self._node = node
         self._reader: "_FileReader | None" = None
         self._h5file: Any = None
-        if dataset is None:
-            dataset = reopen_dataset(node)
-        self._h5file = dataset.id  # closing it closes its file too (node.close_dataset)
+        layout = known_layout(node)
+        if layout is not None and layout.index is not None and layout.index.n_listed > index_limit:
+            layout = None  # a caller that asks for lookups gets them
+        if layout is None:
+            if dataset is None:
+                dataset = reopen_dataset(node)
+            self._h5file = dataset.id  # closing it closes its file too (node.close_dataset)
+        else:
+            close_dataset(dataset)
         try:
-            self._setup(dataset, cache, index_limit)
+            if layout is None:
+                layout = learn_layout(dataset, node, index_limit)
+                if layout.index is None or layout.index.listed:  # the file is no longer needed
+                    self._h5file.close()
+                    self._h5file = None
+            self._setup(layout, cache, scratch)
         except BaseException:
             self.close()
             raise
 
-    def _setup(self, ds: Any, cache: str, index_limit: int) -> None:
+    def _setup(self, layout: Layout, cache: str, scratch: "ScratchBuffer | None") -> None:
         node = self._node
-        storage = inspect_storage(ds, node)
+        storage = layout.storage
+        self._layout = layout
         self._storage = storage
         self._dtype = np.dtype(node.file_dtype)
         # Bytes are moved as opaque elements: numpy expands an array element type
@@ -173,23 +219,15 @@ class ChunkSource:
         self._row_nbytes = int(np.prod(self._file_row_shape, dtype=np.int64)) * self._dtype.itemsize
         self._field = node.field
         self._rows: "np.ndarray | None" = None  # whole rows, for reading one field
-        self._reader = _FileReader(node.filename, cache)
+        self._reader = _FileReader(node.filename, cache, scratch)
         self._kept: dict[tuple[int, ...], np.ndarray] = {}
         self._free: list[np.ndarray] = []
+        self._index = layout.index
+        self._grid = layout.grid
         if storage.chunks is None:
-            self._grid = None
-            self._index = None
-            self._h5file.close()
-            self._h5file = None
             return
-        self._grid = ChunkGrid(storage.shape, storage.chunks)
         self._chunk_nbytes = int(np.prod(storage.chunks, dtype=np.int64)) * self._dtype.itemsize
         self._pipeline: Pipeline = build_pipeline(storage.filters, self._chunk_nbytes, self._dtype.itemsize)
-        self._index = ChunkIndex(ds.id, self._grid, index_limit)
-        if self._index.listed:  # the file is no longer needed
-            self._index.release()
-            self._h5file.close()
-            self._h5file = None
         self._fill = np.frombuffer(storage.fill, self._edtype)[0]
 
     # -- reading -------------------------------------------------------------
@@ -227,28 +265,7 @@ class ChunkSource:
         reader = self._reader
         if reader is None or reader.direct or start >= stop:
             return
-        if self._grid is None:
-            assert self._storage.offset is not None
-            first = self._storage.offset + start * self._row_nbytes
-            reader.will_need([Extent(first, (stop - start) * self._row_nbytes, 0)])
-            return
-        assert self._index is not None
-        grid, lookup, kept = self._grid, self._index.lookup, self._kept
-        if grid.per_chunk_row == 1:
-            # One chunk per chunk-row: its index alone, without the parts' selections
-            # (a reader hints every block; this costs half as much).
-            c0, rest = grid.chunks[0], (0,) * (len(grid.chunks) - 1)
-            indices = [(i, *rest) for i in range(start // c0, (stop - 1) // c0 + 1)]
-        else:
-            indices = [part.index for part in chunk_parts(grid, start, stop)]
-        extents = []
-        for index in indices:
-            if index in kept:
-                continue
-            found = lookup(index)
-            if found is not None:
-                extents.append(Extent(found[0], found[1], 0))
-        reader.will_need(extents)
+        reader.will_need(self._layout.extents(start, stop, self._row_nbytes, self._kept))
 
     def _read_rows(self, start: int, stop: int, out: np.ndarray) -> None:
         if out.size == 0:

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import MissingFilterError, NodeTypeError
-from .chunks import CACHES, ChunkSource
+from .chunks import CACHES, ChunkSource, ScratchBuffer
 from .fileset import SetSource
 from .h5py_source import H5pySource, h5py_lacks
 from .node import NodeInfo, close_dataset
@@ -238,25 +238,15 @@ def _resolve_set_again(engine: str, node: NodeInfo, open_options: "tuple[tuple[s
     return _resolve_set(engine, node, dict(open_options))
 
 
-#: Rows per file of a set, in bytes, under which ``auto`` reads the set with h5py: the chunk engine's open
-#: costs ~0.1 ms more per file than h5py's, which its faster decoding repays only in larger files
-#: (zlib 3, in-process, 40 files each: h5py's time / the chunk engine's 0.83 at 16 KiB a file, 0.95 at
-#: 64 KiB, 1.40 at 256 KiB, 1.85 at 1 MiB).
-SMALL_FILE_BYTES = 64 * 1024
-
-
 def _resolve_set(engine: str, node: NodeInfo, open_kwargs: dict[str, Any]) -> str:
     """The one engine that reads every file of a set (NOTE [file sets]): each file's own choice where they agree.
 
     Where the files' choices differ (other filters in some shards), the
     first of h5py and PyTables that reads every file; else the refusal of
-    the first file neither reads, naming it. ``auto`` takes h5py for files
-    of less than :data:`SMALL_FILE_BYTES` of rows on average.
+    the first file neither reads, naming it. Small files too: the chunk
+    engine's check of each file here leaves its layout for the readers
+    (NOTE [layout cache]), so they open a file in a stat and an ``open``.
     """
-    small = node.n_rows * node.row_nbytes < SMALL_FILE_BYTES * len(node.parts)
-    if engine == "auto" and small and not open_kwargs:
-        if all(engine_problem("h5py", part.node, open_kwargs) is None for part in node.parts):
-            return "h5py"
     chosen = {resolve_engine(engine, part.node, open_kwargs) for part in node.parts}  # each refusal names its file
     if len(chosen) == 1:
         return chosen.pop()
@@ -276,13 +266,15 @@ def _set_refusal(node: NodeInfo, open_kwargs: dict[str, Any]) -> Exception:
 
 
 def open_source(
-    engine: str, node: NodeInfo, open_kwargs: dict[str, Any], plan: Any = None, dataset: Any = None, *, cache: str = "page"
+    engine: str, node: NodeInfo, open_kwargs: dict[str, Any], plan: Any = None, dataset: Any = None, *, cache: str = "page",
+    scratch: "ScratchBuffer | None" = None,
 ) -> Source:
     """Open ``node`` with a concrete engine (``chunks``, ``h5py`` or ``tables``), tuned for reading ``plan``'s blocks.
 
     ``dataset``: the ``h5py.Dataset`` of ``node`` from :func:`~multitables._io.node.open_node`,
     whose file the h5py and chunk engines take over (and close), sparing a second open.
     ``cache="direct"`` (chunk engine only) reads past the page cache with ``O_DIRECT``.
+    ``scratch``: the chunk engine's buffer for stored bytes (a set's files share one).
     A node the chunk engine cannot read opens with h5py (or PyTables) instead:
     the source's ``engine`` attribute says which.
     """
@@ -291,10 +283,11 @@ def open_source(
     if node.parts:  # NOTE [file sets]
         if dataset is not None:
             close_dataset(dataset)
-        return SetSource(node, engine, lambda part: open_source(engine, part, open_kwargs, cache=cache))
+        shared = ScratchBuffer()
+        return SetSource(node, engine, lambda part: open_source(engine, part, open_kwargs, cache=cache, scratch=shared))
     if engine == "chunks":
         try:
-            return ChunkSource(node, cache, dataset)
+            return ChunkSource(node, cache, dataset, scratch=scratch)
         except Unsupported:
             engine = "h5py" if engine_problem("h5py", node, open_kwargs) is None else "tables"
             dataset = None  # closed by the failed open

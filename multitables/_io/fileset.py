@@ -20,9 +20,11 @@ NOTE [file sets]
     everything above it (plans, rings, stages, shuffles, shards) sees rows.
 
     Open files are bounded: a source keeps at most ``MAX_OPEN`` files open
-    (least recently read closed first). Blocks are planned in row order, so
-    a reader walks from file to file; thousands of small files cost one
-    pool of processes and a handful of descriptors per process.
+    (least recently read closed first), so thousands of small files cost one
+    pool of processes and a handful of descriptors per process. A shuffled
+    epoch comes back to a file once per block; with the chunk engine that
+    costs a stat and an ``open`` (NOTE [layout cache] in ``storage``), and
+    the files' sources share one read buffer.
 
     The file identity check (NOTE [file identity] in ``node``) is per file:
     each file's identity is taken when the set is inspected, and compared in

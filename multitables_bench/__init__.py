@@ -10,7 +10,8 @@ Modules, top to bottom (each imports only those below it):
 * ``readers``: the ways of reading a whole file (O_DIRECT, one process, multitables);
 * ``cache_modes``: the ``--cache`` modes: the page cache before each pass;
 * ``diskmodel`` (with ``diskmodel.c``): a spinning disk or a RAID 0 of two,
-  modelled under every reader process (``--disk-model``);
+  modelled under every reader process (``--disk-model``); ``diskmodel_fidelity``
+  measures how faithful it is;
 * ``files``, ``cache``, ``machine``, ``records``: writing the files, page-cache
   control (eviction, residency, O_DIRECT reads, memory settling, the
   direct-driver probe), describing the machine, and the records and

@@ -65,7 +65,7 @@ requests after the real page cache and readahead, but it needs
 ``fusermount`` and libfuse (on neither this VM nor CI) or root, and a
 Python daemon on two cores would compete with the readers it measures.
 
-Measured on this 2-core VM (``python -m multitables_bench.diskmodel FILE
+Measured on this 2-core VM (``python -m multitables_bench.diskmodel_fidelity FILE
 hdd|raid0``, a 1 GiB file in this machine's page cache, default
 parameters; each pattern run in fresh processes):
 
@@ -479,51 +479,3 @@ def run_modelled(
             here = str(Path(__file__).resolve().parents[1])
             env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
             return subprocess.run([sys.executable, "-m", module, *argv], env=env).returncode
-
-
-_PATTERN = r"""
-import os, sys
-path, pattern, step = sys.argv[1], sys.argv[2], int(sys.argv[3])
-size = os.path.getsize(path); half = size // 2; buf = bytearray(step); fd = os.open(path, os.O_RDONLY)
-if pattern == "seq":
-    offsets = range(0, size - step + 1, step)
-elif pattern == "alternate":  # the two halves in turn: every read far from the one before
-    offsets = [o for i in range(0, half - step + 1, step) for o in (i, half + i)]
-else:  # "half0" / "half1": one half, in order
-    first = 0 if pattern == "half0" else half
-    offsets = range(first, first + half - step + 1, step)
-print(sum(os.preadv(fd, [buf], off) for off in offsets))
-"""
-
-
-def _fidelity(path: str, kind: str) -> None:  # pragma: no cover - a measurement, run by hand
-    """Time read patterns on ``path`` (1 GiB is good) under a model of ``kind``, in child processes; print MB/s and counts."""
-    import time
-
-    from multitables_bench.files import read_through_cache
-
-    MiB = 1 << 20
-    runs = [  # name, read size, one pattern per process, read-ahead
-        ("one process in order, 4 MiB reads", 4 * MiB, ["seq"], READAHEAD),
-        ("one process in order, 64 KiB reads", 64 << 10, ["seq"], READAHEAD),
-        ("one process in order, 64 KiB reads, no look-ahead", 64 << 10, ["seq"], 0),
-        ("one process, 4 MiB reads alternating between the halves", 4 * MiB, ["alternate"], READAHEAD),
-        ("two processes at once, each its own half in order, 4 MiB reads", 4 * MiB, ["half0", "half1"], READAHEAD),
-    ]
-    read_through_cache(path)
-    root = os.path.dirname(os.path.abspath(path))
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, step, patterns, readahead in runs:
-            with DiskModel.create(tmp, kind, readahead=readahead) as model, model.charging(root):
-                t0 = time.perf_counter()
-                procs = [subprocess.Popen([sys.executable, "-c", _PATTERN, path, p, str(step)], env=model.env(),
-                                          stdout=subprocess.PIPE, text=True) for p in patterns]
-                total = sum(int(p.communicate()[0]) for p in procs)
-                elapsed = time.perf_counter() - t0
-                s = model.stats()
-            print(f"{kind}: {name}: {total / elapsed / 1e6:.1f} MB/s; {s.summary()}; disks busy "
-                  f"{max(d.busy_s for d in s.disks):.2f} s of {elapsed:.2f} s")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    _fidelity(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "hdd")

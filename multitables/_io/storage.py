@@ -36,7 +36,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Container
 
 import numpy as np
 
@@ -314,7 +314,7 @@ class Layout:
     def entries(self) -> int:
         return 1 if self.index is None else max(1, self.index.n_listed)
 
-    def extents(self, start: int, stop: int, row_nbytes: int, skip: "Any" = ()) -> list[Extent]:
+    def extents(self, start: int, stop: int, row_nbytes: int, skip: "Container[tuple[int, ...]]" = ()) -> list[Extent]:
         """The file byte ranges that store rows ``[start, stop)`` (``row_nbytes`` bytes a row), chunks in ``skip`` left out."""
         if self.grid is None:
             assert self.storage.offset is not None

@@ -31,7 +31,7 @@ import numpy as np
 from ._api.mix import MixedBatches, mix_batches
 from ._api.checks import check_bool, check_columns, check_fields, check_int, rank_and_world
 from ._api.transforms import infer_transforms
-from ._api.windows import BlockWindows, NoWindows, ShuffledWindows, Windows, cut
+from ._api.windows import BlockWindows, NoWindows, ShuffledWindows, Windows, cut, empty_window_buffer
 from ._plan.epoch import EpochSettings, remaining_after
 from ._io.fileset import inspect_files
 from ._plan.blocks import MiB, RangePlan, available_cpus, default_block_size, parallel_pays, split_readers
@@ -382,11 +382,14 @@ class Batches:
 
         Fresh memory page-faults on first touch; at 256 MiB that costs more
         than the copy into it. Batches are gathered out of the buffers into
-        arrays of their own, so reusing them is safe.
+        arrays of their own, so reusing them is safe. Forked readers do not
+        share them (NOTE [window buffers and fork] in ``_api.windows``).
         """
         if self._buffers is None:
             rows = self._settings.window * self._settings.block_size
-            self._buffers = [[np.empty((rows,) + shape, dtype) for dtype, shape in self._row_types] for _ in range(2)]
+            self._buffers = [
+                [empty_window_buffer((rows,) + shape, dtype) for dtype, shape in self._row_types] for _ in range(2)
+            ]
         return self._buffers
 
     def _subset_key(self) -> "str | None":

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import resource
 import tempfile
 import textwrap
 import warnings
@@ -730,3 +732,40 @@ def test_split_readers(nbytes: list[int], pays: list[bool], n_procs: "int | None
     assert split_readers(nbytes, pays, n_procs, cpus) == expected
     if any(expected):
         assert sum(expected) == (cpus if n_procs is None else n_procs)
+
+
+# -- window buffers and fork (NOTE [window buffers and fork] in _api.windows) -----------------
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
+def test_a_forked_child_finds_a_window_buffer_zeroed_and_the_parents_untouched() -> None:
+    from multitables._api.windows import empty_window_buffer
+
+    buf = empty_window_buffer((1024, 16), np.float32)
+    buf[...] = 7
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os._exit(0 if not buf.any() else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert (buf == 7).all()
+
+
+def test_later_epochs_write_the_window_buffers_without_copy_on_write_faults(tmp_path: Path) -> None:
+    # Each epoch forks its readers; private buffers would then fault once per page on the next write.
+    path = tmp_path / "w.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data", data=np.ones((8192, 1024), np.float32), chunks=(256, 1024), compression="gzip")
+    buffer_pages = 8192 * 1024 * 4 // 4096  # the whole file is one window
+
+    def faults_of_an_epoch(batches: Batches) -> int:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        assert sum(len(b) for b in batches) == 8192
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+    shuffled = multitables.Streamer(str(path)).get_batches("data", 256, seed=0, n_procs=2)
+    plain = multitables.Streamer(str(path)).get_batches("data", 256, n_procs=2, shuffle=False)  # no window buffers
+    assert shuffled.window * shuffled.block_size == 8192
+    faults_of_an_epoch(shuffled), faults_of_an_epoch(plain)  # first epochs: first touches
+    later, baseline = faults_of_an_epoch(shuffled), faults_of_an_epoch(plain)
+    assert later - baseline < buffer_pages // 4, (later, baseline)

@@ -2,13 +2,29 @@
 
 A *window* is the rows a shuffled epoch permutes together (NOTE [epoch plan]
 in ``_plan.epoch``); :func:`cut` turns a sequence of windows into batches.
+
+NOTE [window buffers and fork]
+    Readers started by ``fork`` share the consumer's memory copy-on-write:
+    fork write-protects every private page the consumer has, and its next
+    write to each faults. The shuffle windows' buffers (256 MiB by default,
+    kept from epoch to epoch) were written again every epoch after that
+    epoch's readers forked: 66,000 faults an epoch, twice the consumer's CPU
+    time, two readers with a transform 20% slower from the second epoch on
+    (BENCHMARKS.md, transforms). So the buffers are anonymous memory marked
+    ``MADV_WIPEONFORK``: a child gets that range as fresh zero pages, so fork
+    shares and protects nothing of it (a child that used a buffer would find
+    zeros, which every window overwrites before reading). Huge pages as numpy
+    asks for its own large arrays. Where the kernel lacks it (before Linux
+    4.14, other systems): ``np.empty``.
 """
 
 from __future__ import annotations
 
 import math
-
-from typing import TYPE_CHECKING, Iterator, Sequence
+import mmap
+import platform
+import sys
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
@@ -16,6 +32,29 @@ from .._plan.epoch import RankEpoch
 
 if TYPE_CHECKING:
     from .queue import Queue
+
+
+#: ``madvise`` advice absent from Python's mmap module: Linux's value (parisc's differs).
+_MADV_WIPEONFORK = 71 if platform.machine().startswith("parisc") else 18
+
+
+def empty_window_buffer(shape: "tuple[int, ...]", dtype: Any) -> np.ndarray:
+    """``np.empty(shape, dtype)`` that forked children do not share (NOTE [window buffers and fork]); it owns its memory."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    if sys.platform != "linux" or count == 0:
+        return np.empty(shape, dtype)
+    region = mmap.mmap(-1, count * dtype.itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        region.madvise(_MADV_WIPEONFORK)
+    except OSError:  # a kernel before 4.14
+        region.close()
+        return np.empty(shape, dtype)
+    try:
+        region.madvise(mmap.MADV_HUGEPAGE)
+    except (AttributeError, OSError):  # pragma: no cover - no transparent huge pages
+        pass
+    return np.frombuffer(region, dtype, count=count).reshape(shape)
 
 
 class Window:

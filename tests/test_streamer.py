@@ -178,6 +178,23 @@ def test_core_matrix_under_each_start_method(start_method: str, ordered: bool, c
     check_stream(case, start_method)
 
 
+def test_the_fork_server_imports_the_worker_once_keeping_its_other_preloads(monkeypatch: pytest.MonkeyPatch) -> None:
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    from multitables._procs.pool import preload_in_forkserver
+    from multitables._procs.worker import worker_main
+
+    server = forkserver._forkserver
+    monkeypatch.setattr(server, "_preload_modules", ["__main__", "json"])
+    for _ in range(2):
+        preload_in_forkserver(multiprocessing.get_context("forkserver"))
+    assert server._preload_modules == ["__main__", "json", worker_main.__module__]
+    monkeypatch.setattr(server, "_preload_modules", ["__main__"])
+    preload_in_forkserver(multiprocessing.get_context("spawn"))  # only the fork server has a list
+    assert server._preload_modules == ["__main__"]
+
+
 def test_table_fields_stream_one_column(table_file) -> None:
     path, rows = table_file
     stream = multitables.Streamer(path)

@@ -99,6 +99,24 @@ def end_processes(procs: "list[Any]", timeout: float = JOIN_TIMEOUT) -> None:
             proc.join(1.0)
 
 
+def preload_in_forkserver(ctx: Any) -> None:
+    """Under the ``forkserver`` start method (Python 3.14's default on Linux), have the server import the
+    worker's modules once, so that each worker forked from it need not.
+
+    Each worker imported numpy and the library itself: 0.2 s more per pool start than ``fork`` (a shuffled
+    epoch of 256 MiB: 0.50 s against 0.27; with the preload 0.30 s). The server's list is added to, not
+    replaced (``__main__`` is on it by default); it is read from where multiprocessing keeps it, since
+    there is no getter, and a server already running keeps the list it started with.
+    """
+    if ctx.get_start_method() != "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    current = list(getattr(getattr(forkserver, "_forkserver", None), "_preload_modules", None) or ["__main__"])
+    if worker_main.__module__ not in current:
+        ctx.set_forkserver_preload(current + [worker_main.__module__])
+
+
 class WorkerPool:
     """Worker processes running one loop, and what the consumer knows of them; owned by one front end.
 
@@ -108,6 +126,7 @@ class WorkerPool:
 
     def __init__(self, start_method: "str | None", filename: str, path: str = "", name: str = "worker") -> None:
         self.ctx = multiprocessing.get_context(start_method)
+        preload_in_forkserver(self.ctx)
         self.filename, self.path, self._name = filename, path, name
         self.attached = self.ctx.Semaphore(0)
         self.closed = False

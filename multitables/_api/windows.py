@@ -42,7 +42,7 @@ def empty_window_buffer(shape: "tuple[int, ...]", dtype: Any) -> np.ndarray:
     """``np.empty(shape, dtype)`` that forked children do not share (NOTE [window buffers and fork]); it owns its memory."""
     dtype = np.dtype(dtype)
     count = int(np.prod(shape, dtype=np.int64))
-    if sys.platform != "linux" or count == 0:
+    if sys.platform != "linux" or count * dtype.itemsize == 0:
         return np.empty(shape, dtype)
     region = mmap.mmap(-1, count * dtype.itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     try:

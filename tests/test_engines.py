@@ -216,3 +216,17 @@ def test_auto_reads_a_set_with_each_files_choice_small_files_too(tmp_path) -> No
     assert resolve_engine("auto", small, {}) == "chunks"
     assert resolve_engine("h5py", small, {}) == "h5py"
     assert resolve_engine("auto", large, {}) == "chunks"
+
+
+def test_auto_reads_a_set_with_the_chunk_engine_where_one_file_would_take_h5py(tmp_path) -> None:
+    # A set reopens its files every block of a shuffled epoch: the chunk engine does so in a stat and an open.
+    from multitables._io.fileset import inspect_files
+
+    files = []
+    for i in range(3):
+        files.append(str(tmp_path / f"b-{i}.h5"))
+        with tables.open_file(files[-1], "w") as f:
+            f.create_carray("/", "data", obj=np.zeros((100, 16), np.float32), filters=tables.Filters(3, "blosc"))
+    assert resolve_engine("auto", inspect_node(files[0], "/data"), {}) == "h5py"
+    assert resolve_engine("auto", inspect_files(tuple(files), "/data"), {}) == "chunks"
+    assert resolve_engine("auto", inspect_files(tuple(files), "/data"), {"DRIVER": "H5FD_SEC2"}) == "tables"

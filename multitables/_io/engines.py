@@ -243,11 +243,15 @@ def _resolve_set(engine: str, node: NodeInfo, open_kwargs: dict[str, Any]) -> st
 
     Where the files' choices differ (other filters in some shards), the
     first of h5py and PyTables that reads every file; else the refusal of
-    the first file neither reads, naming it. Small files too: the chunk
-    engine's check of each file here leaves its layout for the readers
-    (NOTE [layout cache]), so they open a file in a stat and an ``open``.
+    the first file neither reads, naming it. ``auto`` prefers the chunk
+    engine for every file it can read, whatever the filters: its check of
+    each file here leaves the file's layout for the readers (NOTE [layout
+    cache]), so a shuffled epoch reopens a file in a stat and an ``open``
+    where h5py opens the HDF5 file again (blosc 3, 32 shards of 4 MiB, warm:
+    shards read 1.00x one file with the chunk engine, 0.91x with h5py).
     """
-    chosen = {resolve_engine(engine, part.node, open_kwargs) for part in node.parts}  # each refusal names its file
+    per_file = "chunks" if engine == "auto" and not open_kwargs else engine
+    chosen = {resolve_engine(per_file, part.node, open_kwargs) for part in node.parts}  # each refusal names its file
     if len(chosen) == 1:
         return chosen.pop()
     for common in ("h5py", "tables"):

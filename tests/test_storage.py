@@ -135,3 +135,28 @@ def test_shuffled_epochs_over_shards_with_layouts_known_deliver_every_row_once(
     for _ in range(2):  # the second epoch reads through the layouts the first learned
         got = np.concatenate(list(batches))
         assert sorted(map(bytes, got)) == sorted(map(bytes, data))
+
+
+@pytest.mark.parametrize("cache", ["page", "direct"])
+def test_a_sets_files_share_one_read_buffer_page_cache_or_past_it(tmp_path: Path, no_leaks: None, cache: str) -> None:
+    # Files of unequal sizes and codecs, read in blocks that cross files: the shared buffer only grows.
+    files, parts = [], []
+    for k, (n, codec) in enumerate([(300, "zlib"), (7, None), (1000, "blosc:lz4"), (64, "zlib")]):
+        files.append(str(tmp_path / f"s-{k}.h5"))
+        parts.append(rows(n, 20 + k))
+        with tables.open_file(files[-1], "w") as f:
+            filters = tables.Filters(3, codec) if codec else None
+            f.create_carray("/", "data", obj=parts[-1], filters=filters, chunkshape=(50, 8))
+    stream = multitables.Streamer(files, engine="chunks", cache=cache)
+    try:
+        queue = stream.get_queue("/data", n_procs=2, block_size=97, ordered=True, remainder=True)
+    except OSError as exc:
+        if "refuses O_DIRECT" in str(exc):
+            pytest.skip(str(exc))
+        raise
+    got = []
+    with queue:
+        for guard in queue.iter():
+            with guard as block:
+                got.append(block.copy())
+    assert np.array_equal(np.concatenate(got), np.concatenate(parts))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import threading
@@ -113,6 +114,25 @@ def no_leaks() -> Iterator[None]:
             break
         time.sleep(0.05)
     assert not any(diff.values()), f"left behind: {diff}"
+
+
+#: How the chunk engine finds its chunks: the B-tree read by us, HDF5's listing at open, HDF5 asked chunk by chunk.
+CHUNK_INDEXES = ("btree", "listed", "lookup")
+
+
+@contextlib.contextmanager
+def chunk_index(kind: str) -> Iterator[int]:
+    """Make the chunk engine find chunks as ``kind`` says (one of ``CHUNK_INDEXES``); gives the ``index_limit`` to pass."""
+    from multitables._io import storage
+
+    before = storage.READ_BTREE
+    storage.READ_BTREE = kind == "btree"
+    storage.forget_layouts()
+    try:
+        yield 0 if kind == "lookup" else storage.INDEX_ALL_LIMIT
+    finally:
+        storage.READ_BTREE = before
+        storage.forget_layouts()
 
 
 @pytest.fixture

@@ -24,6 +24,8 @@ from multitables._io.node import inspect_node
 from multitables._io.storage import Unsupported, _hdf5_library, chunks_problem
 from multitables._plan.blocks import BlockPlan
 
+from conftest import CHUNK_INDEXES, chunk_index
+
 
 def _direct_io_works(directory: str) -> bool:
     fd, path = tempfile.mkstemp(dir=directory)
@@ -106,11 +108,11 @@ def datasets(draw: st.DrawFn) -> dict[str, Any]:
     fletcher32 = draw(st.booleans())
     block_size = draw(st.integers(1, n_rows))
     cache = draw(st.sampled_from(CACHES))
-    lazy_index = draw(st.booleans())
+    index = draw(st.sampled_from(CHUNK_INDEXES))
     seed = draw(st.integers(0, 2**16))
     return dict(
         writer=writer, dtype=dtype, shape=shape, chunks=chunks, extendible=extendible, filters=filters,
-        fletcher32=fletcher32, block_size=block_size, cache=cache, lazy_index=lazy_index, seed=seed,
+        fletcher32=fletcher32, block_size=block_size, cache=cache, index=index, seed=seed,
     )
 
 
@@ -159,7 +161,8 @@ def test_reads_byte_for_byte_what_h5py_reads(case: dict[str, Any]) -> None:
         assert chunks_problem(node) is None
         with h5py.File(path, "r") as f:
             expected = f["data"][:]
-        src = ChunkSource(node, case["cache"], index_limit=0 if case["lazy_index"] else 1 << 17)
+        with chunk_index(case["index"]) as index_limit:
+            src = ChunkSource(node, case["cache"], index_limit=index_limit)
         try:
             plan = BlockPlan(node.n_rows, case["block_size"], remainder=True)
             for k in range(plan.n_blocks):
@@ -206,8 +209,8 @@ def test_table_fields_and_null_terminated_strings(tmp_path: Path, cache: str, fi
 # -- what HDF5 fills in, and what goes wrong -------------------------------------
 
 
-@pytest.mark.parametrize("index_limit", [0, 1 << 17], ids=["lazy-index", "listed-index"])
-def test_chunks_never_written_read_as_the_fill_value(tmp_path: Path, index_limit: int) -> None:
+@pytest.mark.parametrize("index", CHUNK_INDEXES)
+def test_chunks_never_written_read_as_the_fill_value(tmp_path: Path, index: str) -> None:
     path = tmp_path / "sparse.h5"
     data = np.arange(600 * 4, dtype="<i4").reshape(600, 4)
     with h5py.File(path, "w") as f:
@@ -215,7 +218,8 @@ def test_chunks_never_written_read_as_the_fill_value(tmp_path: Path, index_limit
         ds[100:160] = data[100:160]
         ds[420:430, :2] = data[420:430, :2]
     node = inspect_node(path, "/data")
-    src = ChunkSource(node, index_limit=index_limit)
+    with chunk_index(index) as index_limit:
+        src = ChunkSource(node, index_limit=index_limit)
     try:
         out = np.empty((600, 4), "<i4")
         src.read_into(0, 600, out)

@@ -1,8 +1,9 @@
 """The chunk engine: read a dataset's stored chunks with ``os.pread`` and decode them ourselves.
 
 HDF5 reads a compressed chunk through an ordinary inflate, its own shuffle and
-a copy or two. This engine asks HDF5 only where each chunk lies (once, at
-open), reads the stored bytes itself, and undoes the filters with the fastest
+a copy or two. This engine finds where each chunk lies (from the dataset's
+B-tree, a leaf as the rows reach it, :mod:`~multitables._io.btree`; else
+asking HDF5 at open), reads the stored bytes itself, and undoes the filters with the fastest
 codecs it has (:mod:`multitables._io.codecs`) straight into the caller's block
 where a chunk covers whole rows of it; :mod:`multitables._plan.chunkgrid` says
 which chunks a row range needs and where each lands. One core, warm cache,
@@ -197,7 +198,7 @@ class ChunkSource:
         try:
             if layout is None:
                 layout = learn_layout(dataset, node, index_limit)
-                if layout.index is None or layout.index.listed:  # the file is no longer needed
+                if layout.index is None or not layout.index.needs_handle:  # the file is no longer needed
                     self._h5file.close()
                     self._h5file = None
             self._setup(layout, cache, scratch)
@@ -265,7 +266,7 @@ class ChunkSource:
         reader = self._reader
         if reader is None or reader.direct or start >= stop:
             return
-        reader.will_need(self._layout.extents(start, stop, self._row_nbytes, self._kept))
+        self._layout.hint(start, stop, self._row_nbytes, reader.will_need, self._kept)
 
     def _read_rows(self, start: int, stop: int, out: np.ndarray) -> None:
         if out.size == 0:
@@ -274,34 +275,48 @@ class ChunkSource:
         if self._grid is None:
             self._read_contiguous(start, stop, out_bytes)
             return
-        parts = chunk_parts(self._grid, start, stop)
         pending: list[tuple[ChunkPart, int, int, int]] = []  # part, file offset, stored size, filter mask
         kept: dict[tuple[int, ...], np.ndarray] = {}
-        reader = self._reader
-        assert reader is not None and self._index is not None
-        for part in parts:
+        reader, index = self._reader, self._index
+        assert reader is not None and index is not None
+        for part in chunk_parts(self._grid, start, stop):
             chunk = self._kept.pop(part.index, None)
             if chunk is not None:  # decoded for the previous block, which cut it
                 self._place(part, chunk, out, kept, stop)
                 continue
-            found = self._index.lookup(part.index)
+            if not index.knows(part.index):
+                # The index reads a leaf next, which lies among the chunks from here on
+                # (NOTE [chunk index in file order]): read what comes before it, then hint
+                # the rest of the block on from there, so that the disk reaches the leaf in file order.
+                if pending:
+                    self._read_pending(pending, out, kept, stop)
+                    pending = []
+                self.prefetch(start + part.rows[0], stop)
+            found = index.lookup(part.index)
             if found is None:  # never written: the fill value, as HDF5 reads it
                 out[part.out_sel] = self._fill
                 continue
-            offset, size, mask = found
-            if part.whole and not reader.direct and self._pipeline.is_identity(mask) and size == self._chunk_nbytes:
-                a, b = part.rows
-                dst = out_bytes[a * self._row_nbytes : b * self._row_nbytes]
-                if reader.read_into(dst, offset) != size:
-                    raise self._error(part, offset, size, "the file ends before the chunk does")
-                continue
-            pending.append((part, offset, size, mask))
+            pending.append((part, *found))
         self._recycle()
         self._kept = kept
-        if not pending:
-            return
+        if pending:
+            self._read_pending(pending, out, kept, stop)
+
+    def _read_pending(self, pending: "list[tuple[ChunkPart, int, int, int]]", out: np.ndarray, kept: dict, stop: int) -> None:
+        """Read the stored bytes of ``pending`` chunks (coalesced, in file order) and decode each into ``out``."""
+        reader = self._reader
+        assert reader is not None
+        out_bytes = out.reshape(-1).view(np.uint8)
         extents = [Extent(offset, size, k) for k, (_, offset, size, _) in enumerate(pending)]
         for group in coalesce(extents, MAX_GAP, MAX_READ, reader.align):
+            if len(group.members) == 1 and not reader.direct:
+                part, offset, size, mask = pending[group.members[0].key]
+                if part.whole and self._pipeline.is_identity(mask) and size == self._chunk_nbytes:
+                    # Stored as it is (incompressible, say): straight into the block, no copy.
+                    a, b = part.rows
+                    if reader.read_into(out_bytes[a * self._row_nbytes : b * self._row_nbytes], offset) != size:
+                        raise self._error(part, offset, size, "the file ends before the chunk does")
+                    continue
             need = max(e.offset + e.size for e in group.members) - group.start
             buf = reader.read(group.start, group.stop, need)
             for e in group.members:

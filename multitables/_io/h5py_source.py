@@ -10,15 +10,17 @@ random access (:meth:`~H5pySource.read_runs`, used by
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from typing import Any, Sequence
 
 import numpy as np
 
+from .btree import BTreeIndex
 from .chunks import will_need
 from .node import NodeInfo, close_dataset
-from .storage import Layout, Unsupported, known_layout, learn_layout
+from .storage import INDEX_ALL_LIMIT, Layout, Unsupported, known_layout, learn_layout
 
 
 def _register_filters() -> None:
@@ -164,7 +166,7 @@ class H5pySource:
             if self._hints is False:
                 return
         fd, layout = self._hints
-        will_need(fd, layout.extents(start, stop, self._row_nbytes))
+        layout.hint(start, stop, self._row_nbytes, functools.partial(will_need, fd))
 
     def _open_hints(self) -> "tuple[int, Layout] | bool":
         import h5py
@@ -175,6 +177,12 @@ class H5pySource:
                 layout = learn_layout(h5py.Dataset(self._dsid), self._node)
             except Unsupported:
                 return False
+        if isinstance(layout.index, BTreeIndex) and layout.index.n_chunks <= INDEX_ALL_LIMIT:
+            # HDF5 reads the leaves again itself, block by block, in whatever order two readers
+            # reach them: read them all now, as chunk_iter would, so that it finds them cached
+            # (NOTE [chunk index in file order]: two readers 0.76x one h5py process on the RAID 0
+            # model this way, 0.70x with the leaves left to HDF5).
+            layout.index.load_all()
         try:
             fd = os.open(self._node.filename, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError:

@@ -3,8 +3,9 @@
 Asked of HDF5 through h5py once, at open. :func:`inspect_storage` refuses
 (:class:`Unsupported`, naming why) what the chunk engine cannot read, and
 :func:`chunks_problem` asks the same before any reader starts, so a stream
-never fails over midway; :class:`ChunkIndex` answers where each stored chunk
-is in the file. :func:`learn_layout` asks both and remembers the answer.
+never fails over midway; :class:`~multitables._io.btree.BTreeIndex` (where
+the file's format allows) or :class:`ChunkIndex` answers where each stored
+chunk is in the file. :func:`learn_layout` asks both and remembers the answer.
 
 NOTE [layout cache]
     Opening a dataset for the chunk engine (the HDF5 open, its storage,
@@ -36,11 +37,12 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Container
+from typing import Any, Callable, Container
 
 import numpy as np
 
 from .._plan.chunkgrid import ChunkGrid, Extent, chunk_parts
+from .btree import BTreeIndex, open_btree_index
 from .codecs.base import FilterSpec, UnsupportedFilter, filters_of
 from .codecs.registry import build_pipeline
 from .node import FileSignature, NodeInfo, file_signature
@@ -48,6 +50,9 @@ from .node import FileSignature, NodeInfo, file_signature
 #: Datasets with more chunks than this are indexed lazily, one lookup per chunk read
 #: (``chunk_iter`` lists ~100-400k chunks/s; a lookup costs ~3x a listed chunk).
 INDEX_ALL_LIMIT = 1 << 17
+#: Read the chunk index from the dataset's B-tree ourselves where its format allows
+#: (NOTE [chunk index in file order] in ``btree``); tests turn it off to reach ``ChunkIndex``.
+READ_BTREE = True
 
 
 class Unsupported(Exception):
@@ -161,6 +166,38 @@ def _hdf5_library() -> "ctypes.CDLL | None":
     return None  # pragma: no cover
 
 
+class _Token(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_uint8 * 16)]  # H5O_token_t
+
+
+def _header_address(dsid: Any) -> "int | None":
+    """Where the object header of dataset ``dsid`` is in its file (relative to the userblock), None if HDF5 will not say.
+
+    h5py's ``h5o.get_info`` asks for everything, the size of the chunk index
+    included, and HDF5 walks the whole B-tree to count it: the seeks
+    :mod:`.btree` exists to avoid. This asks for the basic fields only.
+    """
+    lib = _hdf5_library()
+    if lib is None:  # pragma: no cover
+        return None
+    try:
+        get_info, to_addr = lib.H5Oget_info3, lib.H5VLnative_token_to_addr
+    except AttributeError:  # pragma: no cover - an HDF5 before 1.12
+        return None
+    get_info.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_uint]
+    get_info.restype = ctypes.c_int
+    to_addr.argtypes = [ctypes.c_int64, _Token, ctypes.POINTER(ctypes.c_uint64)]  # the token by value
+    to_addr.restype = ctypes.c_int
+    info = (ctypes.c_char * 256)()  # H5O_info2_t: fileno, then the 16-byte token; room to spare
+    addr = ctypes.c_uint64(0)
+    if get_info(dsid.id, info, 0x0001) < 0:  # H5O_INFO_BASIC  # pragma: no cover
+        return None
+    token = _Token.from_buffer(info, ctypes.sizeof(ctypes.c_ulong))
+    if to_addr(dsid.id, token, ctypes.byref(addr)) < 0:  # pragma: no cover
+        return None
+    return int(addr.value)
+
+
 def _leaves_edge_chunks_unfiltered(dcpl: Any) -> bool:
     """Whether the dataset was written with ``H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS`` (not visible through h5py)."""
     lib = _hdf5_library()
@@ -271,9 +308,9 @@ class ChunkIndex:
         return len(self._where) if self._lazy is None else len(self._lazy)
 
     @property
-    def listed(self) -> bool:
-        """Whether every chunk was listed at open (then no lookup needs the h5py handle)."""
-        return self._lazy is None
+    def needs_handle(self) -> bool:
+        """Whether lookups need the dataset's h5py handle (chunks not listed at open are asked of HDF5)."""
+        return self._lazy is not None
 
     def lookup(self, index: tuple[int, ...]) -> "tuple[int, int, int] | None":
         if self._lazy is not None:
@@ -283,6 +320,17 @@ class ChunkIndex:
                 self._lazy[index] = (int(info.byte_offset), int(info.size), int(info.filter_mask)) if found else None
             return self._lazy[index]
         return self._where[self._grid.linear(index)]
+
+    def knows(self, index: tuple[int, ...]) -> bool:
+        """Whether :meth:`lookup` answers without reading the file (always: HDF5's lookups read through its own cache)."""
+        return True
+
+    #: Mean stored bytes of a chunk, for hints past what is known (never needed: :meth:`knows` is always true).
+    mean_size = None
+
+    def guess_offset(self, index: tuple[int, ...]) -> None:
+        """Where an unknown chunk probably lies (never asked: :meth:`knows` is always true)."""
+        return None
 
     def release(self) -> None:
         """Drop the h5py handle (the answers already listed stay)."""
@@ -308,19 +356,25 @@ class Layout:
 
     storage: Storage
     grid: "ChunkGrid | None"
-    index: "ChunkIndex | None"
+    index: "ChunkIndex | BTreeIndex | None"
 
     @property
     def entries(self) -> int:
         return 1 if self.index is None else max(1, self.index.n_listed)
 
-    def extents(self, start: int, stop: int, row_nbytes: int, skip: "Container[tuple[int, ...]]" = ()) -> list[Extent]:
-        """The file byte ranges that store rows ``[start, stop)`` (``row_nbytes`` bytes a row), chunks in ``skip`` left out."""
+    def hint(self, start: int, stop: int, row_nbytes: int, will_need: Callable[[list[Extent]], None],
+             skip: "Container[tuple[int, ...]]" = ()) -> None:
+        """Pass ``will_need`` the file byte ranges that store rows ``[start, stop)`` (``row_nbytes`` bytes a row), in file order.
+
+        Chunks in ``skip`` are left out. Reads no more of the chunk index than
+        the leaf of the first chunk (NOTE [chunk index in file order]).
+        """
         if self.grid is None:
             assert self.storage.offset is not None
-            return [Extent(self.storage.offset + start * row_nbytes, (stop - start) * row_nbytes, 0)]
+            will_need([Extent(self.storage.offset + start * row_nbytes, (stop - start) * row_nbytes, 0)])
+            return
         assert self.index is not None
-        grid, lookup = self.grid, self.index.lookup
+        grid, index, lookup = self.grid, self.index, self.index.lookup
         if grid.per_chunk_row == 1:
             # One chunk per chunk-row: its index alone, without the parts' selections
             # (a reader hints every block; this costs half as much).
@@ -328,14 +382,27 @@ class Layout:
             indices = [(i, *rest) for i in range(start // c0, (stop - 1) // c0 + 1)]
         else:
             indices = [part.index for part in chunk_parts(grid, start, stop)]
-        extents = []
-        for index in indices:
-            if index in skip:
+        extents: list[Extent] = []
+        for n, chunk in enumerate(indices):
+            if chunk in skip:
                 continue
-            found = lookup(index)
+            if not index.knows(chunk):
+                # The rest needs a leaf of the index not read yet, which lies among these chunks
+                # (NOTE [chunk index in file order]). Reading it now would send the disk there and
+                # back, and hold this hint back behind the queue while other readers hint later
+                # blocks. Hint on from the last chunk known instead, as many bytes as the rest holds.
+                mean = index.mean_size
+                frontier = max(e.offset + e.size for e in extents) if extents else index.guess_offset(chunk)
+                if mean and frontier is not None:
+                    extents.append(Extent(frontier, mean * (len(indices) - n), 0))
+                    break
+                if extents:
+                    break
+            found = lookup(chunk)
             if found is not None:
                 extents.append(Extent(found[0], found[1], 0))
-        return extents
+        if extents:
+            will_need(extents)
 
 
 _LAYOUTS: "OrderedDict[tuple[FileSignature, str], Layout]" = OrderedDict()
@@ -373,19 +440,24 @@ def known_layout(node: NodeInfo) -> "Layout | None":
 
 
 def learn_layout(ds: Any, node: NodeInfo, index_limit: int = INDEX_ALL_LIMIT) -> Layout:
-    """The layout of the open ``h5py.Dataset`` ``ds`` (:func:`inspect_storage`, :class:`ChunkIndex`), remembered.
+    """The layout of the open ``h5py.Dataset`` ``ds`` (:func:`inspect_storage`, its chunk index), remembered.
 
     Raises :class:`Unsupported` as :func:`inspect_storage`. An index not
-    listed keeps ``ds``'s id for its lookups: the caller keeps ``ds`` open
+    that needs its handle keeps ``ds``'s id for its lookups: the caller keeps ``ds`` open
     while it uses the layout.
     """
     before = _identity(node)
     storage = inspect_storage(ds, node)
     grid = None if storage.chunks is None else ChunkGrid(storage.shape, storage.chunks)
-    index = None if grid is None else ChunkIndex(ds.id, grid, index_limit)
+    index: "ChunkIndex | BTreeIndex | None" = None
+    if grid is not None:
+        header = _header_address(ds.id) if READ_BTREE else None
+        index = None if header is None else open_btree_index(ds, grid, node.filename, header)
+        if index is None:
+            index = ChunkIndex(ds.id, grid, index_limit)
     layout = Layout(storage, grid, index)
     settled = before is not None and time.time() - max(before[3], before[4]) / 1e9 > SETTLED_S
-    if (index is None or index.listed) and settled and before == _identity(node):
+    if (index is None or not index.needs_handle) and settled and before == _identity(node):
         if index is not None:
             index.release()
         _remember((before, node.path), layout)

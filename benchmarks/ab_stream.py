@@ -1,10 +1,12 @@
-"""A/B of the streaming path between two checkouts, page cache warm, alternating runs in one session.
+"""A/B of the streaming path between two checkouts, page cache warm (or cold), alternating runs in one session.
 
 Times one whole pass of ``get_queue`` (direct access) and ``get_generator``
 over a 1 GiB zlib-3 file of random normal float32 rows (``--engine``, default
 the chunk engine; ``--n_procs``, default 2), with each checkout in
 turn (a fresh interpreter each, ``PYTHONPATH`` set to the checkout), so that
-the host's drift hits both alike. Prints each run and the medians.
+the host's drift hits both alike. ``--cold`` evicts the file from the page
+cache before each pass (``multitables_bench.cache.evict``). Prints each run
+and the medians.
 
     python benchmarks/ab_stream.py --file bench/ab.h5 --a ../before --b . --runs 7
 """
@@ -19,7 +21,10 @@ import sys
 
 PASS = r"""
 import sys, time, multitables
-path, mode, n_procs, engine = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+path, mode, n_procs, engine, cold = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5] == "cold"
+if cold:
+    from multitables_bench.cache import evict
+    evict(path)
 stream = multitables.Streamer(path, engine=engine)
 t = time.perf_counter()
 if mode == "direct":
@@ -53,18 +58,20 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=7)
     p.add_argument("--n_procs", type=int, default=2)
     p.add_argument("--engine", default="chunks", help="the engine the readers decode with")
+    p.add_argument("--cold", action="store_true", help="evict the file from the page cache before each pass")
     args = p.parse_args()
     if not os.path.exists(args.file):
         make(args.file, 262_144)
     nbytes = 262_144 * 1024 * 4
-    subprocess.run(["cat", args.file], stdout=subprocess.DEVNULL, check=True)  # warm the page cache
+    if not args.cold:
+        subprocess.run(["cat", args.file], stdout=subprocess.DEVNULL, check=True)  # warm the page cache
     times: dict[tuple[str, str], list[float]] = {}
     for run in range(args.runs):
         for mode in ("direct", "generator"):
             for label, root in (("A", args.a), ("B", args.b)):
                 env = dict(os.environ, PYTHONPATH=os.path.abspath(root))
                 out = subprocess.run(
-                    [sys.executable, "-c", PASS, args.file, mode, str(args.n_procs), args.engine],
+                    [sys.executable, "-c", PASS, args.file, mode, str(args.n_procs), args.engine, "cold" if args.cold else "warm"],
                     env=env, capture_output=True, text=True, check=True,
                 )
                 t = float(out.stdout.strip().splitlines()[-1])

@@ -42,8 +42,7 @@ def time_pass(job: Job, cache: str, repeat: int, cycle: int, log: Callable[[str]
     from multitables._io.storage import forget_layouts
 
     target, reader = job.target, job.reader
-    # Each pass reads the file as a process that never read it: the chunk index is listed again (on a
-    # spinning disk, a walk of the B-tree's nodes through the file).
+    # Each pass reads the file as a process that never read it: the chunk index is read again.
     forget_layouts()
     resident = prepare_cache(target.path, cache)
     # The garbage of the pass before (PyTables leaves many objects) is collected

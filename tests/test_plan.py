@@ -114,23 +114,32 @@ def test_ahead_is_the_block_distance_past_the_one_claimed(size: tuple[int, int],
     n, bs = size
     plan = BlockPlan(n, bs, remainder=remainder)
     assert plan.n_blocks is not None
-    if k + distance < plan.n_blocks:
-        assert ahead(plan, k, distance) == plan.pieces(k + distance)
-    else:
-        assert ahead(plan, k, distance) == ()
+    hinted = [j for j in range(plan.n_blocks) if j == k + distance or (k < distance and k <= j <= k + distance)]
+    assert ahead(plan, k, distance) == tuple(p for j in hinted for p in plan.pieces(j))
+
+
+def test_the_first_blocks_are_hinted_in_order_by_each_readers_first_claim() -> None:
+    plan = BlockPlan(100, 10)
+    blocks = lambda pieces: [p.start // 10 for p in pieces]  # noqa: E731
+    assert blocks(ahead(plan, 0, 2)) == [0, 1, 2]
+    assert blocks(ahead(plan, 1, 2)) == [1, 2, 3]
+    assert blocks(ahead(plan, 2, 2)) == [4]
+    assert blocks(ahead(plan, 9, 2)) == []
 
 
 @given(sizes, st.integers(0, 60), st.integers(1, 6))
 def test_ahead_of_a_cyclic_plan_never_ends_and_wraps(size: tuple[int, int], k: int, distance: int) -> None:
     n, bs = size
     plan = BlockPlan(n, bs, cyclic=True)
+    k += distance  # past each reader's first block
     assert ahead(plan, k, distance) == plan.pieces(k + distance)
     assert sum(p.stop - p.start for p in ahead(plan, k, distance)) == bs
 
 
 def test_ahead_follows_a_range_plan_and_stops_at_its_end() -> None:
     plan = RangePlan((40, 0, 20), (50, 10, 30))
-    assert ahead(plan, 0, 1) == plan.pieces(1)
-    assert [(p.start, p.stop) for p in ahead(plan, 0, 2)] == [(20, 30)]
-    assert ahead(plan, 1, 2) == ()
+    assert ahead(plan, 0, 1) == plan.pieces(0) + plan.pieces(1)  # a reader's first block: itself too
+    assert ahead(plan, 1, 1) == plan.pieces(2)
+    assert [(p.start, p.stop) for p in ahead(plan, 1, 2)] == [(0, 10), (20, 30)]
+    assert ahead(plan, 2, 1) == ()
     assert ahead(plan, 0, 0) == ()  # no readers, nothing ahead

@@ -21,8 +21,10 @@ NOTE [prefetch]
     k. Before reading block k it asks the source to start fetching block
     k + n (``Source.prefetch``: ``POSIX_FADV_WILLNEED`` on the chunks' byte
     ranges, which queues the reads and returns). The page cache is shared,
-    so it does not matter which reader ends up claiming that block. With
-    ``O_DIRECT`` there is no cache to warm.
+    so it does not matter which reader ends up claiming that block. A
+    reader's first block (k < n) hints blocks k to k + n, so that the first
+    blocks too reach the disk in file order (:func:`~multitables._plan.blocks.ahead`).
+    With ``O_DIRECT`` there is no cache to warm.
     Measured on a cold 1 GiB zlib-3 file (PyTables chunks of 512 KiB, 4 MiB
     blocks), two readers, 8 interleaved passes each: median 705 MB/s
     without, 1,125 MB/s with (every pass with it faster than every pass
@@ -66,7 +68,7 @@ def read_block(
 
     With a ``transform``, the rows are read into ``scratch`` (a block of the
     node's rows) and the transform's result goes into ``out``.
-    First hints block ``k + n_readers`` to the source (NOTE [prefetch]).
+    First hints the blocks ``ahead`` names to the source (NOTE [prefetch]).
     With a ``pacer`` the pieces are cut into timed reads (NOTE [orphans]);
     ``before_read(a, b)`` runs before each read of source rows ``a..b``
     (to note them for a failure report, or to raise and stop).

@@ -302,3 +302,20 @@ def test_a_file_changed_under_an_index_is_an_error_not_other_rows(tmp_path: Path
             f["data"][4000:] = 1.0
     with pytest.raises(FileChangedError, match="changed since its chunk index was opened"):
         index.load_all()
+
+
+def test_a_tree_that_does_not_parse_at_open_is_left_to_hdf5(tmp_path: Path, fresh_layouts: None) -> None:
+    """At open nothing is read yet: HDF5 lists the index instead, and says what is wrong if something is."""
+    path = tmp_path / "f.h5"
+    rows_file(path)
+    with h5py.File(path) as f:
+        header = storage._header_address(f["data"].id)
+    index = btree_index(path, "data")
+    assert index is not None
+    first_leaf = index._base + index._addrs[0]
+    with open(path, "r+b") as f:
+        f.seek(first_leaf + 5)
+        f.write(b"\x07")  # the first leaf claims level 7
+    with h5py.File(path) as f:
+        ds = f["data"]
+        assert open_btree_index(ds, ChunkGrid(tuple(ds.shape), tuple(ds.chunks)), str(path), header) is None

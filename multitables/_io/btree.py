@@ -20,9 +20,10 @@ version 1, layout message version 3, B-tree version 1, 8-byte addresses),
 which PyTables and h5py write unless asked for the newest format;
 :func:`open_btree_index` returns None for anything else, and the caller
 lists the index through HDF5 (:class:`~multitables._io.storage.ChunkIndex`).
-A node that does not parse as the format says, or a leaf whose chunks lie
-outside what its parent said, raises :class:`IndexCorrupt` naming the file
-and the node's address, before any row is delivered from it.
+What does not parse as the format says at open goes to HDF5 too; a leaf
+read later that does not, or whose chunks lie outside what its parent said,
+raises :class:`IndexCorrupt` naming the file and the node's address, before
+any row is delivered from it.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from .._plan.chunkgrid import ChunkGrid
-from ..errors import FileChangedError
+from ..errors import FileChangedError, MultitablesError
 from .node import FileSignature
 
 #: Bytes read for a node at once (a node of 64 entries of a 2-D dataset is 2.6 KiB); more if it needs more.
@@ -52,7 +53,7 @@ class _Unusual(Exception):
     """A tree this module could read but leaves to HDF5."""
 
 
-class IndexCorrupt(OSError):
+class IndexCorrupt(MultitablesError, OSError):
     """The chunk index in the file is not what HDF5's format says it should be (the message says where)."""
 
 
@@ -305,12 +306,15 @@ def open_btree_index(ds: Any, grid: ChunkGrid, filename: str, header: int) -> "B
         leaves: list[tuple[int, int]] = []
         if root != _UNDEFINED:  # else no chunk was ever written
             _inner(fd, base, root, entry, filename, grid, leaves, None)
-    except _Unusual:
-        return None
+    except (_Unusual, IndexCorrupt, struct.error):
+        return None  # HDF5 lists it instead, and says what is wrong if something is
     finally:
         os.close(fd)
     index = BTreeIndex(filename, signature, base, ndims, grid, leaves, end)
-    return index if _agrees(index, ds) else None
+    try:
+        return index if _agrees(index, ds) else None
+    except IndexCorrupt:
+        return None
 
 
 def _inner(fd: int, base: int, addr: int, entry: np.dtype, filename: str, grid: ChunkGrid,

@@ -17,10 +17,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .btree import BTreeIndex
 from .chunks import will_need
 from .node import NodeInfo, close_dataset
-from .storage import INDEX_ALL_LIMIT, Layout, Unsupported, known_layout, learn_layout
+from .storage import Layout, Unsupported, known_layout, learn_layout
 
 
 def _register_filters() -> None:
@@ -126,6 +125,10 @@ class H5pySource:
             raise ValueError("the h5py engine reads into C-contiguous arrays only")
         self._fspace.select_hyperslab((start,) + self._zeros, (stop - start,) + self._file_row_shape)
         self._read_selected(stop - start, out)
+        if isinstance(self._hints, tuple):
+            # HDF5 has just read this block's leaves of the index: read them too, from the page cache,
+            # so that the next hint goes on from here instead of reading a leaf (NOTE [chunk index in file order]).
+            self._hints[1].find(start, stop)
 
     def read_runs(self, firsts: Sequence[int], lasts: Sequence[int], out: np.ndarray) -> None:
         """Read each run of rows ``firsts[i]..lasts[i]`` (inclusive, sorted) into ``out``, one after another, in one HDF5 read.
@@ -177,12 +180,6 @@ class H5pySource:
                 layout = learn_layout(h5py.Dataset(self._dsid), self._node)
             except Unsupported:
                 return False
-        if isinstance(layout.index, BTreeIndex) and layout.index.n_chunks <= INDEX_ALL_LIMIT:
-            # HDF5 reads the leaves again itself, block by block, in whatever order two readers
-            # reach them: read them all now, as chunk_iter would, so that it finds them cached
-            # (NOTE [chunk index in file order]: on the RAID 0 model two readers read 0.88x one h5py
-            # process this way, 0.79x with the leaves left to HDF5; one reader 0.84x and 0.96x).
-            layout.index.load_all()
         try:
             fd = os.open(self._node.filename, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError:

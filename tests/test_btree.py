@@ -20,6 +20,7 @@ from multitables import FileChangedError
 from multitables._io import storage
 from multitables._io.btree import BTreeIndex, IndexCorrupt, open_btree_index
 from multitables._io.chunks import ChunkSource
+from multitables._io.hdf5lib import header_address
 from multitables._io.node import inspect_node
 from multitables._plan.chunkgrid import ChunkGrid
 
@@ -27,7 +28,7 @@ from multitables._plan.chunkgrid import ChunkGrid
 def btree_index(path: "str | Path", name: str) -> "BTreeIndex | None":
     with h5py.File(path, "r") as f:
         ds = f[name]
-        header = storage._header_address(ds.id)
+        header = header_address(ds.id)
         assert header is not None
         return open_btree_index(ds, ChunkGrid(tuple(ds.shape), tuple(ds.chunks)), str(path), header)
 
@@ -161,7 +162,7 @@ def test_finds_every_chunk_of_the_files_other_projects_ship() -> None:
             for ds in datasets:
                 if not all(ds.shape):
                     continue
-                header = storage._header_address(ds.id)
+                header = header_address(ds.id)
                 index = None if header is None else open_btree_index(ds, ChunkGrid(tuple(ds.shape), tuple(ds.chunks)), str(path), header)
                 if index is not None:
                     assert our_listing(index, ds) == hdf5_listing(ds), f"{path}: {ds.name}"
@@ -310,7 +311,7 @@ def test_a_tree_that_does_not_parse_at_open_is_left_to_hdf5(tmp_path: Path, fres
     path = tmp_path / "f.h5"
     rows_file(path)
     with h5py.File(path) as f:
-        header = storage._header_address(f["data"].id)
+        header = header_address(f["data"].id)
     index = btree_index(path, "data")
     assert index is not None
     first_leaf = index._base + index._addrs[0]

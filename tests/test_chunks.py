@@ -21,7 +21,8 @@ from multitables._io.chunks import ChunkSource
 from multitables._io.codecs.base import ChunkDecodeError
 from multitables._io.engines import open_source, resolve_engine
 from multitables._io.node import inspect_node
-from multitables._io.storage import Unsupported, _hdf5_library, chunks_problem
+from multitables._io.hdf5lib import hdf5_library
+from multitables._io.storage import Unsupported, chunks_problem
 from multitables._plan.blocks import BlockPlan
 
 from conftest import CHUNK_INDEXES, chunk_index
@@ -351,13 +352,13 @@ def test_a_plugin_filter_it_lacks_is_left_to_h5py(tmp_path: Path) -> None:
     _expect_h5py(path, "filter 32013")
 
 
-@pytest.mark.skipif(_hdf5_library() is None, reason="h5py's HDF5 library not found for ctypes")
+@pytest.mark.skipif(hdf5_library() is None, reason="h5py's HDF5 library not found for ctypes")
 def test_partial_edge_chunks_stored_unfiltered_are_left_to_h5py(tmp_path: Path) -> None:
     dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
     dcpl.set_chunk((64, 3))
     dcpl.set_shuffle()
     dcpl.set_deflate(4)
-    lib = _hdf5_library()
+    lib = hdf5_library()
     set_opts = lib.H5Pset_chunk_opts
     set_opts.argtypes = [ctypes.c_int64, ctypes.c_uint]
     assert set_opts(dcpl.id, 0x0002) >= 0  # H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS

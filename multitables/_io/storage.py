@@ -30,8 +30,6 @@ NOTE [layout cache]
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import os
 import threading
 import time
@@ -45,6 +43,7 @@ from .._plan.chunkgrid import ChunkGrid, Extent, chunk_parts
 from .btree import BTreeIndex, open_btree_index
 from .codecs.base import FilterSpec, UnsupportedFilter, filters_of
 from .codecs.registry import build_pipeline
+from .hdf5lib import header_address, leaves_edge_chunks_unfiltered
 from .node import FileSignature, NodeInfo, file_signature
 
 #: Datasets with more chunks than this are indexed lazily, one lookup per chunk read
@@ -140,75 +139,6 @@ def _type_problem(tid: Any, dt: np.dtype) -> "str | None":
     return f"its element type (HDF5 class {cls}) is converted by h5py"
 
 
-@functools.lru_cache(maxsize=1)
-def _hdf5_library() -> "ctypes.CDLL | None":
-    """The HDF5 library h5py runs on (already loaded), for the one call h5py does not wrap.
-
-    Looked up once per process: scanning /proc/self/maps costs ~3 ms, as much
-    as reading a 4 MiB file.
-    """
-    try:
-        with open("/proc/self/maps") as f:
-            paths = sorted({line.split()[-1] for line in f if "libhdf5-" in line or "libhdf5.so" in line})
-    except OSError:  # pragma: no cover - not Linux
-        return None
-    for path in paths:
-        if "hdf5_hl" in path:
-            continue
-        try:
-            lib = ctypes.CDLL(path)
-            fn = lib.H5Pget_chunk_opts
-        except (OSError, AttributeError):  # pragma: no cover
-            continue
-        fn.argtypes = [ctypes.c_int64, ctypes.POINTER(ctypes.c_uint)]
-        fn.restype = ctypes.c_int
-        return lib
-    return None  # pragma: no cover
-
-
-class _Token(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_uint8 * 16)]  # H5O_token_t
-
-
-def _header_address(dsid: Any) -> "int | None":
-    """Where the object header of dataset ``dsid`` is in its file (relative to the userblock), None if HDF5 will not say.
-
-    h5py's ``h5o.get_info`` asks for everything, the size of the chunk index
-    included, and HDF5 walks the whole B-tree to count it: the seeks
-    :mod:`.btree` exists to avoid. This asks for the basic fields only.
-    """
-    lib = _hdf5_library()
-    if lib is None:  # pragma: no cover
-        return None
-    try:
-        get_info, to_addr = lib.H5Oget_info3, lib.H5VLnative_token_to_addr
-    except AttributeError:  # pragma: no cover - an HDF5 before 1.12
-        return None
-    get_info.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_uint]
-    get_info.restype = ctypes.c_int
-    to_addr.argtypes = [ctypes.c_int64, _Token, ctypes.POINTER(ctypes.c_uint64)]  # the token by value
-    to_addr.restype = ctypes.c_int
-    info = (ctypes.c_char * 256)()  # H5O_info2_t: fileno, then the 16-byte token; room to spare
-    addr = ctypes.c_uint64(0)
-    if get_info(dsid.id, info, 0x0001) < 0:  # H5O_INFO_BASIC  # pragma: no cover
-        return None
-    token = _Token.from_buffer(info, ctypes.sizeof(ctypes.c_ulong))
-    if to_addr(dsid.id, token, ctypes.byref(addr)) < 0:  # pragma: no cover
-        return None
-    return int(addr.value)
-
-
-def _leaves_edge_chunks_unfiltered(dcpl: Any) -> bool:
-    """Whether the dataset was written with ``H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS`` (not visible through h5py)."""
-    lib = _hdf5_library()
-    if lib is None:  # pragma: no cover - assume HDF5's default
-        return False
-    opts = ctypes.c_uint(0)
-    if lib.H5Pget_chunk_opts(dcpl.id, ctypes.byref(opts)) < 0:  # pragma: no cover
-        return False
-    return bool(opts.value & 0x0002)
-
-
 def inspect_storage(ds: Any, node: NodeInfo) -> Storage:
     """The storage of the open ``h5py.Dataset`` ``ds``; raises :class:`Unsupported` naming what the engine cannot read."""
     import h5py
@@ -240,7 +170,7 @@ def inspect_storage(ds: Any, node: NodeInfo) -> Storage:
     if layout != h5py.h5d.CHUNKED:
         raise Unsupported("its layout is compact or virtual")
     chunks = tuple(int(c) for c in ds.chunks)
-    if _leaves_edge_chunks_unfiltered(dcpl):
+    if leaves_edge_chunks_unfiltered(dcpl):
         raise Unsupported("it stores partial edge chunks unfiltered (H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS)")
     try:
         build_pipeline(filters, int(np.prod(chunks)) * node.file_dtype.itemsize, node.file_dtype.itemsize)
@@ -467,7 +397,7 @@ def learn_layout(ds: Any, node: NodeInfo, index_limit: int = INDEX_ALL_LIMIT) ->
     grid = None if storage.chunks is None else ChunkGrid(storage.shape, storage.chunks)
     index: "ChunkIndex | BTreeIndex | None" = None
     if grid is not None:
-        header = _header_address(ds.id) if READ_BTREE else None
+        header = header_address(ds.id) if READ_BTREE else None
         index = None if header is None else open_btree_index(ds, grid, node.filename, header)
         if index is None:
             index = ChunkIndex(ds.id, grid, index_limit)

@@ -4,8 +4,8 @@ NOTE [chunk index in file order]
     HDF5's ``chunk_iter`` lists a dataset's chunk index by walking its
     B-tree, and the leaves of that tree lie all through the file: HDF5
     writes each new leaf where the file ends when the last one fills, so a
-    leaf lies among the chunks it indexes (one leaf per ~57 chunks, 3.4 MB
-    apart in the benchmark's file). Listing them at open reads one leaf per
+    leaf lies among the chunks it indexes (one leaf per ~57 chunks: 3.4 MB
+    apart in a file of 64 KiB chunks). Listing them at open reads one leaf per
     seek before the first block (~40 seeks, 0.3 s on a disk, the whole gap
     to one h5py process on a RAID 0 of two disks; BENCHMARKS.md). One
     h5py process reads a leaf only when its read reaches the leaf's chunks,

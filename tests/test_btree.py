@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from multitables import FileChangedError
 from multitables._io import storage
-from multitables._io.btree import BTreeIndex, IndexCorrupt, open_btree_index
+from multitables._io.btree import UNREAD, BTreeIndex, IndexCorrupt, open_btree_index
 from multitables._io.chunks import ChunkSource
 from multitables._io.hdf5lib import header_address
 from multitables._io.node import inspect_node
@@ -253,7 +253,7 @@ def test_a_hint_reads_no_leaf_and_goes_on_from_the_last_chunk_known(tmp_path: Pa
     assert isinstance(index, BTreeIndex)
     index.load_first()
     leaves_read = sum(index._loaded)
-    first_unknown = next(i for i in range(1000) if not index.knows((i, 0)))  # 1000 chunks of 4 rows
+    first_unknown = next(i for i in range(1000) if index.peek((i, 0)) is UNREAD)  # 1000 chunks of 4 rows
     rows = 4 * first_unknown
     hinted: list[list[Any]] = []
     layout.hint(rows - 40, rows + 40, 16 * 4, hinted.append)
@@ -338,6 +338,6 @@ def test_the_h5py_engine_learns_the_leaves_hdf5_read_for_its_next_hint(tmp_path:
         out = np.empty((400, 16), "<f4")
         src.read_into(0, 400, out)
         assert np.array_equal(out, data[:400])
-        assert all(index.knows((i, 0)) for i in range(100))  # rows 0..399: chunks 0..99
+        assert all(index.peek((i, 0)) is not UNREAD for i in range(100))  # rows 0..399: chunks 0..99
     finally:
         src.close()

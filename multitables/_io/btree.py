@@ -49,6 +49,17 @@ _MESSAGE_LAYOUT = 0x0008
 _MESSAGE_CONTINUATION = 0x0010
 
 
+class _Unread:
+    """The type of :data:`UNREAD`."""
+
+    def __repr__(self) -> str:
+        return "UNREAD"
+
+
+#: What :meth:`BTreeIndex.peek` answers for a chunk whose leaf is not read yet.
+UNREAD = _Unread()
+
+
 class _Unusual(Exception):
     """A tree this module could read but leaves to HDF5."""
 
@@ -163,13 +174,16 @@ class BTreeIndex:
     def n_leaves(self) -> int:
         return len(self._addrs)
 
-    def knows(self, index: tuple[int, ...]) -> bool:
-        """Whether :meth:`lookup` of chunk ``index`` answers without reading the file (its leaf was read)."""
+    def peek(self, index: tuple[int, ...]) -> "tuple[int, int, int] | None | _Unread":
+        """What :meth:`lookup` of chunk ``index`` answers, or :data:`UNREAD` where that needs a leaf not read yet."""
         k = self._grid.linear(index)
-        if k in self._where:
-            return True
+        found = self._where.get(k)
+        if found is not None:
+            return found
         leaf = bisect.bisect_right(self._firsts, k) - 1
-        return leaf < 0 or k >= self._end or bool(self._loaded[leaf])
+        if leaf < 0 or k >= self._end or self._loaded[leaf]:
+            return None  # never written
+        return UNREAD
 
     def guess_offset(self, index: tuple[int, ...]) -> "int | None":
         """Where chunk ``index``, whose leaf is not read, probably starts: for a hint, never for a read.
@@ -186,14 +200,11 @@ class BTreeIndex:
         return self._ends[leaf - 1] + (k - self._firsts[leaf]) * mean
 
     def lookup(self, index: tuple[int, ...]) -> "tuple[int, int, int] | None":
+        found = self.peek(index)
+        if found is not UNREAD:
+            return found  # type: ignore[return-value]
         k = self._grid.linear(index)
-        found = self._where.get(k)
-        if found is not None:
-            return found
-        leaf = bisect.bisect_right(self._firsts, k) - 1
-        if leaf < 0 or k >= self._end or self._loaded[leaf]:
-            return None  # never written
-        self._load(leaf)
+        self._load(bisect.bisect_right(self._firsts, k) - 1)
         return self._where.get(k)
 
     def release(self) -> None:

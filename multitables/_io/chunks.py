@@ -44,7 +44,8 @@ from .codecs.base import ChunkDecodeError
 from .codecs.pipeline import Pipeline
 from .codecs.registry import build_pipeline
 from .node import NodeInfo, close_dataset, deliver_strings, reopen_dataset
-from .storage import INDEX_ALL_LIMIT, Layout, known_layout, learn_layout
+from .btree import UNREAD
+from .storage import INDEX_ALL_LIMIT, ChunkIndex, Layout, known_layout, learn_layout
 
 #: Where chunk bytes come from: the page cache, or the disk past it (``O_DIRECT``).
 CACHES = ("page", "direct")
@@ -187,8 +188,8 @@ class ChunkSource:
         self._reader: "_FileReader | None" = None
         self._h5file: Any = None
         layout = known_layout(node)
-        if layout is not None and layout.index is not None and layout.index.n_listed > index_limit:
-            layout = None  # a caller that asks for lookups gets them
+        if layout is not None and isinstance(layout.index, ChunkIndex) and layout.index.n_listed > index_limit:
+            layout = None  # a caller that asks for HDF5's lookups gets them
         if layout is None:
             if dataset is None:
                 dataset = reopen_dataset(node)
@@ -284,7 +285,8 @@ class ChunkSource:
             if chunk is not None:  # decoded for the previous block, which cut it
                 self._place(part, chunk, out, kept, stop)
                 continue
-            if not index.knows(part.index):
+            found = index.peek(part.index)
+            if found is UNREAD:
                 # The index reads a leaf next, which lies among the chunks from here on
                 # (NOTE [chunk index in file order]): read what comes before it, then hint
                 # the rest of the block on from there, so that the disk reaches the leaf in file order.
@@ -292,7 +294,7 @@ class ChunkSource:
                     self._read_pending(pending, out, kept, stop)
                     pending = []
                 self.prefetch(start + part.rows[0], stop)
-            found = index.lookup(part.index)
+                found = index.lookup(part.index)
             if found is None:  # never written: the fill value, as HDF5 reads it
                 out[part.out_sel] = self._fill
                 continue

@@ -40,7 +40,7 @@ from typing import Any, Callable, Container
 import numpy as np
 
 from .._plan.chunkgrid import ChunkGrid, Extent, chunk_parts
-from .btree import BTreeIndex, open_btree_index
+from .btree import UNREAD, BTreeIndex, open_btree_index
 from .codecs.base import FilterSpec, UnsupportedFilter, filters_of
 from .codecs.registry import build_pipeline
 from .hdf5lib import header_address, leaves_edge_chunks_unfiltered
@@ -251,16 +251,8 @@ class ChunkIndex:
             return self._lazy[index]
         return self._where[self._grid.linear(index)]
 
-    def knows(self, index: tuple[int, ...]) -> bool:
-        """Whether :meth:`lookup` answers without reading the file (always: HDF5's lookups read through its own cache)."""
-        return True
-
-    #: Mean stored bytes of a chunk, for hints past what is known (never needed: :meth:`knows` is always true).
-    mean_size = None
-
-    def guess_offset(self, index: tuple[int, ...]) -> None:
-        """Where an unknown chunk probably lies (never asked: :meth:`knows` is always true)."""
-        return None
+    #: What :meth:`lookup` answers; never ``UNREAD`` (HDF5's lookups read through its own cache).
+    peek = lookup
 
     def release(self) -> None:
         """Drop the h5py handle (the answers already listed stay)."""
@@ -309,7 +301,7 @@ class Layout:
         index = self.index
         if index is not None and start < stop:
             for chunk in self._chunks(start, stop):
-                if not index.knows(chunk):
+                if index.peek(chunk) is UNREAD:
                     index.lookup(chunk)
 
     def hint(self, start: int, stop: int, row_nbytes: int, will_need: Callable[[list[Extent]], None],
@@ -324,13 +316,15 @@ class Layout:
             will_need([Extent(self.storage.offset + start * row_nbytes, (stop - start) * row_nbytes, 0)])
             return
         assert self.index is not None
-        index, lookup = self.index, self.index.lookup
+        index = self.index
         indices = self._chunks(start, stop)
         extents: list[Extent] = []
         for n, chunk in enumerate(indices):
             if chunk in skip:
                 continue
-            if not index.knows(chunk):
+            found = index.peek(chunk)
+            if found is UNREAD:
+                assert isinstance(index, BTreeIndex)  # the one index that reads as it goes
                 # The rest needs a leaf of the index not read yet, which lies among these chunks
                 # (NOTE [chunk index in file order]). Reading it now would send the disk there and
                 # back, and hold this hint back behind the queue while other readers hint later
@@ -344,7 +338,7 @@ class Layout:
                     break
                 if extents:
                     break
-            found = lookup(chunk)
+                found = index.lookup(chunk)
             if found is not None:
                 extents.append(Extent(found[0], found[1], 0))
         if extents:

@@ -298,6 +298,26 @@ def test_a_source_keeps_at_most_max_open_files_open(tmp_path: Path, no_leaks: No
     assert sum(fds_on(f) for f in files) == 0
 
 
+@pytest.mark.parametrize("engine", ["chunks", "h5py", "tables"])
+def test_a_file_open_in_a_set_costs_one_descriptor_hints_included(
+    tmp_path: Path, no_leaks: None, fds_on: Callable[[Path], int], engine: str
+) -> None:
+    """docs/training.rst: a reader keeps at most four files open, one descriptor each, also while it hints ahead."""
+    files, data = write_shards(tmp_path, [40] * 8, ["zlib"])
+    node = inspect_files(tuple(map(str, files)), "/data")
+    source = open_source(engine, node, {})
+    try:
+        out = np.empty((8, ROW), np.float32)
+        for row in range(0, len(data), 8):
+            source.prefetch(row + 8, min(row + 24, len(data)))
+            source.read_into(row, row + 8, out)
+            assert np.array_equal(out, data[row : row + 8])
+            assert sum(fds_on(f) for f in files) <= MAX_OPEN
+    finally:
+        source.close()
+    assert sum(fds_on(f) for f in files) == 0
+
+
 def test_readers_of_many_files_hold_few_open(tmp_path: Path, no_leaks: None) -> None:
     files, data = write_shards(tmp_path, [10] * 60)
     names = set(map(str, files))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
 from typing import Any, Sequence
 
 import numpy as np
@@ -180,16 +179,18 @@ class H5pySource:
                 layout = learn_layout(h5py.Dataset(self._dsid), self._node)
             except Unsupported:
                 return False
+        # HDF5's own descriptor, where its driver has one (the default, sec2): a file costs one descriptor.
+        fid = h5py.h5i.get_file_id(self._dsid)
         try:
-            fd = os.open(self._node.filename, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except OSError:
-            return False
+            if fid.get_access_plist().get_driver() != h5py.h5fd.SEC2:
+                return False
+            fd = int(fid.get_vfd_handle())
+        finally:
+            fid.close()
         return fd, layout
 
     def close(self) -> None:
-        if isinstance(self._hints, tuple):
-            os.close(self._hints[0])
-            self._hints = False
+        self._hints = False  # HDF5's descriptor: closed with the file
         if self._file is not None:
             self._file.close()
         elif self._dsid.valid:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import warnings
+import weakref
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Iterator, Sequence, Union
 
@@ -248,9 +249,14 @@ class Batches:
         self._readers = split_readers(nbytes, pays, n_procs, cpus)
         self._epoch = 0
         self._batch = 0  # batches delivered in this epoch
+        self._step = 0  # batches delivered since epoch 0 began, at whatever world sizes
         #: The current epoch's parts run at other world sizes: (world_size, batches), NOTE [elastic resume].
         self._elastic: list[tuple[int, int]] = []
-        self._active: "Iterator[Batch] | None" = None
+        # The iteration in progress, weakly: it holds this object (its frame's ``self``), and a strong
+        # reference back would make a cycle that only the cycle collector frees, readers running until
+        # then. So leaving a ``for`` loop (``break``) or dropping the iterator closes it at once, and
+        # its readers stop (NOTE [shutdown] in ``_procs.pool``).
+        self._active: "weakref.ref[Iterator[Batch]] | None" = None
         self._buffers: "list[list[np.ndarray]] | None" = None  # see _window_buffers
 
     # -- what the batches are ------------------------------------------------
@@ -316,6 +322,7 @@ class Batches:
         if epoch != self._epoch:
             self._stop_active()
             self._epoch, self._batch, self._elastic = epoch, 0, []
+            self._step = epoch * self._settings.n_batches  # as if every epoch before ran at this world size
 
     def state_dict(self) -> dict[str, Any]:
         """The position (epoch, batches delivered in it) and what fixes the order; small, picklable, JSON-able.
@@ -327,7 +334,7 @@ class Batches:
         return {
             "epoch": self._epoch,
             "batch": self._batch,
-            "step": self._epoch * s.n_batches + self._batch,
+            "step": self._step,
             "rank": self.rank,
             "subset": self._subset_key(),
             "elastic": [list(segment) for segment in self._elastic],
@@ -356,11 +363,15 @@ class Batches:
         batch = check_int("batch", state["batch"], 0, allow_none=False)
         world = check_int("world_size", state["world_size"], 1, allow_none=False)
         assert epoch is not None and batch is not None and world is not None
+        # A state without a step (written by hand): the one it would have recorded.
+        saved_batches = replace(self._settings, world_size=world).n_batches
+        step = check_int("step", state.get("step", epoch * saved_batches + batch), 0, allow_none=False)
         elastic = [(int(w), int(b)) for w, b in state.get("elastic", [])]
         if world != self.world_size:
             elastic, batch = elastic + [(world, batch)], 0
         self._stop_active()
         self._epoch, self._batch, self._elastic = epoch, 0, elastic
+        self._step = step  # the step goes on from where it was, at any world size
         settings, _rows = self._epoch_plan(epoch)
         if settings is None:  # every row of the epoch was delivered: on to the next
             self._epoch, self._elastic = epoch + 1, []
@@ -425,7 +436,8 @@ class Batches:
         return arrays[0] if self._single else tuple(arrays)
 
     def _stop_active(self) -> None:
-        active, self._active = self._active, None
+        ref, self._active = self._active, None
+        active = None if ref is None else ref()
         if active is not None:
             active.close()  # type: ignore[attr-defined]
 
@@ -435,7 +447,7 @@ class Batches:
         """The batches left in the current epoch (and ``epochs - 1`` more, or endless); each epoch's end moves the position on."""
         self._stop_active()  # an older iteration ends here: its position is this one's start
         it = self._iterate(self._epoch, self._batch) if self._epochs == 1 else self._run_epochs(self._epochs)
-        self._active = it
+        self._active = weakref.ref(it)
         return it
 
     def _run_epochs(self, epochs: "int | None") -> Iterator[Batch]:
@@ -477,13 +489,13 @@ class Batches:
             k = start
             for arrays in cut(source, skip, s.batch_size):
                 k += 1
-                self._batch = k
+                self._batch, self._step = k, self._step + 1
                 yield self._deliver(arrays)
             for queue in queues:  # the readers are done: stop them before the empty batches
                 queue.close()
             while k < s.n_batches:  # see NOTE [epoch plan]: empty last batches
                 k += 1
-                self._batch = k
+                self._batch, self._step = k, self._step + 1
                 yield self._deliver([np.empty((0,) + shape, dtype) for dtype, shape in self._row_types])
             self._epoch, self._batch, self._elastic = epoch + 1, 0, []
         finally:

@@ -161,19 +161,23 @@ class MixedBatches:
         return _join(pieces, order)
 
     def __iter__(self) -> "Iterator[Batch]":
-        if self._per == "row":
+        """The batches from the current step on; leaving the loop early (``break``) stops every source's readers."""
+        try:
+            if self._per == "row":
+                while self._steps is None or self._step < self._steps:
+                    batch = self._mixed(self._step)
+                    self._step += 1
+                    yield batch
+                return
             while self._steps is None or self._step < self._steps:
-                batch = self._mixed(self._step)
-                self._step += 1
-                yield batch
-            return
-        while self._steps is None or self._step < self._steps:
-            first = self._step
-            n = SCHEDULE_STEPS if self._steps is None else min(SCHEDULE_STEPS, self._steps - first)
-            for i in schedule(self._proportions, self._seed, first, n).tolist():
-                batch = self._next_of(i)
-                self._step += 1
-                yield batch
+                first = self._step
+                n = SCHEDULE_STEPS if self._steps is None else min(SCHEDULE_STEPS, self._steps - first)
+                for i in schedule(self._proportions, self._seed, first, n).tolist():
+                    batch = self._next_of(i)
+                    self._step += 1
+                    yield batch
+        finally:
+            self._end_iteration()
 
     def state_dict(self) -> dict[str, Any]:
         """The step, what fixes the schedule, and every source's position; small, picklable, JSON-able."""
@@ -201,16 +205,23 @@ class MixedBatches:
         self._step = int(state["step"])
 
     def close(self) -> None:
-        """Stop every source's readers (the positions stay)."""
+        """Stop every source's readers and free their buffers (the positions stay)."""
+        self._end_iteration()
+        for source in self._sources:
+            source.close()
+
+    def _end_iteration(self) -> None:
+        """Stop the sources' iterations, their readers with them; the next iteration goes on from the same step."""
         if self._per == "row":  # the held batches are read again from where they began
             self._skip = [held[2] if held else skip for held, skip in zip(self._held, self._skip)]
             for i, held in enumerate(self._held):
                 if held is not None:
                     self._sources[i].load_state_dict(held[0])
             self._held = [None] * len(self._sources)
-        self._iters = [None] * len(self._sources)
-        for source in self._sources:
-            source.close()
+        iters, self._iters = self._iters, [None] * len(self._sources)
+        for it in iters:
+            if it is not None:
+                it.close()  # type: ignore[attr-defined]
 
     def __repr__(self) -> str:
         shares = ", ".join(f"{p:.3g}" for p in self._proportions)

@@ -1,0 +1,220 @@
+"""When the readers of training batches run and when they stop: ``break``, dropping, the next iteration.
+
+The rule (docs/training.rst, "Readers and the loop"): an iteration owns its
+readers. Leaving it (``break``, an exception, dropping the iterator) stops
+them at once, without waiting for the cycle collector, and the next
+iteration goes on from the batch after the last one delivered. Every test
+here runs with the cycle collector off: what stops the readers must be
+plain reference counting.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from pathlib import Path
+from typing import Iterator
+
+import h5py
+import numpy as np
+import psutil
+import pytest
+
+import multitables
+
+#: The promise of docs/failures.rst: readers exit within 2 s of the consumer stopping early.
+STOP_TIMEOUT = 2.0
+
+
+@pytest.fixture
+def no_cycle_collector() -> Iterator[None]:
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+@pytest.fixture
+def rows_file(tmp_path: Path) -> Path:
+    path = tmp_path / "rows.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("y", data=np.arange(4000), chunks=(50,), compression="gzip")
+        f.create_dataset("z", data=-np.arange(4000), chunks=(50,), compression="gzip")
+    return path
+
+
+def children() -> set[int]:
+    return {p.pid for p in psutil.Process().children()}
+
+
+def readers_started(before: set[int]) -> set[int]:
+    """Our reader processes started since ``before`` was taken (the test's own children)."""
+    started = children() - before
+    assert started, "the batches started no reader process: the test proves nothing"
+    return started
+
+
+def wait_gone(pids: set[int]) -> set[int]:
+    """The pids of ``pids`` still running after up to STOP_TIMEOUT s."""
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while True:
+        alive = {pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE}
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.02)
+
+
+def batches(path: Path, **kwargs) -> multitables.Batches:
+    kw = dict(n_procs=2, block_size=50, window=2, read_ahead=2, seed=3)
+    kw.update(kwargs)
+    return multitables.Streamer(path).get_batches("/y", 16, **kw)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_break_stops_the_readers_and_the_next_iteration_goes_on(rows_file, no_cycle_collector, no_leaks, shuffle) -> None:
+    reference = [y.copy() for y in batches(rows_file, n_procs=0, shuffle=shuffle)]
+    b = batches(rows_file, shuffle=shuffle)
+    before = children()
+    got = []
+    for k, y in enumerate(b):
+        got.append(y)
+        if k == 4:
+            readers = readers_started(before)
+            break
+    assert wait_gone(readers) == set(), "break left the readers running"
+    got += list(b)  # the rest of the epoch, with new readers
+    assert len(got) == len(reference)
+    for mine, theirs in zip(got, reference):
+        np.testing.assert_array_equal(mine, theirs)
+    del b
+
+
+def test_break_then_the_next_epochs_iteration(rows_file, no_cycle_collector, no_leaks) -> None:
+    reference = batches(rows_file, n_procs=0)
+    reference.set_epoch(1)
+    expected = [y.copy() for y in reference]
+    b = batches(rows_file)
+    before = children()
+    for epoch in range(2):
+        b.set_epoch(epoch)
+        for k, y in enumerate(b):
+            if epoch == 0 and k == 2:
+                readers = readers_started(before)
+                break
+            if epoch == 1:
+                np.testing.assert_array_equal(y, expected[k])
+        if epoch == 0:
+            assert wait_gone(readers) == set()
+    assert b.epoch == 2
+    del b
+
+
+def test_dropping_batches_mid_epoch_stops_the_readers_at_once(rows_file, no_cycle_collector, no_leaks) -> None:
+    b = batches(rows_file)
+    before = children()
+    it = iter(b)
+    next(it)
+    readers = readers_started(before)
+    del b
+    next(it)  # the iterator alone keeps the readers: it is still in use
+    assert all(psutil.pid_exists(pid) for pid in readers)
+    del it
+    assert wait_gone(readers) == set(), "dropping the last reference left the readers running"
+
+
+def test_break_and_drop_after_it(rows_file, no_cycle_collector, no_leaks) -> None:
+    b = batches(rows_file)
+    before = children()
+    for k, _ in enumerate(b):
+        if k == 1:
+            readers = readers_started(before)
+            break
+    del b
+    assert wait_gone(readers) == set()
+
+
+@pytest.mark.parametrize("per", ["batch", "row"])
+def test_a_mix_stops_its_sources_readers_on_break_and_goes_on(rows_file, no_cycle_collector, no_leaks, per) -> None:
+    def mix(n_procs: int) -> multitables.MixedBatches:
+        stream = multitables.Streamer(rows_file)
+        one = stream.get_batches("/y", 16, n_procs=n_procs, block_size=50, window=2, read_ahead=2, seed=1)
+        two = stream.get_batches("/z", 16, n_procs=n_procs, block_size=50, window=2, read_ahead=2, seed=2)
+        return multitables.mix_batches([one, two], [0.5, 0.5], seed=5, per=per)
+
+    reference = []
+    for k, y in enumerate(mix(0)):
+        reference.append(y.copy())
+        if k == 59:
+            break
+    m = mix(1)
+    before = children()
+    got = []
+    for k, y in enumerate(m):
+        got.append(y)
+        if k == 9:
+            readers = readers_started(before)
+            break
+    assert wait_gone(readers) == set(), "break out of a mix left its sources' readers running"
+    for k, y in enumerate(m, start=10):
+        got.append(y)
+        if k == 59:
+            break
+    for mine, theirs in zip(got, reference, strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+    it = iter(m)
+    next(it)
+    readers = children() - before
+    del m, it
+    assert wait_gone(readers) == set(), "dropping a mix mid-iteration left its sources' readers running"
+
+
+def test_dropping_the_torch_adapter_mid_epoch_stops_the_readers(rows_file, no_cycle_collector, no_leaks) -> None:
+    torch_batches = pytest.importorskip("multitables.torch")
+    dataset = torch_batches.get_batches(multitables.Streamer(rows_file), "/y", 16, n_procs=2, block_size=50, read_ahead=2)
+    before = children()
+    it = iter(dataset)
+    next(it)
+    readers = readers_started(before)
+    del dataset, it
+    assert wait_gone(readers) == set()
+
+
+def test_the_step_goes_on_after_an_elastic_resume(rows_file) -> None:
+    stream = multitables.Streamer(rows_file)
+    two = [stream.get_batches("/y", 64, rank=r, world_size=2, epochs=None, n_procs=0) for r in range(2)]
+    for b in two:
+        for k, _ in enumerate(b, 1):
+            if k == 5:
+                break
+    state = two[0].state_dict()
+    assert state["step"] == 5
+    three = stream.get_batches("/y", 64, rank=0, world_size=3, epochs=None, n_procs=0)
+    three.load_state_dict(state)
+    assert three.state_dict()["step"] == 5
+    it = iter(three)
+    for _ in range(3):
+        next(it)
+    assert three.state_dict()["step"] == 8
+    # Through the end of that epoch (its rest shared by three ranks now) and into the next: one step per batch.
+    steps = [three.state_dict()["step"]]
+    for _ in range(len(three)):
+        next(it)
+        steps.append(three.state_dict()["step"])
+    assert steps == list(range(8, 8 + len(three) + 1))
+    assert three.epoch == 1
+    # A saved step survives a resume at the same world size too.
+    again = stream.get_batches("/y", 64, rank=0, world_size=3, epochs=None, n_procs=0)
+    again.load_state_dict(three.state_dict())
+    assert again.state_dict()["step"] == steps[-1]
+
+
+def test_set_epoch_to_another_epoch_counts_its_steps_at_this_world_size(rows_file) -> None:
+    b = multitables.Streamer(rows_file).get_batches("/y", 64, world_size=2, rank=1, n_procs=0)
+    b.set_epoch(3)
+    assert b.state_dict()["step"] == 3 * len(b)
+    next(iter(b))
+    assert b.state_dict()["step"] == 3 * len(b) + 1
+    b.set_epoch(3)  # already in it: nothing changes
+    assert b.state_dict()["step"] == 3 * len(b) + 1

@@ -52,9 +52,9 @@ ACTIVITIES = (
     ("wait for the disk: prefetch hint (WILLNEED queues the reads)", "_FileReader.will_need"),
     ("ring: wait for a free slot, publish", "multitables/_shm/ring.py"),
     ("file check (stat)", "check_file_unchanged"),
-    ("chunk engine bookkeeping: plan, index, partial chunks", "multitables/_io/chunks.py"),
-    ("chunk engine bookkeeping: plan, index, partial chunks", "multitables/_io/storage.py"),
-    ("chunk engine bookkeeping: plan, index, partial chunks", "multitables/_plan/chunkgrid.py"),
+    ("chunk engine bookkeeping: plan, index, partial chunks", "multitables/_io/chunks/source.py"),
+    ("chunk engine bookkeeping: plan, index, partial chunks", "multitables/_io/chunks/storage.py"),
+    ("chunk engine bookkeeping: plan, index, partial chunks", "multitables/_io/chunks/grid.py"),
 )
 READER = "stream_loop (multitables/_procs/stream.py"
 

@@ -137,7 +137,7 @@ FUNCTIONS: dict[str, Callable[[list[str]], int]] = {
 
 def prepare(paths: list[str], cache: str) -> None:
     """The cache for a pass, and a process that never read the files (no layout remembered: NOTE [layout cache])."""
-    from multitables._io.storage import forget_layouts
+    from multitables._io.chunks.storage import forget_layouts
 
     forget_layouts()
     for path in paths:
@@ -193,7 +193,7 @@ def profile(paths: list[str], passes: int, cache: str) -> str:
 
     import multitables
     from multitables import streamer as streamer_mod
-    from multitables._api import queue as queue_mod
+    from multitables._stream import queue as queue_mod
 
     spans: dict[str, list[float]] = {}
     stamp: dict[str, float] = {}
@@ -272,7 +272,7 @@ def one_reader(path: str, repeats: int, caches: "list[str]") -> str:
     the time is the reader process and the hand-off alone.
     """
     import multitables
-    from multitables._io import chunks as chunks_mod
+    from multitables._io.chunks import source as chunks_mod
     from multitables._io.engines import open_source
     from multitables._io.node import inspect_node
 

@@ -26,12 +26,12 @@ from .errors import (
 from .streamer import Guard, Queue, Streamer
 from .batches import Batches, MixedBatches, mix_batches
 from .reader import DataProxy, Dataset, Future, Reader, Request, RequestPool, Stage, StagePool
-from ._api import established as _established
+from ._access import compat2x as _compat2x
 
 __version__ = "0.1.0"
 
 # The established (2.x) module names: multitables.dataset, .dataset_ops, .request, .stage, .signals, .shared_mem.
-_established.install(sys.modules[__name__])
+_compat2x.install(sys.modules[__name__])
 
 __all__ = [
     "Streamer",

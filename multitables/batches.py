@@ -6,17 +6,7 @@ dataset over the same :class:`~multitables._plan.blocks.RangePlan`, so block ``k
 every queue holds the same rows; the blocks of a shuffle window are copied
 out of their slots into a buffer this object owns, and each batch is
 gathered from it in the window's permuted order into fresh arrays that
-belong to the caller.
-
-NOTE [window pipelining]
-    A shuffled window can only hand out its first batch once all of its
-    blocks are in. To keep the readers busy while the training loop works
-    through window ``w``, every batch handed out from window ``w`` first pulls
-    a share of window ``w + 1``'s blocks (``ceil(blocks / batches)``) from the
-    queues into a second buffer; the readers meanwhile refill the slots.
-    Reading thus overlaps training, in one thread, at the cost of two window
-    buffers per dataset. Unshuffled epochs need no buffer: each batch is
-    copied straight out of the slots.
+belong to the caller (NOTE [window pipelining] in ``_train.windows``).
 """
 
 from __future__ import annotations
@@ -29,10 +19,10 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence, Union
 
 import numpy as np
 
-from ._api.mix import MixedBatches, mix_batches
-from ._api.checks import check_bool, check_columns, check_fields, check_int, rank_and_world
-from ._api.transforms import infer_transforms
-from ._api.windows import BlockWindows, NoWindows, ShuffledWindows, Windows, cut, empty_window_buffer
+from ._train.mix import MixedBatches, mix_batches
+from ._sys.checks import check_bool, check_columns, check_fields, check_int, rank_and_world
+from ._train.transforms import infer_transforms
+from ._train.windows import BlockWindows, NoWindows, ShuffledWindows, Windows, cut, empty_window_buffer
 from ._plan.epoch import EpochSettings, remaining_after
 from ._io.fileset import inspect_files
 from ._plan.blocks import MiB, RangePlan, available_cpus, default_block_size, parallel_pays, split_readers
@@ -41,13 +31,13 @@ from ._plan.subset import (
 )
 
 if TYPE_CHECKING:
-    from ._api.queue import Queue
+    from ._stream.queue import Queue
     from .streamer import Streamer  # type only: the streamer makes batches
 
 __all__ = ["Batches", "MixedBatches", "mix_batches"]
 
 #: Memory a shuffle window aims at, over all datasets, when ``window`` is not
-#: given (two such buffers are alive at once; see NOTE [window pipelining]).
+#: given (two such buffers are alive at once; NOTE [window pipelining] in ``_train.windows``).
 WINDOW_BYTES = 256 * MiB
 
 #: A batch: one array per dataset, a single array when one path was given, or
@@ -140,7 +130,7 @@ class Batches:
         returning an array of as many rows, run in the reader processes on
         each block as it is read, so per-sample work (augmentation, decoding
         bytes stored per row) runs in parallel as decoding does (NOTE
-        [transforms] in ``multitables._io.blocks``). One function for one
+        [transforms] in ``multitables._io.blockread``). One function for one
         path; a dict for several (paths it leaves out are not transformed).
         Its output's dtype and row shape are learnt by calling it on the
         first rows, before any reader starts. Not with ``fields``.
@@ -394,7 +384,7 @@ class Batches:
         Fresh memory page-faults on first touch; at 256 MiB that costs more
         than the copy into it. Batches are gathered out of the buffers into
         arrays of their own, so reusing them is safe. Forked readers do not
-        share them (NOTE [window buffers and fork] in ``_api.windows``).
+        share them (NOTE [window buffers and fork] in ``_train.windows``).
         """
         if self._buffers is None:
             rows = self._settings.window * self._settings.block_size

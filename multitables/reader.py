@@ -1,10 +1,10 @@
 """Random access: a :class:`Reader` serves numpy-style requests asynchronously into shared-memory stages.
 
 The data path, top-down: ``dataset[key]`` makes a :class:`Request`, planned
-at once by :mod:`multitables._request` (NOTE [request plan]);
+at once by :mod:`multitables._plan.requests` (NOTE [request plan]);
 :meth:`Reader.request` writes the plan into a :class:`Stage` and hands its
-shares to the worker processes of :mod:`multitables._request_workers` (NOTE
-[request protocol]), who read the rows straight into the stage; the
+shares to the reader processes of :mod:`multitables._procs.serve` (NOTE
+[request protocol]), which read the rows straight into the stage; the
 :class:`Future` waits for them and shows the stage as a numpy array.
 """
 
@@ -20,13 +20,13 @@ from ._io.engines import check_engine, resolve_engine
 from ._io.fileset import as_files, describe_files, inspect_files
 from ._io.node import NodeInfo, check_file, file_signature
 from ._plan.blocks import available_cpus, cap_readers
-from ._api.checks import check_int
-from ._api.established import first_op
+from ._sys.checks import check_int
+from ._access.compat2x import first_op
 from ._plan.requests import effective_chunk_rows, split_shares
 from ._procs.pool import check_start_method
 from ._procs.serve import ServeWorkers
-from ._shm.stage import MAX_SHARES, describe
-from ._api.proxy import DataProxy
+from ._shm.stagemap import MAX_SHARES, describe
+from ._access.proxy import DataProxy
 
 __all__ = ["Reader", "Dataset", "Request", "Stage", "StagePool", "Future", "DataProxy", "RequestPool"]
 
@@ -34,10 +34,10 @@ __all__ = ["Reader", "Dataset", "Request", "Stage", "StagePool", "Future", "Data
 DEFAULT_MAX_STAGES = 64
 
 
-from ._api.core import ReaderCore
-from ._api.futures import Future, RequestPool
-from ._api.request import Request
-from ._api.stages import Stage, StagePool
+from ._access.readercore import ReaderCore
+from ._access.futures import Future, RequestPool
+from ._access.request import Request
+from ._access.stages import Stage, StagePool
 
 
 class Reader:

@@ -27,10 +27,10 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ._api.checks import check_bool, check_int
+from ._sys.checks import check_bool, check_int
 from .batches import Batches
-from ._api.queue import FREE_BUFFER_REFS, Guard, Queue, StreamOptions, StreamSpec, empty_block
-from ._io.chunks import CACHES
+from ._stream.queue import FREE_BUFFER_REFS, Guard, Queue, StreamOptions, StreamSpec, empty_block
+from ._io.chunks.source import CACHES
 from ._io.engines import check_engine, open_source
 from ._io.fileset import as_files, inspect_files, open_files
 from ._io.node import close_dataset
@@ -195,7 +195,7 @@ class Streamer:
             Reader processes. Default: the CPUs this process may use, or none
             at all (blocks read in this process) when starting them would cost
             more than they save: small datasets, one CPU (see
-            ``multitables._plan.parallel_pays``). Capped at 4 per usable CPU
+            ``multitables._plan.blocks.parallel_pays``). Capped at 4 per usable CPU
             and at the blocks of a pass (not cyclic); :attr:`Queue.n_procs`
             says how many run.
         read_ahead : int, optional

@@ -39,7 +39,7 @@ class Job:
 
 def time_pass(job: Job, cache: str, repeat: int, cycle: int, log: Callable[[str], None]) -> Pass:
     """Set the cache up, measure residency, read the whole file once, timed with ``perf_counter``."""
-    from multitables._io.storage import forget_layouts
+    from multitables._io.chunks.storage import forget_layouts
 
     target, reader = job.target, job.reader
     # Each pass reads the file as a process that never read it: the chunk index is read again.

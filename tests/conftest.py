@@ -123,7 +123,7 @@ CHUNK_INDEXES = ("btree", "listed", "lookup")
 @contextlib.contextmanager
 def chunk_index(kind: str) -> Iterator[int]:
     """Make the chunk engine find chunks as ``kind`` says (one of ``CHUNK_INDEXES``); gives the ``index_limit`` to pass."""
-    from multitables._io import storage
+    from multitables._io.chunks import storage
 
     before = storage.READ_BTREE
     storage.READ_BTREE = kind == "btree"

@@ -17,12 +17,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from multitables import FileChangedError
-from multitables._io import storage
-from multitables._io.btree import UNREAD, BTreeIndex, IndexCorrupt, open_btree_index
-from multitables._io.chunks import ChunkSource
-from multitables._io.hdf5lib import header_address
+from multitables._io.chunks import storage
+from multitables._io.chunks.btree import UNREAD, BTreeIndex, IndexCorrupt, open_btree_index
+from multitables._io.chunks.source import ChunkSource
+from multitables._io.chunks.hdf5lib import header_address
 from multitables._io.node import inspect_node
-from multitables._plan.chunkgrid import ChunkGrid
+from multitables._io.chunks.grid import ChunkGrid
 
 
 def btree_index(path: "str | Path", name: str) -> "BTreeIndex | None":

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multitables._plan.chunkgrid import ChunkGrid, Extent, chunk_parts, coalesce
+from multitables._io.chunks.grid import ChunkGrid, Extent, chunk_parts, coalesce
 
 
 @st.composite

@@ -17,12 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import multitables
-from multitables._io.chunks import ChunkSource
-from multitables._io.codecs.base import ChunkDecodeError
+from multitables._io.chunks.source import ChunkSource
+from multitables._io.chunks.codecs.base import ChunkDecodeError
 from multitables._io.engines import open_source, resolve_engine
 from multitables._io.node import inspect_node
-from multitables._io.hdf5lib import hdf5_library
-from multitables._io.storage import Unsupported, chunks_problem
+from multitables._io.chunks.hdf5lib import hdf5_library
+from multitables._io.chunks.storage import Unsupported, chunks_problem
 from multitables._plan.blocks import BlockPlan
 
 from conftest import CHUNK_INDEXES, chunk_index

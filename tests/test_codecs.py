@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multitables._io.codecs import libraries
-from multitables._io.codecs.base import (
+from multitables._io.chunks.codecs import libraries
+from multitables._io.chunks.codecs.base import (
     BITSHUFFLE,
     BLOSC,
     DEFLATE,
@@ -26,9 +26,9 @@ from multitables._io.codecs.base import (
     UnsupportedFilter,
     filters_of,
 )
-from multitables._io.codecs.fletcher32 import fletcher32_numpy
-from multitables._io.codecs.registry import build_pipeline
-from multitables._io.codecs.shuffle import Shuffle, unshuffle_numpy
+from multitables._io.chunks.codecs.fletcher32 import fletcher32_numpy
+from multitables._io.chunks.codecs.registry import build_pipeline
+from multitables._io.chunks.codecs.shuffle import Shuffle, unshuffle_numpy
 
 imagecodecs = pytest.importorskip("imagecodecs")
 

@@ -133,7 +133,7 @@ def test_cache_direct_is_the_chunk_engines_alone(make_array) -> None:
 
 
 def test_the_chunk_cache_is_off_only_when_no_two_blocks_share_a_chunk() -> None:
-    from multitables._io.h5py_source import whole_chunks
+    from multitables._io.h5py_engine import whole_chunks
     from multitables._plan.blocks import BlockPlan, RangePlan
 
     assert whole_chunks(BlockPlan(1000, 64), 1000, 32)
@@ -190,7 +190,7 @@ def test_h5py_takes_over_the_checks_dataset_with_the_chunk_cache_its_plan_needs(
 
 def test_cache_direct_with_auto_asks_the_chunk_engine_first(make_array) -> None:
     """``auto`` leaves blosc to h5py for speed; with O_DIRECT, which only the chunk engine has, it must not refuse."""
-    from multitables._api.queue import StreamOptions
+    from multitables._stream.queue import StreamOptions
 
     path = make_array(np.arange(3000.0).reshape(1000, 3), complib="blosc")
     node = inspect_node(path, "/data")

@@ -436,7 +436,7 @@ def test_any_exception_type_travels(no_leaks: None, h5file: Path, monkeypatch: p
 
     if multiprocessing.get_start_method() != "fork":
         pytest.skip("the patched engine reaches the readers only under fork")
-    from multitables._io import h5py_source as _h5py_source
+    from multitables._io import h5py_engine as _h5py_source
 
     original = _h5py_source.H5pySource.read_into
 
@@ -460,7 +460,7 @@ def test_unpicklable_exception_type_still_reported(no_leaks: None, h5file: Path,
 
     if multiprocessing.get_start_method() != "fork":
         pytest.skip("the patched engine reaches the readers only under fork")
-    from multitables._io import h5py_source as _h5py_source
+    from multitables._io import h5py_engine as _h5py_source
 
     class LocalError(Exception):  # not importable by name: travels as a plain ReaderError
         pass
@@ -481,7 +481,7 @@ def test_reader_crash_in_c_is_reported(no_leaks: None, h5file: Path, monkeypatch
 
     if multiprocessing.get_start_method() != "fork":
         pytest.skip("the patched engine reaches the readers only under fork")
-    from multitables._io import h5py_source as _h5py_source
+    from multitables._io import h5py_engine as _h5py_source
 
     def read_into(self: Any, start: int, stop: int, out: np.ndarray) -> None:
         signal.signal(signal.SIGSEGV, signal.SIG_DFL)  # no faulthandler dump in the test output

@@ -2,11 +2,13 @@
 
 Layers, bottom to top: ``errors`` and ``_sys`` (what everything may use),
 ``_plan`` (pure planning), ``_io`` (rows into a caller's buffer), ``_shm``
-(shared memory), ``_procs`` (worker processes), ``_api`` (the public faces'
-parts), then the public faces at the top level. A module imports from its
-own layer or below, never a private name from beside or above it, and no
-module takes part in an import cycle (imports under ``TYPE_CHECKING`` are for
-annotations only and do not count).
+(shared memory), ``_procs`` (reader processes), then the public faces' parts,
+grouped by the face they serve: ``_stream`` (the streamer's queue), above it
+``_train`` (batches, built on queues) beside ``_access`` (random access), and
+the public faces at the top level. A module imports from its own layer or
+below, never from a folder beside its own on the same layer, never a private
+name from beside or above it, and no module takes part in an import cycle
+(imports under ``TYPE_CHECKING`` are for annotations only and do not count).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "multitables"
-LAYERS = ["errors", "_sys", "_plan", "_io", "_shm", "_procs", "_api"]
+#: Bottom to top; the folders of one entry share a layer and may not import each other.
+LAYERS: "list[tuple[str, ...]]" = [("errors",), ("_sys",), ("_plan",), ("_io",), ("_shm",), ("_procs",), ("_stream",), ("_train", "_access")]
+FOLDERS = [name for layer in LAYERS for name in layer]
 FACES = len(LAYERS)  # the top-level public modules
 #: Most lines a module may have: one idea per module, readable in one sitting.
 MAX_LINES = 500
@@ -34,7 +38,15 @@ def _layer(module: str) -> int:
     parts = module.split(".")
     if len(parts) == 1:
         return FACES  # multitables itself
-    return LAYERS.index(parts[1]) if parts[1] in LAYERS else FACES
+    for i, layer in enumerate(LAYERS):
+        if parts[1] in layer:
+            return i
+    return FACES
+
+
+def _folder(module: str) -> "str | None":
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in FOLDERS else None
 
 
 def _resolve(module: str, is_package: bool, level: int, target: "str | None") -> str:
@@ -89,6 +101,8 @@ def test_imports_go_down_the_data_path(path: Path) -> None:
             if not source.startswith("multitables"):
                 continue
             assert _layer(source) <= mine, f"{module} imports {source} (a layer above it)"
+            if _layer(source) == mine and mine < FACES:
+                assert _folder(source) == _folder(module), f"{module} imports {source}, a folder beside its own"
             if name.startswith("_") and source != f"{target}.{name}":
                 assert _layer(source) < mine, f"{module} takes the private name {name} from {source}, beside it"
 
@@ -133,4 +147,4 @@ def test_a_module_fits_in_one_reading(path: Path) -> None:
 def test_the_top_level_holds_only_the_public_faces() -> None:
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
     assert top == ["__init__", "__main__", "batches", "errors", "reader", "streamer", "torch"]
-    assert sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and not p.name.startswith("__")) == sorted(LAYERS[1:])
+    assert sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and not p.name.startswith("__")) == sorted(FOLDERS[1:])

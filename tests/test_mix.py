@@ -1,4 +1,4 @@
-"""Mixing sources in proportions (``multitables.mix_batches``; ``_api.mix``)."""
+"""Mixing sources in proportions (``multitables.mix_batches``; ``_train.mix``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import multitables
-from multitables._api.mix import SCHEDULE_STEPS, row_counts, schedule
+from multitables._train.mix import SCHEDULE_STEPS, row_counts, schedule
 
 
 def write(path: Path, n_rows: int, tag: int) -> Path:

@@ -130,7 +130,7 @@ def test_processes_ignore_ctrl_c_from_their_first_instruction(make_array: Callab
 
 
 _ORPHANED_MID_BLOCK = r"""
-import sys, time, multitables, multitables._io.h5py_source as h5py_source
+import sys, time, multitables, multitables._io.h5py_engine as h5py_source
 
 read_into = h5py_source.H5pySource.read_into
 

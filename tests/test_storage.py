@@ -1,4 +1,4 @@
-"""What a process remembers of a dataset's layout, and when it must not (NOTE [layout cache] in ``_io.storage``)."""
+"""What a process remembers of a dataset's layout, and when it must not (NOTE [layout cache] in ``_io.chunks.storage``)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 import tables
 
 import multitables
-from multitables._io import chunks as chunks_module
-from multitables._io import storage
-from multitables._io.chunks import ChunkSource
+from multitables._io.chunks import source as chunks_module
+from multitables._io.chunks import storage
+from multitables._io.chunks.source import ChunkSource
 from multitables._io.engines import resolve_engine
 from multitables._io.fileset import inspect_files
 from multitables._io.node import inspect_node

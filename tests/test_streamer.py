@@ -183,7 +183,7 @@ def test_the_fork_server_imports_the_worker_once_keeping_its_other_preloads(monk
     from multiprocessing import forkserver
 
     from multitables._procs.pool import preload_in_forkserver
-    from multitables._procs.worker import worker_main
+    from multitables._procs.process import worker_main
 
     server = forkserver._forkserver
     monkeypatch.setattr(server, "_preload_modules", ["__main__", "json"])
@@ -338,7 +338,7 @@ def test_generator_rows_are_safe_to_keep_and_to_change(make_array, n_procs: "int
 @pytest.mark.parametrize("n_procs", [None, 2], ids=["in-process", "readers"])
 def test_generator_reuses_blocks_nobody_holds(make_array, monkeypatch: pytest.MonkeyPatch, n_procs: "int | None") -> None:
     from multitables import streamer
-    from multitables._api import queue
+    from multitables._stream import queue
 
     made = []
     real = queue.empty_block
@@ -381,7 +381,7 @@ def test_generator_rows_kept_are_never_overwritten(data: st.DataObject) -> None:
 
 def test_a_plain_loop_gets_the_readers_slots_without_copies(make_array, monkeypatch: pytest.MonkeyPatch) -> None:
     from multitables import streamer
-    from multitables._api import queue
+    from multitables._stream import queue
 
     made = []
     real = queue.empty_block

@@ -1,4 +1,4 @@
-"""Transforms in the readers (``get_batches(transform=)``; ``_io.blocks.Transform``, ``_api.transforms``)."""
+"""Transforms in the readers (``get_batches(transform=)``; ``_io.blockread.Transform``, ``_train.transforms``)."""
 
 from __future__ import annotations
 

@@ -4,16 +4,16 @@ Three engines read HDF5 here, behind one small protocol:
 
 * ``chunks``: reads the stored chunks itself (``os.pread``, or ``O_DIRECT``
   with ``cache="direct"``) and decodes them with faster codecs than HDF5's,
-  straight into the block (:mod:`multitables._io.chunks`). ``auto`` prefers it
+  straight into the block (:mod:`multitables._io.chunks.source`). ``auto`` prefers it
   where it can read the node; where it cannot (an unknown filter, a type
   h5py converts...), ``resolve_engine`` answers ``h5py`` instead, so the
   stream reports the engine that really reads.
 
 * ``h5py``: HDF5's own reads with hdf5plugin's filters
-  (:mod:`multitables._io.h5py_source`). Measured on this project's machine it decodes zlib ~1.8x and blosc ~2.3x faster per core
+  (:mod:`multitables._io.h5py_engine`). Measured on this project's machine it decodes zlib ~1.8x and blosc ~2.3x faster per core
   than the PyTables wheel (see BENCHMARKS.md), so ``auto`` prefers it to
   PyTables where the chunk engine does not apply.
-* ``tables``: PyTables' ``read(out=)`` (:mod:`multitables._io.tables_source`).
+* ``tables``: PyTables' ``read(out=)`` (:mod:`multitables._io.tables_engine`).
   Used for ``auto`` when PyTables open
   options are given (``DRIVER=...``), or when neither engine above reads the
   node (a filter h5py lacks, an element type h5py has no numpy type for).
@@ -33,12 +33,12 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import MissingFilterError, NodeTypeError
-from .chunks import CACHES, ChunkSource, ScratchBuffer
+from .chunks.source import CACHES, ChunkSource, ScratchBuffer
 from .fileset import SetSource
-from .h5py_source import H5pySource, h5py_lacks
+from .h5py_engine import H5pySource, h5py_lacks
 from .node import NodeInfo, close_dataset
-from .storage import Unsupported, chunks_problem
-from .tables_source import TablesSource, tables_problem
+from .chunks.storage import Unsupported, chunks_problem
+from .tables_engine import TablesSource, tables_problem
 
 ENGINES = ("auto", "h5py", "tables", "chunks")
 

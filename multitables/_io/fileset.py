@@ -23,7 +23,7 @@ NOTE [file sets]
     (least recently read closed first), so thousands of small files cost one
     pool of processes and a handful of descriptors per process. A shuffled
     epoch comes back to a file once per block; with the chunk engine that
-    costs a stat and an ``open`` (NOTE [layout cache] in ``storage``), and
+    costs a stat and an ``open`` (NOTE [layout cache] in ``_io.chunks.storage``), and
     the files' sources share one read buffer.
 
     The file identity check (NOTE [file identity] in ``node``) is per file:

@@ -1,7 +1,7 @@
 """Rows at given positions, sorted, into a caller's buffer: what a request worker reads with.
 
 A request's rows are sorted (NOTE [request plan] in ``_plan.requests``) and read
-in runs: h5py through its low-level calls (:meth:`~multitables._io.h5py_source.H5pySource.read_runs`,
+in runs: h5py through its low-level calls (:meth:`~multitables._io.h5py_engine.H5pySource.read_runs`,
 the h5py engine's own open), any other engine through its ``Source.read_into``,
 one call per group of rows that share chunks.
 """
@@ -14,7 +14,7 @@ import numpy as np
 
 from .._plan.requests import effective_chunk_rows, group_bounds, run_bounds
 from .engines import open_source
-from .h5py_source import H5pySource
+from .h5py_engine import H5pySource
 from .node import NodeInfo
 
 #: Most runs of rows in one h5py read: HDF5 builds a union of hyperslabs in

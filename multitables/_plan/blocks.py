@@ -211,7 +211,7 @@ def split_readers(nbytes: Sequence[int], pays: Sequence[bool], n_procs: "int | N
     """Reader processes per dataset: shared in proportion to bytes, small datasets read in-process.
 
     ``pays[i]`` says whether readers can pay for dataset ``i`` at all
-    (:func:`~multitables._plan.parallel_pays`). ``n_procs=None`` shares
+    (:func:`~multitables._plan.blocks.parallel_pays`). ``n_procs=None`` shares
     ``cpus`` among those; if there are none, everything is read in-process.
     An explicit ``n_procs`` is shared the same way, and goes to the largest
     dataset when none pays.

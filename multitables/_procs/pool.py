@@ -6,7 +6,7 @@ their workers run and in what they do with what the pool sees.
 
 NOTE [failure reports]
     Modelled on PyTorch's DataLoader. A worker that raises catches the
-    exception at the top of :func:`~multitables._procs.worker.worker_main`
+    exception at the top of :func:`~multitables._procs.process.worker_main`
     (or, for one request, in its loop) and sends ``(tag, FailureReport)``
     over its own one-way pipe: the exception's type *name*, message and
     formatted traceback, the worker's index and pid, the file, the dataset
@@ -69,7 +69,7 @@ from .._shm.ring import TICK
 from .._sys.signals import sigint_held_for_children
 from ..errors import ReaderError
 from .failure import FailureReport, died_error
-from .worker import WorkerIdentity, process_start_time, worker_main
+from .process import WorkerIdentity, process_start_time, worker_main
 
 #: Seconds workers get to stop by themselves before they are terminated.
 JOIN_TIMEOUT = 2.0

@@ -22,7 +22,7 @@ NOTE [request protocol]
       once it has run, so it is one share, and a result larger than the
       stage fails with :class:`~multitables.SharedMemoryError`.
 
-    A stage segment (``_shm.stage``) holds a header (request id, the rows
+    A stage segment (``_shm.stagemap``) holds a header (request id, the rows
     plan of NOTE [request plan], which node to read, one status word per
     share), the explicit rows read when the plan has them, then the data:
     the rows read, in order. ``Reader.request`` writes header and rows, then puts one READ
@@ -58,11 +58,11 @@ from .._io.scattered import Stopped, open_rows
 from .._shm.inbox import ATTACH, DETACH, READ, STOP, InboxSync, Inboxes, Item
 from .._shm.ring import TICK
 from .._shm.segment import Segment
-from .._shm.stage import DONE, FAILED, StageLayout, StageMap
+from .._shm.stagemap import DONE, FAILED, StageLayout, StageMap
 from ..errors import FileChangedError, ReaderError, SharedMemoryError, StreamClosedError
 from .failure import died_error
 from .pool import REPORT_TIMEOUT, WorkerPool
-from .worker import Worker
+from .process import Worker
 
 
 @dataclass(frozen=True)

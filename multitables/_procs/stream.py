@@ -1,7 +1,7 @@
 """Streaming on the worker pool: the loop that fills a ring with blocks, and the consumer's side of it.
 
 A stream's workers are its *readers*: each claims the next block of the plan,
-reads it into a free ring slot (``_io.blocks.read_block``) and publishes it
+reads it into a free ring slot (``_io.blockread.read_block``) and publishes it
 (NOTE [ring protocol] in ``_shm.ring``). The consumer's
 :class:`StreamWorkers` starts them on a :class:`~.pool.WorkerPool` and,
 before every wait for a block, checks that none failed (NOTE [failure
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .._io.blocks import Pacer, Transform, read_block
+from .._io.blockread import Pacer, Transform, read_block
 from .._io.engines import open_source
 from .._io.fileset import node_signature
 from .._io.node import FileSignature, NodeInfo, check_file_unchanged
@@ -24,7 +24,7 @@ from .._shm.ring import PeerGone, Ring, RingLayout, RingSync
 from .._shm.segment import check_space
 from ..errors import ReaderError, StreamClosedError
 from .pool import REPORT_TIMEOUT, WorkerPool
-from .worker import PARENT_CHECK_INTERVAL, Worker
+from .process import PARENT_CHECK_INTERVAL, Worker
 
 
 @dataclass(frozen=True)

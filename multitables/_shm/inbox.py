@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from .segment import Segment
-from .stage import PAGE, round_up
+from .stagemap import PAGE, round_up
 
 #: Items in each worker's inbox.
 INBOX_ITEMS = 64

@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from .._shm.segment import Segment
+from .segment import Segment
 
 PAGE = 4096
 #: Seconds between liveness checks while a side waits.

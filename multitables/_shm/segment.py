@@ -310,7 +310,7 @@ class Segment:
 
         NOTE [creation window]: from ``shm_open`` until the returned object
         exists (whose finalizer unlinks the name), a Ctrl-C is held back
-        (``_signals.sigint_deferred``) and any exception unlinks the name and
+        (``_sys.signals.sigint_deferred``) and any exception unlinks the name and
         closes the descriptor, so no instruction of creation can leave an
         entry in /dev/shm or an open fd. A SIGKILL in that window cannot be
         caught: the next process to create a segment removes such leftovers

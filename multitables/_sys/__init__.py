@@ -1,1 +1,1 @@
-"""What the operating system does to the library: signals."""
+"""What every layer may use: how the library meets the operating system's signals, and the checks of the public faces' arguments."""

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ...errors import MultitablesError
+from ....errors import MultitablesError
 
 #: HDF5 filter ids.
 DEFLATE, SHUFFLE, FLETCHER32, SZIP, NBIT, SCALEOFFSET = 1, 2, 3, 4, 5, 6

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
-from .._shm.stage import FAILED, PENDING
+from .._shm.stagemap import FAILED, PENDING
 from .proxy import DataProxy, Lease
 from .._shm.ring import TICK
 from ..errors import ReaderError, StreamClosedError

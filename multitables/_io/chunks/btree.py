@@ -19,7 +19,7 @@ What it reads is the format of HDF5's default file layout (object header
 version 1, layout message version 3, B-tree version 1, 8-byte addresses),
 which PyTables and h5py write unless asked for the newest format;
 :func:`open_btree_index` returns None for anything else, and the caller
-lists the index through HDF5 (:class:`~multitables._io.storage.ChunkIndex`).
+lists the index through HDF5 (:class:`~multitables._io.chunks.storage.ChunkIndex`).
 What does not parse as the format says at open goes to HDF5 too; a leaf
 read later that does not, or whose chunks lie outside what its parent said,
 raises :class:`IndexCorrupt` naming the file and the node's address, before
@@ -35,9 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from .._plan.chunkgrid import ChunkGrid
-from ..errors import FileChangedError, MultitablesError
-from .node import FileSignature
+from .grid import ChunkGrid
+from ...errors import FileChangedError, MultitablesError
+from ..node import FileSignature
 
 #: Bytes read for a node at once (a node of 64 entries of a 2-D dataset is 2.6 KiB); more if it needs more.
 NODE_READ = 4096
@@ -208,7 +208,7 @@ class BTreeIndex:
         return self._where.get(k)
 
     def release(self) -> None:
-        """Nothing to release (the protocol of :class:`~multitables._io.storage.ChunkIndex`)."""
+        """Nothing to release (the protocol of :class:`~multitables._io.chunks.storage.ChunkIndex`)."""
 
     def load_first(self) -> None:
         """Read the first leaf, if not read yet."""

@@ -4,7 +4,7 @@ A queue reads through one of two backends: :class:`RingBackend` takes blocks
 from reader processes through the shared-memory ring
 (``_procs.stream.StreamWorkers``); :class:`InlineBackend` reads them in this
 process, for datasets too small for processes to pay. Both read a block with
-the one loop in ``_io.blocks``.
+the one loop in ``_io.blockread``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .._io.blocks import Transform, read_block
+from .._io.blockread import Transform, read_block
 from .._io.engines import open_source, resolve_engine
 from .._io.fileset import inspect_files, node_signature
 from .._io.node import NodeInfo, check_file_unchanged
@@ -43,7 +43,7 @@ class StreamSpec:
     ordered: bool
     #: Where chunk bytes come from: "page" or "direct" (O_DIRECT).
     cache: str = "page"
-    #: The h5py.Dataset the checks opened (``_node.open_node``), kept for an in-process read (the queue closes it).
+    #: The h5py.Dataset the checks opened (``_io.node.open_node``), kept for an in-process read (the queue closes it).
     dataset: Any = dc_field(default=None, compare=False, repr=False)
     #: Run on each block's rows where it is read (NOTE [transforms]); the blocks are its output.
     transform: "Transform | None" = None

@@ -1,6 +1,6 @@
 """Transforms of ``get_batches(transform=)``: checked and described in the consumer, before any reader starts.
 
-See NOTE [transforms] in ``_io.blocks``.
+See NOTE [transforms] in ``_io.blockread``.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .._io.blocks import Transform
+from .._io.blockread import Transform
 from .._io.engines import open_source
-from .queue import StreamOptions
+from .._stream.queue import StreamOptions
 
 
 class StreamerLike(Protocol):
@@ -29,7 +29,7 @@ _SAMPLE_ROWS = 2
 
 
 def infer_transforms(stream: "StreamerLike", paths: list[str], nodes: list[Any], transform: Any, columns: bool) -> list[Any]:
-    """Each dataset's :class:`~multitables._io.blocks.Transform` (None: none), learnt on its first rows here."""
+    """Each dataset's :class:`~multitables._io.blockread.Transform` (None: none), learnt on its first rows here."""
     if transform is None:
         return [None] * len(paths)
     if columns:

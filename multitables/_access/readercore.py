@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .._procs.serve import ServeWorkers
 from .._shm.ring import TICK
-from .._shm.stage import StageMap
+from .._shm.stagemap import StageMap
 from ..errors import QueueClosed, StreamClosedError
 
 if TYPE_CHECKING:

@@ -3,6 +3,16 @@
 A *window* is the rows a shuffled epoch permutes together (NOTE [epoch plan]
 in ``_plan.epoch``); :func:`cut` turns a sequence of windows into batches.
 
+NOTE [window pipelining]
+    A shuffled window can only hand out its first batch once all of its
+    blocks are in. To keep the readers busy while the training loop works
+    through window ``w``, every batch handed out from window ``w`` first pulls
+    a share of window ``w + 1``'s blocks (``ceil(blocks / batches)``) from the
+    queues into a second buffer; the readers meanwhile refill the slots.
+    Reading thus overlaps training, in one thread, at the cost of two window
+    buffers per dataset. Unshuffled epochs need no buffer: each batch is
+    copied straight out of the slots.
+
 NOTE [window buffers and fork]
     Readers started by ``fork`` share the consumer's memory copy-on-write:
     fork write-protects every private page the consumer has, and its next
@@ -31,7 +41,7 @@ import numpy as np
 from .._plan.epoch import RankEpoch
 
 if TYPE_CHECKING:
-    from .queue import Queue
+    from .._stream.queue import Queue
 
 
 #: ``madvise`` advice absent from Python's mmap module: Linux's value (parisc's differs).

@@ -16,9 +16,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .chunks import will_need
+from .chunks.source import will_need
 from .node import NodeInfo, close_dataset
-from .storage import Layout, Unsupported, known_layout, learn_layout
+from .chunks.storage import Layout, Unsupported, known_layout, learn_layout
 
 
 def _register_filters() -> None:

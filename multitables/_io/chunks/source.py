@@ -2,18 +2,18 @@
 
 HDF5 reads a compressed chunk through an ordinary inflate, its own shuffle and
 a copy or two. This engine finds where each chunk lies (from the dataset's
-B-tree, a leaf as the rows reach it, :mod:`~multitables._io.btree`; else
+B-tree, a leaf as the rows reach it, :mod:`~multitables._io.chunks.btree`; else
 asking HDF5 at open), reads the stored bytes itself, and undoes the filters with the fastest
-codecs it has (:mod:`multitables._io.codecs`) straight into the caller's block
-where a chunk covers whole rows of it; :mod:`multitables._plan.chunkgrid` says
+codecs it has (:mod:`multitables._io.chunks.codecs`) straight into the caller's block
+where a chunk covers whole rows of it; :mod:`multitables._io.chunks.grid` says
 which chunks a row range needs and where each lands. One core, warm cache,
 PyTables' zlib-3 + shuffle float32 rows: 2.1-2.3x h5py's ``read_direct``;
 blosc-3: 1.1-1.2x (its decoder is the same c-blosc).
 
-What it reads, and what it leaves to h5py (:func:`~multitables._io.storage.chunks_problem`
+What it reads, and what it leaves to h5py (:func:`~multitables._io.chunks.storage.chunks_problem`
 says why, checked before any reader starts, so a stream never fails over midway):
 
-* chunked datasets whose every filter :mod:`~multitables._io.codecs` decodes,
+* chunked datasets whose every filter :mod:`~multitables._io.chunks.codecs` decodes,
   and contiguous ones (read with one ``pread`` into the block);
 * element types whose stored bytes are the bytes h5py delivers: integers and
   IEEE floats of any byte order, booleans (PyTables' bitfields) and enums,
@@ -39,11 +39,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .._plan.chunkgrid import ChunkPart, Extent, chunk_parts, coalesce
+from .grid import ChunkPart, Extent, chunk_parts, coalesce
 from .codecs.base import ChunkDecodeError
 from .codecs.pipeline import Pipeline
 from .codecs.registry import build_pipeline
-from .node import NodeInfo, close_dataset, deliver_strings, reopen_dataset
+from ..node import NodeInfo, close_dataset, deliver_strings, reopen_dataset
 from .btree import UNREAD
 from .storage import INDEX_ALL_LIMIT, ChunkIndex, Layout, known_layout, learn_layout
 
@@ -174,7 +174,7 @@ class ChunkSource:
     an open ``h5py.Dataset`` of the node (its file is closed here), else
     from the file opened briefly. ``scratch``: the buffer for stored bytes,
     shared with the other sources of a set (this source's own when None).
-    Raises :class:`~multitables._io.storage.Unsupported` for what the engine
+    Raises :class:`~multitables._io.chunks.storage.Unsupported` for what the engine
     cannot read.
     """
 

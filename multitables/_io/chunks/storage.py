@@ -3,7 +3,7 @@
 Asked of HDF5 through h5py once, at open. :func:`inspect_storage` refuses
 (:class:`Unsupported`, naming why) what the chunk engine cannot read, and
 :func:`chunks_problem` asks the same before any reader starts, so a stream
-never fails over midway; :class:`~multitables._io.btree.BTreeIndex` (where
+never fails over midway; :class:`~multitables._io.chunks.btree.BTreeIndex` (where
 the file's format allows) or :class:`ChunkIndex` answers where each stored
 chunk is in the file. :func:`learn_layout` asks both and remembers the answer.
 
@@ -39,12 +39,12 @@ from typing import Any, Callable, Container
 
 import numpy as np
 
-from .._plan.chunkgrid import ChunkGrid, Extent, chunk_parts
+from .grid import ChunkGrid, Extent, chunk_parts
 from .btree import UNREAD, BTreeIndex, open_btree_index
 from .codecs.base import FilterSpec, UnsupportedFilter, filters_of
 from .codecs.registry import build_pipeline
 from .hdf5lib import header_address, leaves_edge_chunks_unfiltered
-from .node import FileSignature, NodeInfo, file_signature
+from ..node import FileSignature, NodeInfo, file_signature
 
 #: Datasets with more chunks than this are indexed lazily, one lookup per chunk read
 #: (``chunk_iter`` lists ~100-400k chunks/s; a lookup costs ~3x a listed chunk).

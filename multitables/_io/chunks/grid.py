@@ -1,6 +1,6 @@
 """Which chunks a row range covers, and where each part of them lands: pure functions, no I/O.
 
-The chunk engine (:mod:`multitables._io.chunks`) reads rows ``[start, stop)`` of
+The chunk engine (:mod:`multitables._io.chunks.source`) reads rows ``[start, stop)`` of
 a chunked dataset as a list of :class:`ChunkPart`: one per chunk the range
 touches, saying which region of the decoded chunk goes to which region of the
 output block. HDF5 stores every chunk whole, edge chunks too (padded past the

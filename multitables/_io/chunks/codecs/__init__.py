@@ -9,7 +9,7 @@ Every codec writes into a buffer it is given where its library can (the last
 codec writes into the caller's output, which may be the ring slot itself), so
 a chunk costs one decode and no copy. The codecs, one module each, chosen by
 measurement on 256 KiB chunks of float32 noise, one core (see
-:data:`~multitables._io.codecs.registry.CHOICES`):
+:data:`~multitables._io.chunks.codecs.registry.CHOICES`):
 
 * deflate (:mod:`.deflate`): libdeflate through ``imagecodecs.deflate_decode(out=)``,
   2.4x ``zlib.decompress``; ``zlib`` where imagecodecs is missing.

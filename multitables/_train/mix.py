@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 import numpy as np
 
 from .._plan.epoch import rng
-from .checks import check_int
+from .._sys.checks import check_int
 
 if TYPE_CHECKING:
     from ..batches import Batch, Batches
@@ -274,6 +274,6 @@ def mix_batches(
     depends on ``seed`` and the step only, not on ``n_procs``; iteration is
     endless unless ``steps`` is given. See
     :class:`~multitables.batches.MixedBatches` and NOTE [mixing] in
-    ``multitables._api.mix``.
+    ``multitables._train.mix``.
     """
     return MixedBatches(sources, proportions, seed=seed, steps=steps, per=per)

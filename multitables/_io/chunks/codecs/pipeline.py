@@ -1,6 +1,6 @@
 """A dataset's codecs run on one stored chunk at a time, last filter first, skipping those its filter mask skips.
 
-Built by :func:`~multitables._io.codecs.registry.build_pipeline`; each codec
+Built by :func:`~multitables._io.chunks.codecs.registry.build_pipeline`; each codec
 writes into the next one's input buffer where it can, the last into the
 caller's output.
 """

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .established import next_op
+from .compat2x import next_op
 from .._plan.requests import RowPlan, compose_keys, normalize_key, plan_rows
-from .._shm.stage import describe_query
+from .._shm.stagemap import describe_query
 
 if TYPE_CHECKING:
     from ..reader import Dataset

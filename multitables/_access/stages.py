@@ -10,12 +10,12 @@ import weakref
 from typing import TYPE_CHECKING
 
 
-from .._shm.stage import FAILED, PENDING, StageLayout, StageMap
+from .._shm.stagemap import FAILED, PENDING, StageLayout, StageMap
 from .._shm.ring import TICK
 from .._shm.segment import Segment
 from ..errors import SharedMemoryError, StreamClosedError
 
-from .core import ReaderCore
+from .readercore import ReaderCore
 from .request import Request
 if TYPE_CHECKING:
     from ..reader import Reader

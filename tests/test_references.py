@@ -1,0 +1,128 @@
+"""Every dotted name, file path and NOTE the code and the docs refer to exists.
+
+A docstring that names ``_io.blockread.read_block`` is code too: when a move
+leaves it behind, a reader follows it to nothing. This walker finds, in the
+package's sources (docstrings and comments) and in the documentation:
+
+* dotted names of the package, absolute (``multitables._plan.blocks.ahead``)
+  or from its folders (``_io.node.NodeInfo``), which must import and resolve
+  attribute by attribute;
+* paths of its files (``multitables/_shm/ring.py``), which must exist;
+* ``NOTE [name] in module``, whose module must hold that NOTE, and every
+  ``NOTE [name]``, which must be written somewhere in the package.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "multitables"
+#: What is read: the package's sources and the documentation (BENCHMARKS.md is a log of past runs, left as written).
+TEXTS = sorted(PACKAGE.rglob("*.py")) + sorted((ROOT / "docs").glob("*.rst")) + [ROOT / "README.md"]
+FOLDERS = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name.startswith("_") and p.name != "__pycache__")
+
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+_DOTTED = re.compile(rf"(?<![\w./-])(multitables(?:\.{_IDENT})+|(?:{'|'.join(map(re.escape, FOLDERS))})(?:\.{_IDENT})+)")
+#: A private dotted name quoted as code (````_node.open_node````): the package's, so it must resolve too.
+_QUOTED_PRIVATE = re.compile(rf"``(_{_IDENT}(?:\.{_IDENT})+)``")
+_PATH = re.compile(r"(?<![\w])(?:\.\./)?(multitables/[\w/]+\.(?:py|c))\b")
+_NOTE_IN = re.compile(r"NOTE \[([^\]]+)\]\s+in\s+(?:the\s+)?``([^`]+)``")
+_NOTE = re.compile(r"NOTE \[([^\]]+)\]")
+
+
+def _resolve(dotted: str) -> bool:
+    """Whether ``dotted`` names a module, or an attribute reached from one."""
+    name = dotted if dotted.startswith("multitables") else f"multitables.{dotted}"
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def _module_path(dotted: str, citing: Path) -> "Path | None":
+    """The file of module ``dotted``: absolute, from the package, or beside the citing module (``in pool``)."""
+    if dotted.startswith("multitables"):
+        bases = [ROOT]
+    else:
+        bases = ([citing.parent] if citing.is_relative_to(PACKAGE) else []) + [PACKAGE]
+    for base in bases:
+        rel = Path(*dotted.removeprefix("multitables.").split(".")) if base != ROOT else Path(*dotted.split("."))
+        for candidate in (base / rel.with_suffix(".py"), base / rel / "__init__.py"):
+            if candidate.exists():
+                return candidate
+    return None
+
+
+def _mentions(pattern: "re.Pattern[str]") -> "list[tuple[str, int, tuple[str, ...]]]":
+    found = []
+    for path in TEXTS:
+        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+            for m in pattern.finditer(line):
+                found.append((str(path.relative_to(ROOT)), lineno, m.groups()))
+    return found
+
+
+def _written_notes() -> dict[str, set[str]]:
+    """Every NOTE written in the package (a line that starts ``NOTE [name]``, alone or with a colon), by module file."""
+    notes: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        for line in path.read_text().splitlines():
+            m = re.match(r"\s*NOTE \[([^\]]+)\](?::|\s*$)", line)
+            if m:
+                notes.setdefault(m.group(1), set()).add(str(path))
+    return notes
+
+
+def test_every_dotted_name_resolves() -> None:
+    broken = []
+    for where, lineno, (dotted,) in _mentions(_DOTTED):
+        dotted = dotted.rstrip(".")
+        if not _resolve(dotted):
+            broken.append(f"{where}:{lineno}: {dotted}")
+    for where, lineno, (dotted,) in _mentions(_QUOTED_PRIVATE):
+        if not _resolve(dotted):
+            broken.append(f"{where}:{lineno}: {dotted}")
+    assert not broken, "names that do not resolve:\n" + "\n".join(sorted(set(broken)))
+
+
+def test_every_file_named_exists() -> None:
+    missing = [f"{where}:{lineno}: {rel}" for where, lineno, (rel,) in _mentions(_PATH) if not (ROOT / rel).exists()]
+    assert not missing, "files that do not exist:\n" + "\n".join(missing)
+
+
+def test_every_note_cited_is_written_where_it_is_said_to_be() -> None:
+    written = _written_notes()
+    wrong = []
+    for where, lineno, (note,) in _mentions(_NOTE):
+        if note not in written:
+            wrong.append(f"{where}:{lineno}: NOTE [{note}] is written nowhere")
+    for where, lineno, (note, module) in _mentions(_NOTE_IN):
+        path = _module_path(module.removesuffix(".py").replace("/", "."), ROOT / where)
+        if path is None:
+            wrong.append(f"{where}:{lineno}: NOTE [{note}] in {module}: no such module")
+        elif note in written and str(path) not in written[note]:
+            wrong.append(f"{where}:{lineno}: NOTE [{note}] is not in {module} but in {sorted(written[note])}")
+    assert not wrong, "\n".join(sorted(set(wrong)))
+
+
+@pytest.mark.parametrize("dotted", ["multitables._plan.blocks.BlockPlan", "_io.node.NodeInfo", "multitables.Streamer.get_queue"])
+def test_the_walker_resolves_what_exists(dotted: str) -> None:
+    assert _resolve(dotted)
+
+
+@pytest.mark.parametrize("dotted", ["multitables._request", "_io.node.NoSuchThing", "multitables.Streamer.no_such_method"])
+def test_the_walker_refuses_what_does_not(dotted: str) -> None:
+    assert not _resolve(dotted)

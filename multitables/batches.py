@@ -75,7 +75,7 @@ class Batches:
     shuffle : bool
         Visit the blocks in a random order and shuffle the rows within each
         window of ``window`` blocks; the order depends only on ``(seed,
-        epoch)`` (and the rank's share), never on the machine or ``n_procs``.
+        epoch)`` (and the rank's part), never on the machine or ``n_procs``.
     seed : int
         Seed of the shuffle; the same on every rank.
     drop_last : bool
@@ -88,7 +88,7 @@ class Batches:
         too small for processes to pay (see :meth:`Streamer.get_queue
         <multitables.Streamer.get_queue>`) are read in this process.
     rank, world_size : int, optional
-        This process's share for data-parallel training: the ranks of an
+        This process's part for data-parallel training: the ranks of an
         epoch together get every row once, and the same number of batches.
         Default: ``torch.distributed``'s when it is initialised, else 0 and 1.
     block_size : int, optional
@@ -268,7 +268,7 @@ class Batches:
 
     @property
     def rank(self) -> int:
-        """This process's share of each epoch, out of :attr:`world_size`."""
+        """This process's part of each epoch, out of :attr:`world_size`."""
         return self._rank
 
     @property

@@ -106,7 +106,7 @@ class ShmSpaceError(MultitablesError, MemoryError):
 class SharedMemoryError(MultitablesError, ValueError):
     """A request's result does not fit in the stage it was given (the established API's name).
 
-    Raised by :meth:`Reader.request` before any worker is involved where the
+    Raised by :meth:`Reader.request` before any reader is involved where the
     size is known up front; for a query whose size only the read tells
     (``Dataset.where``), by the future's ``get``, as a :class:`ReaderError`
     that is also a ``SharedMemoryError``.
@@ -161,7 +161,7 @@ class ReaderError(MultitablesError):
         """A ReaderError that is also the exception class named ``type_name`` (``module.qualname``).
 
         A plain ReaderError where that class cannot be found in this process
-        or cannot be combined with ReaderError. Used to carry a worker's
+        or cannot be combined with ReaderError. Used to carry a reader's
         exception home (``_procs.failure``).
         """
         exc_type = _resolve_type(type_name)

@@ -24,7 +24,7 @@ from ._sys.checks import check_int
 from ._access.compat2x import first_op
 from ._plan.requests import effective_chunk_rows, split_shares
 from ._procs.pool import check_start_method
-from ._procs.serve import ServeWorkers
+from ._procs.serve import ServeReaders
 from ._shm.stagemap import MAX_SHARES, describe
 from ._access.proxy import DataProxy
 
@@ -41,7 +41,7 @@ from ._access.stages import Stage, StagePool
 
 
 class Reader:
-    """Random access to the datasets of an HDF5 file, or of a set of files, served by worker processes.
+    """Random access to the datasets of an HDF5 file, or of a set of files, served by reader processes.
 
     Parameters
     ----------
@@ -50,7 +50,7 @@ class Reader:
         the files' rows in turn, as for :class:`Streamer` (queries, which
         PyTables runs on one file, are refused on a set).
     n_procs : int, optional
-        Worker processes reading requests; default: the CPUs this process may
+        Reader processes reading requests; default: the CPUs this process may
         use, and at most 4 per CPU (:attr:`n_procs` says how many run). A large
         request is split among them, so they decode in parallel.
     notify : callable, optional
@@ -58,21 +58,21 @@ class Reader:
         is there (or its read failed), and with :data:`QueueClosed` once the
         reader has shut down (the established API's callback).
     engine : str
-        What the workers decode with, as for :class:`Streamer` (``"auto"``
+        What the readers decode with, as for :class:`Streamer` (``"auto"``
         picks).
     start_method : str, optional
-        The multiprocessing start method of the workers; default:
+        The multiprocessing start method of the readers; default:
         multiprocessing's own.
     max_stages : int
         Stages that can be open at once (each has a semaphore made when the
-        workers start). Default 64.
+        readers start). Default 64.
     **open_kwargs
         Passed to the engine's open call (for PyTables: e.g.
         ``DRIVER="H5FD_CORE"``).
 
     Notes
     -----
-    The workers start at once. Close the reader when done (or use it in a
+    The readers start at once. Close the reader when done (or use it in a
     ``with``): :meth:`close` reads the requests already made, then stops;
     :meth:`stop` (and the garbage collector) stops at once. Datasets,
     stages and futures keep their reader alive.
@@ -105,7 +105,7 @@ class Reader:
             for name in files:
                 check_file(name)
             where, signature = describe_files(files), None
-        pool = ServeWorkers(where, open_kwargs, n_procs, max_stages, start_method, signature, files)
+        pool = ServeReaders(where, open_kwargs, n_procs, max_stages, start_method, signature, files)
         self._core = ReaderCore(files, engine, open_kwargs, pool, max_stages, notify)
         self._finalizer = weakref.finalize(self, self._core.stop)
 
@@ -116,18 +116,13 @@ class Reader:
 
     @property
     def n_procs(self) -> int:
-        """Worker processes."""
+        """Reader processes."""
         return self._live().pool.n_procs
 
     @property
-    def worker_pids(self) -> list[int]:
-        """Process ids of the request workers."""
-        return self._live().pool.pids
-
-    @property
     def reader_pids(self) -> list[int]:
-        """The older name of :attr:`worker_pids` (the Reader's processes are its workers, not stream readers)."""
-        return self.worker_pids
+        """Process ids of the request readers."""
+        return self._live().pool.pids
 
     @property
     def closed(self) -> bool:
@@ -155,7 +150,7 @@ class Reader:
 
         ``key`` is a :class:`Request`, made by indexing a :class:`Dataset`
         (the established API's name for it). Raises at once, before any
-        worker is involved, if its result does not fit in the stage
+        reader is involved, if its result does not fit in the stage
         (:class:`SharedMemoryError`; a query's result, whose size only the
         read tells, fails at ``get``), if the stage is still held by an
         earlier future (for a :class:`Stage`), or if the reader is closed or
@@ -187,7 +182,7 @@ class Reader:
     def _submit(self, core: ReaderCore, request: "Request", stage: "Stage") -> "Future":
         plan = request._plan
         pool = core.pool
-        if plan is None:  # a query: one worker runs it whole
+        if plan is None:  # a query: one reader runs it whole
             shares = [(0, 0)]
         else:
             chunk = effective_chunk_rows(request._node.chunk_rows, request._node.row_nbytes)
@@ -197,33 +192,33 @@ class Reader:
             core.detach_dropped()
             req = next(core.req_ids)
             stage._map.write_request(req, plan, request._desc)
-            first = core.next_worker
-            workers = [(first + s) % pool.n_procs for s in range(len(shares))]
-            core.next_worker = (first + max(len(shares), 1)) % pool.n_procs
+            first = core.next_reader
+            readers = [(first + s) % pool.n_procs for s in range(len(shares))]
+            core.next_reader = (first + max(len(shares), 1)) % pool.n_procs
             pushed = 0
             try:
-                for s, ((a, b), worker) in enumerate(zip(shares, workers)):
-                    pool.read(worker, req, stage._stage_id, s, a, b)
+                for s, ((a, b), reader) in enumerate(zip(shares, readers)):
+                    pool.read(reader, req, stage._stage_id, s, a, b)
                     pushed += 1
             finally:
                 # The stage is reused once these shares are done (Stage._settle).
-                stage._last = (req, workers[:pushed], False)
+                stage._last = (req, readers[:pushed], False)
             core.held.add(stage._stage_id)
-        return Future(self, request, stage, req, workers)
+        return Future(self, request, stage, req, readers)
 
     def close(self, wait: bool = False) -> None:
-        """Take no more requests; the workers stop once every request already made is read (idempotent).
+        """Take no more requests; the readers stop once every request already made is read (idempotent).
 
         Futures already made still get their data. With ``wait=True``,
-        returns once the workers have stopped; else at once, and they stop in
-        the background. Stages no future holds are freed when the workers
+        returns once the readers have stopped; else at once, and they stop in
+        the background. Stages no future holds are freed when the readers
         stop, the others when their future gives them back.
         """
         if self._core is not None:
             self._core.close(wait)
 
     def stop(self) -> None:
-        """Stop the workers now and free every stage (idempotent); futures not yet got raise
+        """Stop the readers now and free every stage (idempotent); futures not yet got raise
         :class:`StreamClosedError` (the established ``QueueClosedException``)."""
         if self._core is not None:
             self._finalizer()
@@ -238,7 +233,7 @@ class Reader:
             self.stop()
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else f"{self.n_procs} workers"
+        state = "closed" if self.closed else f"{self.n_procs} readers"
         return f"<multitables.Reader {self._core.pool.filename if self._core else '?'!r} ({state})>"
 
 
@@ -310,9 +305,9 @@ class Dataset:
         stop: "int | None" = None,
         step: "int | None" = None,
     ) -> "Request":
-        """The rows of a table where ``condition`` holds: PyTables' ``Table.read_where``, run by a worker.
+        """The rows of a table where ``condition`` holds: PyTables' ``Table.read_where``, run by a reader.
 
-        How many rows match is known only once the worker has run it: the
+        How many rows match is known only once the reader has run it: the
         future's ``shape`` is None until then, and a result larger than the
         stage fails at ``get`` with :class:`SharedMemoryError`.
         """
@@ -334,7 +329,7 @@ class Dataset:
         """Rows ``start:stop:step`` of a table in the order of column ``sortby``: PyTables' ``Table.read_sorted``.
 
         ``sortby`` needs a completely sorted index (``Column.create_csindex``);
-        the worker runs the read.
+        the reader runs the read.
         """
         self._need_table("read_sorted")
         n = len(range(*slice(start, stop, step).indices(len(self))))

@@ -808,7 +808,7 @@ def _profile_readers() -> Any:
 
 def test_reader_profile_summary_sorts_reader_samples_by_activity(tmp_path: Path) -> None:
     prof = _profile_readers()
-    reader = "process 2:\"python\";worker_main (multitables/_procs/process.py:120);stream_loop (multitables/_procs/stream.py:75)"
+    reader = "process 2:\"python\";reader_main (multitables/_procs/process.py:120);stream_loop (multitables/_procs/stream.py:75)"
     raw = tmp_path / "raw.txt"
     raw.write_text(
         f"{reader};ChunkSource._read_rows (multitables/_io/chunks/source.py:330);Deflate.decode (multitables/_io/chunks/codecs/deflate.py:30) 6\n"

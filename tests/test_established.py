@@ -56,7 +56,7 @@ def reader(h5file: tuple) -> "multitables.Reader":
     r.close(wait=True)
 
 
-def _workers_gone(pids: list[int]) -> bool:
+def _readers_gone(pids: list[int]) -> bool:
     for pid in pids:
         try:
             if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
@@ -77,7 +77,7 @@ def test_the_established_errors_are_this_projects(reader: multitables.Reader) ->
     with tab.create_stage(10) as stage:
         with pytest.raises(NameError) as info:
             reader.request(tab.where("nope > 1"), stage).get()
-    # A failure in a worker is both the original type and a SubprocessException, with the worker's traceback.
+    # A failure in a reader is both the original type and a SubprocessException, with the reader's traceback.
     assert isinstance(info.value, multitables.SubprocessException)
     assert "read_where" in info.value.remote_traceback
 
@@ -285,7 +285,7 @@ def test_chains_read_only_the_rows_they_keep_and_index_tables_like_numpy(reader:
 # -- queries -----------------------------------------------------------------------------------------------------
 
 
-def test_where_and_read_sorted_run_pytables_queries_in_a_worker(reader: multitables.Reader, h5file: tuple) -> None:
+def test_where_and_read_sorted_run_pytables_queries_in_a_reader(reader: multitables.Reader, h5file: tuple) -> None:
     path, _, tab = h5file
     t = reader.get_dataset("/tab")
     with tables.open_file(path) as f:  # what PyTables itself gives
@@ -353,14 +353,14 @@ def test_notify_is_called_with_each_future_then_queue_closed(h5file: tuple, no_l
         np.testing.assert_array_equal(fut.get(), arr[4 * i : 4 * i + 4])
 
 
-def test_close_wait_fulfils_every_pending_request_then_stops_the_workers(h5file: tuple, no_leaks: None) -> None:
+def test_close_wait_fulfils_every_pending_request_then_stops_the_readers(h5file: tuple, no_leaks: None) -> None:
     path, arr, _ = h5file
     r = multitables.Reader(path, 2)
-    pids = r.worker_pids
+    pids = r.reader_pids
     a = r.get_dataset("/arr")
     futures = [(i, r.request(a[i], a.create_stage(1))) for i in range(0, N, 13)]
     r.close(wait=True)
-    assert _workers_gone(pids)
+    assert _readers_gone(pids)
     with pytest.raises(RuntimeError, match="closed"):  # 2.x raised RuntimeError here too
         r.request(a[0], a.create_stage(1))
     for i, fut in futures:  # got after the close: still fulfilled
@@ -371,20 +371,20 @@ def test_close_wait_fulfils_every_pending_request_then_stops_the_workers(h5file:
 def test_close_without_wait_returns_at_once_and_the_requests_are_still_read(h5file: tuple, no_leaks: None) -> None:
     path, arr, _ = h5file
     r = multitables.Reader(path, 1)
-    (worker,) = r.worker_pids
+    (reader,) = r.reader_pids
     a = r.get_dataset("/arr")
     stage = a.create_stage(50)
-    os.kill(worker, signal.SIGSTOP)  # the request waits in its inbox
+    os.kill(reader, signal.SIGSTOP)  # the request waits in its inbox
     try:
         fut = r.request(a[100:150], stage)
         with hang_guard(10, "close() without wait"):
             r.close()
         assert not fut.done()
     finally:
-        os.kill(worker, signal.SIGCONT)
+        os.kill(reader, signal.SIGCONT)
     with hang_guard(30, "a request pending at close()"):
         np.testing.assert_array_equal(fut.get(), arr[100:150])
-        while not _workers_gone([worker]):
+        while not _readers_gone([reader]):
             time.sleep(0.05)
 
 

@@ -175,12 +175,12 @@ SCRIPT = textwrap.dedent(
             from multitables._procs import stream as _stream
             rt.register = lambda name, rtype: None
             def hold(self, what, check):
-                while self.attached.get_value() < self.n_workers:
+                while self.attached.get_value() < self.n_readers:
                     time.sleep(0.01)
                 mine = f"{SHM_PREFIX}{os.getpid()}_"
                 say(readers=self.pids, segment=[n for n in os.listdir("/dev/shm") if n.startswith(mine)][0])
                 time.sleep(3600)
-            _stream.WorkerPool.wait_attached = hold
+            _stream.ReaderPool.wait_attached = hold
         try:
             if mode == "generator":
                 for i, row in enumerate(s.get_generator("/data", cyclic=True, **kw)):

@@ -1,7 +1,7 @@
-"""Failure behaviour of the random-access front end (``multitables.Reader``): workers killed or failing, readers
+"""Failure behaviour of the random-access front end (``multitables.Reader``): readers killed or failing, readers
 closed, stopped or dropped early, a consumer interrupted or killed, and many readers opened and closed.
 
-The counterpart of ``test_failures.py`` (the streaming front end). Every test starts real worker processes and
+The counterpart of ``test_failures.py`` (the streaming front end). Every test starts real reader processes and
 sends real signals. Time limits are guards against a hang only (``GONE_WITHIN``, ``GUARD``, ``TEST_GUARD``), far
 above what the library takes; the promises themselves are in ``docs/random_access.rst`` ("When something fails").
 """
@@ -31,7 +31,7 @@ from conftest import SHM_PREFIX, own_segments
 N_ROWS = 4000
 ROW = 8
 CHUNK = 100  # rows per chunk: 40 chunks
-#: Guards against a hang, not speed limits: a worker gone, an error raised, a subprocess message.
+#: Guards against a hang, not speed limits: a reader gone, an error raised, a subprocess message.
 GONE_WITHIN = 10.0
 GUARD = 30.0
 TEST_GUARD = 120.0
@@ -104,10 +104,10 @@ def cont_all(pids: "list[int]") -> None:
             os.kill(pid, signal.SIGCONT)
 
 
-# -- a worker killed -----------------------------------------------------------
+# -- a reader killed -----------------------------------------------------------
 
 
-def test_a_worker_killed_while_get_waits_fails_the_future_naming_the_worker(
+def test_a_reader_killed_while_get_waits_fails_the_future_naming_the_reader(
     no_leaks: None, h5file: Path
 ) -> None:
     with Reader(h5file, n_procs=2) as reader:
@@ -115,7 +115,7 @@ def test_a_worker_killed_while_get_waits_fails_the_future_naming_the_worker(
         stage = ds.create_stage(N_ROWS)
         victim = reader.reader_pids[1]
         os.kill(victim, signal.SIGSTOP)  # its share of the request waits in its inbox
-        future = reader.request(ds[:], stage)  # split between both workers
+        future = reader.request(ds[:], stage)  # split between both readers
         killer = threading.Timer(0.3, os.kill, (victim, signal.SIGKILL))  # while get() waits
         killer.start()
         try:
@@ -133,7 +133,7 @@ def test_a_worker_killed_while_get_waits_fails_the_future_naming_the_worker(
             future.get(timeout=GONE_WITHIN)
 
 
-def test_after_a_worker_died_the_reader_takes_no_more_requests(no_leaks: None, h5file: Path) -> None:
+def test_after_a_reader_died_the_reader_takes_no_more_requests(no_leaks: None, h5file: Path) -> None:
     with Reader(h5file, n_procs=2) as reader:
         ds = reader.get_dataset("/data")
         stage = ds.create_stage(N_ROWS)
@@ -163,26 +163,26 @@ def test_the_error_of_a_broken_reader_names_no_empty_dataset(no_leaks: None, h5f
         stage = ds.create_stage(N_ROWS)
         victim = reader.reader_pids[1]
         os.kill(victim, signal.SIGKILL)
-        wait_until(lambda: is_gone(victim), GONE_WITHIN, "the worker dies")
+        wait_until(lambda: is_gone(victim), GONE_WITHIN, "the reader dies")
         with pytest.raises(ReaderError, match="cannot take more requests") as info:
             reader.request(ds[:], stage)
         assert "''" not in str(info.value)
 
 
-def test_a_worker_killed_while_idle_is_refused_at_the_next_request(no_leaks: None, h5file: Path) -> None:
-    # docs/random_access.rst: after a worker died "the reader then takes no more requests: request raises".
+def test_a_reader_killed_while_idle_is_refused_at_the_next_request(no_leaks: None, h5file: Path) -> None:
+    # docs/random_access.rst: after a reader died "the reader then takes no more requests: request raises".
     with Reader(h5file, n_procs=2) as reader:
         ds = reader.get_dataset("/data")
         stage = ds.create_stage(N_ROWS)
         reader.request(ds[:], stage).get(timeout=GONE_WITHIN)
         victim = reader.reader_pids[1]
         os.kill(victim, signal.SIGKILL)
-        wait_until(lambda: is_gone(victim), GONE_WITHIN, "the worker dies")
+        wait_until(lambda: is_gone(victim), GONE_WITHIN, "the reader dies")
         with pytest.raises(ReaderError, match="cannot take more requests"):
             reader.request(ds[0:10], stage).release()
 
 
-def test_futures_already_served_still_deliver_after_a_worker_died(
+def test_futures_already_served_still_deliver_after_a_reader_died(
     no_leaks: None, h5file: Path, data: np.ndarray
 ) -> None:
     with Reader(h5file, n_procs=2) as reader:
@@ -190,7 +190,7 @@ def test_futures_already_served_still_deliver_after_a_worker_died(
         pool = ds.create_stage_pool(CHUNK, 4)
         victim = reader.reader_pids[1]
         os.kill(victim, signal.SIGSTOP)
-        # One share each, handed to the workers in turn: 0, 1, 0.
+        # One share each, handed to the readers in turn: 0, 1, 0.
         served = reader.request(ds[0:CHUNK], pool)
         lost = reader.request(ds[CHUNK : 2 * CHUNK], pool)
         served_too = reader.request(ds[2 * CHUNK : 3 * CHUNK], pool)
@@ -202,18 +202,18 @@ def test_futures_already_served_still_deliver_after_a_worker_died(
         np.testing.assert_array_equal(served_too.get(timeout=GONE_WITHIN), data[2 * CHUNK : 3 * CHUNK])
 
 
-def test_a_future_the_surviving_worker_is_still_reading_delivers_after_the_other_died(
+def test_a_future_the_surviving_reader_is_still_reading_delivers_after_the_other_died(
     no_leaks: None, h5file: Path, data: np.ndarray
 ) -> None:
-    # docs/random_access.rst: "futures already served, or served by the other workers, still deliver".
+    # docs/random_access.rst: "futures already served, or served by the other readers, still deliver".
     with Reader(h5file, n_procs=2) as reader:
         ds = reader.get_dataset("/data")
         pool = ds.create_stage_pool(CHUNK, 4)
         pids = reader.reader_pids
         stop_all(pids)
         try:
-            survivor_serves = reader.request(ds[0:CHUNK], pool)  # worker 0
-            lost = reader.request(ds[CHUNK : 2 * CHUNK], pool)  # worker 1
+            survivor_serves = reader.request(ds[0:CHUNK], pool)  # reader 0
+            lost = reader.request(ds[CHUNK : 2 * CHUNK], pool)  # reader 1
             os.kill(pids[1], signal.SIGKILL)
             with pytest.raises(ReaderError, match="SIGKILL"):
                 lost.get(timeout=GONE_WITHIN)
@@ -228,7 +228,7 @@ def test_a_future_the_surviving_worker_is_still_reading_delivers_after_the_other
         np.testing.assert_array_equal(got, data[0:CHUNK])
 
 
-def test_a_request_waiting_for_a_free_stage_raises_when_a_worker_dies(no_leaks: None, h5file: Path) -> None:
+def test_a_request_waiting_for_a_free_stage_raises_when_a_reader_dies(no_leaks: None, h5file: Path) -> None:
     with Reader(h5file, n_procs=2) as reader:
         ds = reader.get_dataset("/data")
         pool = ds.create_stage_pool(CHUNK, 1)
@@ -246,7 +246,7 @@ def test_a_request_waiting_for_a_free_stage_raises_when_a_worker_dies(no_leaks: 
         held.release()
 
 
-def test_notify_hears_of_a_future_whose_worker_died_then_of_the_end(no_leaks: None, h5file: Path) -> None:
+def test_notify_hears_of_a_future_whose_reader_died_then_of_the_end(no_leaks: None, h5file: Path) -> None:
     # docs/random_access.rst: notify is called "with each future once its data is there (or its read failed)".
     heard: list[Any] = []
     ended = threading.Event()
@@ -293,7 +293,7 @@ ENDS = [_end_close, _end_close_wait, _end_stop, _end_drop]
 
 
 @pytest.mark.parametrize("end", ENDS, ids=lambda f: f.__name__[len("_end_") :])
-def test_a_reader_with_a_dead_worker_ends_cleanly(no_leaks: None, h5file: Path, end: Callable[[Reader], None]) -> None:
+def test_a_reader_with_a_dead_reader_ends_cleanly(no_leaks: None, h5file: Path, end: Callable[[Reader], None]) -> None:
     reader = Reader(h5file, n_procs=2)
     ds = reader.get_dataset("/data")
     stage = ds.create_stage(N_ROWS)
@@ -307,10 +307,10 @@ def test_a_reader_with_a_dead_worker_ends_cleanly(no_leaks: None, h5file: Path, 
     end(reader)
     del reader
     gc.collect()
-    wait_until(lambda: all_gone(pids) and not own_mappings(), GONE_WITHIN, "workers end, stages unmapped")
+    wait_until(lambda: all_gone(pids) and not own_mappings(), GONE_WITHIN, "readers end, stages unmapped")
 
 
-# -- an exception in a worker --------------------------------------------------
+# -- an exception in a reader --------------------------------------------------
 
 
 def _corrupt_chunk(path: Path, chunk_index: int) -> tuple[int, int]:
@@ -327,7 +327,7 @@ def _corrupt_chunk(path: Path, chunk_index: int) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("engine", ["h5py", "tables"])
-def test_a_corrupt_chunk_fails_its_future_with_the_workers_traceback(
+def test_a_corrupt_chunk_fails_its_future_with_the_readers_traceback(
     no_leaks: None, h5file: Path, engine: str
 ) -> None:
     assert _corrupt_chunk(h5file, 7) == (700, 800)
@@ -358,7 +358,7 @@ def test_a_corrupt_chunk_fails_its_future_with_the_workers_traceback(
 
 
 @pytest.mark.parametrize("engine", ["h5py", "tables"])
-def test_after_a_read_error_the_same_workers_go_on_serving(
+def test_after_a_read_error_the_same_readers_go_on_serving(
     no_leaks: None, h5file: Path, data: np.ndarray, engine: str
 ) -> None:
     _corrupt_chunk(h5file, 7)
@@ -383,7 +383,7 @@ def test_a_failing_query_fails_its_future_with_the_original_type(
     with Reader(path, n_procs=2) as reader:
         ds = reader.get_dataset("/table")
         stage = ds.create_stage(len(ds))
-        future = reader.request(ds.where("no_such_column > 0"), stage)  # PyTables raises in the worker
+        future = reader.request(ds.where("no_such_column > 0"), stage)  # PyTables raises in the reader
         with pytest.raises(ReaderError) as info:
             future.get(timeout=GONE_WITHIN)
         err = info.value
@@ -450,7 +450,7 @@ def test_a_file_changed_after_open_fails_requests_with_file_changed_error(
         pids = reader.reader_pids
         np.testing.assert_array_equal(reader.request(ds[:], stage).get(timeout=GONE_WITHIN), data)
         change(path, other)
-        for _ in range(2):  # every later request fails the same way; the workers stay
+        for _ in range(2):  # every later request fails the same way; the readers stay
             with pytest.raises(FileChangedError) as info:
                 reader.request(ds[3000::3], stage).get(timeout=GONE_WITHIN)  # rows past half the file
             err = info.value
@@ -484,7 +484,7 @@ def test_close_with_futures_pending_still_delivers_them(
         reader.request(ds[0:10], pool)
     for k, future in enumerate(futures):
         np.testing.assert_array_equal(future.get(timeout=GONE_WITHIN), data[k * 500 : (k + 1) * 500])
-    wait_until(lambda: all_gone(pids), GONE_WITHIN, "the workers stop once every request is read")
+    wait_until(lambda: all_gone(pids), GONE_WITHIN, "the readers stop once every request is read")
 
 
 def test_stop_with_futures_pending_fails_them_with_queue_closed_exception(no_leaks: None, h5file: Path) -> None:
@@ -507,7 +507,7 @@ def test_stop_with_futures_pending_fails_them_with_queue_closed_exception(no_lea
     for t in waiters:
         t.start()
     time.sleep(0.2)  # both wait in get()
-    resume = threading.Timer(0.3, cont_all, (pids,))  # let the stopped workers see the stop flag
+    resume = threading.Timer(0.3, cont_all, (pids,))  # let the stopped readers see the stop flag
     resume.start()
     try:
         reader.stop()
@@ -521,12 +521,12 @@ def test_stop_with_futures_pending_fails_them_with_queue_closed_exception(no_lea
     for future in futures[2:]:  # not waited for yet: the same
         with pytest.raises(QueueClosedException, match="stopped"):
             future.get(timeout=GONE_WITHIN)
-    assert all_gone(pids) and not own_mappings()  # stop() returns once the workers are gone
+    assert all_gone(pids) and not own_mappings()  # stop() returns once the readers are gone
     with pytest.raises(StreamClosedError):
         reader.request(ds[0:10], pool)
 
 
-def test_leaving_a_with_block_by_an_exception_stops_the_workers(no_leaks: None, h5file: Path) -> None:
+def test_leaving_a_with_block_by_an_exception_stops_the_readers(no_leaks: None, h5file: Path) -> None:
     with pytest.raises(LookupError, match="the consumer failed"):
         with Reader(h5file, n_procs=2) as reader:
             ds = reader.get_dataset("/data")
@@ -535,7 +535,7 @@ def test_leaving_a_with_block_by_an_exception_stops_the_workers(no_leaks: None, 
             futures = [reader.request(ds[k * 500 : (k + 1) * 500], pool) for k in range(4)]
             with futures[0].get_unsafe(timeout=GONE_WITHIN) as block:  # a stage lent out, too
                 raise LookupError(f"the consumer failed on {len(block)} rows")
-    # stop(), not close(): nothing more is read, the workers are gone when the with ends.
+    # stop(), not close(): nothing more is read, the readers are gone when the with ends.
     assert reader.closed and all_gone(pids) and not own_mappings()
     with pytest.raises(QueueClosedException):
         futures[1].get(timeout=GONE_WITHIN)
@@ -562,7 +562,7 @@ def test_a_reader_nobody_closed_is_stopped_when_collected(
     drop(reader, held)
     del reader, ds, pool
     gc.collect()
-    wait_until(lambda: all_gone(pids) and not own_mappings(), GONE_WITHIN, "workers end, stages unmapped")
+    wait_until(lambda: all_gone(pids) and not own_mappings(), GONE_WITHIN, "readers end, stages unmapped")
 
 
 def test_a_future_keeps_its_reader_alive_until_it_is_dropped(no_leaks: None, h5file: Path, data: np.ndarray) -> None:
@@ -576,7 +576,7 @@ def test_a_future_keeps_its_reader_alive_until_it_is_dropped(no_leaks: None, h5f
     assert not any(is_gone(p) for p in pids)
     del future
     gc.collect()
-    wait_until(lambda: all_gone(pids) and not own_mappings(), GONE_WITHIN, "workers end, stages unmapped")
+    wait_until(lambda: all_gone(pids) and not own_mappings(), GONE_WITHIN, "readers end, stages unmapped")
 
 
 # -- Ctrl-C and a killed consumer ------------------------------------------------
@@ -595,7 +595,7 @@ SCRIPT = textwrap.dedent(
     def say(**kw):
         print(json.dumps(kw), flush=True)
 
-    def workers():
+    def readers():
         return sorted(c.pid for c in psutil.Process().children()
                       if c.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(c.cmdline()))
 
@@ -603,8 +603,8 @@ SCRIPT = textwrap.dedent(
         with open("/proc/self/maps") as f:
             return [l.split(None, 5)[5].strip() for l in f if "/dev/shm/" + prefix in l]
 
-    def wait_on_a_stopped_worker(reader):
-        # get() waits for ever: the second share is a stopped worker's (the test resumes it after the signal)
+    def wait_on_a_stopped_reader(reader):
+        # get() waits for ever: the second share is a stopped reader's (the test resumes it after the signal)
         ds = reader.get_dataset("/data")
         stage = ds.create_stage(len(ds))
         stopped = reader.reader_pids[-1]
@@ -631,8 +631,8 @@ SCRIPT = textwrap.dedent(
     def main():
         held = []
         if mode == "attaching":
-            # Stay inside create_stage after every worker mapped the stage, where the consumer unlinks its name,
-            # with the resource tracker's safety net off: only the workers' own clean-up can remove it.
+            # Stay inside create_stage after every reader mapped the stage, where the consumer unlinks its name,
+            # with the resource tracker's safety net off: only the readers' own clean-up can remove it.
             import multiprocessing.resource_tracker as rt
             from multitables._shm.segment import Segment
             rt.register = lambda name, rtype: None
@@ -646,11 +646,11 @@ SCRIPT = textwrap.dedent(
 
         if mode == "bare":
             # No with, no except: the KeyboardInterrupt ends the program, the Reader is stopped at exit.
-            wait_on_a_stopped_worker(multitables.Reader(path, **kw))
+            wait_on_a_stopped_reader(multitables.Reader(path, **kw))
         try:
             with multitables.Reader(path, **kw) as reader:
                 if mode == "waiting":
-                    wait_on_a_stopped_worker(reader)
+                    wait_on_a_stopped_reader(reader)
                 elif mode == "busy":
                     busy(reader)
                 elif mode == "pending":
@@ -665,10 +665,10 @@ SCRIPT = textwrap.dedent(
                     held.append(reader)
                     ds.create_stage(500)
         except KeyboardInterrupt:
-            say(interrupted=True, readers=workers(), mappings=mappings())
+            say(interrupted=True, readers=readers(), mappings=mappings())
             sys.exit(3)
 
-    if __name__ == "__main__":  # spawned workers import this file too
+    if __name__ == "__main__":  # spawned readers import this file too
         main()
     """
 )
@@ -705,7 +705,7 @@ def consumers() -> Iterator[list[Consumer]]:
         pytest.param("busy", None, id="busy"),
     ],
 )
-def test_ctrl_c_reaches_the_consumer_after_its_workers_ended(
+def test_ctrl_c_reaches_the_consumer_after_its_readers_ended(
     h5file: Path, script: Path, consumers: list[Consumer], mode: str, start_method: "str | None"
 ) -> None:
     c = Consumer(script, h5file, mode, start_method)
@@ -717,17 +717,17 @@ def test_ctrl_c_reaches_the_consumer_after_its_workers_ended(
     os.killpg(c.proc.pid, signal.SIGINT)  # as Ctrl-C does: the whole foreground group
     if "stopped" in msg:
         time.sleep(0.2)
-        cont_all([msg["stopped"]])  # the worker can see the stop flag now
+        cont_all([msg["stopped"]])  # the reader can see the stop flag now
     report = c.read()
-    # KeyboardInterrupt came out of the library; by then the workers were gone and the stages unmapped.
+    # KeyboardInterrupt came out of the library; by then the readers were gone and the stages unmapped.
     assert report == {"interrupted": True, "readers": [], "mappings": []}
     code, err = c.finish()
     assert code == 3, err
-    assert "Traceback" not in err, err  # no worker complained
+    assert "Traceback" not in err, err  # no reader complained
     assert all_gone(pids) and not segments_of(c.proc.pid)
 
 
-def test_ctrl_c_uncaught_ends_the_program_and_its_workers(
+def test_ctrl_c_uncaught_ends_the_program_and_its_readers(
     h5file: Path, script: Path, consumers: list[Consumer]
 ) -> None:
     c = Consumer(script, h5file, "bare")
@@ -741,7 +741,7 @@ def test_ctrl_c_uncaught_ends_the_program_and_its_workers(
     assert code == -signal.SIGINT, err  # Python's exit by an uncaught KeyboardInterrupt
     assert "KeyboardInterrupt" in err and "Exception ignored" not in err, err
     assert err.count("Traceback") == 1, err  # the consumer's own, nothing from the clean-up at exit
-    wait_until(lambda: all_gone(msg["readers"]), GONE_WITHIN, "the workers end")
+    wait_until(lambda: all_gone(msg["readers"]), GONE_WITHIN, "the readers end")
     assert not segments_of(c.proc.pid)
 
 
@@ -755,7 +755,7 @@ def test_ctrl_c_uncaught_ends_the_program_and_its_workers(
         pytest.param("attaching", None, id="stage-not-yet-unlinked"),
     ],
 )
-def test_a_killed_consumers_workers_exit_and_its_segments_go(
+def test_a_killed_consumers_readers_exit_and_its_segments_go(
     h5file: Path, script: Path, consumers: list[Consumer], mode: str, start_method: "str | None"
 ) -> None:
     c = Consumer(script, h5file, mode, start_method)
@@ -770,7 +770,7 @@ def test_a_killed_consumers_workers_exit_and_its_segments_go(
     c.proc.wait(GUARD)
     if "stopped" in msg:
         cont_all([msg["stopped"]])  # a stopped process cannot look; once resumed, it must notice by itself
-    wait_until(lambda: all_gone(pids), GONE_WITHIN, "the orphaned workers exit")
+    wait_until(lambda: all_gone(pids), GONE_WITHIN, "the orphaned readers exit")
     wait_until(lambda: not segments_of(c.proc.pid), GONE_WITHIN, "the segments are unlinked")
 
 
@@ -778,7 +778,7 @@ def test_a_killed_consumers_workers_exit_and_its_segments_go(
 
 
 def closing_threads() -> int:
-    """Threads a ``close()`` left waiting for its workers to stop."""
+    """Threads a ``close()`` left waiting for its readers to stop."""
     return sum(1 for t in threading.enumerate() if t.name == "multitables-reader-close")
 
 
@@ -787,10 +787,10 @@ def test_a_thousand_open_close_cycles_leave_nothing_behind(no_leaks: None, h5fil
     gc.collect()
     fds, threads = me.num_fds(), threading.active_count()
     segments, mappings = own_segments(), own_mappings()
-    workers: set[int] = set()
+    readers: set[int] = set()
     for i in range(CYCLES):
         reader = Reader(h5file, n_procs=1 + i % 2)
-        workers.update(reader.reader_pids)
+        readers.update(reader.reader_pids)
         ds = reader.get_dataset("/data")
         k = i % (N_ROWS // CHUNK)
         rows = slice(k * CHUNK, (k + 1) * CHUNK, 3)
@@ -802,7 +802,7 @@ def test_a_thousand_open_close_cycles_leave_nothing_behind(no_leaks: None, h5fil
         else:
             np.testing.assert_array_equal(future.get(timeout=GONE_WITHIN), data[rows])
             if end == 1:
-                reader.close()  # then dropped while its workers stop in the background
+                reader.close()  # then dropped while its readers stop in the background
             elif end == 2:
                 reader.close(wait=True)
             elif end == 3:
@@ -811,9 +811,9 @@ def test_a_thousand_open_close_cycles_leave_nothing_behind(no_leaks: None, h5fil
         del reader, ds, future
     gc.collect()
     wait_until(
-        lambda: not workers & {p.pid for p in me.children()} and threading.active_count() == threads,
+        lambda: not readers & {p.pid for p in me.children()} and threading.active_count() == threads,
         GONE_WITHIN,
-        "every worker exits and is reaped",
+        "every reader exits and is reaped",
     )
     assert me.num_fds() == fds
     assert own_segments() == segments and own_mappings() == mappings
@@ -835,7 +835,7 @@ def test_dropping_a_reader_right_after_close_leaves_nothing_behind(
         ds = reader.get_dataset("/data")
         reader.request(ds[0:10], ds.create_stage(10)).get(timeout=GONE_WITHIN)
         reader.close()
-        del reader, ds  # the finalizer stops it while close()'s thread waits for the worker
+        del reader, ds  # the finalizer stops it while close()'s thread waits for the reader
         if thread_errors:
             break
     gc.collect()

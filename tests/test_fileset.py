@@ -400,7 +400,7 @@ def test_the_sharded_snippet_of_the_training_docs_runs_as_written(tmp_path: Path
 
 
 def test_random_access_over_many_files(tmp_path: Path, no_leaks: None) -> None:
-    """A set's description outgrows a stage header; the workers get the files at start and inspect the set themselves."""
+    """A set's description outgrows a stage header; the readers get the files at start and inspect the set themselves."""
     files, data = write_shards(tmp_path, [3] * 150, ["zlib", "none"])
     coords = np.array([449, 0, 3, 200, 2])
     with multitables.Reader(tmp_path / "shard-*.h5", n_procs=2) as reader:
@@ -410,7 +410,7 @@ def test_random_access_over_many_files(tmp_path: Path, no_leaks: None) -> None:
             assert np.array_equal(reader.request(ds[coords], stage).get(), data[coords])
 
 
-def test_a_file_changed_before_the_workers_look_fails_the_request(tmp_path: Path, no_leaks: None) -> None:
+def test_a_file_changed_before_the_readers_look_fails_the_request(tmp_path: Path, no_leaks: None) -> None:
     files, _ = write_shards(tmp_path, [10, 10])
     with multitables.Reader(files, n_procs=1) as reader:
         ds = reader.get_dataset("/data")

@@ -395,18 +395,18 @@ def test_a_read_error_fails_its_future_and_the_others_carry_on(tmp_path: Path, n
 
 
 def _children_of(reader: Reader) -> list[psutil.Process]:
-    return [psutil.Process(pid) for pid in reader.worker_pids]
+    return [psutil.Process(pid) for pid in reader.reader_pids]
 
 
-def test_a_worker_killed_mid_request_fails_its_futures_only_then_the_reader(h5file: tuple, no_leaks: None) -> None:
+def test_a_reader_killed_mid_request_fails_its_futures_only_then_the_reader(h5file: tuple, no_leaks: None) -> None:
     path, contents = h5file
     data = contents["/blosc1d"]
     with Reader(path, n_procs=2) as reader:
         ds = reader.get_dataset("/blosc1d")
         pool = ds.create_stage_pool(10, 8)
-        victim = reader.worker_pids[0]
+        victim = reader.reader_pids[0]
         os.kill(victim, signal.SIGSTOP)  # its shares wait in its inbox
-        futures = [reader.request(ds[i * 10 : i * 10 + 1], pool) for i in range(6)]  # one share each: both workers
+        futures = [reader.request(ds[i * 10 : i * 10 + 1], pool) for i in range(6)]  # one share each: both readers
         os.kill(victim, signal.SIGKILL)
         outcomes = []
         for i, fut in enumerate(futures):
@@ -428,8 +428,8 @@ def test_get_times_out_and_stop_ends_pending_futures(h5file: tuple, no_leaks: No
     reader = Reader(path, n_procs=1)
     ds = reader.get_dataset("/zlib3d")
     stage = ds.create_stage(300)
-    (worker,) = reader.worker_pids
-    os.kill(worker, signal.SIGSTOP)
+    (pid,) = reader.reader_pids
+    os.kill(pid, signal.SIGSTOP)
     try:
         fut = reader.request(ds[:], stage)
         t = time.monotonic()
@@ -438,7 +438,7 @@ def test_get_times_out_and_stop_ends_pending_futures(h5file: tuple, no_leaks: No
         assert time.monotonic() - t < 3
         assert not fut.done() and not fut.wait(0.1)
     finally:
-        os.kill(worker, signal.SIGCONT)
+        os.kill(pid, signal.SIGCONT)
     waiter_error: list[BaseException] = []
 
     def waiter() -> None:
@@ -447,11 +447,11 @@ def test_get_times_out_and_stop_ends_pending_futures(h5file: tuple, no_leaks: No
         except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
             waiter_error.append(exc)
 
-    os.kill(worker, signal.SIGSTOP)
+    os.kill(pid, signal.SIGSTOP)
     t = threading.Thread(target=waiter, daemon=True)
     t.start()
     time.sleep(0.2)
-    reader.stop()  # terminates the stopped worker, ends the waiting future
+    reader.stop()  # terminates the stopped pid, ends the waiting future
     t.join(10)
     assert not t.is_alive()
     assert waiter_error and isinstance(waiter_error[0], multitables.QueueClosedException)
@@ -463,7 +463,7 @@ def test_get_times_out_and_stop_ends_pending_futures(h5file: tuple, no_leaks: No
     reader.close()
 
 
-def test_workers_end_and_leave_nothing_when_the_consumer_is_killed(h5file: tuple, tmp_path: Path) -> None:
+def test_readers_end_and_leave_nothing_when_the_consumer_is_killed(h5file: tuple, tmp_path: Path) -> None:
     import subprocess
     import sys
 
@@ -478,7 +478,7 @@ def test_workers_end_and_leave_nothing_when_the_consumer_is_killed(h5file: tuple
         "ds = reader.get_dataset('/zlib3d')\n"
         "pool = ds.create_stage_pool(300, 2)\n"
         "future = reader.request(ds[::2], pool)\n"
-        "print(' '.join(map(str, reader.worker_pids)), flush=True)\n"
+        "print(' '.join(map(str, reader.reader_pids)), flush=True)\n"
         "time.sleep(60)\n"
     )
     env = dict(os.environ, PYTHONPATH=str(Path(multitables.__file__).parent.parent))
@@ -487,12 +487,12 @@ def test_workers_end_and_leave_nothing_when_the_consumer_is_killed(h5file: tuple
         pids = [int(p) for p in proc.stdout.readline().split()]  # type: ignore[union-attr]
         assert len(pids) == 2
         mine = {s for s in own_segments() if s.startswith(f"multitables_{proc.pid}_")}
-        assert not mine, "every segment is unlinked as soon as the workers have it mapped"
+        assert not mine, "every segment is unlinked as soon as the readers have it mapped"
         proc.kill()
         proc.wait(10)
         deadline = time.monotonic() + 5
         while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
-            assert time.monotonic() < deadline, "workers outlived their consumer"
+            assert time.monotonic() < deadline, "readers outlived their consumer"
             time.sleep(0.05)
     finally:
         proc.kill()
@@ -510,7 +510,7 @@ def test_dropping_everything_shuts_down(h5file: tuple, no_leaks: None) -> None:
     ds = reader.get_dataset("/plain2d")
     stage = ds.create_stage(20)
     fut = reader.request(ds[[1, 2, 3]], stage)
-    pids = reader.worker_pids
+    pids = reader.reader_pids
     del reader, ds, stage, fut
     gc.collect()
     for pid in pids:
@@ -568,13 +568,13 @@ def test_a_stage_too_large_for_shm_gets_advice_that_fits_a_stage(
     assert "read_ahead" not in text and "block_size" not in text  # the Reader has neither
 
 
-def test_n_procs_is_capped_at_four_workers_per_usable_cpu(
+def test_n_procs_is_capped_at_four_readers_per_usable_cpu(
     h5file: tuple, no_leaks: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path, contents = h5file
     monkeypatch.setattr(multitables.reader, "available_cpus", lambda: 1)
     with Reader(path, n_procs=40) as reader:
-        assert reader.n_procs == len(reader.worker_pids) == 4
-        assert reader.reader_pids == reader.worker_pids  # the older name still answers
+        assert reader.n_procs == len(reader.reader_pids) == 4
+        assert reader.reader_pids == reader.reader_pids  # the older name still answers
         ds = reader.get_dataset("/zlib3d")
         np.testing.assert_array_equal(reader.request(ds[::7], ds.create_stage(300)).get(), contents["/zlib3d"][::7])

@@ -22,15 +22,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "multitables"
-#: What is read: the package's sources and the documentation (BENCHMARKS.md is a log of past runs, left as written).
-TEXTS = sorted(PACKAGE.rglob("*.py")) + sorted((ROOT / "docs").glob("*.rst")) + [ROOT / "README.md"]
+BENCH = ROOT / "multitables_bench"
+#: What is read: the package's and the benchmark's sources, and the documentation (BENCHMARKS.md is a log of
+#: past runs, left as written).
+TEXTS = sorted(PACKAGE.rglob("*.py")) + sorted(BENCH.rglob("*.py")) + sorted((ROOT / "docs").glob("*.rst")) + [ROOT / "README.md"]
 FOLDERS = sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name.startswith("_") and p.name != "__pycache__")
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
-_DOTTED = re.compile(rf"(?<![\w./-])(multitables(?:\.{_IDENT})+|(?:{'|'.join(map(re.escape, FOLDERS))})(?:\.{_IDENT})+)")
+_DOTTED = re.compile(rf"(?<![\w./-])(multitables(?:_bench)?(?:\.{_IDENT})+|(?:{'|'.join(map(re.escape, FOLDERS))})(?:\.{_IDENT})+)")
 #: A private dotted name quoted as code (````_node.open_node````): the package's, so it must resolve too.
 _QUOTED_PRIVATE = re.compile(rf"``(_{_IDENT}(?:\.{_IDENT})+)``")
-_PATH = re.compile(r"(?<![\w])(?:\.\./)?(multitables/[\w/]+\.(?:py|c))\b")
+_PATH = re.compile(r"(?<![\w])(?:\.\./)?(multitables(?:_bench)?/[\w/]+\.(?:py|c))\b")
 _NOTE_IN = re.compile(r"NOTE \[([^\]]+)\]\s+in\s+(?:the\s+)?``([^`]+)``")
 _NOTE = re.compile(r"NOTE \[([^\]]+)\]")
 
@@ -38,7 +40,7 @@ _NOTE = re.compile(r"NOTE \[([^\]]+)\]")
 def _resolve(dotted: str) -> bool:
     """Whether ``dotted`` names a module, or an attribute reached from one."""
     name = dotted if dotted.startswith("multitables") else f"multitables.{dotted}"
-    parts = name.split(".")
+    parts = name.split(".")  # multitables_bench.x too
     for cut in range(len(parts), 0, -1):
         try:
             obj = importlib.import_module(".".join(parts[:cut]))
@@ -66,19 +68,34 @@ def _module_path(dotted: str, citing: Path) -> "Path | None":
     return None
 
 
-def _mentions(pattern: "re.Pattern[str]") -> "list[tuple[str, int, tuple[str, ...]]]":
+def _mentions(pattern: "re.Pattern[str]", across_lines: bool = False) -> "list[tuple[str, int, tuple[str, ...]]]":
+    """Each match of ``pattern`` in the texts: (file, line, groups). ``across_lines``: a match may wrap
+    (a line break, the indent and a comment's ``#`` after it read as one space, as in ``NOTE [creation\n    span]``)."""
     found = []
     for path in TEXTS:
-        for lineno, line in enumerate(path.read_text().splitlines(), 1):
-            for m in pattern.finditer(line):
-                found.append((str(path.relative_to(ROOT)), lineno, m.groups()))
+        text = path.read_text()
+        if not across_lines:
+            for lineno, line in enumerate(text.splitlines(), 1):
+                for m in pattern.finditer(line):
+                    found.append((str(path.relative_to(ROOT)), lineno, m.groups()))
+            continue
+        pieces, lines = [], []  # the joined text, and the line each of its characters came from
+        for lineno, line in enumerate(text.splitlines(), 1):
+            line = line.strip()
+            if line.startswith("#"):
+                line = line.lstrip("#:").strip()
+            pieces.append(line + " ")
+            lines.extend([lineno] * (len(line) + 1))
+        joined = "".join(pieces)
+        for m in pattern.finditer(joined):
+            found.append((str(path.relative_to(ROOT)), lines[m.start()], m.groups()))
     return found
 
 
 def _written_notes() -> dict[str, set[str]]:
-    """Every NOTE written in the package (a line that starts ``NOTE [name]``, alone or with a colon), by module file."""
+    """Every NOTE written in the sources (a line that starts ``NOTE [name]``, alone or with a colon), by module file."""
     notes: dict[str, set[str]] = {}
-    for path in PACKAGE.rglob("*.py"):
+    for path in [*PACKAGE.rglob("*.py"), *BENCH.rglob("*.py")]:
         for line in path.read_text().splitlines():
             m = re.match(r"\s*NOTE \[([^\]]+)\](?::|\s*$)", line)
             if m:
@@ -106,10 +123,10 @@ def test_every_file_named_exists() -> None:
 def test_every_note_cited_is_written_where_it_is_said_to_be() -> None:
     written = _written_notes()
     wrong = []
-    for where, lineno, (note,) in _mentions(_NOTE):
+    for where, lineno, (note,) in _mentions(_NOTE, across_lines=True):
         if note not in written:
             wrong.append(f"{where}:{lineno}: NOTE [{note}] is written nowhere")
-    for where, lineno, (note, module) in _mentions(_NOTE_IN):
+    for where, lineno, (note, module) in _mentions(_NOTE_IN, across_lines=True):
         path = _module_path(module.removesuffix(".py").replace("/", "."), ROOT / where)
         if path is None:
             wrong.append(f"{where}:{lineno}: NOTE [{note}] in {module}: no such module")

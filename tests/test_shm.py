@@ -64,7 +64,7 @@ def test_close_without_keep_leaves_a_used_mapping_alone(shm_mappings: Callable[[
     assert not any(name in m for m in shm_mappings())
 
 
-# -- the creation window (NOTE [creation window]) and containers ------------------------------------------------
+# -- the creation span (NOTE [creation span]) and containers ------------------------------------------------
 
 _CREATE_THEN = r"""
 import os, signal, sys

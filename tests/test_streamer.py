@@ -178,18 +178,18 @@ def test_core_matrix_under_each_start_method(start_method: str, ordered: bool, c
     check_stream(case, start_method)
 
 
-def test_the_fork_server_imports_the_worker_once_keeping_its_other_preloads(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_fork_server_imports_the_reader_once_keeping_its_other_preloads(monkeypatch: pytest.MonkeyPatch) -> None:
     import multiprocessing
     from multiprocessing import forkserver
 
     from multitables._procs.pool import preload_in_forkserver
-    from multitables._procs.process import worker_main
+    from multitables._procs.process import reader_main
 
     server = forkserver._forkserver
     monkeypatch.setattr(server, "_preload_modules", ["__main__", "json"])
     for _ in range(2):
         preload_in_forkserver(multiprocessing.get_context("forkserver"))
-    assert server._preload_modules == ["__main__", "json", worker_main.__module__]
+    assert server._preload_modules == ["__main__", "json", reader_main.__module__]
     monkeypatch.setattr(server, "_preload_modules", ["__main__"])
     preload_in_forkserver(multiprocessing.get_context("spawn"))  # only the fork server has a list
     assert server._preload_modules == ["__main__"]
@@ -592,8 +592,8 @@ def test_a_get_waits_while_other_threads_hold_every_slot(make_array, n_procs: "i
 
 
 @pytest.mark.parametrize("n_procs", [None, 2], ids=["in-process", "readers"])
-def test_a_guard_entered_by_a_worker_thread_is_the_workers(make_array, n_procs: "int | None") -> None:
-    """A producer hands a guard to a worker that enters it: the producer's get() then waits for the worker."""
+def test_a_guard_entered_by_a_reader_thread_is_the_readers(make_array, n_procs: "int | None") -> None:
+    """A producer hands a guard to a reader that enters it: the producer's get() then waits for the reader."""
     data = np.arange(1000.0)
     stream = multitables.Streamer(make_array(data, chunkshape=(10,)))
     entered, leaving = threading.Event(), threading.Event()
@@ -607,14 +607,14 @@ def test_a_guard_entered_by_a_worker_thread_is_the_workers(make_array, n_procs: 
 
     with hang_guard(GUARD, "a hang"), stream.get_queue("/data", n_procs=n_procs, read_ahead=2, block_size=10) as queue:
         first = queue.get()
-        worker = threading.Thread(target=work, args=(queue.get(),))
-        worker.start()
+        reader = threading.Thread(target=work, args=(queue.get(),))
+        reader.start()
         entered.wait()
-        with queue.get() as block:  # waits for the worker to leave its guard
+        with queue.get() as block:  # waits for the reader to leave its guard
             assert leaving.is_set()
-            assert len(block) == 10 and (block >= 0).all()  # the worker's changes are gone
+            assert len(block) == 10 and (block >= 0).all()  # the reader's changes are gone
         first.release()
-        worker.join()
+        reader.join()
 
 
 def test_a_reader_failing_while_get_waits_for_a_slot_reaches_the_waiting_thread(make_array, no_leaks) -> None:

@@ -45,14 +45,14 @@ class Future:
         Those of the result (``shape`` is None for a query until its data is got).
     """
 
-    def __init__(self, reader: Reader, request: Request, stage: Stage, req: int, workers: "list[int]") -> None:
+    def __init__(self, reader: Reader, request: Request, stage: Stage, req: int, readers: "list[int]") -> None:
         self._reader = reader
         self.request = request
         self.shape: "tuple[int, ...] | None" = request.shape
         self.dtype: np.dtype = request.dtype
         self._stage: "Stage | None" = stage
         self._req = req
-        self._workers = workers
+        self._readers = readers
         self._lock = threading.Lock()
         self._ready = False
         self._error: "BaseException | None" = None
@@ -63,15 +63,15 @@ class Future:
         if self._ready or self._error is not None or stage is None:
             return True
         try:
-            status = stage._status(len(self._workers))
+            status = stage._status(len(self._readers))
         except StreamClosedError:  # freed (its reader stopped), maybe by another thread just now
             return True
         if PENDING not in status:
             return True
-        # A share whose worker died stays pending for ever: get() would raise at once, so it is done.
+        # A share whose reader died stays pending for ever: get() would raise at once, so it is done.
         pool = self._reader._live().pool
         pool.look()
-        return any(s == PENDING and pool.is_dead(w) for w, s in zip(self._workers, status))
+        return any(s == PENDING and pool.is_dead(w) for w, s in zip(self._readers, status))
 
     def wait(self, timeout: "float | None" = None) -> bool:
         """Wait until :meth:`done`, for up to ``timeout`` s; False if it timed out. Does not raise read errors."""
@@ -95,7 +95,7 @@ class Future:
             return
         core = self._reader._live()
         deadline = None if timeout is None else time.monotonic() + timeout
-        n = len(self._workers)
+        n = len(self._readers)
         channel = core.pool.channels[stage._stage_id]
         try:
             while True:
@@ -108,9 +108,9 @@ class Future:
                 if channel.acquire(timeout=wait):
                     continue
                 core.pool.look()
-                for worker, status in zip(self._workers, stage._status(n)):
+                for reader, status in zip(self._readers, stage._status(n)):
                     if status == PENDING:
-                        died = core.pool.dead_error(worker, self.request.dataset.path)
+                        died = core.pool.dead_error(reader, self.request.dataset.path)
                         if died is not None:
                             raise died
                 core.check_not_stopped()
@@ -122,7 +122,7 @@ class Future:
             self._error = exc
             raise
         if stage._last is not None and stage._last[0] == self._req:
-            stage._last = (self._req, self._workers, True)
+            stage._last = (self._req, self._readers, True)
         self._ready = True
 
     def _data(self) -> Any:
@@ -130,7 +130,7 @@ class Future:
         assert stage is not None
         request = self.request
         node, plan = request._node, request._plan
-        if plan is None:  # a query: as many rows as its worker wrote
+        if plan is None:  # a query: as many rows as its reader wrote
             data = stage._map.data(node.dtype, (stage._map.result_rows,) + node.row_shape)
         else:
             data = stage._map.data(node.dtype, (plan.n_read,) + node.row_shape)[plan.local_key]

@@ -1,4 +1,4 @@
-"""What a Reader's datasets, stages and futures share: its workers, its stages, its notify thread.
+"""What a Reader's datasets, stages and futures share: its readers, its stages, its notify thread.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from .._procs.serve import ServeWorkers
+from .._procs.serve import ServeReaders
 from .._shm.ring import TICK
 from .._shm.stagemap import StageMap
 from ..errors import QueueClosed, StreamClosedError
@@ -20,11 +20,11 @@ if TYPE_CHECKING:
 
 
 class ReaderCore:
-    """What the Reader's datasets, stages and futures share: the workers and the bookkeeping.
+    """What the Reader's datasets, stages and futures share: the readers and the bookkeeping.
 
     Three states, in order: *closed* (no new requests or stages: ``close()``
     or ``stop()``), *stopped* (``stop()``: requests not yet read are
-    dropped), *shut* (the workers are gone; the stages no future holds are
+    dropped), *shut* (the readers are gone; the stages no future holds are
     freed, the others when their future gives them back).
     """
 
@@ -33,7 +33,7 @@ class ReaderCore:
         filename: "str | tuple[str, ...]",
         engine: str,
         open_kwargs: dict[str, Any],
-        pool: ServeWorkers,
+        pool: ServeReaders,
         max_stages: int,
         notify: "Callable[[Any], Any] | None",
     ) -> None:
@@ -53,21 +53,21 @@ class ReaderCore:
         # (a finalizer must not wait on anything; SimpleQueue.put never does).
         self.dropped: "queue.SimpleQueue[int]" = queue.SimpleQueue()
         self.req_ids = itertools.count()
-        self.next_worker = 0
+        self.next_reader = 0
         self.notifier = Notifier(notify) if notify is not None else None
 
     def check_open(self) -> None:
-        """Raise unless new requests can be made: open, not stopped, and no worker dead (looked at now)."""
+        """Raise unless new requests can be made: open, not stopped, and no reader dead (looked at now)."""
         if self.closed:
             raise StreamClosedError(f"the Reader of {self.pool.filename!r} is closed")
         self.check_not_stopped()
-        self.pool.look()  # a worker may have died while nothing waited on it
+        self.pool.look()  # a reader may have died while nothing waited on it
         broken = self.pool.broken()
         if broken is not None:
             raise broken
 
     def check_not_stopped(self) -> None:
-        """Raise unless requests already made can still be read (a dead worker fails only its own shares)."""
+        """Raise unless requests already made can still be read (a dead reader fails only its own shares)."""
         if self.stopped:
             raise StreamClosedError(
                 f"the Reader of {self.pool.filename!r} was stopped (stop(), or it was garbage-collected) before this "
@@ -75,7 +75,7 @@ class ReaderCore:
             )
 
     def detach_dropped(self) -> None:
-        """Let the workers unmap the stages closed since the last call; their ids become free."""
+        """Let the readers unmap the stages closed since the last call; their ids become free."""
         while True:
             try:
                 stage_id = self.dropped.get_nowait()
@@ -88,7 +88,7 @@ class ReaderCore:
                 self.free_stage_ids.append(stage_id)
 
     def close(self, wait: bool) -> None:
-        """No more requests; the workers stop once they have read every request made (waits if ``wait``)."""
+        """No more requests; the readers stop once they have read every request made (waits if ``wait``)."""
         with self.lock:
             if not self.closed:
                 self.closed = True
@@ -100,7 +100,7 @@ class ReaderCore:
             self._finish()
 
     def _finish(self) -> None:
-        """Wait until the workers have stopped by themselves (or died), then shut down."""
+        """Wait until the readers have stopped by themselves (or died), then shut down."""
         try:
             while not self.shut and self.pool.running(TICK):
                 pass
@@ -108,7 +108,7 @@ class ReaderCore:
             self.shutdown()
 
     def stop(self) -> None:
-        """No more requests, and those not yet read are dropped: stop the workers now."""
+        """No more requests, and those not yet read are dropped: stop the readers now."""
         self.closed = self.stopped = True
         self.shutdown()
 

@@ -89,7 +89,7 @@ class Request:
     def _query(
         cls, dataset: Dataset, field: "str | None", method: str, kwargs: dict[str, Any], n_rows: "int | None", *, op: str
     ) -> "Request":
-        """A request the workers answer by a PyTables call (NOTE [request protocol])."""
+        """A request the readers answer by a PyTables call (NOTE [request protocol])."""
         self = cls.__new__(cls)
         node, _desc = dataset._field(field)
         self.dataset, self.field, self._node, self._op = dataset, field, node, op
@@ -116,7 +116,7 @@ class Request:
 
     @property
     def n_rows_read(self) -> "int | None":
-        """Rows the workers write into the stage (None for a query only the read can tell)."""
+        """Rows the readers write into the stage (None for a query only the read can tell)."""
         return self._n_read
 
     @property

@@ -40,7 +40,7 @@ class Stage:
         self.nbytes: int = nbytes
         self._pool: "StagePool | None" = None
         self._hold = threading.Lock()  # held from request to release
-        self._last: "tuple[int, list[int], bool] | None" = None  # (request, workers, collected)
+        self._last: "tuple[int, list[int], bool] | None" = None  # (request, readers, collected)
         # Room for the positions of as many scattered rows as 8-byte rows would fill the data
         # (tmpfs pages are only allocated when written, so unused room costs nothing).
         layout = StageLayout(max(n_rows, nbytes // 8), nbytes)
@@ -65,7 +65,7 @@ class Stage:
             segment.close()
             raise
         finally:
-            segment.unlink()  # every worker has it mapped (NOTE [segment lifetime]), or the stage failed
+            segment.unlink()  # every reader has it mapped (NOTE [segment lifetime]), or the stage failed
         self._closed = False
         self._finalizer = weakref.finalize(self, drop_stage, core, self._stage_id, self._map)
 
@@ -82,7 +82,7 @@ class Stage:
     def _check_fits(self, request: Request) -> None:
         n = request.n_rows_read
         if n is None:
-            return  # a query: the worker checks its result
+            return  # a query: the reader checks its result
         need = n * request._node.row_nbytes
         if need > self.nbytes:
             raise SharedMemoryError(
@@ -112,18 +112,18 @@ class Stage:
         return self
 
     def _settle(self) -> None:
-        """Wait until every share of the last request is finished, so its workers no longer write here."""
+        """Wait until every share of the last request is finished, so its readers no longer write here."""
         if self._last is None:
             return
-        req, workers, collected = self._last
+        req, readers, collected = self._last
         core = self._reader._live()
         channel = core.pool.channels[self._stage_id]
-        while PENDING in self._status(len(workers)):
+        while PENDING in self._status(len(readers)):
             if channel.acquire(timeout=TICK):
                 continue
             core.pool.look()
             core.check_open()
-        if not collected and FAILED in self._status(len(workers)):
+        if not collected and FAILED in self._status(len(readers)):
             core.pool.forget(req)
         self._last = None
 
@@ -164,7 +164,7 @@ class Stage:
 
 
 def drop_stage(core: ReaderCore, stage_id: int, smap: StageMap) -> None:
-    """Finalizer of a stage: unmap here, and queue the workers' unmapping for the next call."""
+    """Finalizer of a stage: unmap here, and queue the readers' unmapping for the next call."""
     if core.stages.pop(stage_id, None) is not None:
         smap.close()
         core.dropped.put(stage_id)

@@ -196,10 +196,10 @@ def _set_node(where: str, first: NodeInfo, parts: "list[Part]", n_rows: int) -> 
 
 @dataclass(frozen=True)
 class SetRef:
-    """A node of a set named in a few bytes, for a Reader's stage header: resolved by a worker that has the files.
+    """A node of a set named in a few bytes, for a Reader's stage header: resolved by a reader that has the files.
 
     A stage header holds a few KiB and a set's node (every file's
-    description) grows with the files; the workers get the Reader's files
+    description) grows with the files; the readers get the Reader's files
     once, at start, and inspect the set themselves on its first request.
     ``fingerprint`` (of every part's file, identity and rows) makes sure
     they found what the consumer checked.
@@ -218,7 +218,7 @@ class SetRef:
         node = inspect_files(files, self.path, self.field)
         if _fingerprint(node) != self.fingerprint:
             raise FileChangedError(
-                f"a file of {node.filename!r} changed between the Reader's look at {self.path!r} and its workers': "
+                f"a file of {node.filename!r} changed between the Reader's look at {self.path!r} and its readers': "
                 f"the rows asked for may no longer be there"
             )
         return node

@@ -107,7 +107,7 @@ class NodeInfo:
 
 @dataclass(frozen=True)
 class Part:
-    """One file's share of a node spread over several files: rows ``[offset, offset + node.n_rows)`` of the set."""
+    """One file's part of a node spread over several files: rows ``[offset, offset + node.n_rows)`` of the set."""
 
     node: NodeInfo
     offset: int

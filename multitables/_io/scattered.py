@@ -1,4 +1,4 @@
-"""Rows at given positions, sorted, into a caller's buffer: what a request worker reads with.
+"""Rows at given positions, sorted, into a caller's buffer: what a request reader reads with.
 
 A request's rows are sorted (NOTE [request plan] in ``_plan.requests``) and read
 in runs: h5py through its low-level calls (:meth:`~multitables._io.h5py_engine.H5pySource.read_runs`,
@@ -23,7 +23,7 @@ RUNS_PER_READ = 64
 
 
 class Stopped(Exception):
-    """The consumer asked the workers to stop while one was reading."""
+    """The consumer asked the readers to stop while one was reading."""
 
 
 class _H5pyRows:

@@ -176,7 +176,7 @@ class RangePlan:
     """Blocks given explicitly: block ``k`` is source rows ``[starts[k], stops[k])``.
 
     For orders the regular plan cannot express: shuffled blocks of an epoch,
-    one rank's share of a dataset. Same protocol as :class:`BlockPlan`.
+    one rank's part of a dataset. Same protocol as :class:`BlockPlan`.
     """
 
     starts: tuple[int, ...]

@@ -1,4 +1,4 @@
-"""How a worker's failure travels to the consumer: one picklable report, one format for every worker.
+"""How a reader's failure travels to the consumer: one picklable report, one format for every reader.
 
 See NOTE [failure reports] in ``pool``.
 """
@@ -82,7 +82,7 @@ class FailureReport:
 
 
 def died_error(reader_index: int, pid: int, exitcode: "int | None", filename: str, path: str) -> ReaderError:
-    """The error for a worker that exited without reporting (killed, or crashed in C)."""
+    """The error for a reader that exited without reporting (killed, or crashed in C)."""
     how = f"exit code {exitcode}"
     if exitcode is not None and exitcode < 0:
         try:

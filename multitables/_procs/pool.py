@@ -1,56 +1,56 @@
-"""One pool of worker processes, the consumer's side: start, watch, report, stop.
+"""One pool of reader processes, the consumer's side: start, watch, report, stop.
 
-Both front ends run on it: a stream's readers (``stream.StreamWorkers``) and
-a Reader's request workers (``serve.ServeWorkers``) differ only in the loop
-their workers run and in what they do with what the pool sees.
+Both front ends run on it: a stream's readers (``stream.StreamReaders``) and
+a Reader's request readers (``serve.ServeReaders``) differ only in the loop
+their readers run and in what they do with what the pool sees.
 
 NOTE [failure reports]
     Modelled on PyTorch's DataLoader. A worker that raises catches the
-    exception at the top of :func:`~multitables._procs.process.worker_main`
+    exception at the top of :func:`~multitables._procs.process.reader_main`
     (or, for one request, in its loop) and sends ``(tag, FailureReport)``
     over its own one-way pipe: the exception's type *name*, message and
-    formatted traceback, the worker's index and pid, the file, the dataset
-    and the rows it was reading. Tag -1 is the worker's own failure (it then
-    exits with code 1); a tag >= 0 is the request that failed (the worker
+    formatted traceback, the reader's index and pid, the file, the dataset
+    and the rows it was reading. Tag -1 is the reader's own failure (it then
+    exits with code 1); a tag >= 0 is the request that failed (the reader
     goes on). A stream's reader also sets the ring's error flag first, which
-    wakes the consumer. A worker that dies without a word (SIGKILL, a crash
+    wakes the consumer. A reader that dies without a word (SIGKILL, a crash
     in C) shows up as its process sentinel becoming ready with a non-zero
     exit code.
 
-    :meth:`WorkerPool.look` collects both, cheaply enough to run every
-    ``TICK`` of any wait: reports waiting on the pipes, and workers that
+    :meth:`ReaderPool.look` collects both, cheaply enough to run every
+    ``TICK`` of any wait: reports waiting on the pipes, and readers that
     ended (their exit code and own report, waiting up to
     ``REPORT_TIMEOUT`` s for the report of one that failed). The front end
     decides what an end means: for a stream, any failure ends the pass,
     and every reader having ended with no block ready is an error rather
     than a hang; for a Reader, a failed request fails its future, and a
-    dead worker breaks the pool for later requests. The error raised is a
+    dead reader breaks the pool for later requests. The error raised is a
     ``ReaderError`` that is also the original type, or, for a silent
-    death, a ``ReaderError`` naming the worker, its pid and exit code (and
+    death, a ``ReaderError`` naming the reader, its pid and exit code (and
     signal).
 
 NOTE [shutdown]
-    :meth:`WorkerPool.close` is the one way a pool ends, whatever ended it
+    :meth:`ReaderPool.close` is the one way a pool ends, whatever ended it
     (the pass is over, ``close()``, ``break``, an exception in the loop
-    body, garbage collection, interpreter exit, a worker error). It is
+    body, garbage collection, interpreter exit, a reader error). It is
     idempotent and escalates:
 
-    1. tell the workers to stop (the front end's ``tell_stop``: the ring's
+    1. tell the readers to stop (the front end's ``tell_stop``: the ring's
        stop flag, or the inboxes' stop word) and wake those that wait;
-    2. join all workers for up to ``JOIN_TIMEOUT`` s in all (a worker checks
+    2. join all readers for up to ``JOIN_TIMEOUT`` s in all (a reader checks
        the flag every ``TICK`` and between blocks or requests);
     3. SIGTERM the ones still alive, join briefly; then SIGKILL and join;
     4. close the report pipes and the Process objects (their fds); the
        front end then unlinks what it had not unlinked yet and unmaps.
 
     Step 1 comes first and cannot block, so even a ``close()`` cut short (a
-    second Ctrl-C) leaves workers that stop by themselves within a ``TICK``.
+    second Ctrl-C) leaves readers that stop by themselves within a ``TICK``.
     Step 1 alone also runs as soon as a stream sees a reader error, and the
     error is raised at once: joining the survivors first kept it from the
     user for up to ``JOIN_TIMEOUT``.
 
     Segment names are normally unlinked much earlier, as soon as every
-    worker has attached (NOTE [segment lifetime]). Workers, for their part,
+    reader has attached (NOTE [segment lifetime]). Readers, for their part,
     watch that the consumer lives (pid and start time) and exit within
     ~0.5 s of its death; one that finds the consumer gone unlinks the names
     it mapped itself, in case the consumer died before it could.
@@ -69,13 +69,13 @@ from .._shm.ring import TICK
 from .._sys.signals import sigint_held_for_children
 from ..errors import ReaderError
 from .failure import FailureReport, died_error
-from .process import WorkerIdentity, process_start_time, worker_main
+from .process import ReaderIdentity, process_start_time, reader_main
 
-#: Seconds workers get to stop by themselves before they are terminated.
+#: Seconds readers get to stop by themselves before they are terminated.
 JOIN_TIMEOUT = 2.0
-#: Seconds the consumer waits for every worker to map a segment.
+#: Seconds the consumer waits for every reader to map a segment.
 ATTACH_TIMEOUT = 120.0
-#: Seconds the consumer waits for the report of a worker that flagged a failure.
+#: Seconds the consumer waits for the report of a reader that flagged a failure.
 REPORT_TIMEOUT = 1.0
 
 
@@ -101,9 +101,9 @@ def end_processes(procs: "list[Any]", timeout: float = JOIN_TIMEOUT) -> None:
 
 def preload_in_forkserver(ctx: Any) -> None:
     """Under the ``forkserver`` start method (Python 3.14's default on Linux), have the server import the
-    worker's modules once, so that each worker forked from it need not.
+    reader's modules once, so that each reader forked from it need not.
 
-    Each worker imported numpy and the library itself: 0.2 s more per pool start than ``fork`` (a shuffled
+    Each reader imported numpy and the library itself: 0.2 s more per pool start than ``fork`` (a shuffled
     epoch of 256 MiB: 0.50 s against 0.27; with the preload 0.30 s). The server's list is added to, not
     replaced (``__main__`` is on it by default); it is read from where multiprocessing keeps it, since
     there is no getter, and a server already running keeps the list it started with.
@@ -113,18 +113,18 @@ def preload_in_forkserver(ctx: Any) -> None:
     from multiprocessing import forkserver
 
     current = list(getattr(getattr(forkserver, "_forkserver", None), "_preload_modules", None) or ["__main__"])
-    if worker_main.__module__ not in current:
-        ctx.set_forkserver_preload(current + [worker_main.__module__])
+    if reader_main.__module__ not in current:
+        ctx.set_forkserver_preload(current + [reader_main.__module__])
 
 
-class WorkerPool:
-    """Worker processes running one loop, and what the consumer knows of them; owned by one front end.
+class ReaderPool:
+    """Reader processes running one loop, and what the consumer knows of them; owned by one front end.
 
     Make the pool, make the loop's process-shared objects from :attr:`ctx`,
     then :meth:`start`. Thread-safe: several threads may look at once.
     """
 
-    def __init__(self, start_method: "str | None", filename: str, path: str = "", name: str = "worker") -> None:
+    def __init__(self, start_method: "str | None", filename: str, path: str = "", name: str = "reader") -> None:
         self.ctx = multiprocessing.get_context(start_method)
         preload_in_forkserver(self.ctx)
         self.filename, self.path, self._name = filename, path, name
@@ -132,27 +132,27 @@ class WorkerPool:
         self.closed = False
         self._procs: list[Any] = []
         self._conns: list[Any] = []
-        self._listening: dict[Any, int] = {}  # report pipe -> worker, until EOF
-        self._watched: dict[Any, int] = {}  # sentinel -> worker, until it ends
-        #: Workers that ended: index -> (pid, exit code, its own report or None).
+        self._listening: dict[Any, int] = {}  # report pipe -> reader, until EOF
+        self._watched: dict[Any, int] = {}  # sentinel -> reader, until it ends
+        #: Readers that ended: index -> (pid, exit code, its own report or None).
         self.ended: dict[int, tuple[int, "int | None", "FailureReport | None"]] = {}
-        self._own: dict[int, FailureReport] = {}  # a worker's own report, until its end is seen
+        self._own: dict[int, FailureReport] = {}  # a reader's own report, until its end is seen
         self._tagged: dict[int, FailureReport] = {}  # tag >= 0 -> report
         self._lock = threading.RLock()
 
     def start(self, loop: Callable[..., None], args: "list[tuple[Any, ...]]") -> None:
-        """Start one worker per entry of ``args``, each running ``loop(worker, *args[i])``."""
+        """Start one reader per entry of ``args``, each running ``loop(reader, *args[i])``."""
         me = os.getpid()
         me_start = process_start_time(me)
         n = len(args)
-        for i, worker_args in enumerate(args):
-            identity = WorkerIdentity(i, n, self.filename, me, me_start, self.attached)
+        for i, reader_args in enumerate(args):
+            identity = ReaderIdentity(i, n, self.filename, me, me_start, self.attached)
             recv, send = self.ctx.Pipe(duplex=False)
             self._conns.append(recv)
             self._listening[recv] = i
             try:
                 proc = self.ctx.Process(
-                    target=worker_main, args=(loop, identity, worker_args, send), name=f"multitables-{self._name}-{i}", daemon=True
+                    target=reader_main, args=(loop, identity, reader_args, send), name=f"multitables-{self._name}-{i}", daemon=True
                 )
                 with sigint_held_for_children():
                     proc.start()
@@ -162,22 +162,22 @@ class WorkerPool:
             self._watched[proc.sentinel] = i
 
     @property
-    def n_workers(self) -> int:
+    def n_readers(self) -> int:
         return len(self._procs)
 
     @property
     def pids(self) -> list[int]:
-        """Process ids of the workers."""
+        """Process ids of the readers."""
         return [p.pid for p in self._procs]
 
     @property
     def running(self) -> int:
-        """Workers whose end the pool has not seen yet."""
+        """Readers whose end the pool has not seen yet."""
         return len(self._watched)
 
     # -- watching ----------------------------------------------------------------
     def look(self) -> None:
-        """Collect waiting reports and the workers that ended (NOTE [failure reports]); cheap, call it every tick."""
+        """Collect waiting reports and the readers that ended (NOTE [failure reports]); cheap, call it every tick."""
         with self._lock:
             if self.closed:
                 return
@@ -188,12 +188,12 @@ class WorkerPool:
                 i = self._watched.pop(sentinel)  # type: ignore[call-overload]
                 proc = self._procs[i]
                 proc.join(TICK)
-                # A worker sends its report before it exits; wait for one that is still in flight.
+                # A reader sends its report before it exits; wait for one that is still in flight.
                 self._drain(REPORT_TIMEOUT if proc.exitcode else 0.0, until=i)
                 self.ended[i] = (proc.pid, proc.exitcode, self._own.pop(i, None))
 
     def _drain(self, timeout: float, until: "int | None" = None) -> None:
-        """Read every report waiting: wait up to ``timeout`` s for a first one, or, with ``until``, for that worker's own."""
+        """Read every report waiting: wait up to ``timeout`` s for a first one, or, with ``until``, for that reader's own."""
         deadline = time.monotonic() + timeout
         while self._listening:
             if until is not None and (until in self._own or until not in self._listening.values()):
@@ -221,7 +221,7 @@ class WorkerPool:
                 deadline = 0.0  # one wait at most; then only what is already there
 
     def own_report(self, timeout: float) -> "FailureReport | None":
-        """The first worker's own failure report that arrives within ``timeout`` s (it need not have exited yet)."""
+        """The first reader's own failure report that arrives within ``timeout`` s (it need not have exited yet)."""
         deadline = time.monotonic() + timeout
         while True:
             with self._lock:
@@ -252,7 +252,7 @@ class WorkerPool:
             self._tagged.pop(tag, None)
 
     def end_error(self, i: int, path: "str | None" = None) -> "ReaderError | None":
-        """The error worker ``i``'s end means, if it ended with a failure: its report, or a silent death."""
+        """The error reader ``i``'s end means, if it ended with a failure: its report, or a silent death."""
         pid, exitcode, failure = self.ended.get(i, (0, 0, None))
         if failure is not None:
             return failure.to_exception()
@@ -261,9 +261,9 @@ class WorkerPool:
         return died_error(i, pid, exitcode, self.filename, self.path if path is None else path)
 
     def wait_attached(self, what: str, check: Callable[[], None]) -> None:
-        """Wait until every worker has mapped one more segment, calling ``check`` every tick."""
+        """Wait until every reader has mapped one more segment, calling ``check`` every tick."""
         deadline = time.monotonic() + ATTACH_TIMEOUT
-        for _ in range(self.n_workers):
+        for _ in range(self.n_readers):
             while not self.attached.acquire(timeout=TICK):
                 check()
                 if time.monotonic() > deadline:
@@ -272,14 +272,14 @@ class WorkerPool:
                     )
 
     def wait_any(self, timeout: float) -> None:
-        """Wait up to ``timeout`` s for a worker to end."""
+        """Wait up to ``timeout`` s for a reader to end."""
         watched = list(self._watched)
         if watched and timeout > 0:
             multiprocessing.connection.wait(watched, timeout=timeout)
 
     # -- stopping ----------------------------------------------------------------
     def close(self, tell_stop: Callable[[], None]) -> None:
-        """Stop every worker and close the pool's fds (NOTE [shutdown] 1-4); idempotent."""
+        """Stop every reader and close the pool's fds (NOTE [shutdown] 1-4); idempotent."""
         if self.closed:
             return
         tell_stop()

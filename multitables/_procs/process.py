@@ -1,7 +1,7 @@
-"""What every worker process does around its loop: signals, thread limits, parent watch, failure report.
+"""What every reader process does around its loop: signals, thread limits, parent watch, failure report.
 
-A pool (``pool.WorkerPool``) starts each worker at :func:`worker_main` with a
-*loop*: a module-level function of ``(worker, *args)`` that does the work
+A pool (``pool.ReaderPool``) starts each reader at :func:`reader_main` with a
+*loop*: a module-level function of ``(reader, *args)`` that does the work
 (``stream.stream_loop`` fills a ring with blocks; ``serve.serve_loop`` reads
 requests into stages). The entry is a module-level function taking picklable
 arguments, so it works under the fork, spawn and forkserver start methods
@@ -63,11 +63,11 @@ class ParentWatch:
 
 
 @dataclass(frozen=True)
-class WorkerIdentity:
-    """Who a worker is and whom it serves; sent once at process start."""
+class ReaderIdentity:
+    """Who a reader is and whom it serves; sent once at process start."""
 
     index: int
-    n_workers: int
+    n_readers: int
     filename: str
     parent_pid: int
     parent_start: "str | None"
@@ -75,16 +75,16 @@ class WorkerIdentity:
 
 
 @dataclass
-class Worker:
-    """A worker's own state, handed to its loop: what it reads now (for a report), what to unlink if orphaned."""
+class ReaderProcess:
+    """A reader's own state, handed to its loop: what it reads now (for a report), what to unlink if orphaned."""
 
-    identity: WorkerIdentity
-    conn: Any  # the write end of this worker's report pipe
+    identity: ReaderIdentity
+    conn: Any  # the write end of this reader's report pipe
     parent_alive: Callable[[], bool]
     #: The dataset and rows being read, named in a failure report.
     path: str = ""
     rows: "tuple[int, int] | None" = None
-    #: Segment names this worker maps: unlinked on exit if the consumer died before it could.
+    #: Segment names this reader maps: unlinked on exit if the consumer died before it could.
     segments: set[str] = field(default_factory=set)
     #: Called before a failure report is sent (the stream loop flags its ring: that wakes the consumer).
     on_failure: "Callable[[], None] | None" = None
@@ -94,7 +94,7 @@ class Worker:
         self.identity.attached.release()
 
     def report(self, tag: int, exc: BaseException, path: "str | None" = None, rows: "tuple[int, int] | None" = None) -> None:
-        """Send ``(tag, FailureReport)`` to the consumer; tag -1 is the worker's own failure. Never raises."""
+        """Send ``(tag, FailureReport)`` to the consumer; tag -1 is the reader's own failure. Never raises."""
         try:
             failure = FailureReport.from_exception(
                 exc,
@@ -112,29 +112,29 @@ class Worker:
             pass  # the consumer is gone or closed the pipe; it sees our exit instead
 
 
-def worker_main(loop: Callable[..., None], identity: WorkerIdentity, args: tuple[Any, ...], conn: Any) -> None:
-    """Worker process entry point: run ``loop(worker, *args)``; report its exception and exit 1 if it raises."""
+def reader_main(loop: Callable[..., None], identity: ReaderIdentity, args: tuple[Any, ...], conn: Any) -> None:
+    """Reader process entry point: run ``loop(reader, *args)``; report its exception and exit 1 if it raises."""
     ignore_sigint()  # the consumer decides what Ctrl-C does
     # SIGTERM is the consumer's escalation (NOTE [shutdown]): a handler
     # inherited through fork from the user's program must not keep us alive.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    worker = Worker(identity, conn, ParentWatch(identity.parent_pid, identity.parent_start))
+    reader = ReaderProcess(identity, conn, ParentWatch(identity.parent_pid, identity.parent_start))
     failed = False
     try:
         limit_threads()
-        loop(worker, *args)
+        loop(reader, *args)
     except BaseException as exc:
         failed = True
-        if worker.on_failure is not None:
+        if reader.on_failure is not None:
             try:
-                worker.on_failure()
+                reader.on_failure()
             except BaseException:
                 pass
-        worker.report(-1, exc)
+        reader.report(-1, exc)
     finally:
         conn.close()
-        if not worker.parent_alive():
-            for name in worker.segments:  # the consumer died, maybe before it could unlink these
+        if not reader.parent_alive():
+            for name in reader.segments:  # the consumer died, maybe before it could unlink these
                 unlink_orphan(name)
     if failed:
         raise SystemExit(1)

@@ -1,15 +1,15 @@
-"""Random access on the worker pool: the loop that reads requests into stages, and the consumer's side of it.
+"""Random access on the reader pool: the loop that reads requests into stages, and the consumer's side of it.
 
 NOTE [request protocol]
-    A :class:`~multitables.Reader` starts ``n_procs`` worker processes on a
-    :class:`~.pool.WorkerPool`. Each has an *inbox* (``_shm.inbox``): a ring
+    A :class:`~multitables.Reader` starts ``n_procs`` reader processes on a
+    :class:`~.pool.ReaderPool`. Each has an *inbox* (``_shm.inbox``): a ring
     of fixed-size items in one shared control segment, written by the
-    consumer only and read by that worker only. Items, in the order they
+    consumer only and read by that reader only. Items, in the order they
     are put:
 
     * ``ATTACH stage_id name``: map the stage segment ``name`` as stage ``stage_id``,
       then release ``attached``. A stage is created by the consumer, attached
-      by every worker, then unlinked (NOTE [segment lifetime]).
+      by every reader, then unlinked (NOTE [segment lifetime]).
     * ``READ request stage_id share a b``: read rows ``a..b`` of the plan held in
       the stage's header into rows ``a..b`` of its data.
     * ``DETACH stage_id``: unmap the stage (it was closed).
@@ -26,10 +26,10 @@ NOTE [request protocol]
     plan of NOTE [request plan], which node to read, one status word per
     share), the explicit rows read when the plan has them, then the data:
     the rows read, in order. ``Reader.request`` writes header and rows, then puts one READ
-    per share into the inboxes of distinct workers. A worker reads its share,
+    per share into the inboxes of distinct readers. A reader reads its share,
     sends a report (tagged with the request) on its pipe if it failed, sets its share's status
     (DONE or FAILED) and releases the stage's *channel*: one semaphore per
-    stage id, made when the workers start, since semaphores cannot be
+    stage id, made when the readers start, since semaphores cannot be
     handed to processes that are already running.
 
     Status words are the truth; channel tokens only wake the waiting future,
@@ -39,8 +39,8 @@ NOTE [request protocol]
     that used the stage, and a later ATTACH of the same stage_id after that.
 
     Every wait, on either side, is a loop of ``TICK`` waits that looks at the
-    other side: the consumer at the workers' sentinels and error pipes, a
-    worker at the stop flag and at whether the consumer still lives.
+    other side: the consumer at the readers' sentinels and error pipes, a
+    reader at the stop flag and at whether the consumer still lives.
 """
 
 from __future__ import annotations
@@ -61,13 +61,13 @@ from .._shm.segment import Segment
 from .._shm.stagemap import DONE, FAILED, StageLayout, StageMap
 from ..errors import FileChangedError, ReaderError, SharedMemoryError, StreamClosedError
 from .failure import died_error
-from .pool import REPORT_TIMEOUT, WorkerPool
-from .process import Worker
+from .pool import REPORT_TIMEOUT, ReaderPool
+from .process import ReaderProcess
 
 
 @dataclass(frozen=True)
 class ServeSettings:
-    """What every request worker of one Reader needs, sent once at process start."""
+    """What every request reader of one Reader needs, sent once at process start."""
 
     open_kwargs: dict[str, Any]
     control_name: str
@@ -76,34 +76,34 @@ class ServeSettings:
     files: "str | tuple[str, ...]" = ""
 
 
-# -- the worker's side -----------------------------------------------------------------------
+# -- the reader's side -----------------------------------------------------------------------
 
 
-def serve_loop(worker: Worker, settings: ServeSettings, sync: InboxSync, channels: tuple[Any, ...]) -> None:
-    """A request worker's loop: serve its inbox until STOP, the stop word, or the consumer's death."""
-    worker.segments.add(settings.control_name)
-    server = _Server(worker, settings, channels, Inboxes.attach(settings.control_name, worker.identity.n_workers))
+def serve_loop(reader: ReaderProcess, settings: ServeSettings, sync: InboxSync, channels: tuple[Any, ...]) -> None:
+    """A request reader's loop: serve its inbox until STOP, the stop word, or the consumer's death."""
+    reader.segments.add(settings.control_name)
+    server = _Server(reader, settings, channels, Inboxes.attach(settings.control_name, reader.identity.n_readers))
     try:
-        worker.attached()
+        reader.attached()
         server.serve(sync)
     finally:
         server.close()
 
 
 class _Server:
-    """The state of one request worker; see NOTE [request protocol]."""
+    """The state of one request reader; see NOTE [request protocol]."""
 
-    def __init__(self, worker: Worker, settings: ServeSettings, channels: tuple[Any, ...], inboxes: Inboxes) -> None:
-        self.worker, self.settings, self.channels, self.inboxes = worker, settings, channels, inboxes
+    def __init__(self, reader: ReaderProcess, settings: ServeSettings, channels: tuple[Any, ...], inboxes: Inboxes) -> None:
+        self.reader, self.settings, self.channels, self.inboxes = reader, settings, channels, inboxes
         self.stages: dict[int, StageMap] = {}
         self.readers: dict[bytes, tuple[NodeInfo, Any]] = {}
         self.tables_file: Any = None  # PyTables' handle on the file, opened by the first query
 
     def stopped(self) -> bool:
-        return self.inboxes.stopped or not self.worker.parent_alive()
+        return self.inboxes.stopped or not self.reader.parent_alive()
 
     def serve(self, sync: InboxSync) -> None:
-        me = self.worker.identity.index
+        me = self.reader.identity.index
         head = 0
         while True:
             if not sync.work.acquire(timeout=TICK):
@@ -118,10 +118,10 @@ class _Server:
             if item.kind == READ:
                 self.read_share(item)
             elif item.kind == ATTACH:
-                self.worker.segments.add(item.name)
+                self.reader.segments.add(item.name)
                 layout = StageLayout(item.max_rows, item.data_nbytes)
                 self.stages[item.stage_id] = StageMap(Segment.attach(item.name, layout.nbytes), layout, writable=True)
-                self.worker.attached()
+                self.reader.attached()
             elif item.kind == DETACH:
                 stage = self.stages.pop(item.stage_id, None)
                 if stage is not None:
@@ -152,17 +152,17 @@ class _Server:
                 rows = stage.rows_of(item.a, item.b)
                 out = stage.data(node.dtype, (stage.n_read,) + node.row_shape)[item.a : item.b]
                 reader.read(rows, out, self.stopped)
-            check_file_unchanged(self.worker.identity.filename, self.settings.file_signature)
+            check_file_unchanged(self.reader.identity.filename, self.settings.file_signature)
             status = DONE
         except Stopped:
             return
         except Exception as exc:
             try:  # a file changed under a read explains the read's failure (NOTE [file identity])
-                check_file_unchanged(self.worker.identity.filename, self.settings.file_signature)
+                check_file_unchanged(self.reader.identity.filename, self.settings.file_signature)
             except FileChangedError as changed:
                 changed.__cause__, exc = exc, changed
             span = (int(rows[0]), int(rows[-1]) + 1) if rows is not None and len(rows) else None
-            self.worker.report(item.req, exc, node.path if node is not None else "", span)
+            self.reader.report(item.req, exc, node.path if node is not None else "", span)
         stage.set_status(item.share, status)
         self.channels[item.stage_id].release()
 
@@ -171,7 +171,7 @@ class _Server:
         if self.tables_file is None:
             import tables
 
-            self.tables_file = tables.open_file(self.worker.identity.filename, "r", **self.settings.open_kwargs)
+            self.tables_file = tables.open_file(self.reader.identity.filename, "r", **self.settings.open_kwargs)
         result = getattr(self.tables_file.get_node(node.path), method)(**kwargs)
         result = np.asarray(result)
         if result.dtype != node.dtype:
@@ -203,11 +203,11 @@ class _Server:
 # -- the consumer's side ---------------------------------------------------------------------
 
 
-class ServeWorkers:
-    """The consumer's side of a Reader's request workers: start, feed, watch, stop.
+class ServeReaders:
+    """The consumer's side of a Reader's request readers: start, feed, watch, stop.
 
     Shutdown follows NOTE [shutdown] in ``pool``: the stop word, and every
-    worker woken, then join, SIGTERM, SIGKILL; the pool's pipes closed,
+    reader woken, then join, SIGTERM, SIGKILL; the pool's pipes closed,
     the inboxes unlinked and unmapped.
     """
 
@@ -227,7 +227,7 @@ class ServeWorkers:
         self._tails = [0] * n_procs
         self._push_lock = threading.Lock()
         self._attach_lock = threading.Lock()
-        self.pool = WorkerPool(start_method, filename, name="request")
+        self.pool = ReaderPool(start_method, filename, name="request")
         ctx = self.pool.ctx
         self._syncs = [InboxSync.create(ctx) for _ in range(n_procs)]
         self.channels = tuple(ctx.Semaphore(0) for _ in range(max_stages))
@@ -252,19 +252,19 @@ class ServeWorkers:
 
     # -- watching ---------------------------------------------------------------
     def look(self) -> None:
-        """Collect failure reports and notice workers that ended; cheap, call it every tick of a wait."""
+        """Collect failure reports and notice readers that ended; cheap, call it every tick of a wait."""
         self.pool.look()
 
     def _dead(self) -> list[int]:
-        """Workers that ended other than as told (a clean exit after finish() is as told)."""
+        """Readers that ended other than as told (a clean exit after finish() is as told)."""
         return sorted(i for i, (_pid, code, _r) in self.pool.ended.items() if not (self.finishing and code == 0))
 
     def is_dead(self, i: int) -> bool:
-        """Whether worker ``i`` ended other than as told (as last looked)."""
+        """Whether reader ``i`` ended other than as told (as last looked)."""
         return i in self._dead()
 
     def dead_error(self, i: int, path: str) -> "ReaderError | None":
-        """A fresh error for worker ``i`` if it died, else None."""
+        """A fresh error for reader ``i`` if it died, else None."""
         if i not in self._dead():
             return None
         error = self.pool.end_error(i, path)
@@ -274,7 +274,7 @@ class ServeWorkers:
         return error
 
     def broken(self) -> "ReaderError | None":
-        """The error of the first worker that died, if one did: the pool takes no more requests."""
+        """The error of the first reader that died, if one did: the pool takes no more requests."""
         for i in self._dead():
             exc = self.dead_error(i, "")
             broken = ReaderError(f"a request reader died, so this Reader cannot take more requests; close it. {exc}")
@@ -289,7 +289,7 @@ class ServeWorkers:
             raise broken
 
     def failure(self, req: int) -> ReaderError:
-        """The error a worker reported for request ``req`` (it sends the report before flagging the share)."""
+        """The error a reader reported for request ``req`` (it sends the report before flagging the share)."""
         report = self.pool.tagged_report(req, REPORT_TIMEOUT)
         if report is None:
             return ReaderError(f"a reader failed on request {req} of {self.filename!r}, but its report was lost")
@@ -300,33 +300,33 @@ class ServeWorkers:
         self.pool.forget(req)
 
     # -- feeding ----------------------------------------------------------------
-    def _push(self, worker: int, item: Item) -> None:
-        """Put one item in a worker's inbox, waiting (with liveness checks) while it is full."""
-        space = self._syncs[worker].space
+    def _push(self, reader: int, item: Item) -> None:
+        """Put one item in a reader's inbox, waiting (with liveness checks) while it is full."""
+        space = self._syncs[reader].space
         while not space.acquire(timeout=TICK):
             self.look()
             if self.closed:
                 raise StreamClosedError(f"the Reader of {self.filename!r} was closed")
-            if worker in self._dead():
+            if reader in self._dead():
                 raise self.broken()  # type: ignore[misc]
         with self._push_lock:
-            self._inboxes.put(worker, self._tails[worker], item)
-            self._tails[worker] += 1
-        self._syncs[worker].work.release()
+            self._inboxes.put(reader, self._tails[reader], item)
+            self._tails[reader] += 1
+        self._syncs[reader].work.release()
 
-    def read(self, worker: int, req: int, stage_id: int, share: int, a: int, b: int) -> None:
-        """Have ``worker`` read rows ``a..b`` of request ``req`` (share ``share``) into stage ``stage_id``."""
-        self._push(worker, Item(READ, req, stage_id, share, a, b))
+    def read(self, reader: int, req: int, stage_id: int, share: int, a: int, b: int) -> None:
+        """Have ``reader`` read rows ``a..b`` of request ``req`` (share ``share``) into stage ``stage_id``."""
+        self._push(reader, Item(READ, req, stage_id, share, a, b))
 
     def attach(self, stage_id: int, segment: Segment, layout: StageLayout) -> None:
-        """Have every worker map a new stage, and wait until they all did (then the name can go)."""
+        """Have every reader map a new stage, and wait until they all did (then the name can go)."""
         with self._attach_lock:
             for i in range(self.n_procs):
                 self._push(i, Item(ATTACH, stage_id=stage_id, max_rows=layout.max_rows, data_nbytes=layout.data_nbytes, name=segment.name))
             self.pool.wait_attached("map a new stage", self._check_broken)
 
     def detach(self, stage_id: int) -> None:
-        """Have every live worker unmap a closed stage (does not wait)."""
+        """Have every live reader unmap a closed stage (does not wait)."""
         dead = self._dead()
         for i in range(self.n_procs):
             if i not in dead and not self.closed:
@@ -334,7 +334,7 @@ class ServeWorkers:
 
     # -- stopping ---------------------------------------------------------------
     def finish(self) -> None:
-        """Tell every worker to stop once it has served what its inbox holds (does not wait)."""
+        """Tell every reader to stop once it has served what its inbox holds (does not wait)."""
         if self.closed or self.finishing:
             return
         self.finishing = True
@@ -344,7 +344,7 @@ class ServeWorkers:
                 self._push(i, Item(STOP))
 
     def running(self, timeout: float = 0.0) -> bool:
-        """Whether a worker still runs, after waiting up to ``timeout`` s for one to end."""
+        """Whether a reader still runs, after waiting up to ``timeout`` s for one to end."""
         if self.closed:
             return False
         self.pool.wait_any(timeout)
@@ -354,10 +354,10 @@ class ServeWorkers:
     def _tell_stop(self) -> None:
         self._inboxes.stop()
         for sync in self._syncs:
-            sync.work.release()  # wake an idle worker now rather than at its next tick
+            sync.work.release()  # wake an idle reader now rather than at its next tick
 
     def close(self) -> None:
-        """Stop every worker and free everything (idempotent); see NOTE [shutdown] in ``pool``."""
+        """Stop every reader and free everything (idempotent); see NOTE [shutdown] in ``pool``."""
         if self.closed:
             return
         self.pool.close(self._tell_stop)

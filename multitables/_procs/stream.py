@@ -1,9 +1,9 @@
-"""Streaming on the worker pool: the loop that fills a ring with blocks, and the consumer's side of it.
+"""Streaming on the reader pool: the loop that fills a ring with blocks, and the consumer's side of it.
 
-A stream's workers are its *readers*: each claims the next block of the plan,
+A stream's readers are its *readers*: each claims the next block of the plan,
 reads it into a free ring slot (``_io.blockread.read_block``) and publishes it
 (NOTE [ring protocol] in ``_shm.ring``). The consumer's
-:class:`StreamWorkers` starts them on a :class:`~.pool.WorkerPool` and,
+:class:`StreamReaders` starts them on a :class:`~.pool.ReaderPool` and,
 before every wait for a block, checks that none failed (NOTE [failure
 reports] in ``pool``).
 """
@@ -23,8 +23,8 @@ from .._plan.blocks import BlockPlan, RangePlan
 from .._shm.ring import PeerGone, Ring, RingLayout, RingSync
 from .._shm.segment import check_space
 from ..errors import ReaderError, StreamClosedError
-from .pool import REPORT_TIMEOUT, WorkerPool
-from .process import PARENT_CHECK_INTERVAL, Worker
+from .pool import REPORT_TIMEOUT, ReaderPool
+from .process import PARENT_CHECK_INTERVAL, ReaderProcess
 
 
 @dataclass(frozen=True)
@@ -45,22 +45,22 @@ class StreamSettings:
     transform: "Transform | None" = None
 
 
-def stream_loop(worker: Worker, settings: StreamSettings, sync: RingSync) -> None:
+def stream_loop(reader: ReaderProcess, settings: StreamSettings, sync: RingSync) -> None:
     """A reader's loop: claim, read, publish, until the plan is done or the consumer stops or dies."""
-    worker.segments.add(settings.shm_name)
+    reader.segments.add(settings.shm_name)
     ring = Ring.attach(settings.shm_name, settings.layout, sync)
     source = None
     try:
-        worker.on_failure = ring.fail  # wakes the consumer, which then waits for the report
-        worker.attached()
-        worker.path = settings.node.path
-        parent_alive = worker.parent_alive
+        reader.on_failure = ring.fail  # wakes the consumer, which then waits for the report
+        reader.attached()
+        reader.path = settings.node.path
+        parent_alive = reader.parent_alive
 
         def keep_going() -> bool:
             return not ring.stopped and parent_alive()
 
         def before_read(a: int, b: int) -> None:
-            worker.rows = (a, b)
+            reader.rows = (a, b)
             if not parent_alive():
                 raise PeerGone  # orphaned: stop now rather than at the end of the block (NOTE [orphans])
 
@@ -70,7 +70,7 @@ def stream_loop(worker: Worker, settings: StreamSettings, sync: RingSync) -> Non
         filename, plan = settings.node.filename, settings.plan
         source = open_source(settings.engine, settings.node, settings.open_kwargs, plan, cache=settings.cache)
         check_file_unchanged(filename, settings.file_signature)
-        n_readers = worker.identity.n_workers
+        n_readers = reader.identity.n_readers
         while True:
             claimed = ring.claim(plan.n_blocks, keep_going)
             if claimed is None:
@@ -78,7 +78,7 @@ def stream_loop(worker: Worker, settings: StreamSettings, sync: RingSync) -> Non
             k, slot = claimed
             read_block(source, plan, k, ring.slots[slot], n_readers, pacer, before_read, settings.transform, scratch)
             check_file_unchanged(filename, settings.file_signature)
-            worker.rows = None
+            reader.rows = None
             ring.publish(slot, k, plan.rows(k), keep_going)
             if not parent_alive():
                 break
@@ -98,7 +98,7 @@ def stream_loop(worker: Worker, settings: StreamSettings, sync: RingSync) -> Non
         ring.close()
 
 
-class StreamWorkers:
+class StreamReaders:
     """``n_procs`` readers filling one ring; owned by one queue."""
 
     def __init__(
@@ -115,7 +115,7 @@ class StreamWorkers:
     ) -> None:
         self._error: "ReaderError | None" = None
         self.filename, self.path = node.filename, node.path
-        self.pool = WorkerPool(start_method, node.filename, node.path, name="reader")
+        self.pool = ReaderPool(start_method, node.filename, node.path, name="reader")
         row_shape, dtype = (node.row_shape, node.dtype) if transform is None else (transform.row_shape, transform.dtype)
         layout = RingLayout(n_slots, plan.block_size, row_shape, dtype)
         check_space(layout.nbytes)  # before anything is created; Ring.create checks again
@@ -176,7 +176,7 @@ class StreamWorkers:
         """Step 1 of NOTE [shutdown], which cannot block. Idempotent (only the consumer sets the flag)."""
         if not self.ring.stopped:
             self.ring.stop()
-            self.ring.wake_readers(self.pool.n_workers)
+            self.ring.wake_readers(self.pool.n_readers)
 
     def close(self) -> None:
         """Stop every reader and free everything; see NOTE [shutdown]. Idempotent."""

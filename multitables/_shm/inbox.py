@@ -1,6 +1,6 @@
-"""Request inboxes: one ring of fixed-size items per worker, in one shared control segment.
+"""Request inboxes: one ring of fixed-size items per reader, in one shared control segment.
 
-Written by the consumer only, read by one worker only; ``work`` (items
+Written by the consumer only, read by one reader only; ``work`` (items
 waiting) and ``space`` (free places) semaphores hand items over. A semaphore
 hand-off costs ~0.1 us against ~126 us for a ``multiprocessing.Queue``
 put+get. See NOTE [request protocol] in ``_procs.serve``.
@@ -16,7 +16,7 @@ import numpy as np
 from .segment import Segment
 from .stagemap import PAGE, round_up
 
-#: Items in each worker's inbox.
+#: Items in each reader's inbox.
 INBOX_ITEMS = 64
 _ITEM_WORDS = 16
 _NAME_WORD = 8  # item words 8..15 hold a segment name
@@ -45,7 +45,7 @@ class Item:
 
 @dataclass(frozen=True)
 class InboxSync:
-    """One worker's inbox semaphores (picklable at process start)."""
+    """One reader's inbox semaphores (picklable at process start)."""
 
     work: Any
     space: Any
@@ -56,42 +56,42 @@ class InboxSync:
 
 
 class Inboxes:
-    """One process's mapping of the control segment: a stop word, then one inbox per worker."""
+    """One process's mapping of the control segment: a stop word, then one inbox per reader."""
 
-    def __init__(self, segment: Segment, n_workers: int) -> None:
+    def __init__(self, segment: Segment, n_readers: int) -> None:
         self.segment = segment
         self._flags: "np.ndarray | None" = np.frombuffer(segment.buf, dtype=np.int64, count=1)
         self._boxes = [
             np.ndarray((INBOX_ITEMS, _ITEM_WORDS), np.int64, buffer=segment.buf, offset=PAGE + i * _INBOX_BYTES)
-            for i in range(n_workers)
+            for i in range(n_readers)
         ]
 
     @staticmethod
-    def nbytes(n_workers: int) -> int:
-        return PAGE + n_workers * _INBOX_BYTES
+    def nbytes(n_readers: int) -> int:
+        return PAGE + n_readers * _INBOX_BYTES
 
     @classmethod
-    def create(cls, n_workers: int) -> "Inboxes":
-        segment = Segment.create(cls.nbytes(n_workers), what="The request inboxes")
+    def create(cls, n_readers: int) -> "Inboxes":
+        segment = Segment.create(cls.nbytes(n_readers), what="The request inboxes")
         segment.buf[:PAGE] = bytes(PAGE)
-        return cls(segment, n_workers)
+        return cls(segment, n_readers)
 
     @classmethod
-    def attach(cls, name: str, n_workers: int) -> "Inboxes":
-        return cls(Segment.attach(name, cls.nbytes(n_workers)), n_workers)
+    def attach(cls, name: str, n_readers: int) -> "Inboxes":
+        return cls(Segment.attach(name, cls.nbytes(n_readers)), n_readers)
 
     @property
     def stopped(self) -> bool:
-        """Whether the consumer told every worker to stop now."""
+        """Whether the consumer told every reader to stop now."""
         return self._flags is None or bool(self._flags[0])
 
     def stop(self) -> None:
         if self._flags is not None:
             self._flags[0] = 1
 
-    def put(self, worker: int, position: int, item: Item) -> None:
-        """Write ``item`` at ``position`` (a running count) of ``worker``'s inbox; the caller owns the place."""
-        row = self._boxes[worker][position % INBOX_ITEMS]
+    def put(self, reader: int, position: int, item: Item) -> None:
+        """Write ``item`` at ``position`` (a running count) of ``reader``'s inbox; the caller owns the place."""
+        row = self._boxes[reader][position % INBOX_ITEMS]
         row[:] = 0
         row[:8] = (item.kind, item.req, item.stage_id, item.share, item.a, item.b, item.max_rows, item.data_nbytes)
         if item.name:
@@ -100,9 +100,9 @@ class Inboxes:
                 raise ValueError(f"segment name {item.name!r} is too long")
             row[_NAME_WORD:] = np.frombuffer(name.ljust(_NAME_BYTES, b"\0"), dtype=np.int64)
 
-    def get(self, worker: int, position: int) -> Item:
-        """The item at ``position`` of ``worker``'s inbox."""
-        words = self._boxes[worker][position % INBOX_ITEMS].tolist()
+    def get(self, reader: int, position: int) -> Item:
+        """The item at ``position`` of ``reader``'s inbox."""
+        words = self._boxes[reader][position % INBOX_ITEMS].tolist()
         name = np.array(words[_NAME_WORD:], dtype=np.int64).tobytes().rstrip(b"\0").decode()
         return Item(*words[:8], name=name)
 

@@ -14,7 +14,7 @@ NOTE [segment lifetime]
     and registering it leaves the name behind: the next process to create a
     segment removes names of this library whose creator is dead, that belong
     to its user and are older than any creation can take (NOTE [creation
-    window], :func:`sweep_orphans`). Nothing else in /dev/shm is touched.
+    span], :func:`sweep_orphans`). Nothing else in /dev/shm is touched.
 
     No mapping holds a file descriptor (``mmap.mmap(fd)`` keeps a dup of
     ``fd`` for as long as the object lives, and rows lent to the caller
@@ -145,7 +145,7 @@ def shm_free_bytes() -> "int | None":
 _SMALLER = {
     "The ring": "a smaller read_ahead or block_size",
     "The stage": "a smaller stage or fewer stages",
-    "The request inboxes": "fewer workers (n_procs)",
+    "The request inboxes": "fewer readers (n_procs)",
 }
 
 
@@ -308,11 +308,11 @@ class Segment:
     def create(cls, nbytes: int, what: str = "The ring") -> "Segment":
         """Create a new private segment of ``nbytes`` bytes, reserving its pages now.
 
-        NOTE [creation window]: from ``shm_open`` until the returned object
+        NOTE [creation span]: from ``shm_open`` until the returned object
         exists (whose finalizer unlinks the name), a Ctrl-C is held back
         (``_sys.signals.sigint_deferred``) and any exception unlinks the name and
         closes the descriptor, so no instruction of creation can leave an
-        entry in /dev/shm or an open fd. A SIGKILL in that window cannot be
+        entry in /dev/shm or an open fd. A SIGKILL in that span cannot be
         caught: the next process to create a segment removes such leftovers
         (:func:`sweep_orphans`).
         """
@@ -407,7 +407,7 @@ def _creator_alive(pid: int) -> bool:
 def sweep_orphans(age: "float | None" = None) -> list[str]:
     """Remove this user's names of this library whose creator is dead and that are ``age`` s old; return them.
 
-    What a consumer killed while creating a segment (NOTE [creation window])
+    What a consumer killed while creating a segment (NOTE [creation span])
     leaves. A pid alive again (reused) keeps its names; another user's are
     not ours to remove.
     """

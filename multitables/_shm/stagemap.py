@@ -1,4 +1,4 @@
-"""Request stages: shared-memory segments that a Reader's workers read requests into.
+"""Request stages: shared-memory segments that a Reader's readers read requests into.
 
 A stage segment holds a header (request id, the rows plan of NOTE [request
 plan], which node to read, one status word per share), the explicit rows
@@ -112,10 +112,10 @@ class StageMap:
 
     @property
     def result_rows(self) -> int:
-        """Rows a query's worker wrote."""
+        """Rows a query's reader wrote."""
         return int(self.words[_H_RESULT_ROWS])
 
-    # -- the worker's side -------------------------------------------------------------------
+    # -- the reader's side -------------------------------------------------------------------
     def read_desc(self) -> bytes:
         """The node (or query) description the consumer wrote."""
         return bytes(self.segment.buf[_DESC_AT : _DESC_AT + int(self.words[_H_DESC_LEN])])
@@ -141,7 +141,7 @@ class StageMap:
         return int(w[_H_START]) + int(w[_H_STEP]) * np.arange(a, b, dtype=np.int64)
 
     def set_result_rows(self, n: int) -> None:
-        """A query's worker wrote ``n`` rows."""
+        """A query's reader wrote ``n`` rows."""
         self.words[_H_RESULT_ROWS] = n
 
     def set_status(self, share: int, status: int) -> None:
@@ -158,10 +158,10 @@ MAX_DESC = HEADER_BYTES - _DESC_AT
 
 
 def describe(engine: str, node: NodeInfo) -> bytes:
-    """The bytes that tell a worker which node to read and how (written into the stage per request).
+    """The bytes that tell a reader which node to read and how (written into the stage per request).
 
     A node of a set goes as a :class:`~multitables._io.fileset.SetRef`,
-    which the worker resolves with the Reader's files.
+    which the reader resolves with the Reader's files.
     """
     desc = pickle.dumps((engine, SetRef.of(node) if node.parts else node), protocol=pickle.HIGHEST_PROTOCOL)
     if len(desc) > MAX_DESC:
@@ -170,7 +170,7 @@ def describe(engine: str, node: NodeInfo) -> bytes:
 
 
 def describe_query(node: NodeInfo, method: str, kwargs: dict[str, Any]) -> bytes:
-    """The bytes that tell a worker which PyTables call to run on which node (a query)."""
+    """The bytes that tell a reader which PyTables call to run on which node (a query)."""
     desc = pickle.dumps((node, method, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
     if len(desc) > MAX_DESC:
         raise ValueError(

@@ -2,7 +2,7 @@
 
 A queue reads through one of two backends: :class:`RingBackend` takes blocks
 from reader processes through the shared-memory ring
-(``_procs.stream.StreamWorkers``); :class:`InlineBackend` reads them in this
+(``_procs.stream.StreamReaders``); :class:`InlineBackend` reads them in this
 process, for datasets too small for processes to pay. Both read a block with
 the one loop in ``_io.blockread``.
 """
@@ -23,7 +23,7 @@ from .._io.engines import open_source, resolve_engine
 from .._io.fileset import inspect_files, node_signature
 from .._io.node import NodeInfo, check_file_unchanged
 from .._plan.blocks import BlockPlan, RangePlan, available_cpus, cap_readers, default_read_ahead
-from .._procs.stream import StreamWorkers
+from .._procs.stream import StreamReaders
 from .._shm.ring import TICK
 from ..errors import QueueClosed, StreamClosedError
 
@@ -198,7 +198,7 @@ class RingBackend:
     def __init__(self, spec: StreamSpec, open_kwargs: dict[str, Any], start_method: "str | None") -> None:
         self._plan = spec.plan
         self._ordered = spec.ordered
-        self._pool = StreamWorkers(
+        self._pool = StreamReaders(
             spec.node, spec.engine, open_kwargs, spec.plan, spec.n_procs, spec.n_slots, start_method, spec.cache,
             spec.transform,
         )

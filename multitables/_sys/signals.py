@@ -1,9 +1,9 @@
 """Ctrl-C and the library's processes: the one place that decides what SIGINT does where.
 
-The consumer decides what Ctrl-C does; readers and workers ignore it, from
+The consumer decides what Ctrl-C does; readers and readers ignore it, from
 their first instruction (:func:`sigint_held_for_children`,
 :func:`ignore_sigint`), and the consumer holds it back while it creates a
-shared-memory segment (:func:`sigint_deferred`, NOTE [creation window] in
+shared-memory segment (:func:`sigint_deferred`, NOTE [creation span] in
 ``_shm.segment``).
 """
 
@@ -33,7 +33,7 @@ def sigint_held_for_children() -> Iterator[None]:
 
 
 def ignore_sigint() -> None:
-    """The first thing a reader or worker does: ignore Ctrl-C, then drop any that came while it started.
+    """The first thing every reader does: ignore Ctrl-C, then drop any that came while it started.
 
     Ctrl-C goes to the whole foreground process group; the consumer decides
     what happens (it stops us), so our processes ignore it, from before
@@ -45,7 +45,7 @@ def ignore_sigint() -> None:
 
 @contextmanager
 def sigint_deferred() -> Iterator[None]:
-    """Hold a Ctrl-C that comes during the ``with`` until its end (NOTE [creation window]).
+    """Hold a Ctrl-C that comes during the ``with`` until its end (NOTE [creation span]).
 
     Python raises ``KeyboardInterrupt`` in the main thread only, between any
     two instructions; elsewhere there is nothing to hold. Where Python's

@@ -106,7 +106,7 @@ class MixedBatches:
 
     @property
     def proportions(self) -> list[float]:
-        """Each source's share of the steps (normalised)."""
+        """Each source's proportion of the steps (normalised)."""
         return self._proportions.tolist()
 
     @property

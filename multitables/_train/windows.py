@@ -7,7 +7,7 @@ NOTE [window pipelining]
     A shuffled window can only hand out its first batch once all of its
     blocks are in. To keep the readers busy while the training loop works
     through window ``w``, every batch handed out from window ``w`` first pulls
-    a share of window ``w + 1``'s blocks (``ceil(blocks / batches)``) from the
+    a part of window ``w + 1``'s blocks (``ceil(blocks / batches)``) from the
     queues into a second buffer; the readers meanwhile refill the slots.
     Reading thus overlaps training, in one thread, at the cost of two window
     buffers per dataset. Unshuffled epochs need no buffer: each batch is

@@ -33,7 +33,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..errors import MissingFilterError, NodeTypeError
-from .chunks.source import CACHES, ChunkSource, ScratchBuffer
+from .chunks.source import CACHES, ChunkSource
+from .chunks.transport import ScratchBuffer
 from .fileset import SetSource
 from .h5py_engine import H5pySource, h5py_lacks
 from .node import NodeInfo, close_dataset

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .chunks.source import will_need
+from .chunks.pread import will_need
 from .node import NodeInfo, close_dataset
 from .chunks.storage import Layout, Unsupported, known_layout, learn_layout
 
@@ -153,7 +153,7 @@ class H5pySource:
         self._dsid.read(self._h5s.create_simple(shape), self._fspace, dest, self._mtype)
 
     def prefetch(self, start: int, stop: int) -> None:
-        """Hint the stored bytes of rows ``[start, stop)`` to the kernel (:func:`~.chunks.will_need`); returns at once.
+        """Hint the stored bytes of rows ``[start, stop)`` to the kernel (:func:`~multitables._io.chunks.pread.will_need`); returns at once.
 
         HDF5 reads a block chunk by chunk, so two readers' chunk reads
         alternate between two places in the file: on a spinning disk, a seek

@@ -176,8 +176,8 @@ def inspect_node(filename: "str | os.PathLike[str]", path: str, field: "str | No
     return node
 
 
-def file_signature(filename: str) -> FileSignature:
-    """The identity of ``filename`` now; see NOTE [file identity]."""
+def file_signature(filename: "str | int") -> FileSignature:
+    """The identity of ``filename`` now (a path, or an open file descriptor); see NOTE [file identity]."""
     st = os.stat(filename)
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 

@@ -29,13 +29,13 @@ any row is delivered from it.
 from __future__ import annotations
 
 import bisect
-import os
 import struct
 from typing import Any
 
 import numpy as np
 
 from .grid import ChunkGrid
+from .transport import Transport, open_transport
 from ...errors import FileChangedError, MultitablesError
 from ..node import FileSignature
 
@@ -73,34 +73,21 @@ def _entry_dtype(ndims: int) -> np.dtype:
     return np.dtype([("size", "<u4"), ("mask", "<u4"), ("offset", "<u8", (ndims,)), ("child", "<u8")])
 
 
-def _open(filename: str) -> int:
-    """The file opened for reading nodes: no kernel readahead (a node is a few KiB; the stream's own reads fetch the rest)."""
-    fd = os.open(filename, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-    except OSError:  # pragma: no cover - advice is advice
-        pass
-    return fd
+def _open(filename: str) -> Transport:
+    """The file opened for reading nodes: no readahead (a node is a few KiB; the stream's own reads fetch the rest)."""
+    return open_transport(filename, random=True)
 
 
-def _signature(fd: int) -> FileSignature:
-    st = os.fstat(fd)
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def _read(fd: int, offset: int, n: int) -> bytes:
-    data = os.pread(fd, n, offset)
-    while len(data) < n:  # a short read only at the end of the file
-        more = os.pread(fd, n - len(data), offset + len(data))
-        if not more:
-            break
-        data += more
+def _read(file: Transport, offset: int, n: int) -> bytearray:
+    """Bytes ``[offset, offset + n)`` of ``file``, fewer where the file ends first."""
+    data = bytearray(n)
+    del data[file.read_into(offset, data) :]
     return data
 
 
-def _layout_btree(fd: int, header: int, base: int) -> "tuple[int, int] | None":
+def _layout_btree(file: Transport, header: int, base: int) -> "tuple[int, int] | None":
     """(B-tree address, dimensionality) from a version-1 object header at ``header``; None if another format."""
-    prefix = _read(fd, base + header, 16)
+    prefix = _read(file, base + header, 16)
     if len(prefix) < 16 or prefix[0] != 1:
         return None  # version 2 headers ("OHDR") come with the newest format
     blocks = [(header + 16, struct.unpack_from("<I", prefix, 8)[0])]
@@ -108,7 +95,7 @@ def _layout_btree(fd: int, header: int, base: int) -> "tuple[int, int] | None":
     while blocks and seen < 64:
         start, size = blocks.pop(0)
         seen += 1
-        data = _read(fd, base + start, size)
+        data = _read(file, base + start, size)
         p = 0
         while p + 8 <= len(data):
             kind, n, flags = struct.unpack_from("<HHB", data, p)
@@ -128,7 +115,8 @@ class BTreeIndex:
     """Where each stored chunk of a dataset is, from its version-1 B-tree: ``lookup(index)`` gives ``(offset, size, filter_mask)`` or None.
 
     Built by :func:`open_btree_index`. Holds no open file: a leaf is read by
-    opening the file by name, so that a forked reader can use the index it
+    opening the file by name (its transport, :func:`~multitables._io.chunks.transport.open_transport`),
+    so that a forked reader can use the index it
     inherits; a file that is not the one opened then (NOTE [file identity])
     raises :class:`~multitables.errors.FileChangedError`.
     """
@@ -234,16 +222,16 @@ class BTreeIndex:
             self._where.clear()
             self._loaded = bytearray(len(self._addrs))
             self._stored = 0
-        fd = _open(self._filename)
+        file = _open(self._filename)
         try:
-            if _signature(fd) != self._signature:
+            if file.identity() != self._signature:
                 raise FileChangedError(
                     f"{self._filename!r} changed since its chunk index was opened: the rest of the index "
                     f"could describe other data, so it is not read"
                 )
-            level, entries = read_node(fd, self._base, self._addrs[leaf], self._entry, self._filename)
+            level, entries = read_node(file, self._base, self._addrs[leaf], self._entry, self._filename)
         finally:
-            os.close(fd)
+            file.close()
         lo = self._firsts[leaf]
         hi = self._firsts[leaf + 1] if leaf + 1 < len(self._firsts) else self._end
         where = self._where
@@ -278,15 +266,15 @@ def positions(grid: ChunkGrid, offsets: np.ndarray, filename: str, where: int) -
     return linear.tolist(), inside.tolist()
 
 
-def read_node(fd: int, base: int, addr: int, entry: np.dtype, filename: str) -> tuple[int, np.ndarray]:
+def read_node(file: Transport, base: int, addr: int, entry: np.dtype, filename: str) -> tuple[int, np.ndarray]:
     """(level, entries) of the raw-data B-tree node at ``addr``: ``entries`` holds one more key than children (its last ``child`` is junk)."""
-    data = _read(fd, base + addr, NODE_READ)
+    data = _read(file, base + addr, NODE_READ)
     if len(data) < 24 or data[:4] != b"TREE" or data[4] != 1:
         raise IndexCorrupt(f"{filename!r}: no chunk B-tree node at byte {base + addr}")
     level, used = data[5], struct.unpack_from("<H", data, 6)[0]
     need = 24 + (used + 1) * entry.itemsize - 8  # keys and children alternate, a key last
     if len(data) < need:
-        data += _read(fd, base + addr + len(data), need - len(data))
+        data += _read(file, base + addr + len(data), need - len(data))
         if len(data) < need:
             raise IndexCorrupt(f"{filename!r}: the chunk B-tree node at byte {base + addr} runs past the file's end")
     body = bytearray(data[24:need]) + bytes(8)  # room for the last key's missing child
@@ -306,21 +294,21 @@ def open_btree_index(ds: Any, grid: ChunkGrid, filename: str, header: int) -> "B
     base = int(fcpl.get_userblock())
     ndims = len(grid.shape) + 1
     entry = _entry_dtype(ndims)
-    fd = _open(filename)
+    file = _open(filename)
     try:
-        signature = _signature(fd)
-        found = _layout_btree(fd, header, base)
+        signature = file.identity()
+        found = _layout_btree(file, header, base)
         if found is None or found[1] != ndims:
             return None
         root, _ = found
         end = int(np.prod(grid.counts, dtype=np.int64))
         leaves: list[tuple[int, int]] = []
         if root != _UNDEFINED:  # else no chunk was ever written
-            _inner(fd, base, root, entry, filename, grid, leaves, None)
+            _inner(file, base, root, entry, filename, grid, leaves, None)
     except (_Unusual, IndexCorrupt, struct.error):
         return None  # HDF5 lists it instead, and says what is wrong if something is
     finally:
-        os.close(fd)
+        file.close()
     index = BTreeIndex(filename, signature, base, ndims, grid, leaves, end)
     try:
         return index if _agrees(index, ds) else None
@@ -328,10 +316,10 @@ def open_btree_index(ds: Any, grid: ChunkGrid, filename: str, header: int) -> "B
         return None
 
 
-def _inner(fd: int, base: int, addr: int, entry: np.dtype, filename: str, grid: ChunkGrid,
+def _inner(file: Transport, base: int, addr: int, entry: np.dtype, filename: str, grid: ChunkGrid,
            leaves: list[tuple[int, int]], level_above: "int | None") -> None:
     """Walk the inner nodes under ``addr`` (depth first, so in key order), noting each leaf's first chunk and address."""
-    level, entries = read_node(fd, base, addr, entry, filename)
+    level, entries = read_node(file, base, addr, entry, filename)
     if level_above is not None and level != level_above - 1:
         raise IndexCorrupt(f"{filename!r}: chunk B-tree node at byte {base + addr} is at level {level} under level {level_above}")
     firsts, inside = positions(grid, entries["offset"][:-1], filename, base + addr)
@@ -347,7 +335,7 @@ def _inner(fd: int, base: int, addr: int, entry: np.dtype, filename: str, grid: 
         if level == 1:
             leaves.append((first, child))
         else:
-            _inner(fd, base, child, entry, filename, grid, leaves, level)
+            _inner(file, base, child, entry, filename, grid, leaves, level)
 
 
 def _agrees(index: BTreeIndex, ds: Any) -> bool:

@@ -1,9 +1,10 @@
-"""The chunk engine: read a dataset's stored chunks with ``os.pread`` and decode them ourselves.
+"""The chunk engine's source: read a dataset's stored chunks through a transport and decode them ourselves.
 
 HDF5 reads a compressed chunk through an ordinary inflate, its own shuffle and
 a copy or two. This engine finds where each chunk lies (from the dataset's
 B-tree, a leaf as the rows reach it, :mod:`~multitables._io.chunks.btree`; else
-asking HDF5 at open), reads the stored bytes itself, and undoes the filters with the fastest
+asking HDF5 at open), reads the stored bytes itself (through a transport,
+:mod:`multitables._io.chunks.transport`: ``pread`` on a local file), and undoes the filters with the fastest
 codecs it has (:mod:`multitables._io.chunks.codecs`) straight into the caller's block
 where a chunk covers whole rows of it; :mod:`multitables._io.chunks.grid` says
 which chunks a row range needs and where each lands. One core, warm cache,
@@ -14,7 +15,7 @@ What it reads, and what it leaves to h5py (:func:`~multitables._io.chunks.storag
 says why, checked before any reader starts, so a stream never fails over midway):
 
 * chunked datasets whose every filter :mod:`~multitables._io.chunks.codecs` decodes,
-  and contiguous ones (read with one ``pread`` into the block);
+  and contiguous ones (read with one call into the block);
 * element types whose stored bytes are the bytes h5py delivers: integers and
   IEEE floats of any byte order, booleans (PyTables' bitfields) and enums,
   complex, fixed-length strings (null-terminated and space-padded ones
@@ -27,15 +28,14 @@ Chunks never written read as the dataset's fill value, as in HDF5 (zeros
 where HDF5 writes none, as h5py's reads give).
 
 ``cache="direct"`` reads the stored bytes with ``O_DIRECT`` (page-aligned
-buffers, aligned file ranges), past the page cache, with the stock wheels:
-the cold-cache figure without rebuilding HDF5 with its direct driver.
+buffers, aligned file ranges; :mod:`multitables._io.chunks.pread`), past the
+page cache, with the stock wheels: the cold-cache figure without rebuilding
+HDF5 with its direct driver.
 """
 
 from __future__ import annotations
 
-import errno
-import os
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -45,125 +45,9 @@ from .codecs.pipeline import Pipeline
 from .codecs.registry import build_pipeline
 from ..node import NodeInfo, close_dataset, deliver_strings, reopen_dataset
 from .btree import UNREAD
+from .pread import CACHES
 from .storage import INDEX_ALL_LIMIT, ChunkIndex, Layout, known_layout, learn_layout
-
-#: Where chunk bytes come from: the page cache, or the disk past it (``O_DIRECT``).
-CACHES = ("page", "direct")
-#: Stored chunks closer than this in the file are read with one call (the gap is read and dropped).
-MAX_GAP = 64 << 10
-#: The most bytes one read call covers.
-MAX_READ = 16 << 20
-#: ``O_DIRECT`` file offsets, lengths and buffers are aligned to this (the largest common logical block size).
-DIRECT_ALIGN = 4096
-
-
-# ---------------------------------------------------------------------------
-# Reading file bytes
-# ---------------------------------------------------------------------------
-
-
-def will_need(fd: int, extents: Sequence[Extent]) -> None:
-    """Start reading ``extents`` of the file open as ``fd`` into the page cache in the background; a hint.
-
-    ``POSIX_FADV_WILLNEED`` over the extents coalesced: the kernel queues
-    large reads in file order, which a spinning disk serves without seeking
-    back and forth between readers (BENCHMARKS.md, the disk model).
-    """
-    for group in coalesce(extents, MAX_GAP, MAX_READ) if extents else ():
-        try:
-            os.posix_fadvise(fd, group.start, group.stop - group.start, os.POSIX_FADV_WILLNEED)
-        except OSError:  # pragma: no cover - a filesystem without readahead; reading works the same
-            return
-
-
-class ScratchBuffer:
-    """A growable byte buffer, aligned for ``O_DIRECT``, that holds the stored bytes of one read at a time.
-
-    The sources of a set's files share one (one process reads one block at a
-    time): a fresh buffer per file paid its page faults again on every block,
-    0.5 ms for a block of 4 MiB, a fifth of a shuffled epoch over shards.
-    """
-
-    def __init__(self) -> None:
-        self._buffer = np.empty(0, np.uint8)
-
-    def get(self, n: int) -> np.ndarray:
-        """``n`` bytes of scratch, valid until the next call (their contents are the caller's to overwrite)."""
-        if len(self._buffer) < n:
-            # Over-allocate by one alignment unit and start on a boundary, as O_DIRECT needs.
-            raw = np.empty(max(n, 1 << 20) + DIRECT_ALIGN, np.uint8)
-            skip = -raw.ctypes.data % DIRECT_ALIGN
-            self._buffer = raw[skip : skip + len(raw) - DIRECT_ALIGN]
-        return self._buffer[:n]
-
-    def release(self) -> None:
-        self._buffer = np.empty(0, np.uint8)
-
-
-class _FileReader:
-    """Reads byte ranges of one file: ``os.preadv``, through the page cache or past it (``O_DIRECT``).
-
-    ``scratch``: the buffer for :meth:`read`, shared with other readers (a new one, this reader's own, when None).
-    """
-
-    def __init__(self, filename: str, cache: str, scratch: "ScratchBuffer | None" = None) -> None:
-        self.direct = cache == "direct"
-        self.filename = filename
-        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
-        if self.direct:
-            if not hasattr(os, "O_DIRECT"):  # pragma: no cover - not Linux
-                raise ValueError("cache='direct' needs O_DIRECT, which this platform lacks")
-            flags |= os.O_DIRECT
-        try:
-            self.fd = os.open(filename, flags)
-        except OSError as exc:
-            if self.direct and exc.errno == errno.EINVAL:
-                raise OSError(exc.errno, f"cache='direct': the filesystem refuses O_DIRECT ({exc.strerror})", filename) from None
-            raise
-        self._own_scratch = scratch is None
-        self._scratch = ScratchBuffer() if scratch is None else scratch
-
-    @property
-    def align(self) -> int:
-        return DIRECT_ALIGN if self.direct else 1
-
-    def read(self, start: int, stop: int, need: int) -> np.ndarray:
-        """File bytes ``[start, stop)`` (aligned for ``O_DIRECT``); at least ``need`` of them must exist."""
-        view = self._scratch.get(stop - start)
-        got = self.read_into(view, start)
-        if got < need:
-            raise ChunkDecodeError(f"{self.filename!r} ends at byte {start + got}; a chunk reaches byte {start + need}")
-        return view
-
-    def read_into(self, view: Any, offset: int) -> int:
-        """Fill ``view`` from file ``offset``; returns the bytes read (fewer only at the end of the file)."""
-        got, n = 0, len(view)
-        while got < n:
-            k = os.preadv(self.fd, [view[got:]], offset + got)
-            if k == 0:
-                break
-            got += k
-        return got
-
-    def will_need(self, extents: Sequence[Extent]) -> None:
-        """Start reading ``extents`` into the page cache in the background (``POSIX_FADV_WILLNEED``); a hint.
-
-        Past the page cache (``O_DIRECT``) there is nothing to warm, so it does nothing.
-        """
-        if not self.direct:
-            will_need(self.fd, extents)
-
-    def close(self) -> None:
-        if self._own_scratch:
-            self._scratch.release()
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-# ---------------------------------------------------------------------------
-# The source
-# ---------------------------------------------------------------------------
+from .transport import ScratchBuffer, Transport, open_transport
 
 
 class ChunkSource:
@@ -185,7 +69,7 @@ class ChunkSource:
         if cache not in CACHES:
             raise ValueError(f"cache={cache!r} is not one of {CACHES}")
         self._node = node
-        self._reader: "_FileReader | None" = None
+        self._bytes: "Transport | None" = None
         self._h5file: Any = None
         layout = known_layout(node)
         if layout is not None and isinstance(layout.index, ChunkIndex) and layout.index.n_listed > index_limit:
@@ -221,7 +105,9 @@ class ChunkSource:
         self._row_nbytes = int(np.prod(self._file_row_shape, dtype=np.int64)) * self._dtype.itemsize
         self._field = node.field
         self._rows: "np.ndarray | None" = None  # whole rows, for reading one field
-        self._reader = _FileReader(node.filename, cache, scratch)
+        self._own_scratch = scratch is None
+        self._scratch = ScratchBuffer() if scratch is None else scratch
+        self._bytes = open_transport(node.filename, cache)
         self._kept: dict[tuple[int, ...], np.ndarray] = {}
         self._free: list[np.ndarray] = []
         self._index = layout.index
@@ -264,10 +150,10 @@ class ChunkSource:
         disk works while this block decodes (a cold zlib-3 file read 1.6x
         faster by two readers; BENCHMARKS.md). Does nothing with ``O_DIRECT``.
         """
-        reader = self._reader
-        if reader is None or reader.direct or start >= stop:
+        transport = self._bytes
+        if transport is None or not transport.hints or start >= stop:
             return
-        self._layout.hint(start, stop, self._row_nbytes, reader.will_need, self._kept)
+        self._layout.hint(start, stop, self._row_nbytes, transport.hint, self._kept)
 
     def _read_rows(self, start: int, stop: int, out: np.ndarray) -> None:
         if out.size == 0:
@@ -278,8 +164,8 @@ class ChunkSource:
             return
         pending: list[tuple[ChunkPart, int, int, int]] = []  # part, file offset, stored size, filter mask
         kept: dict[tuple[int, ...], np.ndarray] = {}
-        reader, index = self._reader, self._index
-        assert reader is not None and index is not None
+        index = self._index
+        assert index is not None
         for part in chunk_parts(self._grid, start, stop):
             chunk = self._kept.pop(part.index, None)
             if chunk is not None:  # decoded for the previous block, which cut it
@@ -306,21 +192,21 @@ class ChunkSource:
 
     def _read_pending(self, pending: "list[tuple[ChunkPart, int, int, int]]", out: np.ndarray, kept: dict, stop: int) -> None:
         """Read the stored bytes of ``pending`` chunks (coalesced, in file order) and decode each into ``out``."""
-        reader = self._reader
-        assert reader is not None
+        transport = self._bytes
+        assert transport is not None
         out_bytes = out.reshape(-1).view(np.uint8)
         extents = [Extent(offset, size, k) for k, (_, offset, size, _) in enumerate(pending)]
-        for group in coalesce(extents, MAX_GAP, MAX_READ, reader.align):
-            if len(group.members) == 1 and not reader.direct:
+        for group in coalesce(extents, transport.max_gap, transport.max_read, transport.align):
+            if len(group.members) == 1 and transport.align == 1:
                 part, offset, size, mask = pending[group.members[0].key]
                 if part.whole and self._pipeline.is_identity(mask) and size == self._chunk_nbytes:
                     # Stored as it is (incompressible, say): straight into the block, no copy.
                     a, b = part.rows
-                    if reader.read_into(out_bytes[a * self._row_nbytes : b * self._row_nbytes], offset) != size:
+                    if transport.read_into(offset, out_bytes[a * self._row_nbytes : b * self._row_nbytes]) != size:
                         raise self._error(part, offset, size, "the file ends before the chunk does")
                     continue
             need = max(e.offset + e.size for e in group.members) - group.start
-            buf = reader.read(group.start, group.stop, need)
+            buf = self._read_span(group.start, group.stop, need)
             for e in group.members:
                 part, offset, size, mask = pending[e.key]
                 raw = buf[e.offset - group.start : e.offset - group.start + size]
@@ -365,17 +251,28 @@ class ChunkSource:
         self._free.extend(self._kept.values())
         self._kept = {}
 
+    def _read_span(self, start: int, stop: int, need: int) -> np.ndarray:
+        """File bytes ``[start, stop)`` in the scratch buffer (aligned as the transport needs); at least ``need`` of them must exist."""
+        transport = self._bytes
+        assert transport is not None
+        view = self._scratch.get(stop - start)
+        got = transport.read_into(start, view)
+        if got < need:
+            raise ChunkDecodeError(f"{transport.name!r} ends at byte {start + got}; a chunk reaches byte {start + need}")
+        return view
+
     def _read_contiguous(self, start: int, stop: int, out_bytes: np.ndarray) -> None:
-        reader = self._reader
-        assert reader is not None and self._storage.offset is not None
+        transport = self._bytes
+        assert transport is not None and self._storage.offset is not None
         first = self._storage.offset + start * self._row_nbytes
         n = (stop - start) * self._row_nbytes
-        if not reader.direct:
-            got = reader.read_into(out_bytes, first)
-        else:
-            a = first - first % DIRECT_ALIGN
-            b = -(-(first + n) // DIRECT_ALIGN) * DIRECT_ALIGN
-            buf = reader.read(a, b, first + n - a)
+        align = transport.align
+        if align == 1:
+            got = transport.read_into(first, out_bytes)
+        else:  # the block is not aligned: through the scratch buffer
+            a = first - first % align
+            b = -(-(first + n) // align) * align
+            buf = self._read_span(a, b, first + n - a)
             out_bytes[:] = buf[first - a : first - a + n]
             got = n
         if got != n:
@@ -385,9 +282,11 @@ class ChunkSource:
 
     def close(self) -> None:
         """Release the file (idempotent)."""
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
+        if self._bytes is not None:
+            self._bytes.close()
+            self._bytes = None
+            if self._own_scratch:
+                self._scratch.release()
         if self._h5file is not None:
             try:
                 self._h5file.close()

@@ -1,0 +1,104 @@
+"""The chunk engine's bytes from a local file: ``os.preadv``, through the page cache or past it (``O_DIRECT``).
+
+The one transport today (what a transport provides: :class:`~multitables._io.chunks.transport.Transport`).
+``cache="page"`` reads through the page cache, and a hint starts the kernel
+reading ahead (``POSIX_FADV_WILLNEED``); ``cache="direct"`` opens the file with
+``O_DIRECT``: page-aligned buffers and file ranges, past the page cache, with
+the stock wheels, so the cold-cache figure needs no HDF5 rebuilt with its
+direct driver, and there is nothing to hint.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import Any, Sequence
+
+from ..node import FileSignature, file_signature
+from .grid import Extent, coalesce
+
+#: Where chunk bytes come from: the page cache, or the disk past it (``O_DIRECT``).
+CACHES = ("page", "direct")
+#: Stored chunks closer than this in the file are read with one call (the gap is read and dropped).
+MAX_GAP = 64 << 10
+#: The most bytes one read call covers.
+MAX_READ = 16 << 20
+#: ``O_DIRECT`` file offsets, lengths and buffers are aligned to this (the largest common logical block size).
+DIRECT_ALIGN = 4096
+
+
+def will_need(fd: int, extents: Sequence[Extent]) -> None:
+    """Start reading ``extents`` of the file open as ``fd`` into the page cache in the background; a hint.
+
+    ``POSIX_FADV_WILLNEED`` over the extents coalesced: the kernel queues
+    large reads in file order, which a spinning disk serves without seeking
+    back and forth between readers (BENCHMARKS.md, the disk model).
+    """
+    for group in coalesce(extents, MAX_GAP, MAX_READ) if extents else ():
+        try:
+            os.posix_fadvise(fd, group.start, group.stop - group.start, os.POSIX_FADV_WILLNEED)
+        except OSError:  # pragma: no cover - a filesystem without readahead; reading works the same
+            return
+
+
+class PreadFile:
+    """One local file open for reading byte ranges (a :class:`~multitables._io.chunks.transport.Transport`).
+
+    ``cache``: one of :data:`CACHES`. ``random``: the reads are a few KiB
+    each, here and there (the chunk index's nodes), so the kernel is told not
+    to read ahead; the stream's own reads and hints fetch the rest. Holds one
+    file descriptor until :meth:`close`.
+    """
+
+    max_gap = MAX_GAP
+    max_read = MAX_READ
+
+    def __init__(self, filename: str, cache: str = "page", *, random: bool = False) -> None:
+        if cache not in CACHES:
+            raise ValueError(f"cache={cache!r} is not one of {CACHES}")
+        direct = cache == "direct"
+        self.name = filename
+        self.align = DIRECT_ALIGN if direct else 1
+        self.hints = not direct  # past the page cache there is nothing to warm
+        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+        if direct:
+            if not hasattr(os, "O_DIRECT"):  # pragma: no cover - not Linux
+                raise ValueError("cache='direct' needs O_DIRECT, which this platform lacks")
+            flags |= os.O_DIRECT
+        try:
+            self.fd = os.open(filename, flags)
+        except OSError as exc:
+            if direct and exc.errno == errno.EINVAL:
+                raise OSError(exc.errno, f"cache='direct': the filesystem refuses O_DIRECT ({exc.strerror})", filename) from None
+            raise
+        if random:
+            try:
+                os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
+            except OSError:  # pragma: no cover - advice is advice
+                pass
+
+    def read_into(self, offset: int, into: Any) -> int:
+        """Fill ``into`` (a writable byte buffer) from file ``offset``; returns the bytes read (fewer only at the end of the file)."""
+        view = memoryview(into).cast("B")
+        got, n = 0, len(view)
+        while got < n:
+            k = os.preadv(self.fd, [view[got:]], offset + got)
+            if k == 0:
+                break
+            got += k
+        return got
+
+    def hint(self, extents: Sequence[Extent]) -> None:
+        """Start reading ``extents`` into the page cache in the background (:func:`will_need`); nothing with ``O_DIRECT``."""
+        if self.hints:
+            will_need(self.fd, extents)
+
+    def identity(self) -> FileSignature:
+        """The open file's identity (NOTE [file identity] in ``_io.node``), from the descriptor, not the path."""
+        return file_signature(self.fd)
+
+    def close(self) -> None:
+        """Close the descriptor (idempotent)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

@@ -1,0 +1,91 @@
+"""How the chunk engine reaches a file's bytes: the transport protocol, and the buffer its reads land in.
+
+Everything else in the chunk engine (the B-tree, the grid, the codecs, the
+source) works on byte ranges; a *transport* fetches them. Today there is one,
+:class:`~multitables._io.chunks.pread.PreadFile` (``os.preadv`` on a local
+file); a second (ranged GETs on object storage, say) is one module beside it
+and one line in :func:`open_transport`, which picks the transport for a name.
+
+A transport must provide (:class:`Transport`):
+
+* ``read_into(offset, into) -> int``: fill the writable byte buffer ``into``
+  from byte ``offset``, returning the bytes read, fewer only where the
+  file ends. The caller owns ``into``; where ``align`` > 1, ``offset``,
+  ``len(into)`` and the buffer's address are multiples of it (the chunk
+  engine then reads through a :class:`ScratchBuffer`, never straight into
+  a block).
+* ``hint(extents)``: the :class:`~multitables._io.chunks.grid.Extent` byte
+  ranges, in file order, will be read soon; start fetching them in the
+  background and return at once. May do nothing.
+* ``identity()``: what identifies the bytes now (NOTE [file identity] in
+  ``_io.node``; for a local file, the open descriptor's device, inode, size
+  and times): the B-tree index compares it before it reads more of a file it
+  listed earlier.
+* ``close()``: release what it holds (idempotent).
+* attributes ``name`` (what errors call it), ``align`` (1: any offset and
+  buffer), ``hints`` (False where ``hint`` does nothing, so callers skip
+  working out what to hint), ``max_gap`` and ``max_read`` (stored chunks
+  closer than ``max_gap`` bytes are fetched in one read, of at most
+  ``max_read`` bytes: a local disk's seek and an object store's request cost
+  differently).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+from .grid import Extent
+from .pread import DIRECT_ALIGN, PreadFile
+
+
+class Transport(Protocol):
+    """Byte ranges of one file, read into the caller's buffers (the module docstring says what each member must do)."""
+
+    name: str
+    align: int
+    hints: bool
+    max_gap: int
+    max_read: int
+
+    def read_into(self, offset: int, into: Any) -> int:
+        """Fill ``into`` from byte ``offset``; the bytes read (fewer only at the end of the file)."""
+
+    def hint(self, extents: Sequence[Extent]) -> None:
+        """``extents`` will be read soon; returns at once, and may do nothing."""
+
+    def identity(self) -> Any:
+        """What identifies the file's bytes now (equal while they are unchanged)."""
+
+    def close(self) -> None:
+        """Release what the transport holds (idempotent)."""
+
+
+def open_transport(name: str, cache: str = "page", *, random: bool = False) -> Transport:
+    """The transport that reads ``name``: a local file, read with ``pread`` (``cache``, ``random``: :class:`~multitables._io.chunks.pread.PreadFile`)."""
+    return PreadFile(name, cache, random=random)
+
+
+class ScratchBuffer:
+    """A growable byte buffer, aligned for any transport (``O_DIRECT``'s 4 KiB), that holds the stored bytes of one read at a time.
+
+    The sources of a set's files share one (one process reads one block at a
+    time): a fresh buffer per file paid its page faults again on every block,
+    0.5 ms for a block of 4 MiB, a fifth of a shuffled epoch over shards.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = np.empty(0, np.uint8)
+
+    def get(self, n: int) -> np.ndarray:
+        """``n`` bytes of scratch, valid until the next call (their contents are the caller's to overwrite)."""
+        if len(self._buffer) < n:
+            # Over-allocate by one alignment unit and start on a boundary, as O_DIRECT needs.
+            raw = np.empty(max(n, 1 << 20) + DIRECT_ALIGN, np.uint8)
+            skip = -raw.ctypes.data % DIRECT_ALIGN
+            self._buffer = raw[skip : skip + len(raw) - DIRECT_ALIGN]
+        return self._buffer[:n]
+
+    def release(self) -> None:
+        self._buffer = np.empty(0, np.uint8)

@@ -1,58 +1,58 @@
-"""Reading engines: open a node once, then read row ranges straight into a caller's buffer.
+"""Reading engines: the registry, which engine reads a node, and opening one to read rows into a caller's buffer.
 
-Three engines read HDF5 here, behind one small protocol:
+Three engines read HDF5 here, one object each in :data:`REGISTRY`
+(the :class:`Engine` protocol), in the order of their measured speed:
 
-* ``chunks``: reads the stored chunks itself (``os.pread``, or ``O_DIRECT``
-  with ``cache="direct"``) and decodes them with faster codecs than HDF5's,
-  straight into the block (:mod:`multitables._io.chunks.source`). ``auto`` prefers it
-  where it can read the node; where it cannot (an unknown filter, a type
-  h5py converts...), ``resolve_engine`` answers ``h5py`` instead, so the
-  stream reports the engine that really reads.
-
-* ``h5py``: HDF5's own reads with hdf5plugin's filters
-  (:mod:`multitables._io.h5py_engine`). Measured on this project's machine it decodes zlib ~1.8x and blosc ~2.3x faster per core
-  than the PyTables wheel (see BENCHMARKS.md), so ``auto`` prefers it to
-  PyTables where the chunk engine does not apply.
-* ``tables``: PyTables' ``read(out=)`` (:mod:`multitables._io.tables_engine`).
-  Used for ``auto`` when PyTables open
-  options are given (``DRIVER=...``), or when neither engine above reads the
-  node (a filter h5py lacks, an element type h5py has no numpy type for).
+* ``chunks`` (:mod:`multitables._io.chunks.engine`): reads the stored chunks
+  itself (``os.pread``, or ``O_DIRECT`` with ``cache="direct"``) and
+  decodes them with faster codecs than HDF5's, straight into the block.
+  ``auto`` prefers it where it is measured faster and can read the node;
+  where it cannot (an unknown filter, a type h5py converts...),
+  :func:`resolve_engine` answers ``h5py`` instead, so the stream reports the
+  engine that really reads.
+* ``h5py`` (:mod:`multitables._io.h5py_engine`): HDF5's own reads with
+  hdf5plugin's filters. Measured on this project's machine it decodes zlib
+  ~1.8x and blosc ~2.3x faster per core than the PyTables wheel (see
+  BENCHMARKS.md), so ``auto`` prefers it to PyTables.
+* ``tables`` (:mod:`multitables._io.tables_engine`): PyTables' ``read(out=)``.
+  Used for ``auto`` when PyTables open options are given (``DRIVER=...``),
+  or when neither engine above reads the node (a filter h5py lacks, an
+  element type h5py has no numpy type for).
 
 Every engine delivers what h5py's ``dataset[()]`` gives, row by row along
-axis 0: :func:`engine_problem` says, before any reader starts, why an engine
-cannot, and :func:`resolve_engine` refuses the node (naming each engine's
-reason, or the missing filter) where none can.
+axis 0: each engine's ``problem`` (:func:`engine_problem` for a name) says,
+before any reader starts, why it cannot, and :func:`resolve_engine` refuses
+the node (naming each engine's reason, or the missing filter) where none
+can. An engine opens a :class:`Source` for streaming (:func:`open_source`)
+and a :class:`Rows` for random access (:func:`open_rows`); a set of files
+(NOTE [file sets] in ``fileset``) is read through each file's own.
+
+A new engine is an object with :class:`Engine`'s members, placed in
+:data:`REGISTRY` by its speed; ``tests/test_engine_conformance.py`` runs the
+suite every engine must pass on each registered one.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
 from ..errors import MissingFilterError, NodeTypeError
-from .chunks.source import CACHES, ChunkSource
+from .chunks.engine import ENGINE as CHUNKS
 from .chunks.transport import ScratchBuffer
 from .fileset import SetSource
-from .h5py_engine import H5pySource, h5py_lacks
-from .node import NodeInfo, close_dataset
-from .chunks.storage import Unsupported, chunks_problem
-from .tables_engine import TablesSource, tables_problem
-
-ENGINES = ("auto", "h5py", "tables", "chunks")
-
-
-def check_engine(engine: Any) -> str:
-    """``engine`` if it names an engine (or ``auto``), else ``ValueError``: the one place engine names are checked."""
-    if engine not in ENGINES:
-        raise ValueError(f"engine={engine!r} is not one of {ENGINES}")
-    return engine
+from .h5py_engine import ENGINE as H5PY
+from .h5py_engine import filter_label, h5py_lacks
+from .node import NodeInfo, Unsupported, close_dataset
+from .scattered import GroupRows
+from .tables_engine import ENGINE as TABLES
 
 
 class Source(Protocol):
-    """One open node in one process."""
+    """One open node in one process, read in row ranges (for streaming)."""
 
     #: The engine that reads it (``chunks`` opens as ``h5py`` where it cannot read the node).
     engine: str
@@ -65,6 +65,93 @@ class Source(Protocol):
 
     def close(self) -> None:
         """Release the file."""
+
+
+class Rows(Protocol):
+    """One open node in one process, read at given rows (for random access)."""
+
+    def read(self, rows: np.ndarray, out: np.ndarray, stopped: Callable[[], bool]) -> None:
+        """Read rows ``rows`` (sorted integers) into ``out`` (C-contiguous, ``len(rows)`` rows, delivered dtype).
+
+        Calls ``stopped()`` between reads, and raises
+        :class:`~multitables._io.scattered.Stopped` once it says so.
+        """
+
+    def close(self) -> None:
+        """Release the file."""
+
+
+class Engine(Protocol):
+    """One way of reading HDF5 nodes, as :data:`REGISTRY` holds it.
+
+    Its methods take one file's node (never a set's: :func:`open_source`
+    and :func:`engine_problem` read a set through each file's own) and
+    ``open_kwargs``, the user's open options.
+    """
+
+    #: Its name, as ``engine=`` takes it.
+    name: str
+    #: How messages name it ("the chunk engine").
+    title: str
+    #: The ``cache=`` values it reads with (:func:`open_source` refuses the others).
+    caches: "tuple[str, ...]"
+    #: Whose open options it takes: :data:`AUTO_OPTIONS` (the established API's), another library's
+    #: (passed on), or None (none: a named engine given some is refused).
+    options: "str | None"
+    #: Named, it reads what it can and leaves the rest to ``auto``'s walk (True), or it reads the node or refuses (False).
+    falls_back: bool
+
+    def preferred(self, node: NodeInfo, in_set: bool = False) -> bool:
+        """Whether ``auto`` takes it ahead of the engines that are not (measured faster), for ``node`` (``in_set``: a file of a set)."""
+
+    def problem(self, node: NodeInfo, open_kwargs: "dict[str, Any]", dataset: Any = None) -> "str | None":
+        """Why it cannot read ``node`` as h5py delivers it (None: it can, and its opens work); starts nothing.
+
+        ``dataset``: the node's open ``h5py.Dataset``, which it may use to
+        spare an open and leaves open.
+        """
+
+    def open(self, node: NodeInfo, open_kwargs: "dict[str, Any]", plan: Any = None, dataset: Any = None, *,
+             cache: str = "page", scratch: "ScratchBuffer | None" = None) -> Source:
+        """A :class:`Source` of ``node``, tuned for reading ``plan``'s blocks (None: any reads); the caller closes it.
+
+        ``dataset``: the node's open ``h5py.Dataset``, which it takes over (and
+        closes, even when it raises). ``cache``: one of :attr:`caches`.
+        ``scratch``: a buffer for stored bytes, shared by the sources of a set.
+        Raises :class:`~multitables._io.node.Unsupported` where it finds at
+        open what it cannot read.
+        """
+
+    def open_rows(self, node: NodeInfo, open_kwargs: "dict[str, Any]") -> Rows:
+        """A :class:`Rows` of ``node``, for random access; the caller closes it. Raises as :meth:`open`."""
+
+
+#: The engines, in the order of measured speed: ``auto`` walks those it prefers for a node in
+#: this order, then the others in this order (:func:`resolve_engine`).
+REGISTRY: "tuple[Engine, ...]" = (CHUNKS, H5PY, TABLES)
+#: What ``engine=`` takes: ``auto`` and each registered engine's name.
+ENGINES = ("auto",) + tuple(e.name for e in REGISTRY)
+#: Every ``cache=`` some engine reads with.
+CACHES = tuple(dict.fromkeys(c for e in REGISTRY for c in e.caches))
+#: Whose open options the established API passes on (``DRIVER=...``): with any given,
+#: ``auto`` walks only the engines that take these.
+AUTO_OPTIONS = "PyTables'"
+_BY_NAME = {e.name: e for e in REGISTRY}
+
+
+def check_engine(engine: Any) -> str:
+    """``engine`` if it names an engine (or ``auto``), else ``ValueError``: the one place engine names are checked."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r} is not one of {ENGINES}")
+    return engine
+
+
+def registered(engine: str) -> Engine:
+    """The registered engine named ``engine``; ``ValueError`` for ``auto`` or an unknown name."""
+    found = _BY_NAME.get(engine)
+    if found is None:
+        raise ValueError(f"engine={engine!r} is not a concrete engine")
+    return found
 
 
 def limit_threads() -> None:
@@ -81,22 +168,6 @@ def limit_threads() -> None:
         sys.modules["tables"].set_blosc_max_threads(1)
     if "blosc2" in sys.modules:
         sys.modules["blosc2"].set_nthreads(1)
-
-
-#: Filters whose pipelines the chunk engine decodes clearly faster than h5py
-#: (one core, same run): deflate + shuffle 2.1-2.3x (2.7x in the benchmark's
-#: warm run, BENCHMARKS.md), deflate alone 1.55x,
-#: lzf + shuffle 2.3x. With blosc, lz4, zstd and bitshuffle it was 1.0-1.2x
-#: on large files and 0.5-0.6x on 4 MB ones (its set-up costs more than
-#: HDF5's), so ``auto`` leaves those to h5py.
-_CHUNKS_WIN_FILTERS = frozenset({1, 32000})
-
-
-def _chunks_pays(node: NodeInfo) -> bool:
-    """Whether ``auto`` should read ``node`` with the chunk engine (when it can)."""
-    if node.chunk_rows is None:
-        return True  # contiguous: one pread into the block, 1.37x h5py
-    return bool(_CHUNKS_WIN_FILTERS.intersection(node.filter_ids))
 
 
 #: What provides HDF5 filters that are not always installed, by filter id.
@@ -122,10 +193,10 @@ _FILTER_PROVIDERS = {
 def engine_problem(engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]", dataset: Any = None) -> "str | None":
     """Why the concrete ``engine`` cannot read ``node`` as h5py delivers it (None: it can); starts nothing.
 
-    ``tables`` is tried for real: the file is opened with PyTables and the
-    first row read, here, since what PyTables fails on (netCDF-4 groups, object
-    references, filters its HDF5 lacks) shows no sooner. For a set, the
-    first file's problem, named.
+    The registered engine's ``problem`` (:class:`Engine`); ``tables`` is
+    tried for real (:func:`~multitables._io.tables_engine.tables_problem`),
+    since what PyTables fails on shows no sooner. For a set, the first
+    file's problem, named.
     """
     if node.parts:
         for part in node.parts:
@@ -133,27 +204,7 @@ def engine_problem(engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]", d
             if why is not None:
                 return f"{part.node.filename!r}: {why}"
         return None
-    if engine == "chunks":
-        if open_kwargs:
-            return f"it takes no open options (PyTables'), got {sorted(open_kwargs)}"
-        return chunks_problem(node, dataset)
-    if engine == "h5py":
-        if node.h5py_problem:
-            return node.h5py_problem
-        lacks = h5py_lacks(node)
-        if lacks:
-            return "its HDF5 cannot decode filter " + ", ".join(_filter_name(node, fid) for fid in lacks)
-        return None
-    if engine == "tables":
-        return tables_problem(node, open_kwargs)
-    raise ValueError(f"engine={engine!r} is not a concrete engine")
-
-
-
-def _filter_name(node: NodeInfo, fid: int) -> str:
-    names = dict(zip(node.filter_ids, node.filter_names))
-    name = names.get(fid) or "unnamed"
-    return f"{name!r} (id {fid})"
+    return registered(engine).problem(node, open_kwargs, dataset)
 
 
 def _refuse(node: NodeInfo, problems: "dict[str, str]", open_kwargs: "dict[str, Any]", dataset: Any) -> Exception:
@@ -163,22 +214,18 @@ def _refuse(node: NodeInfo, problems: "dict[str, str]", open_kwargs: "dict[str, 
     cannot decode makes it a :class:`~multitables.MissingFilterError`.
     """
     where = f"{node.path!r} in {node.filename!r}"
-    other = None
-    for engine in ("chunks", "h5py", "tables"):
-        if engine not in problems and not (engine == "chunks" and open_kwargs):
-            if engine_problem(engine, node, open_kwargs, dataset) is None:
-                other = engine
-                break
+    other = next((e.name for e in REGISTRY if e.name not in problems and e.problem(node, open_kwargs, dataset) is None), None)
     if len(problems) == 1:
         reasons = "{}: {}".format(*next(iter(problems.items())))
     else:
         reasons = "; ".join(f"{engine}: {why}" for engine, why in problems.items())
+    # h5py's HDF5, with hdf5plugin's filters, is what says which filters are installed.
     lacking = h5py_lacks(node) if not node.h5py_problem else []
     if other is not None:
         message = f"engine={'/'.join(problems)!r} cannot read {where} ({reasons}); engine={other!r} (or 'auto') reads it"
     elif lacking:
-        named = ", ".join(_filter_name(node, fid) for fid in lacking)
-        provide = "; ".join(f"{_filter_name(node, fid)}: {_FILTER_PROVIDERS.get(fid, 'an HDF5 plugin for it')}" for fid in lacking)
+        named = ", ".join(filter_label(node, fid) for fid in lacking)
+        provide = "; ".join(f"{filter_label(node, fid)}: {_FILTER_PROVIDERS.get(fid, 'an HDF5 plugin for it')}" for fid in lacking)
         message = (
             f"{where} was written with filter {named}, which no engine here decodes ({reasons}). "
             f"Install what provides it ({provide}) and point HDF5_PLUGIN_PATH at its plugin folder"
@@ -192,18 +239,44 @@ def _refuse(node: NodeInfo, problems: "dict[str, str]", open_kwargs: "dict[str, 
     return NodeTypeError(message)
 
 
+def _auto_walk(node: NodeInfo, open_kwargs: "dict[str, Any]", in_set: bool = False) -> "list[Engine]":
+    """The engines ``auto`` tries for ``node``, in order: those it prefers, then the others, each in :data:`REGISTRY`'s order.
+
+    Given open options, only the engines that take the established API's (:data:`AUTO_OPTIONS`).
+    """
+    walk = [e for e in REGISTRY if e.preferred(node, in_set)]
+    walk += [e for e in REGISTRY if e not in walk]
+    if open_kwargs:
+        walk = [e for e in walk if e.options == AUTO_OPTIONS]
+    return walk
+
+
+def _walk(engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]", in_set: bool = False) -> "list[Engine]":
+    """The engines to try, in order, for ``engine`` on ``node``: ``auto``'s walk, a named engine alone, or first where it falls back."""
+    if engine == "auto":
+        return _auto_walk(node, open_kwargs, in_set)
+    named = registered(engine)
+    if open_kwargs and named.options is None:
+        raise ValueError(
+            f"engine={engine!r} reads the file itself and takes no open options (PyTables'), got {sorted(open_kwargs)}"
+        )
+    if not named.falls_back:
+        return [named]
+    return [named] + [e for e in _auto_walk(node, open_kwargs, in_set) if e is not named]
+
+
 def resolve_engine(engine: str, node: NodeInfo, open_kwargs: dict[str, Any], dataset: Any = None) -> str:
     """The concrete engine that reads ``node`` for ``engine`` (``auto`` picks); raises before any reader starts.
 
     ``auto`` takes the first engine that reads the node, in the order of
-    measured speed: the chunk engine where it pays (:func:`_chunks_pays`),
-    h5py, the chunk engine where it does not, PyTables; only PyTables when
-    PyTables open options are given (the established API's). ``chunks``
-    does the same, trying itself first. A named ``h5py`` or ``tables`` that
-    cannot read the node raises. Where no engine reads it: a
-    :class:`~multitables.MissingFilterError` for a filter nothing here
-    decodes, else a :class:`~multitables.NodeTypeError` with each engine's
-    reason. ``ValueError`` for unknown names.
+    measured speed (:data:`REGISTRY`, those preferred for the node first:
+    the chunk engine where it pays, h5py, the chunk engine where it does
+    not, PyTables); only PyTables when PyTables open options are given
+    (the established API's). ``chunks`` does the same, trying itself first.
+    A named ``h5py`` or ``tables`` that cannot read the node raises. Where
+    no engine reads it: a :class:`~multitables.MissingFilterError` for a
+    filter nothing here decodes, else a :class:`~multitables.NodeTypeError`
+    with each engine's reason. ``ValueError`` for unknown names.
     """
     check_engine(engine)
     if node.parts:
@@ -211,24 +284,17 @@ def resolve_engine(engine: str, node: NodeInfo, open_kwargs: dict[str, Any], dat
             return _resolve_set_again(engine, node, tuple(sorted(open_kwargs.items())))
         except TypeError:  # an open option that is not hashable
             return _resolve_set(engine, node, open_kwargs)
-    if engine == "chunks" and open_kwargs:
-        raise ValueError(
-            f"engine='chunks' reads the file itself and takes no open options (PyTables'), got {sorted(open_kwargs)}"
-        )
-    if engine in ("h5py", "tables"):
-        candidates = [engine]
-    elif open_kwargs:
-        candidates = ["tables"]  # the open options are PyTables' (the established API)
-    elif engine == "chunks" or _chunks_pays(node):
-        candidates = ["chunks", "h5py", "tables"]
-    else:
-        candidates = ["h5py", "chunks", "tables"]
+    return _resolve(engine, node, open_kwargs, dataset)
+
+
+def _resolve(engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]", dataset: Any = None, in_set: bool = False) -> str:
+    """:func:`resolve_engine` for one file's ``node``."""
     problems: dict[str, str] = {}
-    for candidate in candidates:
-        why = engine_problem(candidate, node, open_kwargs, dataset)
+    for candidate in _walk(engine, node, open_kwargs, in_set):
+        why = candidate.problem(node, open_kwargs, dataset)
         if why is None:
-            return candidate
-        problems[candidate] = why
+            return candidate.name
+        problems[candidate.name] = why
     raise _refuse(node, problems, open_kwargs, dataset)
 
 
@@ -242,32 +308,42 @@ def _resolve_set_again(engine: str, node: NodeInfo, open_options: "tuple[tuple[s
 def _resolve_set(engine: str, node: NodeInfo, open_kwargs: dict[str, Any]) -> str:
     """The one engine that reads every file of a set (NOTE [file sets]): each file's own choice where they agree.
 
-    Where the files' choices differ (other filters in some shards), the
-    first of h5py and PyTables that reads every file; else the refusal of
-    the first file neither reads, naming it. ``auto`` prefers the chunk
-    engine for every file it can read, whatever the filters: its check of
-    each file here leaves the file's layout for the readers (NOTE [layout
-    cache]), so a shuffled epoch reopens a file in a stat and an ``open``
-    where h5py opens the HDF5 file again (blosc 3, 32 shards of 4 MiB, warm:
-    shards read 1.00x one file with the chunk engine, 0.91x with h5py).
+    Each file's choice is ``engine``'s walk for a file of a set (the chunk
+    engine's check of a file leaves its layout for the readers, NOTE
+    [layout cache], so ``auto`` prefers it for every file it reads,
+    whatever the filters; :meth:`~multitables._io.chunks.engine.ChunkEngine.preferred`).
+    Where the choices differ (other filters in some shards), the first
+    engine after the walk's first that reads every file; else the refusal of
+    the first file none of those reads, naming it.
     """
-    per_file = "chunks" if engine == "auto" and not open_kwargs else engine
-    chosen = {resolve_engine(per_file, part.node, open_kwargs) for part in node.parts}  # each refusal names its file
+    chosen = {_resolve(engine, part.node, open_kwargs, in_set=True) for part in node.parts}  # each refusal names its file
     if len(chosen) == 1:
         return chosen.pop()
-    for common in ("h5py", "tables"):
-        if all(engine_problem(common, part.node, open_kwargs) is None for part in node.parts):
-            return common
-    raise _set_refusal(node, open_kwargs)
+    # The choices differ only where the walk's first engine does not read every file.
+    others = _walk(engine, node.parts[0].node, open_kwargs, in_set=True)[1:]
+    for common in others:
+        if all(common.problem(part.node, open_kwargs) is None for part in node.parts):
+            return common.name
+    raise _set_refusal(node, others, open_kwargs)
 
 
-def _set_refusal(node: NodeInfo, open_kwargs: dict[str, Any]) -> Exception:
-    """Why no one engine reads every file of the set ``node``."""
+def _set_refusal(node: NodeInfo, engines: "list[Engine]", open_kwargs: dict[str, Any]) -> Exception:
+    """Why none of ``engines`` reads every file of the set ``node``: the first file none reads, refused by name."""
     for part in node.parts:
-        problems = {e: engine_problem(e, part.node, open_kwargs) for e in ("h5py", "tables")}
+        problems = {e.name: e.problem(part.node, open_kwargs) for e in engines}
         if all(problems.values()):
             return _refuse(part.node, {e: p for e, p in problems.items() if p}, open_kwargs, None)
     return NodeTypeError(f"no one engine reads every file of {node.filename!r}")
+
+
+def _fallback(engine: Engine, node: NodeInfo, open_kwargs: "dict[str, Any]") -> Engine:
+    """The engine that reads ``node`` where ``engine``, which falls back, found at open that it cannot.
+
+    The next of ``auto``'s walk whose check passes; the last is taken
+    unchecked (PyTables' check forks a probe; its open says what is wrong).
+    """
+    rest = [e for e in _auto_walk(node, open_kwargs) if e is not engine]
+    return next((e for e in rest[:-1] if e.problem(node, open_kwargs) is None), rest[-1])
 
 
 def open_source(
@@ -290,18 +366,27 @@ def open_source(
             close_dataset(dataset)
         shared = ScratchBuffer()
         return SetSource(node, engine, lambda part: open_source(engine, part, open_kwargs, cache=cache, scratch=shared))
-    if engine == "chunks":
+    chosen = registered(engine)
+    while True:
+        if cache not in chosen.caches:
+            offering = " or ".join(e.title for e in REGISTRY if cache in e.caches)
+            raise ValueError(f"cache={cache!r} needs {offering}; {chosen.name!r} reads through the page cache")
         try:
-            return ChunkSource(node, cache, dataset, scratch=scratch)
+            return chosen.open(node, open_kwargs, plan, dataset, cache=cache, scratch=scratch)
         except Unsupported:
-            engine = "h5py" if engine_problem("h5py", node, open_kwargs) is None else "tables"
-            dataset = None  # closed by the failed open
-    if cache != "page":
-        raise ValueError(f"cache={cache!r} needs the chunk engine; {engine!r} reads through the page cache")
-    if engine == "h5py":
-        return H5pySource(node, open_kwargs, plan, dataset)
-    if dataset is not None:
-        close_dataset(dataset)
-    if engine == "tables":
-        return TablesSource(node, open_kwargs, plan)
-    raise ValueError(f"engine={engine!r} is not a concrete engine")
+            if not chosen.falls_back:
+                raise
+            chosen, dataset = _fallback(chosen, node, open_kwargs), None  # the failed open closed the dataset
+
+
+def open_rows(engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]") -> Rows:
+    """Open ``node`` with the concrete ``engine`` for random access (its own :class:`Rows`); a set reads through its files' sources."""
+    if node.parts:
+        return GroupRows(open_source(engine, node, open_kwargs), node)
+    chosen = registered(engine)
+    try:
+        return chosen.open_rows(node, open_kwargs)
+    except Unsupported:
+        if not chosen.falls_back:
+            raise
+        return _fallback(chosen, node, open_kwargs).open_rows(node, open_kwargs)

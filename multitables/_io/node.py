@@ -44,6 +44,10 @@ FileSignature = tuple[int, int, int, int, int]
 StringPad = tuple[int, int, int, str]
 
 
+class Unsupported(Exception):
+    """An engine does not read this node as h5py delivers it; the message says why (the chunk engine raises it at open)."""
+
+
 @dataclass(frozen=True)
 class NodeInfo:
     """What the readers and the consumer need to know about one streamed node.

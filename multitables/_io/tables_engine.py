@@ -1,5 +1,6 @@
 """The ``tables`` engine: PyTables' ``read(out=)``, made to deliver what h5py's ``dataset[()]`` gives.
 
+:data:`ENGINE` is the engine in the registry (:mod:`multitables._io.engines`).
 :func:`tables_problem` says whether PyTables reads a node by trying it (open
 the file, read the first row) in a forked child, as PyTables can crash on a
 damaged file where h5py fails cleanly.
@@ -11,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from .node import NodeInfo, deliver_strings
+from .node import NodeInfo, close_dataset, deliver_strings
+from .scattered import GroupRows
 
 
 def tables_problem(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "str | None":
@@ -190,3 +192,37 @@ def _copy_by_name(dst: np.ndarray, src: np.ndarray) -> None:
     for name in dst.dtype.names:
         _copy_by_name(dst[name], src[name])
 
+
+class TablesEngine:
+    """The PyTables engine in the registry (:class:`~multitables._io.engines.Engine`).
+
+    Slower per core than h5py (zlib ~1.8x, blosc ~2.3x; BENCHMARKS.md), so
+    ``auto`` takes it last; but the open options of the established API are
+    PyTables' (``DRIVER=...``), and with them ``auto`` takes it alone.
+    """
+
+    name = TablesSource.engine
+    title = "PyTables"
+    caches = ("page",)
+    options = "PyTables'"
+    falls_back = False
+
+    def preferred(self, node: NodeInfo, in_set: bool = False) -> bool:
+        return False
+
+    def problem(self, node: NodeInfo, open_kwargs: "dict[str, Any]", dataset: Any = None) -> "str | None":
+        """:func:`tables_problem`: PyTables tried for real, in a forked child."""
+        return tables_problem(node, open_kwargs)
+
+    def open(self, node: NodeInfo, open_kwargs: "dict[str, Any]", plan: Any = None, dataset: Any = None, *,
+             cache: str = "page", scratch: Any = None) -> "TablesSource":
+        if dataset is not None:
+            close_dataset(dataset)  # PyTables opens the file itself
+        return TablesSource(node, open_kwargs, plan)
+
+    def open_rows(self, node: NodeInfo, open_kwargs: "dict[str, Any]") -> GroupRows:
+        return GroupRows(TablesSource(node, open_kwargs), node)
+
+
+#: The PyTables engine.
+ENGINE = TablesEngine()

@@ -54,7 +54,8 @@ import numpy as np
 
 from .._io.fileset import SetRef
 from .._io.node import FileSignature, NodeInfo, check_file_unchanged
-from .._io.scattered import Stopped, open_rows
+from .._io.engines import open_rows
+from .._io.scattered import Stopped
 from .._shm.inbox import ATTACH, DETACH, READ, STOP, InboxSync, Inboxes, Item
 from .._shm.ring import TICK
 from .._shm.segment import Segment

@@ -44,7 +44,7 @@ from .btree import UNREAD, BTreeIndex, open_btree_index
 from .codecs.base import FilterSpec, UnsupportedFilter, filters_of
 from .codecs.registry import build_pipeline
 from .hdf5lib import header_address, leaves_edge_chunks_unfiltered
-from ..node import FileSignature, NodeInfo, file_signature
+from ..node import FileSignature, NodeInfo, Unsupported, file_signature
 
 #: Datasets with more chunks than this are indexed lazily, one lookup per chunk read
 #: (``chunk_iter`` lists ~100-400k chunks/s; a lookup costs ~3x a listed chunk).
@@ -52,10 +52,6 @@ INDEX_ALL_LIMIT = 1 << 17
 #: Read the chunk index from the dataset's B-tree ourselves where its format allows
 #: (NOTE [chunk index in file order] in ``btree``); tests turn it off to reach ``ChunkIndex``.
 READ_BTREE = True
-
-
-class Unsupported(Exception):
-    """The chunk engine does not read this dataset; the message says why."""
 
 
 @dataclass(frozen=True)

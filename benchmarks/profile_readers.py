@@ -200,7 +200,7 @@ def placement(path: str, passes: int, cache: str = "evict") -> str:
     """One h5py process against multitables three ways on ``/data`` of ``path``: a Markdown table.
 
     Default ``n_procs``, one reader per CPU, and every block read in the
-    consumer (``_plan.parallel_pays`` made to answer no, as it does for small
+    consumer (``_plan.readers.parallel_pays`` made to answer no, as it does for small
     datasets); direct access and generator. The last column lists the
     readers each pass used.
     """
@@ -208,25 +208,25 @@ def placement(path: str, passes: int, cache: str = "evict") -> str:
 
     import h5py
 
-    from multitables import streamer
-    from multitables._plan.blocks import available_cpus
+    from multitables._plan import readers as planner  # the planner decides whether readers pay
+    from multitables._plan.readers import available_cpus
     from multitables_bench.readers import probe_multitables, read_multitables, read_single
     from multitables_bench.records import MODES, Codec, Reader, Target
 
     with h5py.File(path, "r") as f:
         n_rows = f["/data"].shape[0]
     target = Target("file", path, Codec("file", 0), n_rows)
-    pays = streamer.parallel_pays
+    pays = planner.parallel_pays
     cpus = available_cpus()
     used: dict[str, list[int]] = {}
 
     def read(name: str, mode: str, n_procs: "int | None", consumer: bool = False) -> int:
-        streamer.parallel_pays = (lambda *args, **kwargs: False) if consumer else pays
+        planner.parallel_pays = (lambda *args, **kwargs: False) if consumer else pays
         try:
             reader = Reader("multitables", "auto", mode, n_procs)
             return read_multitables(target, reader, cache, _no_progress, used.setdefault(name, []))
         finally:
-            streamer.parallel_pays = pays
+            planner.parallel_pays = pays
 
     _, block = probe_multitables(target, "auto", None, cache)
     readers = {"h5py read_direct, 1 process": lambda: read_single(target, Reader("single", "h5py"), cache, block, _no_progress)}

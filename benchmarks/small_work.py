@@ -193,7 +193,11 @@ def profile(paths: list[str], passes: int, cache: str) -> str:
 
     import multitables
     from multitables import streamer as streamer_mod
-    from multitables._stream import queue as queue_mod
+    from multitables._io import blockread as blockread_mod
+    from multitables._plan import readers as readers_mod
+    from multitables._procs import stream as stream_mod
+    from multitables._stream import backends as backends_mod
+    from multitables._stream import options as options_mod
 
     spans: dict[str, list[float]] = {}
     stamp: dict[str, float] = {}
@@ -214,11 +218,11 @@ def profile(paths: list[str], passes: int, cache: str) -> str:
 
     timed(streamer_mod, "open_node", "open file, node checks (open_node)")
     timed(streamer_mod, "open_files", "open file, node checks (open_files)")
-    timed(queue_mod.StreamOptions, "resolve", "engine choice (resolve_engine)")
-    timed(streamer_mod, "parallel_pays", "plan (parallel_pays)")
-    timed(queue_mod, "open_source", "open the source (open_source)")
-    timed(queue_mod, "read_block", "read blocks (read_block)")
-    timed(queue_mod.InlineBackend, "close", "close the source")
+    timed(options_mod.StreamOptions, "resolve", "engine choice (resolve_engine)")
+    timed(readers_mod, "parallel_pays", "plan (parallel_pays)")
+    timed(stream_mod, "open_source", "open the source (open_source)")
+    timed(blockread_mod, "read_block", "read blocks (read_block)")
+    timed(backends_mod.InlineBackend, "close", "close the source")
 
     def one_pass() -> None:
         for path in paths:

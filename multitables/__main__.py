@@ -119,7 +119,7 @@ def why(info: dict, ratios: dict, n_cpus: int, asked: "int | None") -> "list[str
 
 def main(argv: "list[str] | None" = None) -> None:
     import multitables
-    from multitables._plan.blocks import available_cpus
+    from multitables._plan.readers import available_cpus
 
     parser = argparse.ArgumentParser(prog="python -m multitables", description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=98304, help="rows of 1024 float32 (default 98304: 384 MiB)")

@@ -19,26 +19,21 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence, Union
 
 import numpy as np
 
-from ._train.mix import MixedBatches, mix_batches
-from ._sys.checks import check_bool, check_columns, check_fields, check_int, rank_and_world
-from ._train.transforms import infer_transforms
-from ._train.windows import BlockWindows, NoWindows, ShuffledWindows, Windows, cut, empty_window_buffer
-from ._plan.epoch import EpochSettings, remaining_after
+from ._io.blockread import delivered
 from ._io.fileset import inspect_files
-from ._plan.blocks import MiB, RangePlan, available_cpus, default_block_size, parallel_pays, split_readers
-from ._plan.subset import (
-    check_weights, default_subset_block, piece_spans, subset_key, subset_rows, weighted_draw, weights_key,
-)
+from ._plan.epoch import EpochSettings, remaining_after
+from ._plan.readers import DatasetShape, plan_batches
+from ._plan.subset import epoch_rows, subset_key, weighted_draw, weights_key
+from ._sys.checks import check_bool, check_columns, check_fields, check_int, rank_and_world
+from ._train.mix import MixedBatches, mix_batches
+from ._train.transforms import infer_transforms
+from ._train.windows import WINDOW_BYTES, NoWindows, cut, empty_window_buffer, open_windows
 
 if TYPE_CHECKING:
     from ._stream.queue import Queue
     from .streamer import Streamer  # type only: the streamer makes batches
 
 __all__ = ["Batches", "MixedBatches", "mix_batches"]
-
-#: Memory a shuffle window aims at, over all datasets, when ``window`` is not
-#: given (two such buffers are alive at once; NOTE [window pipelining] in ``_train.windows``).
-WINDOW_BYTES = 256 * MiB
 
 #: A batch: one array per dataset, a single array when one path was given, or
 #: one array per column (a dict) with ``fields``.
@@ -177,10 +172,11 @@ class Batches:
         n_procs = check_int("n_procs", n_procs, 0)
         block_size = check_int("block_size", block_size, 1)
         window = check_int("window", window, 1)
-        self._read_ahead = check_int("read_ahead", read_ahead, 2)
+        read_ahead = check_int("read_ahead", read_ahead, 1)
         self._epochs = check_int("epochs", epochs, 1)
         self._rank, world = rank_and_world(rank, world_size)
 
+        # The files are looked at once, here: a later epoch's readers check that each is still the file seen now.
         nodes = [inspect_files(stream.filename, p, self._field) for p in path_list]
         if self._columns is not None:
             check_columns(nodes[0], self._columns)
@@ -188,27 +184,13 @@ class Batches:
         if len(lengths) > 1:
             listing = ", ".join(f"{p!r} has {n.n_rows}" for p, n in zip(path_list, nodes))
             raise ValueError(f"datasets read together need the same number of rows: {listing}")
-        file_rows = nodes[0].n_rows
-        self._subset = subset_rows(indices, file_rows) if indices is not None else None
-        self._weights = None if weights is None else check_weights(weights, file_rows)
-        num_samples = check_int("num_samples", num_samples, 1)
-        if self._weights is not None and self._subset is not None:
-            raise ValueError("give indices= (a subset) or weights= (a weighted draw), not both; weight 0 leaves rows out")
-        if num_samples is not None and self._weights is None:
-            raise ValueError("num_samples= is the size of a weighted draw: give weights= too")
-        if self._weights is not None:
-            n_rows = num_samples or file_rows
-        else:
-            n_rows = file_rows if self._subset is None else len(self._subset)
-        main = max(nodes, key=lambda n: n.row_nbytes)
-        if block_size is None:
-            # One reader as the default's n_procs: the order must not depend on the machine.
-            block_size = default_block_size(file_rows, main.row_nbytes, main.chunk_rows, 1)
-            if self._subset is not None or self._weights is not None:
-                block_size = default_subset_block(block_size, n_rows, file_rows)
-        elif block_size > n_rows:
-            what = "the datasets, which have" if self._subset is None else "the subset, which has"
-            raise ValueError(f"block_size={block_size} is larger than {what} {n_rows} rows")
+        self._subset, self._weights, n_rows = epoch_rows(nodes[0].n_rows, indices, weights, num_samples)
+        self._engines = [stream.options.resolve(n) for n in nodes]
+        self._plan = plan_batches(
+            [DatasetShape.of(n) for n in nodes], self._engines, stream.options.machine, n_rows=n_rows,
+            n_procs=n_procs, block_size=block_size, read_ahead=read_ahead,
+        )  # fmt: skip
+        block_size = self._plan.block_size
         if window is None:
             row_nbytes = max(1, sum(n.row_nbytes for n in nodes))
             window = max(1, WINDOW_BYTES // (block_size * row_nbytes))
@@ -230,13 +212,7 @@ class Batches:
         self._nodes = nodes
         self._transforms = infer_transforms(stream, path_list, nodes, transform, self._columns is not None)
         #: (dtype, row shape) of each dataset's delivered rows: the transform's output where there is one.
-        self._row_types = [
-            (n.dtype, n.row_shape) if t is None else (t.dtype, t.row_shape) for n, t in zip(nodes, self._transforms)
-        ]
-        cpus = available_cpus()
-        nbytes = [n.n_rows * n.row_nbytes for n in nodes]
-        pays = [parallel_pays(b, n.filter_ids, stream.options.start_method, cpus) for b, n in zip(nbytes, nodes)]
-        self._readers = split_readers(nbytes, pays, n_procs, cpus)
+        self._row_types = [delivered(n, t) for n, t in zip(nodes, self._transforms)]
         self._epoch = 0
         self._batch = 0  # batches delivered in this epoch
         self._step = 0  # batches delivered since epoch 0 began, at whatever world sizes
@@ -289,7 +265,7 @@ class Batches:
     @property
     def n_procs(self) -> list[int]:
         """Reader processes per dataset, 0 where a dataset is read in this process."""
-        return list(self._readers)
+        return list(self._plan.n_procs)
 
     @property
     def epoch(self) -> int:
@@ -456,24 +432,11 @@ class Batches:
         w0, skip = plan.locate(start * s.batch_size)
         queues: list["Queue"] = []
         try:
-            selections = None
             if w0 < plan.n_windows:
-                first = plan.bounds[w0]
-                ranges = RangePlan(plan.starts[first:], plan.stops[first:])
-                if rows is not None:  # NOTE [subsets]: each piece reads its span of file rows
-                    spans = piece_spans(rows, ranges.starts, ranges.stops)
-                    ranges, selections = RangePlan(spans.starts, spans.stops), spans.selections
-                for path, n, transform in zip(self._paths, self._readers, self._transforms):
-                    # In-process reading needs two buffers at most: one held, one being read.
-                    read_ahead = self._read_ahead or (2 if n == 0 else None)
-                    queues.append(
-                        self._stream.options.queue_for_plan(path, ranges, n, read_ahead, field=self._field, transform=transform)
-                    )
-                source: "Windows"
-                if s.shuffle:
-                    source = ShuffledWindows(plan, w0, queues, self._window_buffers(), s.batch_size, selections)
-                else:
-                    source = BlockWindows(plan, w0, queues, selections)
+                source, queues = open_windows(
+                    plan, w0, rows, self._stream.options, self._nodes, self._engines, self._plan,
+                    self._transforms, self._window_buffers() if s.shuffle else None,
+                )  # fmt: skip
             else:
                 source = NoWindows()
             k = start

@@ -16,28 +16,26 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ._access.compat2x import first_op
+from ._access.futures import Future, RequestPool
+from ._access.proxy import DataProxy
+from ._access.readercore import ReaderCore
+from ._access.request import Request
+from ._access.stages import Stage, StagePool
 from ._io.engines import check_engine, resolve_engine
 from ._io.fileset import as_files, describe_files, inspect_files
 from ._io.node import NodeInfo, check_file, file_signature
-from ._plan.blocks import available_cpus, cap_readers
-from ._sys.checks import check_int
-from ._access.compat2x import first_op
+from ._plan.readers import Machine, plan_requests
 from ._plan.requests import effective_chunk_rows, split_shares
 from ._procs.pool import check_start_method
 from ._procs.serve import ServeReaders
 from ._shm.stagemap import MAX_SHARES, describe
-from ._access.proxy import DataProxy
+from ._sys.checks import check_int
 
 __all__ = ["Reader", "Dataset", "Request", "Stage", "StagePool", "Future", "DataProxy", "RequestPool"]
 
 #: Stages a Reader can have open at once, unless told otherwise.
 DEFAULT_MAX_STAGES = 64
-
-
-from ._access.readercore import ReaderCore
-from ._access.futures import Future, RequestPool
-from ._access.request import Request
-from ._access.stages import Stage, StagePool
 
 
 class Reader:
@@ -91,8 +89,7 @@ class Reader:
     ) -> None:
         self._core: "ReaderCore | None" = None
         files = as_files(filename)
-        cpus = available_cpus()
-        n_procs = cap_readers(cpus if n_procs is None else check_int("n_procs", n_procs, 1, allow_none=False), None, cpus)
+        n_procs = plan_requests(check_int("n_procs", n_procs, 1), Machine.here(start_method))
         max_stages = check_int("max_stages", max_stages, 1, allow_none=False)
         check_engine(engine)
         check_start_method(start_method)

@@ -29,12 +29,15 @@ import numpy as np
 
 from ._sys.checks import check_bool, check_int
 from .batches import Batches
-from ._stream.queue import FREE_BUFFER_REFS, Guard, Queue, StreamOptions, StreamSpec, empty_block
+from ._stream.backends import FREE_BUFFER_REFS, empty_block
+from ._stream.options import StreamOptions
+from ._stream.queue import Guard, Queue
+from ._procs.stream import StreamSpec
 from ._io.chunks.source import CACHES
-from ._io.engines import check_engine, open_source
+from ._io.engines import check_engine
 from ._io.fileset import as_files, inspect_files, open_files
 from ._io.node import close_dataset
-from ._plan.blocks import BlockPlan, available_cpus, cap_readers, default_block_size, default_read_ahead, parallel_pays
+from ._plan.readers import DatasetShape, plan_stream
 from ._procs.pool import check_start_method
 
 __all__ = ["Streamer", "Queue", "Guard"]
@@ -109,12 +112,7 @@ class Streamer:
         start_method: "str | None" = None,
         **open_kwargs: Any,
     ) -> None:
-        self._filename = as_files(filename)
-        self._engine = engine
-        self._cache = cache
-        self._start_method = start_method
-        self._open_kwargs = open_kwargs
-        self._options = StreamOptions(self._filename, engine, cache, start_method, open_kwargs)
+        self._options = StreamOptions(as_files(filename), engine, cache, start_method, open_kwargs)
         check_engine(engine)
         if cache not in CACHES:
             raise ValueError(f"cache={cache!r} is not one of {CACHES}")
@@ -125,7 +123,7 @@ class Streamer:
     @property
     def filename(self) -> "str | tuple[str, ...]":
         """The HDF5 file's name, as given; for a set, its files in row order (a pattern's matches)."""
-        return self._filename
+        return self._options.files
 
     @property
     def options(self) -> StreamOptions:
@@ -144,35 +142,27 @@ class Streamer:
         remainder: bool,
     ) -> StreamSpec:
         """Check every argument and the node, and plan the stream; starts nothing."""
-        n_procs = check_int("n_procs", n_procs, 1)
+        n_procs = check_int("n_procs", n_procs, 0)
         read_ahead = check_int("read_ahead", read_ahead, 1)
         block_size = check_int("block_size", block_size, 1)
         cyclic = check_bool("cyclic", cyclic)
         ordered = check_bool("ordered", ordered)
         remainder = check_bool("remainder", remainder)
-        node, dataset = open_files(self._filename, path, field)
+        options = self._options
+        node, dataset = open_files(options.files, path, field)
         try:
-            engine = self._options.resolve(node, dataset)
-            cpus = available_cpus()
-            if n_procs is None:
-                nbytes = node.n_rows * node.row_nbytes
-                n_procs = cpus if parallel_pays(nbytes, node.filter_ids, self._start_method, cpus, engine) else 0
-            n_procs = cap_readers(n_procs, None, cpus)  # first: the default block size depends on it
-            if block_size is None:
-                block_size = default_block_size(node.n_rows, node.row_nbytes, node.chunk_rows, n_procs)
-            elif block_size > node.n_rows:
-                raise ValueError(f"block_size={block_size} is larger than {path!r}, which has {node.n_rows} rows")
-            plan = BlockPlan(node.n_rows, block_size, cyclic=cyclic, remainder=remainder)
-            n_procs = cap_readers(n_procs, plan.n_blocks, cpus)
-            if read_ahead is None:
-                read_ahead = default_read_ahead(n_procs)
+            engine = options.resolve(node, dataset)
+            read = plan_stream(
+                DatasetShape.of(node), engine, options.machine, n_procs=n_procs, block_size=block_size,
+                read_ahead=read_ahead, cyclic=cyclic, remainder=remainder, path=path,
+            )  # fmt: skip
         except BaseException:
             close_dataset(dataset)
             raise
-        if n_procs or engine not in ("h5py", "chunks"):
+        if read.n_procs or engine not in ("h5py", "chunks"):
             close_dataset(dataset)  # readers open their own
             dataset = None
-        return StreamSpec(node, engine, plan, n_procs, read_ahead, ordered, self._cache, dataset)
+        return StreamSpec(node, engine, read, ordered, options.cache, dataset=dataset)
 
     def get_queue(
         self,
@@ -192,10 +182,10 @@ class Streamer:
         path : str
             The node in the file: an Array, CArray, EArray or Table.
         n_procs : int, optional
-            Reader processes. Default: the CPUs this process may use, or none
-            at all (blocks read in this process) when starting them would cost
-            more than they save: small datasets, one CPU (see
-            ``multitables._plan.blocks.parallel_pays``). Capped at 4 per usable CPU
+            Reader processes; 0 reads the blocks in this process. Default: the
+            CPUs this process may use, or none at all when starting them would
+            cost more than they save: small datasets, one CPU (NOTE [read
+            plan] in ``multitables._plan.readers``). Capped at 4 per usable CPU
             and at the blocks of a pass (not cyclic); :attr:`Queue.n_procs`
             says how many run.
         read_ahead : int, optional
@@ -263,7 +253,7 @@ class Streamer:
                 return
             # Lend the slots themselves while the caller keeps no more than
             # _LENT_BLOCKS of them, and never all (NOTE [lent blocks]).
-            lendable = min(_LENT_BLOCKS, spec.n_slots - 1)
+            lendable = min(_LENT_BLOCKS, spec.read.read_ahead - 1)
             lent: "list[tuple[Guard, np.ndarray]]" = []
             # Otherwise two private copies in turn: reuse the older one's memory
             # unless the caller kept one of its rows (every row is a view
@@ -314,13 +304,5 @@ class Streamer:
     def get_remainder(self, path: str, block_size: int, field: "str | None" = None) -> np.ndarray:
         """The last ``len % block_size`` rows of ``path`` (empty when ``block_size`` divides the length), read here."""
         block_size = check_int("block_size", block_size, 1, allow_none=False)  # type: ignore[assignment]
-        node = inspect_files(self._filename, path, field)
-        start = block_size * (node.n_rows // block_size)
-        out = np.empty((node.n_rows - start,) + node.row_shape, node.dtype)
-        if len(out):
-            source = open_source(self._options.resolve(node), node, self._open_kwargs, cache=self._cache)
-            try:
-                source.read_into(start, node.n_rows, out)
-            finally:
-                source.close()
-        return out
+        node = inspect_files(self._options.files, path, field)
+        return self._options.read_rows(node, block_size * (node.n_rows // block_size), node.n_rows)

@@ -868,11 +868,11 @@ def test_small_times_h5py_and_default_multitables_on_a_generated_file(tmp_path: 
 
 
 def test_placement_compares_h5py_with_the_default_readers_and_the_consumer(small_target: Target) -> None:
-    from multitables import streamer
-    from multitables._plan.blocks import available_cpus
+    from multitables._plan import readers as planner  # the planner decides whether readers pay
+    from multitables._plan.readers import available_cpus
 
     prof = _profile_readers()
-    pays = streamer.parallel_pays
+    pays = planner.parallel_pays
     table = prof.placement(small_target.path, passes=2, cache="warm").splitlines()
     cpus = available_cpus()
     rows = [row.split(" | ") for row in table[2:]]
@@ -888,4 +888,4 @@ def test_placement_compares_h5py_with_the_default_readers_and_the_consumer(small
     assert table[2].startswith("| h5py read_direct, 1 process |") and "| 1.00x |" in table[2]
     # Readers used in each of the two passes: a small file is read in the consumer by default.
     assert [row[3].rstrip(" |") for row in rows[1:]] == ["0 0", f"{cpus} {cpus}", "0 0"] * 2
-    assert streamer.parallel_pays is pays  # put back
+    assert planner.parallel_pays is pays  # put back

@@ -1,4 +1,7 @@
-"""Engine conformance: one suite, run on every engine, against what plain PyTables reads."""
+"""Choosing and opening an engine: ``auto``'s walk, the chunk engine's fallback, caches, h5py's chunk cache.
+
+What every engine must do, run on each, is ``test_engine_conformance``.
+"""
 
 from __future__ import annotations
 
@@ -10,87 +13,8 @@ import numpy as np
 import pytest
 import tables
 
-from multitables._io.engines import ENGINES, open_source, resolve_engine
+from multitables._io.engines import open_source, resolve_engine
 from multitables._io.node import inspect_node
-
-CONCRETE = [e for e in ENGINES if e != "auto"]
-
-FILTERS = [
-    None,
-    tables.Filters(3, "zlib", shuffle=True),
-    tables.Filters(3, "blosc", shuffle=True),
-    tables.Filters(5, "blosc:lz4"),
-    tables.Filters(5, "blosc:lz4hc"),
-    tables.Filters(5, "blosc:zstd", bitshuffle=True),
-    tables.Filters(5, "blosc:zlib"),
-    tables.Filters(5, "blosc:blosclz", fletcher32=True),
-    tables.Filters(5, "blosc2:zstd"),
-    tables.Filters(5, "blosc2:lz4"),
-    tables.Filters(5, "bzip2", shuffle=True),
-    tables.Filters(0, fletcher32=True),
-]
-
-
-def _write(path: Path, data: np.ndarray, filters: "tables.Filters | None", chunkshape: "tuple[int, ...] | None") -> None:
-    with tables.open_file(path, "w") as f:
-        if filters is None and chunkshape is None:
-            f.create_array("/", "data", data)
-        else:
-            f.create_carray("/", "data", obj=data, filters=filters, chunkshape=chunkshape)
-
-
-@pytest.mark.parametrize("engine", CONCRETE)
-@pytest.mark.parametrize("filters", FILTERS, ids=lambda f: "contiguous" if f is None else f"{f.complib}{f.complevel}{'+f32' if f.fletcher32 else ''}")
-def test_reads_equal_pytables(tmp_path: Path, engine: str, filters: "tables.Filters | None") -> None:
-    data = np.random.default_rng(1).integers(-1000, 1000, (301, 5, 3)).astype("<i4")
-    path = tmp_path / "d.h5"
-    _write(path, data, filters, None if filters is None else (32, 5, 3))
-    node = inspect_node(path, "/data")
-    src = open_source(engine, node, {})
-    try:
-        for start, stop in [(0, 301), (5, 37), (31, 33), (300, 301)]:
-            out = np.empty((stop - start,) + node.row_shape, node.dtype)
-            src.read_into(start, stop, out)
-            np.testing.assert_array_equal(out, data[start:stop])
-    finally:
-        src.close()
-
-
-@pytest.mark.parametrize("engine", CONCRETE)
-@pytest.mark.parametrize("field", [None, "a", "b", "v"])
-def test_tables_and_fields(table_file, engine: str, field: "str | None") -> None:
-    path, rows = table_file
-    node = inspect_node(path, "/table", field)
-    src = open_source(engine, node, {})
-    try:
-        out = np.empty((100,) + node.row_shape, node.dtype)
-        src.read_into(450, 550, out)
-    finally:
-        src.close()
-    expected = rows[450:550] if field is None else rows[field][450:550]
-    np.testing.assert_array_equal(out, expected)
-
-
-@pytest.mark.parametrize("engine", CONCRETE)
-def test_h5py_written_files(tmp_path: Path, engine: str) -> None:
-    data = np.arange(4000, dtype="<f8").reshape(1000, 4)
-    path = tmp_path / "h5py.h5"
-    with h5py.File(path, "w") as f:
-        f.create_dataset("zstd", data=data, chunks=(100, 4), **hdf5plugin.Zstd())
-        f.create_dataset("gzip", data=data, chunks=(64, 2), compression="gzip", shuffle=True)
-        f.create_dataset("plain", data=data)
-    # PyTables' own HDF5 library has no zstd filter (hdf5plugin registers with h5py's):
-    # that is why ``auto`` checks the node's filters before it picks an engine.
-    names = ("gzip", "plain") if engine == "tables" else ("zstd", "gzip", "plain")
-    for name in names:
-        node = inspect_node(path, "/" + name)
-        src = open_source(engine, node, {})
-        out = np.empty((300, 4), "<f8")
-        try:
-            src.read_into(650, 950, out)
-        finally:
-            src.close()
-        np.testing.assert_array_equal(out, data[650:950])
 
 
 def test_auto_prefers_chunks_and_takes_tables_for_pytables_open_options(make_array) -> None:
@@ -190,7 +114,7 @@ def test_h5py_takes_over_the_checks_dataset_with_the_chunk_cache_its_plan_needs(
 
 def test_cache_direct_with_auto_asks_the_chunk_engine_first(make_array) -> None:
     """``auto`` leaves blosc to h5py for speed; with O_DIRECT, which only the chunk engine has, it must not refuse."""
-    from multitables._stream.queue import StreamOptions
+    from multitables._stream.options import StreamOptions
 
     path = make_array(np.arange(3000.0).reshape(1000, 3), complib="blosc")
     node = inspect_node(path, "/data")

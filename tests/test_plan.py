@@ -7,16 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from multitables._plan.blocks import (
-    READERS_PER_CPU,
-    BlockPlan,
-    RangePlan,
-    ahead,
-    cap_readers,
-    default_block_size,
-    default_read_ahead,
-    parallel_pays,
-)
+from multitables._plan.blocks import BlockPlan, RangePlan, ahead
+from multitables._plan.readers import READERS_PER_CPU, cap_readers, default_block_size, default_read_ahead, parallel_pays
 
 sizes = st.integers(1, 500).flatmap(lambda n: st.tuples(st.just(n), st.integers(1, n)))
 
@@ -77,12 +69,12 @@ def test_defaults_for_a_pytables_float_array() -> None:
 
 def test_parallel_reading_pays_only_for_enough_work_and_more_than_one_cpu() -> None:
     zlib, blosc = (1,), (32001,)
-    assert not parallel_pays(4 << 20, zlib, "fork", 2)  # a 4 MiB file: start-up costs more
-    assert parallel_pays(256 << 20, zlib, "fork", 2)
-    assert not parallel_pays(1 << 40, zlib, "fork", 1)  # one CPU: never
+    assert not parallel_pays(4 << 20, zlib, "fork", 2, "h5py")  # a 4 MiB file: start-up costs more
+    assert parallel_pays(256 << 20, zlib, "fork", 2, "h5py")
+    assert not parallel_pays(1 << 40, zlib, "fork", 1, "h5py")  # one CPU: never
     # Fast codecs and slow start methods need more data before processes pay.
-    assert parallel_pays(128 << 20, zlib, "fork", 2) and not parallel_pays(128 << 20, blosc, "fork", 2)
-    assert parallel_pays(256 << 20, zlib, "fork", 2) and not parallel_pays(256 << 20, zlib, "spawn", 2)
+    assert parallel_pays(128 << 20, zlib, "fork", 2, "h5py") and not parallel_pays(128 << 20, blosc, "fork", 2, "h5py")
+    assert parallel_pays(256 << 20, zlib, "fork", 2, "h5py") and not parallel_pays(256 << 20, zlib, "spawn", 2, "h5py")
 
 
 def test_readers_are_capped_at_the_blocks_of_a_pass_and_four_per_cpu() -> None:

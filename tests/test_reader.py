@@ -439,15 +439,17 @@ def test_get_times_out_and_stop_ends_pending_futures(h5file: tuple, no_leaks: No
         assert not fut.done() and not fut.wait(0.1)
     finally:
         os.kill(pid, signal.SIGCONT)
+    fut.get()  # read once the reader goes on
     waiter_error: list[BaseException] = []
+    os.kill(pid, signal.SIGSTOP)
+    pending = reader.request(ds[:], stage)  # made while the reader is stopped: it cannot be read before stop()
 
     def waiter() -> None:
         try:
-            fut.get()
+            pending.get()
         except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
             waiter_error.append(exc)
 
-    os.kill(pid, signal.SIGSTOP)
     t = threading.Thread(target=waiter, daemon=True)
     t.start()
     time.sleep(0.2)
@@ -572,7 +574,7 @@ def test_n_procs_is_capped_at_four_readers_per_usable_cpu(
     h5file: tuple, no_leaks: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path, contents = h5file
-    monkeypatch.setattr(multitables.reader, "available_cpus", lambda: 1)
+    monkeypatch.setattr("multitables._plan.readers.available_cpus", lambda: 1)
     with Reader(path, n_procs=40) as reader:
         assert reader.n_procs == len(reader.reader_pids) == 4
         assert reader.reader_pids == reader.reader_pids  # the older name still answers

@@ -319,7 +319,7 @@ def test_n_procs_is_capped_at_the_blocks_of_a_pass_and_four_readers_per_cpu(make
     with stream.get_queue("/data", n_procs=40, block_size=1000, ordered=True) as queue:  # 3 blocks
         assert queue.n_procs == len(queue.reader_pids) == 3
         np.testing.assert_array_equal(np.concatenate(blocks_of(queue)), data)
-    monkeypatch.setattr(multitables.streamer, "available_cpus", lambda: 1)
+    monkeypatch.setattr("multitables._plan.readers.available_cpus", lambda: 1)
     with stream.get_queue("/data", n_procs=40, block_size=100, ordered=True) as queue:  # 30 blocks, 1 CPU
         assert queue.n_procs == len(queue.reader_pids) == 4
         np.testing.assert_array_equal(np.concatenate(blocks_of(queue)), data)
@@ -338,11 +338,11 @@ def test_generator_rows_are_safe_to_keep_and_to_change(make_array, n_procs: "int
 @pytest.mark.parametrize("n_procs", [None, 2], ids=["in-process", "readers"])
 def test_generator_reuses_blocks_nobody_holds(make_array, monkeypatch: pytest.MonkeyPatch, n_procs: "int | None") -> None:
     from multitables import streamer
-    from multitables._stream import queue
+    from multitables._stream import backends
 
     made = []
-    real = queue.empty_block
-    for module in (streamer, queue):  # the generator's buffers, and the in-process backend's
+    real = backends.empty_block
+    for module in (streamer, backends):  # the generator's buffers, and the in-process backend's
         monkeypatch.setattr(module, "empty_block", lambda spec: made.append(1) or real(spec))
     data = np.arange(500 * 3, dtype="<i4").reshape(500, 3)
     stream = multitables.Streamer(make_array(data, chunkshape=(10, 3)))
@@ -381,11 +381,11 @@ def test_generator_rows_kept_are_never_overwritten(data: st.DataObject) -> None:
 
 def test_a_plain_loop_gets_the_readers_slots_without_copies(make_array, monkeypatch: pytest.MonkeyPatch) -> None:
     from multitables import streamer
-    from multitables._stream import queue
+    from multitables._stream import backends
 
     made = []
-    real = queue.empty_block
-    for module in (streamer, queue):  # the generator's buffers, and the in-process backend's
+    real = backends.empty_block
+    for module in (streamer, backends):  # the generator's buffers, and the in-process backend's
         monkeypatch.setattr(module, "empty_block", lambda spec: made.append(1) or real(spec))
     data = np.arange(500 * 3, dtype="<i4").reshape(500, 3)
     stream = multitables.Streamer(make_array(data, chunkshape=(10, 3)))
@@ -432,7 +432,7 @@ def test_cyclic_generator_wraps(make_array) -> None:
 @pytest.mark.parametrize(
     "kwargs,error,match",
     [
-        (dict(n_procs=0), ValueError, "n_procs"),
+        (dict(n_procs=-1), ValueError, "n_procs"),
         (dict(n_procs=1.5), TypeError, "n_procs"),
         (dict(n_procs=True), TypeError, "n_procs"),
         (dict(block_size=0), ValueError, "block_size"),
@@ -477,12 +477,15 @@ def test_pytables_open_options_go_to_pytables(make_array) -> None:
 
 @pytest.mark.parametrize("n_procs", [0, 2])
 def test_a_queue_over_explicit_ranges_delivers_them_in_order(make_array, n_procs: int) -> None:
+    from multitables._io.fileset import inspect_files
     from multitables._plan.blocks import RangePlan
 
     data = np.arange(1000, dtype="<i8")
     stream = multitables.Streamer(make_array(data, chunkshape=(16,)))
     starts, stops = (900, 0, 333, 512), (1000, 7, 400, 513)
-    with stream.options.queue_for_plan("/data", RangePlan(starts, stops), n_procs=n_procs) as queue:
+    node = inspect_files(stream.filename, "/data")
+    engine = stream.options.resolve(node)
+    with stream.options.queue_over(node, engine, RangePlan(starts, stops), n_procs=n_procs) as queue:
         got = blocks_of(queue)
     assert [list(g) for g in got] == [list(range(a, b)) for a, b in zip(starts, stops)]
 

@@ -51,6 +51,7 @@ import numpy as np
 
 from .._plan.blocks import BlockPlan, RangePlan, ahead
 from .engines import Source
+from .node import NodeInfo
 
 
 def read_block(
@@ -91,6 +92,40 @@ def read_block(
     if transform is not None:
         transform.apply(target[:n], out[:n])
     return out[:n]
+
+
+class BlockReader:
+    """Blocks of one plan read through one source into callers' buffers; a transform's scratch buffer is its own.
+
+    The consumer (a queue read in this process) and every reader process
+    read with one of these, so a block is read the same way wherever it is.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        plan: "BlockPlan | RangePlan",
+        node: NodeInfo,
+        n_readers: int,
+        transform: "Transform | None" = None,
+        pacer: "Pacer | None" = None,
+    ) -> None:
+        self.source, self.plan, self._node = source, plan, node
+        self._n_readers, self._transform, self._pacer = n_readers, transform, pacer
+        self._scratch: "np.ndarray | None" = None  # the rows as read, for a transform; made at its first block
+
+    def read(self, k: int, out: np.ndarray, before_read: "Callable[[int, int], None] | None" = None) -> np.ndarray:
+        """Block ``k`` into ``out`` (see :func:`read_block`); return the rows of ``out`` it fills."""
+        if self._transform is not None and self._scratch is None:
+            self._scratch = np.empty((self.plan.block_size,) + self._node.row_shape, self._node.dtype)
+        return read_block(
+            self.source, self.plan, k, out, self._n_readers, self._pacer, before_read, self._transform, self._scratch
+        )
+
+
+def delivered(node: NodeInfo, transform: "Transform | None") -> "tuple[np.dtype, tuple[int, ...]]":
+    """The dtype and row shape of the rows delivered from ``node``: the transform's output, with one."""
+    return (node.dtype, node.row_shape) if transform is None else (transform.dtype, transform.row_shape)
 
 
 class Pacer:

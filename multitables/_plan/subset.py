@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .._sys.checks import check_int
 from .epoch import rng
 
 
@@ -122,6 +123,28 @@ def check_weights(weights: Any, n_rows: int) -> np.ndarray:
     if not w.any():
         raise ValueError("weights are all 0: no row could be drawn")
     return w
+
+
+def epoch_rows(
+    file_rows: int, indices: Any = None, weights: Any = None, num_samples: Any = None
+) -> "tuple[np.ndarray | None, np.ndarray | None, int]":
+    """What an epoch draws from ``file_rows`` rows: the subset's rows, the weights, and the positions of an epoch.
+
+    ``indices`` (a subset, :func:`subset_rows`) or ``weights`` with an
+    optional ``num_samples`` (a weighted draw, default ``file_rows`` a
+    epoch), or neither (every row). ``ValueError``/``TypeError`` for what
+    does not go together or is not of its kind.
+    """
+    subset = subset_rows(indices, file_rows) if indices is not None else None
+    checked = None if weights is None else check_weights(weights, file_rows)
+    num_samples = check_int("num_samples", num_samples, 1)
+    if checked is not None and subset is not None:
+        raise ValueError("give indices= (a subset) or weights= (a weighted draw), not both; weight 0 leaves rows out")
+    if num_samples is not None and checked is None:
+        raise ValueError("num_samples= is the size of a weighted draw: give weights= too")
+    if checked is not None:
+        return None, checked, num_samples or file_rows
+    return subset, None, file_rows if subset is None else len(subset)
 
 
 def weighted_draw(weights: np.ndarray, n_samples: int, seed: int, epoch: int) -> np.ndarray:

@@ -10,16 +10,18 @@ reports] in ``pool``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from dataclasses import field as dc_field
 from typing import Any
 
 import numpy as np
 
-from .._io.blockread import Pacer, Transform, read_block
+from .._io.blockread import BlockReader, Pacer, Transform, delivered
 from .._io.engines import open_source
 from .._io.fileset import node_signature
 from .._io.node import FileSignature, NodeInfo, check_file_unchanged
 from .._plan.blocks import BlockPlan, RangePlan
+from .._plan.readers import ReadPlan
 from .._shm.ring import PeerGone, Ring, RingLayout, RingSync
 from .._shm.segment import check_space
 from ..errors import ReaderError, StreamClosedError
@@ -28,21 +30,61 @@ from .process import PARENT_CHECK_INTERVAL, ReaderProcess
 
 
 @dataclass(frozen=True)
-class StreamSettings:
-    """What every reader of one stream needs, sent once at process start."""
+class StreamSpec:
+    """A checked, planned stream: what is read, by which engine, how (NOTE [read plan]); everything but the processes.
+
+    Made in the consumer before anything starts; it travels whole to the
+    readers (without ``dataset``).
+    """
 
     node: NodeInfo
-    engine: str
+    engine: str  # resolved: "chunks", "h5py" or "tables"
+    read: ReadPlan
+    #: Deliver blocks in plan order (else in the order they are done).
+    ordered: bool = True
+    #: Where chunk bytes come from: "page" or "direct" (O_DIRECT, chunk engine only).
+    cache: str = "page"
+    #: Run on each block's rows where it is read (NOTE [transforms]); the blocks are its output.
+    transform: "Transform | None" = None
+    #: The h5py.Dataset the checks opened (``_io.node.open_node``), kept for a read in the consumer (which closes it).
+    dataset: Any = dc_field(default=None, compare=False, repr=False)
+
+    @property
+    def plan(self) -> "BlockPlan | RangePlan":
+        """The blocks."""
+        return self.read.blocks
+
+    @property
+    def n_procs(self) -> int:
+        """Reader processes; 0: the blocks are read in the consumer."""
+        return self.read.n_procs
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The dtype of the delivered rows (the transform's output, with one)."""
+        return delivered(self.node, self.transform)[0]
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        """The shape of a delivered row (the transform's output, with one)."""
+        return delivered(self.node, self.transform)[1]
+
+    def open(self, open_kwargs: dict[str, Any], n_readers: int, pacer: "Pacer | None" = None) -> BlockReader:
+        """This stream's blocks, read through a source opened here (in the consumer, the dataset the checks opened)."""
+        source = open_source(self.engine, self.node, open_kwargs, self.plan, self.dataset, cache=self.cache)
+        return BlockReader(source, self.plan, self.node, n_readers, self.transform, pacer)
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    """What every reader of one stream needs, sent once at process start: the spec, and where its ring is."""
+
+    spec: StreamSpec
     open_kwargs: dict[str, Any]
-    plan: "BlockPlan | RangePlan"
     shm_name: str
     layout: RingLayout
     #: The file's identity when the stream started (None: not checked); see NOTE [file identity].
     file_signature: "FileSignature | None" = None
-    #: Where chunk bytes come from: "page" (the page cache) or "direct" (O_DIRECT, chunk engine only).
-    cache: str = "page"
-    #: Run on each block's rows before it goes into its slot (NOTE [transforms]); the slots hold its output.
-    transform: "Transform | None" = None
 
 
 def stream_loop(reader: ReaderProcess, settings: StreamSettings, sync: RingSync) -> None:
@@ -53,7 +95,7 @@ def stream_loop(reader: ReaderProcess, settings: StreamSettings, sync: RingSync)
     try:
         reader.on_failure = ring.fail  # wakes the consumer, which then waits for the report
         reader.attached()
-        reader.path = settings.node.path
+        reader.path = settings.spec.node.path
         parent_alive = reader.parent_alive
 
         def keep_going() -> bool:
@@ -64,19 +106,17 @@ def stream_loop(reader: ReaderProcess, settings: StreamSettings, sync: RingSync)
             if not parent_alive():
                 raise PeerGone  # orphaned: stop now rather than at the end of the block (NOTE [orphans])
 
-        pacer = Pacer(settings.node.chunk_rows, PARENT_CHECK_INTERVAL / 2)
-        node = settings.node
-        scratch = None if settings.transform is None else np.empty((settings.plan.block_size,) + node.row_shape, node.dtype)
-        filename, plan = settings.node.filename, settings.plan
-        source = open_source(settings.engine, settings.node, settings.open_kwargs, plan, cache=settings.cache)
+        spec = settings.spec
+        filename, plan = spec.node.filename, spec.plan
+        blocks = spec.open(settings.open_kwargs, spec.n_procs, Pacer(spec.node.chunk_rows, PARENT_CHECK_INTERVAL / 2))
+        source = blocks.source
         check_file_unchanged(filename, settings.file_signature)
-        n_readers = reader.identity.n_readers
         while True:
             claimed = ring.claim(plan.n_blocks, keep_going)
             if claimed is None:
                 break
             k, slot = claimed
-            read_block(source, plan, k, ring.slots[slot], n_readers, pacer, before_read, settings.transform, scratch)
+            blocks.read(k, ring.slots[slot], before_read)
             check_file_unchanged(filename, settings.file_signature)
             reader.rows = None
             ring.publish(slot, k, plan.rows(k), keep_going)
@@ -87,7 +127,7 @@ def stream_loop(reader: ReaderProcess, settings: StreamSettings, sync: RingSync)
     except Exception:
         # A file changed under a read explains the read's failure (a truncated
         # chunk, a decode error): say so, with the read's error as context.
-        check_file_unchanged(settings.node.filename, settings.file_signature)
+        check_file_unchanged(settings.spec.node.filename, settings.file_signature)
         raise
     finally:
         if source is not None:
@@ -99,32 +139,20 @@ def stream_loop(reader: ReaderProcess, settings: StreamSettings, sync: RingSync)
 
 
 class StreamReaders:
-    """``n_procs`` readers filling one ring; owned by one queue."""
+    """``spec.n_procs`` readers filling one ring; owned by one queue."""
 
-    def __init__(
-        self,
-        node: NodeInfo,
-        engine: str,
-        open_kwargs: dict[str, Any],
-        plan: "BlockPlan | RangePlan",
-        n_procs: int,
-        n_slots: int,
-        start_method: "str | None",
-        cache: str = "page",
-        transform: "Transform | None" = None,
-    ) -> None:
+    def __init__(self, spec: StreamSpec, open_kwargs: dict[str, Any], start_method: "str | None") -> None:
         self._error: "ReaderError | None" = None
+        node = spec.node
         self.filename, self.path = node.filename, node.path
         self.pool = ReaderPool(start_method, node.filename, node.path, name="reader")
-        row_shape, dtype = (node.row_shape, node.dtype) if transform is None else (transform.row_shape, transform.dtype)
-        layout = RingLayout(n_slots, plan.block_size, row_shape, dtype)
+        layout = RingLayout(spec.read.read_ahead, spec.plan.block_size, spec.row_shape, spec.dtype)
         check_space(layout.nbytes)  # before anything is created; Ring.create checks again
-        signature = node_signature(node)
-        sync = RingSync.create(self.pool.ctx, n_slots)
+        sync = RingSync.create(self.pool.ctx, spec.read.read_ahead)
         self.ring = Ring.create(layout, sync)  # may raise ShmSpaceError; nothing started yet
         try:
-            settings = StreamSettings(node, engine, open_kwargs, plan, self.ring.segment.name, layout, signature, cache, transform)
-            self.pool.start(stream_loop, [(settings, sync)] * n_procs)
+            settings = StreamSettings(replace(spec, dataset=None), open_kwargs, self.ring.segment.name, layout, node_signature(node))
+            self.pool.start(stream_loop, [(settings, sync)] * spec.n_procs)
             self.pool.wait_attached("start", self.check)
         except BaseException:
             self.close()

@@ -1,110 +1,21 @@
 """A stream's blocks, one at a time: :class:`Queue` and :class:`Guard`, over the readers or this process.
 
-A queue reads through one of two backends: :class:`RingBackend` takes blocks
-from reader processes through the shared-memory ring
-(``_procs.stream.StreamReaders``); :class:`InlineBackend` reads them in this
-process, for datasets too small for processes to pay. Both read a block with
-the one loop in ``_io.blockread``.
+A queue reads through one of two back ends (``_stream.backends``): reader
+processes filling a shared-memory ring, or this process.
 """
 
 from __future__ import annotations
 
-import sys
 import threading
 import weakref
-from dataclasses import dataclass
-from dataclasses import field as dc_field
 from typing import Any, Iterator
 
 import numpy as np
 
-from .._io.blockread import Transform, read_block
-from .._io.engines import open_source, resolve_engine
-from .._io.fileset import inspect_files, node_signature
-from .._io.node import NodeInfo, check_file_unchanged
-from .._plan.blocks import BlockPlan, RangePlan, available_cpus, cap_readers, default_read_ahead
-from .._procs.stream import StreamReaders
+from .._procs.stream import StreamSpec
 from .._shm.ring import TICK
 from ..errors import QueueClosed, StreamClosedError
-
-#: sys.getrefcount of a block buffer nobody else holds: its list, a local name, the call's argument.
-FREE_BUFFER_REFS = 3
-
-
-@dataclass(frozen=True)
-class StreamSpec:
-    """A validated, planned stream: everything but the processes."""
-
-    node: NodeInfo
-    engine: str
-    plan: "BlockPlan | RangePlan"
-    n_procs: int  # 0: read in the consumer process
-    n_slots: int
-    ordered: bool
-    #: Where chunk bytes come from: "page" or "direct" (O_DIRECT).
-    cache: str = "page"
-    #: The h5py.Dataset the checks opened (``_io.node.open_node``), kept for an in-process read (the queue closes it).
-    dataset: Any = dc_field(default=None, compare=False, repr=False)
-    #: Run on each block's rows where it is read (NOTE [transforms]); the blocks are its output.
-    transform: "Transform | None" = None
-
-    @property
-    def row_shape(self) -> tuple[int, ...]:
-        """The shape of a delivered row (the transform's output, with one)."""
-        return self.node.row_shape if self.transform is None else self.transform.row_shape
-
-    @property
-    def dtype(self) -> np.dtype:
-        """The dtype of the delivered rows."""
-        return self.node.dtype if self.transform is None else self.transform.dtype
-
-
-@dataclass(frozen=True)
-class StreamOptions:
-    """How one :class:`~multitables.Streamer` opens its files: what every stream of it shares."""
-
-    #: The file, or the files of a set in row order (NOTE [file sets] in ``_io.fileset``).
-    files: "str | tuple[str, ...]"
-    engine: str
-    cache: str
-    start_method: "str | None"
-    open_kwargs: dict[str, Any]
-
-    def resolve(self, node: NodeInfo, dataset: Any = None) -> str:
-        """The engine that will read ``node``; refuses ``cache='direct'`` where the chunk engine cannot read it."""
-        # O_DIRECT is the chunk engine's alone: with it, ``auto`` asks that engine first even where
-        # h5py would be chosen for speed (blosc), rather than refuse a node the chunk engine reads.
-        asked = "chunks" if self.cache == "direct" and self.engine == "auto" else self.engine
-        engine = resolve_engine(asked, node, self.open_kwargs, dataset)
-        if self.cache == "direct" and engine != "chunks":
-            raise ValueError(
-                f"cache='direct' needs the chunk engine, which cannot read {node.path!r} in {node.filename!r} "
-                f"(it would be read by {engine!r})"
-            )
-        return engine
-
-    def open_queue(self, spec: "StreamSpec") -> "Queue":
-        """Start reading ``spec``: its readers, or in this process."""
-        return Queue(spec, self.open_kwargs, self.start_method)
-
-    def queue_for_plan(
-        self,
-        path: str,
-        plan: RangePlan,
-        n_procs: int,
-        read_ahead: "int | None" = None,
-        ordered: bool = True,
-        field: "str | None" = None,
-        transform: "Transform | None" = None,
-    ) -> "Queue":
-        """A queue over explicitly planned blocks (for the training layer; ``n_procs=0`` reads in-process)."""
-        node = inspect_files(self.files, path, field)
-        if max(plan.stops) > node.n_rows:
-            raise ValueError(f"the plan reads up to row {max(plan.stops)} but {path!r} has {node.n_rows} rows")
-        engine = self.resolve(node)
-        n_procs = cap_readers(n_procs, plan.n_blocks, available_cpus())
-        n_slots = read_ahead if read_ahead is not None else default_read_ahead(n_procs)
-        return self.open_queue(StreamSpec(node, engine, plan, n_procs, n_slots, ordered, self.cache, transform=transform))
+from .backends import InlineBackend, RingBackend
 
 
 class Guard:
@@ -151,97 +62,6 @@ class Guard:
             pass
 
 
-class InlineBackend:
-    """Reads blocks in the consumer process, for datasets too small for processes to pay."""
-
-    def __init__(self, spec: StreamSpec, open_kwargs: dict[str, Any]) -> None:
-        self._plan = spec.plan
-        self._source = open_source(spec.engine, spec.node, open_kwargs, spec.plan, spec.dataset, cache=spec.cache)
-        self._spec = spec
-        self._signature = node_signature(spec.node)
-        self._buffers: "list[np.ndarray | None]" = [None] * spec.n_slots  # allocated on first use
-        self._free = list(range(spec.n_slots))
-        self._next = 0
-        self._scratch: "np.ndarray | None" = None  # the rows as read, for a transform
-        self.pids: list[int] = []
-
-    def take(self) -> tuple[int, np.ndarray]:
-        slot, k = self._free.pop(0), self._next
-        self._next += 1
-        out = self._buffers[slot]
-        # A fresh buffer where a caller still holds rows of this slot's last
-        # block (views count as references): so rows stay valid, and the
-        # generator can hand these private blocks out without a copy.
-        if out is None or sys.getrefcount(out) > FREE_BUFFER_REFS:
-            out = self._buffers[slot] = empty_block(self._spec)
-        transform = self._spec.transform
-        if transform is not None and self._scratch is None:
-            self._scratch = np.empty((self._plan.block_size,) + self._spec.node.row_shape, self._spec.node.dtype)
-        # NOTE [prefetch], with one reader: the consumer.
-        rows = read_block(self._source, self._plan, k, out, 1, transform=transform, scratch=self._scratch)
-        check_file_unchanged(self._spec.node.filename, self._signature)  # as the readers do
-        return slot, rows  # every row is read again for the next block of this slot
-
-    def check(self) -> None:
-        """Nothing to watch: no reader processes."""
-
-    def release(self, slot: int) -> None:
-        self._free.append(slot)
-
-    def close(self) -> None:
-        self._source.close()
-
-
-class RingBackend:
-    """Blocks from reader processes through the shared-memory ring."""
-
-    def __init__(self, spec: StreamSpec, open_kwargs: dict[str, Any], start_method: "str | None") -> None:
-        self._plan = spec.plan
-        self._ordered = spec.ordered
-        self._pool = StreamReaders(
-            spec.node, spec.engine, open_kwargs, spec.plan, spec.n_procs, spec.n_slots, start_method, spec.cache,
-            spec.transform,
-        )
-        self._ring = self._pool.ring
-        self._pending: dict[int, int] = {}  # ordered mode: block -> slot, arrived early
-        self._next = 0
-        self.pids = self._pool.pids
-        self._checking = threading.RLock()  # pool.check reads the readers' pipes: one thread at a time
-
-    def take(self) -> tuple[int, np.ndarray]:
-        ring = self._ring
-        while True:
-            if self._ordered and self._next in self._pending:
-                slot = self._pending.pop(self._next)
-                break
-            self.check()
-            slot = ring.take(TICK)  # type: ignore[assignment]
-            if slot is None:
-                continue
-            k, _rows = ring.meta(slot)
-            if self._ordered and k != self._next:
-                self._pending[k] = slot
-                continue
-            break
-        k, rows = ring.meta(slot)
-        self._next += 1
-        return slot, ring.slots[slot][:rows]
-
-    def check(self) -> bool:
-        """Raise the error of a reader that failed or died (NOTE [failure reports] in ``_procs.pool``)."""
-        with self._checking:
-            return self._pool.check()
-
-    def release(self, slot: int) -> None:
-        self._ring.release(slot, self.check)
-
-    def lend(self, slot: int, rows: int) -> np.ndarray:
-        return self._ring.lend(slot, rows)
-
-    def close(self) -> None:
-        self._pool.close()
-
-
 class Queue:
     """Direct, zero-copy access to the blocks of one stream.
 
@@ -255,13 +75,13 @@ class Queue:
     def __init__(self, spec: StreamSpec, open_kwargs: dict[str, Any], start_method: "str | None") -> None:
         #: Rows per block (the last block of a pass may be shorter with ``remainder=True``).
         self.block_size: int = spec.plan.block_size
-        #: The engine reading the file (``"h5py"`` or ``"tables"``).
+        #: The engine reading the file: ``"chunks"``, ``"h5py"`` or ``"tables"`` (what ``auto`` chose).
         self.engine: str = spec.engine
-        #: Reader processes (``n_procs``, capped); 0 when blocks are read in this process (too small to pay).
+        #: Reader processes (``n_procs``, capped); 0 when blocks are read in this process (asked, or too small to pay).
         self.n_procs: int = spec.n_procs
         self._n_blocks = spec.plan.n_blocks
         self._delivered = 0
-        self._n_slots = spec.n_slots
+        self._n_slots = spec.read.read_ahead
         self._held = 0  # guards handed out and not yet released
         self._holders: dict[int, threading.Thread] = {}  # slot -> the thread holding its guard
         self._taker: "threading.Thread | None" = None  # the thread in backend.take(): one at a time
@@ -390,8 +210,3 @@ class Queue:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def empty_block(spec: StreamSpec) -> np.ndarray:
-    """An uninitialised array shaped like one full block of ``spec``."""
-    return np.empty((spec.plan.block_size,) + spec.row_shape, spec.dtype)

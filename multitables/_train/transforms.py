@@ -10,11 +10,8 @@ import os
 import pickle
 from typing import Any, Protocol
 
-import numpy as np
-
 from .._io.blockread import Transform
-from .._io.engines import open_source
-from .._stream.queue import StreamOptions
+from .._stream.options import StreamOptions
 
 
 class StreamerLike(Protocol):
@@ -52,12 +49,7 @@ def infer_transforms(stream: "StreamerLike", paths: list[str], nodes: list[Any],
         if function is None:
             out.append(None)
             continue
-        sample = np.empty((min(_SAMPLE_ROWS, node.n_rows),) + node.row_shape, node.dtype)
-        source = open_source(options.resolve(node), node, options.open_kwargs, cache=options.cache)
-        try:
-            source.read_into(0, len(sample), sample)
-        finally:
-            source.close()
+        sample = options.read_rows(node, 0, min(_SAMPLE_ROWS, node.n_rows))
         found = Transform.infer(function, sample, repr(path))
         if (options.start_method or multiprocessing.get_start_method()) != "fork":
             try:  # spawned readers get it pickled: say so now rather than in a reader

@@ -38,10 +38,19 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
+from .._plan.blocks import MiB, RangePlan
 from .._plan.epoch import RankEpoch
+from .._plan.readers import BatchPlan
+from .._plan.subset import piece_spans
 
 if TYPE_CHECKING:
+    from .._io.node import NodeInfo
+    from .._stream.options import StreamOptions
     from .._stream.queue import Queue
+
+#: Memory a shuffle window aims at, over all datasets, when ``window`` is not
+#: given (two such buffers are alive at once; NOTE [window pipelining]).
+WINDOW_BYTES = 256 * MiB
 
 
 #: ``madvise`` advice absent from Python's mmap module: Linux's value (parisc's differs).
@@ -232,3 +241,40 @@ def cut(source: Windows, skip: int, batch_size: int) -> Iterator[list[np.ndarray
             win.close()
     if have:
         yield [np.concatenate(column) for column in zip(*parts)]
+
+
+def open_windows(
+    plan: RankEpoch,
+    w0: int,
+    rows: "np.ndarray | None",
+    options: "StreamOptions",
+    nodes: "Sequence[NodeInfo]",
+    engines: Sequence[str],
+    reading: BatchPlan,
+    transforms: Sequence[Any],
+    buffers: "list[list[np.ndarray]] | None",
+) -> "tuple[Windows, list[Queue]]":
+    """The windows of a rank's epoch from window ``w0`` on, and the queues (one per dataset) that fill them.
+
+    ``rows``: the file rows of the epoch's positions (NOTE [subsets]; None:
+    every row, in order). ``buffers``: two window buffers per dataset for a
+    shuffled epoch (None: unshuffled, batches come straight out of the
+    slots). The caller closes the queues.
+    """
+    first = plan.bounds[w0]
+    ranges = RangePlan(plan.starts[first:], plan.stops[first:])
+    selections = None
+    if rows is not None:  # NOTE [subsets]: each piece reads its span of file rows
+        spans = piece_spans(rows, ranges.starts, ranges.stops)
+        ranges, selections = RangePlan(spans.starts, spans.stops), spans.selections
+    queues: "list[Queue]" = []
+    try:
+        for node, engine, n, transform in zip(nodes, engines, reading.n_procs, transforms):
+            queues.append(options.queue_over(node, engine, ranges, n, reading.read_ahead, transform))
+    except BaseException:
+        for queue in queues:
+            queue.close()
+        raise
+    if buffers is None:
+        return BlockWindows(plan, w0, queues, selections), queues
+    return ShuffledWindows(plan, w0, queues, buffers, plan.settings.batch_size, selections), queues

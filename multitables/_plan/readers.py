@@ -1,0 +1,292 @@
+"""How to read a dataset: reader processes, rows per block and slots in the ring, decided once (pure, no I/O).
+
+NOTE [read plan]
+    Every face asks this module and nothing else how to read: a stream
+    (:func:`plan_stream`, for ``get_queue`` and the generator), training
+    batches (:func:`plan_batches`, several datasets of equal rows), the
+    training layer's queues over explicit blocks (:func:`plan_blocks`) and
+    a Reader (:func:`plan_requests`). The inputs are the dataset's numbers
+    (:class:`DatasetShape`), the engine that will read it (already
+    resolved: its decode rate decides whether readers pay) and the machine
+    (:class:`Machine`: usable CPUs, start method). The answer, a frozen
+    :class:`ReadPlan`, travels whole to the readers.
+
+    The rules, the same for every face:
+
+    * readers: by default, the usable CPUs where they pay (they save at
+      least twice what they cost to start, :func:`parallel_pays`), else none
+      (the blocks are read in the consumer); an explicit ``n_procs`` is taken
+      as asked (0 reads in the consumer); either way capped at
+      ``READERS_PER_CPU`` per CPU and at the blocks of a pass;
+    * block size: whole chunks near :data:`TARGET_BLOCK_BYTES` (1 MiB for
+      contiguous datasets), smaller where there would be fewer than
+      ``MIN_BLOCKS_PER_READER`` blocks per reader. Training plans its
+      blocks for one reader whatever the machine, because an epoch's order
+      is a function of ``(seed, epoch)`` and the blocks alone (NOTE [epoch
+      plan] in ``_plan.epoch``): a stream read with ``n_procs=1`` and
+      batches over the same dataset get the same blocks;
+    * read-ahead: ``2 * readers + 2`` slots (one being filled per reader, as
+      many ready, the consumer's), 4 buffers when read in the consumer.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .blocks import MiB, BlockPlan, RangePlan
+from .subset import default_subset_block
+
+#: Uncompressed bytes a block aims at when the dataset is chunked, and the
+#: most it may hold. Measured with h5py on zlib-3 and blosc-3 float32 rows:
+#: 1 MiB blocks read at 93% (zlib) and 89% (blosc) of 4 MiB ones, 256 KiB
+#: blocks at 80% and 54%.
+TARGET_BLOCK_BYTES = 4 * MiB
+#: Block size for contiguous (unchunked) datasets.
+CONTIGUOUS_BLOCK_BYTES = 1 * MiB
+#: Aim for at least this many blocks per reader, so the readers share the
+#: work evenly; blocks shrink (down to one chunk) for smaller datasets.
+MIN_BLOCKS_PER_READER = 4
+#: What it costs to start the readers and see the first block (s), by start
+#: method. Measured with 2 readers on a 4 MiB file, median of 5, on the
+#: 2-core development machine while busy: fork 0.043, forkserver 0.84,
+#: spawn 1.2 (each spawned reader imports numpy, h5py and PyTables).
+START_COST_S = {"fork": 0.05, "forkserver": 0.9, "spawn": 1.2}
+#: Rough one-core decode rates (bytes/s) by engine and HDF5 filter id, to
+#: judge whether parallel reading can pay. h5py: deflate ~0.55 GB/s and blosc
+#: ~1.5-2 GB/s here, bzip2 far slower, no filter ~3.7 GB/s warm; the chunk
+#: engine decodes deflate + shuffle ~2.7x faster than h5py; PyTables decodes
+#: deflate ~1.8x and blosc ~2.3x slower (the benchmark's warm one-core
+#: figures, BENCHMARKS.md).
+_DECODE_RATE = {1: 0.55e9, 307: 0.03e9, 32001: 1.5e9, 32026: 1.5e9, 32004: 1.5e9, 32015: 0.8e9, 32008: 1.5e9}
+_ENGINE_SPEED = {"chunks": {1: 2.7}, "tables": {1: 1 / 1.8, 32001: 1 / 2.3}}
+_COPY_RATE = 3.5e9
+#: Most readers per usable CPU: more only take turns on the same cores (each
+#: with its own ring slots and open file), while a few per CPU still help
+#: where reads wait on storage rather than decode.
+READERS_PER_CPU = 4
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the plan needs of the machine: the CPUs this process may use, and how readers start."""
+
+    cpus: int
+    start_method: str
+
+    @classmethod
+    def here(cls, start_method: "str | None" = None) -> "Machine":
+        """This process's machine; ``start_method`` None: multiprocessing's default."""
+        if start_method is None:
+            start_method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
+        return cls(available_cpus(), start_method)
+
+
+@dataclass(frozen=True)
+class DatasetShape:
+    """What the plan needs of a dataset: its rows, their bytes, its chunks' rows and its filters."""
+
+    n_rows: int
+    row_nbytes: int  # uncompressed bytes of a row as delivered
+    chunk_rows: "int | None"  # None: contiguous
+    filter_ids: "tuple[int, ...]" = ()
+
+    @classmethod
+    def of(cls, node: Any) -> "DatasetShape":
+        """The shape of a node (anything with ``n_rows``, ``row_nbytes``, ``chunk_rows`` and ``filter_ids``)."""
+        return cls(node.n_rows, node.row_nbytes, node.chunk_rows, tuple(node.filter_ids))
+
+    @property
+    def nbytes(self) -> int:
+        return self.n_rows * self.row_nbytes
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """How one dataset is read: its blocks, by how many readers (0: in the consumer), through how many slots."""
+
+    blocks: "BlockPlan | RangePlan"
+    n_procs: int
+    read_ahead: int
+
+    @property
+    def block_size(self) -> int:
+        return self.blocks.block_size
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def cap_readers(n_procs: int, n_blocks: "int | None", cpus: int) -> int:
+    """``n_procs`` capped at what can be used: a reader per block of a pass (``None``: endless), ``READERS_PER_CPU`` per CPU."""
+    cap = READERS_PER_CPU * max(cpus, 1)
+    return min(n_procs, cap if n_blocks is None else min(cap, n_blocks))
+
+
+def default_block_size(n_rows: int, row_nbytes: int, chunk_rows: "int | None", n_procs: int) -> int:
+    """Rows per block: whole chunks near :data:`TARGET_BLOCK_BYTES`, smaller for small datasets.
+
+    ``n_procs=0`` (reading in the consumer) keeps blocks large: there are no
+    readers to share the blocks between.
+    """
+    row_nbytes = max(row_nbytes, 1)
+    if chunk_rows:
+        chunks = max(1, TARGET_BLOCK_BYTES // (chunk_rows * row_nbytes))
+        if n_procs:
+            # Enough blocks that every reader gets several, but never less than one chunk.
+            per_reader = n_rows // (chunk_rows * n_procs * MIN_BLOCKS_PER_READER)
+            chunks = max(1, min(chunks, per_reader))
+        size = chunks * chunk_rows
+    else:
+        size = max(1, CONTIGUOUS_BLOCK_BYTES // row_nbytes)
+        if n_procs:
+            size = max(1, min(size, n_rows // (n_procs * MIN_BLOCKS_PER_READER)))
+    return max(1, min(size, n_rows))
+
+
+def default_read_ahead(n_procs: int) -> int:
+    """Slots in the ring: one being filled per reader, as many ready, and the consumer's."""
+    return 2 * max(n_procs, 1) + 2
+
+
+def parallel_pays(nbytes: int, filter_ids: "tuple[int, ...]", start_method: str, n_cpus: int, engine: str) -> bool:
+    """Whether ``n_cpus`` reader processes can beat ``engine`` reading ``nbytes`` (uncompressed) in the consumer.
+
+    Readers save at most ``(1 - 1/n_cpus)`` of the one-core read time and
+    cost :data:`START_COST_S` to start; they must save twice what they cost.
+    """
+    if n_cpus < 2:
+        return False
+    speed = _ENGINE_SPEED.get(engine, {})
+    rate = min((_DECODE_RATE.get(f, _COPY_RATE) * speed.get(f, 1.0) for f in filter_ids), default=_COPY_RATE)
+    one_core_s = nbytes / rate
+    return one_core_s * (1 - 1 / n_cpus) > 2 * START_COST_S.get(start_method, max(START_COST_S.values()))
+
+
+def default_readers(shape: DatasetShape, engine: str, machine: Machine) -> int:
+    """Readers for ``shape`` when none are asked for: every usable CPU where they pay, else 0 (read in the consumer)."""
+    pays = parallel_pays(shape.nbytes, shape.filter_ids, machine.start_method, machine.cpus, engine)
+    return machine.cpus if pays else 0
+
+
+def plan_stream(
+    shape: DatasetShape,
+    engine: str,
+    machine: Machine,
+    *,
+    n_procs: "int | None" = None,
+    block_size: "int | None" = None,
+    read_ahead: "int | None" = None,
+    cyclic: bool = False,
+    remainder: bool = False,
+    path: str = "",
+) -> ReadPlan:
+    """How a stream reads ``shape`` (NOTE [read plan]); arguments as ``Streamer.get_queue``'s, already type-checked.
+
+    ``ValueError`` for a ``block_size`` larger than the dataset (``path`` names it).
+    """
+    if n_procs is None:
+        n_procs = default_readers(shape, engine, machine)
+    n_procs = cap_readers(n_procs, None, machine.cpus)  # first: the default block size depends on it
+    if block_size is None:
+        block_size = default_block_size(shape.n_rows, shape.row_nbytes, shape.chunk_rows, n_procs)
+    elif block_size > shape.n_rows:
+        raise ValueError(f"block_size={block_size} is larger than {path!r}, which has {shape.n_rows} rows")
+    blocks = BlockPlan(shape.n_rows, block_size, cyclic=cyclic, remainder=remainder)
+    return plan_blocks(blocks, machine, n_procs=n_procs, read_ahead=read_ahead)
+
+
+def plan_blocks(
+    blocks: "BlockPlan | RangePlan", machine: Machine, *, n_procs: int, read_ahead: "int | None" = None
+) -> ReadPlan:
+    """How given blocks are read: ``n_procs`` readers, capped (NOTE [read plan]); the default read-ahead."""
+    n_procs = cap_readers(n_procs, blocks.n_blocks, machine.cpus)
+    return ReadPlan(blocks, n_procs, default_read_ahead(n_procs) if read_ahead is None else read_ahead)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How training batches read their datasets: one block size for all, readers per dataset (0: in the consumer)."""
+
+    block_size: int
+    n_procs: "tuple[int, ...]"
+    read_ahead: "int | None"  # None: each epoch's queues take plan_blocks' default
+
+
+def plan_batches(
+    shapes: "Sequence[DatasetShape]",
+    engines: "Sequence[str]",
+    machine: Machine,
+    *,
+    n_rows: int,
+    n_procs: "int | None" = None,
+    block_size: "int | None" = None,
+    read_ahead: "int | None" = None,
+) -> BatchPlan:
+    """How batches read datasets of equal rows (NOTE [read plan]): blocks planned for one reader, the readers shared.
+
+    ``n_rows``: the positions of an epoch (a subset's or a weighted draw's
+    rows, else the datasets'): where it differs from the datasets' rows, a
+    default block spans about a default block of file rows. The largest rows
+    set the block. ``ValueError`` for a ``block_size`` beyond ``n_rows``.
+    """
+    file_rows = shapes[0].n_rows
+    main = max(shapes, key=lambda s: s.row_nbytes)
+    if block_size is None:
+        block_size = default_block_size(file_rows, main.row_nbytes, main.chunk_rows, 1)  # never the machine's
+        if n_rows != file_rows:
+            block_size = default_subset_block(block_size, n_rows, file_rows)
+    elif block_size > n_rows:
+        what = "the datasets, which have" if n_rows == file_rows else "an epoch, which has"
+        raise ValueError(f"block_size={block_size} is larger than {what} {n_rows} rows")
+    nbytes = [s.nbytes for s in shapes]
+    pays = [default_readers(s, e, machine) > 0 for s, e in zip(shapes, engines)]
+    n_blocks = -(-n_rows // block_size)
+    readers = [cap_readers(n, n_blocks, machine.cpus) for n in split_readers(nbytes, pays, n_procs, machine.cpus)]
+    return BatchPlan(block_size, tuple(readers), read_ahead)
+
+
+def plan_requests(n_procs: "int | None", machine: Machine) -> int:
+    """Readers of a Reader, which serves requests of any size on any dataset of its file: the CPUs by default, capped."""
+    return cap_readers(machine.cpus if n_procs is None else n_procs, None, machine.cpus)
+
+
+def split_readers(nbytes: Sequence[int], pays: Sequence[bool], n_procs: "int | None", cpus: int) -> list[int]:
+    """Reader processes per dataset: shared in proportion to bytes, small datasets read in-process.
+
+    ``pays[i]`` says whether readers can pay for dataset ``i`` at all
+    (:func:`parallel_pays`). ``n_procs=None`` shares ``cpus`` among those; if
+    there are none, everything is read in-process. An explicit ``n_procs`` is
+    shared the same way, and goes to the largest dataset when none pays.
+    """
+    n = len(nbytes)
+    if n_procs == 0:
+        return [0] * n
+    total = cpus if n_procs is None else n_procs
+    big = [i for i in range(n) if pays[i]]
+    if not big:
+        if n_procs is None:
+            return [0] * n
+        big = [max(range(n), key=lambda i: nbytes[i])]
+    big.sort(key=lambda i: -nbytes[i])
+    big = big[:total]  # more big datasets than processes: the largest get one each
+    weight = sum(nbytes[i] for i in big) or 1
+    out = [0] * n
+    for i in big:
+        out[i] = 1
+    # Largest remainders: hand out what is left beyond one each, in proportion to bytes.
+    spare = total - len(big)
+    shares = {i: spare * nbytes[i] / weight for i in big}
+    for i in big:
+        out[i] += int(shares[i])
+    left = spare - sum(int(x) for x in shares.values())
+    for i in sorted(big, key=lambda i: -(shares[i] - int(shares[i])))[:left]:
+        out[i] += 1
+    return out

@@ -1,0 +1,112 @@
+"""The two back ends a :class:`~multitables._stream.queue.Queue` reads through: reader processes, or this process.
+
+:class:`RingBackend` takes blocks from reader processes through the
+shared-memory ring (``_procs.stream.StreamReaders``); :class:`InlineBackend`
+reads them in this process, for datasets too small for processes to pay. Both
+read a block the same way (``_io.blockread.BlockReader``). A back end gives
+``take() -> (slot, rows)``, ``release(slot)``, ``check()``, ``close()`` and
+``pids``; the ring's also ``lend``.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+import numpy as np
+
+from .._io.fileset import node_signature
+from .._io.node import check_file_unchanged
+from .._procs.stream import StreamReaders, StreamSpec
+from .._shm.ring import TICK
+
+#: sys.getrefcount of a block buffer nobody else holds: its list, a local name, the call's argument.
+FREE_BUFFER_REFS = 3
+
+
+def empty_block(spec: StreamSpec) -> np.ndarray:
+    """An uninitialised array shaped like one full block of ``spec``."""
+    return np.empty((spec.plan.block_size,) + spec.row_shape, spec.dtype)
+
+
+class InlineBackend:
+    """Reads blocks in the consumer process, for datasets too small for processes to pay."""
+
+    def __init__(self, spec: StreamSpec, open_kwargs: dict[str, Any]) -> None:
+        self._blocks = spec.open(open_kwargs, 1)  # NOTE [prefetch], with one reader: the consumer
+        self._spec = spec
+        self._signature = node_signature(spec.node)
+        self._buffers: "list[np.ndarray | None]" = [None] * spec.read.read_ahead  # allocated on first use
+        self._free = list(range(spec.read.read_ahead))
+        self._next = 0
+        self.pids: list[int] = []
+
+    def take(self) -> tuple[int, np.ndarray]:
+        slot, k = self._free.pop(0), self._next
+        self._next += 1
+        out = self._buffers[slot]
+        # A fresh buffer where a caller still holds rows of this slot's last
+        # block (views count as references): so rows stay valid, and the
+        # generator can hand these private blocks out without a copy.
+        if out is None or sys.getrefcount(out) > FREE_BUFFER_REFS:
+            out = self._buffers[slot] = empty_block(self._spec)
+        rows = self._blocks.read(k, out)
+        check_file_unchanged(self._spec.node.filename, self._signature)  # as the readers do
+        return slot, rows  # every row is read again for the next block of this slot
+
+    def check(self) -> None:
+        """Nothing to watch: no reader processes."""
+
+    def release(self, slot: int) -> None:
+        self._free.append(slot)
+
+    def close(self) -> None:
+        self._blocks.source.close()
+
+
+class RingBackend:
+    """Blocks from reader processes through the shared-memory ring."""
+
+    def __init__(self, spec: StreamSpec, open_kwargs: dict[str, Any], start_method: "str | None") -> None:
+        self._plan = spec.plan
+        self._ordered = spec.ordered
+        self._pool = StreamReaders(spec, open_kwargs, start_method)
+        self._ring = self._pool.ring
+        self._pending: dict[int, int] = {}  # ordered mode: block -> slot, arrived early
+        self._next = 0
+        self.pids = self._pool.pids
+        self._checking = threading.RLock()  # pool.check reads the readers' pipes: one thread at a time
+
+    def take(self) -> tuple[int, np.ndarray]:
+        ring = self._ring
+        while True:
+            if self._ordered and self._next in self._pending:
+                slot = self._pending.pop(self._next)
+                break
+            self.check()
+            slot = ring.take(TICK)  # type: ignore[assignment]
+            if slot is None:
+                continue
+            k, _rows = ring.meta(slot)
+            if self._ordered and k != self._next:
+                self._pending[k] = slot
+                continue
+            break
+        k, rows = ring.meta(slot)
+        self._next += 1
+        return slot, ring.slots[slot][:rows]
+
+    def check(self) -> bool:
+        """Raise the error of a reader that failed or died (NOTE [failure reports] in ``_procs.pool``)."""
+        with self._checking:
+            return self._pool.check()
+
+    def release(self, slot: int) -> None:
+        self._ring.release(slot, self.check)
+
+    def lend(self, slot: int, rows: int) -> np.ndarray:
+        return self._ring.lend(slot, rows)
+
+    def close(self) -> None:
+        self._pool.close()

@@ -1,0 +1,80 @@
+"""How one :class:`~multitables.Streamer` opens its files, and the queues it opens on them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._io.blockread import Transform
+from .._io.engines import open_source, resolve_engine
+from .._io.node import NodeInfo
+from .._plan.blocks import RangePlan
+from .._plan.readers import Machine, plan_blocks
+from .._procs.stream import StreamSpec
+from .queue import Queue
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """How one :class:`~multitables.Streamer` opens its files: what every stream of it shares."""
+
+    #: The file, or the files of a set in row order (NOTE [file sets] in ``_io.fileset``).
+    files: "str | tuple[str, ...]"
+    engine: str
+    cache: str
+    start_method: "str | None"
+    open_kwargs: dict[str, Any]
+
+    def resolve(self, node: NodeInfo, dataset: Any = None) -> str:
+        """The engine that will read ``node``; refuses ``cache='direct'`` where the chunk engine cannot read it."""
+        # O_DIRECT is the chunk engine's alone: with it, ``auto`` asks that engine first even where
+        # h5py would be chosen for speed (blosc), rather than refuse a node the chunk engine reads.
+        asked = "chunks" if self.cache == "direct" and self.engine == "auto" else self.engine
+        engine = resolve_engine(asked, node, self.open_kwargs, dataset)
+        if self.cache == "direct" and engine != "chunks":
+            raise ValueError(
+                f"cache='direct' needs the chunk engine, which cannot read {node.path!r} in {node.filename!r} "
+                f"(it would be read by {engine!r})"
+            )
+        return engine
+
+    @property
+    def machine(self) -> Machine:
+        """The machine the plans are made for: this process's CPUs and the readers' start method."""
+        return Machine.here(self.start_method)
+
+    def open_queue(self, spec: StreamSpec) -> Queue:
+        """Start reading ``spec``: its readers, or in this process."""
+        return Queue(spec, self.open_kwargs, self.start_method)
+
+    def read_rows(self, node: NodeInfo, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` of ``node``, read here into a fresh array (a source opened and closed for them)."""
+        out = np.empty((stop - start,) + node.row_shape, node.dtype)
+        if len(out):
+            source = open_source(self.resolve(node), node, self.open_kwargs, cache=self.cache)
+            try:
+                source.read_into(start, stop, out)
+            finally:
+                source.close()
+        return out
+
+    def queue_over(
+        self,
+        node: NodeInfo,
+        engine: str,
+        blocks: RangePlan,
+        n_procs: int,
+        read_ahead: "int | None" = None,
+        transform: "Transform | None" = None,
+    ) -> Queue:
+        """An ordered queue over explicitly planned blocks of ``node`` (for the training layer; ``n_procs=0`` reads here).
+
+        ``node`` and ``engine``: as inspected and resolved when the training
+        layer was made; the readers check the file is still that one.
+        """
+        if max(blocks.stops) > node.n_rows:
+            raise ValueError(f"the plan reads up to row {max(blocks.stops)} but {node.path!r} has {node.n_rows} rows")
+        read = plan_blocks(blocks, self.machine, n_procs=n_procs, read_ahead=read_ahead)
+        return self.open_queue(StreamSpec(node, engine, read, True, self.cache, transform))

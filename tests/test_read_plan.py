@@ -1,0 +1,99 @@
+"""NOTE [read plan]: one decision of readers, blocks and read-ahead, the same through every face."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+import multitables
+from multitables._io.fileset import inspect_files
+from multitables._plan import readers as planner
+from multitables._plan.readers import DatasetShape, Machine, plan_batches, plan_requests, plan_stream
+
+ENGINES = ["chunks", "h5py", "tables"]
+
+
+@pytest.fixture
+def rows_file(tmp_path: Path) -> Path:
+    path = tmp_path / "rows.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=np.arange(60_000 * 8, dtype="<f4").reshape(60_000, 8), chunks=(500, 8), compression="gzip")
+    return path
+
+
+@pytest.fixture(params=["readers pay", "readers do not pay"])
+def pays(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Make starting readers free (they always pay) or dear (they never do), and the machine three CPUs."""
+    cost = 0.0 if request.param == "readers pay" else 1e9
+    monkeypatch.setattr(planner, "START_COST_S", {"fork": cost, "forkserver": cost, "spawn": cost})
+    monkeypatch.setattr(planner, "available_cpus", lambda: 3)
+    return request.param == "readers pay"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_every_face_chooses_the_same_readers_and_blocks(rows_file: Path, pays: bool, engine: str, no_leaks: None) -> None:
+    stream = multitables.Streamer(rows_file, engine=engine)
+    node = inspect_files(stream.filename, "/x")
+    shape, machine = DatasetShape.of(node), Machine.here()
+    expected = plan_stream(shape, engine, machine)
+    assert expected.n_procs == (3 if pays else 0)
+    with stream.get_queue("/x") as queue:
+        assert (queue.engine, queue.n_procs, queue.block_size) == (engine, expected.n_procs, expected.block_size)
+    batches = stream.get_batches("/x", 100)
+    assert batches.n_procs == [expected.n_procs]
+    # Training plans its blocks for one reader (the order must not depend on the machine): so does a stream of one.
+    with stream.get_queue("/x", n_procs=1) as one:
+        assert batches.block_size == one.block_size == plan_batches([shape], [engine], machine, n_rows=node.n_rows).block_size
+    if engine != "tables":  # a Reader takes no engine name but auto's; the readers it starts do not depend on it
+        with multitables.Reader(rows_file, engine=engine) as reader:
+            assert reader.n_procs == plan_requests(None, machine) == 3
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_every_face_caps_readers_alike(rows_file: Path, engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(planner, "available_cpus", lambda: 1)
+    stream = multitables.Streamer(rows_file, engine=engine)
+    with stream.get_queue("/x", n_procs=1000, block_size=20_000) as queue:  # 3 blocks
+        assert queue.n_procs == 3
+    with stream.get_queue("/x", n_procs=1000, block_size=1000) as queue:  # 60 blocks, one CPU
+        assert queue.n_procs == planner.READERS_PER_CPU
+    assert stream.get_batches("/x", 100, n_procs=1000, block_size=1000).n_procs == [planner.READERS_PER_CPU]
+    assert stream.get_batches("/x", 100, n_procs=1000, block_size=20_000).n_procs == [3]
+    assert plan_requests(1000, Machine.here()) == planner.READERS_PER_CPU
+
+
+def test_n_procs_0_reads_in_this_process_in_every_mode(rows_file: Path, no_leaks: None) -> None:
+    data = h5py.File(rows_file)["x"][()]
+    stream = multitables.Streamer(rows_file)
+    with stream.get_queue("/x", n_procs=0, ordered=True, remainder=True) as queue:
+        assert queue.n_procs == 0 and queue.reader_pids == []
+        got = [guard.block.copy() for guard in queue]
+    np.testing.assert_array_equal(np.concatenate(got), data)
+    np.testing.assert_array_equal(np.stack(list(stream.get_generator("/x", n_procs=0))), data)
+    assert stream.get_batches("/x", 100, n_procs=0).n_procs == [0]
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_one_slot_of_read_ahead_is_enough_for_batches(rows_file: Path, shuffle: bool, no_leaks: None) -> None:
+    """read_ahead means the same in every face: at least 1."""
+    reference = [x.copy() for x in multitables.Streamer(rows_file).get_batches("/x", 700, shuffle=shuffle, n_procs=0, seed=2)]
+    batches = multitables.Streamer(rows_file).get_batches("/x", 700, shuffle=shuffle, n_procs=2, read_ahead=1, seed=2)
+    got = list(batches)
+    assert len(got) == len(reference)
+    for mine, theirs in zip(got, reference):
+        np.testing.assert_array_equal(mine, theirs)
+
+
+def test_the_plan_travels_whole_to_the_readers(rows_file: Path) -> None:
+    """The spec the consumer made is what the readers get: nothing unpacked and packed again on the way."""
+    import pickle
+
+    from multitables._procs.stream import StreamSettings, StreamSpec
+
+    node = inspect_files(str(rows_file), "/x")
+    spec = StreamSpec(node, "chunks", plan_stream(DatasetShape.of(node), "chunks", Machine(2, "fork"), n_procs=2))
+    settings = pickle.loads(pickle.dumps(StreamSettings(spec, {}, "name", None)))
+    assert settings.spec == spec and settings.spec.read.n_procs == 2

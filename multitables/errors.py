@@ -14,6 +14,8 @@ __all__ = [
     "MultitablesError",
     "NotHDF5Error",
     "NodeTypeError",
+    "EmptyDatasetError",
+    "MissingFilterError",
     "ReaderError",
     "StreamClosedError",
     "ShmSpaceError",

@@ -143,3 +143,14 @@ def test_the_walker_resolves_what_exists(dotted: str) -> None:
 @pytest.mark.parametrize("dotted", ["multitables._request", "_io.node.NoSuchThing", "multitables.Streamer.no_such_method"])
 def test_the_walker_refuses_what_does_not(dotted: str) -> None:
     assert not _resolve(dotted)
+
+
+def test_every_public_error_is_exported() -> None:
+    """``errors.__all__`` and ``multitables.__all__`` name every public exception class of ``multitables.errors``."""
+    import multitables
+    from multitables import errors
+
+    classes = {name for name, obj in vars(errors).items() if isinstance(obj, type) and issubclass(obj, BaseException)}
+    public = {name for name in classes if not name.startswith("_") and getattr(errors, name).__module__ == errors.__name__}
+    assert public <= set(errors.__all__)
+    assert public <= set(multitables.__all__)

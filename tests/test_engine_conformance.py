@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import h5py
 import hdf5plugin
@@ -107,6 +107,21 @@ def _same(got: np.ndarray, expected: np.ndarray) -> bool:
     return got.dtype == expected.dtype and got.shape == expected.shape and got.tobytes() == expected.tobytes()
 
 
+def _reads_right(engine: Engine, case: Case, reads: "list[tuple[int, int]]", hints: "Sequence[tuple[int, int]]" = ()) -> None:
+    """Read each range of ``reads`` in turn from one source of ``case``'s node (after the hint paired with it, if any)
+    and check the rows: what one read keeps for the next must not leak into it."""
+    node = case.node()
+    source = engine.open(node, {})
+    try:
+        for k, (start, stop) in enumerate(reads):
+            hint = hints[k] if k < len(hints) else None
+            if hint is not None:
+                source.prefetch(*hint)
+            assert _same(_read(source, node, start, stop), case.expected[start:stop]), f"rows {start}:{stop} after a hint of {hint}"
+    finally:
+        source.close()
+
+
 FILTERS = [
     None,
     tables.Filters(3, "zlib", shuffle=True),
@@ -186,29 +201,16 @@ class TestEveryEngine:
     @EXAMPLES
     @given(data=st.data())
     def test_read_into_gives_the_rows_of_any_range(self, engine: Engine, cases: "dict[str, Case]", name: str, data: st.DataObject) -> None:
-        case = cases[name]
-        node = case.node()
-        source = engine.open(node, {})
-        try:
-            # One source for every range: what one read keeps for the next must not leak into it.
-            for start, stop in data.draw(_ranges(node.n_rows)):
-                assert _same(_read(source, node, start, stop), case.expected[start:stop]), f"rows {start}:{stop}"
-        finally:
-            source.close()
+        node = cases[name].node()
+        _reads_right(engine, cases[name], data.draw(_ranges(node.n_rows)))
 
     @pytest.mark.parametrize("name", ["zlib", "nd", "holes"])
     @EXAMPLES
     @given(data=st.data())
     def test_prefetch_never_changes_rows(self, engine: Engine, cases: "dict[str, Case]", name: str, data: st.DataObject) -> None:
-        case = cases[name]
-        node = case.node()
-        source = engine.open(node, {})
-        try:
-            for (a, b), (start, stop) in zip(data.draw(_ranges(node.n_rows)), data.draw(_ranges(node.n_rows))):
-                source.prefetch(a, b)  # of other rows, or of these, or of none (a == b)
-                assert _same(_read(source, node, start, stop), case.expected[start:stop]), f"rows {start}:{stop} after a hint of {a}:{b}"
-        finally:
-            source.close()
+        node = cases[name].node()
+        # Hints of other rows, of the rows read next, or of none (a == b), before each read.
+        _reads_right(engine, cases[name], data.draw(_ranges(node.n_rows)), data.draw(_ranges(node.n_rows)))
 
     @pytest.mark.parametrize("name", CASES)
     @EXAMPLES

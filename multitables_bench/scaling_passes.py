@@ -1,0 +1,233 @@
+"""One pass of the scaling section, run in a fresh interpreter: ``python -m multitables_bench.scaling_passes SPEC``.
+
+Every pass reads the whole dataset once (``memcpy``: copies memory) and
+prints one line of JSON, a :class:`PassResult`. The kinds:
+
+* ``h5py``: one process reading the dataset in order, ``read_direct`` into
+  one buffer, a block at a time (the baseline);
+* ``multitables``: ``Streamer.get_queue(n_procs=n, remainder=True)``, every
+  block taken and released, counted (:func:`multitables_bench.counters.drain_counted`);
+* ``processes``: what a user would write instead: ``n`` plain h5py processes
+  (a ``multiprocessing`` pool), each opening the file and reading its own
+  contiguous share of blocks into its own buffer; nothing is handed over;
+* ``dataloader``: the other thing a user would write:
+  ``torch.utils.data.DataLoader(num_workers=n, batch_size=None)`` over a
+  map-style dataset whose item ``i`` is block ``i``, read with h5py;
+* ``memcpy``: ``n`` processes at once, each ``np.copyto`` between two
+  buffers of ``memcpy_mib`` MiB it has already touched, ``MEMCPY_COPIES``
+  times; the rate is every byte copied over the time from the first start to
+  the last end.
+
+Each pass is timed from the first thing a user's program would do (open the
+file, create the ``Streamer``, the pool or the ``DataLoader``) to the last
+block. Every contender reads one value of every page of every block it gets
+(:func:`multitables_bench.counters.touch`), as a consumer using it would.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
+from multitables_bench.counters import drain_counted, touch
+from multitables_bench.files import h5py_with_filters
+from multitables_bench.records import NODE, ROW_VALUES
+
+#: Copies each memcpy process makes between its two buffers.
+MEMCPY_COPIES = 8
+KINDS = ("h5py", "multitables", "processes", "dataloader", "memcpy")
+
+
+@dataclass(frozen=True)
+class PassSpec:
+    """What one pass reads, and how."""
+
+    kind: str
+    path: str = ""
+    #: Processes, workers or readers (multitables: None asks for the default).
+    n: "int | None" = 1
+    #: Rows per block (h5py, processes, dataloader).
+    block_rows: int = 1
+    n_rows: int = 0
+    #: Keep the first value of every row read (the tests' check that each row is read once).
+    record: bool = False
+    memcpy_mib: int = 256
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """What one pass did and how long it took."""
+
+    seconds: float
+    rows: int = 0
+    nbytes: int = 0
+    #: multitables: the readers that ran, the engine and the rows per block it chose.
+    n_used: "int | None" = None
+    engine: str = ""
+    block_rows: "int | None" = None
+    #: multitables: the window's counters per GiB (:meth:`multitables_bench.counters.Counted.per_gib`) and its size.
+    counters: "dict[str, float] | None" = None
+    readers_counted: "tuple[int, int] | None" = None
+    #: With ``record``: the first value of every row read, in the order read.
+    first_values: Optional[list[float]] = field(default=None)
+
+
+def _blocks(n_rows: int, block_rows: int) -> list[tuple[int, int]]:
+    return [(a, min(a + block_rows, n_rows)) for a in range(0, n_rows, block_rows)]
+
+
+def read_share(path: str, blocks: list[tuple[int, int]], block_rows: int, record: bool) -> tuple[int, Optional[list[float]]]:
+    """Open ``path`` and read ``blocks`` (row ranges) in order into one buffer: (rows read, first values or None)."""
+    buffer = np.empty((block_rows, ROW_VALUES), np.float32)
+    firsts: list[float] = []
+    rows = 0
+    with h5py_with_filters().File(path, "r") as f:
+        ds = f[NODE]
+        for a, b in blocks:
+            out = buffer[: b - a]
+            ds.read_direct(out, np.s_[a:b])
+            touch(out)
+            rows += b - a
+            if record:
+                firsts += out[:, 0].tolist()
+    return rows, firsts if record else None
+
+
+def _read_share_args(args: tuple[str, list[tuple[int, int]], int, bool]) -> tuple[int, Optional[list[float]]]:
+    return read_share(*args)
+
+
+def h5py_pass(spec: PassSpec) -> PassResult:
+    """One process, in order."""
+    t0 = time.perf_counter()
+    rows, firsts = read_share(spec.path, _blocks(spec.n_rows, spec.block_rows), spec.block_rows, spec.record)
+    return PassResult(time.perf_counter() - t0, rows, rows * ROW_VALUES * 4, first_values=firsts)
+
+
+def processes_pass(spec: PassSpec) -> PassResult:
+    """``n`` plain h5py processes, each its own contiguous share of the blocks."""
+    import multiprocessing
+
+    n = spec.n or 1
+    blocks = _blocks(spec.n_rows, spec.block_rows)
+    shares = [[blocks[i] for i in part] for part in np.array_split(np.arange(len(blocks)), n)]
+    t0 = time.perf_counter()
+    with multiprocessing.get_context("fork").Pool(n) as pool:
+        done = pool.map(_read_share_args, [(spec.path, share, spec.block_rows, spec.record) for share in shares], 1)
+    seconds = time.perf_counter() - t0
+    rows = sum(r for r, _ in done)
+    firsts = [v for _, f in done for v in (f or [])] if spec.record else None
+    return PassResult(seconds, rows, rows * ROW_VALUES * 4, n_used=n, first_values=firsts)
+
+
+class H5Blocks:
+    """A map-style dataset as a user writes it: item ``i`` is block ``i`` of rows, h5py opened once per worker."""
+
+    def __init__(self, path: str, n_rows: int, block_rows: int) -> None:
+        self.path, self.blocks = path, _blocks(n_rows, block_rows)
+        self._ds: Any = None
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if self._ds is None:
+            self._ds = h5py_with_filters().File(self.path, "r")[NODE]
+        a, b = self.blocks[i]
+        return self._ds[a:b]
+
+
+def dataloader_pass(spec: PassSpec) -> PassResult:
+    """``DataLoader(H5Blocks, batch_size=None, num_workers=n)``, every block taken in order."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    rows, firsts = 0, []
+    for tensor in DataLoader(H5Blocks(spec.path, spec.n_rows, spec.block_rows), batch_size=None, num_workers=spec.n or 0):
+        block = tensor.numpy()
+        touch(block)
+        rows += len(block)
+        if spec.record:
+            firsts += block[:, 0].tolist()
+    seconds = time.perf_counter() - t0
+    return PassResult(seconds, rows, rows * ROW_VALUES * 4, n_used=spec.n, first_values=firsts if spec.record else None)
+
+
+def multitables_pass(spec: PassSpec) -> PassResult:
+    """Direct access from a fresh ``Streamer``, the remainder included; counted after the first lap."""
+    import multitables
+
+    firsts: list[float] = []
+
+    def keep(_i: int, block: np.ndarray) -> None:
+        firsts.extend(block[:, 0].tolist())
+
+    t0 = time.perf_counter()
+    with multitables.Streamer(spec.path).get_queue(NODE, n_procs=spec.n, remainder=True) as queue:
+        n_blocks = -(-spec.n_rows // queue.block_size)
+        rows, nbytes, counted = drain_counted(queue, n_blocks, on_block=keep if spec.record else None)
+        used, engine, block_rows = queue.n_procs, queue.engine, queue.block_size
+    seconds = time.perf_counter() - t0
+    return PassResult(seconds, rows, nbytes, used, engine, block_rows,
+                      counted.per_gib() if counted else None,
+                      (counted.readers_counted, counted.readers_total) if counted else None,
+                      firsts if spec.record else None)
+
+
+def _copy_loop(nbytes: int, copies: int, ready: Any, go: Any, results: Any) -> None:
+    src, dst = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
+    dst.fill(0)  # both touched (np.zeros would map zero pages lazily): no fault in the timed loop
+    ready.put(None)
+    go.wait()
+    t0 = time.perf_counter()
+    for _ in range(copies):
+        np.copyto(dst, src)
+    results.put((t0, time.perf_counter()))
+
+
+def memcpy_pass(spec: PassSpec) -> PassResult:
+    """``n`` processes copying at once; ``nbytes`` is every byte copied (each read once and written once)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    n, nbytes = spec.n or 1, spec.memcpy_mib << 20
+    ready, go, results = ctx.SimpleQueue(), ctx.Event(), ctx.SimpleQueue()
+    procs = [ctx.Process(target=_copy_loop, args=(nbytes, MEMCPY_COPIES, ready, go, results)) for _ in range(n)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get()
+    go.set()  # every process has its buffers touched: all start copying together
+    spans = [results.get() for _ in procs]
+    for p in procs:
+        p.join()
+    for q in (ready, results):
+        q.close()
+    seconds = max(b for _, b in spans) - min(a for a, _ in spans)
+    return PassResult(seconds, 0, n * MEMCPY_COPIES * nbytes, n_used=n)
+
+
+PASSES = {"h5py": h5py_pass, "multitables": multitables_pass, "processes": processes_pass,
+          "dataloader": dataloader_pass, "memcpy": memcpy_pass}
+
+
+def run(spec: PassSpec) -> PassResult:
+    """The pass ``spec`` asks for, in this process (h5py imported first: importing is not the pass's work)."""
+    h5py_with_filters()
+    return PASSES[spec.kind](spec)
+
+
+def main(argv: "list[str] | None" = None) -> None:
+    spec = PassSpec(**json.loads((sys.argv[1:] if argv is None else argv)[0]))
+    print(json.dumps(asdict(run(spec))))
+
+
+if __name__ == "__main__":
+    main()

@@ -5,6 +5,10 @@ Modules, top to bottom (each imports only those below it):
 * ``cli``: the command line, and running what it asks for;
 * ``sections``: the training and random-access sections, with ``training``
   (shards, PyTorch's DataLoader and MosaicML streaming side by side);
+* ``scaling_report`` over ``scaling`` over ``scaling_passes``: the scaling
+  section (n_procs 1, 2, 4 ... beside plain h5py processes and PyTorch's
+  DataLoader, each pass in a fresh process), with ``counters`` (minor faults
+  and context switches per GiB, in the readers and the consumer);
 * ``passes``: timing one pass of one reader, and which jobs a run times;
 * ``plot`` over ``report``: the report, from the passes and their context;
 * ``readers``: the ways of reading a whole file (O_DIRECT, one process, multitables);

@@ -42,16 +42,17 @@ import tempfile
 from dataclasses import asdict, replace
 from typing import Sequence
 
-from multitables_bench import diskmodel
+from multitables_bench import diskmodel, scaling
 from multitables_bench.cache_modes import resolve_cache
 from multitables_bench.machine import machine_info, usable_cpus, versions
 from multitables_bench.passes import measure
 from multitables_bench.plot import plot
 from multitables_bench.records import DATA, DEFAULT_DATA, ENGINES, GiB, MODES, ROW_NBYTES, Context, Pass, Settings, data_path
 from multitables_bench.report import load_report, render_html, render_markdown, render_text, report_json, report_tables, summarize
+from multitables_bench.scaling_report import scaling_markdown
 from multitables_bench.sections import run_sections
 
-SECTIONS = ("main", "training", "random")
+SECTIONS = ("main", "training", "random", "scaling")
 #: Rows of 1 KiB in the training / random-access file: 256 MiB (--quick: 16 MiB).
 SECTION_ROWS, QUICK_SECTION_ROWS = 1 << 18, 1 << 14
 CACHES = ("auto", "direct", "evict", "warm")
@@ -92,14 +93,17 @@ def build_parser() -> argparse.ArgumentParser:
     add("--html", metavar="PATH", nargs="?", const="-", default=None, help="write an HTML page (no PATH: stdout)")
     add("--plot", metavar="PATH.png", default=None, help="plot MB/s against n_procs (needs matplotlib)")
     add("--sections", nargs="+", default=["main"], choices=SECTIONS,
-        help="what to measure: main (streaming, the default), training (batches vs DataLoader), random (Reader vs h5py)")
+        help="what to measure: main (streaming, the default), training (batches vs DataLoader), random (Reader vs h5py), "
+             "scaling (n_procs 1, 2, 4 ... --max_procs beside plain h5py processes and DataLoader, with page-fault "
+             "counters; --file keeps its files for the next run to reuse)")
     add("--data", nargs="+", default=[DEFAULT_DATA], choices=list(DATA),
         help="what the files hold: noise (random normal, the default) and/or smooth (a random walk in whole steps, "
              "which compresses several times); with both, a file of each per codec")
     add("--report-from", metavar="JSON", default=None, help="measure nothing: report the results of an earlier --json run")
     add("--section-mib", type=int, default=None,
         help=f"--sections training / random: MiB of 1 KiB rows in their file (default {SECTION_ROWS >> 10}; "
-             f"--quick: {QUICK_SECTION_ROWS >> 10})")
+             f"--quick: {QUICK_SECTION_ROWS >> 10}); --sections scaling: MiB of 4 KiB rows in each of its two files "
+             f"(default {scaling.DEFAULT_MIB}; --quick: {scaling.QUICK_MIB})")
     add("--disk-model", choices=tuple(diskmodel.KINDS), default=None,
         help="read through a model of a spinning disk (hdd) or a RAID 0 of two (raid0), shared by every reader process: "
              "a seek for every read that does not continue the previous one, a capped rate (multitables_bench/diskmodel.py)")
@@ -188,7 +192,7 @@ def check_settings(s: Settings) -> "str | None":
         return f"unknown complib {bad_libs}; PyTables knows {', '.join(tables.filters.all_complibs)}"
     if s.cache == "direct" and s.direct_off:
         return "--cache direct and --H5FD_DIRECT_OFF contradict each other"
-    if s.file and not s.report_from:
+    if s.file and not s.report_from and "main" in s.sections:  # the scaling section reuses its files
         for path in (data_path(s.file, data, s.data) for data in s.data):
             if os.path.exists(path):
                 return f"--file {path} exists: the benchmark writes and then removes this file, so give a new path"
@@ -308,18 +312,34 @@ def parse_section_mib(argv: "Sequence[str] | None" = None) -> "int | None":
 
 
 def measure_sections(settings: Settings, sections: Sequence[str], mib: "int | None" = None) -> None:
-    """Run the training / random-access sections; print their Markdown tables (JSON beside ``--json``)."""
+    """Run the training / random-access / scaling sections; print their Markdown tables (JSON beside ``--json``)."""
     workdir, _ = _workdir(settings)
     rows = mib << 10 if mib else QUICK_SECTION_ROWS if settings.quick else SECTION_ROWS
     n_procs = settings.max_procs
+    others = [name for name in sections if name != "scaling"]
     try:
-        text, figures = run_sections(sections, workdir, rows, n_procs, settings.repeats, lambda m: print(m, file=sys.stderr))
+        if others:
+            text, figures = run_sections(others, workdir, rows, n_procs, settings.repeats, lambda m: print(m, file=sys.stderr))
+            sys.stdout.write(text + "\n\n")
+            if settings.json:
+                with open(settings.json + ".sections.json", "w") as f:
+                    json.dump([asdict(fig) for fig in figures], f, indent=1)
+        if "scaling" in sections:
+            measure_scaling(settings, mib, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    sys.stdout.write(text + "\n\n")
+
+
+def measure_scaling(settings: Settings, mib: "int | None", workdir: str) -> None:
+    """The scaling section: its Markdown to stdout, its JSON to ``<--json>.scaling.json``."""
+    default_mib, memcpy_mib = (scaling.QUICK_MIB, scaling.QUICK_MEMCPY_MIB) if settings.quick else \
+        (scaling.DEFAULT_MIB, scaling.MEMCPY_MIB)
+    options = scaling.ScalingSettings(mib or default_mib, settings.repeats, settings.max_procs, memcpy_mib, settings.file)
+    run = scaling.run_scaling(options, workdir, lambda m: print(m, file=sys.stderr))
+    sys.stdout.write(scaling_markdown(run) + "\n\n")
     if settings.json:
-        with open(settings.json + ".sections.json", "w") as f:
-            json.dump([asdict(fig) for fig in figures], f, indent=1)
+        with open(settings.json + ".scaling.json", "w") as f:
+            json.dump(run.to_json(), f, indent=1)
 
 
 def report(settings: Settings) -> None:

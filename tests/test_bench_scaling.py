@@ -1,0 +1,223 @@
+"""The benchmark's scaling section: its counters, its contenders reading every row once, and a run end to end.
+
+No test asserts a timing: the figures come from a shared machine.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+
+import multitables
+from multitables_bench import counters, scaling, scaling_report
+from multitables_bench.counters import PAGE_SIZE, Snapshot, Usage
+from multitables_bench.records import NODE, ROW_VALUES, Codec
+from multitables_bench.scaling import ScalingFigure
+from multitables_bench.scaling_passes import PassSpec, run
+
+REPO = Path(__file__).resolve().parents[1]
+N_ROWS = 2048
+
+
+@pytest.fixture
+def numbered(make_array: Callable[..., Path]) -> Path:
+    """A zlib file at /data of N_ROWS float32 rows of ROW_VALUES whose first value is the row's number."""
+    data = np.zeros((N_ROWS, ROW_VALUES), np.float32)
+    data[:, 0] = np.arange(N_ROWS)
+    return make_array(data, complib="zlib", complevel=3)
+
+
+def touch_fresh_pages(n: int) -> None:
+    """Write one byte in each of ``n`` pages never touched before (no huge pages: one fault a page)."""
+    m = mmap.mmap(-1, n * PAGE_SIZE)
+    try:
+        m.madvise(mmap.MADV_NOHUGEPAGE)
+        for offset in range(0, n * PAGE_SIZE, PAGE_SIZE):
+            m[offset] = 1
+    finally:
+        m.close()
+
+
+# ---------------------------------------------------------------------------
+# Counters
+# ---------------------------------------------------------------------------
+
+
+def test_a_process_is_read_from_proc_and_a_gone_one_is_none() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        usage = counters.proc_usage(child.pid)
+        assert usage is not None and usage.minflt > 0 and usage.voluntary >= 0 and usage.involuntary >= 0
+    finally:
+        child.kill()
+        child.wait()
+    assert counters.proc_usage(child.pid) is None
+
+
+def test_fresh_pages_touched_in_the_window_are_counted_in_the_consumer(numbered: Path, no_leaks: None) -> None:
+    pages = 1000
+    touched: list[int] = []
+
+    def on_block(i: int, block: np.ndarray) -> None:
+        if i == 20:  # inside the window: it opens at the first lap (6 blocks with 2 readers)
+            touch_fresh_pages(pages)
+            touched.append(i)
+
+    with multitables.Streamer(str(numbered)).get_queue(NODE, n_procs=2, block_size=16, remainder=True) as queue:
+        n_blocks = -(-N_ROWS // queue.block_size)
+        rows, nbytes, counted = counters.drain_counted(queue, n_blocks, on_block=on_block)
+    assert rows == N_ROWS and nbytes == N_ROWS * ROW_VALUES * 4 and touched == [20]
+    assert counted is not None
+    lap = 2 * 2 + 2
+    assert counted.window_blocks == n_blocks - 3 * lap and counted.window_bytes == counted.window_blocks * 16 * ROW_VALUES * 4
+    assert counted.consumer.minflt >= pages
+    assert (counted.readers_counted, counted.readers_total) == (2, 2)
+    for usage in (counted.consumer, counted.readers):
+        assert min(usage.minflt, usage.voluntary, usage.involuntary) >= 0
+    per_gib = counted.per_gib()
+    assert set(per_gib) == set(scaling_report.COUNTERS) and all(v >= 0 for v in per_gib.values())
+    assert per_gib["consumer_minflt_per_gib"] >= pages / (counted.window_bytes / counters.GiB)
+
+
+def test_no_window_without_enough_blocks_and_no_readers_in_process(numbered: Path, no_leaks: None) -> None:
+    with multitables.Streamer(str(numbered)).get_queue(NODE, n_procs=2, block_size=256, remainder=True) as queue:
+        rows, _, counted = counters.drain_counted(queue, 8)  # 8 blocks, a lap of 6
+    assert rows == N_ROWS and counted is None
+    with multitables.Streamer(str(numbered)).get_queue(NODE, n_procs=0, block_size=16, remainder=True) as queue:
+        _, _, counted = counters.drain_counted(queue, N_ROWS // 16)
+    assert counted is not None and counted.readers_total == 0 and counted.readers == Usage()
+
+
+def test_a_reader_gone_before_the_last_snapshot_is_left_out_of_both() -> None:
+    before = Snapshot(Usage(10, 1, 1), {1: Usage(5, 5, 5), 2: Usage(7, 7, 7), 3: None})
+    after = Snapshot(Usage(30, 2, 4), {1: Usage(105, 6, 8), 2: None, 3: Usage(1, 1, 1)})
+    counted = counters.window(before, after, counters.GiB, 4)
+    assert counted.consumer == Usage(20, 1, 3) and counted.readers == Usage(100, 1, 3)
+    assert (counted.readers_counted, counted.readers_total) == (1, 3)
+    assert counted.per_gib()["reader_switches_per_gib"] == 4.0
+    assert counters.pages_per_gib() * PAGE_SIZE == counters.GiB
+
+
+# ---------------------------------------------------------------------------
+# Contenders: every row once
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kind", "n"), [("h5py", 1), ("processes", 1), ("processes", 3), ("multitables", 2),
+                                         ("multitables", None), ("dataloader", 2)])
+def test_each_contender_reads_every_row_exactly_once(numbered: Path, kind: str, n: "int | None", no_leaks: None) -> None:
+    if kind == "dataloader":
+        pytest.importorskip("torch")
+    result = run(PassSpec(kind, str(numbered), n, block_rows=96, n_rows=N_ROWS, record=True))
+    assert result.first_values is not None
+    assert sorted(result.first_values) == list(range(N_ROWS))  # each row once, none missing
+    assert result.rows == N_ROWS and result.nbytes == N_ROWS * ROW_VALUES * 4 and result.seconds > 0
+    if kind in ("h5py", "processes", "dataloader"):
+        assert result.first_values == list(range(N_ROWS))  # in order: the shares are contiguous, in turn
+
+
+def test_memcpy_counts_every_byte_copied(no_leaks: None) -> None:
+    result = run(PassSpec("memcpy", n=2, memcpy_mib=2))
+    assert result.nbytes == 2 * 8 * (2 << 20) and result.seconds > 0 and result.n_used == 2
+
+
+# ---------------------------------------------------------------------------
+# Sizes, files, machine
+# ---------------------------------------------------------------------------
+
+
+def test_processes_double_up_to_the_cpus() -> None:
+    assert scaling.procs_list(1) == [1]
+    assert scaling.procs_list(2) == [1, 2]
+    assert scaling.procs_list(12) == [1, 2, 4, 8, 12]
+    assert scaling.procs_list(16) == [1, 2, 4, 8, 16]
+
+
+def test_threads_per_core_is_known_here() -> None:
+    threads = scaling.threads_per_core()
+    assert threads is not None and threads >= 1
+
+
+def test_a_file_is_reused_when_it_holds_the_same_and_refused_otherwise(tmp_path: Path) -> None:
+    paths = scaling.file_paths(str(tmp_path / "bench.h5"))
+    assert sorted(os.path.basename(p) for p in paths.values()) == ["bench-scaling-blosc-3.h5", "bench-scaling-zlib-3.h5"]
+    path, log = paths[Codec("zlib", 3)], []
+    scaling.ensure_file(path, Codec("zlib", 3), 512, log.append)
+    written = os.path.getmtime(path)
+    scaling.ensure_file(path, Codec("zlib", 3), 512, log.append)
+    assert os.path.getmtime(path) == written and log == [f"scaling: reusing {path}"]
+    with pytest.raises(SystemExit, match="remove it"):
+        scaling.ensure_file(path, Codec("zlib", 3), 1024, log.append)
+    assert scaling.block_rows(path) % 1 == 0 and scaling.block_rows(path) >= 1
+
+
+# ---------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------
+
+
+def _fig(kind: str, n: "int | None", rate: float, codec: str = "zlib-3", **kw: object) -> ScalingFigure:
+    return ScalingFigure(codec, kind, n, rate, (rate,), **kw)  # type: ignore[arg-type]
+
+
+def test_rows_have_ratios_to_h5py_efficiency_and_counters_against_the_target() -> None:
+    limit = counters.FAULT_TARGET * counters.pages_per_gib()
+    low = dict.fromkeys(scaling_report.COUNTERS, 1.0)
+    figures = [_fig("h5py", 1, 100.0, block_rows=1024), _fig("multitables", 1, 200.0, n_used=1, engine="chunks", counters=low),
+               _fig("multitables", 4, 600.0, n_used=4, engine="chunks", counters={**low, "reader_minflt_per_gib": limit + 1}),
+               _fig("multitables", None, 700.0, n_used=4, engine="chunks"), _fig("processes", 1, 90.0),
+               _fig("processes", 4, 180.0)]
+    rows = scaling_report.codec_rows(figures, "zlib-3")
+    assert all(len(r) == len(scaling_report.HEADER) for r in rows)
+    assert [r[3] for r in rows] == ["1.00x", "2.00x", "6.00x", "7.00x", "0.90x", "1.80x"]
+    assert [r[4] for r in rows] == ["n/a", "1.00", "0.75", "0.88", "1.00", "0.50"]
+    assert [r[-1] for r in rows] == ["", "met", "missed", "n/a (too few blocks)", "", ""]
+    targets = {t[0]: t for t in scaling_report.target_rows(figures, 4)}
+    assert targets["zlib 3, n_procs=4: efficiency"][1:] == ("0.75", ">= 0.8", "missed")
+
+
+# ---------------------------------------------------------------------------
+# End to end
+# ---------------------------------------------------------------------------
+
+
+def _md_rows(text: str, heading: str) -> list[list[str]]:
+    """The rows (header first, no rule) of the first Markdown table under ``heading``."""
+    lines = text.split(heading, 1)[1].strip().splitlines()
+    table = lines[:next((i for i, line in enumerate(lines) if not line.startswith("|")), len(lines))]
+    return [[c.strip() for c in line.strip("|").split("|")] for k, line in enumerate(table) if k != 1]
+
+
+def test_the_section_runs_end_to_end_on_a_tiny_file(tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    argv = [sys.executable, str(REPO / "multitables_benchmark.py"), "--sections", "scaling", "--quick", "--section-mib", "4",
+            "--max_procs", "2", "--json", str(out)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), "TQDM_DISABLE": "1"}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    torch = scaling.torch_available()
+    for codec in ("zlib-3", "blosc-3"):
+        rows = _md_rows(proc.stdout, f"#### {codec} + shuffle")
+        assert tuple(rows[0]) == scaling_report.HEADER
+        labels = [r[0] for r in rows[1:]]
+        assert labels[0].startswith("h5py, one process")
+        assert [lbl.split(",")[1].strip() for lbl in labels if lbl.startswith("multitables")][:2] == ["n_procs=1", "n_procs=2"]
+        assert sum(lbl.startswith("multitables direct, default") for lbl in labels) == 1
+        assert sum("plain h5py process" in lbl for lbl in labels) == 2
+        assert sum(lbl.startswith("DataLoader") for lbl in labels) == (2 if torch else 0)
+        assert all(len(r) == len(rows[0]) for r in rows)
+    facts = dict(_md_rows(proc.stdout, "#### The machine")[1:])  # type: ignore[arg-type]
+    assert any(k.startswith("memory copy, 2 processes") for k in facts) and "threads per core" in facts
+    doc = json.loads((tmp_path / "report.json.scaling.json").read_text())
+    assert doc["section"] == "scaling" and doc["pages_per_gib"] == counters.pages_per_gib()
+    per_codec = 1 + 3 + 2 + (2 if torch else 0)
+    assert len(doc["passes"]) == 2 * per_codec + 2  # one repeat: every contender of both files, two memcpys
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json.scaling.json"]  # its files removed

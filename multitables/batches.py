@@ -27,10 +27,10 @@ from ._plan.subset import epoch_rows, subset_key, weighted_draw, weights_key
 from ._sys.checks import check_bool, check_columns, check_fields, check_int, rank_and_world
 from ._train.mix import MixedBatches, mix_batches
 from ._train.transforms import infer_transforms
-from ._train.windows import WINDOW_BYTES, NoWindows, cut, empty_window_buffer, open_windows
+from ._train.feed import EpochPieces, Feed
+from ._train.windows import WINDOW_BYTES, NoWindows, Windows, cut, empty_window_buffer, epoch_windows
 
 if TYPE_CHECKING:
-    from ._stream.queue import Queue
     from .streamer import Streamer  # type only: the streamer makes batches
 
 __all__ = ["Batches", "MixedBatches", "mix_batches"]
@@ -224,6 +224,9 @@ class Batches:
         # its readers stop (NOTE [shutdown] in ``_procs.pool``).
         self._active: "weakref.ref[Iterator[Batch]] | None" = None
         self._buffers: "list[list[np.ndarray]] | None" = None  # see _window_buffers
+        # The readers, kept from epoch to epoch (NOTE [readers across epochs] in ``_procs.stream``). It holds
+        # nothing of this object, so dropping the batches drops it, and its queues stop their readers.
+        self._feed = Feed(stream.options, nodes, self._engines, self._plan, self._transforms)
 
     # -- what the batches are ------------------------------------------------
 
@@ -347,11 +350,12 @@ class Batches:
             self._batch = batch
 
     def close(self) -> None:
-        """Stop the readers of an iteration still in progress and free the window buffers (idempotent).
+        """Stop the readers and free the window buffers (idempotent); dropping the batches does the same.
 
-        The position stays: iterating again goes on from it.
+        The position stays: iterating again goes on from it, with new readers.
         """
         self._stop_active()
+        self._feed.close()
         self._buffers = None
 
     def _window_buffers(self) -> list[list[np.ndarray]]:
@@ -430,28 +434,27 @@ class Batches:
             return
         plan = s.rank_epoch(epoch, self.rank)
         w0, skip = plan.locate(start * s.batch_size)
-        queues: list["Queue"] = []
         try:
+            source: "Windows" = NoWindows()
             if w0 < plan.n_windows:
-                source, queues = open_windows(
-                    plan, w0, rows, self._stream.options, self._nodes, self._engines, self._plan,
-                    self._transforms, self._window_buffers() if s.shuffle else None,
-                )  # fmt: skip
-            else:
-                source = NoWindows()
+                pieces = EpochPieces.of(plan, w0, rows)
+                self._feed.provide(pieces)
+                # NOTE [readers across epochs]: the readers go on with the next epoch once this one is read.
+                after = self._settings.rank_epoch(epoch + 1, self.rank)
+                self._feed.follow(EpochPieces.of(after, 0, self._rows_of(epoch + 1)))
+                source = epoch_windows(plan, w0, self._feed, pieces, self._window_buffers() if s.shuffle else None)
             k = start
             for arrays in cut(source, skip, s.batch_size):
                 k += 1
                 self._batch, self._step = k, self._step + 1
                 yield self._deliver(arrays)
-            for queue in queues:  # the readers are done: stop them before the empty batches
-                queue.close()
             while k < s.n_batches:  # see NOTE [epoch plan]: empty last batches
                 k += 1
                 self._batch, self._step = k, self._step + 1
                 yield self._deliver([np.empty((0,) + shape, dtype) for dtype, shape in self._row_types])
             self._epoch, self._batch, self._elastic = epoch + 1, 0, []
-        finally:
-            for queue in queues:
-                queue.close()
-
+        except GeneratorExit:
+            raise  # the loop was left: the readers stay for the next iteration
+        except BaseException:
+            self._feed.close()  # a reader failed, or the loop body raised: start afresh next time
+            raise

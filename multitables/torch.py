@@ -74,10 +74,17 @@ def _auto_batching(dataset: object, frame: Optional[FrameType]) -> bool:
 
     ``frame`` is the caller of ``iter``. PyTorch's fetcher is recognised by
     its attributes, ``dataset`` (this very object) and ``auto_collation``.
+    Only frames of PyTorch's own modules (``torch``, ``torchdata``) are
+    looked into: reading a frame's ``f_locals`` keeps a snapshot of its
+    locals until the frame ends (before Python 3.13), which would keep a
+    caller's dropped batches, and their readers, alive.
     """
     for _ in range(_FETCHER_FRAMES):
         if frame is None:
             break
+        if not str(frame.f_globals.get("__name__", "")).startswith("torch"):
+            frame = frame.f_back
+            continue
         owner = frame.f_locals.get("self")
         if owner is not None and owner is not dataset and getattr(owner, "dataset", None) is dataset:
             flag = getattr(owner, "auto_collation", None)

@@ -1,16 +1,17 @@
-"""When the readers of training batches run and when they stop: ``break``, dropping, the next iteration.
+"""When the readers of training batches run and when they stop: ``break``, the next epoch, dropping, closing.
 
-The rule (docs/training.rst, "Readers and the loop"): an iteration owns its
-readers. Leaving it (``break``, an exception, dropping the iterator) stops
-them at once, without waiting for the cycle collector, and the next
-iteration goes on from the batch after the last one delivered. Every test
-here runs with the cycle collector off: what stops the readers must be
-plain reference counting.
+The rule (docs/training.rst, "Readers and the loop"), PyTorch's
+``persistent_workers=True``: the readers belong to the batches, not to one
+iteration. They start with the first batch, go on from epoch to epoch and
+through a ``break`` (the next iteration goes on with them), and stop when the
+batches are closed or dropped: at once, by reference counting alone, without
+the cycle collector. Every test here runs with the cycle collector off.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import time
 from pathlib import Path
 from typing import Iterator
@@ -72,8 +73,12 @@ def batches(path: Path, **kwargs) -> multitables.Batches:
     return multitables.Streamer(path).get_batches("/y", 16, **kw)
 
 
+def alive(pids: set[int]) -> set[int]:
+    return {pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE}
+
+
 @pytest.mark.parametrize("shuffle", [True, False])
-def test_break_stops_the_readers_and_the_next_iteration_goes_on(rows_file, no_cycle_collector, no_leaks, shuffle) -> None:
+def test_break_keeps_the_readers_and_the_next_iteration_goes_on_with_them(rows_file, no_cycle_collector, no_leaks, shuffle) -> None:
     reference = [y.copy() for y in batches(rows_file, n_procs=0, shuffle=shuffle)]
     b = batches(rows_file, shuffle=shuffle)
     before = children()
@@ -83,32 +88,49 @@ def test_break_stops_the_readers_and_the_next_iteration_goes_on(rows_file, no_cy
         if k == 4:
             readers = readers_started(before)
             break
-    assert wait_gone(readers) == set(), "break left the readers running"
-    got += list(b)  # the rest of the epoch, with new readers
+    got += list(b)  # the rest of the epoch
+    assert children() - before == readers, "the next iteration started readers of its own"
     assert len(got) == len(reference)
     for mine, theirs in zip(got, reference):
         np.testing.assert_array_equal(mine, theirs)
-    del b
+    b.close()
+    assert wait_gone(readers) == set(), "close() left the readers running"
 
 
-def test_break_then_the_next_epochs_iteration(rows_file, no_cycle_collector, no_leaks) -> None:
+def test_epochs_follow_each_other_on_the_same_readers(rows_file, no_cycle_collector, no_leaks) -> None:
     reference = batches(rows_file, n_procs=0)
-    reference.set_epoch(1)
+    expected = [[y.copy() for y in reference] for _ in range(3)]  # epochs 0, 1, 2
+    b = batches(rows_file)
+    before = children()
+    readers: set[int] = set()
+    for epoch in range(3):
+        b.set_epoch(epoch)
+        got = [y.copy() for y in b]
+        readers = readers or readers_started(before)
+        assert children() - before == readers, f"epoch {epoch} started readers of its own"
+        for mine, theirs in zip(got, expected[epoch], strict=True):
+            np.testing.assert_array_equal(mine, theirs)
+    del b
+    assert wait_gone(readers) == set(), "dropping the batches left the readers running"
+
+
+def test_break_then_another_epoch_goes_on_with_the_same_readers(rows_file, no_cycle_collector, no_leaks) -> None:
+    reference = batches(rows_file, n_procs=0)
+    reference.set_epoch(3)
     expected = [y.copy() for y in reference]
     b = batches(rows_file)
     before = children()
-    for epoch in range(2):
-        b.set_epoch(epoch)
-        for k, y in enumerate(b):
-            if epoch == 0 and k == 2:
-                readers = readers_started(before)
-                break
-            if epoch == 1:
-                np.testing.assert_array_equal(y, expected[k])
-        if epoch == 0:
-            assert wait_gone(readers) == set()
-    assert b.epoch == 2
+    for k, _ in enumerate(b):
+        if k == 2:
+            readers = readers_started(before)
+            break
+    b.set_epoch(3)  # a jump: what the readers read ahead of epoch 0 and 1 is dropped
+    got = [y.copy() for y in b]
+    assert children() - before == readers
+    for mine, theirs in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(mine, theirs)
     del b
+    assert wait_gone(readers) == set()
 
 
 def test_dropping_batches_mid_epoch_stops_the_readers_at_once(rows_file, no_cycle_collector, no_leaks) -> None:
@@ -118,25 +140,28 @@ def test_dropping_batches_mid_epoch_stops_the_readers_at_once(rows_file, no_cycl
     next(it)
     readers = readers_started(before)
     del b
-    next(it)  # the iterator alone keeps the readers: it is still in use
-    assert all(psutil.pid_exists(pid) for pid in readers)
+    next(it)  # the iterator alone keeps the batches and their readers: it is still in use
+    assert alive(readers) == readers
     del it
     assert wait_gone(readers) == set(), "dropping the last reference left the readers running"
 
 
-def test_break_and_drop_after_it(rows_file, no_cycle_collector, no_leaks) -> None:
+def test_break_then_drop_stops_the_readers(rows_file, no_cycle_collector, no_leaks) -> None:
     b = batches(rows_file)
     before = children()
     for k, _ in enumerate(b):
         if k == 1:
             readers = readers_started(before)
             break
+    assert alive(readers) == readers, "break stopped the readers: they belong to the batches"
     del b
     assert wait_gone(readers) == set()
 
 
 @pytest.mark.parametrize("per", ["batch", "row"])
-def test_a_mix_stops_its_sources_readers_on_break_and_goes_on(rows_file, no_cycle_collector, no_leaks, per) -> None:
+def test_a_mix_keeps_its_sources_readers_through_break_and_stops_them_when_dropped(
+    rows_file, no_cycle_collector, no_leaks, per
+) -> None:
     def mix(n_procs: int) -> multitables.MixedBatches:
         stream = multitables.Streamer(rows_file)
         one = stream.get_batches("/y", 16, n_procs=n_procs, block_size=50, window=2, read_ahead=2, seed=1)
@@ -156,16 +181,15 @@ def test_a_mix_stops_its_sources_readers_on_break_and_goes_on(rows_file, no_cycl
         if k == 9:
             readers = readers_started(before)
             break
-    assert wait_gone(readers) == set(), "break out of a mix left its sources' readers running"
     for k, y in enumerate(m, start=10):
         got.append(y)
         if k == 59:
             break
+    assert children() - before == readers, "the mix's second iteration started readers of its own"
     for mine, theirs in zip(got, reference, strict=True):
         np.testing.assert_array_equal(mine, theirs)
     it = iter(m)
     next(it)
-    readers = children() - before
     del m, it
     assert wait_gone(readers) == set(), "dropping a mix mid-iteration left its sources' readers running"
 
@@ -218,3 +242,52 @@ def test_set_epoch_to_another_epoch_counts_its_steps_at_this_world_size(rows_fil
     assert b.state_dict()["step"] == 3 * len(b) + 1
     b.set_epoch(3)  # already in it: nothing changes
     assert b.state_dict()["step"] == 3 * len(b) + 1
+
+
+def test_a_reader_killed_in_a_later_epoch_is_raised_and_the_next_iteration_starts_afresh(
+    rows_file, no_cycle_collector, no_leaks
+) -> None:
+    import signal
+
+    reference = batches(rows_file, n_procs=0)
+    reference.set_epoch(2)
+    expected = [y.copy() for y in reference]
+    b = batches(rows_file)
+    before = children()
+    list(b)  # epoch 0
+    readers = readers_started(before)
+    it = iter(b)  # epoch 1, on the same readers
+    next(it)
+    victim = min(readers)
+    os.kill(victim, signal.SIGKILL)
+    with pytest.raises(multitables.ReaderError, match=str(victim)):
+        for _ in it:
+            pass
+    assert wait_gone(readers) == set(), "a reader's death left the others running"
+    b.set_epoch(2)
+    got = [y.copy() for y in b]  # new readers
+    for mine, theirs in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+    assert not (children() - before) & readers
+    b.close()
+
+
+def test_a_reader_error_in_a_later_epoch_reaches_the_loop(tmp_path: Path, no_leaks) -> None:
+    path = tmp_path / "bad.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("y", data=np.arange(4000), chunks=(50,), compression="gzip")
+    b = multitables.Streamer(path).get_batches("/y", 16, n_procs=2, block_size=50, epochs=None, shuffle=False)
+    it = iter(b)
+    for _ in range(len(b) + 3):  # into epoch 1: the readers read on from epoch 0
+        next(it)
+    with h5py.File(path, "r") as f:
+        info = f["y"].id.get_chunk_info(70)
+    with open(path, "r+b") as f:  # wreck a chunk the readers have not reached yet (keeping the file's identity)
+        st = os.stat(path)
+        f.seek(info.byte_offset)
+        f.write(b"\xff" * info.size)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises((multitables.ReaderError, multitables.FileChangedError)):
+        for _ in it:
+            pass
+    b.close()

@@ -9,6 +9,7 @@ source rows and where they land in the slot.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 MiB = 1 << 20
 
@@ -114,3 +115,60 @@ class RangePlan:
 
     def pieces(self, k: int) -> tuple[Piece, ...]:
         return (Piece(self.starts[k], self.stops[k], 0),)
+
+
+class GrowingPlan:
+    """Blocks published as the stream goes (NOTE [readers across epochs] in ``_procs.stream``): block ``k`` is
+    rows ``[start, stop)`` of its entry. The consumer's copy of the published entries; :class:`RangePlan`'s protocol.
+
+    ``block_size``: the slot's rows, which no block may exceed. Block numbers
+    go on across :meth:`truncate` (a rewind): entries are never renumbered.
+    """
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self._entries: dict[int, tuple[int, int]] = {}
+        self._published = 0
+
+    @property
+    def n_blocks(self) -> int:
+        """Blocks published so far (numbers ``0 .. n_blocks - 1``; some may have been withdrawn)."""
+        return self._published
+
+    @property
+    def starts(self) -> tuple[int, ...]:
+        """First rows of the entries still held, in block order."""
+        return tuple(self._entries[k][0] for k in sorted(self._entries))
+
+    @property
+    def stops(self) -> tuple[int, ...]:
+        return tuple(self._entries[k][1] for k in sorted(self._entries))
+
+    def extend(self, starts: Sequence[int], stops: Sequence[int]) -> None:
+        """Publish blocks ``[starts[i], stops[i])`` after the last one."""
+        for a, b in zip(starts, stops):
+            if not 0 <= a < b or b - a > self.block_size:
+                raise ValueError(f"block [{a}, {b}) does not fit a slot of {self.block_size} rows")
+            self._entries[self._published] = (int(a), int(b))
+            self._published += 1
+
+    def truncate(self, next_k: int) -> None:
+        """Withdraw the blocks from ``next_k`` on (a rewind): the next one published is numbered ``next_k``."""
+        for k in [k for k in self._entries if k >= next_k]:
+            del self._entries[k]
+        self._published = next_k
+
+    def forget(self, k: int) -> None:
+        """Block ``k`` is read: its entry is no longer needed."""
+        self._entries.pop(k, None)
+
+    def start(self, k: int) -> int:
+        return self._entries[k][0]
+
+    def rows(self, k: int) -> int:
+        a, b = self._entries[k]
+        return b - a
+
+    def pieces(self, k: int) -> tuple[Piece, ...]:
+        got = self._entries.get(k)
+        return () if got is None else (Piece(got[0], got[1], 0),)

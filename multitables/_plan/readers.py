@@ -36,7 +36,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .blocks import MiB, BlockPlan, RangePlan
+from .blocks import MiB, BlockPlan, GrowingPlan, RangePlan
 from .subset import default_subset_block
 
 #: Uncompressed bytes a block aims at when the dataset is chunked, and the
@@ -107,9 +107,11 @@ class DatasetShape:
 class ReadPlan:
     """How one dataset is read: its blocks, by how many readers (0: in the consumer), through how many slots."""
 
-    blocks: "BlockPlan | RangePlan"
+    blocks: "BlockPlan | RangePlan | GrowingPlan"
     n_procs: int
     read_ahead: int
+    #: Entries of the readers' block table for a stream whose blocks are published as it goes (0: fixed blocks).
+    table: int = 0
 
     @property
     def block_size(self) -> int:
@@ -204,11 +206,22 @@ def plan_stream(
 
 
 def plan_blocks(
-    blocks: "BlockPlan | RangePlan", machine: Machine, *, n_procs: int, read_ahead: "int | None" = None
+    blocks: "BlockPlan | RangePlan | GrowingPlan",
+    machine: Machine,
+    *,
+    n_procs: int,
+    read_ahead: "int | None" = None,
+    table: int = 0,
+    most_blocks: "int | None" = None,
 ) -> ReadPlan:
-    """How given blocks are read: ``n_procs`` readers, capped (NOTE [read plan]); the default read-ahead."""
-    n_procs = cap_readers(n_procs, blocks.n_blocks, machine.cpus)
-    return ReadPlan(blocks, n_procs, default_read_ahead(n_procs) if read_ahead is None else read_ahead)
+    """How given blocks are read: ``n_procs`` readers, capped (NOTE [read plan]); the default read-ahead.
+
+    ``table``: for a :class:`GrowingPlan`, the entries of the readers' block
+    table; ``most_blocks``: the most blocks it will ever hold unread at once
+    (caps the readers, as a fixed plan's blocks do).
+    """
+    n_procs = cap_readers(n_procs, blocks.n_blocks if most_blocks is None else most_blocks, machine.cpus)
+    return ReadPlan(blocks, n_procs, default_read_ahead(n_procs) if read_ahead is None else read_ahead, table)
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,32 @@ reads it into a free ring slot (``_io.blockread.read_block``) and publishes it
 :class:`StreamReaders` starts them on a :class:`~.pool.ReaderPool` and,
 before every wait for a block, checks that none failed (NOTE [failure
 reports] in ``pool``).
+
+NOTE [readers across epochs]
+    A training loop walks its data epoch after epoch. Starting readers for
+    each epoch forked the training process every epoch (write-protecting
+    all its private memory, a model's host copy included) and made each
+    epoch's first batch wait for its first window to be read from nothing.
+    So a stream can outlive its first blocks: its plan is a
+    ``_plan.blocks.GrowingPlan``, its ring holds a block table (NOTE [ring
+    protocol] in ``_shm.ring``), and the consumer publishes blocks as it
+    goes (``Queue.extend``): the next epoch's while the current one is
+    trained on, so the readers go straight on from one to the next. A
+    reader that finds nothing published waits for more, as idle as a
+    reader waiting for a free slot, watching the stop flag and the
+    consumer's life. A jump of the position (``break`` then another
+    epoch, ``set_epoch``, ``load_state_dict``) withdraws what was
+    published and not yet claimed (``Queue.rewind``): the blocks claimed
+    are read and dropped, and the stream goes on with the new ones. Block
+    numbers only grow, so a delivered block is never taken for another.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from dataclasses import field as dc_field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -20,9 +39,9 @@ from .._io.blockread import BlockReader, Pacer, Transform, delivered
 from .._io.engines import open_source
 from .._io.fileset import node_signature
 from .._io.node import FileSignature, NodeInfo, check_file_unchanged
-from .._plan.blocks import BlockPlan, RangePlan
+from .._plan.blocks import BlockPlan, GrowingPlan, RangePlan
 from .._plan.readers import ReadPlan
-from .._shm.ring import PeerGone, Ring, RingLayout, RingSync
+from .._shm.ring import WAIT, PeerGone, Ring, RingLayout, RingSync, TablePlan
 from .._shm.segment import check_space
 from ..errors import ReaderError, StreamClosedError
 from .pool import REPORT_TIMEOUT, ReaderPool
@@ -50,8 +69,8 @@ class StreamSpec:
     dataset: Any = dc_field(default=None, compare=False, repr=False)
 
     @property
-    def plan(self) -> "BlockPlan | RangePlan":
-        """The blocks."""
+    def plan(self) -> "BlockPlan | RangePlan | GrowingPlan":
+        """The blocks (the first ones, for a stream that grows: NOTE [readers across epochs])."""
         return self.read.blocks
 
     @property
@@ -69,10 +88,15 @@ class StreamSpec:
         """The shape of a delivered row (the transform's output, with one)."""
         return delivered(self.node, self.transform)[1]
 
-    def open(self, open_kwargs: dict[str, Any], n_readers: int, pacer: "Pacer | None" = None) -> BlockReader:
-        """This stream's blocks, read through a source opened here (in the consumer, the dataset the checks opened)."""
+    def open(
+        self, open_kwargs: dict[str, Any], n_readers: int, pacer: "Pacer | None" = None, plan: Any = None
+    ) -> BlockReader:
+        """This stream's blocks, read through a source opened here (in the consumer, the dataset the checks opened).
+
+        ``plan``: where the blocks come from, if not :attr:`plan` (a reader's view of its ring's block table).
+        """
         source = open_source(self.engine, self.node, open_kwargs, self.plan, self.dataset, cache=self.cache)
-        return BlockReader(source, self.plan, self.node, n_readers, self.transform, pacer)
+        return BlockReader(source, self.plan if plan is None else plan, self.node, n_readers, self.transform, pacer)
 
 
 @dataclass(frozen=True)
@@ -107,15 +131,20 @@ def stream_loop(reader: ReaderProcess, settings: StreamSettings, sync: RingSync)
                 raise PeerGone  # orphaned: stop now rather than at the end of the block (NOTE [orphans])
 
         spec = settings.spec
-        filename, plan = spec.node.filename, spec.plan
-        blocks = spec.open(settings.open_kwargs, spec.n_procs, Pacer(spec.node.chunk_rows, PARENT_CHECK_INTERVAL / 2))
+        filename = spec.node.filename
+        plan = TablePlan(ring) if settings.layout.table else spec.plan
+        blocks = spec.open(settings.open_kwargs, spec.n_procs, Pacer(spec.node.chunk_rows, PARENT_CHECK_INTERVAL / 2), plan)
         source = blocks.source
         check_file_unchanged(filename, settings.file_signature)
         while True:
             claimed = ring.claim(plan.n_blocks, keep_going)
             if claimed is None:
                 break
-            k, slot = claimed
+            if claimed is WAIT:  # NOTE [readers across epochs]: nothing published yet
+                if not ring.wait_for_more(keep_going):
+                    break
+                continue
+            k, slot = claimed  # type: ignore[misc]
             blocks.read(k, ring.slots[slot], before_read)
             check_file_unchanged(filename, settings.file_signature)
             reader.rows = None
@@ -142,15 +171,18 @@ class StreamReaders:
     """``spec.n_procs`` readers filling one ring; owned by one queue."""
 
     def __init__(self, spec: StreamSpec, open_kwargs: dict[str, Any], start_method: "str | None") -> None:
-        self._error: "ReaderError | None" = None
+        self._fault: "Callable[[], ReaderError] | None" = None  # makes the error, once a reader failed
         node = spec.node
         self.filename, self.path = node.filename, node.path
         self.pool = ReaderPool(start_method, node.filename, node.path, name="reader")
-        layout = RingLayout(spec.read.read_ahead, spec.plan.block_size, spec.row_shape, spec.dtype)
+        layout = RingLayout(spec.read.read_ahead, spec.plan.block_size, spec.row_shape, spec.dtype, spec.read.table)
         check_space(layout.nbytes)  # before anything is created; Ring.create checks again
         sync = RingSync.create(self.pool.ctx, spec.read.read_ahead)
         self.ring = Ring.create(layout, sync)  # may raise ShmSpaceError; nothing started yet
+        self._n_readers = spec.n_procs
         try:
+            if layout.table:  # the first blocks are there when the readers start
+                self.extend(spec.plan.starts, spec.plan.stops)
             settings = StreamSettings(replace(spec, dataset=None), open_kwargs, self.ring.segment.name, layout, node_signature(node))
             self.pool.start(stream_loop, [(settings, sync)] * spec.n_procs)
             self.pool.wait_attached("start", self.check)
@@ -165,40 +197,48 @@ class StreamReaders:
         """Process ids of the readers."""
         return self.pool.pids
 
+    def extend(self, starts: Any, stops: Any) -> None:
+        """Publish more blocks to the readers (NOTE [readers across epochs])."""
+        self.ring.extend(starts, stops, self._n_readers, self.check)
+
+    def rewind(self) -> int:
+        """Withdraw the blocks published and not claimed, drop the claimed ones once read; the next block's number."""
+        return self.ring.rewind(self.check)
+
     def check(self) -> bool:
         """Raise the error of a reader that failed or died; True otherwise. Cheap enough to call per block.
 
-        See NOTE [failure reports] in ``pool``.
+        See NOTE [failure reports] in ``pool``. Every call after a failure
+        raises a new instance of the same error: an instance kept here would
+        keep, through its traceback, every frame it went up through (the
+        caller's loop and its locals) in a cycle with this object.
         """
-        if self._error is not None:
-            raise self._error.with_traceback(None)
+        if self._fault is not None:
+            raise self._fault()
         if self.pool.closed:  # closed from another thread while this one waited for a block
             raise StreamClosedError(f"the stream of {self.path!r} in {self.filename!r} was closed")
-        try:
-            self._look()
-        except ReaderError as exc:
-            self._error = exc
+        fault = self._look()
+        if fault is not None:
+            self._fault = fault
             self._tell_stop()  # raise first: close() joins the others (NOTE [shutdown])
-            raise
+            raise fault()
         return True
 
-    def _look(self) -> None:
-        pool, ring = self.pool, self.ring
+    def _look(self) -> "Callable[[], ReaderError] | None":
+        """What makes the error of a reader that failed or died, if one did."""
+        pool, ring, where = self.pool, self.ring, f"{self.path!r} in {self.filename!r}"  # no self in what is kept
         if ring.failed:
             report = pool.own_report(REPORT_TIMEOUT)
             if report is not None:
-                raise report.to_exception()
-            raise ReaderError(f"a reader of {self.path!r} in {self.filename!r} failed without sending a report")
+                return report.to_exception
+            return lambda: ReaderError(f"a reader of {where} failed without sending a report")
         pool.look()
         for i in sorted(pool.ended):
-            error = pool.end_error(i)
-            if error is not None:
-                raise error
+            if pool.end_error(i) is not None:
+                return functools.partial(pool.end_error, i)
         if not pool.running and not ring.stopped and ring.ready_count() == 0:
-            raise ReaderError(
-                f"every reader of {self.path!r} in {self.filename!r} has exited, but the block the "
-                f"consumer waits for never came"
-            )
+            return lambda: ReaderError(f"every reader of {where} has exited, but the block the consumer waits for never came")
+        return None
 
     def _tell_stop(self) -> None:
         """Step 1 of NOTE [shutdown], which cannot block. Idempotent (only the consumer sets the flag)."""

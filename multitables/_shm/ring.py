@@ -28,6 +28,19 @@ NOTE [ring protocol]
     Every wait is a loop of short timed waits that checks the stop flag, the
     error flag and the liveness of the other side: nothing waits forever.
 
+    A ring may also hold its stream's block table (``RingLayout.table``
+    entries, each a block's first row and end): then the plan can grow while
+    the readers run, and a stream outlives an epoch (NOTE [readers across
+    epochs] in ``_procs.stream``). The consumer writes entries and moves
+    the *published* count under ``lock``; a reader claims block ``k`` only
+    below it, copying the entry under the same ``lock``, and otherwise gives
+    its ``free`` token back and waits on ``more`` (released by every
+    publication). An entry is overwritten only once the block ``table``
+    places before it has been claimed. *Rewinding* (a jump of the position)
+    sets the published count back to the next block to claim, waits until
+    every claimed block is *done* (published to the ready ring, counted
+    under ``lock``), and gives every ready slot back.
+
     Ending: the consumer sets the *stop flag* and releases ``free`` once per
     reader; from then on a reader gives up whatever it waits for (a slot, the
     lock) within a ``TICK``, and the consumer no longer hands slots back
@@ -39,6 +52,7 @@ NOTE [ring protocol]
 
 from __future__ import annotations
 
+import time
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -46,6 +60,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from .._plan.blocks import Piece
 from .segment import Segment
 
 PAGE = 4096
@@ -53,8 +68,19 @@ PAGE = 4096
 TICK = 0.05
 
 # Header words (int64).
-_STOP, _ERROR, _NEXT, _FREE_HEAD, _FREE_TAIL, _READY_TAIL = range(6)
+_STOP, _ERROR, _NEXT, _FREE_HEAD, _FREE_TAIL, _READY_TAIL, _PUBLISHED, _DONE = range(8)
 _HEADER_WORDS = 8
+
+
+class _Wait:
+    """What :meth:`Ring.claim` answers when a block table has no block published beyond the claimed ones."""
+
+    def __repr__(self) -> str:
+        return "WAIT"
+
+
+#: No block to claim yet: wait for the consumer to publish more (:meth:`Ring.wait_for_more`).
+WAIT = _Wait()
 
 
 class PeerGone(Exception):
@@ -73,6 +99,8 @@ class RingLayout:
     block_size: int
     row_shape: tuple[int, ...]
     dtype: np.dtype
+    #: Entries of the block table (0: none; the readers' plan is fixed when they start).
+    table: int = 0
 
     @property
     def row_items(self) -> int:
@@ -89,7 +117,7 @@ class RingLayout:
 
     @property
     def _header_words(self) -> int:
-        return _HEADER_WORDS + 4 * self.n_slots  # header, free ring, ready ring, meta (k, rows)
+        return _HEADER_WORDS + 4 * self.n_slots + 2 * self.table  # header, free ring, ready ring, meta (k, rows), table
 
     @property
     def data_offset(self) -> int:
@@ -110,11 +138,12 @@ class RingSync:
 
     free: Any  # Semaphore: free slots
     ready: Any  # Semaphore: filled slots not yet taken
-    lock: Any  # Lock: block claims, both index rings
+    lock: Any  # Lock: block claims, both index rings, the block table
+    more: Any  # Semaphore: released when blocks are published to the table (wakes readers waiting for some)
 
     @classmethod
     def create(cls, ctx: Any, n_slots: int) -> "RingSync":
-        return cls(ctx.Semaphore(n_slots), ctx.Semaphore(0), ctx.Lock())
+        return cls(ctx.Semaphore(n_slots), ctx.Semaphore(0), ctx.Lock(), ctx.Semaphore(0))
 
 
 class Ring:
@@ -129,7 +158,9 @@ class Ring:
         self._hdr = words[:_HEADER_WORDS]
         self._free_ring = words[_HEADER_WORDS : _HEADER_WORDS + n]
         self._ready_ring = words[_HEADER_WORDS + n : _HEADER_WORDS + 2 * n]
-        self._meta = words[_HEADER_WORDS + 2 * n :].reshape(n, 2)
+        self._meta = words[_HEADER_WORDS + 2 * n : _HEADER_WORDS + 4 * n].reshape(n, 2)
+        self._table = words[_HEADER_WORDS + 4 * n :].reshape(layout.table, 2)  # (first row, end) of block k % table
+        self._claimed: dict[int, tuple[int, int]] = {}  # reader-local: the entries of blocks this reader claimed
         self._ready_head = 0  # consumer-local
         self._lent: "weakref.WeakValueDictionary[int, np.ndarray]" = weakref.WeakValueDictionary()  # slot -> lend()'s
         self._closed = False
@@ -184,7 +215,7 @@ class Ring:
             return
         self._closed = True
         self.slots = []
-        self._hdr = self._free_ring = self._ready_ring = self._meta = None  # type: ignore[assignment]
+        self._hdr = self._free_ring = self._ready_ring = self._meta = self._table = None  # type: ignore[assignment]
         still_lent = [(self.layout.slot_offset(slot), flat.nbytes) for slot, flat in list(self._lent.items())]
         self.segment.close(keep=still_lent)
 
@@ -222,8 +253,12 @@ class Ring:
             self.sync.lock.release()
 
     # -- reader side ----------------------------------------------------------
-    def claim(self, n_blocks: "int | None", keep_going: Callable[[], bool]) -> "tuple[int, int] | None":
-        """Wait for a free slot and claim the next block: ``(k, slot)``, or None when done or stopped."""
+    def claim(self, n_blocks: "int | None", keep_going: Callable[[], bool]) -> "tuple[int, int] | _Wait | None":
+        """Wait for a free slot and claim the next block: ``(k, slot)``, or None when done or stopped.
+
+        With a block table, ``n_blocks`` is ignored: the published count
+        bounds the claims, and :data:`WAIT` says none is published yet.
+        """
         while not self.sync.free.acquire(timeout=TICK):
             if self.stopped or not keep_going():
                 return None
@@ -232,16 +267,39 @@ class Ring:
         except PeerGone:
             return None
 
-    def _claim_slot(self, n_blocks: "int | None", keep_going: Callable[[], bool]) -> "tuple[int, int] | None":
+    def _claim_slot(self, n_blocks: "int | None", keep_going: Callable[[], bool]) -> "tuple[int, int] | _Wait | None":
+        table = self.layout.table
         with self._locked(keep_going):
             k = int(self._hdr[_NEXT])
+            if table:
+                n_blocks = int(self._hdr[_PUBLISHED])
             if self.stopped or (n_blocks is not None and k >= n_blocks):
                 self.sync.free.release()  # let the other readers see the end too
-                return None
+                return None if self.stopped or not table else WAIT
             self._hdr[_NEXT] = k + 1
             s = int(self._free_ring[self._hdr[_FREE_HEAD] % self.layout.n_slots])
             self._hdr[_FREE_HEAD] += 1
+            if table:
+                start, stop = self._table[k % table]
+                self._claimed[k] = (int(start), int(stop))
         return k, s
+
+    def wait_for_more(self, keep_going: Callable[[], bool]) -> bool:
+        """Wait until the consumer publishes blocks (or a tick passes); False once stopped or told to stop."""
+        self.sync.more.acquire(timeout=TICK)
+        return not self.stopped and keep_going()
+
+    def entry(self, k: int) -> "tuple[int, int] | None":
+        """Block ``k``'s ``(first row, end)`` in the table: the copy made when this reader claimed it, else
+        the table's entry if it is published (unlocked: for hints only), else None."""
+        got = self._claimed.get(k)
+        if got is not None:
+            return got
+        table = self.layout.table
+        if table and k < int(self._hdr[_PUBLISHED]) and k + table > int(self._hdr[_PUBLISHED]):
+            start, stop = self._table[k % table]
+            return int(start), int(stop)
+        return None
 
     def publish(self, slot: int, k: int, rows: int, keep_going: Callable[[], bool]) -> None:
         """Hand a filled slot to the consumer."""
@@ -249,7 +307,56 @@ class Ring:
         with self._locked(keep_going):
             self._ready_ring[self._hdr[_READY_TAIL] % self.layout.n_slots] = slot
             self._hdr[_READY_TAIL] += 1
+            self._hdr[_DONE] += 1
+        self._claimed.pop(k, None)
         self.sync.ready.release()
+
+    # -- consumer side: the block table ---------------------------------------
+    @property
+    def published(self) -> int:
+        """Blocks published to the table so far (block numbers ``0 .. published - 1``)."""
+        return int(self._hdr[_PUBLISHED])
+
+    def extend(self, starts: "np.ndarray | tuple[int, ...]", stops: "np.ndarray | tuple[int, ...]", n_readers: int,
+               check: Callable[[], bool]) -> None:
+        """Publish blocks ``[starts[i], stops[i])`` after those published; wake the readers waiting for some."""
+        table = self.layout.table
+        with self._locked(check):
+            first, claimed = int(self._hdr[_PUBLISHED]), int(self._hdr[_NEXT])
+            if first + len(starts) - table > claimed:
+                raise ValueError(
+                    f"the block table holds {table} blocks, and {first - claimed} published ones are not claimed yet: "
+                    f"{len(starts)} more do not fit"
+                )
+            for i, (a, b) in enumerate(zip(starts, stops)):
+                if not 0 <= a < b or b - a > self.layout.block_size:
+                    raise ValueError(f"block [{a}, {b}) does not fit a slot of {self.layout.block_size} rows")
+                self._table[(first + i) % table] = (a, b)
+            self._hdr[_PUBLISHED] = first + len(starts)
+        for _ in range(n_readers):
+            self.sync.more.release()
+
+    def rewind(self, check: Callable[[], bool]) -> int:
+        """Withdraw the blocks published and not claimed, wait for the claimed ones, give every ready slot back.
+
+        Returns the number the next published block will have. ``check()``
+        runs every tick while waiting (it raises if a reader failed).
+        """
+        with self._locked(check):
+            self._hdr[_PUBLISHED] = next_k = int(self._hdr[_NEXT])
+        while True:
+            with self._locked(check):
+                done = int(self._hdr[_DONE]) == next_k
+            if done:
+                break
+            check()
+            time.sleep(TICK / 10)
+        while True:
+            slot = self.take(0)
+            if slot is None:
+                break
+            self.release(slot, check)
+        return next_k
 
     # -- consumer side (one thread at a time) ---------------------------------
     def take(self, timeout: float) -> "int | None":
@@ -293,3 +400,37 @@ class Ring:
         """Release ``n`` free tokens so readers blocked on a slot see the stop flag now."""
         for _ in range(n):
             self.sync.free.release()
+
+
+class TablePlan:
+    """A reader's view of its ring's block table, as a plan (``_plan.blocks.RangePlan``'s protocol).
+
+    A block this reader claimed reads from the copy made under the lock; a
+    later one (for hints) from the table as it is, or not at all.
+    """
+
+    def __init__(self, ring: Ring) -> None:
+        self._ring = ring
+        self.block_size = ring.layout.block_size
+
+    @property
+    def n_blocks(self) -> int:
+        """Blocks published so far."""
+        return self._ring.published
+
+    def _entry(self, k: int) -> tuple[int, int]:
+        got = self._ring.entry(k)
+        if got is None:
+            raise KeyError(f"block {k} is not in the table")
+        return got
+
+    def start(self, k: int) -> int:
+        return self._entry(k)[0]
+
+    def rows(self, k: int) -> int:
+        a, b = self._entry(k)
+        return b - a
+
+    def pieces(self, k: int) -> tuple[Piece, ...]:
+        got = self._ring.entry(k)
+        return () if got is None else (Piece(got[0], got[1], 0),)

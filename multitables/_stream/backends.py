@@ -5,7 +5,10 @@ shared-memory ring (``_procs.stream.StreamReaders``); :class:`InlineBackend`
 reads them in this process, for datasets too small for processes to pay. Both
 read a block the same way (``_io.blockread.BlockReader``). A back end gives
 ``take() -> (slot, rows)``, ``release(slot)``, ``check()``, ``close()`` and
-``pids``; the ring's also ``lend``.
+``pids``; the ring's also ``lend``. A stream whose blocks are published as it
+goes (NOTE [readers across epochs] in ``_procs.stream``) also takes
+``extend(starts, stops)`` and ``rewind()``, and says how many blocks are
+``published`` and which is ``next``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 
 from .._io.fileset import node_signature
 from .._io.node import check_file_unchanged
+from .._plan.blocks import GrowingPlan
 from .._procs.stream import StreamReaders, StreamSpec
 from .._shm.ring import TICK
 
@@ -53,7 +57,25 @@ class InlineBackend:
             out = self._buffers[slot] = empty_block(self._spec)
         rows = self._blocks.read(k, out)
         check_file_unchanged(self._spec.node.filename, self._signature)  # as the readers do
+        if isinstance(self._spec.plan, GrowingPlan):
+            self._spec.plan.forget(k)
         return slot, rows  # every row is read again for the next block of this slot
+
+    @property
+    def next(self) -> int:
+        """The number of the next block :meth:`take` gives."""
+        return self._next
+
+    @property
+    def published(self) -> int:
+        return self._spec.plan.n_blocks  # type: ignore[return-value]
+
+    def extend(self, starts: Any, stops: Any) -> None:
+        self._spec.plan.extend(starts, stops)  # type: ignore[union-attr]
+
+    def rewind(self) -> None:
+        """Nothing is read ahead here: withdraw what was published and not taken."""
+        self._spec.plan.truncate(self._next)  # type: ignore[union-attr]
 
     def check(self) -> None:
         """Nothing to watch: no reader processes."""
@@ -101,6 +123,25 @@ class RingBackend:
         """Raise the error of a reader that failed or died (NOTE [failure reports] in ``_procs.pool``)."""
         with self._checking:
             return self._pool.check()
+
+    @property
+    def next(self) -> int:
+        """The number of the next block :meth:`take` gives (ordered streams)."""
+        return self._next
+
+    @property
+    def published(self) -> int:
+        return self._ring.published
+
+    def extend(self, starts: Any, stops: Any) -> None:
+        self._pool.extend(starts, stops)
+
+    def rewind(self) -> None:
+        """Withdraw what was published and not claimed; the blocks read meanwhile, early arrivals included, go back."""
+        for slot in self._pending.values():
+            self._ring.release(slot, self.check)
+        self._pending.clear()
+        self._next = self._pool.rewind()
 
     def release(self, slot: int) -> None:
         self._ring.release(slot, self.check)

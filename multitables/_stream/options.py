@@ -10,7 +10,7 @@ import numpy as np
 from .._io.blockread import Transform
 from .._io.engines import open_source, resolve_engine
 from .._io.node import NodeInfo
-from .._plan.blocks import RangePlan
+from .._plan.blocks import GrowingPlan, RangePlan
 from .._plan.readers import Machine, plan_blocks
 from .._procs.stream import StreamSpec
 from .queue import Queue
@@ -64,17 +64,23 @@ class StreamOptions:
         self,
         node: NodeInfo,
         engine: str,
-        blocks: RangePlan,
+        blocks: "RangePlan | GrowingPlan",
         n_procs: int,
         read_ahead: "int | None" = None,
         transform: "Transform | None" = None,
+        *,
+        table: int = 0,
+        most_blocks: "int | None" = None,
     ) -> Queue:
         """An ordered queue over explicitly planned blocks of ``node`` (for the training layer; ``n_procs=0`` reads here).
 
         ``node`` and ``engine``: as inspected and resolved when the training
-        layer was made; the readers check the file is still that one.
+        layer was made; the readers check the file is still that one. A
+        :class:`~multitables._plan.blocks.GrowingPlan` makes a stream that
+        takes more blocks as it goes, through a block table of ``table``
+        entries (NOTE [readers across epochs] in ``_procs.stream``).
         """
-        if max(blocks.stops) > node.n_rows:
+        if blocks.stops and max(blocks.stops) > node.n_rows:
             raise ValueError(f"the plan reads up to row {max(blocks.stops)} but {node.path!r} has {node.n_rows} rows")
-        read = plan_blocks(blocks, self.machine, n_procs=n_procs, read_ahead=read_ahead)
+        read = plan_blocks(blocks, self.machine, n_procs=n_procs, read_ahead=read_ahead, table=table, most_blocks=most_blocks)
         return self.open_queue(StreamSpec(node, engine, read, True, self.cache, transform))

@@ -12,6 +12,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from .._plan.blocks import GrowingPlan, RangePlan
 from .._procs.stream import StreamSpec
 from .._shm.ring import TICK
 from ..errors import QueueClosed, StreamClosedError
@@ -79,7 +80,8 @@ class Queue:
         self.engine: str = spec.engine
         #: Reader processes (``n_procs``, capped); 0 when blocks are read in this process (asked, or too small to pay).
         self.n_procs: int = spec.n_procs
-        self._n_blocks = spec.plan.n_blocks
+        self._growing = isinstance(spec.plan, GrowingPlan)  # NOTE [readers across epochs]
+        self._n_blocks = None if self._growing else spec.plan.n_blocks
         self._delivered = 0
         self._n_slots = spec.read.read_ahead
         self._held = 0  # guards handed out and not yet released
@@ -168,8 +170,29 @@ class Queue:
 
     @property
     def at_end(self) -> bool:
-        """Whether the last block of the pass has been handed out (never, for a cyclic stream)."""
+        """Whether the last block of the pass has been handed out (never, for a cyclic stream).
+
+        For a stream that grows: whether every block published so far has been handed out.
+        """
+        if self._growing:
+            return self._backend.next >= self._backend.published
         return self._n_blocks is not None and self._delivered >= self._n_blocks
+
+    def extend(self, blocks: RangePlan) -> None:
+        """Publish more blocks, read after those published (a stream that grows: NOTE [readers across epochs])."""
+        if not self._growing:
+            raise TypeError("only a stream made over a GrowingPlan takes more blocks")
+        with self._lock:
+            self._backend.extend(blocks.starts, blocks.stops)
+
+    def rewind(self) -> None:
+        """Withdraw the blocks published and not handed out; those read meanwhile are dropped. No guard may be held."""
+        if not self._growing:
+            raise TypeError("only a stream made over a GrowingPlan can be rewound")
+        with self._lock:
+            if self._held:
+                raise RuntimeError(f"{self._held} guard(s) of the queue are still held: release them before a rewind")
+            self._backend.rewind()
 
     def lend(self, guard: Guard) -> np.ndarray:
         """A new writable array on ``guard``'s slot (ring streams only): NOTE [lent blocks]."""

@@ -1,4 +1,4 @@
-"""Executing a rank's epoch of training batches: windows of rows from ordered queues, cut into batches.
+"""Executing a rank's epoch of training batches: windows of rows from the feed's queues, cut into batches.
 
 A *window* is the rows a shuffled epoch permutes together (NOTE [epoch plan]
 in ``_plan.epoch``); :func:`cut` turns a sequence of windows into batches.
@@ -38,15 +38,11 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
-from .._plan.blocks import MiB, RangePlan
+from .._plan.blocks import MiB
 from .._plan.epoch import RankEpoch
-from .._plan.readers import BatchPlan
-from .._plan.subset import piece_spans
 
 if TYPE_CHECKING:
-    from .._io.node import NodeInfo
-    from .._stream.options import StreamOptions
-    from .._stream.queue import Queue
+    from .feed import EpochPieces, Feed
 
 #: Memory a shuffle window aims at, over all datasets, when ``window`` is not
 #: given (two such buffers are alive at once; NOTE [window pipelining]).
@@ -131,12 +127,12 @@ class ShuffledWindows(Windows):
         self,
         plan: RankEpoch,
         w0: int,
-        queues: list["Queue"],
+        feed: "Feed",
         buffers: list[list[np.ndarray]],
         batch_size: int,
         selections: "Sequence[np.ndarray | None] | None" = None,
     ) -> None:
-        self._plan, self._queues, self._batch_size = plan, queues, batch_size
+        self._plan, self._feed, self._batch_size = plan, feed, batch_size
         self._buffers = buffers
         self._selections = selections
         self._base = plan.bounds[w0]  # the piece the queues read first
@@ -153,8 +149,7 @@ class ShuffledWindows(Windows):
             w = int(np.searchsorted(plan.bounds, self._piece, side="right")) - 1
             rows = plan.stops[self._piece] - plan.starts[self._piece]
             selection = None if self._selections is None else self._selections[self._piece - self._base]
-            for queue, buf in zip(self._queues, self._buffers[w % 2]):
-                guard = queue.get()
+            for guard, buf in zip(self._feed.get(), self._buffers[w % 2]):
                 with guard as block:
                     out = buf[self._filled : self._filled + rows]
                     if selection is None:
@@ -188,8 +183,8 @@ class ShuffledWindows(Windows):
 class SlotWindow(Window):
     """One block, held in its slots; batches are copied straight out of them."""
 
-    def __init__(self, queues: list["Queue"], selection: "np.ndarray | None" = None) -> None:
-        self._guards = [queue.get() for queue in queues]
+    def __init__(self, feed: "Feed", selection: "np.ndarray | None" = None) -> None:
+        self._guards = feed.get()
         self._blocks = [_selected(guard.block, selection) for guard in self._guards]
         self.rows = len(self._blocks[0])
 
@@ -205,14 +200,14 @@ class SlotWindow(Window):
 class BlockWindows(Windows):
     """Unshuffled: every window is one block (the plan has ``window=1``)."""
 
-    def __init__(self, plan: RankEpoch, w0: int, queues: list["Queue"], selections: "Sequence[np.ndarray | None] | None" = None) -> None:
+    def __init__(self, plan: RankEpoch, w0: int, feed: "Feed", selections: "Sequence[np.ndarray | None] | None" = None) -> None:
         self._n = plan.n_windows - w0
-        self._queues = queues
+        self._feed = feed
         self._selections = selections
 
     def __iter__(self) -> Iterator[Window]:
         for i in range(self._n):  # one piece per window
-            yield SlotWindow(self._queues, None if self._selections is None else self._selections[i])
+            yield SlotWindow(self._feed, None if self._selections is None else self._selections[i])
 
 
 def cut(source: Windows, skip: int, batch_size: int) -> Iterator[list[np.ndarray]]:
@@ -243,38 +238,14 @@ def cut(source: Windows, skip: int, batch_size: int) -> Iterator[list[np.ndarray
         yield [np.concatenate(column) for column in zip(*parts)]
 
 
-def open_windows(
-    plan: RankEpoch,
-    w0: int,
-    rows: "np.ndarray | None",
-    options: "StreamOptions",
-    nodes: "Sequence[NodeInfo]",
-    engines: Sequence[str],
-    reading: BatchPlan,
-    transforms: Sequence[Any],
-    buffers: "list[list[np.ndarray]] | None",
-) -> "tuple[Windows, list[Queue]]":
-    """The windows of a rank's epoch from window ``w0`` on, and the queues (one per dataset) that fill them.
+def epoch_windows(
+    plan: RankEpoch, w0: int, feed: "Feed", pieces: "EpochPieces", buffers: "list[list[np.ndarray]] | None"
+) -> Windows:
+    """The windows of a rank's epoch from window ``w0`` on, read through ``feed``, which gives ``pieces`` next.
 
-    ``rows``: the file rows of the epoch's positions (NOTE [subsets]; None:
-    every row, in order). ``buffers``: two window buffers per dataset for a
-    shuffled epoch (None: unshuffled, batches come straight out of the
-    slots). The caller closes the queues.
+    ``buffers``: two window buffers per dataset for a shuffled epoch (None:
+    unshuffled, batches come straight out of the slots).
     """
-    first = plan.bounds[w0]
-    ranges = RangePlan(plan.starts[first:], plan.stops[first:])
-    selections = None
-    if rows is not None:  # NOTE [subsets]: each piece reads its span of file rows
-        spans = piece_spans(rows, ranges.starts, ranges.stops)
-        ranges, selections = RangePlan(spans.starts, spans.stops), spans.selections
-    queues: "list[Queue]" = []
-    try:
-        for node, engine, n, transform in zip(nodes, engines, reading.n_procs, transforms):
-            queues.append(options.queue_over(node, engine, ranges, n, reading.read_ahead, transform))
-    except BaseException:
-        for queue in queues:
-            queue.close()
-        raise
     if buffers is None:
-        return BlockWindows(plan, w0, queues, selections), queues
-    return ShuffledWindows(plan, w0, queues, buffers, plan.settings.batch_size, selections), queues
+        return BlockWindows(plan, w0, feed, pieces.selections)
+    return ShuffledWindows(plan, w0, feed, buffers, plan.settings.batch_size, pieces.selections)

@@ -1,0 +1,182 @@
+"""The readers of one :class:`~multitables.batches.Batches`, kept from epoch to epoch (NOTE [readers across epochs]
+in ``_procs.stream``): one growing queue per dataset, and what has been published to them.
+
+Every queue gets the same blocks in the same order (block ``k`` of each holds
+the same rows of its dataset), so one list says what is published and not yet
+taken, for all of them: pieces named ``(epoch, piece)``. An epoch asks for its
+pieces from some window on (:meth:`Feed.provide`): what is already published
+in that order is kept, the rest is published after it, and where the two part
+the queues are rewound first. The next epoch's pieces can be published while
+the current one is read (:meth:`Feed.follow`), so the readers go straight on.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from .._plan.blocks import GrowingPlan, RangePlan
+from .._plan.epoch import RankEpoch
+from .._plan.readers import BatchPlan
+from .._plan.subset import piece_spans
+from ..errors import QueueClosed
+
+if TYPE_CHECKING:
+    from .._io.node import NodeInfo
+    from .._stream.options import StreamOptions
+    from .._stream.queue import Guard, Queue
+
+#: Room for what a block table may hold unclaimed, over two epochs' pieces: a few pieces more or less per epoch.
+_TABLE_SLACK = 16
+
+
+@dataclass(frozen=True)
+class EpochPieces:
+    """What a rank's epoch reads from one of its pieces on: the file rows of each, and which of them it keeps.
+
+    ``starts``/``stops``: file rows of pieces ``first, first + 1, ...`` (a
+    piece's span of file rows, for a subset); ``selections``: for a subset,
+    the rows of each span the epoch takes (NOTE [subsets] in
+    ``_plan.subset``), else None.
+    """
+
+    epoch: int
+    first: int
+    starts: "tuple[int, ...]"
+    stops: "tuple[int, ...]"
+    selections: "tuple[np.ndarray | None, ...] | None"
+
+    @classmethod
+    def of(cls, plan: RankEpoch, w0: int, rows: "np.ndarray | None") -> "EpochPieces":
+        """The pieces of ``plan`` from window ``w0`` on; ``rows``: the file rows of the epoch's positions (None: all)."""
+        first = plan.bounds[w0]
+        starts, stops = plan.starts[first:], plan.stops[first:]
+        if rows is None:
+            return cls(plan.epoch, first, starts, stops, None)
+        spans = piece_spans(rows, starts, stops)
+        return cls(plan.epoch, first, spans.starts, spans.stops, spans.selections)
+
+    @property
+    def keys(self) -> "list[tuple[int, int]]":
+        return [(self.epoch, self.first + i) for i in range(len(self.starts))]
+
+    @property
+    def most_rows(self) -> int:
+        """Rows of the largest piece: what a slot must hold."""
+        return max((b - a for a, b in zip(self.starts, self.stops)), default=1)
+
+
+class Feed:
+    """One growing queue per dataset, made when first needed and kept until :meth:`close` (or until it is dropped).
+
+    ``reading``: readers per dataset, block size and read-ahead
+    (``_plan.readers.plan_batches``); a slot holds a block, or the largest
+    piece asked for.
+    """
+
+    def __init__(
+        self,
+        options: "StreamOptions",
+        nodes: "Sequence[NodeInfo]",
+        engines: Sequence[str],
+        reading: BatchPlan,
+        transforms: Sequence[Any],
+    ) -> None:
+        self._options, self._nodes, self._engines = options, list(nodes), list(engines)
+        self._reading, self._transforms = reading, list(transforms)
+        self._queues: "list[Queue] | None" = None
+        self._pending: "deque[tuple[int, int]]" = deque()  # published, not yet taken: the same on every queue
+        self._slot_rows = 0
+        self._table = 0
+
+    @property
+    def queues(self) -> "list[Queue]":
+        """The queues, one per dataset (empty before the first :meth:`provide`)."""
+        return list(self._queues or [])
+
+    def provide(self, pieces: EpochPieces) -> None:
+        """Make :meth:`get` give ``pieces`` next, in order; readers start here the first time."""
+        wanted = pieces.keys
+        if self._queues is None or pieces.most_rows > self._slot_rows or 2 * len(wanted) + _TABLE_SLACK > self._table:
+            self.close()
+            self._open(pieces)
+            return
+        same = 0
+        for have, want in zip(self._pending, wanted):
+            if have != want:
+                break
+            same += 1
+        if same < min(len(self._pending), len(wanted)):  # they part: what is published is not what comes next
+            for queue in self._queues:
+                queue.rewind()
+            self._pending.clear()
+            same = 0
+        if same < len(wanted):
+            self._publish(pieces, same)
+
+    def follow(self, pieces: EpochPieces) -> bool:
+        """Publish ``pieces`` after what is published, if they fit the slots and the table; whether they were."""
+        if self._queues is None or pieces.most_rows > self._slot_rows:
+            return False
+        if len(self._pending) + len(pieces.starts) + _TABLE_SLACK > self._table:
+            return False
+        self._publish(pieces, 0)
+        return True
+
+    def get(self) -> "list[Guard]":
+        """The next piece's block of every dataset, as guards (release each when done with it)."""
+        assert self._queues is not None and self._pending, "get() beyond what was provided"
+        guards = []
+        try:
+            for queue in self._queues:
+                guard = queue.get()
+                if guard is QueueClosed:  # pragma: no cover - a queue closed under its feed
+                    raise RuntimeError("a queue of the batches was closed while an epoch read from it")
+                guards.append(guard)
+        except BaseException:
+            for guard in guards:
+                guard.release()
+            raise
+        self._pending.popleft()
+        return guards
+
+    def close(self) -> None:
+        """Stop every reader (idempotent); the next :meth:`provide` starts new ones."""
+        queues, self._queues = self._queues, None
+        self._pending.clear()
+        for queue in queues or []:
+            queue.close()
+
+    def _open(self, pieces: EpochPieces) -> None:
+        """The queues, sized for ``pieces`` with room to grow, with ``pieces`` published before their readers start."""
+        n = len(pieces.starts)
+        # Slots for a little more than the largest piece (a weighted draw's spans vary from epoch to epoch),
+        # a table for two epochs of pieces: this one's and the next one's, published while this one is read.
+        most = max(pieces.most_rows, self._reading.block_size)
+        self._slot_rows = most if pieces.selections is None else int(most * 1.25) + 1
+        self._table = 2 * n + 2 * _TABLE_SLACK
+        queues: "list[Queue]" = []
+        try:
+            for node, engine, n_procs, transform in zip(self._nodes, self._engines, self._reading.n_procs, self._transforms):
+                blocks = GrowingPlan(self._slot_rows)
+                blocks.extend(pieces.starts, pieces.stops)
+                queues.append(
+                    self._options.queue_over(
+                        node, engine, blocks, n_procs, self._reading.read_ahead, transform, table=self._table, most_blocks=n
+                    )
+                )
+        except BaseException:
+            for queue in queues:
+                queue.close()
+            raise
+        self._queues = queues
+        self._pending = deque(pieces.keys)
+
+    def _publish(self, pieces: EpochPieces, skip: int) -> None:
+        blocks = RangePlan(pieces.starts[skip:], pieces.stops[skip:])
+        for queue in self._queues or []:
+            queue.extend(blocks)
+        self._pending.extend(pieces.keys[skip:])

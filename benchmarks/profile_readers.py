@@ -47,9 +47,9 @@ from typing import Callable
 ACTIVITIES = (
     ("decode: inflate (deflate)", "Deflate.decode"),
     ("decode: unshuffle", "Shuffle.decode"),
-    ("decode: other filters", "multitables/_io/codecs/"),
-    ("wait for the disk: pread", "_FileReader.read_into"),
-    ("wait for the disk: prefetch hint (WILLNEED queues the reads)", "_FileReader.will_need"),
+    ("decode: other filters", "multitables/_io/chunks/codecs/"),
+    ("wait for the disk: pread", "PreadFile.read_into"),
+    ("wait for the disk: prefetch hint (WILLNEED queues the reads)", "PreadFile.hint"),
     ("ring: wait for a free slot, publish", "multitables/_shm/ring.py"),
     ("file check (stat)", "check_file_unchanged"),
     ("chunk engine bookkeeping: plan, index, partial chunks", "multitables/_io/chunks/source.py"),

@@ -16,8 +16,9 @@ when ``--file`` names one already written, and read, page cache warm, by:
 
 Beside them the machine's facts: cores, threads per core, memory, and the
 memory copy rate of one process and of ``N`` at once. Every pass runs in a
-fresh interpreter (:mod:`multitables_bench.scaling_passes`); a figure is the
-median of ``--repeats`` passes, interleaved (every contender once, then again).
+fresh process (NOTE [a fresh process per pass] in
+``multitables_bench.scaling_passes``); a figure is the median of
+``--repeats`` passes, interleaved (every contender once, then again).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ MEMCPY_MIB, QUICK_MEMCPY_MIB = 256, 16
 BLOCK_BYTES = 4 << 20
 #: The attribute a reusable file carries, saying what it holds.
 STAMP = "multitables_bench_scaling"
-#: Where every pass runs: a fresh interpreter.
+#: The server every pass is forked from.
 PASS_MODULE = "multitables_bench.scaling_passes"
 
 
@@ -140,16 +141,40 @@ def block_rows(path: str) -> int:
     return max(1, round(BLOCK_BYTES / (ROW_NBYTES * chunk))) * chunk
 
 
-def run_pass(spec: PassSpec) -> PassResult:
-    """``spec`` in a fresh interpreter (this checkout's package first on its path)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-    done = subprocess.run([sys.executable, "-m", PASS_MODULE, json.dumps(asdict(spec))], capture_output=True, text=True,
-                          env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"{spec.kind} n={spec.n} on {spec.path} failed:\n{done.stderr[-3000:]}")
-    d = json.loads(done.stdout.strip().splitlines()[-1])
-    return PassResult(**{**d, "readers_counted": tuple(d["readers_counted"]) if d["readers_counted"] else None})
+class PassServers:
+    """The pass servers (NOTE [a fresh process per pass] in ``multitables_bench.scaling_passes``), started when first
+    needed: one with torch imported, for the DataLoader, one without, for the rest."""
+
+    def __init__(self) -> None:
+        self._servers: dict[bool, subprocess.Popen[str]] = {}
+
+    def _server(self, torch: bool) -> "subprocess.Popen[str]":
+        if torch not in self._servers:
+            root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's package first
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+            argv = [sys.executable, "-m", PASS_MODULE] + (["--torch"] if torch else [])
+            self._servers[torch] = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        return self._servers[torch]
+
+    def run(self, spec: PassSpec) -> PassResult:
+        """``spec`` in a fresh process; its result, or ``RuntimeError`` with the pass's traceback."""
+        server = self._server(spec.kind == "dataloader")
+        assert server.stdin is not None and server.stdout is not None
+        server.stdin.write(json.dumps(asdict(spec)) + "\n")
+        server.stdin.flush()
+        line = server.stdout.readline()
+        reply = json.loads(line) if line else {"error": f"the pass server ended with status {server.wait()}"}
+        if "error" in reply:
+            raise RuntimeError(f"{spec.kind} n={spec.n} on {spec.path} failed:\n{reply['error']}")
+        d = reply["result"]
+        return PassResult(**{**d, "readers_counted": tuple(d["readers_counted"]) if d["readers_counted"] else None})
+
+    def close(self) -> None:
+        for server in self._servers.values():
+            if server.stdin is not None:
+                server.stdin.close()
+            server.wait(timeout=60)
+        self._servers.clear()
 
 
 def contenders(path: str, n_rows: int, rows: int, procs: Sequence[int], torch: bool) -> list[PassSpec]:
@@ -176,20 +201,24 @@ def measure(files: dict[Codec, str], settings: ScalingSettings, log: Callable[[s
     plan += [("", PassSpec("memcpy", n=n, memcpy_mib=settings.memcpy_mib)) for n in sorted({1, procs[-1]})]
     raw: list[dict[str, Any]] = []
     done: dict[int, list[PassResult]] = {}
-    for r in range(settings.repeats):
-        for i, (label, spec) in enumerate(plan):
-            resident = 1.0
-            if spec.path:
-                if resident_fraction(spec.path) < 0.99:
-                    read_through_cache(spec.path)
-                resident = resident_fraction(spec.path)
-            result = run_pass(spec)
-            if spec.kind != "memcpy" and result.rows != n_rows:
-                raise RuntimeError(f"{spec.kind} n={spec.n} read {result.rows} rows of {spec.path}, which has {n_rows}")
-            done.setdefault(i, []).append(result)
-            raw.append({"repeat": r, "codec": label, "spec": asdict(spec), "resident": resident, **asdict(result)})
-            log(f"scaling {r + 1}/{settings.repeats} {label or 'memory'}: {spec.kind} n={spec.n}: "
-                f"{result.nbytes / result.seconds / MB:,.0f} MB/s ({result.seconds:.3f} s)")
+    servers = PassServers()
+    try:
+        for r in range(settings.repeats):
+            for i, (label, spec) in enumerate(plan):
+                resident = 1.0
+                if spec.path:
+                    if resident_fraction(spec.path) < 0.99:
+                        read_through_cache(spec.path)
+                    resident = resident_fraction(spec.path)
+                result = servers.run(spec)
+                if spec.kind != "memcpy" and result.rows != n_rows:
+                    raise RuntimeError(f"{spec.kind} n={spec.n} read {result.rows} rows of {spec.path}, which has {n_rows}")
+                done.setdefault(i, []).append(result)
+                raw.append({"repeat": r, "codec": label, "spec": asdict(spec), "resident": resident, **asdict(result)})
+                log(f"scaling {r + 1}/{settings.repeats} {label or 'memory'}: {spec.kind} n={spec.n}: "
+                    f"{result.nbytes / result.seconds / MB:,.0f} MB/s ({result.seconds:.3f} s)")
+    finally:
+        servers.close()
     return [_figure(label, spec, done[i]) for i, (label, spec) in enumerate(plan)], raw
 
 

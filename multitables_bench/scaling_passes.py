@@ -1,7 +1,7 @@
-"""One pass of the scaling section, run in a fresh interpreter: ``python -m multitables_bench.scaling_passes SPEC``.
+"""The passes of the scaling section, each in a fresh process forked from a server (``python -m multitables_bench.scaling_passes``).
 
 Every pass reads the whole dataset once (``memcpy``: copies memory) and
-prints one line of JSON, a :class:`PassResult`. The kinds:
+answers a :class:`PassResult` (NOTE [a fresh process per pass]). The kinds:
 
 * ``h5py``: one process reading the dataset in order, ``read_direct`` into
   one buffer, a block at a time (the baseline);
@@ -26,11 +26,14 @@ block. Every contender reads one value of every page of every block it gets
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 import sys
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import IO, Any, Optional
 
 import numpy as np
 
@@ -219,14 +222,59 @@ PASSES = {"h5py": h5py_pass, "multitables": multitables_pass, "processes": proce
 
 
 def run(spec: PassSpec) -> PassResult:
-    """The pass ``spec`` asks for, in this process (h5py imported first: importing is not the pass's work)."""
-    h5py_with_filters()
+    """The pass ``spec`` asks for, in this process."""
     return PASSES[spec.kind](spec)
 
 
+def preload(torch: bool) -> None:
+    """Import what the passes use (importing is no pass's work): h5py with its filters, multitables, torch if asked."""
+    h5py_with_filters()
+    import multitables  # noqa: F401
+
+    if torch:
+        import torch as _torch  # noqa: F401
+
+
+def serve(requests: IO[str], replies: IO[str]) -> None:
+    """For each line of ``requests`` (a :class:`PassSpec` as JSON), fork a process that runs it; reply a line.
+
+    NOTE [a fresh process per pass]
+        The server imports the libraries once and reads nothing; every pass
+        runs in a child forked from it, which exits when the pass ends, so no
+        pass inherits another's open files, caches, mappings or memory, and
+        none pays for interpreter start and imports (torch's take seconds).
+        The child's stdout goes to stderr: only replies reach ``replies``.
+        Before forking, the server's objects are frozen out of the cyclic
+        garbage collector (``gc.freeze``): a collection in a child would
+        otherwise write to every page of the inherited heap, and count a
+        copy-on-write fault for each in the pass's consumer.
+    """
+    gc.freeze()
+    for line in requests:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the pass
+            os.close(r)
+            os.dup2(2, 1)
+            try:
+                reply = {"result": asdict(run(PassSpec(**json.loads(line))))}
+            except BaseException:
+                reply = {"error": traceback.format_exc()}
+            with os.fdopen(w, "w") as f:
+                f.write(json.dumps(reply))
+            os._exit(0)
+        os.close(w)
+        with os.fdopen(r) as f:
+            text = f.read()
+        _, status = os.waitpid(pid, 0)
+        replies.write((text or json.dumps({"error": f"the pass process ended with status {status}"})) + "\n")
+        replies.flush()
+
+
 def main(argv: "list[str] | None" = None) -> None:
-    spec = PassSpec(**json.loads((sys.argv[1:] if argv is None else argv)[0]))
-    print(json.dumps(asdict(run(spec))))
+    """``python -m multitables_bench.scaling_passes [--torch]``: serve passes on stdin and stdout."""
+    preload("--torch" in (sys.argv[1:] if argv is None else argv))
+    serve(sys.stdin, sys.stdout)
 
 
 if __name__ == "__main__":

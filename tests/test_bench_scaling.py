@@ -124,6 +124,17 @@ def test_each_contender_reads_every_row_exactly_once(numbered: Path, kind: str, 
         assert result.first_values == list(range(N_ROWS))  # in order: the shares are contiguous, in turn
 
 
+def test_the_pass_server_answers_each_pass_and_reports_a_failure_with_its_traceback(numbered: Path, tmp_path: Path) -> None:
+    servers = scaling.PassServers()
+    try:
+        assert servers.run(PassSpec("h5py", str(numbered), 1, 96, N_ROWS)).rows == N_ROWS
+        with pytest.raises(RuntimeError, match="(?s)h5py n=1 on .*missing.h5 failed.*FileNotFoundError"):
+            servers.run(PassSpec("h5py", str(tmp_path / "missing.h5"), 1, 96, N_ROWS))
+        assert servers.run(PassSpec("multitables", str(numbered), 2, 96, N_ROWS)).rows == N_ROWS  # still serving
+    finally:
+        servers.close()
+
+
 def test_memcpy_counts_every_byte_copied(no_leaks: None) -> None:
     result = run(PassSpec("memcpy", n=2, memcpy_mib=2))
     assert result.nbytes == 2 * 8 * (2 << 20) and result.seconds > 0 and result.n_used == 2

@@ -28,7 +28,7 @@ from ._sys.checks import check_bool, check_columns, check_fields, check_int, ran
 from ._train.mix import MixedBatches, mix_batches
 from ._train.transforms import infer_transforms
 from ._train.feed import EpochPieces, Feed
-from ._train.windows import WINDOW_BYTES, NoWindows, Windows, cut, empty_window_buffer, epoch_windows
+from ._train.windows import WINDOW_BYTES, Carry, NoWindows, Windows, cut, empty_window_buffer, epoch_windows
 
 if TYPE_CHECKING:
     from .streamer import Streamer  # type only: the streamer makes batches
@@ -227,6 +227,7 @@ class Batches:
         # The readers, kept from epoch to epoch (NOTE [readers across epochs] in ``_procs.stream``). It holds
         # nothing of this object, so dropping the batches drops it, and its queues stop their readers.
         self._feed = Feed(stream.options, nodes, self._engines, self._plan, self._transforms)
+        self._carry: "Carry | None" = None  # the next epoch's first window, pulled already (NOTE [window pipelining])
 
     # -- what the batches are ------------------------------------------------
 
@@ -269,6 +270,11 @@ class Batches:
     def n_procs(self) -> list[int]:
         """Reader processes per dataset, 0 where a dataset is read in this process."""
         return list(self._plan.n_procs)
+
+    @property
+    def reader_pids(self) -> list[int]:
+        """Process ids of the reader processes running now (none before the first batch, after close, or in-process)."""
+        return [pid for queue in self._feed.queues for pid in queue.reader_pids]
 
     @property
     def epoch(self) -> int:
@@ -339,6 +345,7 @@ class Batches:
         if world != self.world_size:
             elastic, batch = elastic + [(world, batch)], 0
         self._stop_active()
+        self._carry = None  # its epoch's plan may differ now (an elastic resume)
         self._epoch, self._batch, self._elastic = epoch, 0, elastic
         self._step = step  # the step goes on from where it was, at any world size
         settings, _rows = self._epoch_plan(epoch)
@@ -356,7 +363,7 @@ class Batches:
         """
         self._stop_active()
         self._feed.close()
-        self._buffers = None
+        self._buffers, self._carry = None, None
 
     def _window_buffers(self) -> list[list[np.ndarray]]:
         """Two buffers per dataset for the largest window, kept from epoch to epoch.
@@ -434,15 +441,20 @@ class Batches:
             return
         plan = s.rank_epoch(epoch, self.rank)
         w0, skip = plan.locate(start * s.batch_size)
+        carry, self._carry = self._carry, None
+        if carry is not None and (carry.epoch != epoch or w0 != 0):
+            carry = None  # NOTE [window pipelining]: good for that epoch from its first window only
         try:
             source: "Windows" = NoWindows()
             if w0 < plan.n_windows:
-                pieces = EpochPieces.of(plan, w0, rows)
+                pieces = EpochPieces.of(plan, plan.bounds[w0] if carry is None else carry.pulled, rows)
                 self._feed.provide(pieces)
                 # NOTE [readers across epochs]: the readers go on with the next epoch once this one is read.
-                after = self._settings.rank_epoch(epoch + 1, self.rank)
-                self._feed.follow(EpochPieces.of(after, 0, self._rows_of(epoch + 1)))
-                source = epoch_windows(plan, w0, self._feed, pieces, self._window_buffers() if s.shuffle else None)
+                later = self._settings.rank_epoch(epoch + 1, self.rank)
+                following = EpochPieces.of(later, 0, self._rows_of(epoch + 1))
+                after = (later, following) if self._feed.follow(following) and s.shuffle else None
+                buffers = self._window_buffers() if s.shuffle else None
+                source = epoch_windows(plan, w0, self._feed, pieces, buffers, carry, after)
             k = start
             for arrays in cut(source, skip, s.batch_size):
                 k += 1
@@ -453,6 +465,7 @@ class Batches:
                 self._batch, self._step = k, self._step + 1
                 yield self._deliver([np.empty((0,) + shape, dtype) for dtype, shape in self._row_types])
             self._epoch, self._batch, self._elastic = epoch + 1, 0, []
+            self._carry = getattr(source, "carry", None)
         except GeneratorExit:
             raise  # the loop was left: the readers stay for the next iteration
         except BaseException:

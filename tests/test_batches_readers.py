@@ -47,7 +47,15 @@ def rows_file(tmp_path: Path) -> Path:
 
 
 def children() -> set[int]:
-    return {p.pid for p in psutil.Process().children()}
+    """This process's children but multiprocessing's resource tracker (started on first use of shared memory)."""
+    out = set()
+    for p in psutil.Process().children():
+        try:
+            if "resource_tracker" not in " ".join(p.cmdline()):
+                out.add(p.pid)
+        except psutil.Error:
+            pass
+    return out
 
 
 def readers_started(before: set[int]) -> set[int]:
@@ -249,23 +257,29 @@ def test_a_reader_killed_in_a_later_epoch_is_raised_and_the_next_iteration_start
 ) -> None:
     import signal
 
+    import itertools
+
     reference = batches(rows_file, n_procs=0)
-    reference.set_epoch(2)
+    reference.set_epoch(5)
     expected = [y.copy() for y in reference]
-    b = batches(rows_file)
+    b = batches(rows_file, epochs=None)
     before = children()
-    list(b)  # epoch 0
+    it = iter(b)
+    list(itertools.islice(it, len(b)))  # epoch 0
     readers = readers_started(before)
-    it = iter(b)  # epoch 1, on the same readers
-    next(it)
+    assert set(b.reader_pids) == readers
+    next(it)  # epoch 1, on the same readers
     victim = min(readers)
     os.kill(victim, signal.SIGKILL)
+    # A dying process can take a while to be gone (its memory unmapped); the loop raises once it is,
+    # whatever epoch that falls in, and never delivers a wrong row meanwhile.
     with pytest.raises(multitables.ReaderError, match=str(victim)):
-        for _ in it:
+        for _ in itertools.islice(it, 3 * len(b)):
             pass
+    assert b.epoch < 4
     assert wait_gone(readers) == set(), "a reader's death left the others running"
-    b.set_epoch(2)
-    got = [y.copy() for y in b]  # new readers
+    b.set_epoch(5)
+    got = [y.copy() for y in itertools.islice(b, len(b))]  # new readers
     for mine, theirs in zip(got, expected, strict=True):
         np.testing.assert_array_equal(mine, theirs)
     assert not (children() - before) & readers
@@ -290,4 +304,41 @@ def test_a_reader_error_in_a_later_epoch_reaches_the_loop(tmp_path: Path, no_lea
     with pytest.raises((multitables.ReaderError, multitables.FileChangedError)):
         for _ in it:
             pass
+    b.close()
+
+
+@pytest.mark.parametrize("windows", [1, 4])
+def test_the_next_epochs_first_window_is_read_during_this_epoch(rows_file, no_leaks, windows: int, monkeypatch) -> None:
+    """NOTE [window pipelining]: once an epoch is done, the next one's first window is in already.
+
+    Which pieces each epoch takes from its readers is recorded: none of epoch
+    1's first window is taken once epoch 1 has begun, and its rows are right.
+    """
+    from multitables._train.feed import Feed
+
+    taken: list[tuple[int, int, int]] = []  # (epoch being delivered, epoch of the piece, piece)
+    real_get = Feed.get
+
+    watched: list[multitables.Batches] = []
+
+    def get(feed: Feed):  # type: ignore[no-untyped-def]
+        if watched and feed is watched[0]._feed:
+            epoch, piece = feed._pending[0]
+            taken.append((watched[0].epoch, epoch, piece))
+        return real_get(feed)
+
+    monkeypatch.setattr(Feed, "get", get)
+    n_blocks = 80
+    window = n_blocks // windows
+    reference = batches(rows_file, n_procs=0, window=window)
+    reference.set_epoch(1)
+    expected = [y.copy() for y in reference]
+    b = batches(rows_file, window=window, read_ahead=4)
+    watched.append(b)
+    got = [y.copy() for y in b] and [y.copy() for y in b]  # epochs 0 and 1
+    first_window = set(range(window))  # one block per piece here: one rank, blocks of 50 rows
+    assert {piece for now, epoch, piece in taken if epoch == 1 and now == 0} == first_window
+    assert not [piece for now, epoch, piece in taken if epoch == 1 and now == 1 and piece in first_window]
+    for mine, theirs in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(mine, theirs)
     b.close()

@@ -50,9 +50,8 @@ class EpochPieces:
     selections: "tuple[np.ndarray | None, ...] | None"
 
     @classmethod
-    def of(cls, plan: RankEpoch, w0: int, rows: "np.ndarray | None") -> "EpochPieces":
-        """The pieces of ``plan`` from window ``w0`` on; ``rows``: the file rows of the epoch's positions (None: all)."""
-        first = plan.bounds[w0]
+    def of(cls, plan: RankEpoch, first: int, rows: "np.ndarray | None") -> "EpochPieces":
+        """The pieces of ``plan`` from piece ``first`` on; ``rows``: the file rows of the epoch's positions (None: all)."""
         starts, stops = plan.starts[first:], plan.stops[first:]
         if rows is None:
             return cls(plan.epoch, first, starts, stops, None)

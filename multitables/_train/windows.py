@@ -13,6 +13,14 @@ NOTE [window pipelining]
     buffers per dataset. Unshuffled epochs need no buffer: each batch is
     copied straight out of the slots.
 
+    The last window of an epoch pulls the next epoch's first window the same
+    way, when the readers have it published behind this one (NOTE [readers
+    across epochs] in ``_procs.stream``): what was pulled is a *carry*, and
+    an iteration that starts that epoch from its first window goes on from
+    it, so its first batch does not wait for a whole window to be read
+    (files of up to one window, 256 MiB by default, were not read during
+    training at all). Any other position drops the carry.
+
 NOTE [window buffers and fork]
     Readers started by ``fork`` share the consumer's memory copy-on-write:
     fork write-protects every private page the consumer has, and its next
@@ -34,6 +42,7 @@ import math
 import mmap
 import platform
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
@@ -115,12 +124,40 @@ def _selected(block: np.ndarray, selection: "np.ndarray | None") -> np.ndarray:
     return block if selection is None else np.take(block, selection, axis=0)
 
 
-class ShuffledWindows(Windows):
-    """Windows copied out of the slots into two alternating buffers per dataset.
+@dataclass(frozen=True)
+class Carry:
+    """The next epoch's first window, pulled (in part) into a buffer while the last window was delivered.
 
-    ``selections``: for each piece from the first one read, the rows of its
-    block that the epoch takes (None: all of them), for a subset (NOTE
-    [subsets] in ``_plan.subset``); None: every block is all rows.
+    Good for the next iteration only if it is that epoch from its first
+    window; else dropped (NOTE [window pipelining]).
+    """
+
+    epoch: int
+    buffer: int  # which of the two buffers holds it
+    pulled: int  # its pieces pulled, from the epoch's first
+    filled: int  # rows of the buffer they filled
+
+
+@dataclass
+class _Fill:
+    """A window being pulled into a buffer: its pieces' rows, what each takes of its block, how far it got."""
+
+    rows: "list[int]"
+    selections: "list[np.ndarray | None]"
+    buffer: int
+    pulled: int = 0
+    filled: int = 0
+
+
+class ShuffledWindows(Windows):
+    """Windows copied out of the slots into two alternating buffers per dataset (NOTE [window pipelining]).
+
+    ``pieces``: what the feed gives next (``feed.EpochPieces``: for a
+    subset, the rows of each piece's block the epoch takes). ``carry``: the
+    first window, already pulled in part by the last epoch. ``after``: the
+    next epoch's plan and pieces, published behind this one's: its first
+    window is pulled during this epoch's last, and :attr:`carry` says how
+    far once this epoch is done.
     """
 
     def __init__(
@@ -130,54 +167,65 @@ class ShuffledWindows(Windows):
         feed: "Feed",
         buffers: list[list[np.ndarray]],
         batch_size: int,
-        selections: "Sequence[np.ndarray | None] | None" = None,
+        pieces: "EpochPieces",
+        carry: "Carry | None" = None,
+        after: "tuple[RankEpoch, EpochPieces] | None" = None,
     ) -> None:
-        self._plan, self._feed, self._batch_size = plan, feed, batch_size
-        self._buffers = buffers
-        self._selections = selections
-        self._base = plan.bounds[w0]  # the piece the queues read first
-        self._piece = plan.bounds[w0]  # next piece to pull from the queues
-        self._filled = 0  # rows of that piece's window already pulled
-        self._w0 = w0
+        self._plan, self._w0, self._feed, self._buffers, self._batch_size = plan, w0, feed, buffers, batch_size
+        first = 0 if carry is None else carry.buffer
+        self._fills = [self._fill(plan, w, pieces, (first + j) % 2) for j, w in enumerate(range(w0, plan.n_windows))]
+        if carry is not None:
+            self._fills[0].pulled, self._fills[0].filled = carry.pulled, carry.filled
+        self._after = after
+        if after is not None:
+            self._fills.append(self._fill(after[0], 0, after[1], (first + len(self._fills)) % 2))
+        self._next = 0  # the window that prefetch() pulls into
         self._rate = 0  # pieces to pull per batch going out
-        self._limit = 0  # ... but not beyond this piece: the end of the next window
+        #: Set once every window was delivered, if the next epoch's first window was pulled meanwhile.
+        self.carry: "Carry | None" = None
 
-    def _pull(self, n: int, limit: int) -> None:
-        """Copy up to ``n`` more pieces, not beyond piece ``limit``, into their window's buffer."""
-        plan = self._plan
-        while n > 0 and self._piece < limit:
-            w = int(np.searchsorted(plan.bounds, self._piece, side="right")) - 1
-            rows = plan.stops[self._piece] - plan.starts[self._piece]
-            selection = None if self._selections is None else self._selections[self._piece - self._base]
-            for guard, buf in zip(self._feed.get(), self._buffers[w % 2]):
+    @staticmethod
+    def _fill(plan: RankEpoch, w: int, pieces: "EpochPieces", buffer: int) -> _Fill:
+        lo, hi = plan.bounds[w], plan.bounds[w + 1]
+        rows = [b - a for a, b in zip(plan.starts[lo:hi], plan.stops[lo:hi])]
+        selections = [None] * len(rows) if pieces.selections is None else list(pieces.selections[lo - pieces.first : hi - pieces.first])
+        return _Fill(rows, selections, buffer)
+
+    def _pull(self, fill: _Fill, n: int) -> None:
+        """Copy up to ``n`` more pieces of ``fill``'s window into its buffer."""
+        while n > 0 and fill.pulled < len(fill.rows):
+            rows, selection = fill.rows[fill.pulled], fill.selections[fill.pulled]
+            for guard, buf in zip(self._feed.get(), self._buffers[fill.buffer]):
                 with guard as block:
-                    out = buf[self._filled : self._filled + rows]
+                    out = buf[fill.filled : fill.filled + rows]
                     if selection is None:
                         assert len(block) == rows, (len(block), rows)
                         out[...] = block
                     else:
                         np.take(block, selection, axis=0, out=out)
-            self._filled += rows
-            self._piece += 1
-            if self._piece == plan.bounds[w + 1]:
-                self._filled = 0
+            fill.filled += rows
+            fill.pulled += 1
             n -= 1
 
     def __iter__(self) -> Iterator[Window]:
         plan = self._plan
-        for w in range(self._w0, plan.n_windows):
+        for j, w in enumerate(range(self._w0, plan.n_windows)):
+            fill = self._fills[j]
             self._rate = 0
-            self._pull(len(plan.starts), plan.bounds[w + 1])  # the rest of window w
+            self._pull(fill, len(fill.rows))  # the rest of window w
             rows = plan.window_rows(w)
-            if w + 1 < plan.n_windows:
-                # Window w + 1 goes to the other buffer; w + 2 would overwrite this one.
-                self._limit = plan.bounds[w + 2]
-                self._rate = math.ceil((self._limit - plan.bounds[w + 1]) / max(1, rows // self._batch_size))
-            yield BufferWindow([buf[:rows] for buf in self._buffers[w % 2]], plan.window_perm(w))
+            if j + 1 < len(self._fills):
+                # The next window (perhaps the next epoch's first) goes to the other buffer, a part per batch.
+                self._next = j + 1
+                self._rate = math.ceil(len(self._fills[j + 1].rows) / max(1, rows // self._batch_size))
+            yield BufferWindow([buf[:rows] for buf in self._buffers[fill.buffer]], plan.window_perm(w))
+        if self._after is not None:
+            last = self._fills[-1]
+            self.carry = Carry(self._after[0].epoch, last.buffer, last.pulled, last.filled)
 
     def prefetch(self) -> None:
         if self._rate:
-            self._pull(self._rate, self._limit)
+            self._pull(self._fills[self._next], self._rate)
 
 
 class SlotWindow(Window):
@@ -239,13 +287,20 @@ def cut(source: Windows, skip: int, batch_size: int) -> Iterator[list[np.ndarray
 
 
 def epoch_windows(
-    plan: RankEpoch, w0: int, feed: "Feed", pieces: "EpochPieces", buffers: "list[list[np.ndarray]] | None"
+    plan: RankEpoch,
+    w0: int,
+    feed: "Feed",
+    pieces: "EpochPieces",
+    buffers: "list[list[np.ndarray]] | None",
+    carry: "Carry | None" = None,
+    after: "tuple[RankEpoch, EpochPieces] | None" = None,
 ) -> Windows:
     """The windows of a rank's epoch from window ``w0`` on, read through ``feed``, which gives ``pieces`` next.
 
     ``buffers``: two window buffers per dataset for a shuffled epoch (None:
-    unshuffled, batches come straight out of the slots).
+    unshuffled, batches come straight out of the slots); ``carry`` and
+    ``after``: see :class:`ShuffledWindows`.
     """
     if buffers is None:
         return BlockWindows(plan, w0, feed, pieces.selections)
-    return ShuffledWindows(plan, w0, feed, buffers, plan.settings.batch_size, pieces.selections)
+    return ShuffledWindows(plan, w0, feed, buffers, plan.settings.batch_size, pieces, carry, after)

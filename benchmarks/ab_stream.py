@@ -50,6 +50,21 @@ def make(path: str, rows: int) -> None:
             arr.append(rng.standard_normal((min(8192, rows - start), 1024), dtype=np.float32))
 
 
+def run_in(root: str, code: str, *argv: str) -> str:
+    """Run ``code`` with the package of checkout ``root`` (checked), in a fresh interpreter; its stdout.
+
+    The interpreter starts in ``root``: ``python -c`` puts its working
+    directory first on ``sys.path``, ahead of ``PYTHONPATH``, so started from
+    another checkout it would import that checkout's package instead.
+    """
+    root = os.path.abspath(root)
+    check = f"import multitables, os; assert os.path.dirname(os.path.dirname(multitables.__file__)) == {root!r}, multitables.__file__\n"
+    env = dict(os.environ, PYTHONPATH=root)
+    return subprocess.run(
+        [sys.executable, "-c", check + code, *argv], cwd=root, env=env, capture_output=True, text=True, check=True
+    ).stdout
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--file", required=True)
@@ -69,12 +84,9 @@ def main() -> None:
     for run in range(args.runs):
         for mode in ("direct", "generator"):
             for label, root in (("A", args.a), ("B", args.b)):
-                env = dict(os.environ, PYTHONPATH=os.path.abspath(root))
-                out = subprocess.run(
-                    [sys.executable, "-c", PASS, args.file, mode, str(args.n_procs), args.engine, "cold" if args.cold else "warm"],
-                    env=env, capture_output=True, text=True, check=True,
-                )
-                t = float(out.stdout.strip().splitlines()[-1])
+                out = run_in(root, PASS, os.path.abspath(args.file), mode, str(args.n_procs), args.engine,
+                             "cold" if args.cold else "warm")
+                t = float(out.strip().splitlines()[-1])
                 times.setdefault((mode, label), []).append(t)
                 print(f"run {run} {mode} {label}: {nbytes / t / 1e6:,.0f} MB/s", flush=True)
     for mode in ("direct", "generator"):

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence, Union
 import numpy as np
 
 from ._io.blockread import delivered
-from ._io.fileset import inspect_files
 from ._plan.epoch import EpochSettings, remaining_after
 from ._plan.readers import DatasetShape, plan_batches
 from ._plan.subset import epoch_rows, subset_key, weighted_draw, weights_key
@@ -177,7 +176,7 @@ class Batches:
         self._rank, world = rank_and_world(rank, world_size)
 
         # The files are looked at once, here: a later epoch's readers check that each is still the file seen now.
-        nodes = [inspect_files(stream.filename, p, self._field) for p in path_list]
+        nodes = [stream.options.inspect(p, self._field) for p in path_list]
         if self._columns is not None:
             check_columns(nodes[0], self._columns)
         lengths = {n.n_rows for n in nodes}
@@ -431,10 +430,12 @@ class Batches:
         """``epochs`` epochs (None: endless) from the current position, each in its own order."""
         done = 0
         while epochs is None or done < epochs:
-            yield from self._iterate(self._epoch, self._batch)
+            # The last epoch of the run has no next one to read ahead (a loop of iterations may, so one epoch does).
+            yield from self._iterate(self._epoch, self._batch, ahead=epochs is None or done + 1 < epochs)
             done += 1
 
-    def _iterate(self, epoch: int, start: int) -> Iterator[Batch]:
+    def _iterate(self, epoch: int, start: int, ahead: bool = True) -> Iterator[Batch]:
+        """The batches of ``epoch`` from batch ``start``; ``ahead``: have the readers go on with the next epoch."""
         s, rows = self._epoch_plan(epoch)
         if s is None:  # an elastic resume found the epoch done
             self._epoch, self._batch, self._elastic = epoch + 1, 0, []
@@ -449,10 +450,11 @@ class Batches:
             if w0 < plan.n_windows:
                 pieces = EpochPieces.of(plan, plan.bounds[w0] if carry is None else carry.pulled, rows)
                 self._feed.provide(pieces)
-                # NOTE [readers across epochs]: the readers go on with the next epoch once this one is read.
-                later = self._settings.rank_epoch(epoch + 1, self.rank)
-                following = EpochPieces.of(later, 0, self._rows_of(epoch + 1))
-                after = (later, following) if self._feed.follow(following) and s.shuffle else None
+                after = None
+                if ahead:  # NOTE [readers across epochs]: the readers go on with the next epoch once this one is read
+                    later = self._settings.rank_epoch(epoch + 1, self.rank)
+                    following = EpochPieces.of(later, 0, self._rows_of(epoch + 1))
+                    after = (later, following) if self._feed.follow(following) and s.shuffle else None
                 buffers = self._window_buffers() if s.shuffle else None
                 source = epoch_windows(plan, w0, self._feed, pieces, buffers, carry, after)
             k = start

@@ -15,7 +15,7 @@ import os
 import warnings
 import weakref
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Iterator, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, Union
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from ._sys.checks import check_bool, check_columns, check_fields, check_int, ran
 from ._train.mix import MixedBatches, mix_batches
 from ._train.transforms import infer_transforms
 from ._train.feed import EpochPieces, Feed
-from ._train.windows import WINDOW_BYTES, Carry, NoWindows, Windows, cut, empty_window_buffer, epoch_windows
+from ._train.windows import Alloc, Carry, NoWindows, Windows, cut, empty_window_buffer, epoch_windows
 
 if TYPE_CHECKING:
     from .streamer import Streamer  # type only: the streamer makes batches
@@ -188,18 +188,11 @@ class Batches:
         self._engines = [stream.options.resolve(n) for n in nodes]
         self._plan = plan_batches(
             [DatasetShape.of(n) for n in nodes], self._engines, stream.options.machine, n_rows=n_rows,
-            n_procs=n_procs, block_size=block_size, read_ahead=read_ahead,
+            n_procs=n_procs, block_size=block_size, read_ahead=read_ahead, window=window, shuffle=shuffle,
         )  # fmt: skip
-        block_size = self._plan.block_size
-        if window is None:
-            row_nbytes = max(1, sum(n.row_nbytes for n in nodes))
-            window = max(1, WINDOW_BYTES // (block_size * row_nbytes))
-        n_blocks = -(-n_rows // block_size)
-        # Unshuffled, windows change nothing in the order: use one block each.
-        window = min(window, n_blocks) if shuffle else 1
         self._settings = EpochSettings(
-            n_rows=n_rows, block_size=block_size, batch_size=batch_size, world_size=world,
-            shuffle=shuffle, seed=seed, drop_last=drop_last, window=window,
+            n_rows=n_rows, block_size=self._plan.block_size, batch_size=batch_size, world_size=world,
+            shuffle=shuffle, seed=seed, drop_last=drop_last, window=self._plan.window,
         )  # fmt: skip
         if self._settings.empty_last_batch:
             warnings.warn(
@@ -422,20 +415,44 @@ class Batches:
 
     def __iter__(self) -> Iterator[Batch]:
         """The batches left in the current epoch (and ``epochs - 1`` more, or endless); each epoch's end moves the position on."""
+        return self.iter_into(self._fresh)
+
+    def iter_into(self, alloc: "Callable[[int], Sequence[np.ndarray]]") -> Iterator[Batch]:
+        """As ``iter(batches)``, each batch's rows written straight into ``alloc(rows)``'s arrays.
+
+        ``alloc(n)`` gives one C-contiguous array of ``n`` rows per path, of
+        the rows' dtype and shape (see :attr:`row_types`), for example views of
+        page-locked memory that a GPU copies from (``multitables.torch`` does
+        so). A batch is those arrays, or their first rows for a short last
+        batch (with ``fields``: each column copied out of them). The arrays
+        are the caller's: nothing here writes to them after their batch.
+        """
         self._stop_active()  # an older iteration ends here: its position is this one's start
-        it = self._iterate(self._epoch, self._batch) if self._epochs == 1 else self._run_epochs(self._epochs)
+        make = lambda n: list(alloc(n))  # noqa: E731 - a list, as the windows take
+        if self._epochs == 1:
+            it = self._iterate(self._epoch, self._batch, make)
+        else:
+            it = self._run_epochs(self._epochs, make)
         self._active = weakref.ref(it)
         return it
 
-    def _run_epochs(self, epochs: "int | None") -> Iterator[Batch]:
+    @property
+    def row_types(self) -> "list[tuple[np.dtype, tuple[int, ...]]]":
+        """The dtype and row shape of each path's delivered rows (a transform's output, where there is one)."""
+        return list(self._row_types)
+
+    def _fresh(self, n: int) -> list[np.ndarray]:
+        return [np.empty((n,) + shape, dtype) for dtype, shape in self._row_types]
+
+    def _run_epochs(self, epochs: "int | None", alloc: Alloc) -> Iterator[Batch]:
         """``epochs`` epochs (None: endless) from the current position, each in its own order."""
         done = 0
         while epochs is None or done < epochs:
             # The last epoch of the run has no next one to read ahead (a loop of iterations may, so one epoch does).
-            yield from self._iterate(self._epoch, self._batch, ahead=epochs is None or done + 1 < epochs)
+            yield from self._iterate(self._epoch, self._batch, alloc, ahead=epochs is None or done + 1 < epochs)
             done += 1
 
-    def _iterate(self, epoch: int, start: int, ahead: bool = True) -> Iterator[Batch]:
+    def _iterate(self, epoch: int, start: int, alloc: Alloc, ahead: bool = True) -> Iterator[Batch]:
         """The batches of ``epoch`` from batch ``start``; ``ahead``: have the readers go on with the next epoch."""
         s, rows = self._epoch_plan(epoch)
         if s is None:  # an elastic resume found the epoch done
@@ -459,7 +476,7 @@ class Batches:
                 buffers = self._window_buffers() if s.shuffle else None
                 source = epoch_windows(plan, w0, self._feed, pieces, buffers, carry, after)
             k = start
-            for arrays in cut(source, skip, s.batch_size):
+            for arrays in cut(source, skip, s.batch_size, alloc):
                 k += 1
                 self._batch, self._step = k, self._step + 1
                 yield self._deliver(arrays)

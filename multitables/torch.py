@@ -123,7 +123,10 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
     refused with ``RuntimeError`` before any batch is read, saying what to
     write (see NOTE [DataLoader uses]). Each tensor is made with
     ``torch.from_numpy`` on the fresh array of the batch, so it costs no copy
-    and is yours.
+    and is yours. With ``device`` (``"cuda"``) the tensors are on that
+    device, copied there without holding up the training stream; with
+    ``pin_memory=True`` they are CPU tensors in page-locked memory (see
+    :func:`get_batches`).
 
     :meth:`set_epoch`, :meth:`state_dict` and :meth:`load_state_dict` are
     those of the wrapped batches (``set_epoch`` as on
@@ -131,10 +134,23 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
     was given ``steps``).
     """
 
-    def __init__(self, batches: "Batches | MixedBatches") -> None:
+    def __init__(self, batches: "Batches | MixedBatches", device: "str | torch.device | None" = None, pin_memory: bool = False) -> None:
         if not isinstance(batches, (Batches, MixedBatches)):
             raise TypeError(f"TorchBatches wraps multitables Batches (or a mix of them), not {type(batches).__name__}")
+        if not isinstance(pin_memory, bool):
+            raise TypeError(f"pin_memory must be True or False, not {pin_memory!r}")
         self.batches = batches
+        #: Where the batches go (None: CPU tensors).
+        self.device = None if device is None else torch.device(device)
+        #: Whether CPU batches are in page-locked memory (batches for a GPU always pass through it).
+        self.pin_memory = pin_memory
+        needs_cuda = pin_memory or (self.device is not None and self.device.type == "cuda")
+        if needs_cuda and not torch.cuda.is_available():
+            asked = f"device={str(self.device)!r}" if self.device is not None and self.device.type == "cuda" else "pin_memory=True"
+            raise RuntimeError(
+                f"{asked} needs CUDA, which this PyTorch cannot use (torch.cuda.is_available() is False); "
+                f"leave it out for CPU tensors"
+            )
 
     def __iter__(self) -> Iterator[TensorBatch]:
         if get_worker_info() is not None:
@@ -150,12 +166,27 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
         return self._tensors()
 
     def _tensors(self) -> Iterator[TensorBatch]:
-        if isinstance(self.batches, MixedBatches):  # each batch as its source gives it
+        if self.pin_memory or (self.device is not None and self.device.type != "cpu"):
+            yield from self._delivered()
+        elif isinstance(self.batches, MixedBatches):  # each batch as its source gives it
             for batch in self.batches:
                 yield _as_tensors(batch, ("",) * (1 if isinstance(batch, (np.ndarray, dict)) else len(batch)))
         else:
             for batch in self.batches:
                 yield _as_tensors(batch, self.batches.paths)
+
+    def _delivered(self) -> Iterator[TensorBatch]:
+        """Batches gathered into page-locked memory, and copied to the device (NOTE [batches on a device])."""
+        from ._train.device import Delivery
+
+        if isinstance(self.batches, MixedBatches):
+            mix = Delivery(self.device, self.pin_memory, None, ())
+            for batch in self.batches:
+                yield mix.send(batch, gathered=False)
+            return
+        delivery = Delivery(self.device, self.pin_memory, self.batches.row_types, self.batches.paths)
+        for batch in self.batches.iter_into(delivery.alloc):
+            yield delivery.send(batch, gathered=True)
 
     def __len__(self) -> int:
         if isinstance(self.batches, MixedBatches):
@@ -200,6 +231,22 @@ def _as_tensors(batch: Any, paths: Sequence[str]) -> TensorBatch:
     return tuple(to_tensor(a, p) for a, p in zip(batch, paths))
 
 
-def get_batches(stream: "Streamer", paths: "str | Sequence[str]", batch_size: int, **kwargs: Any) -> TorchBatches:
-    """``TorchBatches(stream.get_batches(paths, batch_size, **kwargs))``; arguments as for :class:`~multitables.batches.Batches`."""
-    return TorchBatches(Batches(stream, paths, batch_size, **kwargs))
+def get_batches(
+    stream: "Streamer",
+    paths: "str | Sequence[str]",
+    batch_size: int,
+    *,
+    device: "str | torch.device | None" = None,
+    pin_memory: bool = False,
+    **kwargs: Any,
+) -> TorchBatches:
+    """``TorchBatches(stream.get_batches(paths, batch_size, **kwargs), device, pin_memory)``.
+
+    ``device``: where the tensors go, e.g. ``"cuda"``: each batch is gathered
+    into page-locked memory and copied with ``non_blocking=True`` on a stream
+    of its own while the previous batch trains (NOTE [batches on a device] in
+    ``multitables._train.device``). ``pin_memory=True``: CPU tensors in
+    page-locked memory, as ``DataLoader(pin_memory=True)`` gives. Both need
+    CUDA. Other arguments as for :class:`~multitables.batches.Batches`.
+    """
+    return TorchBatches(Batches(stream, paths, batch_size, **kwargs), device=device, pin_memory=pin_memory)

@@ -52,7 +52,7 @@ from multitables_bench.report import load_report, render_html, render_markdown, 
 from multitables_bench.scaling_report import scaling_markdown
 from multitables_bench.sections import run_sections
 
-SECTIONS = ("main", "training", "random", "scaling")
+SECTIONS = ("main", "training", "random", "scaling", "gpu")
 #: Rows of 1 KiB in the training / random-access file: 256 MiB (--quick: 16 MiB).
 SECTION_ROWS, QUICK_SECTION_ROWS = 1 << 18, 1 << 14
 CACHES = ("auto", "direct", "evict", "warm")
@@ -95,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--sections", nargs="+", default=["main"], choices=SECTIONS,
         help="what to measure: main (streaming, the default), training (batches vs DataLoader), random (Reader vs h5py), "
              "scaling (n_procs 1, 2, 4 ... --max_procs beside plain h5py processes and DataLoader, with page-fault "
-             "counters; --file keeps its files for the next run to reuse)")
+             "counters; --file keeps its files for the next run to reuse), gpu (a training step on a GPU fed by "
+             "multitables with and without device=, and by DataLoader with pinned memory; needs CUDA)")
     add("--data", nargs="+", default=[DEFAULT_DATA], choices=list(DATA),
         help="what the files hold: noise (random normal, the default) and/or smooth (a random walk in whole steps, "
              "which compresses several times); with both, a file of each per codec")
@@ -316,7 +317,7 @@ def measure_sections(settings: Settings, sections: Sequence[str], mib: "int | No
     workdir, _ = _workdir(settings)
     rows = mib << 10 if mib else QUICK_SECTION_ROWS if settings.quick else SECTION_ROWS
     n_procs = settings.max_procs
-    others = [name for name in sections if name != "scaling"]
+    others = [name for name in sections if name not in ("scaling", "gpu")]
     try:
         if others:
             text, figures = run_sections(others, workdir, rows, n_procs, settings.repeats, lambda m: print(m, file=sys.stderr))
@@ -326,6 +327,11 @@ def measure_sections(settings: Settings, sections: Sequence[str], mib: "int | No
                     json.dump([asdict(fig) for fig in figures], f, indent=1)
         if "scaling" in sections:
             measure_scaling(settings, mib, workdir)
+        if "gpu" in sections:  # torch with CUDA: imported only here
+            from multitables_bench.gpu import run_gpu
+
+            gpu_mib = mib or (32 if settings.quick else 512)
+            sys.stdout.write(run_gpu(workdir, gpu_mib, settings.max_procs, lambda m: print(m, file=sys.stderr)) + "\n")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

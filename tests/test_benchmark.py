@@ -812,7 +812,7 @@ def test_reader_profile_summary_sorts_reader_samples_by_activity(tmp_path: Path)
     raw = tmp_path / "raw.txt"
     raw.write_text(
         f"{reader};ChunkSource._read_rows (multitables/_io/chunks/source.py:330);Deflate.decode (multitables/_io/chunks/codecs/deflate.py:30) 6\n"
-        f"{reader};ChunkSource._read_rows (multitables/_io/chunks/source.py:312);_FileReader.read_into (multitables/_io/chunks/source.py:159) 3\n"
+        f"{reader};ChunkSource._read_rows (multitables/_io/chunks/source.py:312);PreadFile.read_into (multitables/_io/chunks/pread.py:80) 3\n"
         f"{reader};Ring.claim (multitables/_shm/ring.py:190) 1\n"
         "process 1:\"python\";<module> (x.py:1);Ring.take (multitables/_shm/ring.py:225) 50\n"  # the consumer: not counted
     )

@@ -63,6 +63,10 @@ START_COST_S = {"fork": 0.05, "forkserver": 0.9, "spawn": 1.2}
 _DECODE_RATE = {1: 0.55e9, 307: 0.03e9, 32001: 1.5e9, 32026: 1.5e9, 32004: 1.5e9, 32015: 0.8e9, 32008: 1.5e9}
 _ENGINE_SPEED = {"chunks": {1: 2.7}, "tables": {1: 1 / 1.8, 32001: 1 / 2.3}}
 _COPY_RATE = 3.5e9
+#: Memory a training shuffle window aims at, over all datasets, when ``window`` is
+#: not given (two such buffers are alive at once: NOTE [window pipelining] in
+#: ``_train.windows``).
+WINDOW_BYTES = 256 * MiB
 #: Most readers per usable CPU: more only take turns on the same cores (each
 #: with its own ring slots and open file), while a few per CPU still help
 #: where reads wait on storage rather than decode.
@@ -231,6 +235,8 @@ class BatchPlan:
     block_size: int
     n_procs: "tuple[int, ...]"
     read_ahead: "int | None"  # None: each epoch's queues take plan_blocks' default
+    #: Blocks whose rows are shuffled together (1 unshuffled: windows change nothing in the order).
+    window: int = 1
 
 
 def plan_batches(
@@ -242,8 +248,13 @@ def plan_batches(
     n_procs: "int | None" = None,
     block_size: "int | None" = None,
     read_ahead: "int | None" = None,
+    window: "int | None" = None,
+    shuffle: bool = True,
 ) -> BatchPlan:
     """How batches read datasets of equal rows (NOTE [read plan]): blocks planned for one reader, the readers shared.
+
+    ``window``: blocks shuffled together; default, as many as
+    :data:`WINDOW_BYTES` holds of every dataset's rows, at most the epoch's.
 
     ``n_rows``: the positions of an epoch (a subset's or a weighted draw's
     rows, else the datasets'): where it differs from the datasets' rows, a
@@ -263,7 +274,9 @@ def plan_batches(
     pays = [default_readers(s, e, machine) > 0 for s, e in zip(shapes, engines)]
     n_blocks = -(-n_rows // block_size)
     readers = [cap_readers(n, n_blocks, machine.cpus) for n in split_readers(nbytes, pays, n_procs, machine.cpus)]
-    return BatchPlan(block_size, tuple(readers), read_ahead)
+    if window is None:
+        window = max(1, WINDOW_BYTES // (block_size * max(1, sum(s.row_nbytes for s in shapes))))
+    return BatchPlan(block_size, tuple(readers), read_ahead, min(window, n_blocks) if shuffle else 1)
 
 
 def plan_requests(n_procs: "int | None", machine: Machine) -> int:

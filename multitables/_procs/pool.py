@@ -5,7 +5,7 @@ a Reader's request readers (``serve.ServeReaders``) differ only in the loop
 their readers run and in what they do with what the pool sees.
 
 NOTE [failure reports]
-    Modelled on PyTorch's DataLoader. A worker that raises catches the
+    Modelled on PyTorch's DataLoader. A reader that raises catches the
     exception at the top of :func:`~multitables._procs.process.reader_main`
     (or, for one request, in its loop) and sends ``(tag, FailureReport)``
     over its own one-way pipe: the exception's type *name*, message and

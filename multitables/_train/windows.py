@@ -43,19 +43,15 @@ import mmap
 import platform
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from .._plan.blocks import MiB
 from .._plan.epoch import RankEpoch
 
 if TYPE_CHECKING:
     from .feed import EpochPieces, Feed
 
-#: Memory a shuffle window aims at, over all datasets, when ``window`` is not
-#: given (two such buffers are alive at once; NOTE [window pipelining]).
-WINDOW_BYTES = 256 * MiB
 
 
 #: ``madvise`` advice absent from Python's mmap module: Linux's value (parisc's differs).
@@ -86,7 +82,8 @@ class Window:
 
     rows: int
 
-    def take(self, a: int, b: int) -> list[np.ndarray]:
+    def take(self, a: int, b: int, out: "list[np.ndarray]") -> None:
+        """Copy rows ``a .. b - 1`` (delivered order) into ``out``: one array of ``b - a`` rows per dataset."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -113,11 +110,14 @@ class BufferWindow(Window):
         self._buffers, self._perm = buffers, perm
         self.rows = len(buffers[0])
 
-    def take(self, a: int, b: int) -> list[np.ndarray]:
+    def take(self, a: int, b: int, out: "list[np.ndarray]") -> None:
         if self._perm is None:
-            return [buf[a:b].copy() for buf in self._buffers]
+            for buf, o in zip(self._buffers, out):
+                np.copyto(o, buf[a:b])
+            return
         idx = self._perm[a:b]
-        return [np.take(buf, idx, axis=0) for buf in self._buffers]
+        for buf, o in zip(self._buffers, out):
+            np.take(buf, idx, axis=0, out=o, mode="clip")  # "clip": indices are right, and "raise" copies twice
 
 
 def _selected(block: np.ndarray, selection: "np.ndarray | None") -> np.ndarray:
@@ -202,7 +202,7 @@ class ShuffledWindows(Windows):
                         assert len(block) == rows, (len(block), rows)
                         out[...] = block
                     else:
-                        np.take(block, selection, axis=0, out=out)
+                        np.take(block, selection, axis=0, out=out, mode="clip")
             fill.filled += rows
             fill.pulled += 1
             n -= 1
@@ -236,8 +236,9 @@ class SlotWindow(Window):
         self._blocks = [_selected(guard.block, selection) for guard in self._guards]
         self.rows = len(self._blocks[0])
 
-    def take(self, a: int, b: int) -> list[np.ndarray]:
-        return [block[a:b].copy() for block in self._blocks]
+    def take(self, a: int, b: int, out: "list[np.ndarray]") -> None:
+        for block, o in zip(self._blocks, out):
+            np.copyto(o, block[a:b])
 
     def close(self) -> None:
         self._blocks = []
@@ -258,32 +259,36 @@ class BlockWindows(Windows):
             yield SlotWindow(self._feed, None if self._selections is None else self._selections[i])
 
 
-def cut(source: Windows, skip: int, batch_size: int) -> Iterator[list[np.ndarray]]:
-    """Consecutive batches of ``batch_size`` rows over the windows (the last may be short); skips ``skip`` rows first."""
-    parts: list[list[np.ndarray]] = []
+#: Makes the arrays of a batch of ``n`` rows: one per dataset, of the delivered dtype and row shape.
+Alloc = Callable[[int], "list[np.ndarray]"]
+
+
+def cut(source: Windows, skip: int, batch_size: int, alloc: Alloc) -> Iterator[list[np.ndarray]]:
+    """Consecutive batches of ``batch_size`` rows over the windows (the last may be short); skips ``skip`` rows first.
+
+    Each batch's rows are written straight into arrays from ``alloc``,
+    across windows too (the last batch: the first rows of such arrays).
+    """
+    out: "list[np.ndarray] | None" = None
     have = 0
     for win in source:
         pos, skip = skip, 0
         try:
             while pos < win.rows:
+                if out is None:
+                    out = alloc(batch_size)
                 n = min(batch_size - have, win.rows - pos)
-                arrays = win.take(pos, pos + n)
+                win.take(pos, pos + n, [o[have : have + n] for o in out])
                 pos += n
-                if have == 0 and n == batch_size:
-                    source.prefetch()
-                    yield arrays
-                    continue
-                parts.append(arrays)
                 have += n
                 if have == batch_size:
-                    batch = [np.concatenate(column) for column in zip(*parts)]
-                    parts, have = [], 0
+                    batch, out, have = out, None, 0
                     source.prefetch()
                     yield batch
         finally:
             win.close()
-    if have:
-        yield [np.concatenate(column) for column in zip(*parts)]
+    if have and out is not None:
+        yield [o[:have] for o in out]
 
 
 def epoch_windows(

@@ -1,0 +1,226 @@
+"""The GPU training section (``--sections gpu``): a training step on a GPU fed by each way of reading, epoch after epoch.
+
+Issue 30 asks what a training loop on a GPU node gets: samples per second and
+the fraction of steps that waited on data. The file: smooth float32 rows of
+4 KiB (a random walk along each row), zlib 3 + shuffle, written with h5py.
+The step: matrix products on the GPU sized so that a step takes about as long
+as the readers take to deliver a batch (measured first, CPU only), so that
+neither side hides the other. Each contender runs ``EPOCHS`` epochs of
+shuffled batches of ``BATCH`` rows; the figures are those of the epochs after
+the first (readers that live across epochs show there), page cache warm:
+
+* multitables, CPU tensors, ``.to("cuda")`` in the loop (what a user without
+  ``device=`` writes);
+* multitables ``get_batches(..., device="cuda")`` (NOTE [batches on a device]
+  in ``multitables._train.device``);
+* ``torch.utils.data.DataLoader`` over h5py slices of ``BATCH`` rows in a
+  shuffled order, ``num_workers`` = the CPUs, ``pin_memory=True``,
+  ``persistent_workers=True``, ``.to("cuda", non_blocking=True)``;
+* multitables CPU only, no step: the rate the readers deliver.
+
+A step *waited* when asking for its batch took more than a tenth of a step.
+Needs torch with CUDA, h5py and this package; nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+#: Rows per batch (4 MiB of 4 KiB rows).
+BATCH = 1024
+ROW = 1024  # float32 values per row
+EPOCHS = 3
+#: A step waited on data when getting its batch took more than this fraction of a step.
+WAITED = 0.1
+
+
+@dataclass(frozen=True)
+class GpuFigure:
+    label: str
+    samples_per_s: float
+    gb_per_s: float
+    waited: float  # fraction of steps
+
+
+def write_file(path: str, mib: int) -> None:
+    import h5py
+
+    rows = mib * (1 << 20) // (ROW * 4)
+    rng = np.random.default_rng(0)
+    with h5py.File(path, "w") as f:
+        ds = f.create_dataset("X", (rows, ROW), "<f4", chunks=(16, ROW), compression="gzip", compression_opts=3, shuffle=True)
+        for start in range(0, rows, 8192):
+            n = min(8192, rows - start)
+            ds[start : start + n] = np.cumsum(rng.standard_normal((n, ROW), dtype=np.float32), axis=1)
+
+
+class _Slices:
+    """Map-style: item ``i`` is rows ``[i * BATCH, (i + 1) * BATCH)`` read with h5py (opened once per worker)."""
+
+    def __init__(self, path: str) -> None:
+        import h5py
+
+        self.path = path
+        with h5py.File(path) as f:
+            self.n = len(f["X"]) // BATCH
+        self._ds: Any = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        import h5py
+        import torch
+
+        if self._ds is None:
+            self._ds = h5py.File(self.path)["X"]
+        return torch.from_numpy(self._ds[i * BATCH : (i + 1) * BATCH])
+
+
+def _step_fn(seconds: float, device: Any) -> "Callable[[Any], Any]":
+    """A training step of about ``seconds`` on the GPU: ``k`` products of the batch with a square matrix."""
+    import torch
+
+    w = torch.randn(ROW, ROW, device=device) / ROW**0.5
+    x = torch.randn(BATCH, ROW, device=device)
+
+    def run(k: int) -> float:
+        _sync(device)
+        t = time.perf_counter()
+        for _ in range(20):
+            y = x
+            for _ in range(k):
+                y = y @ w
+        _sync(device)
+        return (time.perf_counter() - t) / 20
+
+    k = max(1, int(seconds / max(run(8) / 8, 1e-7)))
+
+    def step(batch: Any) -> Any:
+        y = batch
+        for _ in range(k):
+            y = y @ w
+        return y.sum()
+
+    return step
+
+
+def _sync(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(batches: Iterator[Any], step: "Callable[[Any], Any] | None", n_batches: int, device: Any) -> "tuple[float, float]":
+    """Seconds for ``n_batches`` steps, and the fraction of steps whose batch came late."""
+    waits = []
+    t0 = time.perf_counter()
+    last = t0
+    for i, batch in enumerate(batches):
+        got = time.perf_counter()
+        waits.append(got - last)
+        if step is not None:
+            if batch.device != device:
+                batch = batch.to(device, non_blocking=device.type == "cuda" and batch.is_pinned())
+            step(batch)
+        last = time.perf_counter()
+        if i + 1 == n_batches:
+            break
+    if step is not None:
+        _sync(device)
+    seconds = time.perf_counter() - t0
+    step_s = seconds / max(1, len(waits))
+    late = sum(1 for w in waits if w > WAITED * step_s)
+    return seconds, late / max(1, len(waits))
+
+
+def gpu_section(path: str, n_procs: int, log: Callable[[str], None], device: Any = "cuda") -> "list[GpuFigure]":
+    """The figures, in the order of the module's docstring (``device="cpu"`` runs the same loops on the CPU, for tests)."""
+    import torch
+
+    import multitables
+    import multitables.torch as mt
+
+    device = torch.device(device)
+    on_gpu = device.type == "cuda"
+    stream = multitables.Streamer(path)
+    cpu = mt.get_batches(stream, "/X", BATCH, n_procs=n_procs, epochs=None, seed=0)
+    n = len(cpu)
+    figures: list[GpuFigure] = []
+
+    def record(label: str, seconds: float, waited: float, batches: int) -> None:
+        samples = batches * BATCH / seconds
+        figures.append(GpuFigure(label, samples, samples * ROW * 4 / 1e9, waited))
+        log(f"{label}: {samples:,.0f} samples/s, waited {waited:.0%}")
+
+    it = iter(cpu)
+    _timed(it, None, n, device)  # the first epoch: readers start, windows fill
+    seconds, _ = _timed(it, None, (EPOCHS - 1) * n, device)
+    record("multitables, CPU only, no step (the rate the readers deliver)", seconds, 0.0, (EPOCHS - 1) * n)
+    step = _step_fn(seconds / ((EPOCHS - 1) * n), device)
+
+    seconds, waited = _timed(it, step, (EPOCHS - 1) * n, device)
+    record('multitables, CPU tensors, .to("cuda") in the loop', seconds, waited, (EPOCHS - 1) * n)
+    cpu.close()
+    del it, cpu
+
+    gpu = mt.get_batches(stream, "/X", BATCH, n_procs=n_procs, epochs=None, seed=0, device=device, pin_memory=on_gpu)
+    it = iter(gpu)
+    _timed(it, step, n, device)
+    seconds, waited = _timed(it, step, (EPOCHS - 1) * n, device)
+    record('multitables, get_batches(device="cuda")', seconds, waited, (EPOCHS - 1) * n)
+    gpu.close()
+    del it, gpu
+
+    from torch.utils.data import DataLoader, RandomSampler
+
+    loader = DataLoader(_Slices(path), batch_size=None, sampler=RandomSampler(range(n)), num_workers=n_procs,
+                        pin_memory=on_gpu, persistent_workers=True)
+
+    def epochs() -> Iterator[Any]:
+        while True:
+            yield from loader
+
+    it2 = epochs()
+    _timed(it2, step, n, device)
+    seconds, waited = _timed(it2, step, (EPOCHS - 1) * n, device)
+    record(f"DataLoader(num_workers={n_procs}, pin_memory=True, persistent_workers=True) over h5py", seconds, waited,
+           (EPOCHS - 1) * n)
+    del it2, loader  # its workers go
+    return figures
+
+
+def gpu_markdown(figures: "list[GpuFigure]", mib: int, n_procs: int) -> str:
+    import torch
+
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU: the CPU"
+    head = (
+        f"### Training on a GPU ({name}, {os.cpu_count()} CPUs; {mib} MiB of 4 KiB rows, "
+        f"zlib 3 + shuffle, batches of {BATCH} rows, {n_procs} readers or workers, epochs 2-{EPOCHS}, page cache warm)\n\n"
+        "| reader | samples/s | GB/s | steps that waited on data |\n| --- | ---: | ---: | ---: |\n"
+    )
+    rows = [f"| {f.label} | {f.samples_per_s:,.0f} | {f.gb_per_s:.2f} | {f.waited:.0%} |" for f in figures]
+    return head + "\n".join(rows) + "\n"
+
+
+def run_gpu(workdir: str, mib: int, n_procs: "int | None", log: Callable[[str], None], path: "str | None" = None) -> str:
+    """Write the file (or reuse ``path``), read it into the page cache, measure; the section's Markdown."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "### Training on a GPU\n\nSkipped: torch.cuda.is_available() is False on this machine.\n"
+    path = path or os.path.join(workdir, "gpu.h5")
+    if not os.path.exists(path):
+        log(f"writing {mib} MiB to {path}")
+        write_file(path, mib)
+    with open(path, "rb") as f:  # into the page cache
+        while f.read(16 << 20):
+            pass
+    n_procs = n_procs or len(os.sched_getaffinity(0))
+    return gpu_markdown(gpu_section(path, n_procs, log), mib, n_procs)

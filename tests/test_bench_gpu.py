@@ -1,0 +1,31 @@
+"""The GPU training section: its loops run (on the CPU here: the same code with device="cpu") and report every contender."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from multitables_bench import gpu  # noqa: E402
+
+
+def test_the_section_measures_every_contender(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpu, "BATCH", 64)
+    path = str(tmp_path / "gpu.h5")
+    gpu.write_file(path, 2)
+    figures = gpu.gpu_section(path, 2, lambda m: None, device="cpu")
+    assert [f.label.split(",")[0] for f in figures] == ["multitables", "multitables", "multitables", figures[3].label.split(",")[0]]
+    assert figures[3].label.startswith("DataLoader(num_workers=2")
+    assert all(f.samples_per_s > 0 and 0 <= f.waited <= 1 for f in figures)
+    table = gpu.gpu_markdown(figures, 2, 2)
+    assert table.count("\n| ") == 2 + len(figures)  # the header, its separator and a row each
+
+
+def test_without_cuda_the_section_says_it_was_skipped(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the section runs")
+    assert "Skipped: torch.cuda.is_available() is False" in gpu.run_gpu(str(tmp_path), 2, 2, lambda m: None)

@@ -1,0 +1,139 @@
+"""Batches gathered into memory the caller gives (``Batches.iter_into``), and the PyTorch adapter's ``device=`` / ``pin_memory=``.
+
+NOTE [batches on a device] in ``multitables._train.device``. The CUDA tests
+run where PyTorch sees a GPU and are skipped elsewhere, saying so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+import multitables
+
+torch = pytest.importorskip("torch")
+mt = pytest.importorskip("multitables.torch")
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA: torch.cuda.is_available() is False on this machine")
+
+
+@pytest.fixture
+def data_file(tmp_path: Path) -> Path:
+    path = tmp_path / "d.h5"
+    i = np.arange(3000)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("X", data=np.stack([i, -i], axis=1).astype("<f4"), chunks=(50, 2), compression="gzip")
+        f.create_dataset("y", data=i.astype("<i8"), chunks=(100,))
+        f.create_dataset("t", data=np.array([(k, 2.0 * k) for k in i], dtype=[("a", "<i4"), ("b", "<f8")]), chunks=(100,))
+    return path
+
+
+def batches(path: Path, paths: "str | list[str]" = ("/X", "/y"), **kw: object) -> multitables.Batches:  # type: ignore[assignment]
+    kw = {"n_procs": 2, "block_size": 100, "window": 4, "seed": 1, **kw}
+    return multitables.Streamer(path).get_batches(list(paths) if not isinstance(paths, str) else paths, 64, **kw)
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_iter_into_writes_each_batch_into_the_callers_arrays(data_file: Path, shuffle: bool, no_leaks: None) -> None:
+    reference = [tuple(a.copy() for a in b) for b in batches(data_file, shuffle=shuffle, n_procs=0)]
+    made: list[list[np.ndarray]] = []
+
+    def alloc(n: int) -> list[np.ndarray]:
+        made.append([np.full((n, 2), -1, "<f4"), np.full(n, -1, "<i8")])
+        return made[-1]
+
+    b = batches(data_file, shuffle=shuffle)
+    assert b.row_types == [(np.dtype("<f4"), (2,)), (np.dtype("<i8"), ())]
+    got = list(b.iter_into(alloc))
+    assert len(got) == len(reference) == len(made)
+    for (x, y), (rx, ry), arrays in zip(got, reference, made):
+        np.testing.assert_array_equal(x, rx)
+        np.testing.assert_array_equal(y, ry)
+        assert np.shares_memory(x, arrays[0]) and np.shares_memory(y, arrays[1])  # no copy after the gather
+    assert len(got[-1][1]) == 3000 % 64 and all(len(a[1]) == 64 for a in made)  # the short last one: the first rows
+    b.close()
+
+
+def test_the_delivery_path_gives_the_rows_of_the_plain_one(data_file: Path, no_leaks: None) -> None:
+    """The gathering and sending of NOTE [batches on a device], on the CPU (page-locked memory needs CUDA)."""
+    from multitables._train.device import Delivery
+
+    plain = [tuple(t.clone() for t in b) for b in mt.TorchBatches(batches(data_file, n_procs=0))]
+    b = batches(data_file)
+    delivery = Delivery(None, False, b.row_types, b.paths)
+    got = [delivery.send(batch, gathered=True) for batch in b.iter_into(delivery.alloc)]
+    assert len(got) == len(plain)
+    for mine, theirs in zip(got, plain):
+        assert all(torch.equal(m, t) for m, t in zip(mine, theirs))
+    mix = Delivery(None, False, None, ())
+    assert torch.equal(mix.send(np.arange(6.0).reshape(3, 2), gathered=False), torch.arange(6.0, dtype=torch.float64).reshape(3, 2))
+    assert torch.equal(mix.send({"a": np.arange(3)}, gathered=False)["a"], torch.arange(3))
+    b.close()
+
+
+def test_device_cpu_gives_cpu_tensors_as_without_it(data_file: Path) -> None:
+    plain = [tuple(t.clone() for t in b) for b in mt.TorchBatches(batches(data_file, n_procs=0))]
+    got = list(mt.get_batches(multitables.Streamer(data_file), ["/X", "/y"], 64, n_procs=0, block_size=100, window=4, seed=1,
+                              device="cpu"))
+    assert all(t.device.type == "cpu" for b in got for t in b)
+    assert all(torch.equal(m, t) for mine, theirs in zip(got, plain, strict=True) for m, t in zip(mine, theirs))
+
+
+@pytest.mark.skipif(CUDA, reason="this machine has CUDA: the refusal cannot be seen")
+@pytest.mark.parametrize("kw", [{"device": "cuda"}, {"pin_memory": True}])
+def test_without_cuda_device_and_pinned_memory_are_refused_before_any_reader(data_file: Path, kw: dict, no_leaks: None) -> None:
+    with pytest.raises(RuntimeError, match="needs CUDA"):
+        mt.get_batches(multitables.Streamer(data_file), "/X", 64, n_procs=2, **kw)
+
+
+@needs_cuda
+@pytest.mark.parametrize("paths", ["/X", ["/X", "/y"]])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_batches_on_the_gpu_are_the_rows_of_cpu_batches(data_file: Path, paths: "str | list[str]", shuffle: bool, no_leaks: None) -> None:
+    kw = dict(n_procs=2, block_size=100, window=4, seed=1, shuffle=shuffle)
+    stream = multitables.Streamer(data_file)
+    plain = list(mt.get_batches(stream, paths, 64, **kw))
+    gpu = mt.get_batches(stream, paths, 64, device="cuda", **kw)
+    got = list(gpu)
+    torch.cuda.synchronize()
+    assert len(got) == len(plain)
+    for mine, theirs in zip(got, plain):
+        mine, theirs = (mine, theirs) if isinstance(mine, tuple) else ((mine,), (theirs,))
+        for m, t in zip(mine, theirs):
+            assert m.device.type == "cuda"
+            assert torch.equal(m.cpu(), t)
+    gpu.close()
+
+
+@needs_cuda
+def test_a_batch_on_the_gpu_is_the_callers_nothing_overwrites_it(data_file: Path, no_leaks: None) -> None:
+    gpu = mt.get_batches(multitables.Streamer(data_file), "/y", 64, n_procs=2, block_size=100, device="cuda", epochs=None)
+    kept = [b for _, b in zip(range(3 * len(gpu)), gpu)]  # three epochs, every batch kept
+    torch.cuda.synchronize()
+    for epoch in range(3):
+        rows = torch.cat([b.cpu() for b in kept[epoch * len(gpu) : (epoch + 1) * len(gpu)]])
+        assert sorted(rows.tolist()) == list(range(3000))
+    gpu.close()
+
+
+@needs_cuda
+def test_pinned_cpu_batches_and_a_mix_and_columns(data_file: Path, no_leaks: None) -> None:
+    stream = multitables.Streamer(data_file)
+    pinned = list(mt.get_batches(stream, ["/X", "/y"], 64, n_procs=2, block_size=100, pin_memory=True))
+    assert all(t.is_pinned() and t.device.type == "cpu" for b in pinned for t in b)
+    assert sorted(torch.cat([b[1] for b in pinned]).tolist()) == list(range(3000))
+    cols = list(mt.get_batches(stream, "/t", 64, n_procs=2, block_size=100, fields=["a", "b"], device="cuda"))
+    torch.cuda.synchronize()
+    a = torch.cat([c["a"].cpu() for c in cols])
+    b = torch.cat([c["b"].cpu() for c in cols])
+    assert sorted(a.tolist()) == list(range(3000)) and torch.equal(b, 2.0 * a.double())
+    one = stream.get_batches("/y", 64, n_procs=1, block_size=100, seed=1)
+    two = stream.get_batches("/y", 64, n_procs=1, block_size=100, seed=2)
+    mixed = mt.TorchBatches(multitables.mix_batches([one, two], [0.5, 0.5], steps=20), device="cuda")
+    got = list(mixed)
+    assert len(got) == 20 and all(t.device.type == "cuda" and t.shape == (64,) for t in got)
+    mixed.close()

@@ -126,7 +126,7 @@ def _timed(batches: Iterator[Any], step: "Callable[[Any], Any] | None", n_batche
         got = time.perf_counter()
         waits.append(got - last)
         if step is not None:
-            if batch.device != device:
+            if batch.device.type != device.type:
                 batch = batch.to(device, non_blocking=device.type == "cuda" and batch.is_pinned())
             step(batch)
         last = time.perf_counter()

@@ -21,6 +21,7 @@ __all__ = [
     "ShmSpaceError",
     "SharedMemoryError",
     "FileChangedError",
+    "ObjectStorageError",
     "SubprocessException",
     "QueueClosedException",
 ]
@@ -120,6 +121,15 @@ class FileChangedError(MultitablesError, OSError):
 
     Blocks read after the change could hold another file's bytes, so the
     stream stops instead (see NOTE [file identity] in ``_io.node``).
+    """
+
+
+class ObjectStorageError(MultitablesError, OSError):
+    """An object store or HTTP server refused a read, or failed it past the retries; the message names the URL and
+    the byte range (never a credential).
+
+    A missing object is also a ``FileNotFoundError``, a refusal of the
+    credentials also a ``PermissionError``.
     """
 
 

@@ -179,10 +179,11 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
         """Batches gathered into page-locked memory, and copied to the device (NOTE [batches on a device])."""
         from ._train.device import Delivery
 
-        if isinstance(self.batches, MixedBatches):
-            mix = Delivery(self.device, self.pin_memory, None, ())
+        if isinstance(self.batches, MixedBatches) or any(dtype.names for dtype, _ in self.batches.row_types):
+            # A mix's batches, and a table's columns (fields=), are made before they come: copied to page-locked memory.
+            made = Delivery(self.device, self.pin_memory, None, ())
             for batch in self.batches:
-                yield mix.send(batch, gathered=False)
+                yield made.send(batch, gathered=False)
             return
         delivery = Delivery(self.device, self.pin_memory, self.batches.row_types, self.batches.paths)
         for batch in self.batches.iter_into(delivery.alloc):

@@ -182,3 +182,7 @@ def table_file(tmp_path: Path) -> tuple[Path, np.ndarray]:
         t = f.create_table("/", "table", rows, filters=tables.Filters(5, "blosc"), chunkshape=(64,))
         t.flush()
     return path, rows
+
+
+# The object-storage tests' servers and files, all on 127.0.0.1 (tests/objfixtures.py).
+from objfixtures import _proxy, _rangesrv, aws_env, moto_url, obj_files, proxy, rangesrv, s3  # noqa: E402,F401

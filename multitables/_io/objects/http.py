@@ -1,0 +1,341 @@
+"""One HTTP request to an object: keep-alive connections per process, the request signed, the answer judged.
+
+Connections are ``http.client`` ones kept per host by this process
+(``TCP_NODELAY``: headers and body go out in two writes, and Nagle with
+delayed ACKs held small answers 40 ms). A process started by ``fork`` starts
+with none: it closes its copies of its parent's sockets without a word on
+them (no shutdown), so the parent's connections live on. A pool's idle
+connections are closed when the last reader using it closes, so nothing is
+left open between streams. No event loop, no runtime threads: nothing for
+``fork`` to break.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import os
+import random
+import re
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ...errors import FileChangedError, ObjectStorageError
+from .config import Store, Tuning
+from .credentials import Credentials, from_environment
+from .sigv4 import sign
+from .urls import ObjectURL, quote_key
+
+#: Answers worth another try: throttling, time-outs, the server's own failures.
+RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+RETRY_CODES = frozenset({"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "Throttling",
+                         "ThrottlingException", "RequestTimeTooSkewed"})
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+_CODE = re.compile(rb"<Code>([^<]{1,64})</Code>")
+#: Idle connections a pool keeps per host.
+IDLE_KEPT = 32
+
+log = logging.getLogger(__name__)
+
+
+class Retryable(Exception):
+    """A failure worth another attempt; ``reason`` says what, ``retry_after`` what the server asked for."""
+
+    def __init__(self, reason: str, retry_after: "float | None" = None) -> None:
+        super().__init__(reason)
+        self.reason, self.retry_after = reason, retry_after
+
+
+class ObjectNotFoundError(ObjectStorageError, FileNotFoundError):
+    """No such object (or bucket)."""
+
+
+class ObjectAccessError(ObjectStorageError, PermissionError):
+    """The credentials (or their absence) do not allow reading the object."""
+
+
+def _norm(etag: "str | None") -> "str | None":
+    return etag.strip().removeprefix("W/").strip('"') if etag else None
+
+
+@dataclass(frozen=True)
+class ObjectIdentity:
+    """What an object was when it was opened: its size, ETag, version and Last-Modified (NOTE [object identity])."""
+
+    size: int
+    etag: "str | None" = None
+    version: "str | None" = None
+    last_modified: "str | None" = None
+
+    @property
+    def if_match(self) -> "str | None":
+        """The ``If-Match`` header that makes every request fail (412) once the object changed; None for weak ETags."""
+        if not self.etag or self.etag.strip().startswith("W/"):
+            return None
+        etag = self.etag.strip()
+        return etag if etag.startswith('"') else f'"{etag}"'
+
+    @property
+    def key(self) -> str:
+        """The identity as one string (a cache key's part)."""
+        return f"{self.size}:{_norm(self.etag) or ''}:{self.version or ''}:{self.last_modified or ''}"
+
+    def check(self, shown: str, start: int, stop: int, resp: Any, total: "int | None") -> None:
+        """Raise :class:`~multitables.errors.FileChangedError` where the answer ``resp`` says another object answered."""
+        etag, version, modified = (resp.getheader(h) for h in ("ETag", "x-amz-version-id", "Last-Modified"))
+        why = None
+        if self.etag and _norm(etag) != _norm(self.etag):
+            why = f"its ETag is {etag}, was {self.etag}" if etag else "the answer carries no ETag"
+        elif self.version and version and version != self.version:
+            why = f"its version is {version}, was {self.version}"
+        elif total is not None and total != self.size:
+            why = f"its size is {total}, was {self.size}"
+        elif not self.etag and self.last_modified and modified != self.last_modified:
+            why = f"Last-Modified is {modified}, was {self.last_modified}"
+        if why:
+            raise changed(shown, start, stop, why)
+
+
+def changed(shown: str, start: int, stop: int, why: str) -> FileChangedError:
+    """The error for an object that is no longer the one opened: nothing of this read is used."""
+    return FileChangedError(
+        f"{shown} changed while it was being read ({why}); bytes [{start}, {stop}) of it are not used, and the "
+        f"stream stops rather than mix rows of two versions"
+    )
+
+
+# -- connections ----------------------------------------------------------------------------------------------------
+
+
+class _Pool:
+    """Idle keep-alive connections of this process to one host, and how many readers use them."""
+
+    def __init__(self, scheme: str, host: str, port: int, verify: "bool | str") -> None:
+        self.scheme, self.host, self.port, self.verify = scheme, host, port, verify
+        self.idle: list[http.client.HTTPConnection] = []
+        self.users = 0
+        self.lock = threading.Lock()
+        self._context: Any = None  # ssl.SSLContext, made at the first https connection
+
+    def connect(self, connect_timeout: float, read_timeout: float) -> http.client.HTTPConnection:
+        with self.lock:
+            if self.idle:
+                return self.idle.pop()
+        conn: http.client.HTTPConnection
+        if self.scheme == "https":
+            import ssl  # only where https is read: a local-files user never loads it
+
+            if self._context is None:
+                cafile = self.verify if isinstance(self.verify, str) else None
+                self._context = ssl.create_default_context(cafile=cafile)
+                if self.verify is False:
+                    self._context.check_hostname = False
+                    self._context.verify_mode = ssl.CERT_NONE
+            conn = http.client.HTTPSConnection(self.host, self.port, timeout=connect_timeout, context=self._context)
+        else:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=connect_timeout)
+        conn.connect()
+        assert conn.sock is not None
+        conn.sock.settimeout(read_timeout)
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return conn
+
+    def give_back(self, conn: http.client.HTTPConnection) -> None:
+        with self.lock:
+            if self.users > 0 and len(self.idle) < IDLE_KEPT:
+                self.idle.append(conn)
+                return
+        conn.close()
+
+    def close_idle(self) -> None:
+        with self.lock:
+            idle, self.idle = self.idle, []
+        for conn in idle:
+            conn.close()
+
+
+_POOLS: "dict[tuple[Any, ...], _Pool]" = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def _forget_parent_connections() -> None:
+    """In a forked child: release our copies of the parent's sockets (no shutdown: they stay the parent's)."""
+    global _POOLS, _POOLS_LOCK
+    for pool in _POOLS.values():
+        for conn in pool.idle:
+            sock = conn.sock
+            if sock is not None:
+                try:
+                    os.close(sock.detach())
+                except OSError:
+                    pass
+            conn.sock = None
+    _POOLS, _POOLS_LOCK = {}, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_parent_connections)
+
+
+def pool_for(key: "tuple[Any, ...]") -> _Pool:
+    with _POOLS_LOCK:
+        pool = _POOLS.get(key)
+        if pool is None:
+            pool = _POOLS[key] = _Pool(*key)
+        return pool
+
+
+def use_pool(key: "tuple[Any, ...]", delta: int) -> None:
+    """One more (``delta=1``) or one fewer reader of the pool ``key``; the last one out closes its idle connections."""
+    pool = pool_for(key)
+    with pool.lock:
+        pool.users = max(0, pool.users + delta)
+        last = pool.users == 0
+    if last:
+        pool.close_idle()
+
+
+# -- requests -------------------------------------------------------------------------------------------------------
+
+
+def retrying(attempt: "Callable[[], Any]", tuning: Tuning, where: str, stats: Any = None,
+             abort: "threading.Event | None" = None) -> Any:
+    """``attempt()``, tried again on :class:`Retryable` after a full-jitter back-off, ``tuning.attempts`` times in all.
+
+    ``where`` names the object and range in the log and the final error;
+    ``stats`` (a Counter) counts the retries. Returns None once ``abort`` is
+    set during a back-off.
+    """
+    for k in range(1, tuning.attempts + 1):
+        try:
+            return attempt()
+        except Retryable as exc:
+            if stats is not None:
+                stats["retries"] += 1
+            if k == tuning.attempts:
+                raise ObjectStorageError(f"{where}: gave up after {k} attempts; last: {exc.reason}") from None
+            delay = random.uniform(0, min(tuning.backoff_max, tuning.backoff_base * 2 ** (k - 1)))
+            if exc.retry_after is not None:
+                delay = max(delay, min(tuning.backoff_max, exc.retry_after))
+            log.debug("%s: %s; attempt %d of %d in %.2f s", where, exc.reason, k + 1, tuning.attempts, delay)
+            if abort is not None:
+                if abort.wait(delay):
+                    return None
+            else:
+                time.sleep(delay)
+    return None
+
+
+def _retry_after(value: "str | None") -> "float | None":
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+class Endpoint:
+    """Where the requests for one object go, signed for this process (its credentials resolved here, NOTE [credentials])."""
+
+    def __init__(self, url: ObjectURL, store: Store) -> None:
+        self.shown = url.shown
+        self.credentials: "Credentials | None" = None
+        self.region = store.region
+        tuning = store.tuning
+        self.timeouts = (tuning.connect_timeout, tuning.read_timeout)
+        if url.kind == "s3":
+            scheme, host, port, prefix = store.base(url.bucket)
+            self.path = f"{prefix}/{quote_key(url.key)}"
+            self.credentials = None if store.anon else _credentials(store, self.shown)
+        else:
+            from urllib.parse import urlsplit
+
+            p = urlsplit(url.url)
+            scheme, host = p.scheme.lower(), p.hostname or ""
+            port = p.port or (443 if scheme == "https" else 80)
+            self.path = (p.path or "/") + (f"?{p.query}" if p.query else "")
+        default = 443 if scheme == "https" else 80
+        self.host_header = host if port == default else f"{host}:{port}"
+        if ":" in host and not host.startswith("["):  # an IPv6 literal
+            self.host_header = f"[{host}]" if port == default else f"[{host}]:{port}"
+        self.pool_key = (scheme, host, port, store.verify)
+
+    def scrub(self, text: str) -> str:
+        return self.credentials.scrub(text) if self.credentials is not None else text
+
+    def request(self, method: str, headers: "dict[str, str]", path: "str | None" = None) -> "tuple[Any, Any]":
+        """Send a request (signed where credentials are), return ``(connection, response)``; :class:`Retryable` where
+        the connection fails."""
+        path = self.path if path is None else path
+        if self.credentials is not None:
+            key, secret, token = self.credentials.current()
+            headers = sign(method, self.host_header, path, headers, self.region, key, secret, token)
+        else:
+            headers = {"Host": self.host_header, **headers}
+        pool = pool_for(self.pool_key)
+        try:
+            conn = pool.connect(*self.timeouts)
+        except (OSError, http.client.HTTPException) as exc:
+            raise Retryable(f"connecting: {type(exc).__name__}: {self.scrub(str(exc))}") from None
+        try:
+            conn.request(method, path, headers=headers)
+            return conn, conn.getresponse()
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            kind = "timed out" if isinstance(exc, (socket.timeout, TimeoutError)) else type(exc).__name__
+            raise Retryable(f"no answer ({kind}: {self.scrub(str(exc)) or 'connection lost'})") from None
+
+    def release(self, conn: Any, resp: Any) -> None:
+        """Give a connection whose answer was read whole back to the pool (or close it where it will not be reused)."""
+        if resp.will_close or not resp.isclosed():
+            conn.close()
+        else:
+            pool_for(self.pool_key).give_back(conn)
+
+    def error(self, conn: Any, resp: Any, start: int, stop: int) -> Exception:
+        """The exception for a failed answer (its small XML body read for the S3 error code, then dropped)."""
+        try:
+            body = resp.read(65536)
+        except (OSError, http.client.HTTPException):
+            body = b""
+        conn.close()
+        found = _CODE.search(body)
+        code = found.group(1).decode("ascii", "replace") if found else ""
+        status = resp.status
+        label = f"HTTP {status}{' ' + code if code else ''}"
+        where = f"{self.shown} bytes [{start}, {stop})"
+        if status in RETRY_STATUS or code in RETRY_CODES:
+            return Retryable(label, _retry_after(resp.getheader("Retry-After")))
+        if status == 412:
+            return changed(self.shown, start, stop, f"If-Match failed: {label}")
+        if status in (401, 403):
+            return ObjectAccessError(f"{self.shown}: {label}: access denied (check the credentials, or pass "
+                                     f"storage_options={{'anon': True}} for a public object)")
+        if status == 404:
+            return ObjectNotFoundError(f"{self.shown}: {label}: no such object")
+        if status == 416:
+            return ObjectStorageError(f"{where}: {label}: the range is past the object's end")
+        return ObjectStorageError(f"{where}: {label}")
+
+
+def content_range(resp: Any) -> "tuple[int, int, int | None] | None":
+    """(first, last, total or None) of an answer's ``Content-Range``; None where it has none that parses."""
+    found = _CONTENT_RANGE.match(resp.getheader("Content-Range") or "")
+    if not found:
+        return None
+    total = found.group(3)
+    return int(found.group(1)), int(found.group(2)), None if total == "*" else int(total)
+
+
+def _credentials(store: Store, shown: str) -> Credentials:
+    if store.given is not None:
+        given = store.given.get()
+        if given is None:
+            raise ValueError(
+                f"the credentials given in storage_options for {shown} are not in this process: they never travel in "
+                f"a pickle (NOTE [credentials]); pass storage_options again where the streamer is unpickled, or set "
+                f"AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY there"
+            )
+        return given
+    return from_environment(store.profile, shown)

@@ -1,0 +1,396 @@
+"""The object client (``multitables._io.objects``) against moto's S3 server, a fault proxy in front of it, and a byte-range
+HTTP server, all on 127.0.0.1: exact bytes, requests merged and split, retries, an object changed under a read, where
+credentials and endpoints come from, and that no secret shows."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import multiprocessing
+import os
+import pickle
+import threading
+import time
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from multitables.errors import FileChangedError, ObjectStorageError
+from multitables._io.objects import credentials as creds_module
+from multitables._io.objects.cache import DiskCache, evict
+from multitables._io.objects.config import make_store
+from multitables._io.objects.credentials import Credentials
+from multitables._io.objects.http import ObjectAccessError, ObjectNotFoundError
+from multitables._io.objects.listing import expand
+from multitables._io.objects.reader import ObjectReader, plan
+from multitables._io.objects.urls import matches, parse_url, quote_key, shown
+from objfixtures import AKID, BUCKET, SECRET, TOKEN, s3_options
+
+pytestmark = pytest.mark.usefixtures("aws_env")
+MiB = 1 << 20
+DATA = f"s3://{BUCKET}/data.h5"
+
+
+@pytest.fixture(scope="module")
+def truth(obj_files) -> bytes:
+    return (obj_files["folder"] / "data.h5").read_bytes()
+
+
+def opened(url: str, **options) -> ObjectReader:
+    return ObjectReader(url, make_store(options))
+
+
+# -- URLs, stores, signatures (no server) ------------------------------------------------------------------------------
+
+
+def test_urls_are_taken_apart_and_shown_without_secrets() -> None:
+    assert parse_url("s3://b/a/c.h5").shown == "s3://b/a/c.h5"
+    assert shown("https://user@h.example:8443/f.h5?X-Amz-Signature=abc") == "https://h.example:8443/f.h5?..."
+    with pytest.raises(ValueError, match="names a bucket and an object"):
+        parse_url("s3://bucket-only")
+    with pytest.raises(ValueError, match="user and password"):
+        parse_url("https://me:pw@h.example/f.h5")
+    assert matches("data/train-001.h5", "data/train-*.h5") and not matches("data/old/train-1.h5", "data/*.h5")
+    assert quote_key("a b/c+d~e.h5") == "a%20b/c%2Bd~e.h5"
+
+
+def test_the_store_comes_from_options_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
+    monkeypatch.setenv("AWS_REGION", "eu-west-3")
+    store = make_store(None)
+    assert (store.endpoint, store.region) == ("http://127.0.0.1:9000", "eu-west-3")
+    store = make_store({"endpoint_url": "https://minio.example", "region_name": "ap-south-1"})
+    assert (store.endpoint, store.region) == ("https://minio.example", "ap-south-1")
+    with pytest.raises(ValueError, match="plain http:// endpoint .* refused"):
+        make_store({"endpoint_url": "http://minio.example:9000"})
+    assert make_store({"endpoint_url": "http://minio.example:9000", "allow_http": True}).endpoint
+    with pytest.raises(TypeError, match="unknown storage option 'endpont_url'"):
+        make_store({"endpont_url": "http://127.0.0.1:1"})
+    with pytest.raises(ValueError, match="'key' and 'secret' together"):
+        make_store({"key": AKID})
+
+
+def test_aws_addresses_by_region_and_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
+    store = make_store({"anon": True, "region": "eu-central-1"})
+    assert store.base("my-bucket") == ("https", "my-bucket.s3.eu-central-1.amazonaws.com", 443, "")
+    assert store.base("dotted.bucket") == ("https", "s3.eu-central-1.amazonaws.com", 443, "/dotted.bucket")
+
+
+@pytest.mark.parametrize("token", [None, TOKEN])
+@pytest.mark.parametrize("path", ["/b/data.h5", "/b/a%20b/c%2Bd~e.h5", "/b?list-type=2&prefix=a%2Fb"])
+def test_the_signer_gives_botocores_signature(monkeypatch: pytest.MonkeyPatch, token, path) -> None:
+    import datetime
+
+    import botocore.auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials as BotoCredentials
+
+    from multitables._io.objects.sigv4 import sign
+
+    now = datetime.datetime(2026, 11, 26, 7, 0, 0)
+    monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda *a, **k: now)
+    extra = {"Range": "bytes=0-99", "If-Match": '"abc"'}
+    request = AWSRequest(method="GET", url=f"http://127.0.0.1:9000{path}", headers=dict(extra))
+    botocore.auth.S3SigV4Auth(BotoCredentials(AKID, SECRET, token), "s3", "eu-west-1").add_auth(request)
+    ours = sign("GET", "127.0.0.1:9000", path, extra, "eu-west-1", AKID, SECRET, token,
+                now=now.replace(tzinfo=datetime.timezone.utc))
+    assert ours["Authorization"] == request.headers["Authorization"]
+
+
+def test_plan_merges_neighbours_and_splits_long_ranges() -> None:
+    bufs = [memoryview(bytearray(n)) for n in (100, 100, 100, 100)]
+    groups = plan([(0, 100), (150, 100), (10_000, 100), (300, 100)], bufs, gap=100, cap=1000)
+    assert [(g.start, g.stop) for g in groups] == [(0, 400), (10_000, 10_100)]
+    assert [view is None for _, view in groups[0].parts] == [False, True, False, True, False]
+    assert [(g.start, g.stop) for g in plan([(0, 10)], [memoryview(bytearray(10))], 0, 4)] == [(0, 4), (4, 8), (8, 10)]
+
+
+# -- exact bytes ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["s3", "http"])
+def any_reader(request, moto_url, rangesrv):
+    url, options = (DATA, s3_options(moto_url)) if request.param == "s3" else (f"{rangesrv.url}/data.h5", {})
+    reader = opened(url, part_size=256 << 10, merge_gap=4096, **options)
+    yield reader
+    reader.close()
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_random_ranges_are_exact(any_reader, truth, data) -> None:
+    size = len(truth)
+    starts = data.draw(st.lists(st.integers(0, size - 1), min_size=1, max_size=8))
+    ranges = [(a, data.draw(st.integers(0, min(size - a, 700_000)))) for a in starts]
+    outs = [bytearray(n) for _, n in ranges]
+    any_reader.read_into(ranges, outs)
+    assert [bytes(o) for o in outs] == [truth[a : a + n] for a, n in ranges]
+
+
+def test_a_long_read_is_split_into_parts_in_flight(rangesrv, truth) -> None:
+    active, most, lock = [0], [0], threading.Lock()
+    server = rangesrv._srv
+    handle = server.RequestHandlerClass.do_GET
+
+    def counting(self):
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        try:
+            time.sleep(0.02)
+            handle(self)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    server.RequestHandlerClass.do_GET = counting
+    try:
+        with opened(f"{rangesrv.url}/data.h5", part_size=128 << 10, max_inflight=3, open_readahead=1) as reader:
+            assert bytes(reader.read(0, len(truth))) == truth
+            assert reader.stats["requests"] == 1 + -(-len(truth) // (128 << 10))
+    finally:
+        server.RequestHandlerClass.do_GET = handle
+    assert most[0] == 3
+
+
+# -- retries -------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("faults", [["503"] * 3, ["429"], ["500", "500"], ["reset", "reset"], ["short"],
+                                    [("stall", 1.5)], ["503", "reset", "short"]], ids=str)
+def test_retries_recover_exact_bytes(proxy, truth, faults) -> None:
+    with opened(DATA, open_readahead=1, read_timeout=0.5, **s3_options(proxy.url)) as reader:
+        proxy.inject(*faults)
+        assert bytes(reader.read(100_000, 300_000)) == truth[100_000:400_000]
+        assert reader.stats["retries"] == len(faults) and proxy.pending == 0
+
+
+def test_a_cut_body_resumes_where_it_stopped(rangesrv, truth) -> None:
+    with opened(f"{rangesrv.url}/data.h5", open_readahead=1, backoff_base=0.01) as reader:
+        rangesrv.inject("short")
+        before = len(rangesrv.headers_seen)
+        assert bytes(reader.read(0, 600_000)) == truth[:600_000]
+        asked = [h["Range"] for h in list(rangesrv.headers_seen)[before:]]
+    assert asked == ["bytes=0-599999", "bytes=200000-599999"]
+
+
+def test_giving_up_names_the_object_and_range_and_no_secret(proxy, caplog) -> None:
+    caplog.set_level(logging.DEBUG, logger="multitables")
+    with opened(DATA, open_readahead=1, attempts=3, token=TOKEN, **s3_options(proxy.url)) as reader:
+        proxy.inject("503", "503", "503")
+        with pytest.raises(ObjectStorageError) as caught:
+            reader.read(1000, 2000)
+    message = str(caught.value)
+    assert f"{DATA} bytes [1000, 3000): gave up after 3 attempts; last: HTTP 503 SlowDown" in message
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "attempt 2 of 3" in logged
+    for secret in (SECRET, TOKEN):
+        assert secret not in message + repr(caught.value) + logged
+
+
+# -- an object that changes ----------------------------------------------------------------------------------------
+
+
+def test_an_overwritten_object_is_a_change(moto_url, s3, truth) -> None:
+    s3.put_object(Bucket=BUCKET, Key="mut1.h5", Body=truth[: 2 * MiB])
+    with opened(f"s3://{BUCKET}/mut1.h5", open_readahead=1, **s3_options(moto_url)) as reader:
+        assert bytes(reader.read(0, 100)) == truth[:100]
+        s3.put_object(Bucket=BUCKET, Key="mut1.h5", Body=truth[::-1][: 2 * MiB])
+        with pytest.raises(FileChangedError, match=rf"s3://{BUCKET}/mut1.h5 changed while it was being read"):
+            reader.read(100, 100)
+
+
+def test_a_change_is_seen_where_the_server_ignores_if_match(proxy, s3, truth) -> None:
+    s3.put_object(Bucket=BUCKET, Key="mut2.h5", Body=truth[:MiB])
+    with opened(f"s3://{BUCKET}/mut2.h5", open_readahead=1, **s3_options(proxy.url)) as reader:
+        proxy.drop_if_match = True
+        s3.put_object(Bucket=BUCKET, Key="mut2.h5", Body=truth[MiB : 2 * MiB])
+        with pytest.raises(FileChangedError, match="its ETag is"):
+            reader.read(100, 100)
+        s3.delete_object(Bucket=BUCKET, Key="mut2.h5")
+        with pytest.raises(FileChangedError, match="it is gone"):
+            reader.read(100, 100)
+
+
+# -- where credentials come from, and what fails clearly ------------------------------------------------------------
+
+
+def _credential_sent(proxy) -> str:
+    auth = proxy.headers_seen[-1].get("Authorization", "")
+    return auth.split("Credential=")[1].split("/")[0] if "Credential=" in auth else ""
+
+
+def test_environment_variables_give_credentials_endpoint_and_region(proxy, monkeypatch, truth) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDFROMENV")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret-value")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.url)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-3")
+    with ObjectReader(DATA, make_store(None)) as reader:
+        assert bytes(reader.read(0, 10)) == truth[:10]
+    assert _credential_sent(proxy) == "AKIDFROMENV" and "/eu-west-3/s3/" in proxy.headers_seen[-1]["Authorization"]
+
+
+def test_profile_files_give_credentials_endpoint_and_region(proxy, monkeypatch, tmp_path, truth) -> None:
+    (tmp_path / "credentials").write_text("[lab]\naws_access_key_id = AKIDFROMPROFILE\naws_secret_access_key = ps\n")
+    (tmp_path / "config").write_text(f"[profile lab]\nregion = ap-south-1\nendpoint_url = {proxy.url}\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_PROFILE", "lab")
+    with ObjectReader(DATA, make_store(None)) as reader:
+        assert bytes(reader.read(0, 10)) == truth[:10]
+    assert _credential_sent(proxy) == "AKIDFROMPROFILE" and "/ap-south-1/s3/" in proxy.headers_seen[-1]["Authorization"]
+
+
+def test_missing_objects_credentials_and_access_fail_clearly(moto_url, truth) -> None:
+    with pytest.raises(ObjectNotFoundError, match=rf"s3://{BUCKET}/nope.h5: HTTP 404 NoSuchKey") as caught:
+        opened(f"s3://{BUCKET}/nope.h5", **s3_options(moto_url))
+    assert isinstance(caught.value, FileNotFoundError)
+    with pytest.raises(ValueError, match=rf"no AWS credentials found for {DATA}.*'anon': True"):
+        opened(DATA, endpoint_url=moto_url)
+    with pytest.raises(ObjectAccessError, match="access denied") as caught:
+        opened(DATA, endpoint_url=moto_url, anon=True)
+    assert isinstance(caught.value, PermissionError)
+    with opened(f"s3://{BUCKET}/public/data.h5", endpoint_url=moto_url, anon=True) as reader:  # public-read
+        assert bytes(reader.read(5, 10)) == truth[5:15]
+
+
+def test_a_server_without_byte_ranges_is_refused(tmp_path) -> None:
+    (tmp_path / "f.h5").write_bytes(b"x" * 300_000)
+    handler = functools.partial(type("Quiet", (SimpleHTTPRequestHandler,), {"log_message": lambda *a: None}),
+                                directory=str(tmp_path))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(ObjectStorageError, match="ignores byte ranges"):
+            opened(f"http://127.0.0.1:{server.server_address[1]}/f.h5")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# -- secrets never kept ---------------------------------------------------------------------------------------------
+
+
+def test_credentials_travel_only_to_a_process_being_started(moto_url) -> None:
+    store = make_store(s3_options(moto_url, token=TOKEN))
+    blob = pickle.dumps(store)
+    assert SECRET.encode() not in blob and TOKEN.encode() not in blob and "***" in repr(store.given)
+    with pytest.raises(TypeError, match="never pickled"):
+        pickle.dumps(store.given.get())
+    assert repr(Credentials(AKID, SECRET, TOKEN)) == "Credentials(***)"
+    from multiprocessing import context
+
+    class Starting:  # what multiprocessing sets while it pickles a new process's arguments
+        pass
+
+    context.set_spawning_popen(Starting())
+    try:
+        spawned = pickle.dumps(store)
+    finally:
+        context.set_spawning_popen(None)
+    assert SECRET.encode() in spawned
+    with creds_module._GIVEN_LOCK:
+        creds_module._GIVEN.pop(store.given.name)
+    assert pickle.loads(blob).given.get() is None  # a process never given them
+    assert pickle.loads(spawned).given.get().current() == (AKID, SECRET, TOKEN)  # registered on arrival
+
+
+# -- listing -------------------------------------------------------------------------------------------------------
+
+
+def test_a_pattern_lists_the_prefix_and_keeps_its_matches_sorted(moto_url) -> None:
+    store = make_store(s3_options(moto_url))
+    assert expand(f"s3://{BUCKET}/shards/shard-*.h5", store) == [f"s3://{BUCKET}/shards/shard-{i}.h5" for i in range(3)]
+    with pytest.raises(FileNotFoundError, match="No object matches"):
+        expand(f"s3://{BUCKET}/shards/none-*.h5", store)
+
+
+# -- fork ----------------------------------------------------------------------------------------------------------
+
+
+def _child_reads(reader, queue, want) -> None:
+    try:
+        queue.put(bytes(reader.read(MiB // 2, 300_000)) == want)
+    except BaseException as exc:  # noqa: BLE001 - sent home
+        queue.put(repr(exc))
+
+
+def test_a_reader_used_in_the_parent_works_in_forked_children(moto_url, truth) -> None:
+    ctx = multiprocessing.get_context("fork")
+    with opened(DATA, part_size=128 << 10, **s3_options(moto_url)) as reader:
+        assert bytes(reader.read(0, 600_000)) == truth[:600_000]  # connections and threads in the parent
+        queue = ctx.Queue()
+        children = [ctx.Process(target=_child_reads, args=(reader, queue, truth[MiB // 2 : MiB // 2 + 300_000]))
+                    for _ in range(2)]
+        for child in children:
+            child.start()
+        results = [queue.get(timeout=30) for _ in children]
+        for child in children:
+            child.join(10)
+        assert results == [True, True]
+        assert bytes(reader.read(MiB // 2, 10)) == truth[MiB // 2 : MiB // 2 + 10]  # and still in the parent
+
+
+# -- the local cache -----------------------------------------------------------------------------------------------
+
+
+def test_the_cache_serves_a_second_read_with_no_request(rangesrv, truth, tmp_path) -> None:
+    options = {"cache_dir": str(tmp_path / "cache"), "part_size": 128 << 10}
+    with opened(f"{rangesrv.url}/data.h5", **options) as reader:
+        assert bytes(reader.read(1000, 500_000)) == truth[1000:501_000]
+    gets = rangesrv.requests["GET"]
+    with opened(f"{rangesrv.url}/data.h5", **options) as reader:  # a HEAD to look, then the cache
+        assert bytes(reader.read(1000, 500_000)) == truth[1000:501_000]
+    assert rangesrv.requests["GET"] == gets and rangesrv.requests["HEAD"] == 2
+    assert not list((tmp_path / "cache").rglob("*.tmp"))
+
+
+def _fill(url, folder, queue) -> None:
+    try:
+        with ObjectReader(url, make_store({"cache_dir": folder, "part_size": 64 << 10})) as reader:
+            queue.put(bytes(reader.read(0, reader.size)))
+    except BaseException as exc:  # noqa: BLE001 - sent home
+        queue.put(repr(exc))
+
+
+def test_processes_fill_the_cache_at_once(rangesrv, truth, tmp_path) -> None:
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    folder = str(tmp_path / "cache")
+    fillers = [ctx.Process(target=_fill, args=(f"{rangesrv.url}/data.h5", folder, queue)) for _ in range(3)]
+    for p in fillers:
+        p.start()
+    results = [queue.get(timeout=60) for _ in fillers]
+    for p in fillers:
+        p.join(10)
+    assert all(r == truth for r in results)
+    pieces = sorted((tmp_path / "cache").rglob("*.piece"))
+    assert len(pieces) == -(-len(truth) // (64 << 10)) and not list((tmp_path / "cache").rglob("*.tmp"))
+    assert b"".join(p.read_bytes() for p in sorted(pieces, key=lambda p: int(p.stem))) == truth
+
+
+def test_the_cache_evicts_the_least_recently_used_beyond_its_size(rangesrv, truth, tmp_path) -> None:
+    folder = tmp_path / "cache"
+    options = {"cache_dir": str(folder), "part_size": 64 << 10, "cache_size": 4 * (64 << 10)}
+    with opened(f"{rangesrv.url}/data.h5", **options) as reader:
+        for i in range(8):  # eight pieces, one at a time: the first ones go
+            assert bytes(reader.read(i * (64 << 10), 10)) == truth[i * (64 << 10) : i * (64 << 10) + 10]
+            time.sleep(0.01)
+    kept = sorted(int(p.stem) for p in folder.rglob("*.piece"))
+    assert sum(p.stat().st_size for p in folder.rglob("*.piece")) <= 4 * (64 << 10)
+    assert kept and kept[-1] == 7 and 0 not in kept
+    assert evict(str(folder), 64 << 10) <= 64 << 10
+    assert DiskCache.key("u", "1:e::", 2) != DiskCache.key("u", "1:f::", 2)
+
+
+# -- what a local-files user pays, and how objects are planned ------------------------------------------------------
+
+
+def test_importing_the_library_imports_no_botocore() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, multitables; assert 'botocore' not in sys.modules and 'boto3' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -69,7 +69,9 @@ def read_block(
 
     With a ``transform``, the rows are read into ``scratch`` (a block of the
     node's rows) and the transform's result goes into ``out``.
-    First hints the blocks ``ahead`` names to the source (NOTE [prefetch]).
+    First hints the blocks ``ahead`` names to the source (NOTE [prefetch]),
+    and has it fetch what this block needs where that pays (an object's
+    bytes: ``Source.fetch``).
     With a ``pacer`` the pieces are cut into timed reads (NOTE [orphans]);
     ``before_read(a, b)`` runs before each read of source rows ``a..b``
     (to note them for a failure report, or to raise and stop).
@@ -78,6 +80,7 @@ def read_block(
     assert target is not None, "a transform needs a scratch buffer"
     for piece in ahead(plan, k, n_readers):
         source.prefetch(piece.start, piece.stop)
+    source.fetch([(piece.start, piece.stop) for piece in plan.pieces(k)])
     for piece in plan.pieces(k):
         spans = pacer.split(piece.start, piece.stop) if pacer is not None else ((piece.start, piece.stop),)
         for a, b in spans:

@@ -63,6 +63,10 @@ class Source(Protocol):
     def prefetch(self, start: int, stop: int) -> None:
         """Hint that rows ``[start, stop)`` will be read soon; returns at once, and may do nothing."""
 
+    def fetch(self, spans: "list[tuple[int, int]]") -> None:
+        """The rows of ``spans`` (``(start, stop)`` each: a block's pieces) are read next, by this process: fetch what
+        they need now where that pays (an object's bytes, one round trip for them all); may do nothing."""
+
     def close(self) -> None:
         """Release the file."""
 

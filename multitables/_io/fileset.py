@@ -30,6 +30,12 @@ NOTE [file sets]
     each file's identity is taken when the set is inspected, and compared in
     the process that reads, after opening a file and after every read from
     it, before the rows go anywhere.
+
+    A set of objects (``s3://bucket/train-*.h5`` lists the bucket's prefix;
+    a list of URLs) is the same, with two differences: the objects are
+    looked at together, several requests in flight, since each look waits
+    for the server; and an object's identity is its ETag, which each
+    request for it checks (NOTE [object identity] in ``_io.objects.reader``).
 """
 
 from __future__ import annotations
@@ -48,20 +54,29 @@ import numpy as np
 from dataclasses import dataclass
 
 from ..errors import EmptyDatasetError, FileChangedError
-from .node import FileSignature, NodeInfo, Part, as_filename, check_file_unchanged, close_dataset, file_signature, open_node
+from .node import (
+    FileSignature, NodeInfo, Part, as_filename, check_file, check_file_unchanged, close_dataset, file_signature,
+    open_node,
+)
+from .objects.hdf5 import check_hdf5
+from .objects.config import Store, make_store
+from .objects.http import ObjectIdentity
+from .objects.listing import expand
+from .objects.reader import look_all
+from .objects.urls import is_url, shown
 
 #: Files a :class:`SetSource` keeps open at once in one process.
 MAX_OPEN = 4
 
 #: Sets inspected lately, each with every file's identity then: a training loop asks for its
 #: node every epoch, and inspecting a thousand files takes ~0.4 s where checking them takes ~3 ms.
-_INSPECTED: "OrderedDict[tuple[Any, ...], tuple[tuple[FileSignature, ...], NodeInfo]]" = OrderedDict()
+_INSPECTED: "OrderedDict[tuple[Any, ...], tuple[tuple[FileSignature | ObjectIdentity, ...], NodeInfo]]" = OrderedDict()
 _INSPECTED_KEPT = 16
 _INSPECTED_LOCK = threading.Lock()
 
 _GLOB_CHARS = frozenset("*?[")
 
-def as_files(filename: Any) -> "str | tuple[str, ...]":
+def as_files(filename: Any, store: "Store | None" = None) -> "str | tuple[str, ...]":
     """The file, or the set of files in order, that ``filename`` names.
 
     ``filename``: a file (str, bytes or ``os.PathLike``), a glob pattern
@@ -69,18 +84,22 @@ def as_files(filename: Any) -> "str | tuple[str, ...]":
     other iterable of files and patterns (each pattern expanded in place). One file in all
     gives that file's name; more give a tuple. A name that exists is never
     taken as a pattern. ``FileNotFoundError`` for a pattern nothing matches.
+    A URL names an object; an ``s3://`` pattern lists the bucket, with
+    ``store``'s settings (:func:`~multitables._io.objects.listing.expand`).
     """
     if not isinstance(filename, (str, bytes, os.PathLike)) and hasattr(filename, "__iter__"):
         items = list(filename)  # a list, a tuple, or Path.glob's generator
         if not items:
             raise ValueError("an empty list of files was given; name at least one HDF5 file")
-        names = [name for item in items for name in _expand(as_filename(item))]
+        names = [name for item in items for name in _expand(as_filename(item), store)]
     else:
-        names = _expand(as_filename(filename))
+        names = _expand(as_filename(filename), store)
     return names[0] if len(names) == 1 else tuple(names)
 
 
-def _expand(name: str) -> "list[str]":
+def _expand(name: str, store: "Store | None") -> "list[str]":
+    if is_url(name):
+        return expand(name, store or make_store(None))
     if not _GLOB_CHARS.intersection(name) or os.path.lexists(name):
         return [name]
     matches = sorted(glob.glob(name))
@@ -90,27 +109,30 @@ def _expand(name: str) -> "list[str]":
 
 
 def describe_files(files: "Sequence[str]") -> str:
-    """How errors and reprs name a set: its size, first and last file."""
-    return f"{len(files)} files: {files[0]} .. {files[-1]}"
+    """How errors and reprs name a set: its size, first and last file (URLs as shown)."""
+    return f"{len(files)} files: {shown(files[0])} .. {shown(files[-1])}"
 
 
-def open_files(files: "str | tuple[str, ...]", path: str, field: "str | None" = None) -> "tuple[NodeInfo, Any]":
+def open_files(
+    files: "str | tuple[str, ...]", path: str, field: "str | None" = None, store: "Store | None" = None
+) -> "tuple[NodeInfo, Any]":
     """The node at ``path`` of one file (with its open ``h5py.Dataset``, as :func:`~.node.open_node`) or of a set (None).
 
     For a set, every file is checked in turn (NOTE [file sets]): ``KeyError``
     naming the file that lacks the node, ``ValueError`` naming the file whose
     rows differ from the first file's, :class:`EmptyDatasetError` if no
-    file has rows.
+    file has rows. ``store``: how URLs are read (None: the environment's settings).
     """
     if isinstance(files, str):
-        return open_node(files, path, field)
-    key = (files, path, field)
+        return open_node(files, path, field, store=store)
+    if any(is_url(name) for name in files):
+        store = store or make_store(None)
+    key = (files, path, field, store)
     with _INSPECTED_LOCK:
         seen = _INSPECTED.get(key)
-    if seen is not None and seen[0] == _identities(files):
+    if seen is not None and seen[0] == _identities(files, store):
         return seen[1], None
-    signatures = tuple(_signature(name) for name in files)
-    node = _inspect_set(files, signatures, path, field)
+    signatures, node = _inspect_set(files, path, field, store)
     with _INSPECTED_LOCK:
         _INSPECTED[key] = (signatures, node)
         _INSPECTED.move_to_end(key)
@@ -119,45 +141,79 @@ def open_files(files: "str | tuple[str, ...]", path: str, field: "str | None" = 
     return node, None
 
 
-def _identities(files: "tuple[str, ...]") -> "tuple[FileSignature, ...] | None":
+def _identities(files: "tuple[str, ...]", store: "Store | None") -> "tuple[FileSignature | ObjectIdentity, ...] | None":
+    """Every file's identity now (objects looked at together), or None where one cannot be had."""
+    urls = [name for name in files if is_url(name)]
     try:
-        return tuple(file_signature(name) for name in files)
+        looked = {}
+        if urls:
+            assert store is not None
+            readers = look_all(urls, store)
+            looked = {name: r.identity for name, r in zip(urls, readers)}
+            for r in readers:
+                r.close()
+        return tuple(looked[name] if name in looked else file_signature(name) for name in files)
     except OSError:
         return None
 
 
-def _inspect_set(files: "tuple[str, ...]", signatures: "tuple[FileSignature, ...]", path: str, field: "str | None") -> NodeInfo:
-    """Check every file of a set in turn (NOTE [file sets]) and describe the set."""
-    parts: list[Part] = []
-    first: "NodeInfo | None" = None
-    offset = 0
-    for name, signature in zip(files, signatures):
-        node, dataset = open_node(name, path, field, allow_empty=True)
-        close_dataset(dataset)
-        if first is None:
-            first = node
-        elif (node.dtype, node.row_shape) != (first.dtype, first.row_shape):
-            raise ValueError(
-                f"{name!r} does not match the other files of the set: its {node.path!r} has rows of shape "
-                f"{node.row_shape} and dtype {node.dtype}, {first.filename!r}'s have shape {first.row_shape} "
-                f"and dtype {first.dtype}"
-            )
-        if node.n_rows:
-            parts.append(Part(node, offset, signature))
-            offset += node.n_rows
+def _inspect_set(
+    files: "tuple[str, ...]", path: str, field: "str | None", store: "Store | None"
+) -> "tuple[tuple[FileSignature | ObjectIdentity, ...], NodeInfo]":
+    """Check every file of a set in turn (NOTE [file sets]); every file's identity, taken first, and the set's node."""
+    urls = [name for name in files if is_url(name)]
+    readers = dict(zip(urls, look_all(urls, store))) if urls and store is not None else {}
+    try:
+        signatures = tuple(readers[name].identity if name in readers else _signature(name) for name in files)
+        parts: list[Part] = []
+        first: "NodeInfo | None" = None
+        offset = 0
+        for name, signature in zip(files, signatures):
+            node, dataset = open_node(name, path, field, allow_empty=True, store=store, reader=readers.pop(name, None))
+            close_dataset(dataset)
+            if first is None:
+                first = node
+            elif (node.dtype, node.row_shape) != (first.dtype, first.row_shape):
+                raise ValueError(
+                    f"{node.filename!r} does not match the other files of the set: its {node.path!r} has rows of "
+                    f"shape {node.row_shape} and dtype {node.dtype}, {first.filename!r}'s have shape "
+                    f"{first.row_shape} and dtype {first.dtype}"
+                )
+            if node.n_rows:
+                parts.append(Part(node, offset, signature))
+                offset += node.n_rows
+    finally:
+        for reader in readers.values():  # those not reached (a file before them failed)
+            reader.close()
     assert first is not None
     where = describe_files(files)
     if not parts:
         raise EmptyDatasetError(f"{first.path!r} has no rows in any of the {where}; there is nothing to stream")
-    return _set_node(where, first, parts, offset)
+    return signatures, _set_node(where, first, parts, offset)
 
 
-def inspect_files(files: "str | tuple[str, ...]", path: str, field: "str | None" = None) -> NodeInfo:
+def inspect_files(files: "str | tuple[str, ...]", path: str, field: "str | None" = None, store: "Store | None" = None) -> NodeInfo:
     """As :func:`open_files`, without the open dataset."""
-    node, dataset = open_files(files, path, field)
+    node, dataset = open_files(files, path, field, store)
     if dataset is not None:
         close_dataset(dataset)
     return node
+
+
+def check_files(files: "tuple[str, ...]", store: "Store | None" = None) -> None:
+    """Raise the error :func:`~.node.check_file` raises for the first file of ``files`` that is missing or not HDF5
+    (objects looked at together)."""
+    urls = [name for name in files if is_url(name)]
+    readers = dict(zip(urls, look_all(urls, store or make_store(None)))) if urls else {}
+    try:
+        for name in files:
+            if name in readers:
+                check_hdf5(readers[name])
+            else:
+                check_file(name)
+    finally:
+        for reader in readers.values():
+            reader.close()
 
 
 def _signature(name: str) -> FileSignature:
@@ -213,9 +269,9 @@ class SetRef:
     def of(cls, node: NodeInfo) -> "SetRef":
         return cls(node.path, node.field, _fingerprint(node))
 
-    def resolve(self, files: "tuple[str, ...]") -> NodeInfo:
+    def resolve(self, files: "tuple[str, ...]", store: "Store | None" = None) -> NodeInfo:
         """The node this names, inspected now; :class:`FileChangedError` if a file changed since the consumer's inspection."""
-        node = inspect_files(files, self.path, self.field)
+        node = inspect_files(files, self.path, self.field, store)
         if _fingerprint(node) != self.fingerprint:
             raise FileChangedError(
                 f"a file of {node.filename!r} changed between the Reader's look at {self.path!r} and its readers': "
@@ -229,9 +285,11 @@ def _fingerprint(node: NodeInfo) -> str:
     return hashlib.sha256(repr(parts).encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def node_signature(node: NodeInfo) -> "FileSignature | None":
+def node_signature(node: NodeInfo) -> "FileSignature | ObjectIdentity | None":
     """The identity to check a one-file node's reads against; None for a set, whose source checks each file."""
-    return None if node.parts else file_signature(node.filename)
+    if node.parts:
+        return None
+    return node.remote.identity if node.remote is not None else file_signature(node.filename)
 
 
 class SetSource:
@@ -298,6 +356,14 @@ class SetSource:
     def prefetch(self, start: int, stop: int) -> None:
         for i, a, b in self._pieces(start, stop):
             self._source(i).prefetch(a, b)
+
+    def fetch(self, spans: "list[tuple[int, int]]") -> None:
+        by_file: "dict[int, list[tuple[int, int]]]" = {}
+        for start, stop in spans:
+            for i, a, b in self._pieces(start, stop):
+                by_file.setdefault(i, []).append((a, b))
+        for i, pieces in by_file.items():
+            self._source(i).fetch(pieces)
 
     def close(self) -> None:
         while self._open:

@@ -21,6 +21,7 @@ from .._plan.requests import run_bounds
 from .chunks.pread import will_need
 from .chunks.storage import Layout, known_layout, learn_layout
 from .node import NodeInfo, Unsupported, close_dataset
+from .objects.hdf5 import file_object
 from .scattered import Stopped
 
 
@@ -92,8 +93,16 @@ class H5pySource:
         # close() closes the file opened here, or else the dataset ids: the
         # checks' file closes with its last object (node.close_dataset).
         self._file = None
+        self._fileobj: Any = None
         if dataset is None:
-            self._file = h5py.File(node.filename, "r", **open_kwargs)
+            # An object is read through a file object over its bytes: slower than the chunk engine, but right.
+            self._fileobj = None if node.remote is None else file_object(node.remote)
+            try:
+                self._file = h5py.File(self._fileobj or node.filename, "r", **open_kwargs)
+            except BaseException:
+                if self._fileobj is not None:
+                    self._fileobj.close()
+                raise
         if dataset is not None and cache_bytes == 0:
             dsid = dataset.id  # reuse the checks' open: a second open costs ~10% of reading a 4 MiB file
         else:
@@ -180,9 +189,14 @@ class H5pySource:
         fd, layout = self._hints
         layout.hint(start, stop, self._row_nbytes, functools.partial(will_need, fd))
 
+    def fetch(self, spans: "list[tuple[int, int]]") -> None:
+        pass  # HDF5 reads its chunks itself
+
     def _open_hints(self) -> "tuple[int, Layout] | bool":
         import h5py
 
+        if self._node.remote is not None:  # no page cache to warm
+            return False
         layout = known_layout(self._node)
         if layout is None:
             try:
@@ -205,6 +219,8 @@ class H5pySource:
             self._file.close()
         elif self._dsid.valid:
             self._dsid.close()
+        if self._fileobj is not None:
+            self._fileobj.close()
 
 
 #: Most runs of rows in one h5py read: HDF5 builds a union of hyperslabs in

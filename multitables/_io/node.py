@@ -18,7 +18,9 @@ NOTE [file identity]
     write and every change of the inode (also chmod or a new hard link,
     which stop the stream too: better than a wrong row). Writes within one
     tick of the filesystem's clock that keep the size are below what either
-    time can show.
+    time can show. An object in a bucket or on an HTTP server has no
+    ``stat``: its identity is its ETag (NOTE [object identity] in
+    ``_io.objects.reader``), which every request checks itself.
 """
 
 from __future__ import annotations
@@ -28,12 +30,17 @@ import functools
 import math
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from ..errors import EmptyDatasetError, FileChangedError, NodeTypeError, NotHDF5Error
+from .objects.config import Store, make_store
+from .objects.hdf5 import check_hdf5, open_file_id
+from .objects.http import ObjectIdentity
+from .objects.reader import ObjectReader
+from .objects.urls import is_url, shown
 
 #: ``(st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)`` of a file; see NOTE [file identity].
 FileSignature = tuple[int, int, int, int, int]
@@ -81,6 +88,8 @@ class NodeInfo:
     #: A node spread over several files (``_io.fileset``): its parts in row order; empty for one file,
     #: whose ``filename`` is then the file (else a description of the set).
     parts: "tuple[Part, ...]" = ()
+    #: Where the file is an object (``s3://``, ``http(s)://``): how to read it, and what it was when inspected.
+    remote: "RemoteObject | None" = None
 
     @property
     def files(self) -> "str | tuple[str, ...]":
@@ -116,7 +125,7 @@ class Part:
     node: NodeInfo
     offset: int
     #: The file's identity when it was inspected; see NOTE [file identity].
-    signature: "FileSignature"
+    signature: "FileSignature | ObjectIdentity"
 
 
 def deliver_strings(rows: np.ndarray, pads: "tuple[StringPad, ...]", element_nbytes: "int | None" = None) -> None:
@@ -173,9 +182,9 @@ def _has_object(dt: np.dtype) -> bool:
     return dt.kind in "OV" or dt.hasobject
 
 
-def inspect_node(filename: "str | os.PathLike[str]", path: str, field: "str | None" = None) -> NodeInfo:
+def inspect_node(filename: "str | os.PathLike[str]", path: str, field: "str | None" = None, store: "Store | None" = None) -> NodeInfo:
     """Open ``filename`` read-only, check ``path`` (and ``field``) can be streamed, describe it."""
-    node, dataset = open_node(filename, path, field)
+    node, dataset = open_node(filename, path, field, store=store)
     close_dataset(dataset)
     return node
 
@@ -186,9 +195,12 @@ def file_signature(filename: "str | int") -> FileSignature:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def check_file_unchanged(filename: str, expected: "FileSignature | None") -> None:
-    """Raise :class:`FileChangedError` if ``filename`` is no longer the file ``expected`` describes."""
-    if expected is None:
+def check_file_unchanged(filename: str, expected: "FileSignature | ObjectIdentity | None") -> None:
+    """Raise :class:`FileChangedError` if ``filename`` is no longer the file ``expected`` describes.
+
+    An object passes: every request for it checks its identity (NOTE [object identity] in ``_io.objects.reader``).
+    """
+    if expected is None or isinstance(expected, ObjectIdentity):
         return
     try:
         now = file_signature(filename)
@@ -249,17 +261,24 @@ def check_regular(filename: str) -> None:
         )
 
 
-def check_file(filename: str) -> None:
-    """Raise the builtin-compatible error for a missing file, a directory, a FIFO or device, or a file that is not HDF5."""
+def check_file(filename: str, store: "Store | None" = None) -> "FileSignature | ObjectIdentity":
+    """Raise the builtin-compatible error for a missing file, a directory, a FIFO or device, or a file that is not HDF5;
+    else return the file's identity (an object's is looked at with one request)."""
     import h5py
 
+    if is_url(filename):
+        with ObjectReader(filename, store or make_store(None)) as reader:
+            check_hdf5(reader)
+            return reader.identity
     check_regular(filename)
     if not h5py.is_hdf5(os.fsencode(filename)):
         raise NotHDF5Error(f"{filename!r} is not an HDF5 file")
+    return file_signature(filename)
 
 
 def open_node(
-    filename: "str | os.PathLike[str]", path: str, field: "str | None" = None, *, allow_empty: bool = False
+    filename: "str | os.PathLike[str]", path: str, field: "str | None" = None, *, allow_empty: bool = False,
+    store: "Store | None" = None, reader: "ObjectReader | None" = None,
 ) -> "tuple[NodeInfo, Any]":
     """As :func:`inspect_node`, but also return the open ``h5py.Dataset``: the caller closes it with :func:`close_dataset`.
 
@@ -267,7 +286,10 @@ def open_node(
     empty) rather than raise :class:`EmptyDatasetError`.
 
     The file is opened without a chunk cache (see :func:`_file_access`), and
-    no file id is kept: the dataset holds the file open.
+    no file id is kept: the dataset holds the file open. A URL is read through
+    a file object over its bytes (``_io.objects.fileobj``), with ``store``'s
+    settings (None: the environment's); ``reader``: the object already
+    looked at (a set looks at its objects together).
     """
     import h5py
 
@@ -275,15 +297,22 @@ def open_node(
     if not isinstance(path, str):
         raise TypeError(f"path must be a str naming a node in the file, not {type(path).__name__}")
     if not path:
-        raise ValueError(f"path is empty: name the node to read in {filename!r}, such as '/data'")
+        raise ValueError(f"path is empty: name the node to read in {shown(filename)!r}, such as '/data'")
     if field is not None and not isinstance(field, str):
         raise TypeError(f"field must be a str naming a table column, not {type(field).__name__}")
-    check_regular(filename)
-    try:
-        fid = h5py.h5f.open(os.fsencode(filename), h5py.h5f.ACC_RDONLY, _file_access())
-    except OSError:
-        check_file(filename)  # the error a user expects: missing, a directory, not HDF5
-        raise  # something else (permissions, a damaged superblock): HDF5's own words
+    remote = None
+    if is_url(filename):
+        reader = reader or ObjectReader(filename, store or make_store(None))  # missing, forbidden: says so
+        remote = reader.remote
+        filename = remote.shown  # what messages call it: a presigned URL's query is never shown
+        fid = open_file_id(reader, check=True)
+    else:
+        check_regular(filename)
+        try:
+            fid = h5py.h5f.open(os.fsencode(filename), h5py.h5f.ACC_RDONLY, _file_access())
+        except OSError:
+            check_file(filename)  # the error a user expects: missing, a directory, not HDF5
+            raise  # something else (permissions, a damaged superblock): HDF5's own words
     try:
         try:
             oid = h5py.h5o.open(fid, path.encode())
@@ -299,7 +328,8 @@ def open_node(
                 f"and Tables can be streamed"
             )
         node = h5py.Dataset(oid)
-        return _describe(filename, path, field, node, allow_empty), node
+        info = _describe(filename, path, field, node, allow_empty, remote is not None)
+        return (info if remote is None else replace(info, remote=remote)), node
     except BaseException:
         h5py.File(fid).close()  # closes what is open in it too, which a bare H5Fclose (weak) leaves to the collector
         raise
@@ -314,7 +344,10 @@ def reopen_dataset(node: NodeInfo) -> Any:
     """
     import h5py
 
-    fid = h5py.h5f.open(os.fsencode(node.filename), h5py.h5f.ACC_RDONLY, _file_access())
+    if node.remote is not None:
+        fid = open_file_id(node.remote.open())
+    else:
+        fid = h5py.h5f.open(os.fsencode(node.filename), h5py.h5f.ACC_RDONLY, _file_access())
     try:
         return h5py.Dataset(h5py.h5o.open(fid, node.path.encode()))
     except BaseException:
@@ -383,7 +416,7 @@ def _fill_may_leave_holes(dsid: Any, plist: Any) -> bool:
     return False
 
 
-def _describe(filename: str, path: str, field: "str | None", ds: Any, allow_empty: bool = False) -> NodeInfo:
+def _describe(filename: str, path: str, field: "str | None", ds: Any, allow_empty: bool = False, remote: bool = False) -> NodeInfo:
     import h5py
 
     where = f"{path!r} in {filename!r}"
@@ -392,6 +425,9 @@ def _describe(filename: str, path: str, field: "str | None", ds: Any, allow_empt
         dt: np.dtype = ds.dtype
     except (TypeError, ValueError) as exc:  # HDF5 time types, quad precision: PyTables maps them
         h5py_problem = f"h5py has no numpy type for its elements ({exc})"
+        if remote:
+            raise NodeTypeError(f"{where} cannot be read: {h5py_problem}, and PyTables, which maps them, reads "
+                                f"local files only") from None
         try:
             dt = _tables_dtype(filename, path)
         except NodeTypeError:

@@ -21,6 +21,8 @@ def tables_problem(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "str | None
 
     A bad PyTables open option in ``open_kwargs`` raises PyTables' own error.
     """
+    if node.remote is not None:
+        return REMOTE
     if _nested_gaps(node.file_dtype):
         # PyTables 3.11 packs nested members and then writes past its buffer (a crash at exit).
         return "PyTables misreads compounds nested with gaps between their members"
@@ -29,6 +31,9 @@ def tables_problem(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "str | None
     return _first_row_problem_apart(node, open_kwargs)
 
 
+
+#: Why PyTables does not read an object (``s3://``, ``http(s)://``).
+REMOTE = "PyTables reads local files only (it cannot read through a file object); engine='chunks' or 'h5py' read URLs"
 
 #: Seconds a forked PyTables probe may take (it opens the file and reads one row).
 PROBE_TIMEOUT = 60.0
@@ -179,6 +184,9 @@ class TablesSource:
 
     def prefetch(self, start: int, stop: int) -> None:
         pass  # HDF5 reads its chunks itself; see the chunk engine
+
+    def fetch(self, spans: "list[tuple[int, int]]") -> None:
+        pass  # HDF5 reads its chunks itself
 
     def close(self) -> None:
         self._file.close()

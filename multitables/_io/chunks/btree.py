@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import bisect
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 
@@ -38,6 +38,9 @@ from .grid import ChunkGrid
 from .transport import Transport, open_transport
 from ...errors import FileChangedError, MultitablesError
 from ..node import FileSignature
+
+if TYPE_CHECKING:
+    from ..objects.reader import RemoteObject
 
 #: Bytes read for a node at once (a node of 64 entries of a 2-D dataset is 2.6 KiB); more if it needs more.
 NODE_READ = 4096
@@ -73,9 +76,9 @@ def _entry_dtype(ndims: int) -> np.dtype:
     return np.dtype([("size", "<u4"), ("mask", "<u4"), ("offset", "<u8", (ndims,)), ("child", "<u8")])
 
 
-def _open(filename: str) -> Transport:
+def _open(filename: str, remote: "RemoteObject | None") -> Transport:
     """The file opened for reading nodes: no readahead (a node is a few KiB; the stream's own reads fetch the rest)."""
-    return open_transport(filename, random=True)
+    return open_transport(filename, random=True, remote=remote)
 
 
 def _read(file: Transport, offset: int, n: int) -> bytearray:
@@ -121,9 +124,10 @@ class BTreeIndex:
     raises :class:`~multitables.errors.FileChangedError`.
     """
 
-    def __init__(self, filename: str, signature: FileSignature, base: int, ndims: int, grid: ChunkGrid,
-                 leaves: list[tuple[int, int]], end: int) -> None:
+    def __init__(self, filename: str, signature: Any, base: int, ndims: int, grid: ChunkGrid,
+                 leaves: list[tuple[int, int]], end: int, remote: "RemoteObject | None" = None) -> None:
         self._filename = filename
+        self._remote = remote
         self._signature = signature
         self._base = base
         self._ndims = ndims
@@ -212,26 +216,46 @@ class BTreeIndex:
         return self._grid.origin(tuple(int(i) for i in index)), self._where[k]
 
     def load_all(self) -> None:
-        """Read every leaf not read yet (what ``chunk_iter`` does at open)."""
-        for leaf in range(len(self._addrs)):
-            if not self._loaded[leaf]:
-                self._load(leaf)
+        """Read every leaf not read yet (what ``chunk_iter`` does at open), together."""
+        unread = [leaf for leaf in range(len(self._addrs)) if not self._loaded[leaf]]
+        if unread:
+            self._load(*unread)
 
-    def _load(self, leaf: int) -> None:
+    def load_for(self, chunks: "Iterable[tuple[int, ...]]", ahead: int = 0) -> None:
+        """Read, together, the leaves not read yet that ``chunks`` need, and up to ``ahead`` more after the last of those
+        not read yet (on an object: one request each, in flight at once, a round trip for them all)."""
+        leaves = {bisect.bisect_right(self._firsts, self._grid.linear(c)) - 1 for c in chunks if self.peek(c) is UNREAD}
+        if leaves:
+            after = [k for k in range(max(leaves) + 1, len(self._addrs)) if not self._loaded[k]][:ahead]
+            self._load(*sorted(leaves), *after)
+
+    def _load(self, *leaves: int) -> None:
         if len(self._where) > ENTRIES_HELD:
             self._where.clear()
             self._loaded = bytearray(len(self._addrs))
             self._stored = 0
-        file = _open(self._filename)
+        file = _open(self._filename, self._remote)
         try:
             if file.identity() != self._signature:
                 raise FileChangedError(
                     f"{self._filename!r} changed since its chunk index was opened: the rest of the index "
                     f"could describe other data, so it is not read"
                 )
-            level, entries = read_node(file, self._base, self._addrs[leaf], self._entry, self._filename)
+            addrs = [self._base + self._addrs[leaf] for leaf in leaves]
+            heads = [bytearray(NODE_READ) for _ in leaves]
+            if len(leaves) == 1:  # one node: as the index's other nodes are read (an object's, through its block cache)
+                got = [file.read_into(addrs[0], heads[0])]
+            else:
+                got = file.read_ranges(addrs, heads)
+            nodes = [read_node(file, self._base, self._addrs[leaf], self._entry, self._filename, head[:n])
+                     for leaf, head, n in zip(leaves, heads, got)]
         finally:
             file.close()
+        for leaf, (level, entries) in zip(leaves, nodes):
+            self._take(leaf, level, entries)
+
+    def _take(self, leaf: int, level: int, entries: np.ndarray) -> None:
+        """Note where the chunks of ``leaf`` (read: its ``level`` and ``entries``) are."""
         lo = self._firsts[leaf]
         hi = self._firsts[leaf + 1] if leaf + 1 < len(self._firsts) else self._end
         where = self._where
@@ -266,9 +290,13 @@ def positions(grid: ChunkGrid, offsets: np.ndarray, filename: str, where: int) -
     return linear.tolist(), inside.tolist()
 
 
-def read_node(file: Transport, base: int, addr: int, entry: np.dtype, filename: str) -> tuple[int, np.ndarray]:
-    """(level, entries) of the raw-data B-tree node at ``addr``: ``entries`` holds one more key than children (its last ``child`` is junk)."""
-    data = _read(file, base + addr, NODE_READ)
+def read_node(file: Transport, base: int, addr: int, entry: np.dtype, filename: str,
+              data: "bytearray | None" = None) -> tuple[int, np.ndarray]:
+    """(level, entries) of the raw-data B-tree node at ``addr``: ``entries`` holds one more key than children (its last ``child`` is junk).
+
+    ``data``: the node's first bytes, read already (else ``NODE_READ`` of them are read here).
+    """
+    data = _read(file, base + addr, NODE_READ) if data is None else data
     if len(data) < 24 or data[:4] != b"TREE" or data[4] != 1:
         raise IndexCorrupt(f"{filename!r}: no chunk B-tree node at byte {base + addr}")
     level, used = data[5], struct.unpack_from("<H", data, 6)[0]
@@ -281,10 +309,11 @@ def read_node(file: Transport, base: int, addr: int, entry: np.dtype, filename: 
     return level, np.frombuffer(bytes(body), entry, used + 1)
 
 
-def open_btree_index(ds: Any, grid: ChunkGrid, filename: str, header: int) -> "BTreeIndex | None":
+def open_btree_index(ds: Any, grid: ChunkGrid, filename: str, header: int, remote: "RemoteObject | None" = None) -> "BTreeIndex | None":
     """The chunk index of the open chunked ``h5py.Dataset`` ``ds``, read from its B-tree (its inner nodes now, leaves later).
 
-    ``header``: the address of the dataset's object header (relative to the userblock).
+    ``header``: the address of the dataset's object header (relative to the userblock);
+    ``remote``: the object the file is, where it is one (read by ranged GETs).
     None when the dataset's metadata is in a format this module does not
     read (NOTE [chunk index in file order]): then ask HDF5.
     """
@@ -294,7 +323,7 @@ def open_btree_index(ds: Any, grid: ChunkGrid, filename: str, header: int) -> "B
     base = int(fcpl.get_userblock())
     ndims = len(grid.shape) + 1
     entry = _entry_dtype(ndims)
-    file = _open(filename)
+    file = _open(filename, remote)
     try:
         signature = file.identity()
         found = _layout_btree(file, header, base)
@@ -309,7 +338,7 @@ def open_btree_index(ds: Any, grid: ChunkGrid, filename: str, header: int) -> "B
         return None  # HDF5 lists it instead, and says what is wrong if something is
     finally:
         file.close()
-    index = BTreeIndex(filename, signature, base, ndims, grid, leaves, end)
+    index = BTreeIndex(filename, signature, base, ndims, grid, leaves, end, remote)
     try:
         return index if _agrees(index, ds) else None
     except IndexCorrupt:

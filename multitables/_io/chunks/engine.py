@@ -41,8 +41,11 @@ class ChunkEngine:
         engine a stat and an ``open`` (NOTE [layout cache] in ``_io.chunks.storage``)
         where h5py opens the HDF5 file again (blosc 3, 32 shards of 4 MiB,
         warm: shards read 1.00x one file with the chunk engine, 0.91x with h5py).
+        An object (a URL) it reads with merged ranged requests in flight, where
+        h5py asks for a chunk at a time through a file object: many times faster
+        whatever the filters (BENCHMARKS.md, object storage).
         """
-        if in_set or node.chunk_rows is None:
+        if in_set or node.chunk_rows is None or node.remote is not None:
             return True
         return bool(WIN_FILTERS.intersection(node.filter_ids))
 

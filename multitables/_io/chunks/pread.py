@@ -52,6 +52,7 @@ class PreadFile:
 
     max_gap = MAX_GAP
     max_read = MAX_READ
+    index_ahead = False  # a leaf of the chunk index is read where the disk's head reaches it
 
     def __init__(self, filename: str, cache: str = "page", *, random: bool = False) -> None:
         if cache not in CACHES:
@@ -87,6 +88,10 @@ class PreadFile:
                 break
             got += k
         return got
+
+    def read_ranges(self, offsets: Sequence[int], outs: Sequence[Any]) -> "list[int]":
+        """Fill each of ``outs`` from its offset, one after another; the bytes read into each."""
+        return [self.read_into(offset, out) for offset, out in zip(offsets, outs)]
 
     def hint(self, extents: Sequence[Extent]) -> None:
         """Start reading ``extents`` into the page cache in the background (:func:`will_need`); nothing with ``O_DIRECT``."""

@@ -26,6 +26,9 @@ NOTE [layout cache]
     later write shows in its times. Files just written are learned again.
     Nor is a layout kept whose file changed while it was learned, or an index
     not listed (more than ``INDEX_ALL_LIMIT`` chunks; it needs its handle).
+    An object's identity is its ETag, size and version as the consumer saw
+    them (NOTE [object identity] in ``_io.objects.reader``): its layout is
+    keyed by those with no request, and every read of it checks them.
 """
 
 from __future__ import annotations
@@ -44,11 +47,14 @@ from .btree import UNREAD, BTreeIndex, open_btree_index
 from .codecs.base import FilterSpec, UnsupportedFilter, filters_of
 from .codecs.registry import build_pipeline
 from .hdf5lib import header_address, leaves_edge_chunks_unfiltered
-from ..node import FileSignature, NodeInfo, Unsupported, file_signature
+from ..node import FileSignature, NodeInfo, Unsupported, close_dataset, file_signature, reopen_dataset
 
 #: Datasets with more chunks than this are indexed lazily, one lookup per chunk read
 #: (``chunk_iter`` lists ~100-400k chunks/s; a lookup costs ~3x a listed chunk).
 INDEX_ALL_LIMIT = 1 << 17
+#: An object's chunk index is read whole when it is learned if it has at most this many leaves (a few round trips, 16
+#: leaves each, in the consumer: readers started by fork then read none; a larger one is read as the rows reach it).
+REMOTE_LEAVES_AT_OPEN = 64
 #: Read the chunk index from the dataset's B-tree ourselves where its format allows
 #: (NOTE [chunk index in file order] in ``btree``); tests turn it off to reach ``ChunkIndex``.
 READ_BTREE = True
@@ -187,6 +193,12 @@ def chunks_problem(node: NodeInfo, dataset: Any = None) -> "str | None":
         return None
     if known_layout(node) is not None:
         return None
+    if node.remote is not None:
+        dataset = reopen_dataset(node)
+        try:
+            return chunks_problem(node, dataset)
+        finally:
+            close_dataset(dataset)
     with h5py.File(node.filename, "r") as f:
         return chunks_problem(node, f[node.path])
 
@@ -280,7 +292,7 @@ class Layout:
     def entries(self) -> int:
         return 1 if self.index is None else max(1, self.index.n_listed)
 
-    def _chunks(self, start: int, stop: int) -> "list[tuple[int, ...]]":
+    def chunks(self, start: int, stop: int) -> "list[tuple[int, ...]]":
         """The grid indices of the chunks that hold rows ``[start, stop)``, in C order."""
         grid = self.grid
         assert grid is not None
@@ -291,14 +303,12 @@ class Layout:
             return [(i, *rest) for i in range(start // c0, (stop - 1) // c0 + 1)]
         return [part.index for part in chunk_parts(grid, start, stop)]
 
-    def find(self, start: int, stop: int) -> None:
-        """Read the leaves of the chunk index that rows ``[start, stop)`` need and it has not read (an index that
-        answers without reading, HDF5's, is not asked)."""
+    def find(self, start: int, stop: int, ahead: int = 0) -> None:
+        """Read the leaves of the chunk index that rows ``[start, stop)`` need and it has not read, and up to ``ahead``
+        leaves after them (an index that answers without reading, HDF5's, is not asked)."""
         index = self.index
-        if index is not None and start < stop:
-            for chunk in self._chunks(start, stop):
-                if index.peek(chunk) is UNREAD:
-                    index.lookup(chunk)
+        if isinstance(index, BTreeIndex) and start < stop:
+            index.load_for(self.chunks(start, stop), ahead)
 
     def hint(self, start: int, stop: int, row_nbytes: int, will_need: Callable[[list[Extent]], None],
              skip: "Container[tuple[int, ...]]" = ()) -> None:
@@ -313,7 +323,7 @@ class Layout:
             return
         assert self.index is not None
         index = self.index
-        indices = self._chunks(start, stop)
+        indices = self.chunks(start, stop)
         extents: list[Extent] = []
         for n, chunk in enumerate(indices):
             if chunk in skip:
@@ -341,7 +351,7 @@ class Layout:
             will_need(extents)
 
 
-_LAYOUTS: "OrderedDict[tuple[FileSignature, str], Layout]" = OrderedDict()
+_LAYOUTS: "OrderedDict[tuple[Any, str], Layout]" = OrderedDict()
 _LAYOUTS_LOCK = threading.Lock()
 _layout_entries = 0
 
@@ -355,7 +365,9 @@ def _fresh_lock_in_child() -> None:
 os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 
-def _identity(node: NodeInfo) -> "FileSignature | None":
+def _identity(node: NodeInfo) -> "FileSignature | tuple[str, str, str] | None":
+    if node.remote is not None:  # no request: every read checks it (NOTE [object identity])
+        return (node.remote.url, node.remote.store.endpoint or "", node.remote.identity.key)
     try:
         return file_signature(node.filename)
     except OSError:
@@ -388,11 +400,13 @@ def learn_layout(ds: Any, node: NodeInfo, index_limit: int = INDEX_ALL_LIMIT) ->
     index: "ChunkIndex | BTreeIndex | None" = None
     if grid is not None:
         header = header_address(ds.id) if READ_BTREE else None
-        index = None if header is None else open_btree_index(ds, grid, node.filename, header)
+        index = None if header is None else open_btree_index(ds, grid, node.filename, header, node.remote)
         if index is None:
             index = ChunkIndex(ds.id, grid, index_limit)
+        elif node.remote is not None and index.n_leaves <= REMOTE_LEAVES_AT_OPEN:
+            index.load_all()  # a few round trips here, none in the readers this process forks
     layout = Layout(storage, grid, index)
-    settled = before is not None and time.time() - max(before[3], before[4]) / 1e9 > SETTLED_S
+    settled = before is not None and (node.remote is not None or time.time() - max(before[3], before[4]) / 1e9 > SETTLED_S)
     if (index is None or not index.needs_handle) and settled and before == _identity(node):
         if index is not None:
             index.release()
@@ -408,7 +422,7 @@ def forget_layouts() -> None:
         _layout_entries = 0
 
 
-def _remember(key: "tuple[FileSignature, str]", layout: Layout) -> None:
+def _remember(key: "tuple[Any, str]", layout: Layout) -> None:
     global _layout_entries
     if layout.entries > LAYOUT_ENTRIES_KEPT:
         return

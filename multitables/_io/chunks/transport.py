@@ -1,10 +1,11 @@
 """How the chunk engine reaches a file's bytes: the transport protocol, and the buffer its reads land in.
 
 Everything else in the chunk engine (the B-tree, the grid, the codecs, the
-source) works on byte ranges; a *transport* fetches them. Today there is one,
-:class:`~multitables._io.chunks.pread.PreadFile` (``os.preadv`` on a local
-file); a second (ranged GETs on object storage, say) is one module beside it
-and one line in :func:`open_transport`, which picks the transport for a name.
+source) works on byte ranges; a *transport* fetches them. There are two, one
+module each: :class:`~multitables._io.chunks.pread.PreadFile` (``os.preadv``
+on a local file) and :class:`~multitables._io.chunks.ranged.RangedFile`
+(ranged GETs of an object in a bucket or on an HTTP server);
+:func:`open_transport` picks one for a file.
 
 A transport must provide (:class:`Transport`):
 
@@ -14,6 +15,10 @@ A transport must provide (:class:`Transport`):
   ``len(into)`` and the buffer's address are multiples of it (the chunk
   engine then reads through a :class:`ScratchBuffer`, never straight into
   a block).
+* ``read_ranges(offsets, outs) -> list[int]``: fill each buffer of ``outs``
+  from its offset, as ``read_into`` does, all at once where the transport
+  can (an object store: the requests in flight together); the bytes read
+  into each.
 * ``hint(extents)``: the :class:`~multitables._io.chunks.grid.Extent` byte
   ranges, in file order, will be read soon; start fetching them in the
   background and return at once. May do nothing.
@@ -27,17 +32,23 @@ A transport must provide (:class:`Transport`):
   working out what to hint), ``max_gap`` and ``max_read`` (stored chunks
   closer than ``max_gap`` bytes are fetched in one read, of at most
   ``max_read`` bytes: a local disk's seek and an object store's request cost
-  differently).
+  differently), ``index_ahead`` (True where a read waits a round trip: the
+  chunk index's leaves a block needs are read before the block, together,
+  not as the rows reach them).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import numpy as np
 
 from .grid import Extent
 from .pread import DIRECT_ALIGN, PreadFile
+from .ranged import RangedFile
+
+if TYPE_CHECKING:
+    from ..objects.reader import RemoteObject
 
 
 class Transport(Protocol):
@@ -48,9 +59,13 @@ class Transport(Protocol):
     hints: bool
     max_gap: int
     max_read: int
+    index_ahead: bool
 
     def read_into(self, offset: int, into: Any) -> int:
         """Fill ``into`` from byte ``offset``; the bytes read (fewer only at the end of the file)."""
+
+    def read_ranges(self, offsets: Sequence[int], outs: Sequence[Any]) -> "list[int]":
+        """Fill each of ``outs`` from its offset (together where the transport can); the bytes read into each."""
 
     def hint(self, extents: Sequence[Extent]) -> None:
         """``extents`` will be read soon; returns at once, and may do nothing."""
@@ -62,8 +77,13 @@ class Transport(Protocol):
         """Release what the transport holds (idempotent)."""
 
 
-def open_transport(name: str, cache: str = "page", *, random: bool = False) -> Transport:
-    """The transport that reads ``name``: a local file, read with ``pread`` (``cache``, ``random``: :class:`~multitables._io.chunks.pread.PreadFile`)."""
+def open_transport(name: str, cache: str = "page", *, random: bool = False, remote: "RemoteObject | None" = None) -> Transport:
+    """The transport that reads ``name``: the object ``remote`` where given (:class:`~multitables._io.chunks.ranged.RangedFile`),
+    else a local file, read with ``pread`` (``cache``, ``random``: :class:`~multitables._io.chunks.pread.PreadFile`)."""
+    if remote is not None:
+        if cache != "page":
+            raise ValueError(f"cache={cache!r} reads local files; {remote.shown!r} is an object")
+        return RangedFile(remote, random)
     return PreadFile(name, cache, random=random)
 
 

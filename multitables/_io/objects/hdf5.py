@@ -1,0 +1,56 @@
+"""An object opened by HDF5 (through h5py): a file object over its bytes, for what HDF5 itself reads.
+
+HDF5 reads a file's metadata (node inspection, the storage layout) and, for
+the datasets the chunk engine leaves to h5py, their chunks. On an object it
+reads them through :class:`~multitables._io.objects.fileobj.RangeFile`, whose
+first bytes were fetched when the object was looked at, and whose small reads
+go through a block cache: a few requests for the metadata. PyTables cannot
+read a file object, so it reads local files only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...errors import NotHDF5Error
+from .fileobj import RangeFile
+from .reader import ObjectReader, RemoteObject
+
+#: HDF5's signature, at byte 0 of a file or after a user block of 512, 1024, 2048... bytes.
+SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def check_hdf5(reader: ObjectReader) -> None:
+    """Raise :class:`~multitables.errors.NotHDF5Error` unless the object ``reader`` reads starts as an HDF5 file does
+    (its first bytes, fetched already when it was looked at)."""
+    at = 0
+    while at + 8 <= reader.size:
+        if bytes(reader.read(at, 8)) == SIGNATURE:
+            return
+        at = 512 if at == 0 else 2 * at
+    raise NotHDF5Error(f"{reader.shown!r} is not an HDF5 file")
+
+
+def open_file_id(reader: ObjectReader, check: bool = False) -> Any:
+    """HDF5's file id of the object ``reader`` reads, opened read-only through a file object, with no chunk cache
+    (as ``_io.node.open_node`` opens local files); ``check``: refuse what is not HDF5 first. The file id owns
+    ``reader`` (closed with it)."""
+    import h5py
+
+    fileobj = RangeFile(reader)
+    try:
+        if check:
+            check_hdf5(reader)
+        fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+        _mdc, slots, _nbytes, w0 = fapl.get_cache()
+        fapl.set_cache(0, slots, 0, w0)
+        fapl.set_fileobj_driver(h5py.h5fd.fileobj_driver, fileobj)
+        return h5py.h5f.open(repr(fileobj).encode("ascii", "replace"), h5py.h5f.ACC_RDONLY, fapl)
+    except BaseException:
+        fileobj.close()
+        raise
+
+
+def file_object(remote: RemoteObject) -> RangeFile:
+    """A file object over the object ``remote``, for ``h5py.File``; closing it closes its reader."""
+    return RangeFile(remote.open())

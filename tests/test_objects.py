@@ -394,3 +394,15 @@ def test_importing_the_library_imports_no_botocore() -> None:
 
     code = "import sys, multitables; assert 'botocore' not in sys.modules and 'boto3' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_an_object_is_read_in_larger_blocks_by_more_readers() -> None:
+    from multitables._plan.readers import REMOTE_BLOCK_BYTES, DatasetShape, Machine, plan_stream
+
+    machine = Machine(2, "fork")
+    local = DatasetShape(1 << 20, 1024, 64, (1,))
+    remote = DatasetShape(1 << 20, 1024, 64, (1,), remote=True)
+    a, b = plan_stream(local, "chunks", machine), plan_stream(remote, "chunks", machine)
+    assert (a.n_procs, a.block_size * 1024) == (2, 4 << 20)
+    assert (b.n_procs, b.block_size * 1024) == (4, REMOTE_BLOCK_BYTES)
+    assert plan_stream(DatasetShape(1000, 1024, 64, (1,), remote=True), "chunks", machine).n_procs == 0

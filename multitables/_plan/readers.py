@@ -26,7 +26,14 @@ NOTE [read plan]
       plan] in ``_plan.epoch``): a stream read with ``n_procs=1`` and
       batches over the same dataset get the same blocks;
     * read-ahead: ``2 * readers + 2`` slots (one being filled per reader, as
-      many ready, the consumer's), 4 buffers when read in the consumer.
+      many ready, the consumer's), 4 buffers when read in the consumer;
+    * an object (a URL, ``DatasetShape.remote``): each read waits a round
+      trip (tens of ms) and a reader cannot fetch ahead for blocks another
+      reader may claim, so blocks are larger (:data:`REMOTE_BLOCK_BYTES`: a
+      round trip per 16 MiB rather than per 4, the parts of each fetched in
+      parallel) and readers more (``REMOTE_READERS_PER_CPU`` per CPU: while
+      some wait, others decode), wherever it has a few such blocks; the ring
+      holds one slot per reader and two more.
 """
 
 from __future__ import annotations
@@ -67,6 +74,10 @@ _COPY_RATE = 3.5e9
 #: not given (two such buffers are alive at once: NOTE [window pipelining] in
 #: ``_train.windows``).
 WINDOW_BYTES = 256 * MiB
+#: Uncompressed bytes a block aims at when the dataset is an object (a URL): see NOTE [read plan].
+REMOTE_BLOCK_BYTES = 16 * MiB
+#: Default readers per usable CPU for an object, whose readers wait on the network as much as they decode.
+REMOTE_READERS_PER_CPU = 2
 #: Most readers per usable CPU: more only take turns on the same cores (each
 #: with its own ring slots and open file), while a few per CPU still help
 #: where reads wait on storage rather than decode.
@@ -96,11 +107,16 @@ class DatasetShape:
     row_nbytes: int  # uncompressed bytes of a row as delivered
     chunk_rows: "int | None"  # None: contiguous
     filter_ids: "tuple[int, ...]" = ()
+    #: Whether it is read from an object (a URL): every read waits a round trip.
+    remote: bool = False
 
     @classmethod
     def of(cls, node: Any) -> "DatasetShape":
-        """The shape of a node (anything with ``n_rows``, ``row_nbytes``, ``chunk_rows`` and ``filter_ids``)."""
-        return cls(node.n_rows, node.row_nbytes, node.chunk_rows, tuple(node.filter_ids))
+        """The shape of a node (anything with ``n_rows``, ``row_nbytes``, ``chunk_rows`` and ``filter_ids``; ``remote``
+        and ``parts`` where it has them, as ``_io.node.NodeInfo``)."""
+        parts = [p.node for p in getattr(node, "parts", ())] or [node]
+        remote = any(getattr(n, "remote", None) is not None for n in parts)
+        return cls(node.n_rows, node.row_nbytes, node.chunk_rows, tuple(node.filter_ids), remote)
 
     @property
     def nbytes(self) -> int:
@@ -136,29 +152,37 @@ def cap_readers(n_procs: int, n_blocks: "int | None", cpus: int) -> int:
     return min(n_procs, cap if n_blocks is None else min(cap, n_blocks))
 
 
-def default_block_size(n_rows: int, row_nbytes: int, chunk_rows: "int | None", n_procs: int) -> int:
-    """Rows per block: whole chunks near :data:`TARGET_BLOCK_BYTES`, smaller for small datasets.
+def default_block_size(n_rows: int, row_nbytes: int, chunk_rows: "int | None", n_procs: int, remote: bool = False) -> int:
+    """Rows per block: whole chunks near :data:`TARGET_BLOCK_BYTES` (:data:`REMOTE_BLOCK_BYTES` for an object),
+    smaller for small datasets.
 
     ``n_procs=0`` (reading in the consumer) keeps blocks large: there are no
     readers to share the blocks between.
     """
     row_nbytes = max(row_nbytes, 1)
     if chunk_rows:
-        chunks = max(1, TARGET_BLOCK_BYTES // (chunk_rows * row_nbytes))
+        chunks = max(1, (REMOTE_BLOCK_BYTES if remote else TARGET_BLOCK_BYTES) // (chunk_rows * row_nbytes))
         if n_procs:
             # Enough blocks that every reader gets several, but never less than one chunk.
             per_reader = n_rows // (chunk_rows * n_procs * MIN_BLOCKS_PER_READER)
             chunks = max(1, min(chunks, per_reader))
         size = chunks * chunk_rows
     else:
-        size = max(1, CONTIGUOUS_BLOCK_BYTES // row_nbytes)
+        size = max(1, (REMOTE_BLOCK_BYTES if remote else CONTIGUOUS_BLOCK_BYTES) // row_nbytes)
         if n_procs:
             size = max(1, min(size, n_rows // (n_procs * MIN_BLOCKS_PER_READER)))
     return max(1, min(size, n_rows))
 
 
-def default_read_ahead(n_procs: int) -> int:
-    """Slots in the ring: one being filled per reader, as many ready, and the consumer's."""
+def default_read_ahead(n_procs: int, remote: bool = False) -> int:
+    """Slots in the ring: one being filled per reader, as many ready, and the consumer's.
+
+    For an object, one being filled per reader and two ready: its readers are
+    more and its blocks larger (NOTE [read plan]), and a block waits on the
+    network longer than the consumer takes it.
+    """
+    if remote:
+        return max(n_procs, 1) + 2
     return 2 * max(n_procs, 1) + 2
 
 
@@ -177,7 +201,12 @@ def parallel_pays(nbytes: int, filter_ids: "tuple[int, ...]", start_method: str,
 
 
 def default_readers(shape: DatasetShape, engine: str, machine: Machine) -> int:
-    """Readers for ``shape`` when none are asked for: every usable CPU where they pay, else 0 (read in the consumer)."""
+    """Readers for ``shape`` when none are asked for: every usable CPU where they pay, else 0 (read in the consumer).
+
+    An object's: ``REMOTE_READERS_PER_CPU`` per CPU where it has more than two blocks (NOTE [read plan]).
+    """
+    if shape.remote:
+        return REMOTE_READERS_PER_CPU * machine.cpus if shape.nbytes > 2 * REMOTE_BLOCK_BYTES else 0
     pays = parallel_pays(shape.nbytes, shape.filter_ids, machine.start_method, machine.cpus, engine)
     return machine.cpus if pays else 0
 
@@ -202,11 +231,11 @@ def plan_stream(
         n_procs = default_readers(shape, engine, machine)
     n_procs = cap_readers(n_procs, None, machine.cpus)  # first: the default block size depends on it
     if block_size is None:
-        block_size = default_block_size(shape.n_rows, shape.row_nbytes, shape.chunk_rows, n_procs)
+        block_size = default_block_size(shape.n_rows, shape.row_nbytes, shape.chunk_rows, n_procs, shape.remote)
     elif block_size > shape.n_rows:
         raise ValueError(f"block_size={block_size} is larger than {path!r}, which has {shape.n_rows} rows")
     blocks = BlockPlan(shape.n_rows, block_size, cyclic=cyclic, remainder=remainder)
-    return plan_blocks(blocks, machine, n_procs=n_procs, read_ahead=read_ahead)
+    return plan_blocks(blocks, machine, n_procs=n_procs, read_ahead=read_ahead, remote=shape.remote)
 
 
 def plan_blocks(
@@ -217,15 +246,17 @@ def plan_blocks(
     read_ahead: "int | None" = None,
     table: int = 0,
     most_blocks: "int | None" = None,
+    remote: bool = False,
 ) -> ReadPlan:
     """How given blocks are read: ``n_procs`` readers, capped (NOTE [read plan]); the default read-ahead.
 
     ``table``: for a :class:`GrowingPlan`, the entries of the readers' block
     table; ``most_blocks``: the most blocks it will ever hold unread at once
-    (caps the readers, as a fixed plan's blocks do).
+    (caps the readers, as a fixed plan's blocks do); ``remote``: the blocks are
+    an object's.
     """
     n_procs = cap_readers(n_procs, blocks.n_blocks if most_blocks is None else most_blocks, machine.cpus)
-    return ReadPlan(blocks, n_procs, default_read_ahead(n_procs) if read_ahead is None else read_ahead, table)
+    return ReadPlan(blocks, n_procs, default_read_ahead(n_procs, remote) if read_ahead is None else read_ahead, table)
 
 
 @dataclass(frozen=True)
@@ -264,7 +295,7 @@ def plan_batches(
     file_rows = shapes[0].n_rows
     main = max(shapes, key=lambda s: s.row_nbytes)
     if block_size is None:
-        block_size = default_block_size(file_rows, main.row_nbytes, main.chunk_rows, 1)  # never the machine's
+        block_size = default_block_size(file_rows, main.row_nbytes, main.chunk_rows, 1, main.remote)  # never the machine's
         if n_rows != file_rows:
             block_size = default_subset_block(block_size, n_rows, file_rows)
     elif block_size > n_rows:
@@ -273,7 +304,8 @@ def plan_batches(
     nbytes = [s.nbytes for s in shapes]
     pays = [default_readers(s, e, machine) > 0 for s, e in zip(shapes, engines)]
     n_blocks = -(-n_rows // block_size)
-    readers = [cap_readers(n, n_blocks, machine.cpus) for n in split_readers(nbytes, pays, n_procs, machine.cpus)]
+    cpus = machine.cpus * (REMOTE_READERS_PER_CPU if any(s.remote for s in shapes) else 1)
+    readers = [cap_readers(n, n_blocks, machine.cpus) for n in split_readers(nbytes, pays, n_procs, cpus)]
     if window is None:
         window = max(1, WINDOW_BYTES // (block_size * max(1, sum(s.row_nbytes for s in shapes))))
     return BatchPlan(block_size, tuple(readers), read_ahead, min(window, n_blocks) if shuffle else 1)

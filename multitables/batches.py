@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, Union
 import numpy as np
 
 from ._io.blockread import delivered
-from ._io.fileset import inspect_files
 from ._plan.epoch import EpochSettings, remaining_after
 from ._plan.readers import DatasetShape, plan_batches
 from ._plan.subset import epoch_rows, subset_key, weighted_draw, weights_key
@@ -177,7 +176,7 @@ class Batches:
         self._rank, world = rank_and_world(rank, world_size)
 
         # The files are looked at once, here: a later epoch's readers check that each is still the file seen now.
-        nodes = [inspect_files(stream.filename, p, self._field) for p in path_list]
+        nodes = [stream.options.inspect(p, self._field) for p in path_list]
         if self._columns is not None:
             check_columns(nodes[0], self._columns)
         lengths = {n.n_rows for n in nodes}

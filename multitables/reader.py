@@ -23,8 +23,10 @@ from ._access.readercore import ReaderCore
 from ._access.request import Request
 from ._access.stages import Stage, StagePool
 from ._io.engines import check_engine, resolve_engine
-from ._io.fileset import as_files, describe_files, inspect_files
-from ._io.node import NodeInfo, check_file, file_signature
+from ._io.fileset import as_files, check_files, describe_files
+from ._io.node import NodeInfo, check_file
+from ._io.objects.config import make_store
+from ._io.objects.urls import is_url, shown
 from ._plan.readers import Machine, plan_requests
 from ._plan.requests import effective_chunk_rows, split_shares
 from ._procs.pool import check_start_method
@@ -64,6 +66,10 @@ class Reader:
     max_stages : int
         Stages that can be open at once (each has a semaphore made when the
         readers start). Default 64.
+    storage_options : dict, optional
+        For files given as URLs, as for :class:`Streamer` (see
+        :doc:`object_storage`). Queries (``where``, ``read_sorted``), which
+        PyTables runs, are refused on an object.
     **open_kwargs
         Passed to the engine's open call (for PyTables: e.g.
         ``DRIVER="H5FD_CORE"``).
@@ -85,10 +91,13 @@ class Reader:
         engine: str = "auto",
         start_method: "str | None" = None,
         max_stages: int = DEFAULT_MAX_STAGES,
+        storage_options: "dict[str, Any] | None" = None,
         **open_kwargs: Any,
     ) -> None:
         self._core: "ReaderCore | None" = None
-        files = as_files(filename)
+        urls = is_url(filename) or (isinstance(filename, (list, tuple)) and any(is_url(f) for f in filename))
+        store = make_store(storage_options) if storage_options is not None or urls else None
+        files = as_files(filename, store)
         n_procs = plan_requests(check_int("n_procs", n_procs, 1), Machine.here(start_method))
         max_stages = check_int("max_stages", max_stages, 1, allow_none=False)
         check_engine(engine)
@@ -96,14 +105,13 @@ class Reader:
         if notify is not None and not callable(notify):
             raise TypeError(f"notify must be callable, not {type(notify).__name__}")
         if isinstance(files, str):
-            check_file(files)
-            where, signature = files, file_signature(files)
+            signature = check_file(files, store)
+            where = shown(files)
         else:  # each file is checked, and its identity taken, with each dataset (NOTE [file sets])
-            for name in files:
-                check_file(name)
+            check_files(files, store)
             where, signature = describe_files(files), None
-        pool = ServeReaders(where, open_kwargs, n_procs, max_stages, start_method, signature, files)
-        self._core = ReaderCore(files, engine, open_kwargs, pool, max_stages, notify)
+        pool = ServeReaders(where, open_kwargs, n_procs, max_stages, start_method, signature, files, store)
+        self._core = ReaderCore(files, engine, open_kwargs, pool, max_stages, notify, store)
         self._finalizer = weakref.finalize(self, self._core.stop)
 
     @property
@@ -138,7 +146,7 @@ class Reader:
         """
         core = self._live()
         core.check_open()
-        node = inspect_files(core.filename, path)
+        node = core.inspect(path)
         engine = resolve_engine(core.engine, node, core.open_kwargs)
         return Dataset(self, node, engine)
 
@@ -273,7 +281,7 @@ class Dataset:
         if got is None:
             if not isinstance(field, str):
                 raise TypeError(f"a column is named by a str, not {type(field).__name__}")
-            node = inspect_files(self._node.files, self._node.path, field)  # KeyError for a missing column
+            node = self._reader._live().inspect(self._node.path, field)  # KeyError for a missing column
             got = self._fields[field] = (node, describe(self._engine, node))
         return got
 
@@ -341,6 +349,9 @@ class Dataset:
                 f"{what}() is a PyTables query, which runs on one file; {self.path!r} spans {self._node.filename!r}: "
                 f"make a Reader of each file to query it"
             )
+        if self._node.remote is not None:
+            raise ValueError(f"{what}() is a PyTables query, and PyTables reads local files only; {self._node.filename!r} "
+                             f"is an object")
 
     def _stage_nbytes(self, shape: Any) -> tuple[int, int]:
         """``(rows, bytes)`` of a stage for ``shape``: rows, or a shape whose missing or -1/None axes are this dataset's."""

@@ -35,12 +35,21 @@ from ._stream.queue import Guard, Queue
 from ._procs.stream import StreamSpec
 from ._io.chunks.source import CACHES
 from ._io.engines import check_engine
-from ._io.fileset import as_files, inspect_files, open_files
+from ._io.fileset import as_files
 from ._io.node import close_dataset
+from ._io.objects.config import make_store
+from ._io.objects.urls import is_url
 from ._plan.readers import DatasetShape, plan_stream
 from ._procs.pool import check_start_method
 
 __all__ = ["Streamer", "Queue", "Guard"]
+
+
+def _names_url(filename: Any) -> bool:
+    """Whether ``filename`` (a name, or a list of names) names an object (``s3://``, ``http(s)://``)."""
+    if isinstance(filename, (list, tuple)):
+        return any(is_url(name) for name in filename)
+    return is_url(filename)
 
 
 #: Blocks the generator lends at most at once (NOTE [lent blocks]): the one it yields and the one
@@ -96,6 +105,15 @@ class Streamer:
     start_method : str, optional
         The multiprocessing start method for the readers (``fork``,
         ``spawn``, ``forkserver``); default: multiprocessing's default.
+    storage_options : dict, optional
+        For files given as URLs (``s3://bucket/path/train-*.h5``,
+        ``https://host/file.h5``): ``endpoint_url``, ``region``, ``key``,
+        ``secret``, ``token``, ``anon``, ``profile``, ``cache_dir`` and
+        ``cache_size`` (a local cache for the epochs after the first), and
+        how requests are made. Without them, the endpoint, region and
+        credentials come from the environment (``AWS_ENDPOINT_URL``,
+        ``AWS_REGION``, ``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``...), as the
+        usual S3 clients read them. See :doc:`object_storage`.
     **open_kwargs
         Passed to the engine's open call, as in the established API (for
         PyTables: e.g. ``DRIVER='H5FD_CORE'``).
@@ -110,12 +128,17 @@ class Streamer:
         engine: str = "auto",
         cache: str = "page",
         start_method: "str | None" = None,
+        storage_options: "dict[str, Any] | None" = None,
         **open_kwargs: Any,
     ) -> None:
-        self._options = StreamOptions(as_files(filename), engine, cache, start_method, open_kwargs)
+        store = make_store(storage_options) if storage_options is not None or _names_url(filename) else None
+        files = as_files(filename, store)
+        self._options = StreamOptions(files, engine, cache, start_method, open_kwargs, store)
         check_engine(engine)
         if cache not in CACHES:
             raise ValueError(f"cache={cache!r} is not one of {CACHES}")
+        if cache == "direct" and _names_url(files):
+            raise ValueError("cache='direct' reads local files past the page cache; URLs are read by ranged requests")
         if cache == "direct" and engine not in ("auto", "chunks"):
             raise ValueError(f"cache='direct' needs the chunk engine (engine='auto' or 'chunks'), not engine={engine!r}")
         check_start_method(start_method)
@@ -149,7 +172,7 @@ class Streamer:
         ordered = check_bool("ordered", ordered)
         remainder = check_bool("remainder", remainder)
         options = self._options
-        node, dataset = open_files(options.files, path, field)
+        node, dataset = options.open_files(path, field)
         try:
             engine = options.resolve(node, dataset)
             read = plan_stream(
@@ -304,5 +327,5 @@ class Streamer:
     def get_remainder(self, path: str, block_size: int, field: "str | None" = None) -> np.ndarray:
         """The last ``len % block_size`` rows of ``path`` (empty when ``block_size`` divides the length), read here."""
         block_size = check_int("block_size", block_size, 1, allow_none=False)  # type: ignore[assignment]
-        node = inspect_files(self._options.files, path, field)
+        node = self._options.inspect(path, field)
         return self._options.read_rows(node, block_size * (node.n_rows // block_size), node.n_rows)

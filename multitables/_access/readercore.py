@@ -10,6 +10,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from .._io.fileset import inspect_files
+from .._io.node import NodeInfo
+from .._io.objects.config import Store
 from .._procs.serve import ServeReaders
 from .._shm.ring import TICK
 from .._shm.stagemap import StageMap
@@ -36,8 +39,10 @@ class ReaderCore:
         pool: ServeReaders,
         max_stages: int,
         notify: "Callable[[Any], Any] | None",
+        store: "Store | None" = None,
     ) -> None:
         self.filename = filename
+        self.store = store
         self.engine = engine
         self.open_kwargs = open_kwargs
         self.pool = pool
@@ -55,6 +60,10 @@ class ReaderCore:
         self.req_ids = itertools.count()
         self.next_reader = 0
         self.notifier = Notifier(notify) if notify is not None else None
+
+    def inspect(self, path: str, field: "str | None" = None) -> NodeInfo:
+        """The node at ``path`` (``field``: one column) of the Reader's files, checked now."""
+        return inspect_files(self.filename, path, field, self.store)
 
     def check_open(self) -> None:
         """Raise unless new requests can be made: open, not stopped, and no reader dead (looked at now)."""

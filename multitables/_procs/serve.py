@@ -54,6 +54,8 @@ import numpy as np
 
 from .._io.fileset import SetRef
 from .._io.node import FileSignature, NodeInfo, check_file_unchanged
+from .._io.objects.config import Store
+from .._io.objects.http import ObjectIdentity
 from .._io.engines import open_rows
 from .._io.scattered import Stopped
 from .._shm.inbox import ATTACH, DETACH, READ, STOP, InboxSync, Inboxes, Item
@@ -72,9 +74,11 @@ class ServeSettings:
 
     open_kwargs: dict[str, Any]
     control_name: str
-    file_signature: "FileSignature | None"
+    file_signature: "FileSignature | ObjectIdentity | None"
     #: The Reader's file, or its set's files (NOTE [file sets] in ``_io.fileset``).
     files: "str | tuple[str, ...]" = ""
+    #: How objects (URLs) are reached; None where no file is one.
+    store: "Store | None" = None
 
 
 # -- the reader's side -----------------------------------------------------------------------
@@ -133,7 +137,7 @@ class _Server:
         if got is None:
             engine, node = pickle.loads(desc)
             if isinstance(node, SetRef):
-                node = node.resolve(self.settings.files)  # type: ignore[arg-type]
+                node = node.resolve(self.settings.files, self.settings.store)  # type: ignore[arg-type]
             got = self.readers[desc] = (node, open_rows(engine, node, self.settings.open_kwargs))
         return got
 
@@ -219,8 +223,9 @@ class ServeReaders:
         n_procs: int,
         max_stages: int,
         start_method: "str | None",
-        file_signature: "FileSignature | None",
+        file_signature: "FileSignature | ObjectIdentity | None",
         files: "str | tuple[str, ...]" = "",
+        store: "Store | None" = None,
     ) -> None:
         self.filename = filename
         self.n_procs = n_procs
@@ -234,7 +239,7 @@ class ServeReaders:
         self.channels = tuple(ctx.Semaphore(0) for _ in range(max_stages))
         self._inboxes = Inboxes.create(n_procs)
         try:
-            settings = ServeSettings(open_kwargs, self._inboxes.segment.name, file_signature, files)
+            settings = ServeSettings(open_kwargs, self._inboxes.segment.name, file_signature, files, store)
             self.pool.start(serve_loop, [(settings, sync, self.channels) for sync in self._syncs])
             self.pool.wait_attached("start", self._check_broken)
         except BaseException:

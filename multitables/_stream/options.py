@@ -9,9 +9,11 @@ import numpy as np
 
 from .._io.blockread import Transform
 from .._io.engines import open_source, resolve_engine
+from .._io.fileset import inspect_files, open_files
 from .._io.node import NodeInfo
+from .._io.objects.config import Store
 from .._plan.blocks import GrowingPlan, RangePlan
-from .._plan.readers import Machine, plan_blocks
+from .._plan.readers import DatasetShape, Machine, plan_blocks
 from .._procs.stream import StreamSpec
 from .queue import Queue
 
@@ -26,6 +28,16 @@ class StreamOptions:
     cache: str
     start_method: "str | None"
     open_kwargs: dict[str, Any]
+    #: How objects (URLs) are reached: ``storage_options`` resolved, no secret; None where no file is one.
+    store: "Store | None" = None
+
+    def open_files(self, path: str, field: "str | None" = None) -> "tuple[NodeInfo, Any]":
+        """The node at ``path`` of the files, and its open ``h5py.Dataset`` (None for a set): ``_io.fileset.open_files``."""
+        return open_files(self.files, path, field, self.store)
+
+    def inspect(self, path: str, field: "str | None" = None) -> NodeInfo:
+        """The node at ``path`` of the files, checked (every file of a set; NOTE [file sets] in ``_io.fileset``)."""
+        return inspect_files(self.files, path, field, self.store)
 
     def resolve(self, node: NodeInfo, dataset: Any = None) -> str:
         """The engine that will read ``node``; refuses ``cache='direct'`` where the chunk engine cannot read it."""
@@ -82,5 +94,6 @@ class StreamOptions:
         """
         if blocks.stops and max(blocks.stops) > node.n_rows:
             raise ValueError(f"the plan reads up to row {max(blocks.stops)} but {node.path!r} has {node.n_rows} rows")
-        read = plan_blocks(blocks, self.machine, n_procs=n_procs, read_ahead=read_ahead, table=table, most_blocks=most_blocks)
+        read = plan_blocks(blocks, self.machine, n_procs=n_procs, read_ahead=read_ahead, table=table,
+                           most_blocks=most_blocks, remote=DatasetShape.of(node).remote)
         return self.open_queue(StreamSpec(node, engine, read, True, self.cache, transform))

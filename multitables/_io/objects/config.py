@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -249,8 +249,3 @@ def _profile_endpoint(session: Any) -> "str | None":
         if found:
             return found
     return scoped.get("endpoint_url")
-
-
-def without_cache(store: Store) -> Store:
-    """``store`` reading every byte from the server."""
-    return replace(store, cache_dir=None)

@@ -22,6 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 from ...errors import FileChangedError, ObjectStorageError
 from .config import Store, Tuning
@@ -249,8 +250,6 @@ class Endpoint:
             self.path = f"{prefix}/{quote_key(url.key)}"
             self.credentials = None if store.anon else _credentials(store, self.shown)
         else:
-            from urllib.parse import urlsplit
-
             p = urlsplit(url.url)
             scheme, host = p.scheme.lower(), p.hostname or ""
             port = p.port or (443 if scheme == "https" else 80)

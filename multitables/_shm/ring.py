@@ -351,10 +351,18 @@ class Ring:
                 break
             check()
             time.sleep(TICK / 10)
-        while True:
-            slot = self.take(0)
-            if slot is None:
-                break
+        # Every block published to the ready ring and not taken goes back: as many as the ring holds, each
+        # waited for (a reader counts a block done under the lock, and releases ``ready`` just after it).
+        with self._locked(check):
+            waiting = int(self._hdr[_READY_TAIL]) - self._ready_head
+        for _ in range(waiting):
+            while not self.sync.ready.acquire(timeout=TICK):
+                check()
+            if self.failed:
+                self.sync.ready.release()  # the failing reader's wake-up, not a slot: check() raises its error
+                check()
+            slot = int(self._ready_ring[self._ready_head % self.layout.n_slots])
+            self._ready_head += 1
             self.release(slot, check)
         return next_k
 

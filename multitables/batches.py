@@ -446,10 +446,16 @@ class Batches:
     def _run_epochs(self, epochs: "int | None", alloc: Alloc) -> Iterator[Batch]:
         """``epochs`` epochs (None: endless) from the current position, each in its own order."""
         done = 0
-        while epochs is None or done < epochs:
-            # The last epoch of the run has no next one to read ahead (a loop of iterations may, so one epoch does).
-            yield from self._iterate(self._epoch, self._batch, alloc, ahead=epochs is None or done + 1 < epochs)
-            done += 1
+        try:
+            while epochs is None or done < epochs:
+                # The last epoch of the run has no next one to read ahead (a loop of iterations may, so one epoch does).
+                yield from self._iterate(self._epoch, self._batch, alloc, ahead=epochs is None or done + 1 < epochs)
+                done += 1
+        except GeneratorExit:
+            raise  # the loop was left: the readers stay for the next iteration
+        except BaseException:
+            self._feed.close()  # between two epochs (Ctrl-C): as within one
+            raise
 
     def _iterate(self, epoch: int, start: int, alloc: Alloc, ahead: bool = True) -> Iterator[Batch]:
         """The batches of ``epoch`` from batch ``start``; ``ahead``: have the readers go on with the next epoch."""

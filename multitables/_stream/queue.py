@@ -19,6 +19,14 @@ from ..errors import QueueClosed, StreamClosedError
 from .backends import InlineBackend, RingBackend
 
 
+def _give_back(queue: "Queue", slot: int) -> None:
+    """A dropped guard's slot back to its queue; a stream that failed or closed meanwhile needs nothing."""
+    try:
+        queue._release(slot)
+    except Exception:
+        pass
+
+
 class Guard:
     """Holds one block of a :class:`Queue` until released.
 
@@ -31,13 +39,18 @@ class Guard:
     ``with`` holds the guard from then on (see :meth:`Queue.get`).
     """
 
-    __slots__ = ("_queue", "_slot", "block", "_released", "__weakref__")
+    __slots__ = ("_queue", "_slot", "block", "_released", "_dropped", "__weakref__")
 
     def __init__(self, queue: "Queue", slot: int, block: np.ndarray) -> None:
         self._queue: "Queue | None" = queue
         self._slot = slot
         self.block = block
         self._released = False
+        # A guard dropped without ``with`` must not keep its slot for ever: a finaliser gives it back. Not a
+        # ``__del__``: that would run Python code at the end of every guard's life, and a Ctrl-C arriving then
+        # is raised inside it, where Python ignores it; a finaliser detached at release runs nothing.
+        self._dropped = weakref.finalize(self, _give_back, queue, slot)
+        self._dropped.atexit = False
 
     def __enter__(self) -> np.ndarray:
         if not self._released:
@@ -51,16 +64,10 @@ class Guard:
         """Give the slot back (idempotent). The block must not be used afterwards."""
         if not self._released:
             self._released = True
+            self._dropped.detach()
             self.block = None  # type: ignore[assignment]
             queue, self._queue = self._queue, None  # a released guard must not keep the queue (and its readers) alive
             queue._release(self._slot)
-
-    def __del__(self) -> None:
-        # A guard dropped without ``with`` must not keep its slot forever.
-        try:
-            self.release()
-        except Exception:
-            pass
 
 
 class Queue:

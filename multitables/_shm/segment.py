@@ -95,16 +95,17 @@ def _address(buf: mmap.mmap) -> int:
         del probe
 
 
-def _map_without_fd(fd: int, nbytes: int) -> mmap.mmap:
-    """Map ``fd`` shared and writable through an mmap object that keeps no descriptor of it."""
+def _map_without_fd(fd: int, nbytes: int, populate: bool = False) -> mmap.mmap:
+    """Map ``fd`` shared and writable through an mmap object that keeps no descriptor of it.
+
+    ``populate``: every page in this process's page tables at once (MAP_POPULATE), rather than each at its
+    first touch (a fault each).
+    """
     if _libc is None:  # pragma: no cover
         return mmap.mmap(fd, nbytes)
     buf = mmap.mmap(-1, nbytes)  # reserves the addresses; unmapping it later unmaps whatever is there
     addr = _address(buf)
-    # MAP_POPULATE: every page is in this process's page tables from the start. Else each process faults
-    # once on every page it first touches, and with N readers taking slots in turn a reader first touches
-    # a slot N laps in: 26,000 faults a GiB with two readers here (10% of the pages), 214,000 with 16.
-    flags = mmap.MAP_SHARED | _MAP_FIXED | getattr(mmap, "MAP_POPULATE", 0)
+    flags = mmap.MAP_SHARED | _MAP_FIXED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
     got = _libc.mmap(addr, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, 0)
     if got == _MAP_FAILED:
         err = ctypes.get_errno()
@@ -352,13 +353,13 @@ class Segment:
             return cls(name, nbytes, buf, owner=True)
 
     @classmethod
-    def attach(cls, name: str, nbytes: int) -> "Segment":
+    def attach(cls, name: str, nbytes: int, populate: bool = False) -> "Segment":
         """Map an existing segment by name (a reader's side; never registers it anywhere)."""
         if _posixshmem is None:  # pragma: no cover
             raise OSError("POSIX shared memory is not available on this platform")
         fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
         try:
-            buf = _map_without_fd(fd, nbytes)
+            buf = _map_without_fd(fd, nbytes, populate)
         finally:
             os.close(fd)
         return cls(name, nbytes, buf, owner=False)

@@ -27,7 +27,7 @@ from ._sys.checks import check_bool, check_columns, check_fields, check_int, ran
 from ._train.mix import MixedBatches, mix_batches
 from ._train.transforms import infer_transforms
 from ._train.feed import EpochPieces, Feed
-from ._train.windows import Alloc, Carry, NoWindows, Windows, cut, empty_window_buffer, epoch_windows
+from ._train.windows import Alloc, Carry, NoWindows, Windows, cut, epoch_windows, window_buffers
 
 if TYPE_CHECKING:
     from .streamer import Streamer  # type only: the streamer makes batches
@@ -210,16 +210,15 @@ class Batches:
         self._step = 0  # batches delivered since epoch 0 began, at whatever world sizes
         #: The current epoch's parts run at other world sizes: (world_size, batches), NOTE [elastic resume].
         self._elastic: list[tuple[int, int]] = []
-        # The iteration in progress, weakly: it holds this object (its frame's ``self``), and a strong
-        # reference back would make a cycle that only the cycle collector frees, readers running until
-        # then. So leaving a ``for`` loop (``break``) or dropping the iterator closes it at once, and
-        # its readers stop (NOTE [shutdown] in ``_procs.pool``).
+        # The iteration in progress, weakly: it holds this object (its frame's ``self``), and a reference back
+        # would be a cycle that only the cycle collector frees, the readers running until then.
         self._active: "weakref.ref[Iterator[Batch]] | None" = None
         self._buffers: "list[list[np.ndarray]] | None" = None  # see _window_buffers
         # The readers, kept from epoch to epoch (NOTE [readers across epochs] in ``_procs.stream``). It holds
         # nothing of this object, so dropping the batches drops it, and its queues stop their readers.
         self._feed = Feed(stream.options, nodes, self._engines, self._plan, self._transforms)
         self._carry: "Carry | None" = None  # the next epoch's first window, pulled already (NOTE [window pipelining])
+        self._finished = 0  # epochs delivered to their end by this object: a loop of epochs reads ahead
 
     # -- what the batches are ------------------------------------------------
 
@@ -358,18 +357,9 @@ class Batches:
         self._buffers, self._carry = None, None
 
     def _window_buffers(self) -> list[list[np.ndarray]]:
-        """Two buffers per dataset for the largest window, kept from epoch to epoch.
-
-        Fresh memory page-faults on first touch; at 256 MiB that costs more
-        than the copy into it. Batches are gathered out of the buffers into
-        arrays of their own, so reusing them is safe. Forked readers do not
-        share them (NOTE [window buffers and fork] in ``_train.windows``).
-        """
+        """Two buffers per dataset for the largest window, kept from epoch to epoch (``_train.windows.window_buffers``)."""
         if self._buffers is None:
-            rows = self._settings.window * self._settings.block_size
-            self._buffers = [
-                [empty_window_buffer((rows,) + shape, dtype) for dtype, shape in self._row_types] for _ in range(2)
-            ]
+            self._buffers = window_buffers(self._settings.window * self._settings.block_size, self._row_types)
         return self._buffers
 
     def _subset_key(self) -> "str | None":
@@ -429,7 +419,9 @@ class Batches:
         self._stop_active()  # an older iteration ends here: its position is this one's start
         make = lambda n: list(alloc(n))  # noqa: E731 - a list, as the windows take
         if self._epochs == 1:
-            it = self._iterate(self._epoch, self._batch, make)
+            # Whether another epoch will follow is not said: read ahead into it once one epoch went by in a loop
+            # (a batches made for one pass, or evaluation, never reads an epoch it does not deliver).
+            it = self._iterate(self._epoch, self._batch, make, ahead=self._finished > 0)
         else:
             it = self._run_epochs(self._epochs, make)
         self._active = weakref.ref(it)
@@ -457,7 +449,7 @@ class Batches:
             self._feed.close()  # between two epochs (Ctrl-C): as within one
             raise
 
-    def _iterate(self, epoch: int, start: int, alloc: Alloc, ahead: bool = True) -> Iterator[Batch]:
+    def _iterate(self, epoch: int, start: int, alloc: Alloc, ahead: bool) -> Iterator[Batch]:
         """The batches of ``epoch`` from batch ``start``; ``ahead``: have the readers go on with the next epoch."""
         s, rows = self._epoch_plan(epoch)
         if s is None:  # an elastic resume found the epoch done
@@ -491,6 +483,7 @@ class Batches:
                 yield self._deliver([np.empty((0,) + shape, dtype) for dtype, shape in self._row_types])
             self._epoch, self._batch, self._elastic = epoch + 1, 0, []
             self._carry = getattr(source, "carry", None)
+            self._finished += 1
         except GeneratorExit:
             raise  # the loop was left: the readers stay for the next iteration
         except BaseException:

@@ -309,16 +309,17 @@ def test_a_reader_error_in_a_later_epoch_reaches_the_loop(tmp_path: Path, no_lea
 
 @pytest.mark.parametrize("windows", [1, 4])
 def test_the_next_epochs_first_window_is_read_during_this_epoch(rows_file, no_leaks, windows: int, monkeypatch) -> None:
-    """NOTE [window pipelining]: once an epoch is done, the next one's first window is in already.
+    """NOTE [window pipelining]: in a loop of epochs, an epoch's first window is in when the one before ends.
 
-    Which pieces each epoch takes from its readers is recorded: none of epoch
-    1's first window is taken once epoch 1 has begun, and its rows are right.
+    Which pieces each epoch takes from its readers is recorded. A batches'
+    first epoch reads nothing of the next (it may be a batches made for one
+    pass); once an epoch went by, the next epoch's first window is taken
+    during the epoch before it, and its rows are right.
     """
     from multitables._train.feed import Feed
 
     taken: list[tuple[int, int, int]] = []  # (epoch being delivered, epoch of the piece, piece)
     real_get = Feed.get
-
     watched: list[multitables.Batches] = []
 
     def get(feed: Feed):  # type: ignore[no-untyped-def]
@@ -331,14 +332,17 @@ def test_the_next_epochs_first_window_is_read_during_this_epoch(rows_file, no_le
     n_blocks = 80
     window = n_blocks // windows
     reference = batches(rows_file, n_procs=0, window=window)
-    reference.set_epoch(1)
+    reference.set_epoch(2)
     expected = [y.copy() for y in reference]
     b = batches(rows_file, window=window, read_ahead=4)
     watched.append(b)
-    got = [y.copy() for y in b] and [y.copy() for y in b]  # epochs 0 and 1
+    list(b)  # epoch 0: nothing of epoch 1 is taken
+    assert {epoch for now, epoch, _ in taken if now == 0} == {0}
+    list(b)  # epoch 1: in a loop now, it takes epoch 2's first window
+    got = [y.copy() for y in b]  # epoch 2
     first_window = set(range(window))  # one block per piece here: one rank, blocks of 50 rows
-    assert {piece for now, epoch, piece in taken if epoch == 1 and now == 0} == first_window
-    assert not [piece for now, epoch, piece in taken if epoch == 1 and now == 1 and piece in first_window]
+    assert {piece for now, epoch, piece in taken if epoch == 2 and now == 1} == first_window
+    assert not [piece for now, epoch, piece in taken if epoch == 2 and now == 2 and piece in first_window]
     for mine, theirs in zip(got, expected, strict=True):
         np.testing.assert_array_equal(mine, theirs)
     b.close()

@@ -77,6 +77,17 @@ def empty_window_buffer(shape: "tuple[int, ...]", dtype: Any) -> np.ndarray:
     return np.frombuffer(region, dtype, count=count).reshape(shape)
 
 
+def window_buffers(rows: int, row_types: "Sequence[tuple[Any, tuple[int, ...]]]") -> "list[list[np.ndarray]]":
+    """Two buffers of ``rows`` rows per dataset (``row_types``: dtype and row shape of each), for the windows.
+
+    Kept from epoch to epoch: fresh memory page-faults on first touch, and at
+    256 MiB that costs more than the copy into it. Batches are gathered out of
+    them into arrays of their own, so reusing them is safe; forked readers do
+    not share them (NOTE [window buffers and fork]).
+    """
+    return [[empty_window_buffer((rows,) + tuple(shape), dtype) for dtype, shape in row_types] for _ in range(2)]
+
+
 class Window:
     """The rows of one window, in delivered order; ``take`` copies a run of them out."""
 

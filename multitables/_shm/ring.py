@@ -409,9 +409,10 @@ class Ring:
         self.sync.free.release()
 
     def wake_readers(self, n: int) -> None:
-        """Release ``n`` free tokens so readers blocked on a slot see the stop flag now."""
+        """Release ``n`` free and ``more`` tokens so readers blocked on a slot, or on blocks to claim, see the stop flag now."""
         for _ in range(n):
             self.sync.free.release()
+            self.sync.more.release()
 
 
 class TablePlan:

@@ -1,0 +1,53 @@
+"""What starting a stream's readers costs: ``get_queue`` split into making the ring, forking, attaching.
+
+    python benchmarks/stream_startup.py bench/epochs.h5 --procs 8 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import multitables
+from multitables._procs import pool
+from multitables._shm import ring
+
+SPENT: dict[str, float] = {}
+
+
+def timed(owner: Any, name: str, label: str) -> None:
+    original = getattr(owner, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            SPENT[label] = SPENT.get(label, 0.0) + time.perf_counter() - t
+
+    setattr(owner, name, wrapper)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("file")
+    p.add_argument("--procs", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args()
+    timed(ring.Ring, "create", "ring")
+    timed(pool.ReaderPool, "start", "fork")
+    timed(pool.ReaderPool, "wait_attached", "attach")
+    for _ in range(args.repeats):
+        SPENT.clear()
+        t0 = time.perf_counter()
+        with multitables.Streamer(args.file).get_queue("/data", n_procs=args.procs) as q:
+            t1 = time.perf_counter()
+            q.get().release()
+            t2 = time.perf_counter()
+        parts = ", ".join(f"{k} {v:.3f}" for k, v in SPENT.items())
+        print(f"n_procs={q.n_procs}: get_queue {t1 - t0:.3f} s ({parts}), first block {t2 - t1:.3f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -462,6 +462,7 @@ class Batches:
             carry = None  # NOTE [window pipelining]: good for that epoch from its first window only
         try:
             source: "Windows" = NoWindows()
+            following = None
             if w0 < plan.n_windows:
                 pieces = EpochPieces.of(plan, plan.bounds[w0] if carry is None else carry.pulled, rows)
                 self._feed.provide(pieces)
@@ -469,7 +470,8 @@ class Batches:
                 if ahead:  # NOTE [readers across epochs]: the readers go on with the next epoch once this one is read
                     later = self._settings.rank_epoch(epoch + 1, self.rank)
                     following = EpochPieces.of(later, 0, self._rows_of(epoch + 1))
-                    after = (later, following) if self._feed.follow(following) and s.shuffle else None
+                    following = following if self._feed.fits(following) else None
+                    after = (later, following) if following is not None and s.shuffle else None
                 buffers = self._window_buffers() if s.shuffle else None
                 source = epoch_windows(plan, w0, self._feed, pieces, buffers, carry, after)
             k = start
@@ -477,6 +479,9 @@ class Batches:
                 k += 1
                 self._batch, self._step = k, self._step + 1
                 yield self._deliver(arrays)
+                if following is not None:  # published once the first batch is out: waking the readers can wait
+                    self._feed.follow(following)
+                    following = None
             while k < s.n_batches:  # see NOTE [epoch plan]: empty last batches
                 k += 1
                 self._batch, self._step = k, self._step + 1

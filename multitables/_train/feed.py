@@ -116,11 +116,15 @@ class Feed:
         if same < len(wanted):
             self._publish(pieces, same)
 
-    def follow(self, pieces: EpochPieces) -> bool:
-        """Publish ``pieces`` after what is published, if they fit the slots and the table; whether they were."""
+    def fits(self, pieces: EpochPieces) -> bool:
+        """Whether ``pieces`` can be published after what is published: they fit the slots and the table."""
         if self._queues is None or pieces.most_rows > self._slot_rows:
             return False
-        if len(self._pending) + len(pieces.starts) + _TABLE_SLACK > self._table:
+        return len(self._pending) + len(pieces.starts) + _TABLE_SLACK <= self._table
+
+    def follow(self, pieces: EpochPieces) -> bool:
+        """Publish ``pieces`` after what is published, if they :meth:`fit <fits>`; whether they were."""
+        if not self.fits(pieces):
             return False
         self._publish(pieces, 0)
         return True

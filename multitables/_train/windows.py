@@ -6,9 +6,11 @@ in ``_plan.epoch``); :func:`cut` turns a sequence of windows into batches.
 NOTE [window pipelining]
     A shuffled window can only hand out its first batch once all of its
     blocks are in. To keep the readers busy while the training loop works
-    through window ``w``, every batch handed out from window ``w`` first pulls
-    a part of window ``w + 1``'s blocks (``ceil(blocks / batches)``) from the
-    queues into a second buffer; the readers meanwhile refill the slots.
+    through window ``w``, after every batch handed out from window ``w`` (when
+    the next is asked for) a part of window ``w + 1``'s blocks (``ceil(blocks
+    / batches)``) is pulled from the queues into a second buffer; the readers
+    meanwhile refill the slots. After, not before: a batch never waits for a
+    pull, and the readers decode during the training step.
     Reading thus overlaps training, in one thread, at the cost of two window
     buffers per dataset. Unshuffled epochs need no buffer: each batch is
     copied straight out of the slots.
@@ -108,7 +110,7 @@ class Windows:
         raise NotImplementedError
 
     def prefetch(self) -> None:
-        """Called before each batch goes out (see NOTE [window pipelining])."""
+        """Called after each batch goes out (see NOTE [window pipelining])."""
 
 
 class NoWindows(Windows):
@@ -294,8 +296,8 @@ def cut(source: Windows, skip: int, batch_size: int, alloc: Alloc) -> Iterator[l
                 have += n
                 if have == batch_size:
                     batch, out, have = out, None, 0
-                    source.prefetch()
                     yield batch
+                    source.prefetch()  # once the batch is out: the readers had its training step to decode
         finally:
             win.close()
     if have and out is not None:

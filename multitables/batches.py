@@ -218,7 +218,7 @@ class Batches:
         # nothing of this object, so dropping the batches drops it, and its queues stop their readers.
         self._feed = Feed(stream.options, nodes, self._engines, self._plan, self._transforms)
         self._carry: "Carry | None" = None  # the next epoch's first window, pulled already (NOTE [window pipelining])
-        self._finished = 0  # epochs delivered to their end by this object: a loop of epochs reads ahead
+        self._looping = False  # a loop of epochs (set_epoch called, or an epoch delivered to its end): read ahead
 
     # -- what the batches are ------------------------------------------------
 
@@ -285,6 +285,7 @@ class Batches:
         a position restored by :meth:`load_state_dict` in the middle of it.
         """
         epoch = check_int("epoch", epoch, 0, allow_none=False)  # type: ignore[assignment]
+        self._looping = True  # set_epoch is what an epoch loop calls: read ahead into the next one
         if epoch != self._epoch:
             self._stop_active()
             self._epoch, self._batch, self._elastic = epoch, 0, []
@@ -419,9 +420,9 @@ class Batches:
         self._stop_active()  # an older iteration ends here: its position is this one's start
         make = lambda n: list(alloc(n))  # noqa: E731 - a list, as the windows take
         if self._epochs == 1:
-            # Whether another epoch will follow is not said: read ahead into it once one epoch went by in a loop
-            # (a batches made for one pass, or evaluation, never reads an epoch it does not deliver).
-            it = self._iterate(self._epoch, self._batch, make, ahead=self._finished > 0)
+            # Whether another epoch follows is not said: read ahead into it in a loop of epochs (set_epoch was
+            # called, or an epoch went by); a batches made for one pass never reads an epoch it does not deliver.
+            it = self._iterate(self._epoch, self._batch, make, ahead=self._looping)
         else:
             it = self._run_epochs(self._epochs, make)
         self._active = weakref.ref(it)
@@ -488,7 +489,7 @@ class Batches:
                 yield self._deliver([np.empty((0,) + shape, dtype) for dtype, shape in self._row_types])
             self._epoch, self._batch, self._elastic = epoch + 1, 0, []
             self._carry = getattr(source, "carry", None)
-            self._finished += 1
+            self._looping = True
         except GeneratorExit:
             raise  # the loop was left: the readers stay for the next iteration
         except BaseException:

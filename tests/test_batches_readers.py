@@ -336,13 +336,21 @@ def test_the_next_epochs_first_window_is_read_during_this_epoch(rows_file, no_le
     expected = [y.copy() for y in reference]
     b = batches(rows_file, window=window, read_ahead=4)
     watched.append(b)
-    list(b)  # epoch 0: nothing of epoch 1 is taken
+    list(b)  # epoch 0: nothing of epoch 1 is taken (a batches made for one pass)
     assert {epoch for now, epoch, _ in taken if now == 0} == {0}
     list(b)  # epoch 1: in a loop now, it takes epoch 2's first window
     got = [y.copy() for y in b]  # epoch 2
     first_window = set(range(window))  # one block per piece here: one rank, blocks of 50 rows
     assert {piece for now, epoch, piece in taken if epoch == 2 and now == 1} == first_window
     assert not [piece for now, epoch, piece in taken if epoch == 2 and now == 2 and piece in first_window]
+    # An epoch loop says so with set_epoch from its first epoch on: epoch 0 takes epoch 1's first window.
+    taken.clear()
+    looped = batches(rows_file, window=window, read_ahead=4)
+    watched[0] = looped
+    looped.set_epoch(0)
+    list(looped)
+    assert {piece for now, epoch, piece in taken if epoch == 1 and now == 0} == first_window
+    looped.close()
     for mine, theirs in zip(got, expected, strict=True):
         np.testing.assert_array_equal(mine, theirs)
     b.close()

@@ -15,8 +15,9 @@ NOTE [readers across epochs]
     So a stream can outlive its first blocks: its plan is a
     ``_plan.blocks.GrowingPlan``, its ring holds a block table (NOTE [ring
     protocol] in ``_shm.ring``), and the consumer publishes blocks as it
-    goes (``Queue.extend``): the next epoch's while the current one is
-    trained on, so the readers go straight on from one to the next. A
+    goes (``Queue.extend``): in a loop of epochs, the next epoch's while the
+    current one is trained on, so the readers go straight on from one to the
+    next. A
     reader that finds nothing published waits for more, as idle as a
     reader waiting for a free slot, watching the stop flag and the
     consumer's life. A jump of the position (``break`` then another

@@ -18,7 +18,8 @@ import json
 import os
 import statistics
 import subprocess
-import sys
+
+from ab_stream import run_in
 
 LOOP = r"""
 import json, sys, time, multitables
@@ -52,21 +53,6 @@ def make(path: str, rows: int) -> None:
         for start in range(0, rows, 8192):
             n = min(8192, rows - start)
             arr.append(np.cumsum(rng.standard_normal((n, 1024), dtype=np.float32), axis=1))
-
-
-def run_in(root: str, code: str, *argv: str) -> str:
-    """Run ``code`` with the package of checkout ``root`` (checked), in a fresh interpreter; its stdout.
-
-    The interpreter starts in ``root``: ``python -c`` puts its working
-    directory first on ``sys.path``, ahead of ``PYTHONPATH``, so started from
-    another checkout it would import that checkout's package instead.
-    """
-    root = os.path.abspath(root)
-    check = f"import multitables, os; assert os.path.dirname(os.path.dirname(multitables.__file__)) == {root!r}, multitables.__file__\n"
-    env = dict(os.environ, PYTHONPATH=root)
-    return subprocess.run(
-        [sys.executable, "-c", check + code, *argv], cwd=root, env=env, capture_output=True, text=True, check=True
-    ).stdout
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ Everything listens on 127.0.0.1. Two servers, each its own process:
 * moto's S3 server (``moto_server``): a real S3 implementation, used for time
   to first byte, moto's own ceiling, and the behaviour checks (ETag,
   If-Match, credentials, anonymous access, fork);
-* ``labsrv.rangeserver``: a path-style S3 GET/HEAD server that sends bodies
+* ``tests/objservers.py``'s range server: a path-style S3 GET/HEAD server that sends bodies
   with ``os.sendfile``, so throughput and client CPU are not capped by
   moto's per-request cost (moto copies the whole object for every GET,
   under a per-key lock).
@@ -35,6 +35,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
 from labsrv.servers import start_moto, start_rangeserver  # noqa: E402
 
 import boto3  # noqa: E402
@@ -493,7 +494,7 @@ def behaviour_checks(moto, fast, s3, root: str, truth: np.ndarray) -> list:
 
 def fault_checks(root: str, truth: np.ndarray) -> list:
     """Each client with its default retry settings, against the range server (in this process) injecting faults."""
-    from labsrv.rangeserver import RangeServer
+    from objservers import RangeServer  # the tests' byte-range server (tests/objservers.py)
     rows = []
     with RangeServer(root) as srv:
         clients = [("obstore", ObstoreAsync(srv.url)), ("s3fs", S3fsAsync(srv.url)), ("transport", Transport(srv.url))]

@@ -11,6 +11,8 @@ import time
 import urllib.request
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: The tests' byte-range server, run as a program: one server for the tests, the object benchmark and this harness.
+OBJSERVERS = os.path.join(HERE, "..", "..", "tests", "objservers.py")
 
 
 def free_port() -> int:
@@ -81,7 +83,7 @@ def self_signed_cert(directory: str) -> "tuple[str, str, str]":
 
 def start_rangeserver(root: str, latency: float = 0.0, tls: "tuple | None" = None) -> Proc:
     env = dict(os.environ, PYTHONPATH=HERE)
-    cmd = [sys.executable, "-m", "labsrv.rangeserver", "--root", root, "--latency", str(latency)]
+    cmd = [sys.executable, OBJSERVERS, "--root", root, "--latency", str(latency)]
     if tls:
         cmd += ["--tls-cert", tls[0], "--tls-key", tls[1]]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, text=True)

@@ -2,10 +2,11 @@
 a full /dev/shm, files changing under the readers, and corrupted files.
 
 Every test here starts real processes and sends real signals. Time limits are
-of two kinds: *behavioural* ones the library promises (an error within 2 s,
-clean-up within 2 s, orphans gone within 5 s), asserted as such, and *guards*
-that only keep a broken build from hanging the run (loop deadlines, subprocess
-timeouts), far above the behaviour they guard.
+guards against a hang only (``GONE_WITHIN``, ``GUARD``, ``TEST_GUARD``), far above
+what the library takes: the tests assert *what* happens (which error, naming
+whom; which processes are gone; what is left in ``/dev/shm``). How soon it
+happens is measured by ``benchmarks/failure_latency.py``; the promises are in
+``docs/failures.rst``.
 """
 
 from __future__ import annotations
@@ -37,11 +38,9 @@ from _readall import hang_guard
 N_ROWS = 20_000
 ROW = 16
 CHUNK = 500  # rows per chunk and per block: 40 blocks of 32 KiB
-#: Behavioural limits (the promises under test).
-ERROR_WITHIN = 2.0
-CLEANUP_WITHIN = 2.0
-ORPHANS_GONE_WITHIN = 5.0
-#: Guards against a hang only: a loop or a subprocess, and any one test (the slowest takes ~25 s on 2 busy cores).
+#: Guards against a hang only: an error raised, a process gone, a loop or a subprocess, and any one test (the
+#: slowest takes ~25 s on 2 busy cores).
+GONE_WITHIN = 10.0
 GUARD = 30.0
 TEST_GUARD = 150.0
 
@@ -260,8 +259,6 @@ def test_reader_killed_mid_stream_raises_naming_it(no_leaks: None, h5file: Path,
         with pytest.raises(ReaderError) as info:
             while time.monotonic() - t0 < GUARD:
                 q.get().release()
-        elapsed = time.monotonic() - t0
-        assert elapsed < ERROR_WITHIN
         err = info.value
         assert (err.reader_index, err.pid, err.exitcode) == (1, victim, -signal.SIGKILL)
         assert err.path == "/data" and err.filename == str(h5file)
@@ -270,7 +267,7 @@ def test_reader_killed_mid_stream_raises_naming_it(no_leaks: None, h5file: Path,
         with pytest.raises(ReaderError):
             q.get()
         # The surviving reader, told to stop when the death was seen, ends by itself (not joined first).
-        wait_until(lambda: all(is_gone(p) for p in pids), CLEANUP_WITHIN, "the survivor ends")
+        wait_until(lambda: all(is_gone(p) for p in pids), GONE_WITHIN, "the survivor ends")
 
 
 def test_reader_killed_while_consumer_waits(no_leaks: None, h5file: Path) -> None:
@@ -294,7 +291,7 @@ def test_reader_killed_while_consumer_waits(no_leaks: None, h5file: Path) -> Non
                 q.get().release()
         raised_at = time.monotonic()
         killer.join()
-        assert raised_at - killed_at[0] < ERROR_WITHIN
+        assert raised_at - killed_at[0] < GONE_WITHIN  # seen while blocked, not at the test's guard
 
 
 def test_a_readers_death_is_raised_before_the_others_are_ended(no_leaks: None, h5file: Path) -> None:
@@ -335,23 +332,18 @@ def test_a_lock_held_by_a_dead_process_does_not_block_the_end(no_leaks: None, h5
             with pytest.raises(ReaderError, match="SIGKILL"):
                 while time.monotonic() - t0 < GUARD:
                     q.get().release()  # the release waits for the lock, and sees the death
-            assert time.monotonic() - t0 < ERROR_WITHIN
             # The survivor gives up waiting for the lock.
-            wait_until(lambda: all(is_gone(p) for p in pids), CLEANUP_WITHIN, "the survivor ends")
+            wait_until(lambda: all(is_gone(p) for p in pids), GONE_WITHIN, "the survivor ends")
         finally:
             lock.release()
 
 
 def test_a_stuck_reader_is_terminated_by_close(no_leaks: None, h5file: Path) -> None:
     """A reader that cannot see the stop flag (here: stopped by SIGSTOP) is ended by SIGTERM, then SIGKILL."""
-    from multitables._procs.pool import JOIN_TIMEOUT
-
     q = Streamer(h5file).get_queue("/data", n_procs=2, block_size=CHUNK, read_ahead=4, cyclic=True)
     pids = q.reader_pids
     os.kill(pids[0], signal.SIGSTOP)
-    t0 = time.monotonic()
-    q.close()
-    assert time.monotonic() - t0 < JOIN_TIMEOUT + 2.5
+    q.close()  # returns (the test's guard fails a close that waits for ever)
     assert all(is_gone(p) for p in pids)
 
 
@@ -367,7 +359,6 @@ def test_reader_killed_under_the_generator(no_leaks: None, h5file: Path, start_m
     with pytest.raises(ReaderError, match="died unexpectedly"):
         while time.monotonic() - t0 < GUARD:
             next(gen)
-    assert time.monotonic() - t0 < ERROR_WITHIN
     assert all(is_gone(p) for p in pids)
     assert not own_mappings()
 
@@ -517,7 +508,6 @@ def _stop_break(s: Streamer, seen: dict[str, Any]) -> None:
     for i, _row in enumerate(s.get_generator("/data", n_procs=2, block_size=CHUNK, read_ahead=4, cyclic=True)):
         if i == 0:
             seen["pids"] = stream_readers()
-            seen["t0"] = time.monotonic()
             break
 
 
@@ -525,7 +515,6 @@ def _stop_exception_in_generator_loop(s: Streamer, seen: dict[str, Any]) -> None
     with pytest.raises(LookupError, match="the loop body failed"):
         for _row in s.get_generator("/data", n_procs=2, block_size=CHUNK, read_ahead=4, cyclic=True):
             seen["pids"] = stream_readers()
-            seen["t0"] = time.monotonic()
             raise LookupError("the loop body failed")
 
 
@@ -533,7 +522,6 @@ def _stop_drop_generator(s: Streamer, seen: dict[str, Any]) -> None:
     gen = s.get_generator("/data", n_procs=2, block_size=CHUNK, read_ahead=4, cyclic=True)
     next(gen)
     seen["pids"] = stream_readers()
-    seen["t0"] = time.monotonic()
     del gen
 
 
@@ -542,7 +530,6 @@ def _stop_exception_in_queue_with(s: Streamer, seen: dict[str, Any]) -> None:
         with s.get_queue("/data", n_procs=2, block_size=CHUNK, read_ahead=4, cyclic=True) as q:
             with q.get() as block:
                 seen["pids"] = set(q.reader_pids)
-                seen["t0"] = time.monotonic()
                 raise LookupError(f"the loop body failed on a block of {len(block)} rows")
 
 
@@ -551,7 +538,6 @@ def _stop_drop_queue(s: Streamer, seen: dict[str, Any]) -> None:
     q.get().release()
     guard = q.get()  # a guard still held keeps the queue alive; dropping both ends it
     seen["pids"] = set(q.reader_pids)
-    seen["t0"] = time.monotonic()
     del q, guard
 
 
@@ -562,7 +548,6 @@ def _stop_drop_queue_keep_released_guard(s: Streamer, seen: dict[str, Any]) -> N
             break
     seen["guard"] = guard  # released, and still referenced while the test waits: it must not hold the queue
     seen["pids"] = set(q.reader_pids)
-    seen["t0"] = time.monotonic()
     del q
     gc.collect()
 
@@ -572,7 +557,6 @@ def _stop_collect_queue_cycle(s: Streamer, seen: dict[str, Any]) -> None:
     q.get().release()
     q.myself = q  # type: ignore[attr-defined]  # only the cycle collector can free it
     seen["pids"] = set(q.reader_pids)
-    seen["t0"] = time.monotonic()
     del q
     gc.collect()
 
@@ -598,8 +582,7 @@ def test_early_stop_ends_readers_and_frees_memory(
     stop(Streamer(h5file, start_method=start_method), seen)
     pids = seen["pids"]
     assert len(pids) == 2
-    wait_until(lambda: all(is_gone(p) for p in pids) and not own_mappings(), CLEANUP_WITHIN, "readers exit, ring unmapped")
-    assert time.monotonic() - seen["t0"] < CLEANUP_WITHIN
+    wait_until(lambda: all(is_gone(p) for p in pids) and not own_mappings(), GONE_WITHIN, "readers exit, ring unmapped")
     assert own_segments() == segments
 
 
@@ -652,8 +635,8 @@ def test_consumer_killed_orphans_exit_and_free_memory(
     time.sleep(0.2)
     c.proc.kill()
     c.proc.wait(GUARD)
-    wait_until(lambda: all(is_gone(p) for p in pids), ORPHANS_GONE_WITHIN, "the orphaned readers exit")
-    wait_until(lambda: not own_segments(c.proc.pid), ORPHANS_GONE_WITHIN, "the segment is unlinked")
+    wait_until(lambda: all(is_gone(p) for p in pids), GONE_WITHIN, "the orphaned readers exit")
+    wait_until(lambda: not own_segments(c.proc.pid), GONE_WITHIN, "the segment is unlinked")
 
 
 # -- leaks over many queues ----------------------------------------------------
@@ -677,7 +660,7 @@ def test_a_thousand_queues_leave_nothing_behind(no_leaks: None, h5file: Path, da
         else:
             del q  # freed by reference counting
     gc.collect()
-    wait_until(lambda: not readers & {c.pid for c in me.children()}, CLEANUP_WITHIN, "every reader exits, reaped")
+    wait_until(lambda: not readers & {c.pid for c in me.children()}, GONE_WITHIN, "every reader exits, reaped")
     assert me.num_fds() == fds and threading.active_count() == threads
     assert not own_mappings()
 
@@ -720,7 +703,7 @@ def test_streams_of_one_file_in_two_processes_and_a_rerun_after_a_crash(
         assert other.read() == {"rows": N_ROWS}
         code, err = other.finish()
         assert code == 0, err
-    wait_until(lambda: all(is_gone(p) for p in orphans), ORPHANS_GONE_WITHIN, "the orphaned readers exit")
+    wait_until(lambda: all(is_gone(p) for p in orphans), GONE_WITHIN, "the orphaned readers exit")
     for c in [crashed, *others]:
         assert not own_segments(c.proc.pid)
 
@@ -895,7 +878,7 @@ def test_huge_read_ahead_fails_clearly(no_leaks: None, h5file: Path, process_sta
     t0 = time.monotonic()
     with pytest.raises(ShmSpaceError) as info:
         Streamer(h5file).get_queue("/data", n_procs=1, block_size=CHUNK, read_ahead=10**9)
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < GONE_WITHIN  # refused, not tried: mapping 10**9 slots would not return
     _assert_space_error(info.value)
     assert not process_starts
 
@@ -1127,7 +1110,7 @@ def _nothing_left_by(killed: list[int], readers: "list[psutil.Process]", monkeyp
     import multitables._shm.segment as shm
 
     # Readers orphaned mid-start exit by themselves within about a second (the resource tracker, too).
-    _, alive = psutil.wait_procs(readers, timeout=ORPHANS_GONE_WITHIN)
+    _, alive = psutil.wait_procs(readers, timeout=GONE_WITHIN)
     assert not alive, f"orphaned readers outlived their consumer: {alive}"
     # Names a consumer was killed holding go at the next start (made old enough for it, as after 5 minutes).
     monkeypatch.setattr(shm, "ORPHAN_AGE", 0.0)

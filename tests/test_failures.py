@@ -104,7 +104,7 @@ def own_mappings(pid: "int | str" = "self") -> list[str]:
 
 
 def wait_until(condition: Callable[[], bool], limit: float, what: str = "") -> float:
-    """Seconds until ``condition()`` holds; fails once ``limit`` s have passed."""
+    """Seconds until ``condition()`` holds; fails once ``limit`` s have passed (a guard against a hang)."""
     t0 = time.monotonic()
     while not condition():
         elapsed = time.monotonic() - t0

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from .grid import ChunkPart, Extent, chunk_parts, coalesce
+from .grid import ChunkPart, Extent, ReadGroup, chunk_parts, coalesce
 from .codecs.base import ChunkDecodeError
 from .codecs.pipeline import Pipeline
 from .codecs.registry import build_pipeline
@@ -237,18 +237,19 @@ class ChunkSource:
         out_bytes = out.reshape(-1).view(np.uint8)
         extents = [Extent(offset, size, k) for k, (_, offset, size, _) in enumerate(pending)]
         for group in coalesce(extents, transport.max_gap, transport.max_read, transport.align):
-            if len(group.members) == 1 and transport.align == 1:
-                part, offset, size, mask = pending[group.members[0].key]
-                if part.whole and self._pipeline.is_identity(mask) and size == self._chunk_nbytes:
-                    # Stored as it is (incompressible, say): straight into the block, no copy.
-                    a, b = part.rows
-                    dst = out_bytes[a * self._row_nbytes : b * self._row_nbytes]
-                    fetched = self._from_fetched(offset, size)
-                    if fetched is not None:
-                        dst[:] = fetched
-                    elif transport.read_into(offset, dst) != size:
-                        raise self._error(part, offset, size, "the file ends before the chunk does")
-                    continue
+            rows = self._stored_run(group, pending) if transport.align == 1 else None
+            if rows is not None:
+                # Stored as they are (no filter, or incompressible), back to back in the file as in the
+                # block: one read straight into the block, no copy.
+                a, b = rows
+                dst = out_bytes[a * self._row_nbytes : b * self._row_nbytes]
+                fetched = self._from_fetched(group.start, len(dst))
+                if fetched is not None:
+                    dst[:] = fetched
+                elif transport.read_into(group.start, dst) != len(dst):
+                    part, offset, size, _ = pending[group.members[-1].key]
+                    raise self._error(part, offset, size, "the file ends before the chunk does")
+                continue
             need = max(e.offset + e.size for e in group.members) - group.start
             buf = self._read_span(group.start, group.stop, need)
             for e in group.members:
@@ -261,6 +262,23 @@ class ChunkSource:
                     chunk = self._take()
                     self._decode(part, raw, offset, mask, chunk)
                     self._place(part, chunk, out, kept, stop)
+
+    def _stored_run(self, group: ReadGroup, pending: "list[tuple[ChunkPart, int, int, int]]") -> "tuple[int, int] | None":
+        """The block's rows ``(a, b)`` that ``group`` fills as stored, if it is whole chunks stored as they are, one
+        after another in the file and in the block; else None."""
+        a = b = end = -1
+        for e in group.members:
+            part, offset, size, mask = pending[e.key]
+            if not (part.whole and size == self._chunk_nbytes and self._pipeline.is_identity(mask)):
+                return None
+            if end >= 0 and (offset != end or part.rows[0] != b):
+                return None
+            if end < 0:
+                a = part.rows[0]
+                if offset != group.start:
+                    return None
+            b, end = part.rows[1], offset + size
+        return (a, b) if end == group.stop else None
 
     def _decode(self, part: ChunkPart, raw: Any, offset: int, mask: int, dst: np.ndarray) -> None:
         try:

@@ -497,7 +497,24 @@ def test_reading_in_process_prefetches_each_next_block(make_array: Callable[...,
             with guard as block:
                 blocks.append(block.copy())
     np.testing.assert_array_equal(np.concatenate(blocks), data[:900])
-    assert calls == [(0, 300), (300, 600), (600, 900)]  # the first block hints itself too (NOTE [prefetch])
+    assert calls == [(300, 600), (600, 900)]  # each next block while this one decodes, never the one read now (NOTE [prefetch])
+
+
+@pytest.mark.parametrize("n_procs", [None, 1], ids=["in-process", "one-reader"])
+def test_stored_bytes_read_by_one_process_are_never_hinted(
+    make_array: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, n_procs: "int | None"
+) -> None:
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(ChunkSource, "prefetch", lambda self, a, b: calls.append((a, b)))  # forked readers inherit it
+    data = np.arange(1000 * 8, dtype="<f4").reshape(1000, 8)
+    path = make_array(data, complib=None, chunkshape=(100, 8))
+    got = []
+    with multitables.Streamer(str(path), engine="chunks").get_queue("/data", n_procs=n_procs, block_size=300, ordered=True) as q:
+        for guard in q.iter():
+            with guard as block:
+                got.append(block.copy())
+    np.testing.assert_array_equal(np.concatenate(got), data[:900])
+    assert calls == []  # the kernel reads ahead of one reader by itself (NOTE [read plan])
 
 
 def test_direct_reads_need_a_filesystem_that_allows_them(make_array: Callable[..., Path], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,7 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from multitables._plan.blocks import BlockPlan, RangePlan, ahead
-from multitables._plan.readers import READERS_PER_CPU, cap_readers, default_block_size, default_read_ahead, parallel_pays
+from multitables._plan.readers import (
+    READERS_PER_CPU, cap_readers, default_block_size, default_read_ahead, hint_distance, parallel_pays,
+)
 
 sizes = st.integers(1, 500).flatmap(lambda n: st.tuples(st.just(n), st.integers(1, n)))
 
@@ -75,6 +77,14 @@ def test_parallel_reading_pays_only_for_enough_work_and_more_than_one_cpu() -> N
     # Fast codecs and slow start methods need more data before processes pay.
     assert parallel_pays(128 << 20, zlib, "fork", 2, "h5py") and not parallel_pays(128 << 20, blosc, "fork", 2, "h5py")
     assert parallel_pays(256 << 20, zlib, "fork", 2, "h5py") and not parallel_pays(256 << 20, zlib, "spawn", 2, "h5py")
+    # Stored bytes: a reader's work is the copy the consumer would make, however much there is.
+    assert not parallel_pays(1 << 40, (), "fork", 64, "chunks") and not parallel_pays(1 << 40, (), "fork", 64, "h5py")
+
+
+def test_hints_go_where_the_kernel_would_not_read_ahead_or_a_decode_leaves_the_disk_idle() -> None:
+    assert hint_distance(4, ()) == 4 and hint_distance(2, (1,)) == 2  # several readers in turn: a strided pattern
+    assert hint_distance(1, (1,)) == 1 and hint_distance(0, (32001,)) == 1  # one reader that decodes: the next block
+    assert hint_distance(1, ()) == 0 and hint_distance(0, ()) == 0  # one reader of stored bytes: nothing
 
 
 def test_readers_are_capped_at_the_blocks_of_a_pass_and_four_per_cpu() -> None:
@@ -106,7 +116,8 @@ def test_ahead_is_the_block_distance_past_the_one_claimed(size: tuple[int, int],
     n, bs = size
     plan = BlockPlan(n, bs, remainder=remainder)
     assert plan.n_blocks is not None
-    hinted = [j for j in range(plan.n_blocks) if j == k + distance or (k < distance and k <= j <= k + distance)]
+    first = distance > 1 and k < distance  # a reader among several hints from its first block on
+    hinted = [j for j in range(plan.n_blocks) if j == k + distance or (first and k <= j <= k + distance)]
     assert ahead(plan, k, distance) == tuple(p for j in hinted for p in plan.pieces(j))
 
 
@@ -130,7 +141,8 @@ def test_ahead_of_a_cyclic_plan_never_ends_and_wraps(size: tuple[int, int], k: i
 
 def test_ahead_follows_a_range_plan_and_stops_at_its_end() -> None:
     plan = RangePlan((40, 0, 20), (50, 10, 30))
-    assert ahead(plan, 0, 1) == plan.pieces(0) + plan.pieces(1)  # a reader's first block: itself too
+    assert ahead(plan, 0, 1) == plan.pieces(1)  # one reader reads in order: never the block it reads now
+    assert ahead(plan, 0, 2) == plan.pieces(0) + plan.pieces(1) + plan.pieces(2)  # one of several: its first block too
     assert ahead(plan, 1, 1) == plan.pieces(2)
     assert [(p.start, p.stop) for p in ahead(plan, 1, 2)] == [(0, 10), (20, 30)]
     assert ahead(plan, 2, 1) == ()

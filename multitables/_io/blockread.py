@@ -24,6 +24,12 @@ NOTE [prefetch]
     so it does not matter which reader ends up claiming that block. A
     reader's first block (k < n) hints blocks k to k + n, so that the first
     blocks too reach the disk in file order (:func:`~multitables._plan.blocks.ahead`).
+    One reader (or the consumer) reads in file order, which the kernel's own
+    read-ahead follows: it hints the next block only where it decodes, so
+    that the disk reads on meanwhile, and stored bytes not at all (a hint is
+    a system call per run of chunks, and the h5py engine learns the chunk
+    index to make it: it cost more than the read of an uncompressed block;
+    :func:`~multitables._plan.readers.hint_distance`).
     With ``O_DIRECT`` there is no cache to warm.
     Measured on a cold 1 GiB zlib-3 file (PyTables chunks of 512 KiB, 4 MiB
     blocks), two readers, 8 interleaved passes each: median 705 MB/s
@@ -33,12 +39,13 @@ NOTE [prefetch]
     the disk image, and runs under a blkio bandwidth limit (420 and 840
     MiB/s, where the kernel's own 8 MiB readahead already keeps the disk
     busy) showed no difference either way (within the +-10% noise), and
-    a warm file no cost beyond that noise. A hint costs microseconds a block.
+    a warm file no cost beyond that noise.
     Those runs predate the benchmark's memory settling (NOTE [free page
     reporting] in ``multitables_bench/cache.py``); with it, ``benchmarks/profile_readers.py
     pattern`` puts two processes reading alternate blocks within this VM's
-    noise of each other with and without the hint. It stays: it is what keeps
-    a device busy that does not read ahead for a strided pattern.
+    noise of each other with and without the hint. It stays where several
+    readers take turns: it is what keeps a device busy that does not read
+    ahead for a strided pattern.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .._plan.blocks import BlockPlan, RangePlan, ahead
+from .._plan.readers import hint_distance
 from .engines import Source
 from .node import NodeInfo
 
@@ -59,7 +67,7 @@ def read_block(
     plan: "BlockPlan | RangePlan",
     k: int,
     out: np.ndarray,
-    n_readers: int,
+    hints: int,
     pacer: "Pacer | None" = None,
     before_read: "Callable[[int, int], None] | None" = None,
     transform: "Transform | None" = None,
@@ -69,7 +77,7 @@ def read_block(
 
     With a ``transform``, the rows are read into ``scratch`` (a block of the
     node's rows) and the transform's result goes into ``out``.
-    First hints the blocks ``ahead`` names to the source (NOTE [prefetch]),
+    First hints the blocks ``ahead`` names, ``hints`` blocks on, to the source (NOTE [prefetch]),
     and has it fetch what this block needs where that pays (an object's
     bytes: ``Source.fetch``).
     With a ``pacer`` the pieces are cut into timed reads (NOTE [orphans]);
@@ -78,7 +86,7 @@ def read_block(
     """
     target = out if transform is None else scratch
     assert target is not None, "a transform needs a scratch buffer"
-    for piece in ahead(plan, k, n_readers):
+    for piece in ahead(plan, k, hints):
         source.prefetch(piece.start, piece.stop)
     source.fetch([(piece.start, piece.stop) for piece in plan.pieces(k)])
     for piece in plan.pieces(k):
@@ -114,7 +122,8 @@ class BlockReader:
         pacer: "Pacer | None" = None,
     ) -> None:
         self.source, self.plan, self._node = source, plan, node
-        self._n_readers, self._transform, self._pacer = n_readers, transform, pacer
+        self._hints = hint_distance(n_readers, node.filter_ids)  # NOTE [read plan]
+        self._transform, self._pacer = transform, pacer
         self._scratch: "np.ndarray | None" = None  # the rows as read, for a transform; made at its first block
 
     def read(self, k: int, out: np.ndarray, before_read: "Callable[[int, int], None] | None" = None) -> np.ndarray:
@@ -122,7 +131,7 @@ class BlockReader:
         if self._transform is not None and self._scratch is None:
             self._scratch = np.empty((self.plan.block_size,) + self._node.row_shape, self._node.dtype)
         return read_block(
-            self.source, self.plan, k, out, self._n_readers, self._pacer, before_read, self._transform, self._scratch
+            self.source, self.plan, k, out, self._hints, self._pacer, before_read, self._transform, self._scratch
         )
 
 

@@ -116,7 +116,7 @@ def test_ahead_is_the_block_distance_past_the_one_claimed(size: tuple[int, int],
     n, bs = size
     plan = BlockPlan(n, bs, remainder=remainder)
     assert plan.n_blocks is not None
-    first = distance > 1 and k < distance  # a reader among several hints from its first block on
+    first = k < distance and k + 1 < plan.n_blocks  # a reader's first block, with later blocks to hint: itself too
     hinted = [j for j in range(plan.n_blocks) if j == k + distance or (first and k <= j <= k + distance)]
     assert ahead(plan, k, distance) == tuple(p for j in hinted for p in plan.pieces(j))
 
@@ -141,8 +141,8 @@ def test_ahead_of_a_cyclic_plan_never_ends_and_wraps(size: tuple[int, int], k: i
 
 def test_ahead_follows_a_range_plan_and_stops_at_its_end() -> None:
     plan = RangePlan((40, 0, 20), (50, 10, 30))
-    assert ahead(plan, 0, 1) == plan.pieces(1)  # one reader reads in order: never the block it reads now
-    assert ahead(plan, 0, 2) == plan.pieces(0) + plan.pieces(1) + plan.pieces(2)  # one of several: its first block too
+    assert ahead(plan, 0, 1) == plan.pieces(0) + plan.pieces(1)  # a reader's first block: itself too
+    assert ahead(RangePlan((40,), (50,)), 0, 1) == ()  # a block alone: read at once, unhinted
     assert ahead(plan, 1, 1) == plan.pieces(2)
     assert [(p.start, p.stop) for p in ahead(plan, 1, 2)] == [(0, 10), (20, 30)]
     assert ahead(plan, 2, 1) == ()

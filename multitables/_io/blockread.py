@@ -25,8 +25,8 @@ NOTE [prefetch]
     reader's first block (k < n) hints blocks k to k + n, so that the first
     blocks too reach the disk in file order (:func:`~multitables._plan.blocks.ahead`).
     One reader (or the consumer) reads in file order, which the kernel's own
-    read-ahead follows: it hints the next block only where it decodes, so
-    that the disk reads on meanwhile, and stored bytes not at all (a hint is
+    read-ahead follows: it hints only where it decodes, so that the disk
+    reads the next block meanwhile, and stored bytes not at all (a hint is
     a system call per run of chunks, and the h5py engine learns the chunk
     index to make it: it cost more than the read of an uncompressed block;
     :func:`~multitables._plan.readers.hint_distance`).

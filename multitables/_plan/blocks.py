@@ -72,14 +72,14 @@ def ahead(plan: "BlockPlan | RangePlan", k: int, distance: int) -> tuple[Piece, 
     distance``, itself included: the first blocks are otherwise read
     unhinted, after later blocks' hints, and a disk goes back for them (on
     the RAID 0 model, two readers' passes had 16-28 seeks against one
-    process's 3; BENCHMARKS.md). One reader (``distance`` 1) reads in file
-    order whatever it hints, so it never hints the block it reads next.
+    process's 3; BENCHMARKS.md; one reader, 8 against 4). Only where there
+    is a later block to hint: a block alone is read at once, unhinted.
     Blocks past the end are left out; ``distance`` 0 hints nothing.
     """
     if distance < 1:
         return ()
     last = k + distance if plan.n_blocks is None else min(k + distance, plan.n_blocks - 1)
-    first = k if k < distance and distance > 1 else k + distance
+    first = k if k < distance and last > k else k + distance
     return tuple(p for j in range(first, last + 1) for p in plan.pieces(j))
 
 

@@ -185,8 +185,10 @@ class Batches:
             raise ValueError(f"datasets read together need the same number of rows: {listing}")
         self._subset, self._weights, n_rows = epoch_rows(nodes[0].n_rows, indices, weights, num_samples)
         self._engines = [stream.options.resolve(n) for n in nodes]
+        self._transforms = infer_transforms(stream, path_list, nodes, transform, self._columns is not None)
+        shapes = [DatasetShape.of(n, transformed=t is not None) for n, t in zip(nodes, self._transforms)]
         self._plan = plan_batches(
-            [DatasetShape.of(n) for n in nodes], self._engines, stream.options.machine, n_rows=n_rows,
+            shapes, self._engines, stream.options.machine, n_rows=n_rows,
             n_procs=n_procs, block_size=block_size, read_ahead=read_ahead, window=window, shuffle=shuffle,
         )  # fmt: skip
         self._settings = EpochSettings(
@@ -202,7 +204,6 @@ class Batches:
         self._stream = stream
         self._paths = path_list
         self._nodes = nodes
-        self._transforms = infer_transforms(stream, path_list, nodes, transform, self._columns is not None)
         #: (dtype, row shape) of each dataset's delivered rows: the transform's output where there is one.
         self._row_types = [delivered(n, t) for n, t in zip(nodes, self._transforms)]
         self._epoch = 0

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from multitables._plan.blocks import BlockPlan, RangePlan, ahead
 from multitables._plan.readers import (
-    READERS_PER_CPU, cap_readers, default_block_size, default_read_ahead, hint_distance, parallel_pays,
+    READERS_PER_CPU, DatasetShape, Machine, cap_readers, default_block_size, default_read_ahead, hint_distance,
+    parallel_pays, plan_batches,
 )
 
 sizes = st.integers(1, 500).flatmap(lambda n: st.tuples(st.just(n), st.integers(1, n)))
@@ -79,6 +80,16 @@ def test_parallel_reading_pays_only_for_enough_work_and_more_than_one_cpu() -> N
     assert parallel_pays(256 << 20, zlib, "fork", 2, "h5py") and not parallel_pays(256 << 20, zlib, "spawn", 2, "h5py")
     # Stored bytes: a reader's work is the copy the consumer would make, however much there is.
     assert not parallel_pays(1 << 40, (), "fork", 64, "chunks") and not parallel_pays(1 << 40, (), "fork", 64, "h5py")
+
+
+def test_batches_read_stored_bytes_in_the_consumer_unless_a_transform_runs_on_them() -> None:
+    machine = Machine(cpus=4, start_method="fork")
+    stored = DatasetShape(n_rows=1 << 20, row_nbytes=4096, chunk_rows=64)  # 4 GiB, no filter
+    assert plan_batches([stored], ["chunks"], machine, n_rows=1 << 20).n_procs == (0,)
+    transformed = DatasetShape(n_rows=1 << 20, row_nbytes=4096, chunk_rows=64, transformed=True)
+    assert plan_batches([transformed], ["chunks"], machine, n_rows=1 << 20).n_procs == (4,)
+    zlib = DatasetShape(n_rows=1 << 20, row_nbytes=4096, chunk_rows=64, filter_ids=(1,))
+    assert plan_batches([zlib], ["chunks"], machine, n_rows=1 << 20).n_procs == (4,)
 
 
 def test_hints_go_where_the_kernel_would_not_read_ahead_or_a_decode_leaves_the_disk_idle() -> None:

@@ -15,7 +15,8 @@ NOTE [read plan]
 
     * readers: by default, the usable CPUs where they pay (they save at
       least twice what they cost to start, :func:`parallel_pays`; never on
-      stored bytes, whose reading is a copy either way), else none
+      stored bytes, whose reading is a copy either way, unless a transform
+      runs on them), else none
       (the blocks are read in the consumer); an explicit ``n_procs`` is taken
       as asked (0 reads in the consumer); either way capped at
       ``READERS_PER_CPU`` per CPU and at the blocks of a pass;
@@ -117,14 +118,16 @@ class DatasetShape:
     filter_ids: "tuple[int, ...]" = ()
     #: Whether it is read from an object (a URL): every read waits a round trip.
     remote: bool = False
+    #: Whether a transform runs on its rows where they are read (NOTE [transforms] in ``_io.blockread``).
+    transformed: bool = False
 
     @classmethod
-    def of(cls, node: Any) -> "DatasetShape":
+    def of(cls, node: Any, transformed: bool = False) -> "DatasetShape":
         """The shape of a node (anything with ``n_rows``, ``row_nbytes``, ``chunk_rows`` and ``filter_ids``; ``remote``
         and ``parts`` where it has them, as ``_io.node.NodeInfo``)."""
         parts = [p.node for p in getattr(node, "parts", ())] or [node]
         remote = any(getattr(n, "remote", None) is not None for n in parts)
-        return cls(node.n_rows, node.row_nbytes, node.chunk_rows, tuple(node.filter_ids), remote)
+        return cls(node.n_rows, node.row_nbytes, node.chunk_rows, tuple(node.filter_ids), remote, transformed)
 
     @property
     def nbytes(self) -> int:
@@ -207,7 +210,9 @@ def hint_distance(n_readers: int, filter_ids: "tuple[int, ...]") -> int:
     return 1 if filter_ids else 0
 
 
-def parallel_pays(nbytes: int, filter_ids: "tuple[int, ...]", start_method: str, n_cpus: int, engine: str) -> bool:
+def parallel_pays(
+    nbytes: int, filter_ids: "tuple[int, ...]", start_method: str, n_cpus: int, engine: str, transformed: bool = False
+) -> bool:
     """Whether ``n_cpus`` reader processes can beat ``engine`` reading ``nbytes`` (uncompressed) in the consumer.
 
     Readers save at most ``(1 - 1/n_cpus)`` of the one-core read time and
@@ -216,9 +221,10 @@ def parallel_pays(nbytes: int, filter_ids: "tuple[int, ...]", start_method: str,
     the consumer makes itself, reading into its block (1 GiB of float32 rows
     in 512 KiB chunks, medians of 5: two readers 0.77-0.87x one h5py process,
     the consumer alone 1.05-1.18x, pages dropped and cached, direct and
-    generator).
+    generator), unless a transform runs on them (``transformed``): work
+    whose cost is unknown here, priced as a copy.
     """
-    if n_cpus < 2 or not filter_ids:
+    if n_cpus < 2 or not (filter_ids or transformed):
         return False
     speed = _ENGINE_SPEED.get(engine, {})
     rate = min((_DECODE_RATE.get(f, _COPY_RATE) * speed.get(f, 1.0) for f in filter_ids), default=_COPY_RATE)
@@ -233,7 +239,7 @@ def default_readers(shape: DatasetShape, engine: str, machine: Machine) -> int:
     """
     if shape.remote:
         return REMOTE_READERS_PER_CPU * machine.cpus if shape.nbytes > 2 * REMOTE_BLOCK_BYTES else 0
-    pays = parallel_pays(shape.nbytes, shape.filter_ids, machine.start_method, machine.cpus, engine)
+    pays = parallel_pays(shape.nbytes, shape.filter_ids, machine.start_method, machine.cpus, engine, shape.transformed)
     return machine.cpus if pays else 0
 
 

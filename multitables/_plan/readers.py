@@ -200,10 +200,10 @@ def default_read_ahead(n_procs: int, remote: bool = False) -> int:
 def hint_distance(n_readers: int, filter_ids: "tuple[int, ...]") -> int:
     """How many blocks past the one it claimed a reader hints (NOTE [read plan]); 0: none.
 
-    On stored bytes (no filter) read by one process a hint only costs: 512
-    MiB of 4 KiB rows in 256 KiB chunks, in the consumer, h5py engine,
-    medians of 5 (``python multitables_benchmark.py`` files, pages dropped):
-    hinted 0.76x one h5py process, unhinted 1.02x; cached 0.78x and 1.20x.
+    On stored bytes (no filter) read by one process a hint only costs: 1
+    GiB of 4 KiB rows in 512 KiB chunks, in the consumer, medians of 5
+    (``benchmarks/stored_bytes.py``): hinted 0.78x one h5py process,
+    unhinted 1.03x, pages dropped; cached 0.86x and 1.26x.
     """
     if n_readers >= 2:
         return n_readers
@@ -219,9 +219,9 @@ def parallel_pays(
     cost :data:`START_COST_S` to start; they must save twice what they cost.
     Stored bytes (no filter) they never save: a reader's work is the one copy
     the consumer makes itself, reading into its block (1 GiB of float32 rows
-    in 512 KiB chunks, medians of 5: two readers 0.77-0.87x one h5py process,
-    the consumer alone 1.05-1.18x, pages dropped and cached, direct and
-    generator), unless a transform runs on them (``transformed``): work
+    in 512 KiB chunks, medians of 5, ``benchmarks/stored_bytes.py``: two
+    readers 0.77-0.87x one h5py process, the consumer alone 0.99-1.26x, pages
+    dropped and cached, direct and generator), unless a transform runs on them (``transformed``): work
     whose cost is unknown here, priced as a copy.
     """
     if n_cpus < 2 or not (filter_ids or transformed):

@@ -21,12 +21,11 @@ import numpy as np
 
 from ._io.blockread import delivered
 from ._plan.epoch import EpochSettings, remaining_after
-from ._plan.readers import DatasetShape, plan_batches
 from ._plan.subset import epoch_rows, subset_key, weighted_draw, weights_key
 from ._sys.checks import check_bool, check_columns, check_fields, check_int, rank_and_world
 from ._train.mix import MixedBatches, mix_batches
 from ._train.transforms import infer_transforms
-from ._train.feed import EpochPieces, Feed
+from ._train.feed import EpochPieces, Feed, plan_feed
 from ._train.windows import Alloc, Carry, NoWindows, Windows, cut, epoch_windows, window_buffers
 
 if TYPE_CHECKING:
@@ -184,12 +183,10 @@ class Batches:
             listing = ", ".join(f"{p!r} has {n.n_rows}" for p, n in zip(path_list, nodes))
             raise ValueError(f"datasets read together need the same number of rows: {listing}")
         self._subset, self._weights, n_rows = epoch_rows(nodes[0].n_rows, indices, weights, num_samples)
-        self._engines = [stream.options.resolve(n) for n in nodes]
         self._transforms = infer_transforms(stream, path_list, nodes, transform, self._columns is not None)
-        shapes = [DatasetShape.of(n, transformed=t is not None) for n, t in zip(nodes, self._transforms)]
-        self._plan = plan_batches(
-            shapes, self._engines, stream.options.machine, n_rows=n_rows,
-            n_procs=n_procs, block_size=block_size, read_ahead=read_ahead, window=window, shuffle=shuffle,
+        self._engines, self._plan = plan_feed(
+            stream.options, nodes, self._transforms, n_rows=n_rows, n_procs=n_procs, block_size=block_size,
+            read_ahead=read_ahead, window=window, shuffle=shuffle,
         )  # fmt: skip
         self._settings = EpochSettings(
             n_rows=n_rows, block_size=self._plan.block_size, batch_size=batch_size, world_size=world,
@@ -262,6 +259,11 @@ class Batches:
     def n_procs(self) -> list[int]:
         """Reader processes per dataset, 0 where a dataset is read in this process."""
         return list(self._plan.n_procs)
+
+    @property
+    def engines(self) -> list[str]:
+        """The engine reading each dataset (``"chunks"``, ``"h5py"`` or ``"tables"``: what ``auto`` chose, as ``Queue.engine``)."""
+        return list(self._engines)
 
     @property
     def reader_pids(self) -> list[int]:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tables
 
+import multitables
 from multitables._io.engines import open_source, resolve_engine
 from multitables._io.node import inspect_node
 
@@ -154,3 +155,27 @@ def test_auto_reads_a_set_with_the_chunk_engine_where_one_file_would_take_h5py(t
     assert resolve_engine("auto", inspect_node(files[0], "/data"), {}) == "h5py"
     assert resolve_engine("auto", inspect_files(tuple(files), "/data"), {}) == "chunks"
     assert resolve_engine("auto", inspect_files(tuple(files), "/data"), {"DRIVER": "H5FD_SEC2"}) == "tables"
+
+
+def test_auto_reads_one_blosc_file_with_h5py_in_the_consumer_and_the_chunk_engine_in_readers(tmp_path) -> None:
+    path = str(tmp_path / "b.h5")
+    data = np.arange(4000 * 16, dtype=np.float32).reshape(4000, 16)
+    with tables.open_file(path, "w") as f:
+        f.create_carray("/", "data", obj=data, filters=tables.Filters(3, "blosc"), chunkshape=(100, 16))
+    node = inspect_node(path, "/data")
+    assert resolve_engine("auto", node, {}) == "h5py"
+    assert resolve_engine("auto", node, {}, readers=True) == "chunks"
+    assert resolve_engine("h5py", node, {}, readers=True) == "h5py"  # a named engine stays
+    assert resolve_engine("auto", node, {"DRIVER": "H5FD_SEC2"}, readers=True) == "tables"
+    stream = multitables.Streamer(path)
+    for n_procs, engine in [(0, "h5py"), (2, "chunks")]:
+        with stream.get_queue("/data", n_procs=n_procs, block_size=300, ordered=True) as q:
+            assert q.engine == engine
+            got = np.concatenate([g.__enter__().copy() for g in q.iter()])
+        np.testing.assert_array_equal(got, data[:3900])
+    batches = stream.get_batches("/data", 100, n_procs=2, shuffle=False)
+    try:
+        assert batches.engines == ["chunks"]
+        np.testing.assert_array_equal(np.concatenate([b for b in batches]), data)
+    finally:
+        batches.close()

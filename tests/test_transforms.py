@@ -145,13 +145,13 @@ def test_the_transform_snippet_of_the_training_docs_runs_as_written(tmp_path: Pa
 
 
 def test_the_plan_prices_a_transformed_dataset_as_work_for_the_readers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import multitables.batches as batches_mod
+    from multitables._train import feed
 
     with h5py.File(tmp_path / "stored.h5", "w") as f:  # no filter: readers pay only for a transform's work
         f.create_dataset("/X", data=np.zeros((256, 3)), chunks=(64, 3))
         f.create_dataset("/y", data=np.zeros(256), chunks=(64,))
     seen = []
-    real = batches_mod.plan_batches
-    monkeypatch.setattr(batches_mod, "plan_batches", lambda shapes, *a, **k: seen.append(shapes) or real(shapes, *a, **k))
+    real = feed.plan_batches
+    monkeypatch.setattr(feed, "plan_batches", lambda shapes, *a, **k: seen.append(shapes) or real(shapes, *a, **k))
     multitables.Streamer(str(tmp_path / "stored.h5")).get_batches(["/X", "/y"], 32, transform={"/X": lambda r: r * 2}).close()
     assert [s.transformed for s in seen[0]] == [True, False]

@@ -105,8 +105,9 @@ class Engine(Protocol):
     #: Named, it reads what it can and leaves the rest to ``auto``'s walk (True), or it reads the node or refuses (False).
     falls_back: bool
 
-    def preferred(self, node: NodeInfo, in_set: bool = False) -> bool:
-        """Whether ``auto`` takes it ahead of the engines that are not (measured faster), for ``node`` (``in_set``: a file of a set)."""
+    def preferred(self, node: NodeInfo, in_set: bool = False, readers: bool = False) -> bool:
+        """Whether ``auto`` takes it ahead of the engines that are not (measured faster), for ``node`` (``in_set``: a file
+        of a set; ``readers``: read by reader processes, not in the consumer)."""
 
     def problem(self, node: NodeInfo, open_kwargs: "dict[str, Any]", dataset: Any = None) -> "str | None":
         """Why it cannot read ``node`` as h5py delivers it (None: it can, and its opens work); starts nothing.
@@ -243,22 +244,22 @@ def _refuse(node: NodeInfo, problems: "dict[str, str]", open_kwargs: "dict[str, 
     return NodeTypeError(message)
 
 
-def _auto_walk(node: NodeInfo, open_kwargs: "dict[str, Any]", in_set: bool = False) -> "list[Engine]":
+def _auto_walk(node: NodeInfo, open_kwargs: "dict[str, Any]", in_set: bool = False, readers: bool = False) -> "list[Engine]":
     """The engines ``auto`` tries for ``node``, in order: those it prefers, then the others, each in :data:`REGISTRY`'s order.
 
     Given open options, only the engines that take the established API's (:data:`AUTO_OPTIONS`).
     """
-    walk = [e for e in REGISTRY if e.preferred(node, in_set)]
+    walk = [e for e in REGISTRY if e.preferred(node, in_set, readers)]
     walk += [e for e in REGISTRY if e not in walk]
     if open_kwargs:
         walk = [e for e in walk if e.options == AUTO_OPTIONS]
     return walk
 
 
-def _walk(engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]", in_set: bool = False) -> "list[Engine]":
+def _walk(engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]", in_set: bool = False, readers: bool = False) -> "list[Engine]":
     """The engines to try, in order, for ``engine`` on ``node``: ``auto``'s walk, a named engine alone, or first where it falls back."""
     if engine == "auto":
-        return _auto_walk(node, open_kwargs, in_set)
+        return _auto_walk(node, open_kwargs, in_set, readers)
     named = registered(engine)
     if open_kwargs and named.options is None:
         raise ValueError(
@@ -266,10 +267,10 @@ def _walk(engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]", in_set: bo
         )
     if not named.falls_back:
         return [named]
-    return [named] + [e for e in _auto_walk(node, open_kwargs, in_set) if e is not named]
+    return [named] + [e for e in _auto_walk(node, open_kwargs, in_set, readers) if e is not named]
 
 
-def resolve_engine(engine: str, node: NodeInfo, open_kwargs: dict[str, Any], dataset: Any = None) -> str:
+def resolve_engine(engine: str, node: NodeInfo, open_kwargs: dict[str, Any], dataset: Any = None, readers: bool = False) -> str:
     """The concrete engine that reads ``node`` for ``engine`` (``auto`` picks); raises before any reader starts.
 
     ``auto`` takes the first engine that reads the node, in the order of
@@ -281,6 +282,8 @@ def resolve_engine(engine: str, node: NodeInfo, open_kwargs: dict[str, Any], dat
     no engine reads it: a :class:`~multitables.MissingFilterError` for a
     filter nothing here decodes, else a :class:`~multitables.NodeTypeError`
     with each engine's reason. ``ValueError`` for unknown names.
+    ``readers``: the node is read by reader processes (the plan says so),
+    where some engines are measured faster than in the consumer.
     """
     check_engine(engine)
     if node.parts:
@@ -288,13 +291,15 @@ def resolve_engine(engine: str, node: NodeInfo, open_kwargs: dict[str, Any], dat
             return _resolve_set_again(engine, node, tuple(sorted(open_kwargs.items())))
         except TypeError:  # an open option that is not hashable
             return _resolve_set(engine, node, open_kwargs)
-    return _resolve(engine, node, open_kwargs, dataset)
+    return _resolve(engine, node, open_kwargs, dataset, readers=readers)
 
 
-def _resolve(engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]", dataset: Any = None, in_set: bool = False) -> str:
+def _resolve(
+    engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]", dataset: Any = None, in_set: bool = False, readers: bool = False
+) -> str:
     """:func:`resolve_engine` for one file's ``node``."""
     problems: dict[str, str] = {}
-    for candidate in _walk(engine, node, open_kwargs, in_set):
+    for candidate in _walk(engine, node, open_kwargs, in_set, readers):
         why = candidate.problem(node, open_kwargs, dataset)
         if why is None:
             return candidate.name

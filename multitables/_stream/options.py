@@ -39,18 +39,24 @@ class StreamOptions:
         """The node at ``path`` of the files, checked (every file of a set; NOTE [file sets] in ``_io.fileset``)."""
         return inspect_files(self.files, path, field, self.store)
 
-    def resolve(self, node: NodeInfo, dataset: Any = None) -> str:
-        """The engine that will read ``node``; refuses ``cache='direct'`` where the chunk engine cannot read it."""
+    def resolve(self, node: NodeInfo, dataset: Any = None, readers: bool = False) -> str:
+        """The engine that will read ``node`` (``readers``: by reader processes); refuses ``cache='direct'`` where the
+        chunk engine cannot read it."""
         # O_DIRECT is the chunk engine's alone: with it, ``auto`` asks that engine first even where
         # h5py would be chosen for speed (blosc), rather than refuse a node the chunk engine reads.
         asked = "chunks" if self.cache == "direct" and self.engine == "auto" else self.engine
-        engine = resolve_engine(asked, node, self.open_kwargs, dataset)
+        engine = resolve_engine(asked, node, self.open_kwargs, dataset, readers)
         if self.cache == "direct" and engine != "chunks":
             raise ValueError(
                 f"cache='direct' needs the chunk engine, which cannot read {node.path!r} in {node.filename!r} "
                 f"(it would be read by {engine!r})"
             )
         return engine
+
+    def engine_for_readers(self, node: NodeInfo, engine: str, readers: int, dataset: Any = None) -> str:
+        """The engine that reads ``node`` once the plan gives it ``readers`` processes: ``engine`` (as :meth:`resolve`
+        chose it), or one faster in reader processes than in the consumer (NOTE [read plan]; blosc: the chunk engine)."""
+        return self.resolve(node, dataset, readers=True) if readers else engine
 
     @property
     def machine(self) -> Machine:

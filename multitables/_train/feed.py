@@ -20,7 +20,7 @@ import numpy as np
 
 from .._plan.blocks import GrowingPlan, RangePlan
 from .._plan.epoch import RankEpoch
-from .._plan.readers import BatchPlan
+from .._plan.readers import BatchPlan, DatasetShape, plan_batches
 from .._plan.subset import piece_spans
 from ..errors import QueueClosed
 
@@ -28,6 +28,21 @@ if TYPE_CHECKING:
     from .._io.node import NodeInfo
     from .._stream.options import StreamOptions
     from .._stream.queue import Guard, Queue
+
+def plan_feed(
+    options: "StreamOptions", nodes: "Sequence[NodeInfo]", transforms: Sequence[Any], *, n_rows: int, **given: Any
+) -> "tuple[list[str], BatchPlan]":
+    """The engine of each dataset and the batches' plan (``plan_batches``, ``given`` its arguments as the user gave
+    them): each dataset's engine as ``auto`` chooses it, then, where the plan gives it readers, the one faster there.
+
+    A transform's rows are priced as work for the readers (``DatasetShape.transformed``).
+    """
+    engines = [options.resolve(n) for n in nodes]
+    shapes = [DatasetShape.of(n, transformed=t is not None) for n, t in zip(nodes, transforms)]
+    plan = plan_batches(shapes, engines, options.machine, n_rows=n_rows, **given)
+    # plan_batches prices an engine faster in readers (blosc's chunk engine) as it does h5py: the plan stands.
+    return [options.engine_for_readers(n, e, k) for n, e, k in zip(nodes, engines, plan.n_procs)], plan
+
 
 #: Room for what a block table may hold unclaimed, over two epochs' pieces: a few pieces more or less per epoch.
 _TABLE_SLACK = 16

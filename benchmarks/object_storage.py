@@ -118,6 +118,7 @@ def multitables_pass(url: str, options: dict, n_procs: "int | None") -> Callable
 def h5py_s3fs_pass(endpoint: str, block_size: "int | None") -> Callable[[], int]:
     def run() -> int:
         import h5py
+        import hdf5plugin  # noqa: F401  (blosc's filter for HDF5)
         import s3fs
 
         fs = s3fs.S3FileSystem(key=KEY, secret=SECRET, endpoint_url=endpoint, skip_instance_cache=True)

@@ -28,6 +28,10 @@ from .grid import Extent
 
 #: The most bytes one read of the chunk engine covers: the reader splits it into parts in flight.
 MAX_READ = 64 << 20
+#: Reads of at most this many bytes each (a chunk index's leaves) are sent ``SMALL_INFLIGHT`` at once, past
+#: ``max_inflight``: their time is the round trip, so an index of 64 leaves is read in one, not four.
+SMALL_READ = 64 << 10
+SMALL_INFLIGHT = 64
 
 
 class RangedFile:
@@ -70,7 +74,8 @@ class RangedFile:
         got = [max(0, min(len(view), self._identity.size - offset)) for offset, view in zip(offsets, views)]
         wanted = [(offset, n) for offset, n in zip(offsets, got) if n]
         if wanted:
-            self._reader.read_into(wanted, [view[:n] for view, n in zip(views, got) if n])
+            small = all(n <= SMALL_READ for _, n in wanted)
+            self._reader.read_into(wanted, [view[:n] for view, n in zip(views, got) if n], SMALL_INFLIGHT if small else None)
         return got
 
     def hint(self, extents: Sequence[Extent]) -> None:

@@ -27,7 +27,9 @@ Printed: per way, the median wall time of ``--repeats`` passes, MB/s of rows
 delivered (uncompressed) and of bytes fetched, the fraction of the cap the
 bytes fetched reach, the requests (GETs and HEADs, counted by the server)
 and bytes fetched per pass, and for multitables the requests against the
-fewest that fetch what its plan reads (``fewest``: the first look, one GET
+fewest that fetch what its plan reads, when its first block came and the
+fraction of the cap the bytes of its other blocks reached after that
+(``fewest``: the first look, one GET
 per ``part_size`` of each block's stored bytes, one per range of chunk-index
 leaves the look's first bytes do not hold, leaves closer than ``merge_gap``
 one range); and the CPU each pass costs (medians): this process and its
@@ -73,13 +75,14 @@ from multitables._io.objects.reader import ObjectReader  # noqa: E402
 KEY, SECRET = "AKIDBENCH", "bench-secret"  # the server checks no signature
 
 
-def write(path: Path, rows: int, complib: str = "zlib", complevel: int = 3) -> None:
+def write(path: Path, rows: int, complib: str = "zlib", complevel: int = 3, chunk_rows: "int | None" = None) -> None:
     import tables
 
     t = np.linspace(0, 60, 256, dtype="f4")
     with tables.open_file(path, "w") as f:
         data = f.create_earray("/", "data", tables.Float32Atom(), (0, 256),
-                               filters=tables.Filters(complevel, complib, shuffle=True), expectedrows=rows)
+                               filters=tables.Filters(complevel, complib, shuffle=True), expectedrows=rows,
+                               chunkshape=None if chunk_rows is None else (chunk_rows, 256))
         rng = np.random.default_rng(0)
         for start in range(0, rows, 16384):
             n = min(16384, rows - start)
@@ -102,17 +105,31 @@ def counts(endpoint: str) -> "dict[str, int]":
         return json.loads(answer.read())
 
 
-def multitables_pass(url: str, options: dict, n_procs: "int | None") -> Callable[[], int]:
-    def run() -> int:
+class Timed:
+    """A pass that notes, in ``blocks``, the seconds from its start to each block it delivered (the last pass's)."""
+
+    def __init__(self, run: Callable[["list[float]"], int]) -> None:
+        self._run = run
+        self.blocks: "list[float]" = []
+
+    def __call__(self) -> int:
+        self.blocks = []
+        return self._run(self.blocks)
+
+
+def multitables_pass(url: str, options: dict, n_procs: "int | None") -> Timed:
+    def run(blocks: "list[float]") -> int:
         n = 0
+        t = time.perf_counter()
         stream = multitables.Streamer(url, storage_options=options)
         with stream.get_queue("/data", n_procs=n_procs, remainder=True) as queue:
             for guard in queue.iter():
                 with guard as block:
                     n += block.nbytes
+                blocks.append(time.perf_counter() - t)
         return n
 
-    return run
+    return Timed(run)
 
 
 def h5py_s3fs_pass(endpoint: str, block_size: "int | None") -> Callable[[], int]:
@@ -190,6 +207,20 @@ def h5coro_problem(path: Path) -> "str | None":
     return None
 
 
+def index_leaves(path: Path) -> int:
+    """Leaves of the chunk index of ``/data`` in ``path``."""
+    import h5py
+
+    from multitables._io.chunks.btree import open_btree_index
+    from multitables._io.chunks.grid import ChunkGrid
+    from multitables._io.chunks.hdf5lib import header_address
+
+    with h5py.File(path, "r") as f:
+        ds = f["/data"]
+        index = open_btree_index(ds, ChunkGrid(ds.shape, ds.chunks), str(path), header_address(ds.id))
+        return 0 if index is None else index.n_leaves
+
+
 def fewest_requests(path: Path, n_procs: "int | None", head: int, part: int, gap: int) -> int:
     """The fewest GETs that fetch what a multitables pass over ``path`` reads (see the module docstring)."""
     import h5py
@@ -197,7 +228,7 @@ def fewest_requests(path: Path, n_procs: "int | None", head: int, part: int, gap
     from multitables._io.chunks.btree import NODE_READ, open_btree_index
     from multitables._io.chunks.grid import ChunkGrid
     from multitables._io.chunks.hdf5lib import header_address
-    from multitables._plan.readers import REMOTE_READERS_PER_CPU, available_cpus, cap_readers, default_block_size
+    from multitables._plan.readers import DatasetShape, Machine, cap_readers, default_block_size, default_readers
 
     with h5py.File(path, "r") as f:
         ds = f["/data"]
@@ -207,8 +238,10 @@ def fewest_requests(path: Path, n_procs: "int | None", head: int, part: int, gap
         index = open_btree_index(ds, ChunkGrid(ds.shape, ds.chunks), str(path), header_address(ds.id))
         leaves = sorted(index._base + a for a in index._addrs) if index is not None else []  # noqa: SLF001
         n_rows, row_nbytes = ds.shape[0], ds.dtype.itemsize * int(np.prod(ds.shape[1:]))
-    cpus = available_cpus()
-    readers = cap_readers(REMOTE_READERS_PER_CPU * cpus if n_procs is None else n_procs, None, cpus)
+    machine = Machine.here()
+    if n_procs is None:  # as the plan does (multitables._plan.readers.plan_stream)
+        n_procs = default_readers(DatasetShape(n_rows, row_nbytes, chunk_rows, remote=True), "chunks", machine)
+    readers = cap_readers(n_procs, None, machine.cpus)
     block = default_block_size(n_rows, row_nbytes, chunk_rows, readers, remote=True)
     blocks: "dict[int, list[int]]" = {}
     for offset, size, row in spans:
@@ -300,7 +333,7 @@ def machine_busy() -> "tuple[float, float]":
 
 
 def measure(run: Callable[[], int], endpoint: str, server_pid: int, repeats: int) -> "dict[str, Any]":
-    times, rows, fetched, ours, server, busy = [], 0, [], [], [], []
+    times, rows, fetched, ours, server, busy, first, steady = [], 0, [], [], [], [], [], []
     for _ in range(repeats):
         before = counts(endpoint)
         cpu0, srv0, m0 = cpu_seconds(), process_cpu(server_pid), machine_busy()
@@ -313,11 +346,16 @@ def measure(run: Callable[[], int], endpoint: str, server_pid: int, repeats: int
         ours.append(cpu1[0] - cpu0[0] + cpu1[1] - cpu0[1])
         server.append(srv1 - srv0)
         busy.append((m1[0] - m0[0]) / max(m1[1] - m0[1], 1e-9) * (os.cpu_count() or 1))
+        blocks = getattr(run, "blocks", [])
+        if len(blocks) > 1:  # the first block's arrival, and the rate of the bytes of the others after it
+            first.append(blocks[0])
+            steady.append(fetched[-1]["bytes"] * (len(blocks) - 1) / len(blocks) / (blocks[-1] - blocks[0]) / 1e6)
     seconds = statistics.median(times)
     last = fetched[-1]
     return {"s": seconds, "MB/s": rows / seconds / 1e6, "fetched MB/s": last["bytes"] / seconds / 1e6,
             "GET": last["GET"], "HEAD": last["HEAD"], "MB fetched": last["bytes"] / 1e6, "times": times,
-            "CPU s": statistics.median(ours), "server CPU s": statistics.median(server), "busy": statistics.median(busy)}
+            "CPU s": statistics.median(ours), "server CPU s": statistics.median(server), "busy": statistics.median(busy),
+            "first": statistics.median(first) if first else None, "after MB/s": statistics.median(steady) if steady else None}
 
 
 def main() -> None:
@@ -325,6 +363,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=131_072, help="rows of 1 KiB (default: 128 MiB of data)")
     ap.add_argument("--complib", default="zlib", help="PyTables' compression library: zlib, blosc, blosc:lz4, ...")
     ap.add_argument("--complevel", type=int, default=3)
+    ap.add_argument("--chunk-rows", type=int, help="rows per chunk (default: PyTables' choice, 256 here); fewer make "
+                    "a larger chunk index")
     ap.add_argument("--latency", type=float, default=0.05, help="seconds added before every answer")
     ap.add_argument("--rate", type=float, default=250e6, help="bytes/s of all answers together (2 Gbit/s: 250e6)")
     ap.add_argument("--repeats", type=int, default=3)
@@ -339,7 +379,7 @@ def main() -> None:
         root = Path(folder)
         (root / "bench").mkdir()
         local = root / "bench" / "data.h5"
-        write(local, a.rows, a.complib, a.complevel)
+        write(local, a.rows, a.complib, a.complevel, a.chunk_rows)
         size = local.stat().st_size
         server, endpoint = start_server(root, a.latency, a.rate)
         try:
@@ -374,23 +414,27 @@ def main() -> None:
             if "download" not in a.skip:
                 ways += [("download (multitables' client), then multitables", download_pass(url, options, root), None)]
             cap = a.rate / 1e6
+            leaves = index_leaves(local)
             print(f"{a.rows} rows of 1 KiB ({a.rows * 1024 / 1e6:.0f} MB of data, {size / 1e6:.1f} MB file, "
-                  f"{a.complib} {a.complevel} + shuffle, {a.rows * 1024 / size:.1f}x), latency {a.latency * 1e3:.0f} ms, "
+                  f"{a.complib} {a.complevel} + shuffle, {a.rows * 1024 / size:.1f}x, {leaves} chunk-index leaves), latency {a.latency * 1e3:.0f} ms, "
                   f"cap {a.rate * 8 / 1e9:.2f} Gbit/s, {os.cpu_count()} CPUs, median of {a.repeats}\n")
-            print("| way | s | MB/s (data) | MB/s (fetched) | x cap | GETs | HEADs | MB fetched | requests / fewest "
-                  "| CPU s (ours) | CPU s (server) | CPUs busy (machine) |")
-            print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+            print("| way | s | MB/s (data) | MB/s (fetched) | x cap | first block s | x cap after it | GETs | HEADs "
+                  "| MB fetched | requests / fewest | CPU s (ours) | CPU s (server) | CPUs busy (machine) |")
+            print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
             passes: "list[tuple[str, list[float]]]" = []
             for name, run, fewest_n in ways:
                 try:
                     r = measure(run, endpoint, server.pid, a.repeats)
                     passes.append((name, r["times"]))
                 except Exception as exc:  # a way that cannot read this file: say why, go on
-                    print(f"| {name} | cannot read it: {type(exc).__name__}: {exc} | | | | | | | | | | |", flush=True)
+                    print(f"| {name} | cannot read it: {type(exc).__name__}: {exc} |" + " |" * 12, flush=True)
                     continue
                 ratio = "" if fewest_n is None else f"{r['GET'] + r['HEAD']} / {fewest_n} = {(r['GET'] + r['HEAD']) / fewest_n:.2f}"
                 cap_x = f"{r['fetched MB/s'] / cap:.2f}" if cap else ""
-                print(f"| {name} | {r['s']:.2f} | {r['MB/s']:.0f} | {r['fetched MB/s']:.0f} | {cap_x} | {r['GET']} "
+                first_s = "" if r["first"] is None else f"{r['first']:.2f}"
+                after_x = "" if r["after MB/s"] is None or not cap else f"{r['after MB/s'] / cap:.2f}"
+                print(f"| {name} | {r['s']:.2f} | {r['MB/s']:.0f} | {r['fetched MB/s']:.0f} | {cap_x} | {first_s} "
+                      f"| {after_x} | {r['GET']} "
                       f"| {r['HEAD']} | {r['MB fetched']:.1f} | {ratio} | {r['CPU s']:.2f} | {r['server CPU s']:.2f} "
                       f"| {r['busy']:.2f} |", flush=True)
             print("\nEvery pass (s): " + "; ".join(f"{name}: " + ", ".join(f"{t:.2f}" for t in times)

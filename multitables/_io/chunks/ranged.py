@@ -29,9 +29,13 @@ from .grid import Extent
 #: The most bytes one read of the chunk engine covers: the reader splits it into parts in flight.
 MAX_READ = 64 << 20
 #: Reads of at most this many bytes each (a chunk index's leaves) are sent ``SMALL_INFLIGHT`` at once, past
-#: ``max_inflight``: their time is the round trip, so an index of 64 leaves is read in one, not four.
+#: ``max_inflight``: their time is the round trip, so an index of 64 leaves is read in one, not four. They are
+#: merged only where closer than ``SMALL_GAP``: merged across ``merge_gap`` (1 MiB), the leaves of an index of small
+#: chunks, a few hundred KiB apart, fetched the file's data between them (575 leaves of a 288 MB file: 1.04 GB
+#: fetched in a pass).
 SMALL_READ = 64 << 10
 SMALL_INFLIGHT = 64
+SMALL_GAP = 16 << 10
 
 
 class RangedFile:
@@ -75,7 +79,11 @@ class RangedFile:
         wanted = [(offset, n) for offset, n in zip(offsets, got) if n]
         if wanted:
             small = all(n <= SMALL_READ for _, n in wanted)
-            self._reader.read_into(wanted, [view[:n] for view, n in zip(views, got) if n], SMALL_INFLIGHT if small else None)
+            outs_read = [view[:n] for view, n in zip(views, got) if n]
+            if small:
+                self._reader.read_into(wanted, outs_read, SMALL_INFLIGHT, SMALL_GAP)
+            else:
+                self._reader.read_into(wanted, outs_read)
         return got
 
     def hint(self, extents: Sequence[Extent]) -> None:

@@ -291,12 +291,14 @@ class ObjectReader:
         self.read_into([(offset, n)], [buf])
         return buf
 
-    def read_into(self, ranges: "Sequence[tuple[int, int]]", outs: "Sequence[Any]", inflight: "int | None" = None) -> None:
+    def read_into(self, ranges: "Sequence[tuple[int, int]]", outs: "Sequence[Any]", inflight: "int | None" = None,
+                  gap: "int | None" = None) -> None:
         """Fill each ``outs[i]`` (a writable buffer of ``ranges[i][1]`` bytes) with bytes ``ranges[i]`` = (offset, n).
 
         ``inflight``: requests at once, where more than ``max_inflight``
         (many small reads, as a chunk index's leaves: their time is the round
-        trip, not the link's). When this raises, what ``outs`` hold is
+        trip, not the link's); ``gap``: ranges closer than this are one GET
+        (``merge_gap`` where None). When this raises, what ``outs`` hold is
         undefined, and no thread of this reader writes into them any more.
         """
         if self._closed:
@@ -317,7 +319,7 @@ class ObjectReader:
         if self._cache is not None and self._cache_key is not None:
             self._read_cached(todo, views)
             return
-        groups = plan(todo, views, self._tuning.merge_gap, self._tuning.part_size)
+        groups = plan(todo, views, self._tuning.merge_gap if gap is None else gap, self._tuning.part_size)
         self._run([lambda abort, g=g: self._fetch(g, abort) for g in groups], inflight)
 
     def _run(self, jobs: "list[Callable[[threading.Event | None], None]]", inflight: "int | None" = None) -> None:

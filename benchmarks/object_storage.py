@@ -31,8 +31,9 @@ fewest that fetch what its plan reads, when its first block came and the
 fraction of the cap the bytes of its other blocks reached after that
 (``fewest``: the first look, one GET
 per ``part_size`` of each block's stored bytes, one per range of chunk-index
-leaves the look's first bytes do not hold, leaves closer than ``merge_gap``
-one range); and the CPU each pass costs (medians): this process and its
+leaves the look's first bytes do not hold, leaves closer than the ranged
+transport's ``SMALL_GAP`` one range: merged across more, their reads would
+fetch data between them); and the CPU each pass costs (medians): this process and its
 reaped children (the reader processes) in user + system seconds, the
 server's process, and the machine's CPUs busy over the pass (from
 ``/proc/stat``: other processes' work included), as Markdown. ``--client``
@@ -69,6 +70,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import multitables  # noqa: E402
+try:
+    from multitables._io.chunks.ranged import SMALL_GAP  # noqa: E402
+except ImportError:  # a checkout before it (an A/B): the same
+    SMALL_GAP = 16 << 10
 from multitables._io.objects.config import make_store  # noqa: E402
 from multitables._io.objects.reader import ObjectReader  # noqa: E402
 
@@ -391,7 +396,7 @@ def main() -> None:
             ways: "list[tuple[str, Callable[[], int], int | None]]" = []  # name, pass, fewest requests (multitables)
             skipped: "list[str]" = []
             if "multitables" not in a.skip:
-                fewest = [fewest_requests(local, n, tuning.open_readahead, tuning.part_size, tuning.merge_gap)
+                fewest = [fewest_requests(local, n, tuning.open_readahead, tuning.part_size, SMALL_GAP)
                           for n in (None, a.n_procs)]
                 ways += [("multitables, default n_procs", multitables_pass(url, options, None), fewest[0]),
                          (f"multitables, n_procs={a.n_procs}", multitables_pass(url, options, a.n_procs), fewest[1])]

@@ -222,3 +222,26 @@ def test_the_cache_leaves_the_second_epoch_without_a_request(rangesrv, obj_files
     second = [y.copy() for _x, y in batches]
     assert (rangesrv.requests["GET"], rangesrv.bytes_sent) == (gets, sent)  # epoch 2: every byte from the cache
     assert sorted(np.concatenate(second).tolist()) == sorted(np.concatenate(first).tolist())
+
+
+def test_a_chunk_index_of_many_leaves_is_read_once_whatever_the_readers(rangesrv, obj_files, no_leaks) -> None:
+    import collections
+
+    import h5py
+
+    from multitables._io.chunks.btree import NODE_READ
+
+    # Chunks of 4 KiB stored as they are, some 6,000 in about a hundred leaves, each leaf tens of KiB from the next
+    # (so each is a GET of its own); blocks of 128 chunks (GETs of 512 KiB).
+    rows = np.arange(3_000_000, dtype="<f8")
+    with h5py.File(obj_files["folder"] / "leaves.h5", "w") as f:
+        f.create_dataset("x", data=rows, chunks=(512,))
+    seen = len(rangesrv.headers_seen)
+    stream = multitables.Streamer(f"{rangesrv.url}/leaves.h5")
+    got, engine = read_queue(stream, "/x", n_procs=3, block_size=65536)
+    assert engine == "chunks" and np.array_equal(got, rows)
+    ranges = [h.get("Range", "") for h in list(rangesrv.headers_seen)[seen:]]
+    spans = [tuple(int(v) for v in r[len("bytes="):].split("-")) for r in ranges if r.startswith("bytes=")]
+    nodes = collections.Counter((a, b) for a, b in spans if b - a + 1 == NODE_READ)
+    assert len(nodes) > 64  # more leaves than were read at open before (64)
+    assert max(nodes.values()) == 1  # each read once, in the consumer, not by each reader as its rows reach it

@@ -404,5 +404,7 @@ def test_an_object_is_read_in_larger_blocks_by_more_readers() -> None:
     remote = DatasetShape(1 << 20, 1024, 64, (1,), remote=True)
     a, b = plan_stream(local, "chunks", machine), plan_stream(remote, "chunks", machine)
     assert (a.n_procs, a.block_size * 1024) == (2, 4 << 20)
-    assert (b.n_procs, b.block_size * 1024) == (4, REMOTE_BLOCK_BYTES)
+    assert (b.n_procs, b.block_size * 1024) == (8, REMOTE_BLOCK_BYTES)  # REMOTE_MIN_READERS, within 4 per CPU
+    one_cpu = plan_stream(remote, "chunks", Machine(1, "fork"))
+    assert (one_cpu.n_procs, one_cpu.read_ahead) == (4, 6)
     assert plan_stream(DatasetShape(1000, 1024, 64, (1,), remote=True), "chunks", machine).n_procs == 0

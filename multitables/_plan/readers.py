@@ -40,9 +40,14 @@ NOTE [read plan]
       trip (tens of ms) and a reader cannot fetch ahead for blocks another
       reader may claim, so blocks are larger (:data:`REMOTE_BLOCK_BYTES`: a
       round trip per 16 MiB rather than per 4, the parts of each fetched in
-      parallel) and readers more (``REMOTE_READERS_PER_CPU`` per CPU: while
-      some wait, others decode), wherever it has a few such blocks; the ring
-      holds one slot per reader and two more.
+      parallel) and readers more (``REMOTE_READERS_PER_CPU`` per CPU, and at
+      least ``REMOTE_MIN_READERS`` within ``READERS_PER_CPU``: while some
+      wait, others decode), wherever it has a few such blocks; the ring holds
+      one slot per reader and two more. A reader has one block's request in
+      flight at a time, and a distant link needs several: on the emulated
+      bucket of 50 ms and 2 Gbit/s (BENCHMARKS.md, issue 31), zlib blocks of
+      16 MiB of rows are 2.8 MB stored, and 4 readers kept the link at half
+      its cap while using half of the 2 CPUs, 8 readers at 0.8 of it.
 """
 
 from __future__ import annotations
@@ -87,6 +92,9 @@ WINDOW_BYTES = 256 * MiB
 REMOTE_BLOCK_BYTES = 16 * MiB
 #: Default readers per usable CPU for an object, whose readers wait on the network as much as they decode.
 REMOTE_READERS_PER_CPU = 2
+#: Fewest default readers for an object (capped at ``READERS_PER_CPU`` per CPU): the blocks in flight a distant link
+#: needs do not depend on the CPUs (NOTE [read plan]).
+REMOTE_MIN_READERS = 8
 #: Most readers per usable CPU: more only take turns on the same cores (each
 #: with its own ring slots and open file), while a few per CPU still help
 #: where reads wait on storage rather than decode.
@@ -235,10 +243,12 @@ def parallel_pays(
 def default_readers(shape: DatasetShape, engine: str, machine: Machine) -> int:
     """Readers for ``shape`` when none are asked for: every usable CPU where they pay, else 0 (read in the consumer).
 
-    An object's: ``REMOTE_READERS_PER_CPU`` per CPU where it has more than two blocks (NOTE [read plan]).
+    An object's: ``REMOTE_READERS_PER_CPU`` per CPU, at least ``REMOTE_MIN_READERS``, where it has more than two
+    blocks (NOTE [read plan]; ``plan_stream`` caps them at ``READERS_PER_CPU`` per CPU).
     """
     if shape.remote:
-        return REMOTE_READERS_PER_CPU * machine.cpus if shape.nbytes > 2 * REMOTE_BLOCK_BYTES else 0
+        many = max(REMOTE_READERS_PER_CPU * machine.cpus, REMOTE_MIN_READERS)
+        return many if shape.nbytes > 2 * REMOTE_BLOCK_BYTES else 0
     pays = parallel_pays(shape.nbytes, shape.filter_ids, machine.start_method, machine.cpus, engine, shape.transformed)
     return machine.cpus if pays else 0
 

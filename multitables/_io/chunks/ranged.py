@@ -28,6 +28,14 @@ from .grid import Extent
 
 #: The most bytes one read of the chunk engine covers: the reader splits it into parts in flight.
 MAX_READ = 64 << 20
+#: Reads of at most this many bytes each (a chunk index's leaves) are sent ``SMALL_INFLIGHT`` at once, past
+#: ``max_inflight``: their time is the round trip, so an index of 64 leaves is read in one, not four. They are
+#: merged only where closer than ``SMALL_GAP``: merged across ``merge_gap`` (1 MiB), the leaves of an index of small
+#: chunks, a few hundred KiB apart, fetched the file's data between them (575 leaves of a 288 MB file: 1.04 GB
+#: fetched in a pass).
+SMALL_READ = 64 << 10
+SMALL_INFLIGHT = 64
+SMALL_GAP = 16 << 10
 
 
 class RangedFile:
@@ -70,7 +78,12 @@ class RangedFile:
         got = [max(0, min(len(view), self._identity.size - offset)) for offset, view in zip(offsets, views)]
         wanted = [(offset, n) for offset, n in zip(offsets, got) if n]
         if wanted:
-            self._reader.read_into(wanted, [view[:n] for view, n in zip(views, got) if n])
+            small = all(n <= SMALL_READ for _, n in wanted)
+            outs_read = [view[:n] for view, n in zip(views, got) if n]
+            if small:
+                self._reader.read_into(wanted, outs_read, SMALL_INFLIGHT, SMALL_GAP)
+            else:
+                self._reader.read_into(wanted, outs_read)
         return got
 
     def hint(self, extents: Sequence[Extent]) -> None:

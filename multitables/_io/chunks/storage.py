@@ -52,9 +52,11 @@ from ..node import FileSignature, NodeInfo, Unsupported, close_dataset, file_sig
 #: Datasets with more chunks than this are indexed lazily, one lookup per chunk read
 #: (``chunk_iter`` lists ~100-400k chunks/s; a lookup costs ~3x a listed chunk).
 INDEX_ALL_LIMIT = 1 << 17
-#: An object's chunk index is read whole when it is learned if it has at most this many leaves (a few round trips, 16
-#: leaves each, in the consumer: readers started by fork then read none; a larger one is read as the rows reach it).
-REMOTE_LEAVES_AT_OPEN = 64
+#: An object's chunk index is read whole when it is learned if it has at most this many leaves (in the consumer, 64 in
+#: flight: 16 round trips at most; readers started by fork then read none). A larger one is read as the rows reach it,
+#: by every reader: each reads nearly every leaf, its blocks' and those after them (``LEAVES_AHEAD`` in ``source``), so
+#: with n readers the leaves cost about n requests each. 1024 leaves list some 60,000 chunks (15 GB of 256 KiB chunks).
+REMOTE_LEAVES_AT_OPEN = 1024
 #: Read the chunk index from the dataset's B-tree ourselves where its format allows
 #: (NOTE [chunk index in file order] in ``btree``); tests turn it off to reach ``ChunkIndex``.
 READ_BTREE = True

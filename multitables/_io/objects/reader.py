@@ -291,11 +291,15 @@ class ObjectReader:
         self.read_into([(offset, n)], [buf])
         return buf
 
-    def read_into(self, ranges: "Sequence[tuple[int, int]]", outs: "Sequence[Any]") -> None:
+    def read_into(self, ranges: "Sequence[tuple[int, int]]", outs: "Sequence[Any]", inflight: "int | None" = None,
+                  gap: "int | None" = None) -> None:
         """Fill each ``outs[i]`` (a writable buffer of ``ranges[i][1]`` bytes) with bytes ``ranges[i]`` = (offset, n).
 
-        When this raises, what ``outs`` hold is undefined, and no thread of
-        this reader writes into them any more.
+        ``inflight``: requests at once, where more than ``max_inflight``
+        (many small reads, as a chunk index's leaves: their time is the round
+        trip, not the link's); ``gap``: ranges closer than this are one GET
+        (``merge_gap`` where None). When this raises, what ``outs`` hold is
+        undefined, and no thread of this reader writes into them any more.
         """
         if self._closed:
             raise ValueError(f"{self.shown}: the reader is closed")
@@ -315,13 +319,18 @@ class ObjectReader:
         if self._cache is not None and self._cache_key is not None:
             self._read_cached(todo, views)
             return
-        groups = plan(todo, views, self._tuning.merge_gap, self._tuning.part_size)
-        self._run([lambda abort, g=g: self._fetch(g, abort) for g in groups])
+        groups = plan(todo, views, self._tuning.merge_gap if gap is None else gap, self._tuning.part_size)
+        self._run([lambda abort, g=g: self._fetch(g, abort) for g in groups], inflight)
 
-    def _run(self, jobs: "list[Callable[[threading.Event | None], None]]") -> None:
-        """Run ``jobs`` (each given an abort event), on this reader's threads where there are several."""
+    def _run(self, jobs: "list[Callable[[threading.Event | None], None]]", inflight: "int | None" = None) -> None:
+        """Run ``jobs`` (each given an abort event), on this reader's threads where there are several (on threads of
+        their own, ``inflight`` at once, where that is more than ``max_inflight``)."""
         if len(jobs) == 1:
             jobs[0](None)
+            return
+        if inflight is not None and inflight > self._tuning.max_inflight:
+            with cf.ThreadPoolExecutor(min(inflight, len(jobs)), thread_name_prefix="multitables-get") as own:
+                self._all(own, jobs)
             return
         if self._pid != os.getpid():  # forked: the parent's threads do not exist here
             self._pid, self._executor, self._lock = os.getpid(), None, threading.Lock()
@@ -329,6 +338,11 @@ class ObjectReader:
             if self._executor is None:
                 self._executor = cf.ThreadPoolExecutor(self._tuning.max_inflight, thread_name_prefix="multitables-get")
             executor = self._executor
+        self._all(executor, jobs)
+
+    @staticmethod
+    def _all(executor: cf.ThreadPoolExecutor, jobs: "list[Callable[[threading.Event | None], None]]") -> None:
+        """Run ``jobs`` on ``executor``; the first error, raised once none of them runs any more."""
         abort = threading.Event()
         futures = [executor.submit(job, abort) for job in jobs]
         first: "BaseException | None" = None

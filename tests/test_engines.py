@@ -14,7 +14,7 @@ import pytest
 import tables
 
 import multitables
-from multitables._io.engines import open_source, resolve_engine
+from multitables._io.engines import open_source, readers_may_change, resolve_engine
 from multitables._io.node import inspect_node
 
 
@@ -167,6 +167,12 @@ def test_auto_reads_one_blosc_file_with_h5py_in_the_consumer_and_the_chunk_engin
     assert resolve_engine("auto", node, {}, readers=True) == "chunks"
     assert resolve_engine("h5py", node, {}, readers=True) == "h5py"  # a named engine stays
     assert resolve_engine("auto", node, {"DRIVER": "H5FD_SEC2"}, readers=True) == "tables"
+    # Asked again only where readers change the engines' order: each check of an object reads its index again.
+    assert readers_may_change("auto", node, {}) and not readers_may_change("h5py", node, {})
+    zlib = str(tmp_path / "z.h5")
+    with tables.open_file(zlib, "w") as f:
+        f.create_carray("/", "data", obj=data, filters=tables.Filters(3, "zlib"), chunkshape=(100, 16))
+    assert not readers_may_change("auto", inspect_node(zlib, "/data"), {})
     stream = multitables.Streamer(path)
     for n_procs, engine in [(0, "h5py"), (2, "chunks")]:
         with stream.get_queue("/data", n_procs=n_procs, block_size=300, ordered=True) as q:

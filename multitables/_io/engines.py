@@ -294,6 +294,12 @@ def resolve_engine(engine: str, node: NodeInfo, open_kwargs: dict[str, Any], dat
     return _resolve(engine, node, open_kwargs, dataset, readers=readers)
 
 
+def readers_may_change(engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]") -> bool:
+    """Whether :func:`resolve_engine` with ``readers`` may answer otherwise than without for ``engine`` on ``node``: the
+    engines' order changes (pure; no engine's check runs, which for an object reads its chunk index again)."""
+    return not node.parts and _walk(engine, node, open_kwargs) != _walk(engine, node, open_kwargs, readers=True)
+
+
 def _resolve(
     engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]", dataset: Any = None, in_set: bool = False, readers: bool = False
 ) -> str:

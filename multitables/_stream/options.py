@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from .._io.blockread import Transform
-from .._io.engines import open_source, resolve_engine
+from .._io.engines import open_source, readers_may_change, resolve_engine
 from .._io.fileset import inspect_files, open_files
 from .._io.node import NodeInfo
 from .._io.objects.config import Store
@@ -42,10 +42,7 @@ class StreamOptions:
     def resolve(self, node: NodeInfo, dataset: Any = None, readers: bool = False) -> str:
         """The engine that will read ``node`` (``readers``: by reader processes); refuses ``cache='direct'`` where the
         chunk engine cannot read it."""
-        # O_DIRECT is the chunk engine's alone: with it, ``auto`` asks that engine first even where
-        # h5py would be chosen for speed (blosc), rather than refuse a node the chunk engine reads.
-        asked = "chunks" if self.cache == "direct" and self.engine == "auto" else self.engine
-        engine = resolve_engine(asked, node, self.open_kwargs, dataset, readers)
+        engine = resolve_engine(self._asked, node, self.open_kwargs, dataset, readers)
         if self.cache == "direct" and engine != "chunks":
             raise ValueError(
                 f"cache='direct' needs the chunk engine, which cannot read {node.path!r} in {node.filename!r} "
@@ -56,7 +53,15 @@ class StreamOptions:
     def engine_for_readers(self, node: NodeInfo, engine: str, readers: int, dataset: Any = None) -> str:
         """The engine that reads ``node`` once the plan gives it ``readers`` processes: ``engine`` (as :meth:`resolve`
         chose it), or one faster in reader processes than in the consumer (NOTE [read plan]; blosc: the chunk engine)."""
-        return self.resolve(node, dataset, readers=True) if readers else engine
+        if not readers or not readers_may_change(self._asked, node, self.open_kwargs):
+            return engine
+        return self.resolve(node, dataset, readers=True)
+
+    @property
+    def _asked(self) -> str:
+        """The engine to resolve: ``engine``, except that O_DIRECT is the chunk engine's alone: with it, ``auto`` asks
+        that engine first even where h5py would be chosen for speed (blosc), rather than refuse a node it reads."""
+        return "chunks" if self.cache == "direct" and self.engine == "auto" else self.engine
 
     @property
     def machine(self) -> Machine:

@@ -18,6 +18,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import queue
 import statistics
 import time
 
@@ -30,6 +31,14 @@ def _cpu(pid: int) -> "tuple[float, float]":
         fields = f.read().rsplit(b")", 1)[1].split()
     tick = os.sysconf("SC_CLK_TCK")
     return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def _cpu_or(pid: int, last: "tuple[float, float]") -> "tuple[float, float]":
+    """:func:`_cpu` of ``pid``, or ``last`` where it has ended (a reader done with its share of a small file)."""
+    try:
+        return _cpu(pid)
+    except (FileNotFoundError, ProcessLookupError):
+        return last
 
 
 def one_pass(path: str, engine: str, n: int, hints: bool, out: "multiprocessing.Queue[dict]") -> None:
@@ -49,7 +58,8 @@ def one_pass(path: str, engine: str, n: int, hints: bool, out: "multiprocessing.
             if first is None:
                 first = time.perf_counter() - t0
             if q.at_end or cpu is None:
-                cpu = [_cpu(p) for p in pids]  # the last sample before the readers may end
+                # The last sample before the readers end; one that ended already keeps its last sample.
+                cpu = [_cpu_or(p, cpu[i] if cpu else (0.0, 0.0)) for i, p in enumerate(pids)]
         end = time.perf_counter() - t0
     user = sum(u for u, _ in cpu or [])
     system = sum(s for _, s in cpu or [])
@@ -91,7 +101,13 @@ def main() -> None:
                         q = ctx.Queue()
                         proc = ctx.Process(target=one_pass, args=(path, engine, n, hints, q))
                         proc.start()
-                        got.append(q.get(timeout=300))
+                        while True:  # a pass that fails says so, rather than leave this waiting
+                            try:
+                                got.append(q.get(timeout=1))
+                                break
+                            except queue.Empty:
+                                if proc.exitcode is not None and q.empty():
+                                    raise SystemExit(f"the pass {label} {engine} n={n} hints={hints} failed") from None
                         proc.join()
                     med = {k: statistics.median(g[k] for g in got) for k in got[0] if isinstance(got[0][k], float)}
                     row = {"file": label, **got[0], **med}

@@ -12,14 +12,11 @@ Shared by ``test_real_files`` and ``test_corpus``. Every read ends in one of:
 
 from __future__ import annotations
 
-import contextlib
-import signal
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import h5py
 import numpy as np
-import pytest
 
 import multitables
 
@@ -28,22 +25,6 @@ ENGINES = ("auto", "chunks", "h5py", "tables")
 #: reader process; reader: random access (all rows, then rows [n-1, 0]) from a Reader.
 MODES = ("direct", "generator", "reader")
 MissingFilterError = getattr(multitables, "MissingFilterError", multitables.MultitablesError)
-
-
-@contextlib.contextmanager
-def hang_guard(seconds: float, what: str) -> Iterator[None]:
-    """Fail (not hang) if the body runs past ``seconds``: a guard against hangs, not a speed limit."""
-
-    def hung(signum: int, frame: Any) -> None:
-        pytest.fail(f"{what}: still running after {seconds:.0f} s (hung?)")
-
-    previous = signal.signal(signal.SIGALRM, hung)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 # -- reading -------------------------------------------------------------------

@@ -21,7 +21,8 @@ import pytest
 import tables
 
 import multitables
-from _readall import ENGINES, MODES, Got, Table, hang_guard, read
+from _guards import hang_guard
+from _readall import ENGINES, MODES, Got, Table, read
 
 SUFFIXES = {".h5", ".hdf5", ".hdf", ".he5", ".nc"}
 #: Guards against a hang only (a file takes well under a second to read).

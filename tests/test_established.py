@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import multitables
-from _readall import hang_guard
+from _guards import hang_guard
 
 ROW = np.dtype([("col_A", "u1", (20, 8)), ("col_B", "<f8", (3,)), ("col_C", "<f4")])
 N = 400

@@ -33,7 +33,7 @@ from multitables._shm.segment import SHM_PREFIX, Segment
 from multitables.errors import FileChangedError, MultitablesError
 
 from _consumer import Consumer
-from _readall import hang_guard
+from _guards import hang_guard, wait_until
 
 N_ROWS = 20_000
 ROW = 16
@@ -101,16 +101,6 @@ def own_mappings(pid: "int | str" = "self") -> list[str]:
             return [line.split(None, 5)[5].strip() for line in f if f"/dev/shm/{SHM_PREFIX}" in line]
     except (FileNotFoundError, ProcessLookupError):
         return []
-
-
-def wait_until(condition: Callable[[], bool], limit: float, what: str = "") -> float:
-    """Seconds until ``condition()`` holds; fails once ``limit`` s have passed (a guard against a hang)."""
-    t0 = time.monotonic()
-    while not condition():
-        elapsed = time.monotonic() - t0
-        assert elapsed < limit, f"not within {limit} s: {what or condition}"
-        time.sleep(0.01)
-    return time.monotonic() - t0
 
 
 def drain(queue: Any, deadline: float = GUARD) -> list[np.ndarray]:
@@ -493,11 +483,10 @@ def test_reader_crash_in_c_is_reported(no_leaks: None, h5file: Path, monkeypatch
         os.kill(os.getpid(), signal.SIGSEGV)
 
     monkeypatch.setattr(_h5py_source.H5pySource, "read_into", read_into)
-    t0 = time.monotonic()
-    with Streamer(h5file, engine="h5py").get_queue("/data", n_procs=2, block_size=CHUNK) as q:
-        with pytest.raises(ReaderError, match=r"exit code -11 \(SIGSEGV\)") as info:
-            drain(q)
-    assert time.monotonic() - t0 < GUARD
+    with hang_guard(GUARD, "a reader's SIGSEGV reaches the consumer"):
+        with Streamer(h5file, engine="h5py").get_queue("/data", n_procs=2, block_size=CHUNK) as q:
+            with pytest.raises(ReaderError, match=r"exit code -11 \(SIGSEGV\)") as info:
+                drain(q)
     assert info.value.exitcode == -signal.SIGSEGV and info.value.remote_traceback == ""
 
 
@@ -875,10 +864,9 @@ def test_shm_out_of_inodes_is_a_space_error_naming_them(
 
 
 def test_huge_read_ahead_fails_clearly(no_leaks: None, h5file: Path, process_starts: list[Any]) -> None:
-    t0 = time.monotonic()
-    with pytest.raises(ShmSpaceError) as info:
+    # Refused, not tried: mapping 10**9 slots would not return.
+    with hang_guard(GONE_WITHIN, "read_ahead=10**9 refused"), pytest.raises(ShmSpaceError) as info:
         Streamer(h5file).get_queue("/data", n_procs=1, block_size=CHUNK, read_ahead=10**9)
-    assert time.monotonic() - t0 < GONE_WITHIN  # refused, not tried: mapping 10**9 slots would not return
     _assert_space_error(info.value)
     assert not process_starts
 

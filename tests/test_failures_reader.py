@@ -25,7 +25,7 @@ import multitables
 from multitables import FileChangedError, QueueClosed, QueueClosedException, Reader, ReaderError, StreamClosedError
 
 import _consumer
-from _readall import hang_guard
+from _guards import hang_guard, wait_until
 from conftest import SHM_PREFIX, own_segments
 
 N_ROWS = 4000
@@ -66,13 +66,6 @@ def is_gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
-
-
-def wait_until(condition: Callable[[], bool], limit: float, what: str) -> None:
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {limit} s: {what}"
-        time.sleep(0.01)
 
 
 def all_gone(pids: "list[int]") -> bool:

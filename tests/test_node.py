@@ -92,7 +92,7 @@ def test_closing_the_dataset_of_open_node_closes_its_file(make_array, fds_on) ->
 @pytest.mark.parametrize("kind", ["fifo", "device"])
 def test_a_fifo_or_a_device_is_refused_before_anything_opens_it(tmp_path: Path, kind: str) -> None:
     # Opening a FIFO for reading waits for a writer: an open before the check would hang here.
-    from _readall import hang_guard
+    from _guards import hang_guard
 
     if kind == "fifo":
         path = tmp_path / "pipe.h5"

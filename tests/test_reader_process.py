@@ -17,7 +17,7 @@ import multitables
 from multitables._io.node import check_file_unchanged, file_signature
 from multitables.errors import FileChangedError
 
-from _readall import hang_guard
+from _guards import hang_guard
 
 N_ROWS, BLOCK = 20_000, 500
 GUARD = 60.0

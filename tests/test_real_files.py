@@ -19,7 +19,8 @@ import pytest
 import tables
 
 import multitables
-from _readall import ENGINES, MissingFilterError, h5py_reference, hang_guard, read_all
+from _guards import hang_guard
+from _readall import ENGINES, MissingFilterError, h5py_reference, read_all
 
 #: PyTables' own test files: real inputs written by others (never copied into this repository).
 TABLES_TESTS = Path(tables.__file__).parent / "tests"

@@ -25,7 +25,7 @@ from hypothesis.extra import numpy as hnp
 import multitables
 from multitables import QueueClosed
 
-from _readall import hang_guard
+from _guards import hang_guard
 
 #: Seconds any one threaded test may run: a guard against a hang, not a speed limit.
 GUARD = 60.0

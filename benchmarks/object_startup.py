@@ -32,6 +32,7 @@ import object_storage  # noqa: E402
 from multitables._io.objects import reader as objects_reader  # noqa: E402
 from multitables._procs import pool  # noqa: E402
 from multitables._shm import ring  # noqa: E402
+from multitables_bench.calls import time_calls  # noqa: E402
 from objservers import RangeServer  # noqa: E402
 
 T0 = [0.0]
@@ -43,18 +44,13 @@ def now() -> float:
 
 def traced(owner: Any, name: str, describe: Callable[..., str]) -> None:
     """Print ``owner.name``'s calls in this process: start and end (s from T0), and ``describe(*args)``."""
-    original = getattr(owner, name)
     me = os.getpid()
 
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        t = now()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            if os.getpid() == me:  # not in the forked readers
-                print(f"{t:7.3f} - {now():7.3f}  {describe(*args)}", flush=True)
+    def done(t0: float, t1: float, args: tuple) -> None:
+        if os.getpid() == me:  # not in the forked readers
+            print(f"{t0 - T0[0]:7.3f} - {t1 - T0[0]:7.3f}  {describe(*args)}", flush=True)
 
-    setattr(owner, name, wrapper)
+    time_calls(owner, name, done)
 
 
 def reads(_self: Any, ranges: Any, *_: Any) -> str:

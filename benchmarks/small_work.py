@@ -60,6 +60,7 @@ import numpy as np
 # The checkout, for multitables_bench; appended, so that PYTHONPATH may name another multitables to compare.
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
+from multitables_bench.calls import time_calls  # noqa: E402
 from multitables_bench.cache_modes import prepare_cache  # noqa: E402
 from multitables_bench.files import h5py_with_filters, write_file  # noqa: E402
 from multitables_bench.records import NODE, Codec  # noqa: E402
@@ -203,18 +204,8 @@ def profile(paths: list[str], passes: int, cache: str) -> str:
     stamp: dict[str, float] = {}
 
     def timed(owner: object, name: str, label: str) -> None:
-        original = getattr(owner, name, None)
-        if original is None:  # another layout of the package: that phase goes to "the rest"
-            return
-
-        def wrapper(*args: object, **kwargs: object) -> object:
-            t = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                stamp[label] = stamp.get(label, 0.0) + time.perf_counter() - t
-
-        setattr(owner, name, wrapper)
+        """Add each call's seconds to ``stamp[label]``; a phase another layout of the package lacks goes to "the rest"."""
+        time_calls(owner, name, lambda t0, t1, _args: stamp.__setitem__(label, stamp.get(label, 0.0) + t1 - t0))
 
     timed(streamer_mod, "open_node", "open file, node checks (open_node)")
     timed(streamer_mod, "open_files", "open file, node checks (open_files)")

@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 from typing import Any
 
@@ -13,20 +15,15 @@ import multitables
 from multitables._procs import pool
 from multitables._shm import ring
 
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # multitables_bench, after PYTHONPATH
+from multitables_bench.calls import time_calls  # noqa: E402
+
 SPENT: dict[str, float] = {}
 
 
 def timed(owner: Any, name: str, label: str) -> None:
-    original = getattr(owner, name)
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        t = time.perf_counter()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            SPENT[label] = SPENT.get(label, 0.0) + time.perf_counter() - t
-
-    setattr(owner, name, wrapper)
+    """Add the seconds of each call of ``owner.name`` to ``SPENT[label]``."""
+    time_calls(owner, name, lambda t0, t1, _args: SPENT.__setitem__(label, SPENT.get(label, 0.0) + t1 - t0))
 
 
 def main() -> None:

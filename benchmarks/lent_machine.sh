@@ -1,29 +1,34 @@
 #!/usr/bin/env bash
 # Issues #29 and #30 on a lent machine with many cores and a GPU, in one call of under 5 minutes (512 MiB):
 #
-#     bash benchmarks/lent_machine.sh OUT [MIB]
+#     bash benchmarks/lent_machine.sh OUT [MIB [STEP...]]
 #
 # OUT gets each step's log (the sections print their tables there); at most 4 min 45 s of steps. MIB (default 512) sizes the scaling and GPU sections' files; the
-# probe takes half. Steps, each under its own time limit so one that hangs leaves the others theirs:
+# probe takes half. STEP names the steps to run (scaling, probe, gpu, batches, cuda-tests; default all). Steps, each under its own time limit so one that hangs leaves the others theirs:
 #   1. the machine: CPUs, GPU, versions;
 #   2. the scaling section (#29: multitables against N plain h5py processes and DataLoader, counters);
 #   3. the probe (#29: where many readers' time goes, with and without the hints);
-#   4. the GPU section (#30: device=, pin_memory, DataLoader) and the CUDA tests.
+#   4. the GPU section (#30: device=, pin_memory, DataLoader), where shuffled batches lose against the stream
+#      (benchmarks/batches_profile.py), and the CUDA tests.
 # Wheels the machine lacks (PyTables, hdf5plugin, imagecodecs, blosc2...) are installed from .whl/ first,
 # where they are missing and the checkout has one (see the device tool's notes on carrying wheels).
 set -u
 out=${1:?usage: bash benchmarks/lent_machine.sh OUT [MIB]}
 mib=${2:-512}
-work=${TMPDIR:-/tmp}/lent_machine
-mkdir -p "$out" "$work"
-export PYTHONUNBUFFERED=1
+shift $(($# < 2 ? $# : 2))
+steps=" ${*:-scaling probe gpu batches cuda-tests} "
+mkdir -p "$out"
+work=$(mktemp -d "${TMPDIR:-/tmp}/lent_machine.XXXXXX")  # fresh: a file left by an earlier run is refused
+trap 'rm -rf "$work"' EXIT
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout, and multitables_bench for the scripts
 if [ -d .whl ] && ! python3 -c 'import tables, hdf5plugin, imagecodecs, blosc2' 2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$work/site" .whl/*.whl \
-        && export PYTHONPATH="$work/site:$PWD" || { echo "the wheels did not install" >&2; exit 1; }
+        && export PYTHONPATH="$work/site:$PYTHONPATH" || { echo "the wheels did not install" >&2; exit 1; }
 fi
 
 step() {  # step NAME SECONDS COMMAND...: run it, its output in OUT/NAME.log, and say how it ended
     local name=$1 limit=$2
+    [[ $steps == *" $name "* ]] || return 0
     shift 2
     local t0=$SECONDS
     timeout "$limit" "$@" >"$out/$name.log" 2>&1
@@ -41,5 +46,5 @@ cat "$out/machine.txt"
 step scaling 120 python3 multitables_benchmark.py --sections scaling --section-mib "$mib" --repeats 3 --file "$work/scaling.h5"
 step probe 75 python3 benchmarks/scaling_probe.py --dir "$work/probe" --mib $((mib / 2)) --procs 8 16 --json "$out/probe.json"
 step gpu 60 python3 multitables_benchmark.py --sections gpu --section-mib "$mib" --file "$work/gpu.h5"
+step batches 45 python3 benchmarks/batches_profile.py --file "$work/gpu.h5" --mib "$mib"
 step cuda-tests 30 python3 -m pytest -q -p no:cacheprovider tests/test_torch_device.py
-rm -rf "$work/scaling.h5" "$work/gpu.h5" "$work/probe"

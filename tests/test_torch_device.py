@@ -21,6 +21,18 @@ CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA: torch.cuda.is_available() is False on this machine")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def cuda_context() -> None:
+    """The CUDA context, made before any test's leak check: it opens the driver's descriptors once, for the process's life.
+
+    Without it the first CUDA test is charged with them (``no_leaks``: fds ``/dev/nvidia*``, eventfds, a pipe).
+    """
+    if CUDA:
+        with torch.cuda.stream(torch.cuda.Stream()):
+            torch.empty(1, pin_memory=True).to("cuda", non_blocking=True)
+        torch.cuda.synchronize()
+
+
 @pytest.fixture
 def data_file(tmp_path: Path) -> Path:
     path = tmp_path / "d.h5"

@@ -115,7 +115,7 @@ class StreamSettings:
 def stream_loop(reader: ReaderProcess, settings: StreamSettings, sync: RingSync) -> None:
     """A reader's loop: claim, read, publish, until the plan is done or the consumer stops or dies."""
     reader.segments.add(settings.shm_name)
-    ring = Ring.attach(settings.shm_name, settings.layout, sync)
+    ring = Ring.attach(settings.shm_name, settings.layout, sync, reader.identity.index, settings.spec.n_procs)
     source = None
     try:
         reader.on_failure = ring.fail  # wakes the consumer, which then waits for the report

@@ -48,6 +48,22 @@ NOTE [ring protocol]
     the lock cannot block the end. A reader that fails sets the *error flag*
     and releases ``ready`` to wake the consumer, *then* sends its report (NOTE
     [failure reports] in ``_procs.pool``).
+
+NOTE [slots and page tables]
+    A reader's first write to a page of the segment faults (about 1 us a
+    4 KiB page here), and with N readers taking any free slot, every reader
+    comes to write every slot: N x the ring's pages, each mapped by every
+    reader (214,000-540,000 faults a GiB, after the first lap, with 16 readers
+    on a 16-core machine). Mapping the whole ring into each reader at attach
+    (MAP_POPULATE) ended the faults but put that work at the stream's start,
+    all readers walking the same pages at once: with 16 readers 10 s of
+    system time a GiB and the first block at 0.25 s, against 2 s and 0.125 s
+    with 8 (BENCHMARKS.md, issue 29). So each reader prefers its own slots
+    (``s % N``; with the default ``2N + 2`` slots, two or three each), taking
+    another's only when none of its own is free. It maps its own slots
+    into its page tables whole (MADV_POPULATE_WRITE) when it attaches, and
+    another's when it first claims it: at the start each reader maps only
+    its share of the ring, and no two walk the same pages.
 """
 
 from __future__ import annotations
@@ -163,6 +179,8 @@ class Ring:
         self._claimed: dict[int, tuple[int, int]] = {}  # reader-local: the entries of blocks this reader claimed
         self._ready_head = 0  # consumer-local
         self._lent: "weakref.WeakValueDictionary[int, np.ndarray]" = weakref.WeakValueDictionary()  # slot -> lend()'s
+        self._unpopulated: set[int] = set()  # reader-local: slots not yet in this reader's page tables
+        self._own = (0, 1)  # reader-local: (this reader, of how many): which free slots it prefers
         self._closed = False
         shape = (layout.block_size,) + layout.row_shape
         self.slots: list[np.ndarray] = []
@@ -205,13 +223,23 @@ class Ring:
         return ring
 
     @classmethod
-    def attach(cls, name: str, layout: RingLayout, sync: RingSync) -> "Ring":
-        """A reader's ring: map the consumer's segment by name."""
-        # Every slot in the reader's page tables at once: with N readers taking slots in turn, a reader first
-        # writes a slot N laps in, so faulting on first touch lasted N laps (counted after the first: 26,000
-        # faults a GiB with two readers here, 10% of the pages; 214,000-540,000 with 16 on a 16-core machine).
-        # The consumer reads every slot in the first lap: it faults then, and never after.
-        return cls(Segment.attach(name, layout.nbytes, populate=True), layout, sync)
+    def attach(cls, name: str, layout: RingLayout, sync: RingSync, reader: int = 0, n_readers: int = 1) -> "Ring":
+        """A reader's ring: map the consumer's segment by name.
+
+        ``reader`` of ``n_readers``: this reader prefers the slots ``s`` with
+        ``s % n_readers == reader`` (NOTE [slots and page tables]).
+        """
+        ring = cls(Segment.attach(name, layout.nbytes), layout, sync)
+        ring._own = (reader, n_readers)
+        ring._unpopulated = set(range(layout.n_slots))
+        for slot in range(reader % max(n_readers, 1), layout.n_slots, max(n_readers, 1)):
+            ring._populate(slot)
+        return ring
+
+    def _populate(self, slot: int) -> None:
+        """Map ``slot`` into this reader's page tables now, whole (NOTE [slots and page tables])."""
+        self._unpopulated.discard(slot)
+        self.segment.populate(self.layout.slot_offset(slot), self.layout.slot_stride)
 
     def close(self) -> None:
         """Unmap (idempotent); the ring then counts as stopped."""
@@ -267,9 +295,12 @@ class Ring:
             if self.stopped or not keep_going():
                 return None
         try:
-            return self._claim_slot(n_blocks, keep_going)
+            got = self._claim_slot(n_blocks, keep_going)
         except PeerGone:
             return None
+        if isinstance(got, tuple) and got[1] in self._unpopulated:  # another reader's slot, first claimed here
+            self._populate(got[1])
+        return got
 
     def _claim_slot(self, n_blocks: "int | None", keep_going: Callable[[], bool]) -> "tuple[int, int] | _Wait | None":
         table = self.layout.table
@@ -281,12 +312,29 @@ class Ring:
                 self.sync.free.release()  # let the other readers see the end too
                 return None if self.stopped or not table else WAIT
             self._hdr[_NEXT] = k + 1
-            s = int(self._free_ring[self._hdr[_FREE_HEAD] % self.layout.n_slots])
-            self._hdr[_FREE_HEAD] += 1
+            s = self._pop_free()
             if table:
                 start, stop = self._table[k % table]
                 self._claimed[k] = (int(start), int(stop))
         return k, s
+
+    def _pop_free(self) -> int:
+        """Pop a free slot (under the lock, holding a ``free`` token): the first of this reader's own, else the first."""
+        free, n = self._free_ring, self.layout.n_slots
+        head, tail = int(self._hdr[_FREE_HEAD]), int(self._hdr[_FREE_TAIL])
+        me, of = self._own
+        if of > 1:
+            for j in range(head, tail):
+                s = int(free[j % n])
+                if s % of == me:
+                    free[j % n] = free[head % n]  # the free ring is a set: order among free slots means nothing
+                    break
+            else:
+                s = int(free[head % n])
+        else:
+            s = int(free[head % n])
+        self._hdr[_FREE_HEAD] = head + 1
+        return s
 
     def wait_for_more(self, keep_going: Callable[[], bool]) -> bool:
         """Wait until the consumer publishes blocks (or a tick passes); False once stopped or told to stop."""

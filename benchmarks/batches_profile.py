@@ -1,0 +1,77 @@
+"""Where shuffled batches lose against the stream under them: the queue's rate, the batches' rate, the consumer's CPU.
+
+On the GPU section's file (``multitables_bench.gpu``: 4 KiB zlib-3 rows,
+written when missing), page cache warm, ``--procs`` readers:
+
+* the stream alone: ``get_queue`` direct blocks, nothing copied (what the
+  readers deliver into shared memory);
+* ``get_batches`` of 1,024 shuffled rows, CPU only, epochs after the first
+  (readers across epochs), with the consumer's CPU seconds per wall second
+  (near 1: the consumer is the limit, not the readers);
+* a profile of those epochs: the consumer's functions by their own time.
+
+    python benchmarks/batches_profile.py --file bench/gpu.h5 --mib 512 --procs 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import time
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--file", required=True)
+    p.add_argument("--mib", type=int, default=512)
+    p.add_argument("--procs", type=int, default=0, help="readers (0: the CPUs this process may use)")
+    p.add_argument("--epochs", type=int, default=3)
+    args = p.parse_args()
+    import multitables
+    from multitables_bench.gpu import BATCH, write_file
+
+    if not os.path.exists(args.file):
+        write_file(args.file, args.mib)
+    with open(args.file, "rb") as f:  # into the page cache
+        while f.read(16 << 20):
+            pass
+    n = args.procs or len(os.sched_getaffinity(0))
+    stream = multitables.Streamer(args.file)
+    size = os.path.getsize(args.file)
+    for _ in range(2):
+        t0 = time.perf_counter()
+        nbytes = 0
+        with stream.get_queue("/X", n_procs=n) as q:
+            for guard in q.iter():
+                with guard as block:
+                    nbytes += block.nbytes
+        print(f"stream, {n} readers ({q.engine}): {nbytes / (time.perf_counter() - t0) / 1e9:.2f} GB/s "
+              f"({size / 1e6:,.0f} MB stored)", flush=True)
+
+    batches = stream.get_batches("/X", BATCH, n_procs=n, epochs=None, seed=0)
+    per_epoch = len(batches)
+    it = iter(batches)
+    for _ in range(per_epoch):  # the first epoch: readers start, the windows fill
+        next(it)
+    for profiled in (False, True):
+        prof = cProfile.Profile() if profiled else None
+        w0, c0 = time.perf_counter(), time.process_time()
+        if prof:
+            prof.enable()
+        nbytes = 0
+        for _ in range((args.epochs - 1) * per_epoch):
+            nbytes += next(it).nbytes
+        if prof:
+            prof.disable()
+        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+        print(f"batches of {BATCH}, {n} readers, epochs 2-{args.epochs}{' (profiled)' if prof else ''}: "
+              f"{nbytes / wall / 1e9:.2f} GB/s, consumer CPU {cpu / wall:.2f} s per s", flush=True)
+        if prof:
+            pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+    batches.close()
+
+
+if __name__ == "__main__":
+    main()

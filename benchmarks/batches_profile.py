@@ -8,6 +8,7 @@ written when missing), page cache warm, ``--procs`` readers:
 * ``get_batches`` of 1,024 shuffled rows, CPU only, epochs after the first
   (readers across epochs), with the consumer's CPU seconds per wall second
   (near 1: the consumer is the limit, not the readers);
+  for 1 and 2 copy threads and the default (NOTE [parallel copies]);
 * a profile of those epochs: the consumer's functions by their own time.
 
     python benchmarks/batches_profile.py --file bench/gpu.h5 --mib 512 --procs 16
@@ -30,7 +31,10 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3)
     args = p.parse_args()
     import multitables
-    from multitables_bench.gpu import BATCH, write_file
+    from multitables._train import windows
+    from multitables_bench.gpu import write_file
+
+    default = windows.copy_threads
 
     if not os.path.exists(args.file):
         write_file(args.file, args.mib)
@@ -50,26 +54,36 @@ def main() -> None:
         print(f"stream, {n} readers ({q.engine}): {nbytes / (time.perf_counter() - t0) / 1e9:.2f} GB/s "
               f"({size / 1e6:,.0f} MB stored)", flush=True)
 
-    batches = stream.get_batches("/X", BATCH, n_procs=n, epochs=None, seed=0)
+    for threads in sorted({1, 2, default()} - {default()}):  # NOTE [parallel copies]
+        windows.copy_threads = lambda t=threads: t  # type: ignore[assignment]
+        epochs(stream, n, args.epochs, f"{threads} copy thread{'s' if threads > 1 else ''}", profiled=False)
+    windows.copy_threads = default
+    epochs(stream, n, args.epochs, f"{default()} copy thread(s) (the default)", profiled=True)
+
+
+def epochs(stream: "object", n: int, n_epochs: int, label: str, profiled: bool) -> None:
+    """Batches of the GPU section's size, CPU only: the rate of epochs 2 on, and the consumer's CPU."""
+    from multitables_bench.gpu import BATCH
+
+    batches = stream.get_batches("/X", BATCH, n_procs=n, epochs=None, seed=0)  # type: ignore[attr-defined]
     per_epoch = len(batches)
     it = iter(batches)
     for _ in range(per_epoch):  # the first epoch: readers start, the windows fill
         next(it)
-    for profiled in (False, True):
-        prof = cProfile.Profile() if profiled else None
-        w0, c0 = time.perf_counter(), time.process_time()
-        if prof:
-            prof.enable()
-        nbytes = 0
-        for _ in range((args.epochs - 1) * per_epoch):
-            nbytes += next(it).nbytes
-        if prof:
-            prof.disable()
-        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-        print(f"batches of {BATCH}, {n} readers, epochs 2-{args.epochs}{' (profiled)' if prof else ''}: "
-              f"{nbytes / wall / 1e9:.2f} GB/s, consumer CPU {cpu / wall:.2f} s per s", flush=True)
-        if prof:
-            pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+    prof = cProfile.Profile() if profiled else None
+    w0, c0 = time.perf_counter(), time.process_time()
+    if prof:
+        prof.enable()
+    nbytes = 0
+    for _ in range((n_epochs - 1) * per_epoch):
+        nbytes += next(it).nbytes
+    if prof:
+        prof.disable()
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    print(f"batches of {BATCH}, {n} readers, {label}, epochs 2-{n_epochs}{' (profiled)' if prof else ''}: "
+          f"{nbytes / wall / 1e9:.2f} GB/s, consumer CPU {cpu / wall:.2f} s per s", flush=True)
+    if prof:
+        pstats.Stats(prof).sort_stats("tottime").print_stats(18)
     batches.close()
 
 

@@ -26,7 +26,7 @@ from ._sys.checks import check_bool, check_columns, check_fields, check_int, ran
 from ._train.mix import MixedBatches, mix_batches
 from ._train.transforms import infer_transforms
 from ._train.feed import EpochPieces, Feed, plan_feed
-from ._train.windows import Alloc, Carry, NoWindows, Windows, cut, epoch_windows, window_buffers
+from ._train.windows import Alloc, Carry, NoWindows, WindowMemory, Windows, cut, epoch_windows
 
 if TYPE_CHECKING:
     from .streamer import Streamer  # type only: the streamer makes batches
@@ -203,15 +203,14 @@ class Batches:
         self._nodes = nodes
         #: (dtype, row shape) of each dataset's delivered rows: the transform's output where there is one.
         self._row_types = [delivered(n, t) for n, t in zip(nodes, self._transforms)]
-        self._epoch = 0
-        self._batch = 0  # batches delivered in this epoch
+        self._epoch, self._batch = 0, 0  # the epoch, and batches delivered in it
         self._step = 0  # batches delivered since epoch 0 began, at whatever world sizes
         #: The current epoch's parts run at other world sizes: (world_size, batches), NOTE [elastic resume].
         self._elastic: list[tuple[int, int]] = []
         # The iteration in progress, weakly: it holds this object (its frame's ``self``), and a reference back
         # would be a cycle that only the cycle collector frees, the readers running until then.
         self._active: "weakref.ref[Iterator[Batch]] | None" = None
-        self._buffers: "list[list[np.ndarray]] | None" = None  # see _window_buffers
+        self._memory: "WindowMemory | None" = None  # see _window_memory
         # The readers, kept from epoch to epoch (NOTE [readers across epochs] in ``_procs.stream``). It holds
         # nothing of this object, so dropping the batches drops it, and its queues stop their readers.
         self._feed = Feed(stream.options, nodes, self._engines, self._plan, self._transforms)
@@ -358,13 +357,15 @@ class Batches:
         """
         self._stop_active()
         self._feed.close()
-        self._buffers, self._carry = None, None
+        if self._memory is not None:
+            self._memory.close()
+        self._memory, self._carry = None, None
 
-    def _window_buffers(self) -> list[list[np.ndarray]]:
-        """Two buffers per dataset for the largest window, kept from epoch to epoch (``_train.windows.window_buffers``)."""
-        if self._buffers is None:
-            self._buffers = window_buffers(self._settings.window * self._settings.block_size, self._row_types)
-        return self._buffers
+    def _window_memory(self) -> WindowMemory:
+        """The windows' copier and buffers (for the largest window), kept from epoch to epoch."""
+        if self._memory is None:
+            self._memory = WindowMemory(self._settings.window * self._settings.block_size, self._row_types)
+        return self._memory
 
     def _subset_key(self) -> "str | None":
         if self._weights is not None:
@@ -476,8 +477,7 @@ class Batches:
                     following = EpochPieces.of(later, 0, self._rows_of(epoch + 1))
                     following = following if self._feed.fits(following) else None
                     after = (later, following) if following is not None and s.shuffle else None
-                buffers = self._window_buffers() if s.shuffle else None
-                source = epoch_windows(plan, w0, self._feed, pieces, buffers, carry, after)
+                source = epoch_windows(plan, w0, self._feed, pieces, self._window_memory(), carry, after)
             k = start
             for arrays in cut(source, skip, s.batch_size, alloc):
                 k += 1

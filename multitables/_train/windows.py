@@ -36,14 +36,30 @@ NOTE [window buffers and fork]
     zeros, which every window overwrites before reading). Huge pages as numpy
     asks for its own large arrays. Where the kernel lacks it (before Linux
     4.14, other systems): ``np.empty``.
+
+NOTE [parallel copies]
+    Every row of a shuffled batch is copied twice by the consumer: out of
+    its slot into a window buffer, and out of the window into the batch
+    (for ``device=``, page-locked memory). On a lent machine with 16 cores
+    (H100, 512 MiB of zlib-3 rows, batches of 1,024 rows of 4 KiB) those two
+    copies were the limit: 3.5 GB/s of batches, the consumer busy every
+    second, half its time in each copy, while 16 readers decode 11.9 GB/s
+    (``benchmarks/batches_profile.py``). numpy lets the GIL go during both
+    (``copyto``, ``take``), so a :class:`Copier` cuts each copy of at least
+    2 MiB into parts of at least 1 MiB across threads: one per four CPUs,
+    at most 4, and none with fewer than 8 CPUs, where the readers need the
+    cores. The threads belong to the batches (``WindowMemory``) and end when
+    it is closed.
 """
 
 from __future__ import annotations
 
 import math
 import mmap
+import os
 import platform
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
@@ -90,6 +106,89 @@ def window_buffers(rows: int, row_types: "Sequence[tuple[Any, tuple[int, ...]]]"
     return [[empty_window_buffer((rows,) + tuple(shape), dtype) for dtype, shape in row_types] for _ in range(2)]
 
 
+def copy_threads() -> int:
+    """Threads for a batches' copies (NOTE [parallel copies]): one per four CPUs this process may use, 1 to 4."""
+    return max(1, min(4, len(os.sched_getaffinity(0)) // 4)) if hasattr(os, "sched_getaffinity") else 1
+
+
+class Copier:
+    """The consumer's copies of rows, each of at least ``2 * PART`` bytes split across ``threads`` threads.
+
+    NOTE [parallel copies]. Owns its threads (none for ``threads=1``);
+    :meth:`close` ends them.
+    """
+
+    #: Bytes below which a part is not worth a thread's hand-off.
+    PART = 1 << 20
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self._pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="multitables-copy") if threads > 1 else None
+
+    def _parts(self, rows: int, nbytes: int) -> "list[tuple[int, int]]":
+        n = min(self.threads, rows, nbytes // self.PART) if self._pool is not None else 1
+        if n <= 1:
+            return [(0, rows)]
+        cuts = [rows * i // n for i in range(n + 1)]
+        return list(zip(cuts[:-1], cuts[1:]))
+
+    def _run(self, parts: "list[tuple[int, int]]", one: Callable[[int, int], None]) -> None:
+        if len(parts) == 1:
+            one(*parts[0])
+            return
+        assert self._pool is not None
+        futures = [self._pool.submit(one, a, b) for a, b in parts[1:]]
+        try:
+            one(*parts[0])
+        finally:
+            for f in futures:
+                f.result()  # each part done (and its error raised) before the arrays are used or given back
+
+    def copy(self, out: np.ndarray, rows: np.ndarray) -> None:
+        """``out[...] = rows`` (same shape)."""
+
+        def one(a: int, b: int) -> None:
+            np.copyto(out[a:b], rows[a:b])
+
+        self._run(self._parts(len(out), out.nbytes), one)
+
+    def take(self, rows: np.ndarray, index: np.ndarray, out: np.ndarray) -> None:
+        """``out[i] = rows[index[i]]``; ``index`` is in range (it is not checked)."""
+
+        def one(a: int, b: int) -> None:
+            np.take(rows, index[a:b], axis=0, out=out[a:b], mode="clip")  # "clip": "raise" copies twice
+
+        self._run(self._parts(len(out), out.nbytes), one)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+            self.threads = 1
+
+
+class WindowMemory:
+    """What a batches' windows keep from epoch to epoch: the copier, and the window buffers once a window is shuffled.
+
+    ``rows`` and ``row_types``: see :func:`window_buffers`. Owned by one
+    batches, which closes it.
+    """
+
+    def __init__(self, rows: int, row_types: "Sequence[tuple[Any, tuple[int, ...]]]") -> None:
+        self._rows, self._row_types = rows, row_types
+        self._buffers: "list[list[np.ndarray]] | None" = None
+        self.copier = Copier(copy_threads())
+
+    def buffers(self) -> "list[list[np.ndarray]]":
+        if self._buffers is None:
+            self._buffers = window_buffers(self._rows, self._row_types)
+        return self._buffers
+
+    def close(self) -> None:
+        self._buffers = None
+        self.copier.close()
+
+
 class Window:
     """The rows of one window, in delivered order; ``take`` copies a run of them out."""
 
@@ -119,18 +218,18 @@ class NoWindows(Windows):
 
 
 class BufferWindow(Window):
-    def __init__(self, buffers: list[np.ndarray], perm: "np.ndarray | None") -> None:
-        self._buffers, self._perm = buffers, perm
+    def __init__(self, buffers: list[np.ndarray], perm: "np.ndarray | None", copier: Copier) -> None:
+        self._buffers, self._perm, self._copier = buffers, perm, copier
         self.rows = len(buffers[0])
 
     def take(self, a: int, b: int, out: "list[np.ndarray]") -> None:
         if self._perm is None:
             for buf, o in zip(self._buffers, out):
-                np.copyto(o, buf[a:b])
+                self._copier.copy(o, buf[a:b])
             return
         idx = self._perm[a:b]
         for buf, o in zip(self._buffers, out):
-            np.take(buf, idx, axis=0, out=o, mode="clip")  # "clip": indices are right, and "raise" copies twice
+            self._copier.take(buf, idx, o)
 
 
 def _selected(block: np.ndarray, selection: "np.ndarray | None") -> np.ndarray:
@@ -178,13 +277,14 @@ class ShuffledWindows(Windows):
         plan: RankEpoch,
         w0: int,
         feed: "Feed",
-        buffers: list[list[np.ndarray]],
+        memory: WindowMemory,
         batch_size: int,
         pieces: "EpochPieces",
         carry: "Carry | None" = None,
         after: "tuple[RankEpoch, EpochPieces] | None" = None,
     ) -> None:
-        self._plan, self._w0, self._feed, self._buffers, self._batch_size = plan, w0, feed, buffers, batch_size
+        self._plan, self._w0, self._feed, self._batch_size = plan, w0, feed, batch_size
+        self._buffers, self._copier = memory.buffers(), memory.copier
         first = 0 if carry is None else carry.buffer
         self._fills = [self._fill(plan, w, pieces, (first + j) % 2) for j, w in enumerate(range(w0, plan.n_windows))]
         if carry is not None:
@@ -213,9 +313,9 @@ class ShuffledWindows(Windows):
                     out = buf[fill.filled : fill.filled + rows]
                     if selection is None:
                         assert len(block) == rows, (len(block), rows)
-                        out[...] = block
+                        self._copier.copy(out, block)
                     else:
-                        np.take(block, selection, axis=0, out=out, mode="clip")
+                        self._copier.take(block, selection, out)
             fill.filled += rows
             fill.pulled += 1
             n -= 1
@@ -231,7 +331,7 @@ class ShuffledWindows(Windows):
                 # The next window (perhaps the next epoch's first) goes to the other buffer, a part per batch.
                 self._next = j + 1
                 self._rate = math.ceil(len(self._fills[j + 1].rows) / max(1, rows // self._batch_size))
-            yield BufferWindow([buf[:rows] for buf in self._buffers[fill.buffer]], plan.window_perm(w))
+            yield BufferWindow([buf[:rows] for buf in self._buffers[fill.buffer]], plan.window_perm(w), self._copier)
         if self._after is not None:
             last = self._fills[-1]
             self.carry = Carry(self._after[0].epoch, last.buffer, last.pulled, last.filled)
@@ -244,14 +344,15 @@ class ShuffledWindows(Windows):
 class SlotWindow(Window):
     """One block, held in its slots; batches are copied straight out of them."""
 
-    def __init__(self, feed: "Feed", selection: "np.ndarray | None" = None) -> None:
+    def __init__(self, feed: "Feed", copier: Copier, selection: "np.ndarray | None" = None) -> None:
         self._guards = feed.get()
         self._blocks = [_selected(guard.block, selection) for guard in self._guards]
+        self._copier = copier
         self.rows = len(self._blocks[0])
 
     def take(self, a: int, b: int, out: "list[np.ndarray]") -> None:
         for block, o in zip(self._blocks, out):
-            np.copyto(o, block[a:b])
+            self._copier.copy(o, block[a:b])
 
     def close(self) -> None:
         self._blocks = []
@@ -262,14 +363,15 @@ class SlotWindow(Window):
 class BlockWindows(Windows):
     """Unshuffled: every window is one block (the plan has ``window=1``)."""
 
-    def __init__(self, plan: RankEpoch, w0: int, feed: "Feed", selections: "Sequence[np.ndarray | None] | None" = None) -> None:
+    def __init__(self, plan: RankEpoch, w0: int, feed: "Feed", copier: Copier,
+                 selections: "Sequence[np.ndarray | None] | None" = None) -> None:
         self._n = plan.n_windows - w0
-        self._feed = feed
+        self._feed, self._copier = feed, copier
         self._selections = selections
 
     def __iter__(self) -> Iterator[Window]:
         for i in range(self._n):  # one piece per window
-            yield SlotWindow(self._feed, None if self._selections is None else self._selections[i])
+            yield SlotWindow(self._feed, self._copier, None if self._selections is None else self._selections[i])
 
 
 #: Makes the arrays of a batch of ``n`` rows: one per dataset, of the delivered dtype and row shape.
@@ -309,16 +411,16 @@ def epoch_windows(
     w0: int,
     feed: "Feed",
     pieces: "EpochPieces",
-    buffers: "list[list[np.ndarray]] | None",
+    memory: WindowMemory,
     carry: "Carry | None" = None,
     after: "tuple[RankEpoch, EpochPieces] | None" = None,
 ) -> Windows:
     """The windows of a rank's epoch from window ``w0`` on, read through ``feed``, which gives ``pieces`` next.
 
-    ``buffers``: two window buffers per dataset for a shuffled epoch (None:
-    unshuffled, batches come straight out of the slots); ``carry`` and
+    ``memory``: the copier, and for a shuffled epoch the window buffers
+    (unshuffled, batches come straight out of the slots); ``carry`` and
     ``after``: see :class:`ShuffledWindows`.
     """
-    if buffers is None:
-        return BlockWindows(plan, w0, feed, pieces.selections)
-    return ShuffledWindows(plan, w0, feed, buffers, plan.settings.batch_size, pieces, carry, after)
+    if not plan.settings.shuffle:
+        return BlockWindows(plan, w0, feed, memory.copier, pieces.selections)
+    return ShuffledWindows(plan, w0, feed, memory, plan.settings.batch_size, pieces, carry, after)

@@ -871,16 +871,47 @@ def test_huge_read_ahead_fails_clearly(no_leaks: None, h5file: Path, process_sta
     assert not process_starts
 
 
+def test_a_full_dev_shm_at_a_readers_populate_is_its_space_error_not_a_sigbus(
+    no_leaks: None, h5file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """statvfs said yes, but the slots' pages cannot be had when a reader maps them (NOTE [slots and page tables])."""
+    import errno
+
+    from multitables._shm import segment as _shm
+
+    if not _shm.can_populate():
+        pytest.skip("the kernel lacks MADV_POPULATE_WRITE: the consumer reserves the ring (the next test)")
+
+    def full(buf: Any, advice: int, offset: int, nbytes: int) -> None:
+        if offset:  # the slots; the header, at 0, is the consumer's and is had
+            raise OSError(errno.EFAULT, "Bad address")
+        buf.madvise(advice, offset, nbytes)
+
+    monkeypatch.setattr(_shm, "_madvise", full)  # the readers are forked: they see it too
+    segments = own_segments()
+    with hang_guard(GUARD, "a reader's populate fails"), pytest.raises(ShmSpaceError) as info:
+        with Streamer(h5file).get_queue("/data", n_procs=2, block_size=CHUNK) as q:
+            q.get()
+    assert isinstance(info.value, ReaderError) and info.value.pid in q.reader_pids
+    _assert_space_error(info.value)
+    assert "map_own_slots" in info.value.remote_traceback
+    assert own_segments() == segments
+
+
 def test_reservation_failure_is_a_space_error_not_a_sigbus(
     no_leaks: None, h5file: Path, monkeypatch: pytest.MonkeyPatch, process_starts: list[Any]
 ) -> None:
-    """statvfs said yes, but the pages cannot be had (another process took them meanwhile)."""
+    """statvfs said yes, but the pages cannot be had (another process took them meanwhile); a kernel that
+    cannot populate, so the consumer reserves the ring's pages."""
     import errno
+
+    from multitables._shm import ring as _ring
 
     def full(fd: int, offset: int, length: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "posix_fallocate", full)
+    monkeypatch.setattr(_ring, "can_populate", lambda: False)
     segments = own_segments()
     with pytest.raises(ShmSpaceError) as info:
         Streamer(h5file).get_queue("/data", n_procs=2, block_size=CHUNK)

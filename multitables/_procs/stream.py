@@ -121,6 +121,7 @@ def stream_loop(reader: ReaderProcess, settings: StreamSettings, sync: RingSync)
         reader.on_failure = ring.fail  # wakes the consumer, which then waits for the report
         reader.attached()
         reader.path = settings.spec.node.path
+        ring.map_own_slots()  # NOTE [slots and page tables]: after the barrier, the consumer need not wait for it
         parent_alive = reader.parent_alive
 
         def keep_going() -> bool:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import mmap
 import os
 import secrets
@@ -97,6 +98,23 @@ def _address(buf: mmap.mmap) -> int:
 
 #: ``madvise`` advice absent from Python's mmap module (Linux 5.14; the same value on every architecture).
 _MADV_POPULATE_WRITE = 23
+
+
+def _madvise(buf: mmap.mmap, advice: int, offset: int, nbytes: int) -> None:
+    buf.madvise(advice, offset, nbytes)
+
+
+@functools.lru_cache(maxsize=None)
+def can_populate() -> bool:
+    """Whether this kernel maps (and allocates) pages on request: MADV_POPULATE_WRITE, Linux 5.14."""
+    region = mmap.mmap(-1, mmap.PAGESIZE)
+    try:
+        _madvise(region, _MADV_POPULATE_WRITE, 0, mmap.PAGESIZE)
+        return True
+    except (OSError, AttributeError):
+        return False
+    finally:
+        region.close()
 
 
 def _map_without_fd(fd: int, nbytes: int) -> mmap.mmap:
@@ -310,8 +328,13 @@ class Segment:
         self._unlinker = weakref.finalize(self, _unlink, name) if owner else None
 
     @classmethod
-    def create(cls, nbytes: int, what: str = "The ring") -> "Segment":
+    def create(cls, nbytes: int, what: str = "The ring", reserve: bool = True) -> "Segment":
         """Create a new private segment of ``nbytes`` bytes, reserving its pages now.
+
+        ``reserve=False``: the pages are not allocated here, and the caller
+        promises that every page is :meth:`populate`-d before it is written
+        (NOTE [slots and page tables] in ``ring``), so that a full /dev/shm
+        is an error rather than a SIGBUS.
 
         NOTE [creation span]: from ``shm_open`` until the returned object
         exists (whose finalizer unlinks the name), a Ctrl-C is held back
@@ -343,7 +366,10 @@ class Segment:
                 raise FileExistsError("could not find a free shared-memory name")
             try:
                 resource_tracker.register("/" + name, "shared_memory")
-                _reserve(fd, nbytes, what)
+                if reserve:
+                    _reserve(fd, nbytes, what)
+                else:
+                    os.ftruncate(fd, nbytes)
                 buf = _map_without_fd(fd, nbytes)
             except BaseException:
                 os.close(fd)
@@ -364,17 +390,22 @@ class Segment:
             os.close(fd)
         return cls(name, nbytes, buf, owner=False)
 
-    def populate(self, offset: int, nbytes: int) -> None:
+    def populate(self, offset: int, nbytes: int, what: str = "The ring") -> None:
         """Put bytes ``offset .. offset + nbytes`` (``offset`` page-aligned) in this process's page tables, writable.
 
-        One call (MADV_POPULATE_WRITE, Linux 5.14) instead of a fault at each
-        page's first write. Where the kernel lacks it, nothing: the pages
-        fault as they are written.
+        One call instead of a fault at each page's first write; in a segment
+        made with ``reserve=False`` it also allocates the pages, and
+        ``ShmSpaceError`` says when /dev/shm has no room left for them (a
+        write would have been a SIGBUS). Where the kernel cannot
+        (:func:`can_populate` is False), nothing: the pages fault as written.
         """
         try:
-            self.buf.madvise(_MADV_POPULATE_WRITE, offset, nbytes)
-        except (OSError, ValueError):
-            pass
+            _madvise(self.buf, _MADV_POPULATE_WRITE, offset, nbytes)
+        except OSError as exc:
+            if exc.errno in (errno.EFAULT, errno.ENOMEM):  # the tmpfs is full (SIGBUS), or the memory cgroup
+                raise _space_error(self.nbytes, shm_free_bytes(), what) from exc
+            if exc.errno != errno.EINVAL:
+                raise
 
     def unlink(self) -> None:
         """Remove the name (owner only; idempotent). Existing mappings stay valid."""

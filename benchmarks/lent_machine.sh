@@ -4,7 +4,7 @@
 #     bash benchmarks/lent_machine.sh OUT [MIB [STEP...]]
 #
 # OUT gets each step's log (the sections print their tables there); at most 4 min 45 s of steps. MIB (default 512) sizes the scaling and GPU sections' files; the
-# probe takes half. STEP names the steps to run (scaling, probe, gpu, batches, cuda-tests; default all). Steps, each under its own time limit so one that hangs leaves the others theirs:
+# probe takes half. STEP names the steps to run (scaling, probe, probe-before, gpu, batches, cuda-tests; default all). Steps, each under its own time limit so one that hangs leaves the others theirs:
 #   1. the machine: CPUs, GPU, versions;
 #   2. the scaling section (#29: multitables against N plain h5py processes and DataLoader, counters);
 #   3. the probe (#29: where many readers' time goes, with and without the hints);
@@ -16,7 +16,7 @@ set -u
 out=${1:?usage: bash benchmarks/lent_machine.sh OUT [MIB]}
 mib=${2:-512}
 shift $(($# < 2 ? $# : 2))
-steps=" ${*:-scaling probe gpu batches cuda-tests} "
+steps=" ${*:-scaling probe probe-before gpu batches cuda-tests} "
 mkdir -p "$out"
 work=$(mktemp -d "${TMPDIR:-/tmp}/lent_machine.XXXXXX")  # fresh: a file left by an earlier run is refused
 trap 'rm -rf "$work"' EXIT
@@ -45,6 +45,10 @@ step() {  # step NAME SECONDS COMMAND...: run it, its output in OUT/NAME.log, an
 cat "$out/machine.txt"
 step scaling 120 python3 multitables_benchmark.py --sections scaling --section-mib "$mib" --repeats 3 --file "$work/scaling.h5"
 step probe 75 python3 benchmarks/scaling_probe.py --dir "$work/probe" --mib $((mib / 2)) --procs 8 16 --json "$out/probe.json"
+if [ -d .devrun/before/multitables ]; then  # a checkout's package to compare with (carried: git archive REV multitables)
+    PYTHONPATH="$PWD/.devrun/before:$PYTHONPATH" step probe-before 75 \
+        python3 benchmarks/scaling_probe.py --dir "$work/probe" --mib $((mib / 2)) --procs 8 16 --json "$out/probe-before.json"
+fi
 step gpu 60 python3 multitables_benchmark.py --sections gpu --section-mib "$mib" --file "$work/gpu.h5"
 step batches 45 python3 benchmarks/batches_profile.py --file "$work/gpu.h5" --mib "$mib"
 step cuda-tests 30 python3 -m pytest -q -p no:cacheprovider tests/test_torch_device.py

@@ -54,11 +54,12 @@ def main() -> None:
         print(f"stream, {n} readers ({q.engine}): {nbytes / (time.perf_counter() - t0) / 1e9:.2f} GB/s "
               f"({size / 1e6:,.0f} MB stored)", flush=True)
 
-    for threads in sorted({1, 2, default()} - {default()}):  # NOTE [parallel copies]
+    for threads in sorted({1, 2, default()}):  # NOTE [parallel copies]
         windows.copy_threads = lambda t=threads: t  # type: ignore[assignment]
-        epochs(stream, n, args.epochs, f"{threads} copy thread{'s' if threads > 1 else ''}", profiled=False)
+        label = f"{threads} copy thread{'s' if threads > 1 else ''}{' (the default)' if threads == default() else ''}"
+        epochs(stream, n, args.epochs, label, profiled=False)
     windows.copy_threads = default
-    epochs(stream, n, args.epochs, f"{default()} copy thread(s) (the default)", profiled=True)
+    epochs(stream, n, args.epochs, "the default copy threads", profiled=True)
 
 
 def epochs(stream: "object", n: int, n_epochs: int, label: str, profiled: bool) -> None:

@@ -3,11 +3,15 @@
 #
 #     bash benchmarks/lent_machine.sh OUT [MIB [STEP...]]
 #
-# OUT gets each step's log (the sections print their tables there); at most 4 min 45 s of steps. MIB (default 512) sizes the scaling and GPU sections' files; the
-# probe takes half. STEP names the steps to run (scaling, probe, probe-before, gpu, batches, cuda-tests; default all). Steps, each under its own time limit so one that hangs leaves the others theirs:
+# OUT gets each step's log (the sections print their tables there), packed into OUT/logs.tgz at the end.
+# MIB (default 512) sizes the scaling and GPU sections' files; the probe takes half. STEP names the steps to
+# run (scaling, probe, probe-before, startup, gpu, batches, cuda-tests; default all). Each step runs under
+# its own time limit (7 min 15 s together), so one that hangs leaves the others theirs; all of them took
+# 3 min 7 s on a lent H100 machine with 16 cores (2026-11-26). The steps:
 #   1. the machine: CPUs, GPU, versions;
 #   2. the scaling section (#29: multitables against N plain h5py processes and DataLoader, counters);
-#   3. the probe (#29: where many readers' time goes, with and without the hints);
+#   3. the probe (#29: where many readers' time goes, with and without the hints; again with a carried older
+#      package where .devrun/before has one), and what starting 16 readers costs (benchmarks/stream_startup.py);
 #   4. the GPU section (#30: device=, pin_memory, DataLoader), where shuffled batches lose against the stream
 #      (benchmarks/batches_profile.py), and the CUDA tests.
 # Wheels the machine lacks (PyTables, hdf5plugin, imagecodecs, blosc2...) are installed from .whl/ first,
@@ -16,7 +20,7 @@ set -u
 out=${1:?usage: bash benchmarks/lent_machine.sh OUT [MIB]}
 mib=${2:-512}
 shift $(($# < 2 ? $# : 2))
-steps=" ${*:-scaling probe probe-before gpu batches cuda-tests} "
+steps=" ${*:-scaling probe probe-before startup gpu batches cuda-tests} "
 mkdir -p "$out"
 work=$(mktemp -d "${TMPDIR:-/tmp}/lent_machine.XXXXXX")  # fresh: a file left by an earlier run is refused
 trap 'rm -rf "$work"' EXIT
@@ -49,6 +53,9 @@ if [ -d .devrun/before/multitables ]; then  # a checkout's package to compare wi
     PYTHONPATH="$PWD/.devrun/before:$PYTHONPATH" step probe-before 75 \
         python3 benchmarks/scaling_probe.py --dir "$work/probe" --mib $((mib / 2)) --procs 8 16 --json "$out/probe-before.json"
 fi
+step startup 30 python3 benchmarks/stream_startup.py "$work/probe/probe-zlib-3-$((mib / 2)).h5" --procs 16 --repeats 5
 step gpu 60 python3 multitables_benchmark.py --sections gpu --section-mib "$mib" --file "$work/gpu.h5"
 step batches 45 python3 benchmarks/batches_profile.py --file "$work/gpu.h5" --mib "$mib"
 step cuda-tests 30 python3 -m pytest -q -p no:cacheprovider tests/test_torch_device.py
+# The device tool brings back at most 8 files: every log and JSON in one archive (tar -xzf OUT/logs.tgz).
+(cd "$out" && tar -czf logs.tgz --remove-files -- *.log *.json 2>/dev/null)

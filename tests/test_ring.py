@@ -1,8 +1,7 @@
 """The ring's slots and readers (NOTE [slots and page tables] in ``multitables._shm.ring``).
 
-Each reader prefers its own slots (``slot % readers == reader``) and takes
-another's only when none of its own is free; a reader's own slots are in its
-page tables from attach, another's from its first claim.
+The slots belong to readers (slot ``s`` to reader ``s % N``): a reader
+claims blocks only into its own, which it maps into its page tables whole.
 """
 
 from __future__ import annotations
@@ -26,9 +25,9 @@ def _always() -> bool:
 def rings() -> Iterator[tuple[Ring, list[Ring]]]:
     """A consumer's ring of 6 slots of 1 MiB, and two readers' (reader 0 and 1 of 2) in this process."""
     layout = RingLayout(6, 256, (1024,), np.dtype("<f4"))
-    sync = RingSync.create(multiprocessing.get_context("fork"), layout.n_slots)
+    sync = RingSync.create(multiprocessing.get_context("fork"), layout.n_slots, n_readers=2)
     consumer = Ring.create(layout, sync)
-    readers = [Ring.attach(consumer.segment.name, layout, sync, reader=r, n_readers=2) for r in range(2)]
+    readers = [Ring.attach(consumer.segment.name, layout, sync, reader=r) for r in range(2)]
     for ring in readers:
         ring.map_own_slots()
     try:
@@ -40,25 +39,66 @@ def rings() -> Iterator[tuple[Ring, list[Ring]]]:
         consumer.close()
 
 
-def test_each_reader_claims_its_own_slots_while_it_has_free_ones(rings: tuple[Ring, list[Ring]]) -> None:
+def _claims(ring: Ring, ticks: int = 2):
+    """What ``claim`` answers, giving up after ``ticks`` waits for a free slot."""
+    left = [ticks]
+
+    def keep_going() -> bool:
+        left[0] -= 1
+        return left[0] > 0
+
+    return ring.claim(None, keep_going)
+
+
+def test_each_reader_claims_blocks_in_order_into_its_own_slots(rings: tuple[Ring, list[Ring]]) -> None:
     _, (r0, r1) = rings
-    got = [r0.claim(None, _always), r1.claim(None, _always), r1.claim(None, _always), r0.claim(None, _always)]
+    got = [_claims(r0), _claims(r1), _claims(r1), _claims(r0)]
     assert got == [(0, 0), (1, 1), (2, 3), (3, 2)]  # blocks in claim order; slots even for reader 0, odd for 1
 
 
-def test_a_reader_with_none_of_its_own_free_takes_another_readers_slot(rings: tuple[Ring, list[Ring]]) -> None:
+def test_a_reader_whose_slots_are_all_taken_waits_for_one_of_its_own(rings: tuple[Ring, list[Ring]]) -> None:
     consumer, (r0, r1) = rings
-    mine = [r0.claim(None, _always) for _ in range(3)]
-    assert [s for _, s in mine] == [0, 2, 4]
-    k, s = r0.claim(None, _always)  # none of its own left: one of the other's
-    assert k == 3 and s in (1, 3, 5)
-    for k, s in mine + [(k, s)]:
-        r0.publish(s, k, 256, _always)
-    for _ in range(4):  # the consumer gives slot 0, 2, 4 and the other's back, in block order
-        consumer.release(consumer.take(1.0), _always)
-    assert r0.claim(None, _always) == (4, 0)  # its own again, though two of the other's were free before it
-    k, s = r1.claim(None, _always)
-    assert k == 5 and s in (1, 3, 5)
+    mine = [_claims(r0) for _ in range(3)]
+    assert [k for k, _ in mine] == [0, 1, 2] and sorted(s for _, s in mine) == [0, 2, 4]
+    assert _claims(r0) is None  # none of its own free: it waits, though slots 1, 3 and 5 are free
+    k, theirs = _claims(r1)
+    assert k == 3 and theirs % 2 == 1  # the other reader goes on, with the next block, in one of its own
+    for k, s in mine + [(3, theirs)]:
+        (r0 if s % 2 == 0 else r1).publish(s, k, 256, _always)
+    for k, s in mine + [(3, theirs)]:  # the consumer takes them in the order published, and gives them back
+        assert consumer.take(1.0) == s and consumer.meta(s)[0] == k
+        consumer.release(s, _always)
+    k, s = _claims(r0)
+    assert k == 4 and s % 2 == 0
+    k, s = _claims(r1)
+    assert k == 5 and s % 2 == 1
+
+
+def test_with_fewer_slots_than_readers_readers_share_a_slots_group() -> None:
+    layout = RingLayout(2, 4, (8,), np.dtype("<f4"))
+    sync = RingSync.create(multiprocessing.get_context("fork"), layout.n_slots, n_readers=3)
+    consumer = Ring.create(layout, sync)
+    readers = [Ring.attach(consumer.segment.name, layout, sync, reader=r) for r in range(3)]
+    try:
+        assert [sync.group(r) for r in range(3)] == [0, 1, 0]
+        assert _claims(readers[2]) == (0, 0)  # reader 2 claims group 0's slot
+        assert _claims(readers[0]) is None  # and reader 0, of the same group, waits for it
+        assert _claims(readers[1]) == (1, 1)
+    finally:
+        for ring in readers:
+            ring.close()
+        consumer.segment.unlink()
+        consumer.close()
+
+
+def test_stopping_wakes_every_reader_waiting_for_a_slot(rings: tuple[Ring, list[Ring]]) -> None:
+    consumer, (r0, r1) = rings
+    for _ in range(3):
+        _claims(r0)
+        _claims(r1)
+    consumer.stop()
+    consumer.wake_readers(2)
+    assert r0.claim(None, _always) is None and r1.claim(None, _always) is None  # at once, not after a tick's wait
 
 
 def _populate_works() -> bool:
@@ -88,13 +128,8 @@ def _shmem_huge_pages_forced() -> bool:
 
 @pytest.mark.skipif(not _populate_works(), reason="the kernel lacks MADV_POPULATE_WRITE (Linux < 5.14): slots fault as written")
 @pytest.mark.skipif(_shmem_huge_pages_forced(), reason="shared memory in huge pages (shmem_enabled=force): a fault maps 2 MiB")
-def test_own_slots_are_mapped_at_attach_and_anothers_at_its_first_claim(rings: tuple[Ring, list[Ring]]) -> None:
-    _, (r0, r1) = rings
+def test_a_readers_own_slots_are_mapped_whole_and_no_other(rings: tuple[Ring, list[Ring]]) -> None:
+    _, (r0, _r1) = rings
     pages = r0.layout.slot_stride // mmap.PAGESIZE
-    assert [r0.claim(None, _always)[1] for _ in range(3)] == [0, 2, 4]
     assert all(_faults_writing(r0.slots[s]) < pages // 8 for s in (0, 2, 4))  # its own: mapped (a stray fault may come)
-    _, s = r0.claim(None, _always)
-    assert s in (1, 3, 5)
-    assert _faults_writing(r0.slots[s]) < pages // 8  # another's, mapped whole when claimed
-    never = min({1, 3, 5} - {s})
-    assert _faults_writing(r0.slots[never]) >= pages // 2  # another's, never claimed here: a fault a page
+    assert _faults_writing(r0.slots[1]) >= pages // 2  # reader 1's, never mapped here: a fault a page

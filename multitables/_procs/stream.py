@@ -115,7 +115,7 @@ class StreamSettings:
 def stream_loop(reader: ReaderProcess, settings: StreamSettings, sync: RingSync) -> None:
     """A reader's loop: claim, read, publish, until the plan is done or the consumer stops or dies."""
     reader.segments.add(settings.shm_name)
-    ring = Ring.attach(settings.shm_name, settings.layout, sync, reader.identity.index, settings.spec.n_procs)
+    ring = Ring.attach(settings.shm_name, settings.layout, sync, reader.identity.index)
     source = None
     try:
         reader.on_failure = ring.fail  # wakes the consumer, which then waits for the report
@@ -179,7 +179,7 @@ class StreamReaders:
         self.pool = ReaderPool(start_method, node.filename, node.path, name="reader")
         layout = RingLayout(spec.read.read_ahead, spec.plan.block_size, spec.row_shape, spec.dtype, spec.read.table)
         check_space(layout.nbytes)  # before anything is created; Ring.create checks again
-        sync = RingSync.create(self.pool.ctx, spec.read.read_ahead)
+        sync = RingSync.create(self.pool.ctx, spec.read.read_ahead, spec.n_procs)
         self.ring = Ring.create(layout, sync)  # may raise ShmSpaceError; nothing started yet
         self._n_readers = spec.n_procs
         try:

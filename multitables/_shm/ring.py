@@ -52,22 +52,35 @@ NOTE [ring protocol]
 NOTE [slots and page tables]
     A reader's first write to a page of the segment faults (about 1 us a
     4 KiB page here), and with N readers taking any free slot, every reader
-    comes to write every slot: N x the ring's pages, each mapped by every
+    came to write every slot: N x the ring's pages, each mapped by every
     reader (214,000-540,000 faults a GiB, after the first lap, with 16 readers
     on a 16-core machine). Mapping the whole ring into each reader at attach
     (MAP_POPULATE) ended the faults but put that work at the stream's start,
-    all readers walking the same pages at once: with 16 readers 10 s of
-    system time a GiB and the first block at 0.25 s, against 2 s and 0.125 s
-    with 8 (BENCHMARKS.md, issue 29). So each reader prefers its own slots
-    (``s % N``; with the default ``2N + 2`` slots, two or three each), taking
-    another's only when none of its own is free. It maps its own slots
-    into its page tables whole (MADV_POPULATE_WRITE) once attached, and
-    another's when it first claims it: at the start each reader maps only
-    its share of the ring, and no two walk the same pages. The same call
-    allocates the pages, so the consumer does not reserve the slots when it
-    creates the ring (``posix_fallocate``: 0.02 s for 8 readers' 72 MiB
-    here, the consumer zeroing every page alone before any reader starts):
-    each reader allocates its own, in parallel, and a full /dev/shm is a
+    all readers walking the same pages at once: with 16 readers 12 s of
+    system time a GiB and the first block at 0.32-0.36 s, against 2.3-2.5 s
+    and 0.15-0.18 s with 8 (BENCHMARKS.md, issue 29). Preferring its own
+    slots but taking another's when none of its own was free was not enough:
+    with 16 readers waiting on one semaphore, the one woken by a freed slot
+    is seldom its owner (53,000-233,000 faults a GiB, each a first claim).
+
+    So the slots belong to readers: with N readers, slot ``s`` to reader
+    ``s % N`` (two or three each with the default ``2N + 2`` slots; with
+    fewer slots than readers, readers ``r`` and ``r + n_slots`` share the
+    slots of group ``r % n_slots``). Each group has its own ``free``
+    semaphore, which the consumer releases when it gives one of the group's
+    slots back; a reader claims the next block only with a free slot of its
+    own group. Claims stay in block order under the lock, so an ordered
+    consumer still never waits on a slot held by a later block: a block is
+    claimed only with its slot, and a free slot of every group comes back
+    once the consumer takes the blocks before it.
+
+    Once attached, a reader maps its group's slots into its page tables,
+    whole (MADV_POPULATE_WRITE): the pages mapped are the ring's, once, no
+    two readers walking the same ones. The same call allocates the pages,
+    so the consumer does not reserve the slots when it creates the ring
+    (``posix_fallocate``: 0.02 s for 8 readers' 72 MiB here, the consumer
+    zeroing every page alone before any reader starts): each reader
+    allocates its own, in parallel, and a full /dev/shm is a
     ``ShmSpaceError`` from the populate, never a SIGBUS at a write. Kernels
     without it (before 5.14) reserve at creation and fault as before.
 """
@@ -158,14 +171,23 @@ class RingLayout:
 class RingSync:
     """The process-shared primitives of one ring (picklable at process start)."""
 
-    free: Any  # Semaphore: free slots
+    #: Semaphores, one per *group* of readers: group ``g``'s free slots, the slots ``s % len(free) == g``
+    #: (NOTE [slots and page tables]).
+    free: "tuple[Any, ...]"
     ready: Any  # Semaphore: filled slots not yet taken
     lock: Any  # Lock: block claims, both index rings, the block table
     more: Any  # Semaphore: released when blocks are published to the table (wakes readers waiting for some)
 
     @classmethod
-    def create(cls, ctx: Any, n_slots: int) -> "RingSync":
-        return cls(ctx.Semaphore(n_slots), ctx.Semaphore(0), ctx.Lock(), ctx.Semaphore(0))
+    def create(cls, ctx: Any, n_slots: int, n_readers: int = 1) -> "RingSync":
+        """For ``n_readers`` readers: a group each, or, with fewer slots than readers, one per slot."""
+        groups = max(1, min(n_readers, n_slots))
+        free = tuple(ctx.Semaphore(len(range(g, n_slots, groups))) for g in range(groups))
+        return cls(free, ctx.Semaphore(0), ctx.Lock(), ctx.Semaphore(0))
+
+    def group(self, slot_or_reader: int) -> int:
+        """The group of a slot, or of a reader by its index."""
+        return slot_or_reader % len(self.free)
 
 
 class Ring:
@@ -185,8 +207,7 @@ class Ring:
         self._claimed: dict[int, tuple[int, int]] = {}  # reader-local: the entries of blocks this reader claimed
         self._ready_head = 0  # consumer-local
         self._lent: "weakref.WeakValueDictionary[int, np.ndarray]" = weakref.WeakValueDictionary()  # slot -> lend()'s
-        self._unpopulated: set[int] = set()  # reader-local: slots not yet in this reader's page tables
-        self._own = (0, 1)  # reader-local: (this reader, of how many): which free slots it prefers
+        self._group = 0  # reader-local: the group whose free slots this reader claims
         self._closed = False
         shape = (layout.block_size,) + layout.row_shape
         self.slots: list[np.ndarray] = []
@@ -235,27 +256,16 @@ class Ring:
         return ring
 
     @classmethod
-    def attach(cls, name: str, layout: RingLayout, sync: RingSync, reader: int = 0, n_readers: int = 1) -> "Ring":
-        """A reader's ring: map the consumer's segment by name.
-
-        ``reader`` of ``n_readers``: this reader prefers the slots ``s`` with
-        ``s % n_readers == reader`` (NOTE [slots and page tables]).
-        """
+    def attach(cls, name: str, layout: RingLayout, sync: RingSync, reader: int = 0) -> "Ring":
+        """A reader's ring: map the consumer's segment by name; ``reader`` (its index) says its group's slots."""
         ring = cls(Segment.attach(name, layout.nbytes), layout, sync)
-        ring._own = (reader, n_readers)
-        ring._unpopulated = set(range(layout.n_slots))
+        ring._group = sync.group(reader)
         return ring
 
     def map_own_slots(self) -> None:
-        """Map this reader's own slots into its page tables now (ShmSpaceError: /dev/shm has no room for them)."""
-        me, of = self._own
-        for slot in range(me % of, self.layout.n_slots, of):
-            self._populate(slot)
-
-    def _populate(self, slot: int) -> None:
-        """Map ``slot`` into this reader's page tables now, whole (NOTE [slots and page tables])."""
-        self.segment.populate(self.layout.slot_offset(slot), self.layout.slot_stride)
-        self._unpopulated.discard(slot)
+        """Map this reader's group's slots into its page tables, whole (ShmSpaceError: /dev/shm has no room for them)."""
+        for slot in range(self._group, self.layout.n_slots, len(self.sync.free)):
+            self.segment.populate(self.layout.slot_offset(slot), self.layout.slot_stride)
 
     def close(self) -> None:
         """Unmap (idempotent); the ring then counts as stopped."""
@@ -307,16 +317,14 @@ class Ring:
         With a block table, ``n_blocks`` is ignored: the published count
         bounds the claims, and :data:`WAIT` says none is published yet.
         """
-        while not self.sync.free.acquire(timeout=TICK):
+        free = self.sync.free[self._group]
+        while not free.acquire(timeout=TICK):
             if self.stopped or not keep_going():
                 return None
         try:
-            got = self._claim_slot(n_blocks, keep_going)
+            return self._claim_slot(n_blocks, keep_going)
         except PeerGone:
             return None
-        if isinstance(got, tuple) and got[1] in self._unpopulated:  # another reader's slot, first claimed here
-            self._populate(got[1])
-        return got
 
     def _claim_slot(self, n_blocks: "int | None", keep_going: Callable[[], bool]) -> "tuple[int, int] | _Wait | None":
         table = self.layout.table
@@ -325,7 +333,7 @@ class Ring:
             if table:
                 n_blocks = int(self._hdr[_PUBLISHED])
             if self.stopped or (n_blocks is not None and k >= n_blocks):
-                self.sync.free.release()  # let the other readers see the end too
+                self.sync.free[self._group].release()  # let the group's other readers see the end too
                 return None if self.stopped or not table else WAIT
             self._hdr[_NEXT] = k + 1
             s = self._pop_free()
@@ -335,22 +343,16 @@ class Ring:
         return k, s
 
     def _pop_free(self) -> int:
-        """Pop a free slot (under the lock, holding a ``free`` token): the first of this reader's own, else the first."""
-        free, n = self._free_ring, self.layout.n_slots
+        """Pop the first free slot of this reader's group (under the lock, holding one of the group's tokens)."""
+        free, n, groups = self._free_ring, self.layout.n_slots, len(self.sync.free)
         head, tail = int(self._hdr[_FREE_HEAD]), int(self._hdr[_FREE_TAIL])
-        me, of = self._own
-        if of > 1:
-            for j in range(head, tail):
-                s = int(free[j % n])
-                if s % of == me:
-                    free[j % n] = free[head % n]  # the free ring is a set: order among free slots means nothing
-                    break
-            else:
-                s = int(free[head % n])
-        else:
-            s = int(free[head % n])
-        self._hdr[_FREE_HEAD] = head + 1
-        return s
+        for j in range(head, tail):
+            s = int(free[j % n])
+            if s % groups == self._group:
+                free[j % n] = free[head % n]  # the free ring is a set: order among free slots means nothing
+                self._hdr[_FREE_HEAD] = head + 1
+                return s
+        raise AssertionError(f"a token of group {self._group} but none of its slots free")  # pragma: no cover
 
     def wait_for_more(self, keep_going: Callable[[], bool]) -> bool:
         """Wait until the consumer publishes blocks (or a tick passes); False once stopped or told to stop."""
@@ -470,12 +472,13 @@ class Ring:
                 self._hdr[_FREE_TAIL] += 1
         except PeerGone:  # stopped while waiting: nobody needs the slot any more
             return
-        self.sync.free.release()
+        self.sync.free[self.sync.group(slot)].release()
 
     def wake_readers(self, n: int) -> None:
-        """Release ``n`` free and ``more`` tokens so readers blocked on a slot, or on blocks to claim, see the stop flag now."""
-        for _ in range(n):
-            self.sync.free.release()
+        """Release a free and a ``more`` token for each of ``n`` readers, so those blocked on a slot, or on blocks
+        to claim, see the stop flag now."""
+        for reader in range(n):
+            self.sync.free[self.sync.group(reader)].release()
             self.sync.more.release()
 
 

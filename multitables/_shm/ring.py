@@ -50,38 +50,23 @@ NOTE [ring protocol]
     [failure reports] in ``_procs.pool``).
 
 NOTE [slots and page tables]
-    A reader's first write to a page of the segment faults (about 1 us a
-    4 KiB page here), and with N readers taking any free slot, every reader
-    came to write every slot: N x the ring's pages, each mapped by every
-    reader (214,000-540,000 faults a GiB, after the first lap, with 16 readers
-    on a 16-core machine). Mapping the whole ring into each reader at attach
-    (MAP_POPULATE) ended the faults but put that work at the stream's start,
-    all readers walking the same pages at once: with 16 readers 12 s of
-    system time a GiB and the first block at 0.32-0.36 s, against 2.3-2.5 s
-    and 0.15-0.18 s with 8 (BENCHMARKS.md, issue 29). Preferring its own
-    slots but taking another's when none of its own was free was not enough:
-    with 16 readers waiting on one semaphore, the one woken by a freed slot
-    is seldom its owner (53,000-233,000 faults a GiB, each a first claim).
-
-    So the slots belong to readers: with N readers, slot ``s`` to reader
-    ``s % N`` (two or three each with the default ``2N + 2`` slots; with
-    fewer slots than readers, readers ``r`` and ``r + n_slots`` share the
-    slots of group ``r % n_slots``). Each group has its own ``free``
-    semaphore, which the consumer releases when it gives one of the group's
-    slots back; a reader claims the next block only with a free slot of its
-    own group. Claims stay in block order under the lock, so an ordered
-    consumer still never waits on a slot held by a later block: a block is
-    claimed only with its slot, and a free slot of every group comes back
-    once the consumer takes the blocks before it.
-
-    Once attached, a reader maps its group's slots into its page tables,
-    whole (MADV_POPULATE_WRITE): the pages mapped are the ring's, once, no
-    two readers walking the same ones. The same call allocates the pages,
-    so the consumer does not reserve the slots when it creates the ring
-    (``posix_fallocate``: 0.02 s for 8 readers' 72 MiB here, the consumer
-    zeroing every page alone before any reader starts): each reader
-    allocates its own, in parallel, and a full /dev/shm is a
-    ``ShmSpaceError`` from the populate, never a SIGBUS at a write. Kernels
+    A process's first write to a page of the segment faults (about 1 us a
+    4 KiB page here). With any reader taking any free slot, every reader
+    comes to map every slot: N x the ring's pages, at a fault each, or all
+    at attach with 16 readers walking the same pages at once (12 s of
+    system time a GiB, the first block at 0.33 s; BENCHMARKS.md, issue 29).
+    So the slots belong to readers: slot ``s`` to reader ``s % N`` (two or
+    three each with the default ``2N + 2`` slots; with fewer slots than
+    readers, readers ``r`` and ``r + n_slots`` share group ``r % n_slots``).
+    Each group has its own ``free`` semaphore, released by the consumer when
+    it gives one of the group's slots back, and a reader claims the next
+    block only with a free slot of its group. Claims stay in block order
+    under the lock, so an ordered consumer never waits on a later block's
+    slot. Once attached, a reader maps its group's slots whole
+    (MADV_POPULATE_WRITE), which also allocates their pages: the consumer
+    does not reserve them (``posix_fallocate`` zeroed them all in the
+    consumer before any reader started), and a full /dev/shm is a
+    ``ShmSpaceError`` from that reader, never a SIGBUS at a write. Kernels
     without it (before 5.14) reserve at creation and fault as before.
 """
 
@@ -475,8 +460,7 @@ class Ring:
         self.sync.free[self.sync.group(slot)].release()
 
     def wake_readers(self, n: int) -> None:
-        """Release a free and a ``more`` token for each of ``n`` readers, so those blocked on a slot, or on blocks
-        to claim, see the stop flag now."""
+        """A free and a ``more`` token for each of ``n`` readers: those blocked on a slot or a block see the stop now."""
         for reader in range(n):
             self.sync.free[self.sync.group(reader)].release()
             self.sync.more.release()

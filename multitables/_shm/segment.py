@@ -393,11 +393,9 @@ class Segment:
     def populate(self, offset: int, nbytes: int, what: str = "The ring") -> None:
         """Put bytes ``offset .. offset + nbytes`` (``offset`` page-aligned) in this process's page tables, writable.
 
-        One call instead of a fault at each page's first write; in a segment
-        made with ``reserve=False`` it also allocates the pages, and
-        ``ShmSpaceError`` says when /dev/shm has no room left for them (a
-        write would have been a SIGBUS). Where the kernel cannot
-        (:func:`can_populate` is False), nothing: the pages fault as written.
+        One call instead of a fault a page; in a segment made with ``reserve=False`` it allocates the pages,
+        and ``ShmSpaceError`` says /dev/shm has no room left (a write would be a SIGBUS). Where the kernel
+        cannot (:func:`can_populate`), nothing: the pages fault as written.
         """
         try:
             _madvise(self.buf, _MADV_POPULATE_WRITE, offset, nbytes)

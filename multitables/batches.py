@@ -351,7 +351,7 @@ class Batches:
             self._batch = batch
 
     def close(self) -> None:
-        """Stop the readers and free the window buffers (idempotent); dropping the batches does the same.
+        """Stop the readers, free the window buffers, end the copy threads (idempotent); dropping does the same.
 
         The position stays: iterating again goes on from it, with new readers.
         """

@@ -16,6 +16,8 @@ import multitables
 from multitables._train import windows
 from multitables._train.windows import Copier
 
+from _guards import wait_until
+
 
 def copy_threads_alive() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("multitables-copy")]
@@ -97,3 +99,17 @@ def test_batches_copied_by_threads_are_the_batches_of_one(tmp_path: Path, monkey
     for a, b in zip(split, plain):
         np.testing.assert_array_equal(a, b)
     assert not copy_threads_alive()
+
+
+def test_dropping_the_batches_ends_their_copy_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "d.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("X", data=np.arange(20000.0).reshape(5000, 4), chunks=(100, 4))
+    monkeypatch.setattr(windows, "copy_threads", lambda: 3)
+    monkeypatch.setattr(Copier, "PART", 64)
+    b = multitables.Streamer(path).get_batches("/X", 300, n_procs=2, block_size=250, window=6, seed=3)
+    it = iter(b)
+    next(it)
+    assert copy_threads_alive()
+    del it, b  # no close(): the last reference goes
+    wait_until(lambda: not copy_threads_alive(), 10.0, "the copy threads end")

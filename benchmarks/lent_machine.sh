@@ -58,4 +58,5 @@ step gpu 60 python3 multitables_benchmark.py --sections gpu --section-mib "$mib"
 step batches 45 python3 benchmarks/batches_profile.py --file "$work/gpu.h5" --mib "$mib"
 step cuda-tests 30 python3 -m pytest -q -p no:cacheprovider tests/test_torch_device.py
 # The device tool brings back at most 8 files: every log and JSON in one archive (tar -xzf OUT/logs.tgz).
-(cd "$out" && tar -czf logs.tgz --remove-files -- *.log *.json 2>/dev/null)
+shopt -s nullglob
+(cd "$out" && logs=(*.log *.json) && tar -czf logs.tgz --remove-files -- "${logs[@]}")

@@ -145,10 +145,10 @@ class Copier:
                 f.result()  # each part done (and its error raised) before the arrays are used or given back
 
     def copy(self, out: np.ndarray, rows: np.ndarray) -> None:
-        """``out[...] = rows`` (same shape)."""
+        """``out[...] = rows`` (as many rows; cast as that assignment casts)."""
 
         def one(a: int, b: int) -> None:
-            np.copyto(out[a:b], rows[a:b])
+            np.copyto(out[a:b], rows[a:b], casting="unsafe")
 
         self._run(self._parts(len(out), out.nbytes), one)
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from typing import Any
 
 import numpy as np
@@ -100,7 +99,6 @@ class RingBackend:
         self._next = 0
         self.pids = self._pool.pids
         self._checking = threading.RLock()  # pool.check reads the readers' pipes: one thread at a time
-        self._look_due = 0.0  # time.monotonic() when take() next asks the readers' pipes (pool.check) first
 
     def take(self) -> tuple[int, np.ndarray]:
         ring = self._ring
@@ -108,17 +106,9 @@ class RingBackend:
             if self._ordered and self._next in self._pending:
                 slot = self._pending.pop(self._next)
                 break
-            # The readers' pipes are read at most once a tick while filled slots are there to take: with 16
-            # readers a look (two waits on 16 pipes) cost a sixth of the consumer's time a block. A reader's
-            # report flags the ring, which take() sees at once; a reader killed is seen within a tick.
-            now = time.monotonic()
-            look = now >= self._look_due
-            self.check(look)
-            if look:
-                self._look_due = now + TICK
-            slot = ring.take(TICK if look else 0.0)  # type: ignore[assignment]
+            self.check()
+            slot = ring.take(TICK)  # type: ignore[assignment]
             if slot is None:
-                self._look_due = 0.0  # nothing filled: look before waiting
                 continue
             k, _rows = ring.meta(slot)
             if self._ordered and k != self._next:
@@ -129,11 +119,10 @@ class RingBackend:
         self._next += 1
         return slot, ring.slots[slot][:rows]
 
-    def check(self, look: bool = True) -> bool:
-        """Raise the error of a reader that failed or died (NOTE [failure reports] in ``_procs.pool``); ``look``:
-        see ``StreamReaders.check``."""
+    def check(self) -> bool:
+        """Raise the error of a reader that failed or died (NOTE [failure reports] in ``_procs.pool``)."""
         with self._checking:
-            return self._pool.check(look)
+            return self._pool.check()
 
     @property
     def next(self) -> int:

@@ -91,14 +91,18 @@ def test_with_fewer_slots_than_readers_readers_share_a_slots_group() -> None:
         consumer.close()
 
 
-def test_stopping_wakes_every_reader_waiting_for_a_slot(rings: tuple[Ring, list[Ring]]) -> None:
+def test_stopping_gives_every_reader_a_token_of_its_own_group(rings: tuple[Ring, list[Ring]]) -> None:
+    """A reader blocked on its group's semaphore wakes at the stop, not at its next tick."""
     consumer, (r0, r1) = rings
     for _ in range(3):
         _claims(r0)
         _claims(r1)
+    sync = consumer.sync
+    assert [sem.get_value() for sem in sync.free] == [0, 0]  # every slot taken: both readers would block
     consumer.stop()
-    consumer.wake_readers(2)
-    assert r0.claim(None, _always) is None and r1.claim(None, _always) is None  # at once, not after a tick's wait
+    consumer.wake_readers(3)  # three readers: 0 and 2 in group 0, 1 in group 1
+    assert [sem.get_value() for sem in sync.free] == [2, 1]
+    assert r0.claim(None, _always) is None and r1.claim(None, _always) is None
 
 
 def _populate_works() -> bool:

@@ -890,7 +890,7 @@ def test_a_full_dev_shm_at_a_readers_populate_is_its_space_error_not_a_sigbus(
     monkeypatch.setattr(_shm, "_madvise", full)  # the readers are forked: they see it too
     segments = own_segments()
     with hang_guard(GUARD, "a reader's populate fails"), pytest.raises(ShmSpaceError) as info:
-        with Streamer(h5file).get_queue("/data", n_procs=2, block_size=CHUNK) as q:
+        with Streamer(h5file, start_method="fork").get_queue("/data", n_procs=2, block_size=CHUNK) as q:
             q.get()
     assert isinstance(info.value, ReaderError) and info.value.pid in q.reader_pids
     _assert_space_error(info.value)

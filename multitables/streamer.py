@@ -21,7 +21,6 @@ NOTE [lent blocks]
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from typing import Any, Iterator
@@ -176,14 +175,11 @@ class Streamer:
         node, dataset = options.open_files(path, field)
         try:
             engine = options.resolve(node, dataset)
-            plan = functools.partial(
-                plan_stream, DatasetShape.of(node), machine=options.machine, n_procs=n_procs, block_size=block_size,
+            read = plan_stream(
+                DatasetShape.of(node), engine, options.machine, n_procs=n_procs, block_size=block_size,
                 read_ahead=read_ahead, cyclic=cyclic, remainder=remainder, path=path,
             )  # fmt: skip
-            read = plan(engine)
-            faster = options.engine_for_readers(node, engine, read.n_procs, dataset)
-            if faster != engine:  # its decode rate may change what pays
-                engine, read = faster, plan(faster)
+            engine = options.engine_for_readers(node, engine, read.n_procs, dataset)
         except BaseException:
             close_dataset(dataset)
             raise

@@ -52,7 +52,10 @@ class StreamOptions:
 
     def engine_for_readers(self, node: NodeInfo, engine: str, readers: int, dataset: Any = None) -> str:
         """The engine that reads ``node`` once the plan gives it ``readers`` processes: ``engine`` (as :meth:`resolve`
-        chose it), or one faster in reader processes than in the consumer (NOTE [read plan]; blosc: the chunk engine)."""
+        chose it), or one faster in reader processes than in the consumer (NOTE [read plan]; blosc: the chunk engine).
+
+        The plan made for ``engine`` stands: it prices the two engines alike on the filters where readers change
+        ``auto``'s choice (``READER_WIN_FILTERS``: the plan's decode rates tell engines apart on deflate only)."""
         if not readers or not readers_may_change(self._asked, node, self.open_kwargs):
             return engine
         return self.resolve(node, dataset, readers=True)

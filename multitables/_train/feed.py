@@ -40,7 +40,6 @@ def plan_feed(
     engines = [options.resolve(n) for n in nodes]
     shapes = [DatasetShape.of(n, transformed=t is not None) for n, t in zip(nodes, transforms)]
     plan = plan_batches(shapes, engines, options.machine, n_rows=n_rows, **given)
-    # plan_batches prices an engine faster in readers (blosc's chunk engine) as it does h5py: the plan stands.
     return [options.engine_for_readers(n, e, k) for n, e, k in zip(nodes, engines, plan.n_procs)], plan
 
 

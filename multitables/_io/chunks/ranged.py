@@ -79,11 +79,8 @@ class RangedFile:
         wanted = [(offset, n) for offset, n in zip(offsets, got) if n]
         if wanted:
             small = all(n <= SMALL_READ for _, n in wanted)
-            outs_read = [view[:n] for view, n in zip(views, got) if n]
-            if small:
-                self._reader.read_into(wanted, outs_read, SMALL_INFLIGHT, SMALL_GAP)
-            else:
-                self._reader.read_into(wanted, outs_read)
+            filled = [view[:n] for view, n in zip(views, got) if n]
+            self._reader.read_into(wanted, filled, SMALL_INFLIGHT if small else None, SMALL_GAP if small else None)
         return got
 
     def hint(self, extents: Sequence[Extent]) -> None:

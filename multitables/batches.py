@@ -26,19 +26,17 @@ from ._sys.checks import check_bool, check_columns, check_fields, check_int, ran
 from ._train.mix import MixedBatches, mix_batches
 from ._train.transforms import infer_transforms
 from ._train.feed import EpochPieces, Feed, plan_feed
-from ._train.windows import Alloc, Carry, NoWindows, WindowMemory, Windows, cut, epoch_windows
+from ._train.windows import Alloc, Carry, NoWindows, Staging, WindowMemory, Windows, cut, epoch_windows
 
 if TYPE_CHECKING:
     from .streamer import Streamer  # type only: the streamer makes batches
 
 __all__ = ["Batches", "MixedBatches", "mix_batches"]
 
-#: A batch: one array per dataset, a single array when one path was given, or
-#: one array per column (a dict) with ``fields``.
+#: A batch: one array per dataset (a single one when one path was given), or a dict of columns with ``fields``.
 Batch = Union[np.ndarray, tuple[np.ndarray, ...], dict[str, np.ndarray]]
 
-#: Keys of :meth:`Batches.state_dict` that fix the order of an epoch: a state
-#: only loads into batches that agree on all of them.
+#: Keys of :meth:`Batches.state_dict` that fix the order of an epoch: a state only loads into batches that agree on all.
 _ORDER_KEYS = ("seed", "world_size", "batch_size", "n_rows", "shuffle", "drop_last", "block_size", "window")
 
 
@@ -255,6 +253,11 @@ class Batches:
         return self._settings.window
 
     @property
+    def shuffle(self) -> bool:
+        """Whether the blocks are visited in random order and the rows shuffled within each window."""
+        return self._settings.shuffle
+
+    @property
     def n_procs(self) -> list[int]:
         """Reader processes per dataset, 0 where a dataset is read in this process."""
         return list(self._plan.n_procs)
@@ -296,8 +299,7 @@ class Batches:
     def state_dict(self) -> dict[str, Any]:
         """The position (epoch, batches delivered in it) and what fixes the order; small, picklable, JSON-able.
 
-        All ranks are at the same position after the same number of steps, so
-        rank 0's state can be loaded on every rank.
+        All ranks are at the same position after the same number of steps, so rank 0's state loads on every rank.
         """
         s = self._settings
         return {
@@ -353,8 +355,7 @@ class Batches:
     def close(self) -> None:
         """Stop the readers, free the window buffers, end the copy threads (idempotent); dropping does the same.
 
-        The position stays: iterating again goes on from it, with new readers.
-        """
+        The position stays: iterating again goes on from it, with new readers."""
         self._stop_active()
         self._feed.close()
         if self._memory is not None:
@@ -411,24 +412,23 @@ class Batches:
         """The batches left in the current epoch (and ``epochs - 1`` more, or endless); each epoch's end moves the position on."""
         return self.iter_into(self._fresh)
 
-    def iter_into(self, alloc: "Callable[[int], Sequence[np.ndarray]]") -> Iterator[Batch]:
+    def iter_into(self, alloc: "Callable[[int], Sequence[Any]]", staging: "Staging | None" = None) -> Iterator[Batch]:
         """As ``iter(batches)``, each batch's rows written straight into ``alloc(rows)``'s arrays.
 
-        ``alloc(n)`` gives one C-contiguous array of ``n`` rows per path, of
-        the rows' dtype and shape (see :attr:`row_types`), for example views of
-        page-locked memory that a GPU copies from (``multitables.torch`` does
-        so). A batch is those arrays, or their first rows for a short last
-        batch (with ``fields``: each column copied out of them). The arrays
-        are the caller's: nothing here writes to them after their batch.
+        ``alloc(n)`` gives one C-contiguous array of ``n`` rows per path, of the rows' dtype and shape (see
+        :attr:`row_types`), for example views of page-locked memory that a GPU copies from. A batch is those
+        arrays, or their first rows for a short last batch (with ``fields``: each column copied out of them).
+        The arrays are the caller's: nothing here writes to them after their batch. ``staging``: how shuffled
+        windows' rows reach them (NOTE [staging] in ``_train.windows``; None: gathered on the host).
         """
         self._stop_active()  # an older iteration ends here: its position is this one's start
         make = lambda n: list(alloc(n))  # noqa: E731 - a list, as the windows take
         if self._epochs == 1:
             # Whether another epoch follows is not said: read ahead into it in a loop of epochs (set_epoch was
             # called, or an epoch went by); a batches made for one pass never reads an epoch it does not deliver.
-            it = self._iterate(self._epoch, self._batch, make, ahead=self._looping)
+            it = self._iterate(self._epoch, self._batch, make, self._looping, staging)
         else:
-            it = self._run_epochs(self._epochs, make)
+            it = self._run_epochs(self._epochs, make, staging)
         self._active = weakref.ref(it)
         return it
 
@@ -440,13 +440,13 @@ class Batches:
     def _fresh(self, n: int) -> list[np.ndarray]:
         return [np.empty((n,) + shape, dtype) for dtype, shape in self._row_types]
 
-    def _run_epochs(self, epochs: "int | None", alloc: Alloc) -> Iterator[Batch]:
+    def _run_epochs(self, epochs: "int | None", alloc: Alloc, staging: "Staging | None") -> Iterator[Batch]:
         """``epochs`` epochs (None: endless) from the current position, each in its own order."""
         done = 0
         try:
             while epochs is None or done < epochs:
                 # The last epoch of the run has no next one to read ahead (a loop of iterations may, so one epoch does).
-                yield from self._iterate(self._epoch, self._batch, alloc, ahead=epochs is None or done + 1 < epochs)
+                yield from self._iterate(self._epoch, self._batch, alloc, epochs is None or done + 1 < epochs, staging)
                 done += 1
         except GeneratorExit:
             raise  # the loop was left: the readers stay for the next iteration
@@ -454,7 +454,7 @@ class Batches:
             self._feed.close()  # between two epochs (Ctrl-C): as within one
             raise
 
-    def _iterate(self, epoch: int, start: int, alloc: Alloc, ahead: bool) -> Iterator[Batch]:
+    def _iterate(self, epoch: int, start: int, alloc: Alloc, ahead: bool, staging: "Staging | None") -> Iterator[Batch]:
         """The batches of ``epoch`` from batch ``start``; ``ahead``: have the readers go on with the next epoch."""
         s, rows = self._epoch_plan(epoch)
         if s is None:  # an elastic resume found the epoch done
@@ -477,7 +477,7 @@ class Batches:
                     following = EpochPieces.of(later, 0, self._rows_of(epoch + 1))
                     following = following if self._feed.fits(following) else None
                     after = (later, following) if following is not None and s.shuffle else None
-                source = epoch_windows(plan, w0, self._feed, pieces, self._window_memory(), carry, after)
+                source = epoch_windows(plan, w0, self._feed, pieces, self._window_memory(), carry, after, staging)
             k = start
             for arrays in cut(source, skip, s.batch_size, alloc):
                 k += 1

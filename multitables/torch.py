@@ -144,6 +144,7 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
         self.device = None if device is None else torch.device(device)
         #: Whether CPU batches are in page-locked memory (batches for a GPU always pass through it).
         self.pin_memory = pin_memory
+        self._staging: Any = None  # NOTE [windows on a device]: made by the first shuffled iteration for a GPU
         needs_cuda = pin_memory or (self.device is not None and self.device.type == "cuda")
         if needs_cuda and not torch.cuda.is_available():
             asked = f"device={str(self.device)!r}" if self.device is not None and self.device.type == "cuda" else "pin_memory=True"
@@ -186,8 +187,27 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
                 yield made.send(batch, gathered=False)
             return
         delivery = Delivery(self.device, self.pin_memory, self.batches.row_types, self.batches.paths)
+        if self.device is not None and self.device.type == "cuda" and self.batches.shuffle:
+            yield from self._gathered_on_device(delivery)
+            return
         for batch in self.batches.iter_into(delivery.alloc):
             yield delivery.send(batch, gathered=True)
+
+    def _gathered_on_device(self, delivery: Any) -> Iterator[TensorBatch]:
+        """Shuffled batches gathered on the GPU out of windows copied there (NOTE [windows on a device])."""
+        from ._train.device import CudaOps, DeviceStaging
+
+        assert isinstance(self.batches, Batches) and self.device is not None
+        if self._staging is None:
+            self._staging = DeviceStaging(CudaOps(self.device), self.batches.row_types)
+        staging = self._staging
+        try:
+            for batch in self.batches.iter_into(staging.alloc, staging):
+                first = batch[0] if isinstance(batch, tuple) else batch
+                # An epoch's empty last batches (NOTE [epoch plan]) are made on the host.
+                yield batch if isinstance(first, torch.Tensor) else delivery.send(batch, gathered=False)
+        finally:
+            staging.settle()  # the next iteration may write the window buffers with any staging
 
     def __len__(self) -> int:
         if isinstance(self.batches, MixedBatches):
@@ -221,6 +241,9 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
 
     def close(self) -> None:
         self.batches.close()
+        if self._staging is not None:
+            self._staging.close()
+            self._staging = None
 
 
 def _as_tensors(batch: Any, paths: Sequence[str]) -> TensorBatch:

@@ -95,6 +95,148 @@ def test_device_cpu_gives_cpu_tensors_as_without_it(data_file: Path) -> None:
     assert all(torch.equal(m, t) for mine, theirs in zip(got, plain, strict=True) for m, t in zip(mine, theirs))
 
 
+class LateDevice:
+    """A device in host memory for ``DeviceStaging`` (NOTE [windows on a device]) whose copies run as late as a GPU's may.
+
+    A copy runs only at a wait for an event recorded after it. It fails where its source rows changed since it was
+    queued (a window buffer written again under its copy), and a gather fails where a copy into the rows it reads
+    was not waited for.
+    """
+
+    def __init__(self) -> None:
+        self.queued: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
+        self.seq = 0
+        self.locked: list[np.ndarray] = []
+        self.gathered = 0  # rows
+
+    def lock(self, array: np.ndarray) -> None:
+        assert not any(a is array for a in self.locked), "locked twice"
+        self.locked.append(array)
+
+    def unlock(self, array: np.ndarray) -> None:
+        self.locked = [a for a in self.locked if a is not array]
+
+    def empty(self, shape: tuple, dtype: np.dtype) -> np.ndarray:
+        return np.full(shape, 77, dtype)  # not a row of the test files where it matters: it must be overwritten
+
+    def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
+        self.seq += 1
+        self.queued.append((self.seq, dst, src, src.copy()))
+
+    def record(self) -> int:
+        return self.seq
+
+    def host_wait(self, event: int) -> None:
+        for item in [q for q in self.queued if q[0] <= event]:
+            _seq, dst, src, then = item
+            assert np.array_equal(src, then), "a window buffer was written again before its copy ran"
+            dst[...] = src
+            self.queued.remove(item)
+
+    device_wait = host_wait
+
+    def after_training(self) -> None:
+        pass  # the fake's gathers run at once: nothing of them is left to wait for
+
+    def index(self, perm: np.ndarray) -> np.ndarray:
+        return np.asarray(perm, np.int64)
+
+    def gather(self, src: np.ndarray, index: np.ndarray, out: np.ndarray) -> None:
+        assert not any(np.may_share_memory(dst, src) for _s, dst, _src, _then in self.queued), "gathered before its copy"
+        np.take(src, index, axis=0, out=out)
+        self.gathered += len(index)
+
+
+def staged(b: multitables.Batches, ops: LateDevice) -> "object":
+    from multitables._train.device import DeviceStaging
+
+    return DeviceStaging(ops, b.row_types)
+
+
+def epoch_rows(path: Path, epochs: int, **kw: object) -> list[list[tuple[np.ndarray, ...]]]:
+    ref = batches(path, n_procs=0, **kw)
+    out = []
+    for e in range(epochs):
+        ref.set_epoch(e)
+        out.append([tuple(a.copy() for a in b) for b in ref])
+    ref.close()
+    return out
+
+
+def same(got: "list", want: "list") -> None:
+    assert len(got) == len(want)
+    for mine, theirs in zip(got, want):
+        for m, t in zip(mine, theirs):
+            np.testing.assert_array_equal(m, t)
+
+
+def test_windows_staged_on_a_device_give_the_rows_and_order_of_host_batches(data_file: Path, no_leaks: None) -> None:
+    """Three epochs in one iteration: each next epoch's first window pulled during the last (a carry)."""
+    want = epoch_rows(data_file, 3)
+    ops = LateDevice()
+    b = batches(data_file, epochs=3)
+    staging = staged(b, ops)
+    got = [tuple(a.copy() for a in batch) for batch in b.iter_into(staging.alloc, staging)]
+    same(got, [batch for epoch in want for batch in epoch])
+    assert ops.gathered == 2 * 3 * 3000  # every row of both paths, every epoch, gathered on the device
+    staging.close()
+    assert ops.locked == [] and ops.queued == []
+    b.close()
+
+
+@pytest.mark.parametrize("waits", [True, False])
+def test_a_window_buffer_is_written_again_only_after_its_copies_ran(data_file: Path, waits: bool, no_leaks: None) -> None:
+    """An iteration left while the next window's copies are queued; the next one first writes that buffer, other rows.
+
+    Without the wait in ``reusing`` (``waits=False``) the late device sees the rows change under a queued copy.
+    """
+    from multitables._train.device import DeviceStaging
+
+    class NoWait(DeviceStaging):
+        def reusing(self, buffer: int, arrays: list) -> None:
+            self._copied[buffer] = 0
+
+    want = epoch_rows(data_file, 2)[1]
+    ops = LateDevice()
+    b = batches(data_file)
+    staging = (DeviceStaging if waits else NoWait)(ops, b.row_types)
+    it = b.iter_into(staging.alloc, staging)
+    for _ in range(9):  # into window 1 (400 rows a window): window 2's first pieces are pulled into buffer 0, copies queued
+        next(it)
+    assert ops.queued
+    it.close()
+    b.set_epoch(1)
+    if waits:
+        same([tuple(a.copy() for a in batch) for batch in b.iter_into(staging.alloc, staging)], want)
+    else:
+        with pytest.raises(AssertionError, match="written again before its copy ran"):
+            list(b.iter_into(staging.alloc, staging))
+        ops.queued.clear()  # the rest of the broken copies: nothing to run
+    b.close()
+    staging.close()
+    assert ops.locked == []
+
+
+def test_host_and_device_iterations_take_turns_on_the_same_windows(data_file: Path, no_leaks: None) -> None:
+    """A host iteration after a device one waits for the device's copies first; a carry the host pulled is copied."""
+    want = epoch_rows(data_file, 3)
+    ops = LateDevice()
+    b = batches(data_file)
+    b.set_epoch(0)  # a loop of epochs: each reads ahead into the next
+    staging = staged(b, ops)
+    it = b.iter_into(staging.alloc, staging)
+    first = [tuple(a.copy() for a in next(it)) for _ in range(3)]  # copies queued, left
+    it.close()
+    first += [tuple(a.copy() for a in batch) for batch in b]  # on the host: the rest of epoch 0, and a carry of epoch 1
+    same(first, want[0])
+    assert b._carry is not None and b._carry.staging is not staging  # pulled by the host's staging
+    same([tuple(a.copy() for a in batch) for batch in b.iter_into(staging.alloc, staging)], want[1])
+    same([tuple(a.copy() for a in batch) for batch in b], want[2])  # the device's carry, taken by the host
+    b.close()
+    staging.close()
+    assert ops.locked == [] and ops.queued == []
+
+
 @pytest.mark.skipif(CUDA, reason="this machine has CUDA: the refusal cannot be seen")
 @pytest.mark.parametrize("kw", [{"device": "cuda"}, {"pin_memory": True}])
 def test_without_cuda_device_and_pinned_memory_are_refused_before_any_reader(data_file: Path, kw: dict, no_leaks: None) -> None:

@@ -7,10 +7,11 @@ NOTE [batches on a device]
     batch).to("cuda")`` moves 4.0-4.3 GB/s, since a pageable array is copied
     through a bounce buffer and the copy waits; from page-locked memory the
     copy runs at 47-53 GB/s and, with ``non_blocking=True`` on a stream of
-    its own, leaves the training stream free. So with ``device=`` or
-    ``pin_memory=True`` each batch's rows are gathered straight into
-    page-locked memory (``Batches.iter_into``: the one copy out of a window
-    buffer or a slot that every batch takes, made into PyTorch's caching
+    its own, leaves the training stream free. So with ``pin_memory=True``,
+    and with ``device=`` unshuffled (shuffled: NOTE [windows on a device]),
+    each batch's rows are gathered straight into page-locked memory
+    (``Batches.iter_into``: the one copy out of a window buffer or a slot
+    that every batch takes, made into PyTorch's caching
     host allocator's blocks instead of fresh pages), and for a GPU copied on
     this adapter's stream. The training stream waits for that copy on the
     GPU (``wait_stream``), never the CPU; the device tensor is marked as used
@@ -21,14 +22,41 @@ NOTE [batches on a device]
     are given back as soon as their rows are gathered, as for CPU batches.
     A mix's batches are made of its sources' (per row: joined), so they are
     copied once more, into page-locked memory, before they go.
+
+NOTE [windows on a device]
+    Shuffled batches for a GPU take another way (:class:`DeviceStaging`, a
+    staging of NOTE [staging] in ``_train.windows``). On a lent H100 the
+    consumer was the limit of shuffled batches: each row was copied twice
+    on the host, out of its slot into the window buffer and out of the
+    window into the batch, at 3-4 GB/s together, while 16 readers decoded
+    9-12 GB/s. Here the host copies a row once, into the window buffer;
+    the gather runs on the GPU. The two window buffers are page-locked
+    where they lie (``cudaHostRegister``, once per buffer, undone at
+    :meth:`DeviceStaging.close`); each piece of a window is copied to a
+    device buffer of the same size on this staging's stream as soon as it
+    is pulled, with ``non_blocking=True``, and an event recorded after it.
+    The training stream waits for a window's last event on the GPU before
+    its first gather (``index_select`` out of the device buffer, into a new
+    tensor: the caller's), and a host buffer is written with another
+    window's rows only after its copies are done (the CPU waits on their
+    event then: :meth:`DeviceStaging.reusing`); the copies into a device
+    buffer wait on the GPU for the training stream's gathers out of its
+    last window. The GPU holds two window buffers per dataset (2 x 256 MiB
+    by default). The device calls are :class:`CudaOps`'; the tests drive
+    :class:`DeviceStaging` on the CPU with calls that run each copy late,
+    at its wait, and fail where a copy's rows changed before it ran or a
+    gather read rows not yet copied.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Sequence
 
 import numpy as np
 import torch
+
+from .windows import Staging, Window
 
 
 def _torch_dtype(dtype: np.dtype, path: str) -> torch.dtype:
@@ -98,3 +126,154 @@ class Delivery:
         training.wait_stream(self._stream)
         moved.record_stream(training)
         return moved
+
+
+class CudaOps:
+    """The CUDA calls of a :class:`DeviceStaging` (NOTE [windows on a device]): page-locking in place, copies on a
+    stream of their own, events, and the gather."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._stream = torch.cuda.Stream(device=device)
+        self._cudart = torch.cuda.cudart()
+
+    def lock(self, array: np.ndarray) -> None:
+        """Page-lock ``array``'s memory where it lies, until :meth:`unlock`."""
+        if array.nbytes:
+            try:
+                torch.cuda.check_error(self._cudart.cudaHostRegister(array.ctypes.data, array.nbytes, 0))
+            except torch.cuda.CudaError as exc:
+                raise RuntimeError(f"device={str(self.device)!r}: a shuffle window's buffer ({array.nbytes:,} bytes) "
+                                   f"could not be page-locked in place (cudaHostRegister: {exc})") from exc
+
+    def unlock(self, array: np.ndarray) -> None:
+        if array.nbytes:
+            self._cudart.cudaHostUnregister(array.ctypes.data)
+
+    def empty(self, shape: "tuple[int, ...]", dtype: np.dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=_torch_dtype(np.dtype(dtype), ""), device=self.device)
+
+    def copy(self, dst: torch.Tensor, src: np.ndarray) -> None:
+        """``dst[...] = src``, queued on this staging's stream (``src`` page-locked: the CPU does not wait)."""
+        with torch.cuda.stream(self._stream):
+            dst.copy_(torch.from_numpy(src), non_blocking=True)
+
+    def record(self) -> Any:
+        """An event after the copies queued so far."""
+        event = torch.cuda.Event()
+        event.record(self._stream)
+        return event
+
+    def host_wait(self, event: Any) -> None:
+        event.synchronize()
+
+    def device_wait(self, event: Any) -> None:
+        torch.cuda.current_stream(self.device).wait_event(event)
+
+    def after_training(self) -> None:
+        """Copies queued from now on run after what the training stream has queued so far."""
+        self._stream.wait_stream(torch.cuda.current_stream(self.device))
+
+    def index(self, perm: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(perm, dtype=np.int64)).to(self.device)
+
+    def gather(self, src: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> None:
+        torch.index_select(src, 0, index, out=out)
+
+
+class DeviceWindow(Window):
+    """A window's rows on the device; ``take`` gathers a run of them, in delivered order, on the training stream."""
+
+    def __init__(self, ops: Any, rows: "list[Any]", index: Any) -> None:
+        self._ops, self._rows, self._index = ops, rows, index
+        self.rows = len(rows[0])
+
+    def take(self, a: int, b: int, out: "list[Any]") -> None:
+        for src, o in zip(self._rows, out):
+            self._ops.gather(src, self._index[a:b], o)
+
+
+class DeviceStaging(Staging):
+    """Shuffled windows copied to a device as their pieces are pulled, and gathered there (NOTE [windows on a device]).
+
+    ``ops``: the device's calls (:class:`CudaOps`); ``types``: the delivered
+    dtype and row shape of each path, for :meth:`alloc`. Owned by one
+    adapter over one batches; :meth:`close` waits for the copies, unlocks
+    the host buffers and lets the device's go.
+    """
+
+    def __init__(self, ops: Any, types: "Sequence[tuple[np.dtype, tuple[int, ...]]]") -> None:
+        self._ops, self._types = ops, [(np.dtype(d), tuple(s)) for d, s in types]
+        self._host: "list[list[np.ndarray] | None]" = [None, None]  # each window buffer's arrays, page-locked
+        self._device: "list[list[Any]]" = [[], []]  # their copies on the device
+        self._copied = [0, 0]  # rows of each buffer's window on the device (or queued)
+        self._done: "list[Any]" = [None, None]  # the event after each buffer's last copy
+        # Dropped without close(): the host buffers are unlocked before they can be freed (the finalizer holds them).
+        weakref.finalize(self, _unlock_all, ops, self._host)
+
+    def alloc(self, n: int) -> "list[Any]":
+        """Device arrays for a batch of ``n`` rows (``Batches.iter_into``'s ``alloc``)."""
+        return [self._ops.empty((n,) + shape, dtype) for dtype, shape in self._types]
+
+    def reusing(self, buffer: int, arrays: "list[np.ndarray]") -> None:
+        if self._done[buffer] is not None:
+            self._ops.host_wait(self._done[buffer])  # the copies out of these rows have run
+        self._copied[buffer] = 0
+
+    def pulled(self, buffer: int, arrays: "list[np.ndarray]", a: int, b: int) -> None:
+        self._bind(buffer, arrays)
+        if a == 0:  # the device buffer's last window may still be gathered from: after that
+            self._ops.after_training()
+        assert a == 0 or a == self._copied[buffer], (a, self._copied[buffer])
+        for host, dev in zip(arrays, self._device[buffer]):
+            self._ops.copy(dev[a:b], host[a:b])
+        self._copied[buffer] = b
+        self._done[buffer] = self._ops.record()
+
+    def window(self, buffer: int, arrays: "list[np.ndarray]", rows: int, perm: "np.ndarray | None") -> Window:
+        assert self._copied[buffer] >= rows and self._host[buffer] is not None, (self._copied[buffer], rows)
+        self._ops.device_wait(self._done[buffer])
+        index = self._ops.index(np.arange(rows) if perm is None else perm)
+        return DeviceWindow(self._ops, [d[:rows] for d in self._device[buffer]], index)
+
+    def settle(self) -> None:
+        """Return once every copy queued has run (an iteration's end: another may write the buffers next)."""
+        for event in self._done:
+            if event is not None:
+                self._ops.host_wait(event)
+
+    def close(self) -> None:
+        """Wait for the copies, unlock the host buffers, drop the device's (idempotent)."""
+        for buffer in range(2):
+            self._unbind(buffer)
+
+    def _bind(self, buffer: int, arrays: "list[np.ndarray]") -> None:
+        bound = self._host[buffer]
+        if bound is not None and len(bound) == len(arrays) and all(x is y for x, y in zip(bound, arrays)):
+            return
+        self._unbind(buffer)
+        locked: "list[np.ndarray]" = []
+        try:
+            for host in arrays:
+                self._ops.lock(host)
+                locked.append(host)
+            self._device[buffer] = [self._ops.empty(host.shape, host.dtype) for host in arrays]
+        except BaseException:
+            for host in locked:
+                self._ops.unlock(host)
+            raise
+        self._host[buffer] = list(arrays)
+
+    def _unbind(self, buffer: int) -> None:
+        if self._done[buffer] is not None:
+            self._ops.host_wait(self._done[buffer])
+        for host in self._host[buffer] or ():
+            self._ops.unlock(host)
+        self._host[buffer], self._device[buffer], self._copied[buffer], self._done[buffer] = None, [], 0, None
+
+
+def _unlock_all(ops: Any, hosts: "list[list[np.ndarray] | None]") -> None:
+    for arrays in hosts:
+        for host in arrays or ():
+            ops.unlock(host)
+    hosts[:] = [None] * len(hosts)

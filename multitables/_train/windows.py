@@ -50,6 +50,18 @@ NOTE [parallel copies]
     at most 4, and none with fewer than 8 CPUs, where the readers need the
     cores. The threads belong to the batches (``WindowMemory``) and end when
     it is closed.
+
+NOTE [staging]
+    How a shuffled window's rows reach its batches is the :class:`Staging`'s:
+    by default (this module's) each batch is gathered on the host out of the
+    window's buffer. Another staging (``_train.device.DeviceStaging``, for
+    ``device="cuda"``) copies each piece to a device as it lands in the
+    buffer (:meth:`Staging.pulled`), and gathers the batches there from that
+    copy (:meth:`Staging.window`), so the host makes one copy of a row, not
+    two. A buffer is written again only after :meth:`Staging.reusing` said
+    so: a staging that copies out of it waits there until its copies are
+    done. The same windows, pieces and permutations either way: the rows and
+    their order do not depend on the staging.
 """
 
 from __future__ import annotations
@@ -177,6 +189,7 @@ class WindowMemory:
     def __init__(self, rows: int, row_types: "Sequence[tuple[Any, tuple[int, ...]]]") -> None:
         self._rows, self._row_types = rows, row_types
         self._buffers: "list[list[np.ndarray]] | None" = None
+        self._staging: "Staging | None" = None  # the last to take rows out of the buffers
         self.copier = Copier(copy_threads())
 
     def buffers(self) -> "list[list[np.ndarray]]":
@@ -184,9 +197,42 @@ class WindowMemory:
             self._buffers = window_buffers(self._rows, self._row_types)
         return self._buffers
 
+    def staged_by(self, staging: "Staging") -> None:
+        """``staging`` takes the rows out of the buffers from now on; the one before lets go of them first."""
+        if self._staging is not None and self._staging is not staging:
+            self._staging.settle()
+        self._staging = staging
+
     def close(self) -> None:
+        self.staged_by(Staging(self.copier))
         self._buffers = None
         self.copier.close()
+
+
+class Staging:
+    """How a shuffled window's rows reach its batches (NOTE [staging]): gathered on the host, out of its buffer.
+
+    ``buffer``: which of the two window buffers (0 or 1); ``arrays``: that
+    buffer, one array per dataset (its whole length: the window's rows are
+    its first ones).
+    """
+
+    def __init__(self, copier: Copier) -> None:
+        self.copier = copier
+
+    def reusing(self, buffer: int, arrays: "list[np.ndarray]") -> None:
+        """``arrays`` are about to be written with another window's rows: return once that is safe."""
+
+    def pulled(self, buffer: int, arrays: "list[np.ndarray]", a: int, b: int) -> None:
+        """Rows ``a .. b - 1`` of ``arrays`` now hold a piece of the window being pulled into them (``a == 0``:
+        the window's first, or the rows a carry holds where another staging saw them pulled)."""
+
+    def window(self, buffer: int, arrays: "list[np.ndarray]", rows: int, perm: "np.ndarray | None") -> "Window":
+        """The window held in the first ``rows`` rows of ``arrays``, delivered in the order ``perm``."""
+        return BufferWindow([a[:rows] for a in arrays], perm, self.copier)
+
+    def settle(self) -> None:
+        """Return once nothing of this staging reads the buffers any more (another staging writes them next)."""
 
 
 class Window:
@@ -248,6 +294,7 @@ class Carry:
     buffer: int  # which of the two buffers holds it
     pulled: int  # its pieces pulled, from the epoch's first
     filled: int  # rows of the buffer they filled
+    staging: "Staging | None" = None  # the staging that saw them pulled (NOTE [staging])
 
 
 @dataclass
@@ -282,13 +329,18 @@ class ShuffledWindows(Windows):
         pieces: "EpochPieces",
         carry: "Carry | None" = None,
         after: "tuple[RankEpoch, EpochPieces] | None" = None,
+        staging: "Staging | None" = None,
     ) -> None:
         self._plan, self._w0, self._feed, self._batch_size = plan, w0, feed, batch_size
         self._buffers, self._copier = memory.buffers(), memory.copier
+        self._staging = Staging(memory.copier) if staging is None else staging
+        memory.staged_by(self._staging)
         first = 0 if carry is None else carry.buffer
         self._fills = [self._fill(plan, w, pieces, (first + j) % 2) for j, w in enumerate(range(w0, plan.n_windows))]
         if carry is not None:
             self._fills[0].pulled, self._fills[0].filled = carry.pulled, carry.filled
+            if carry.staging is not self._staging and carry.filled:  # this staging has not seen those rows
+                self._staging.pulled(carry.buffer, self._buffers[carry.buffer], 0, carry.filled)
         self._after = after
         if after is not None:
             self._fills.append(self._fill(after[0], 0, after[1], (first + len(self._fills)) % 2))
@@ -306,9 +358,12 @@ class ShuffledWindows(Windows):
 
     def _pull(self, fill: _Fill, n: int) -> None:
         """Copy up to ``n`` more pieces of ``fill``'s window into its buffer."""
+        arrays = self._buffers[fill.buffer]
         while n > 0 and fill.pulled < len(fill.rows):
             rows, selection = fill.rows[fill.pulled], fill.selections[fill.pulled]
-            for guard, buf in zip(self._feed.get(), self._buffers[fill.buffer]):
+            if fill.filled == 0:
+                self._staging.reusing(fill.buffer, arrays)
+            for guard, buf in zip(self._feed.get(), arrays):
                 with guard as block:
                     out = buf[fill.filled : fill.filled + rows]
                     if selection is None:
@@ -316,6 +371,7 @@ class ShuffledWindows(Windows):
                         self._copier.copy(out, block)
                     else:
                         self._copier.take(block, selection, out)
+            self._staging.pulled(fill.buffer, arrays, fill.filled, fill.filled + rows)
             fill.filled += rows
             fill.pulled += 1
             n -= 1
@@ -331,10 +387,10 @@ class ShuffledWindows(Windows):
                 # The next window (perhaps the next epoch's first) goes to the other buffer, a part per batch.
                 self._next = j + 1
                 self._rate = math.ceil(len(self._fills[j + 1].rows) / max(1, rows // self._batch_size))
-            yield BufferWindow([buf[:rows] for buf in self._buffers[fill.buffer]], plan.window_perm(w), self._copier)
+            yield self._staging.window(fill.buffer, self._buffers[fill.buffer], rows, plan.window_perm(w))
         if self._after is not None:
             last = self._fills[-1]
-            self.carry = Carry(self._after[0].epoch, last.buffer, last.pulled, last.filled)
+            self.carry = Carry(self._after[0].epoch, last.buffer, last.pulled, last.filled, self._staging)
 
     def prefetch(self) -> None:
         if self._rate:
@@ -414,13 +470,15 @@ def epoch_windows(
     memory: WindowMemory,
     carry: "Carry | None" = None,
     after: "tuple[RankEpoch, EpochPieces] | None" = None,
+    staging: "Staging | None" = None,
 ) -> Windows:
     """The windows of a rank's epoch from window ``w0`` on, read through ``feed``, which gives ``pieces`` next.
 
     ``memory``: the copier, and for a shuffled epoch the window buffers
     (unshuffled, batches come straight out of the slots); ``carry`` and
-    ``after``: see :class:`ShuffledWindows`.
+    ``after``: see :class:`ShuffledWindows`; ``staging``: how a shuffled
+    window's rows reach the batches (NOTE [staging]; None: gathered on the host).
     """
     if not plan.settings.shuffle:
         return BlockWindows(plan, w0, feed, memory.copier, pieces.selections)
-    return ShuffledWindows(plan, w0, feed, memory, plan.settings.batch_size, pieces, carry, after)
+    return ShuffledWindows(plan, w0, feed, memory, plan.settings.batch_size, pieces, carry, after, staging)

@@ -11,8 +11,9 @@ the first (readers that live across epochs show there), page cache warm:
 
 * multitables, CPU tensors, ``.to("cuda")`` in the loop (what a user without
   ``device=`` writes);
-* multitables ``get_batches(..., device="cuda")`` (NOTE [batches on a device]
-  in ``multitables._train.device``);
+* multitables ``get_batches(..., device="cuda")`` (shuffled: windows copied to
+  the GPU and batches gathered there, NOTE [windows on a device] in
+  ``multitables._train.device``);
 * ``torch.utils.data.DataLoader`` over h5py slices of ``BATCH`` rows in a
   shuffled order, ``num_workers`` = the CPUs, ``pin_memory=True``,
   ``persistent_workers=True``, ``.to("cuda", non_blocking=True)``;

@@ -489,7 +489,7 @@ class Batches:
             while k < s.n_batches:  # see NOTE [epoch plan]: empty last batches
                 k += 1
                 self._batch, self._step = k, self._step + 1
-                yield self._deliver([np.empty((0,) + shape, dtype) for dtype, shape in self._row_types])
+                yield self._deliver(alloc(0))
             self._epoch, self._batch, self._elastic = epoch + 1, 0, []
             self._carry = getattr(source, "carry", None)
             self._looping = True

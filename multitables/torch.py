@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import sys
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
@@ -178,7 +178,7 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
 
     def _delivered(self) -> Iterator[TensorBatch]:
         """Batches gathered into page-locked memory, and copied to the device (NOTE [batches on a device])."""
-        from ._train.device import Delivery
+        from ._train.device import CudaOps, Delivery
 
         if isinstance(self.batches, MixedBatches) or any(dtype.names for dtype, _ in self.batches.row_types):
             # A mix's batches, and a table's columns (fields=), are made before they come: copied to page-locked memory.
@@ -186,26 +186,24 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
             for batch in self.batches:
                 yield made.send(batch, gathered=False)
             return
-        delivery = Delivery(self.device, self.pin_memory, self.batches.row_types, self.batches.paths)
         if self.device is not None and self.device.type == "cuda" and self.batches.shuffle:
-            yield from self._gathered_on_device(delivery)
+            yield from self._gathered_on_device(lambda: CudaOps(self.device))
             return
+        delivery = Delivery(self.device, self.pin_memory, self.batches.row_types, self.batches.paths)
         for batch in self.batches.iter_into(delivery.alloc):
             yield delivery.send(batch, gathered=True)
 
-    def _gathered_on_device(self, delivery: Any) -> Iterator[TensorBatch]:
-        """Shuffled batches gathered on the GPU out of windows copied there (NOTE [windows on a device])."""
-        from ._train.device import CudaOps, DeviceStaging
+    def _gathered_on_device(self, ops: "Callable[[], Any]") -> Iterator[TensorBatch]:
+        """Shuffled batches gathered on the device out of windows copied there (NOTE [windows on a device]); ``ops``
+        makes the device's calls, once."""
+        from ._train.device import DeviceStaging
 
-        assert isinstance(self.batches, Batches) and self.device is not None
+        assert isinstance(self.batches, Batches)
         if self._staging is None:
-            self._staging = DeviceStaging(CudaOps(self.device), self.batches.row_types)
+            self._staging = DeviceStaging(ops(), self.batches.row_types)
         staging = self._staging
         try:
-            for batch in self.batches.iter_into(staging.alloc, staging):
-                first = batch[0] if isinstance(batch, tuple) else batch
-                # An epoch's empty last batches (NOTE [epoch plan]) are made on the host.
-                yield batch if isinstance(first, torch.Tensor) else delivery.send(batch, gathered=False)
+            yield from self.batches.iter_into(staging.alloc, staging)  # type: ignore[misc]
         finally:
             staging.settle()  # the next iteration may write the window buffers with any staging
 

@@ -237,6 +237,40 @@ def test_host_and_device_iterations_take_turns_on_the_same_windows(data_file: Pa
     assert ops.locked == [] and ops.queued == []
 
 
+def test_the_adapters_device_way_on_cpu_tensors_gives_the_rows_of_plain_batches(data_file: Path, no_leaks: None) -> None:
+    """The adapter's way for a GPU (NOTE [windows on a device]) run with ``CudaOps``' copies, index and gather on CPU
+    tensors: all of it but the stream, the events and the page-locking, which need CUDA."""
+    from multitables._train.device import CudaOps
+
+    class CpuTensorOps(CudaOps):
+        def __init__(self) -> None:
+            self.device, self._stream = torch.device("cpu"), None
+
+        def lock(self, array: np.ndarray) -> None:
+            pass
+
+        unlock = lock
+
+        def record(self) -> None:
+            return None
+
+        def host_wait(self, event: None) -> None:
+            pass
+
+        device_wait = host_wait
+
+        def after_training(self) -> None:
+            pass
+
+    plain = [tuple(t.clone() for t in b) for b in mt.TorchBatches(batches(data_file, n_procs=0, epochs=2))]
+    adapter = mt.TorchBatches(batches(data_file, epochs=2))
+    got = list(adapter._gathered_on_device(CpuTensorOps))
+    assert len(got) == len(plain)
+    for mine, theirs in zip(got, plain):
+        assert all(isinstance(m, torch.Tensor) and m.dtype == t.dtype and torch.equal(m, t) for m, t in zip(mine, theirs))
+    adapter.close()
+
+
 @pytest.mark.skipif(CUDA, reason="this machine has CUDA: the refusal cannot be seen")
 @pytest.mark.parametrize("kw", [{"device": "cuda"}, {"pin_memory": True}])
 def test_without_cuda_device_and_pinned_memory_are_refused_before_any_reader(data_file: Path, kw: dict, no_leaks: None) -> None:

@@ -128,6 +128,10 @@ class Delivery:
         return moved
 
 
+#: ``cudaHostRegisterPortable``: the memory is page-locked for every CUDA context, whichever device is current.
+_PORTABLE = 1
+
+
 class CudaOps:
     """The CUDA calls of a :class:`DeviceStaging` (NOTE [windows on a device]): page-locking in place, copies on a
     stream of their own, events, and the gather."""
@@ -138,10 +142,10 @@ class CudaOps:
         self._cudart = torch.cuda.cudart()
 
     def lock(self, array: np.ndarray) -> None:
-        """Page-lock ``array``'s memory where it lies, until :meth:`unlock`."""
+        """Page-lock ``array``'s memory where it lies, until :meth:`unlock` (for every device: "portable")."""
         if array.nbytes:
             try:
-                torch.cuda.check_error(self._cudart.cudaHostRegister(array.ctypes.data, array.nbytes, 0))
+                torch.cuda.check_error(self._cudart.cudaHostRegister(array.ctypes.data, array.nbytes, _PORTABLE))
             except torch.cuda.CudaError as exc:
                 raise RuntimeError(f"device={str(self.device)!r}: a shuffle window's buffer ({array.nbytes:,} bytes) "
                                    f"could not be page-locked in place (cudaHostRegister: {exc})") from exc
@@ -152,6 +156,16 @@ class CudaOps:
 
     def empty(self, shape: "tuple[int, ...]", dtype: np.dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=_torch_dtype(np.dtype(dtype), ""), device=self.device)
+
+    def window(self, shape: "tuple[int, ...]", dtype: np.dtype) -> torch.Tensor:
+        """A window buffer's copy on the device."""
+        try:
+            return self.empty(shape, dtype)
+        except torch.cuda.OutOfMemoryError as exc:
+            raise torch.cuda.OutOfMemoryError(
+                f"the shuffle window's copy on {self.device} ({int(np.prod(shape)) * np.dtype(dtype).itemsize:,} bytes, "
+                f"two per dataset: NOTE [windows on a device]) does not fit; give get_batches a smaller window=. {exc}"
+            ) from exc
 
     def copy(self, dst: torch.Tensor, src: np.ndarray) -> None:
         """``dst[...] = src``, queued on this staging's stream (``src`` page-locked: the CPU does not wait)."""
@@ -175,7 +189,10 @@ class CudaOps:
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
 
     def index(self, perm: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(perm, dtype=np.int64)).to(self.device)
+        # Through page-locked memory: from pageable memory the copy would first wait for the training stream (on the
+        # CPU, where the tests run these calls, the array itself).
+        host = torch.from_numpy(np.ascontiguousarray(perm, dtype=np.int64))
+        return host.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else host
 
     def gather(self, src: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> None:
         torch.index_select(src, 0, index, out=out)
@@ -257,7 +274,7 @@ class DeviceStaging(Staging):
             for host in arrays:
                 self._ops.lock(host)
                 locked.append(host)
-            self._device[buffer] = [self._ops.empty(host.shape, host.dtype) for host in arrays]
+            self._device[buffer] = [self._ops.window(host.shape, host.dtype) for host in arrays]
         except BaseException:
             for host in locked:
                 self._ops.unlock(host)

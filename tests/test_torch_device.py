@@ -11,6 +11,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import multitables
 
@@ -234,6 +236,46 @@ def test_host_and_device_iterations_take_turns_on_the_same_windows(data_file: Pa
     assert b._carry is not None and b._carry.staging is not staging  # pulled by the host's staging
     same([tuple(a.copy() for a in batch) for batch in b.iter_into(staging.alloc, staging)], want[1])
     same([tuple(a.copy() for a in batch) for batch in b], want[2])  # the device's carry, taken by the host
+    b.close()
+    staging.close()
+    assert ops.locked == [] and ops.queued == []
+
+
+#: Each test file's planned batches, epochs 0-3 (the reference reading is the slow part of an example).
+WANT: dict = {}
+
+#: One turn of a training script: iterate on the device or on the host for up to ``n`` batches (the rest of
+#: the epoch at most), then maybe go to another epoch or back to a saved position.
+TURNS = st.lists(
+    st.tuples(st.sampled_from(["device", "host"]), st.integers(0, 60), st.sampled_from(["", "save", "load", "epoch"]),
+              st.integers(0, 2)),
+    min_size=1, max_size=6,
+)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(turns=TURNS)
+def test_any_turns_of_device_and_host_iterations_give_the_planned_batches(data_file: Path, turns: list) -> None:
+    """Device and host iterations taking turns on one batches (left mid-window, epochs jumped, positions
+    reloaded): each batch is the planned one, and the late device never sees a buffer written under a copy."""
+    want = WANT.setdefault(str(data_file), epoch_rows(data_file, 4))
+    ops = LateDevice()
+    b = batches(data_file)
+    b.set_epoch(0)  # a loop of epochs: carries into the next
+    staging = staged(b, ops)
+    saved = b.state_dict()
+    for mode, n, then, epoch in turns:
+        e, k = b.epoch, b.state_dict()["batch"]
+        it = b.iter_into(staging.alloc, staging) if mode == "device" else iter(b)
+        got = [tuple(a.copy() for a in batch) for _, batch in zip(range(n), it)]
+        it.close()
+        same(got, want[e][k : k + n])
+        if then == "save":
+            saved = b.state_dict()
+        elif then == "load":
+            b.load_state_dict(saved)
+        elif then == "epoch":
+            b.set_epoch(epoch)
     b.close()
     staging.close()
     assert ops.locked == [] and ops.queued == []

@@ -5,13 +5,15 @@
 #
 # OUT gets each step's log (the sections print their tables there), packed into OUT/logs.tgz at the end.
 # MIB (default 512) sizes the scaling and GPU sections' files; the probe takes half. STEP names the steps to
-# run (scaling, probe, probe-before, startup, gpu, batches, cuda-tests; default all). Each step runs under
-# its own time limit (7 min 15 s together at 512 MiB, in proportion above), so one that hangs leaves the others theirs; all of them took
+# run (scaling, probe, probe-before, startup, startup-forkserver, start-methods, gpu, batches, cuda-tests;
+# default all). Each step runs under
+# its own time limit (8 min 45 s together at 512 MiB, in proportion above), so one that hangs leaves the others theirs; all of them took
 # 3 min 7 s on a lent H100 machine with 16 cores (2026-11-26). The steps:
 #   1. the machine: CPUs, GPU, versions;
 #   2. the scaling section (#29: multitables against N plain h5py processes and DataLoader, counters);
 #   3. the probe (#29: where many readers' time goes, with and without the hints; again with a carried older
-#      package where .devrun/before has one), and what starting 16 readers costs (benchmarks/stream_startup.py);
+#      package where .devrun/before has one), and what starting 16 readers costs (benchmarks/stream_startup.py,
+#      fork and forkserver; benchmarks/start_methods.py: in a process holding 4 GiB);
 #   4. the GPU section (#30: device=, pin_memory, DataLoader), where shuffled batches lose against the stream
 #      (benchmarks/batches_profile.py), and the CUDA tests.
 # Wheels the machine lacks (PyTables, hdf5plugin, imagecodecs, blosc2...) are installed from .whl/ first,
@@ -20,7 +22,7 @@ set -u
 out=${1:?usage: bash benchmarks/lent_machine.sh OUT [MIB]}
 mib=${2:-512}
 shift $(($# < 2 ? $# : 2))
-steps=" ${*:-scaling probe probe-before startup gpu batches cuda-tests} "
+steps=" ${*:-scaling probe probe-before startup startup-forkserver start-methods gpu batches cuda-tests} "
 mkdir -p "$out"
 work=$(mktemp -d "${TMPDIR:-/tmp}/lent_machine.XXXXXX")  # fresh: a file left by an earlier run is refused
 trap 'rm -rf "$work"' EXIT
@@ -54,6 +56,10 @@ if [ -d .devrun/before/multitables ]; then  # a checkout's package to compare wi
         python3 benchmarks/scaling_probe.py --dir "$work/probe" --mib $((mib / 2)) --procs 8 16 --json "$out/probe-before.json"
 fi
 step startup 30 python3 benchmarks/stream_startup.py "$work/probe/probe-zlib-3-$((mib / 2)).h5" --procs 16 --repeats 5
+step startup-forkserver 30 python3 benchmarks/stream_startup.py "$work/probe/probe-zlib-3-$((mib / 2)).h5" --procs 16 \
+    --repeats 5 --start-method forkserver
+step start-methods 60 python3 benchmarks/start_methods.py "$work/probe/probe-zlib-3-$((mib / 2)).h5" --procs 16 --hold-mib 4096 \
+    --repeats 3
 step gpu 60 python3 multitables_benchmark.py --sections gpu --section-mib "$mib" --file "$work/gpu.h5"
 step batches 45 python3 benchmarks/batches_profile.py --file "$work/gpu.h5" --mib "$mib"
 step cuda-tests 30 python3 -m pytest -q -p no:cacheprovider tests/test_torch_device.py

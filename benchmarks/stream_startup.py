@@ -1,6 +1,10 @@
 """What starting a stream's readers costs: ``get_queue`` split into making the ring, forking, attaching.
 
     python benchmarks/stream_startup.py bench/epochs.h5 --procs 8 --repeats 3
+    python benchmarks/stream_startup.py bench/epochs.h5 --procs 8 --repeats 4 --start-method forkserver
+
+The dataset is ``--path`` (``/data``). With ``--start-method forkserver`` the
+first pass also starts the fork server.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ def main() -> None:
     p.add_argument("file")
     p.add_argument("--procs", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--path", default="/data")
+    p.add_argument("--start-method", default=None, help="fork, forkserver or spawn (default: multiprocessing's)")
     args = p.parse_args()
     timed(ring.Ring, "create", "ring")
     timed(pool.ReaderPool, "start", "fork")
@@ -38,7 +44,7 @@ def main() -> None:
     for _ in range(args.repeats):
         SPENT.clear()
         t0 = time.perf_counter()
-        with multitables.Streamer(args.file).get_queue("/data", n_procs=args.procs) as q:
+        with multitables.Streamer(args.file, start_method=args.start_method).get_queue(args.path, n_procs=args.procs) as q:
             t1 = time.perf_counter()
             q.get().release()
             t2 = time.perf_counter()

@@ -178,18 +178,23 @@ def test_core_matrix_under_each_start_method(start_method: str, ordered: bool, c
     check_stream(case, start_method)
 
 
-def test_the_fork_server_imports_the_reader_once_keeping_its_other_preloads(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_fork_server_imports_the_reader_and_its_libraries_once_keeping_its_other_preloads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import multiprocessing
+    import sys
     from multiprocessing import forkserver
 
-    from multitables._procs.pool import preload_in_forkserver
+    from multitables._procs.pool import READING_LIBRARIES, preload_in_forkserver
     from multitables._procs.process import reader_main
 
     server = forkserver._forkserver
-    monkeypatch.setattr(server, "_preload_modules", ["__main__", "json"])
+    monkeypatch.setattr(server, "_preload_modules", ["__main__", "json", "h5py"])
     for _ in range(2):
         preload_in_forkserver(multiprocessing.get_context("forkserver"))
-    assert server._preload_modules == ["__main__", "json", reader_main.__module__]
+    # What this process reads with (h5py at least: it planned the files), each once, after the reader's module.
+    libraries = [name for name in READING_LIBRARIES if name in sys.modules and name != "h5py"]
+    assert server._preload_modules == ["__main__", "json", "h5py", reader_main.__module__, *libraries]
     monkeypatch.setattr(server, "_preload_modules", ["__main__"])
     preload_in_forkserver(multiprocessing.get_context("spawn"))  # only the fork server has a list
     assert server._preload_modules == ["__main__"]

@@ -62,6 +62,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import select
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -100,22 +101,32 @@ def end_processes(procs: "list[Any]", timeout: float = JOIN_TIMEOUT) -> None:
             proc.join(1.0)
 
 
+#: What readers import to read: h5py (and its filters), the chunk engine's codecs, PyTables.
+READING_LIBRARIES = ("h5py", "hdf5plugin", "imagecodecs", "blosc2", "tables")
+
+
 def preload_in_forkserver(ctx: Any) -> None:
     """Under the ``forkserver`` start method (Python 3.14's default on Linux), have the server import the
     reader's modules once, so that each reader forked from it need not.
 
     Each reader imported numpy and the library itself: 0.2 s more per pool start than ``fork`` (a shuffled
-    epoch of 256 MiB: 0.50 s against 0.27; with the preload 0.30 s). The server's list is added to, not
-    replaced (``__main__`` is on it by default); it is read from where multiprocessing keeps it, since
-    there is no getter, and a server already running keeps the list it started with.
+    epoch of 256 MiB: 0.50 s against 0.27; with the preload 0.30 s). Then each still imported h5py and the
+    codecs when it opened its file, 25-30 ms a reader (8 readers on 2 CPUs: the first block 0.10-0.14 s
+    after ``get_queue``, against 0.01-0.02 with ``fork``); so the server also imports those of
+    :data:`READING_LIBRARIES` that this process has imported (its engines read with those), once. The
+    server's list is added to, not replaced (``__main__`` is on it by default); it is read from where
+    multiprocessing keeps it, since there is no getter, and a server already running keeps the list it
+    started with.
     """
     if ctx.get_start_method() != "forkserver":
         return
     from multiprocessing import forkserver
 
     current = list(getattr(getattr(forkserver, "_forkserver", None), "_preload_modules", None) or ["__main__"])
-    if reader_main.__module__ not in current:
-        ctx.set_forkserver_preload(current + [reader_main.__module__])
+    wanted = [reader_main.__module__] + [name for name in READING_LIBRARIES if name in sys.modules]
+    missing = [name for name in wanted if name not in current]
+    if missing:
+        ctx.set_forkserver_preload(current + missing)
 
 
 class ReaderPool:

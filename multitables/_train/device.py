@@ -201,9 +201,9 @@ class CudaOps:
 class DeviceWindow(Window):
     """A window's rows on the device; ``take`` gathers a run of them, in delivered order, on the training stream."""
 
-    def __init__(self, ops: Any, rows: "list[Any]", index: Any) -> None:
+    def __init__(self, ops: Any, rows: "list[Any]", index: Any, n: int) -> None:
         self._ops, self._rows, self._index = ops, rows, index
-        self.rows = len(rows[0])
+        self.rows = n
 
     def take(self, a: int, b: int, out: "list[Any]") -> None:
         for src, o in zip(self._rows, out):
@@ -248,10 +248,12 @@ class DeviceStaging(Staging):
         self._done[buffer] = self._ops.record()
 
     def window(self, buffer: int, arrays: "list[np.ndarray]", rows: int, perm: "np.ndarray | None") -> Window:
-        assert self._copied[buffer] >= rows and self._host[buffer] is not None, (self._copied[buffer], rows)
+        if not rows:  # nothing to gather (nor, maybe, anything copied)
+            return DeviceWindow(self._ops, [], None, 0)
+        assert self._copied[buffer] >= rows, (self._copied[buffer], rows)
         self._ops.device_wait(self._done[buffer])
         index = self._ops.index(np.arange(rows) if perm is None else perm)
-        return DeviceWindow(self._ops, [d[:rows] for d in self._device[buffer]], index)
+        return DeviceWindow(self._ops, [d[:rows] for d in self._device[buffer]], index, rows)
 
     def settle(self) -> None:
         """Return once every copy queued has run (an iteration's end: another may write the buffers next)."""

@@ -41,12 +41,17 @@ instead times the client alone, as the lab measured obstore and s3fs
 (``BENCHMARKS.md``, "Object storage: the client"): a ``--client`` MiB object
 of random bytes read whole into one buffer, in 1 and 8 MiB parts, 1, 4 and 16
 in flight, with no latency and no cap; MiB/s and the client's CPU seconds per
-GiB (this process's user + system time). The h5py way needs ``s3fs``. Run from
-the checkout::
+GiB (this process's user + system time). The h5py way needs ``s3fs``.
+``--url`` instead reads an object of a real endpoint (``s3://bucket/key.h5``,
+the keys and endpoint from the usual places; or ``https://...``), dataset
+``--dataset``, the same ways (h5py through fsspec's file object): seconds, MB/s of
+data and of the object's size, the first block, and CPU; no server counts the
+requests there. Run from the checkout::
 
     python benchmarks/object_storage.py --latency 0.05 --rate 250e6 --repeats 5 --n-procs 8
     python benchmarks/object_storage.py --complib blosc --rows 1048576 --skip download
     python benchmarks/object_storage.py --client 256
+    python benchmarks/object_storage.py --url s3://my-bucket/train/shard-0.h5 --dataset /X --n-procs 16
 """
 
 from __future__ import annotations
@@ -122,12 +127,12 @@ class Timed:
         return self._run(self.blocks)
 
 
-def multitables_pass(url: str, options: dict, n_procs: "int | None") -> Timed:
+def multitables_pass(url: str, options: dict, n_procs: "int | None", path: str = "/data") -> Timed:
     def run(blocks: "list[float]") -> int:
         n = 0
         t = time.perf_counter()
         stream = multitables.Streamer(url, storage_options=options)
-        with stream.get_queue("/data", n_procs=n_procs, remainder=True) as queue:
+        with stream.get_queue(path, n_procs=n_procs, remainder=True) as queue:
             for guard in queue.iter():
                 with guard as block:
                     n += block.nbytes
@@ -137,16 +142,17 @@ def multitables_pass(url: str, options: dict, n_procs: "int | None") -> Timed:
     return Timed(run)
 
 
-def h5py_s3fs_pass(endpoint: str, block_size: "int | None") -> Callable[[], int]:
+def h5py_fsspec_pass(url: str, block_size: "int | None", path: str = "/data", **storage: Any) -> Callable[[], int]:
+    """h5py over a file object of fsspec's (s3fs for ``s3://``), ``storage`` given to the file system."""
     def run() -> int:
+        import fsspec
         import h5py
         import hdf5plugin  # noqa: F401  (blosc's filter for HDF5)
-        import s3fs
 
-        fs = s3fs.S3FileSystem(key=KEY, secret=SECRET, endpoint_url=endpoint, skip_instance_cache=True)
+        fs, target = fsspec.core.url_to_fs(url, **storage)
         kwargs = {} if block_size is None else {"block_size": block_size}
-        with fs.open("bench/data.h5", "rb", **kwargs) as fileobj, h5py.File(fileobj, "r") as f:
-            ds = f["/data"]
+        with fs.open(target, "rb", **kwargs) as fileobj, h5py.File(fileobj, "r") as f:
+            ds = f[path]
             rows = 4096
             out = np.empty((rows,) + ds.shape[1:], ds.dtype)
             n = 0
@@ -159,18 +165,17 @@ def h5py_s3fs_pass(endpoint: str, block_size: "int | None") -> Callable[[], int]
     return run
 
 
-def h5coro_pass(endpoint: str, driver: str, truth: "list[np.ndarray]") -> Callable[[], int]:
-    """h5coro reading ``/data`` whole, by its S3 driver (boto3) or its HTTP driver; the first pass's rows are compared
-    with ``truth[0]`` (the file's rows), which is then dropped."""
+def h5coro_pass(resource: str, driver: str, truth: "list[np.ndarray]", path: str = "/data") -> Callable[[], int]:
+    """h5coro reading ``path`` whole, by its S3 driver (boto3; ``resource`` is ``bucket/key``) or its HTTP driver
+    (``resource``: the URL); the first pass's rows are compared with ``truth[0]`` (the file's rows, where given),
+    which is then dropped."""
     def run() -> int:
         from h5coro import h5coro, s3driver, webdriver
 
-        if driver == "s3":
-            h5 = h5coro.H5Coro("bench/data.h5", s3driver.S3Driver, credentials={})  # keys and endpoint: the environment
-        else:
-            h5 = h5coro.H5Coro(f"{endpoint}/bench/data.h5", webdriver.HTTPDriver, credentials={})
+        # Keys and endpoint: the environment.
+        h5 = h5coro.H5Coro(resource, s3driver.S3Driver if driver == "s3" else webdriver.HTTPDriver, credentials={})
         try:
-            values = h5.readDatasets(["/data"], block=True)["/data"]
+            values = h5.readDatasets([path], block=True)[path]
             if values is None:
                 raise RuntimeError("h5coro gave no values (its log says why)")
             values = np.asarray(values)
@@ -263,7 +268,7 @@ def fewest_requests(path: Path, n_procs: "int | None", head: int, part: int, gap
     return n
 
 
-def download_pass(url: str, options: dict, scratch: Path) -> Callable[[], int]:
+def download_pass(url: str, options: dict, scratch: Path, path: str = "/data") -> Callable[[], int]:
     def run() -> int:
         local = scratch / "downloaded.h5"
         with ObjectReader(url, make_store(options)) as reader:
@@ -271,7 +276,7 @@ def download_pass(url: str, options: dict, scratch: Path) -> Callable[[], int]:
             reader.read_into([(0, reader.size)], [buffer])
         buffer.tofile(local)
         n = 0
-        with multitables.Streamer(str(local)).get_queue("/data", remainder=True) as queue:
+        with multitables.Streamer(str(local)).get_queue(path, remainder=True) as queue:
             for guard in queue.iter():
                 with guard as block:
                     n += block.nbytes
@@ -363,6 +368,59 @@ def measure(run: Callable[[], int], endpoint: str, server_pid: int, repeats: int
             "first": statistics.median(first) if first else None, "after MB/s": statistics.median(steady) if steady else None}
 
 
+def remote(url: str, path: str, n_procs: int, repeats: int, skip: "list[str]") -> None:
+    """The ways against an object of a real endpoint (credentials and endpoint from the environment): seconds, MB/s
+    of data and of the object's size, the first block, CPU s; medians of ``repeats``."""
+    from multitables._io.objects.urls import parse_url
+
+    options: dict = {}
+    with ObjectReader(url, make_store(options)) as reader:
+        size, shown = reader.size, reader.shown
+    ways: "list[tuple[str, Callable[[], int]]]" = []
+    skipped: "list[str]" = []
+    if "multitables" not in skip:
+        ways += [("multitables, default n_procs", multitables_pass(url, options, None, path)),
+                 (f"multitables, n_procs={n_procs}", multitables_pass(url, options, n_procs, path))]
+    if "h5py" not in skip:
+        ways += [("h5py + fsspec, its default block", h5py_fsspec_pass(url, None, path)),
+                 ("h5py + fsspec, 4 MiB blocks", h5py_fsspec_pass(url, 4 << 20, path))]
+    if "h5coro" not in skip:
+        try:
+            import h5coro  # noqa: F401
+
+            where = parse_url(url)
+            resource = f"{where.bucket}/{where.key}" if where.kind == "s3" else url
+            ways += [(f"h5coro, {where.kind} driver", h5coro_pass(resource, where.kind, [], path))]
+        except ImportError as exc:
+            skipped.append(f"h5coro: skipped, not installed ({exc})")
+    with tempfile.TemporaryDirectory() as scratch:
+        if "download" not in skip:
+            ways += [("download (multitables' client), then multitables", download_pass(url, options, Path(scratch), path))]
+        print(f"{shown}, {path}, object {size / 1e6:.1f} MB, {os.cpu_count()} CPUs, median of "
+              f"{repeats}\n")
+        print("| way | s | MB of data | MB/s (data) | MB/s (object) | first block s | CPU s (ours) |")
+        print("|---|---|---|---|---|---|---|")
+        for name, run in ways:
+            try:
+                times, ours, first, rows = [], [], [], 0
+                for _ in range(repeats):
+                    cpu0, t = cpu_seconds(), time.perf_counter()
+                    rows = run()
+                    times.append(time.perf_counter() - t)
+                    cpu1 = cpu_seconds()
+                    ours.append(cpu1[0] - cpu0[0] + cpu1[1] - cpu0[1])
+                    first += getattr(run, "blocks", [])[:1]
+            except Exception as exc:  # a way that cannot read this object: say why, go on
+                print(f"| {name} | cannot read it: {type(exc).__name__}: {exc} |" + " |" * 5, flush=True)
+                continue
+            s = statistics.median(times)
+            first_s = f"{statistics.median(first):.2f}" if first else ""
+            print(f"| {name} | {s:.2f} | {rows / 1e6:.3f} | {rows / s / 1e6:.0f} | {size / s / 1e6:.0f} | {first_s} "
+                  f"| {statistics.median(ours):.2f} |", flush=True)
+    for line in skipped:
+        print(f"\n{line}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=131_072, help="rows of 1 KiB (default: 128 MiB of data)")
@@ -376,9 +434,14 @@ def main() -> None:
     ap.add_argument("--n-procs", type=int, default=4, help="readers of the second multitables pass")
     ap.add_argument("--skip", nargs="*", default=[], help="ways to leave out: multitables h5py h5coro download")
     ap.add_argument("--client", type=int, default=0, help="time the client alone on an object of this many MiB")
+    ap.add_argument("--url", help="read this object of a real endpoint instead (s3://bucket/key.h5, https://...)")
+    ap.add_argument("--dataset", default="/data", help="with --url: the dataset to read")
     a = ap.parse_args()
     if a.client:
         client_cost(a.client, a.repeats)
+        return
+    if a.url:
+        remote(a.url, a.dataset, a.n_procs, a.repeats, a.skip)
         return
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
@@ -401,8 +464,9 @@ def main() -> None:
                 ways += [("multitables, default n_procs", multitables_pass(url, options, None), fewest[0]),
                          (f"multitables, n_procs={a.n_procs}", multitables_pass(url, options, a.n_procs), fewest[1])]
             if "h5py" not in a.skip:
-                ways += [("h5py + s3fs, default block (50 MiB)", h5py_s3fs_pass(endpoint, None), None),
-                         ("h5py + s3fs, 4 MiB blocks", h5py_s3fs_pass(endpoint, 4 << 20), None)]
+                fs = {"key": KEY, "secret": SECRET, "endpoint_url": endpoint, "skip_instance_cache": True}
+                ways += [("h5py + s3fs, default block (50 MiB)", h5py_fsspec_pass(url, None, **fs), None),
+                         ("h5py + s3fs, 4 MiB blocks", h5py_fsspec_pass(url, 4 << 20, **fs), None)]
             if "h5coro" not in a.skip:
                 problem = h5coro_problem(local)
                 if problem is None:
@@ -411,8 +475,9 @@ def main() -> None:
 
                     with h5py.File(local, "r") as f:
                         truth = f["/data"][:]
-                    ways += [("h5coro, S3 driver (boto3)", h5coro_pass(endpoint, "s3", [truth]), None),
-                             ("h5coro, HTTP driver (requests)", h5coro_pass(endpoint, "http", [truth]), None)]
+                    ways += [("h5coro, S3 driver (boto3)", h5coro_pass("bench/data.h5", "s3", [truth]), None),
+                             ("h5coro, HTTP driver (requests)", h5coro_pass(f"{endpoint}/bench/data.h5", "http", [truth]),
+                              None)]
                     del truth
                 else:
                     skipped.append(f"h5coro: skipped, {problem}")

@@ -5,16 +5,18 @@
 #
 # OUT gets each step's log (the sections print their tables there), packed into OUT/logs.tgz at the end.
 # MIB (default 512) sizes the scaling and GPU sections' files; the probe takes half. STEP names the steps to
-# run (scaling, probe, probe-before, startup, startup-forkserver, start-methods, gpu, batches, cuda-tests;
-# default all). Each step runs under
-# its own time limit (8 min 45 s together at 512 MiB, in proportion above), so one that hangs leaves the others theirs; all of them took
-# 3 min 7 s on a lent H100 machine with 16 cores (2026-11-26). The steps:
+# run (scaling, probe, probe-before, startup, startup-forkserver, start-methods, gpu, gpu-before, batches,
+# cuda-tests; default all). Each step runs under its own time limit (9 min 45 s together at 512 MiB, in
+# proportion above), so one that hangs leaves the others theirs; the steps before startup-forkserver,
+# start-methods and gpu-before took 3 min 7 s together on a lent H100 machine with 16 cores (2026-11-26).
+# The steps:
 #   1. the machine: CPUs, GPU, versions;
 #   2. the scaling section (#29: multitables against N plain h5py processes and DataLoader, counters);
 #   3. the probe (#29: where many readers' time goes, with and without the hints; again with a carried older
 #      package where .devrun/before has one), and what starting 16 readers costs (benchmarks/stream_startup.py,
 #      fork and forkserver; benchmarks/start_methods.py: in a process holding 4 GiB);
-#   4. the GPU section (#30: device=, pin_memory, DataLoader), where shuffled batches lose against the stream
+#   4. the GPU section (#30: device=, pin_memory, DataLoader; again with the carried older package), where
+#      shuffled batches lose against the stream
 #      (benchmarks/batches_profile.py), and the CUDA tests.
 # Wheels the machine lacks (PyTables, hdf5plugin, imagecodecs, blosc2...) are installed from .whl/ first,
 # where they are missing and the checkout has one (see the device tool's notes on carrying wheels).
@@ -22,8 +24,8 @@ set -u
 out=${1:?usage: bash benchmarks/lent_machine.sh OUT [MIB]}
 mib=${2:-512}
 shift $(($# < 2 ? $# : 2))
-steps=" ${*:-scaling probe probe-before startup startup-forkserver start-methods gpu batches cuda-tests} "
-mkdir -p "$out"
+steps=" ${*:-scaling probe probe-before startup startup-forkserver start-methods gpu gpu-before batches cuda-tests} "
+mkdir -p "$out" && out=$(cd "$out" && pwd)  # absolute: a step may run elsewhere
 work=$(mktemp -d "${TMPDIR:-/tmp}/lent_machine.XXXXXX")  # fresh: a file left by an earlier run is refused
 trap 'rm -rf "$work"' EXIT
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout, and multitables_bench for the scripts
@@ -61,6 +63,11 @@ step startup-forkserver 30 python3 benchmarks/stream_startup.py "$work/probe/pro
 step start-methods 60 python3 benchmarks/start_methods.py "$work/probe/probe-zlib-3-$((mib / 2)).h5" --procs 16 --hold-mib 4096 \
     --repeats 3
 step gpu 60 python3 multitables_benchmark.py --sections gpu --section-mib "$mib" --file "$work/gpu.h5"
+if [ -d .devrun/before/multitables ]; then  # the same with the carried older package, started outside the checkout
+    (cd "$work" && PYTHONPATH="$OLDPWD/.devrun/before:$PYTHONPATH" step gpu-before 60 python3 -c \
+        'import sys, multitables; print(multitables.__file__); from multitables_bench.cli import main; main()' \
+        --sections gpu --section-mib "$mib" --file "$work/gpu.h5")
+fi
 step batches 45 python3 benchmarks/batches_profile.py --file "$work/gpu.h5" --mib "$mib"
 step cuda-tests 30 python3 -m pytest -q -p no:cacheprovider tests/test_torch_device.py
 # The device tool brings back at most 8 files: every log and JSON in one archive (tar -xzf OUT/logs.tgz).

@@ -142,7 +142,8 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
         self.batches = batches
         #: Where the batches go (None: CPU tensors).
         self.device = None if device is None else torch.device(device)
-        #: Whether CPU batches are in page-locked memory (batches for a GPU always pass through it).
+        #: Whether CPU batches are in page-locked memory (batches for a GPU always pass through it: each batch, or,
+        #: shuffled, its window).
         self.pin_memory = pin_memory
         self._staging: Any = None  # NOTE [windows on a device]: made by the first shuffled iteration for a GPU
         needs_cuda = pin_memory or (self.device is not None and self.device.type == "cuda")

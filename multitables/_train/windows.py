@@ -40,7 +40,8 @@ NOTE [window buffers and fork]
 NOTE [parallel copies]
     Every row of a shuffled batch is copied twice by the consumer: out of
     its slot into a window buffer, and out of the window into the batch
-    (for ``device=``, page-locked memory). On a lent machine with 16 cores
+    (for ``pin_memory=``, page-locked memory; for ``device=``, the second
+    copy is the GPU's: NOTE [staging]). On a lent machine with 16 cores
     (H100, 512 MiB of zlib-3 rows, batches of 1,024 rows of 4 KiB) those two
     copies were the limit: 3.5 GB/s of batches, the consumer busy every
     second, half its time in each copy, while 16 readers decode 11.9 GB/s
@@ -204,7 +205,9 @@ class WindowMemory:
         self._staging = staging
 
     def close(self) -> None:
-        self.staged_by(Staging(self.copier))
+        if self._staging is not None:
+            self._staging.settle()
+            self._staging = None
         self._buffers = None
         self.copier.close()
 

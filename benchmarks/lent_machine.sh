@@ -57,11 +57,6 @@ if [ -d .devrun/before/multitables ]; then  # a checkout's package to compare wi
     PYTHONPATH="$PWD/.devrun/before:$PYTHONPATH" step probe-before 75 \
         python3 benchmarks/scaling_probe.py --dir "$work/probe" --mib $((mib / 2)) --procs 8 16 --json "$out/probe-before.json"
 fi
-step startup 30 python3 benchmarks/stream_startup.py "$work/probe/probe-zlib-3-$((mib / 2)).h5" --procs 16 --repeats 5
-step startup-forkserver 30 python3 benchmarks/stream_startup.py "$work/probe/probe-zlib-3-$((mib / 2)).h5" --procs 16 \
-    --repeats 5 --start-method forkserver
-step start-methods 60 python3 benchmarks/start_methods.py "$work/probe/probe-zlib-3-$((mib / 2)).h5" --procs 16 --hold-mib 4096 \
-    --repeats 3
 step gpu 60 python3 multitables_benchmark.py --sections gpu --section-mib "$mib" --file "$work/gpu.h5"
 if [ -d .devrun/before/multitables ]; then  # the same with the carried older package, started outside the checkout
     (cd "$work" && PYTHONPATH="$OLDPWD/.devrun/before:$PYTHONPATH" step gpu-before 60 python3 -c \
@@ -70,6 +65,12 @@ if [ -d .devrun/before/multitables ]; then  # the same with the carried older pa
 fi
 step batches 45 python3 benchmarks/batches_profile.py --file "$work/gpu.h5" --mib "$mib"
 step cuda-tests 30 python3 -m pytest -q -p no:cacheprovider tests/test_torch_device.py
+# Starting 16 readers: the probe's zlib file, or else the GPU section's (its rows are /X).
+started=("$work/probe/probe-zlib-3-$((mib / 2)).h5")
+[ -f "${started[0]}" ] || started=("$work/gpu.h5" --path /X)
+step startup 30 python3 benchmarks/stream_startup.py "${started[@]}" --procs 16 --repeats 5
+step startup-forkserver 30 python3 benchmarks/stream_startup.py "${started[@]}" --procs 16 --repeats 5 --start-method forkserver
+step start-methods 60 python3 benchmarks/start_methods.py "${started[@]}" --procs 16 --hold-mib 4096 --repeats 3
 # The device tool brings back at most 8 files: every log and JSON in one archive (tar -xzf OUT/logs.tgz).
 shopt -s nullglob
 (cd "$out" && logs=(*.log *.json) && tar -czf logs.tgz --remove-files -- "${logs[@]}")

@@ -17,7 +17,10 @@ the first (readers that live across epochs show there), page cache warm:
 * ``torch.utils.data.DataLoader`` over h5py slices of ``BATCH`` rows in a
   shuffled order, ``num_workers`` = the CPUs, ``pin_memory=True``,
   ``persistent_workers=True``, ``.to("cuda", non_blocking=True)``;
-* multitables CPU only, no step: the rate the readers deliver.
+* multitables CPU only, no step: the rate the readers deliver;
+* ``device="cuda"`` and DataLoader again with no step: the rate batches land
+  in GPU memory, which issue 30's targets compare (0.9 of the CPU-only rate,
+  5x DataLoader's).
 
 A step *waited* when asking for its batch took more than a tenth of a step.
 Needs torch with CUDA, h5py and this package; nothing else.
@@ -45,7 +48,7 @@ class GpuFigure:
     label: str
     samples_per_s: float
     gb_per_s: float
-    waited: float  # fraction of steps
+    waited: "float | None"  # fraction of steps; None where no step ran
 
 
 def write_file(path: str, mib: int) -> None:
@@ -118,23 +121,26 @@ def _sync(device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(batches: Iterator[Any], step: "Callable[[Any], Any] | None", n_batches: int, device: Any) -> "tuple[float, float]":
-    """Seconds for ``n_batches`` steps, and the fraction of steps whose batch came late."""
+def _timed(batches: Iterator[Any], step: "Callable[[Any], Any] | None", n_batches: int, device: Any,
+           move: bool = True) -> "tuple[float, float]":
+    """Seconds for ``n_batches`` steps, and the fraction of steps whose batch came late.
+
+    ``move``: a batch not on ``device`` is copied there (no step: the copies are waited for at the end).
+    """
     waits = []
     t0 = time.perf_counter()
     last = t0
     for i, batch in enumerate(batches):
         got = time.perf_counter()
         waits.append(got - last)
+        if move and batch.device.type != device.type:
+            batch = batch.to(device, non_blocking=device.type == "cuda" and batch.is_pinned())
         if step is not None:
-            if batch.device.type != device.type:
-                batch = batch.to(device, non_blocking=device.type == "cuda" and batch.is_pinned())
             step(batch)
         last = time.perf_counter()
         if i + 1 == n_batches:
             break
-    if step is not None:
-        _sync(device)
+    _sync(device)
     seconds = time.perf_counter() - t0
     step_s = seconds / max(1, len(waits))
     late = sum(1 for w in waits if w > WAITED * step_s)
@@ -155,15 +161,15 @@ def gpu_section(path: str, n_procs: int, log: Callable[[str], None], device: Any
     n = len(cpu)
     figures: list[GpuFigure] = []
 
-    def record(label: str, seconds: float, waited: float, batches: int) -> None:
+    def record(label: str, seconds: float, waited: "float | None", batches: int) -> None:
         samples = batches * BATCH / seconds
         figures.append(GpuFigure(label, samples, samples * ROW * 4 / 1e9, waited))
-        log(f"{label}: {samples:,.0f} samples/s, waited {waited:.0%}")
+        log(f"{label}: {samples:,.0f} samples/s" + ("" if waited is None else f", waited {waited:.0%}"))
 
     it = iter(cpu)
-    _timed(it, None, n, device)  # the first epoch: readers start, windows fill
-    seconds, _ = _timed(it, None, (EPOCHS - 1) * n, device)
-    record("multitables, CPU only, no step (the rate the readers deliver)", seconds, 0.0, (EPOCHS - 1) * n)
+    _timed(it, None, n, device, move=False)  # the first epoch: readers start, windows fill
+    seconds, _ = _timed(it, None, (EPOCHS - 1) * n, device, move=False)
+    record("multitables, CPU only, no step (the rate the readers deliver)", seconds, None, (EPOCHS - 1) * n)
     step = _step_fn(seconds / ((EPOCHS - 1) * n), device)
 
     seconds, waited = _timed(it, step, (EPOCHS - 1) * n, device)
@@ -174,6 +180,8 @@ def gpu_section(path: str, n_procs: int, log: Callable[[str], None], device: Any
     gpu = mt.get_batches(stream, "/X", BATCH, n_procs=n_procs, epochs=None, seed=0, device=device, pin_memory=on_gpu)
     it = iter(gpu)
     _timed(it, step, n, device)
+    seconds, _ = _timed(it, None, (EPOCHS - 1) * n, device)
+    record('multitables, get_batches(device="cuda"), no step', seconds, None, (EPOCHS - 1) * n)
     seconds, waited = _timed(it, step, (EPOCHS - 1) * n, device)
     record('multitables, get_batches(device="cuda")', seconds, waited, (EPOCHS - 1) * n)
     gpu.close()
@@ -190,9 +198,11 @@ def gpu_section(path: str, n_procs: int, log: Callable[[str], None], device: Any
 
     it2 = epochs()
     _timed(it2, step, n, device)
+    label = f"DataLoader(num_workers={n_procs}, pin_memory=True, persistent_workers=True) over h5py"
+    seconds, _ = _timed(it2, None, (EPOCHS - 1) * n, device)
+    record(f"{label}, no step", seconds, None, (EPOCHS - 1) * n)
     seconds, waited = _timed(it2, step, (EPOCHS - 1) * n, device)
-    record(f"DataLoader(num_workers={n_procs}, pin_memory=True, persistent_workers=True) over h5py", seconds, waited,
-           (EPOCHS - 1) * n)
+    record(label, seconds, waited, (EPOCHS - 1) * n)
     del it2, loader  # its workers go
     return figures
 
@@ -206,7 +216,8 @@ def gpu_markdown(figures: "list[GpuFigure]", mib: int, n_procs: int) -> str:
         f"zlib 3 + shuffle, batches of {BATCH} rows, {n_procs} readers or workers, epochs 2-{EPOCHS}, page cache warm)\n\n"
         "| reader | samples/s | GB/s | steps that waited on data |\n| --- | ---: | ---: | ---: |\n"
     )
-    rows = [f"| {f.label} | {f.samples_per_s:,.0f} | {f.gb_per_s:.2f} | {f.waited:.0%} |" for f in figures]
+    rows = [f"| {f.label} | {f.samples_per_s:,.0f} | {f.gb_per_s:.2f} | {'-' if f.waited is None else f'{f.waited:.0%}'} |"
+            for f in figures]
     return head + "\n".join(rows) + "\n"
 
 

@@ -16,9 +16,14 @@ def test_the_section_measures_every_contender(tmp_path: Path, monkeypatch: pytes
     path = str(tmp_path / "gpu.h5")
     gpu.write_file(path, 2)
     figures = gpu.gpu_section(path, 2, lambda m: None, device="cpu")
-    assert [f.label.split(",")[0] for f in figures] == ["multitables", "multitables", "multitables", figures[3].label.split(",")[0]]
-    assert figures[3].label.startswith("DataLoader(num_workers=2")
-    assert all(f.samples_per_s > 0 and 0 <= f.waited <= 1 for f in figures)
+    labels = [f.label for f in figures]
+    assert [label.split(",")[0] for label in labels[:4]] == ["multitables"] * 4
+    assert labels[2].endswith("no step") and not labels[3].endswith("no step")  # device=: delivery alone, then with the step
+    assert labels[4].startswith("DataLoader(num_workers=2") and labels[4].endswith("no step")
+    assert labels[5].startswith("DataLoader(num_workers=2") and not labels[5].endswith("no step")
+    assert all(f.samples_per_s > 0 for f in figures)
+    assert [f.waited is None for f in figures] == [True, False, True, False, True, False]  # a step ran, or none
+    assert all(0 <= f.waited <= 1 for f in figures if f.waited is not None)
     table = gpu.gpu_markdown(figures, 2, 2)
     assert table.count("\n| ") == 2 + len(figures)  # the header, its separator and a row each
 

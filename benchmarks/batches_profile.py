@@ -4,14 +4,18 @@ On the GPU section's file (``multitables_bench.gpu``: 4 KiB zlib-3 rows,
 written when missing), page cache warm, ``--procs`` readers:
 
 * the stream alone: ``get_queue`` direct blocks, nothing copied (what the
-  readers deliver into shared memory);
+  readers deliver into shared memory), a pass from a fresh queue, then passes
+  2-3 of a cyclic one (readers already started, as the batches' epochs 2-3);
 * ``get_batches`` of 1,024 shuffled rows, CPU only, epochs after the first
   (readers across epochs), with the consumer's CPU seconds per wall second
-  (near 1: the consumer is the limit, not the readers);
-  for 1 and 2 copy threads and the default (NOTE [parallel copies]);
-* a profile of those epochs: the consumer's functions by their own time.
+  (near 1: the consumer is the limit) and the readers' (near their number:
+  they are); for 1 and 2 copy threads and the default (NOTE [parallel copies]);
+* a profile of those epochs: the consumer's functions by their own time;
+* with ``--device cuda`` (where torch has CUDA): the same for
+  ``multitables.torch.get_batches(device="cuda")``, each batch on the GPU
+  (NOTE [windows on a device]), waited for at the end.
 
-    python benchmarks/batches_profile.py --file bench/gpu.h5 --mib 512 --procs 16
+    python benchmarks/batches_profile.py --file bench/gpu.h5 --mib 512 --procs 16 [--device cuda]
 """
 
 from __future__ import annotations
@@ -29,7 +33,10 @@ def main() -> None:
     p.add_argument("--mib", type=int, default=512)
     p.add_argument("--procs", type=int, default=0, help="readers (0: the CPUs this process may use)")
     p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--device", default=None, help="also batches on this torch device (cuda)")
     args = p.parse_args()
+    import h5py
+
     import multitables
     from multitables._train import windows
     from multitables_bench.gpu import write_file
@@ -44,6 +51,8 @@ def main() -> None:
     n = args.procs or len(os.sched_getaffinity(0))
     stream = multitables.Streamer(args.file)
     size = os.path.getsize(args.file)
+    with h5py.File(args.file) as f:
+        rows = len(f["X"])
     for _ in range(2):
         t0 = time.perf_counter()
         nbytes = 0
@@ -53,6 +62,19 @@ def main() -> None:
                     nbytes += block.nbytes
         print(f"stream, {n} readers ({q.engine}): {nbytes / (time.perf_counter() - t0) / 1e9:.2f} GB/s "
               f"({size / 1e6:,.0f} MB stored)", flush=True)
+    with stream.get_queue("/X", n_procs=n, cyclic=True) as q:
+        n_blocks = -(-rows // q.block_size)
+        for _ in range(n_blocks):  # the first pass: readers start
+            with q.get():
+                pass
+        w0, r0 = time.perf_counter(), _readers_cpu()
+        nbytes = 0
+        for _ in range(2 * n_blocks):
+            with q.get() as block:
+                nbytes += block.nbytes
+        wall = time.perf_counter() - w0
+        print(f"stream, {n} readers, cyclic, passes 2-3: {nbytes / wall / 1e9:.2f} GB/s, "
+              f"readers' CPU {(_readers_cpu() - r0) / wall:.2f} s per s", flush=True)
 
     for threads in sorted({1, 2, default()}):  # NOTE [parallel copies]
         windows.copy_threads = lambda t=threads: t  # type: ignore[assignment]
@@ -60,29 +82,66 @@ def main() -> None:
         epochs(stream, n, args.epochs, label, profiled=False)
     windows.copy_threads = default
     epochs(stream, n, args.epochs, "the default copy threads", profiled=True)
+    if args.device:
+        import torch
+
+        if args.device.startswith("cuda") and not torch.cuda.is_available():
+            print(f"device={args.device!r}: skipped, torch.cuda.is_available() is False", flush=True)
+            return
+        for profiled in (False, True):
+            epochs(stream, n, args.epochs, f"device={args.device!r}", profiled=profiled, device=args.device)
 
 
-def epochs(stream: "object", n: int, n_epochs: int, label: str, profiled: bool) -> None:
-    """Batches of the GPU section's size, CPU only: the rate of epochs 2 on, and the consumer's CPU."""
+def _readers_cpu() -> float:
+    """CPU seconds (user and system) of this process's children: the readers."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    me = str(os.getpid())
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        if fields[1] == me:  # ppid
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tick
+
+
+def epochs(stream: "object", n: int, n_epochs: int, label: str, profiled: bool, device: "str | None" = None) -> None:
+    """Batches of the GPU section's size (on ``device``, else CPU only): the rate of epochs 2 on, the consumer's and the
+    readers' CPU."""
     from multitables_bench.gpu import BATCH
 
-    batches = stream.get_batches("/X", BATCH, n_procs=n, epochs=None, seed=0)  # type: ignore[attr-defined]
+    if device is None:
+        batches = stream.get_batches("/X", BATCH, n_procs=n, epochs=None, seed=0)  # type: ignore[attr-defined]
+    else:
+        import multitables.torch as mt
+
+        batches = mt.get_batches(stream, "/X", BATCH, n_procs=n, epochs=None, seed=0, device=device)
     per_epoch = len(batches)
     it = iter(batches)
     for _ in range(per_epoch):  # the first epoch: readers start, the windows fill
         next(it)
     prof = cProfile.Profile() if profiled else None
-    w0, c0 = time.perf_counter(), time.process_time()
+    w0, c0, r0 = time.perf_counter(), time.process_time(), _readers_cpu()
     if prof:
         prof.enable()
     nbytes = 0
     for _ in range((n_epochs - 1) * per_epoch):
-        nbytes += next(it).nbytes
+        batch = next(it)
+        nbytes += batch.nbytes if device is None else batch.element_size() * batch.nelement()
+    if device is not None and device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
     if prof:
         prof.disable()
-    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    wall, cpu, readers = time.perf_counter() - w0, time.process_time() - c0, _readers_cpu() - r0
     print(f"batches of {BATCH}, {n} readers, {label}, epochs 2-{n_epochs}{' (profiled)' if prof else ''}: "
-          f"{nbytes / wall / 1e9:.2f} GB/s, consumer CPU {cpu / wall:.2f} s per s", flush=True)
+          f"{nbytes / wall / 1e9:.2f} GB/s, consumer CPU {cpu / wall:.2f} s per s, readers' {readers / wall:.2f}", flush=True)
     if prof:
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
     batches.close()

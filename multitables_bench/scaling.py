@@ -215,8 +215,9 @@ def measure(files: dict[Codec, str], settings: ScalingSettings, log: Callable[[s
                     raise RuntimeError(f"{spec.kind} n={spec.n} read {result.rows} rows of {spec.path}, which has {n_rows}")
                 done.setdefault(i, []).append(result)
                 raw.append({"repeat": r, "codec": label, "spec": asdict(spec), "resident": resident, **asdict(result)})
+                parts = ", ".join(f"{k} {v:.3f}" for k, v in (result.phases or {}).items())
                 log(f"scaling {r + 1}/{settings.repeats} {label or 'memory'}: {spec.kind} n={spec.n}: "
-                    f"{result.nbytes / result.seconds / MB:,.0f} MB/s ({result.seconds:.3f} s)")
+                    f"{result.nbytes / result.seconds / MB:,.0f} MB/s ({result.seconds:.3f} s{': ' + parts if parts else ''})")
     finally:
         servers.close()
     return [_figure(label, spec, done[i]) for i, (label, spec) in enumerate(plan)], raw

@@ -78,6 +78,13 @@ class PassResult:
     readers_counted: "tuple[int, int] | None" = None
     #: With ``record``: the first value of every row read, in the order read.
     first_values: Optional[list[float]] = field(default=None)
+    #: multitables: where the pass's seconds went (:data:`PHASES`), in order; they add up to ``seconds``.
+    phases: "dict[str, float] | None" = None
+
+
+#: A multitables pass's parts: the Streamer and get_queue (plan, ring, readers started), the wait for the
+#: first block, the other blocks, and closing (readers joined, shared memory unmapped).
+PHASES = ("get_queue", "first_block", "rest", "close")
 
 
 def _blocks(n_rows: int, block_rows: int) -> list[tuple[int, int]]:
@@ -168,20 +175,26 @@ def multitables_pass(spec: PassSpec) -> PassResult:
     import multitables
 
     firsts: list[float] = []
+    marks = [time.perf_counter()]  # the phases' ends, after this start
 
-    def keep(_i: int, block: np.ndarray) -> None:
-        firsts.extend(block[:, 0].tolist())
+    def keep(i: int, block: np.ndarray) -> None:
+        if i == 0:
+            marks.append(time.perf_counter())
+        if spec.record:
+            firsts.extend(block[:, 0].tolist())
 
-    t0 = time.perf_counter()
     with multitables.Streamer(spec.path).get_queue(NODE, n_procs=spec.n, remainder=True) as queue:
+        marks.append(time.perf_counter())
         n_blocks = -(-spec.n_rows // queue.block_size)
-        rows, nbytes, counted = drain_counted(queue, n_blocks, on_block=keep if spec.record else None)
+        rows, nbytes, counted = drain_counted(queue, n_blocks, on_block=keep)
         used, engine, block_rows = queue.n_procs, queue.engine, queue.block_size
-    seconds = time.perf_counter() - t0
-    return PassResult(seconds, rows, nbytes, used, engine, block_rows,
+        marks.append(time.perf_counter())
+    marks.append(time.perf_counter())
+    phases = dict(zip(PHASES, np.diff(marks).tolist())) if len(marks) == len(PHASES) + 1 else None
+    return PassResult(marks[-1] - marks[0], rows, nbytes, used, engine, block_rows,
                       counted.per_gib() if counted else None,
                       (counted.readers_counted, counted.readers_total) if counted else None,
-                      firsts if spec.record else None)
+                      firsts if spec.record else None, phases)
 
 
 def _copy_loop(nbytes: int, copies: int, ready: Any, go: Any, results: Any) -> None:

@@ -21,7 +21,7 @@ from multitables_bench import counters, scaling, scaling_report
 from multitables_bench.counters import PAGE_SIZE, Snapshot, Usage
 from multitables_bench.records import NODE, ROW_VALUES, Codec
 from multitables_bench.scaling import ScalingFigure
-from multitables_bench.scaling_passes import PassSpec, run
+from multitables_bench.scaling_passes import PHASES, PassSpec, run
 
 REPO = Path(__file__).resolve().parents[1]
 N_ROWS = 2048
@@ -122,6 +122,12 @@ def test_each_contender_reads_every_row_exactly_once(numbered: Path, kind: str, 
     assert result.rows == N_ROWS and result.nbytes == N_ROWS * ROW_VALUES * 4 and result.seconds > 0
     if kind in ("h5py", "processes", "dataloader"):
         assert result.first_values == list(range(N_ROWS))  # in order: the shares are contiguous, in turn
+    if kind == "multitables":  # where its seconds went: every phase, in order, adding up to the pass
+        assert result.phases is not None and list(result.phases) == list(PHASES)
+        assert all(v >= 0 for v in result.phases.values())
+        assert sum(result.phases.values()) == pytest.approx(result.seconds)
+    else:
+        assert result.phases is None
 
 
 def test_the_pass_server_answers_each_pass_and_reports_a_failure_with_its_traceback(numbered: Path, tmp_path: Path) -> None:

@@ -16,8 +16,9 @@
 #      package where .devrun/before has one), and what starting 16 readers costs (benchmarks/stream_startup.py,
 #      fork and forkserver; benchmarks/start_methods.py: in a process holding 4 GiB);
 #   4. the GPU section (#30: device=, pin_memory, DataLoader; again with the carried older package), where
-#      shuffled batches lose against the stream
+#      shuffled batches lose against the stream, CPU only and with device="cuda"
 #      (benchmarks/batches_profile.py), and the CUDA tests.
+# The start steps read the probe's zlib file, or the GPU section's where the probe did not run.
 # Wheels the machine lacks (PyTables, hdf5plugin, imagecodecs, blosc2...) are installed from .whl/ first,
 # where they are missing and the checkout has one (see the device tool's notes on carrying wheels).
 set -u

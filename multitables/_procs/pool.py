@@ -67,6 +67,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from .._shm.release import settle_releases
 from .._shm.ring import TICK
 from .._sys.signals import sigint_held_for_children
 from ..errors import ReaderError
@@ -156,6 +157,7 @@ class ReaderPool:
 
     def start(self, loop: Callable[..., None], args: "list[tuple[Any, ...]]") -> None:
         """Start one reader per entry of ``args``, each running ``loop(reader, *args[i])``."""
+        settle_releases()  # no unmapping on a thread while forking (NOTE [release off the path])
         me = os.getpid()
         me_start = process_start_time(me)
         n = len(args)

@@ -248,11 +248,12 @@ class StreamReaders:
             self.ring.stop()
             self.ring.wake_readers(self.pool.n_readers)
 
-    def close(self) -> None:
-        """Stop every reader and free everything; see NOTE [shutdown]. Idempotent."""
+    def close(self, background: bool = False) -> None:
+        """Stop every reader and free everything; see NOTE [shutdown]. Idempotent. ``background``: the ring's
+        pages are given back after this returns (NOTE [release off the path] in ``_shm.release``)."""
         if self.pool.closed:
             return
         self.pool.close(self._tell_stop)
         self.ring.segment.unlink()
-        self.ring.close()
+        self.ring.close(background)
 

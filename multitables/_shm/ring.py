@@ -50,28 +50,23 @@ NOTE [ring protocol]
     [failure reports] in ``_procs.pool``).
 
 NOTE [slots and page tables]
-    A process's first write to a page of the segment faults (about 1 us a
-    4 KiB page here). With any reader taking any free slot, every reader
-    comes to map every slot: N x the ring's pages, at a fault each, or all
-    at attach with 16 readers walking the same pages at once (12 s of
-    system time a GiB, the first block at 0.33 s; BENCHMARKS.md, issue 29).
-    So the slots belong to readers: slot ``s`` to reader ``s % N`` (two or
-    three each with the default ``2N + 2`` slots; with fewer slots than
-    readers, readers ``r`` and ``r + n_slots`` share group ``r % n_slots``).
-    Each group has its own ``free`` semaphore, released by the consumer when
-    it gives one of the group's slots back, and a reader claims the next
-    block only with a free slot of its group. Claims stay in block order
-    under the lock, so an ordered consumer never waits on a later block's
-    slot. Once attached, a reader maps its group's slots whole
-    (MADV_POPULATE_WRITE), which also allocates their pages: the consumer
-    does not reserve them (``posix_fallocate`` zeroed them all in the
-    consumer before any reader started), and a full /dev/shm is a
-    ``ShmSpaceError`` from that reader, never a SIGBUS at a write. Kernels
+    A process's first write to a page of the segment faults (about 1 us a 4 KiB page here). With any reader
+    taking any free slot, every reader comes to map every slot: N x the ring's pages, at a fault each, or all at
+    attach with 16 readers walking the same pages at once (12 s of system time a GiB, the first block at 0.33 s;
+    BENCHMARKS.md, issue 29). So the slots belong to readers: slot ``s`` to reader ``s % N`` (two or three each
+    with the default ``2N + 2`` slots; with fewer slots than readers, readers ``r`` and ``r + n_slots`` share
+    group ``r % n_slots``). Each group has its own ``free`` semaphore, released by the consumer when it gives
+    one of the group's slots back, and a reader claims the next block only with a free slot of its group. Claims
+    stay in block order under the lock, so an ordered consumer never waits on a later block's slot. Once
+    attached, a reader maps its group's slots whole (MADV_POPULATE_WRITE), which also allocates their pages: the
+    consumer does not reserve them (``posix_fallocate`` zeroed them all in the consumer before any reader
+    started), and a full /dev/shm is a ``ShmSpaceError`` from that reader, never a SIGBUS at a write. Kernels
     without it (before 5.14) reserve at creation and fault as before.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 import weakref
 from contextlib import contextmanager
@@ -81,6 +76,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from .._plan.blocks import Piece
+from .release import release_later
 from .segment import Segment, can_populate
 
 PAGE = 4096
@@ -252,15 +248,19 @@ class Ring:
         for slot in range(self._group, self.layout.n_slots, len(self.sync.free)):
             self.segment.populate(self.layout.slot_offset(slot), self.layout.slot_stride)
 
-    def close(self) -> None:
-        """Unmap (idempotent); the ring then counts as stopped."""
+    def close(self, background: bool = False) -> None:
+        """Unmap (idempotent); the ring then counts as stopped. ``background``: where no slot's rows are lent, unmap
+        after returning (NOTE [release off the path])."""
         if self._closed:
             return
         self._closed = True
         self.slots = []
         self._hdr = self._free_ring = self._ready_ring = self._meta = self._table = None  # type: ignore[assignment]
         still_lent = [(self.layout.slot_offset(slot), flat.nbytes) for slot, flat in list(self._lent.items())]
-        self.segment.close(keep=still_lent)
+        if background and not still_lent and self.segment.owner:
+            release_later(functools.partial(self.segment.close, keep=still_lent))
+        else:
+            self.segment.close(keep=still_lent)
 
     # -- flags ----------------------------------------------------------------
     @property

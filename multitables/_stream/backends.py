@@ -83,7 +83,7 @@ class InlineBackend:
     def release(self, slot: int) -> None:
         self._free.append(slot)
 
-    def close(self) -> None:
+    def close(self, background: bool = False) -> None:
         self._blocks.source.close()
 
 
@@ -149,5 +149,5 @@ class RingBackend:
     def lend(self, slot: int, rows: int) -> np.ndarray:
         return self._ring.lend(slot, rows)
 
-    def close(self) -> None:
-        self._pool.close()
+    def close(self, background: bool = False) -> None:
+        self._pool.close(background)

@@ -224,11 +224,18 @@ class Queue:
                 self._changed.notify_all()
 
     def close(self) -> None:
-        """Stop the readers and free the ring (idempotent). Blocks still held become invalid."""
+        """Stop the readers and free the ring (idempotent). Blocks still held become invalid.
+
+        After a pass's last block (not cyclic, not growing), the ring's memory is given back after this returns
+        (NOTE [release off the path] in ``_shm.release``); otherwise (an early stop, an error, an interrupt) before.
+        """
         self._closed = True
         with self._changed:
             self._changed.notify_all()  # a get() waiting for a slot returns QueueClosed
-        self._finalizer()
+        if not self._growing and self.at_end and self._finalizer.detach() is not None:
+            self._backend.close(background=True)
+        else:
+            self._finalizer()
 
     @property
     def closed(self) -> bool:

@@ -1,0 +1,98 @@
+"""Unmapping off the caller's path (NOTE [release off the path]): a stream closed after its pass's last block has its
+ring unmapped on a thread of its own, one stopped early or holding lent rows before its close returns, and no reader
+is forked while an unmapping runs."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+
+import multitables
+from multitables._shm import release, ring
+from multitables._shm.release import release_later, settle_releases
+
+ROWS, WIDTH = 4096, 64
+
+
+@pytest.fixture
+def path(make_array: Callable[..., Path]) -> Path:
+    return make_array(np.arange(ROWS * WIDTH, dtype=np.float32).reshape(ROWS, WIDTH), chunkshape=(64, WIDTH))
+
+
+@pytest.fixture
+def handed_off(monkeypatch: pytest.MonkeyPatch) -> "list[Callable[[], None]]":
+    """The unmappings the ring hands to :func:`release_later` (they still run)."""
+    seen: "list[Callable[[], None]]" = []
+
+    def record(unmap: Callable[[], None]) -> None:
+        seen.append(unmap)
+        release_later(unmap)
+
+    monkeypatch.setattr(ring, "release_later", record)
+    return seen
+
+
+def test_a_closed_streams_ring_is_unmapped_off_the_path_and_gone_once_settled(
+    path: Path, handed_off: "list[Callable[[], None]]", shm_mappings: Callable[[], list[str]], no_leaks: None
+) -> None:
+    with multitables.Streamer(str(path)).get_queue("/data", n_procs=2, block_size=256) as queue:
+        for guard in queue.iter():
+            with guard as block:
+                assert block.shape[1] == WIDTH
+        assert shm_mappings()  # the ring, mapped while the stream lives
+    assert len(handed_off) == 1  # the close gave its unmapping away
+    settle_releases()
+    assert shm_mappings() == []
+
+
+def test_a_stream_stopped_early_is_unmapped_before_its_close_returns(
+    path: Path, handed_off: "list[Callable[[], None]]", shm_mappings: Callable[[], list[str]], no_leaks: None
+) -> None:
+    with multitables.Streamer(str(path)).get_queue("/data", n_procs=2, block_size=256) as queue:
+        with queue.get():
+            pass
+    assert handed_off == [] and shm_mappings() == []  # a break, an error, Ctrl-C: as the failure tests expect
+
+
+def test_rows_the_generator_lent_keep_their_bytes_and_the_close_unmaps_at_once(
+    path: Path, handed_off: "list[Callable[[], None]]", shm_mappings: Callable[[], list[str]]
+) -> None:
+    stream = multitables.Streamer(str(path))
+    gen = stream.get_generator("/data", n_procs=2, block_size=256)
+    kept = [next(gen) for _ in range(3)]  # rows of a lent slot
+    gen.close()
+    assert handed_off == []  # rows are lent: moved to private memory first, on the caller's path
+    assert shm_mappings() == []
+    np.testing.assert_array_equal(np.stack(kept), np.arange(3 * WIDTH, dtype=np.float32).reshape(3, WIDTH))
+
+
+def test_no_reader_is_forked_while_an_unmapping_runs(path: Path, no_leaks: None) -> None:
+    ended: "list[float]" = []
+    release_later(lambda: (time.sleep(0.3), ended.append(time.monotonic())))
+    with multitables.Streamer(str(path)).get_queue("/data", n_procs=2, block_size=256) as queue:
+        started = time.monotonic()  # the readers are forked and attached when get_queue returns
+        assert ended and ended[0] <= started  # get_queue waited for the unmapping before its fork
+        for guard in queue.iter():
+            with guard:
+                pass
+
+
+def test_settle_waits_for_every_unmapping_and_a_child_inherits_none() -> None:
+    gate = threading.Event()
+    done: "list[int]" = []
+    for i in range(3):
+        release_later(lambda i=i: (gate.wait(5), done.append(i)))
+    assert len(release._running) == 3
+    pid = os.fork()
+    if pid == 0:  # the child: none of those threads, so nothing to wait for
+        os._exit(0 if not release._running else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    gate.set()
+    settle_releases()
+    assert sorted(done) == [0, 1, 2] and not release._running

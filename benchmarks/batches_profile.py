@@ -13,7 +13,9 @@ written when missing), page cache warm, ``--procs`` readers:
 * a profile of those epochs: the consumer's functions by their own time;
 * with ``--device cuda`` (where torch has CUDA): the same for
   ``multitables.torch.get_batches(device="cuda")``, each batch on the GPU
-  (NOTE [windows on a device]), waited for at the end.
+  (NOTE [windows on a device]), waited for at the end; then the host copies
+  that path makes, alone: into a window buffer as it is, page-locked, and
+  page-locked with each piece copied to the GPU.
 
     python benchmarks/batches_profile.py --file bench/gpu.h5 --mib 512 --procs 16 [--device cuda]
 """
@@ -90,6 +92,47 @@ def main() -> None:
             return
         for profiled in (False, True):
             epochs(stream, n, args.epochs, f"device={args.device!r}", profiled=profiled, device=args.device)
+        host_copies(args.device)
+
+
+def host_copies(device: str) -> None:
+    """The consumer's host copies alone, as ``device=`` makes them: 4 MiB pieces into a 256 MiB window buffer with
+    the default copy threads, into the buffer as it is, page-locked in place, and page-locked with each piece then
+    copied to the device (NOTE [windows on a device]): whether page-locking or the device's copies slow the CPU's."""
+    import numpy as np
+    import torch
+
+    from multitables._train import windows
+    from multitables._train.device import CudaOps
+
+    piece, rows = 1024, (256 << 20) // 4096
+    src = np.ones((piece, 1024), np.float32)
+    buf = windows.empty_window_buffer((rows, 1024), np.float32)
+    copier = windows.Copier(windows.copy_threads())
+    ops = CudaOps(torch.device(device)) if device.startswith("cuda") else None
+    dev = ops.window(buf.shape, buf.dtype) if ops is not None else None
+    try:
+        for label in ("as it is", "page-locked", "page-locked, each piece then copied to the device"):
+            if label != "as it is" and ops is None:
+                break
+            if label == "page-locked":
+                ops.lock(buf)  # type: ignore[union-attr]
+            for _ in range(3):
+                w0, c0 = time.perf_counter(), time.process_time()
+                for a in range(0, rows, piece):
+                    copier.copy(buf[a : a + piece], src)
+                    if dev is not None and label.endswith("device"):
+                        ops.copy(dev[a : a + piece], buf[a : a + piece])  # type: ignore[union-attr]
+                        ops.record()  # type: ignore[union-attr]
+                if ops is not None:
+                    torch.cuda.synchronize()
+                wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+                print(f"host copies, {copier.threads} thread(s), {label}: {buf.nbytes / wall / 1e9:.2f} GB/s, "
+                      f"CPU {cpu / wall:.2f} s per s", flush=True)
+    finally:
+        if ops is not None and label != "as it is":
+            ops.unlock(buf)
+        copier.close()
 
 
 def _readers_cpu() -> float:

@@ -21,6 +21,7 @@ NOTE [lent blocks]
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from typing import Any, Iterator
@@ -39,7 +40,7 @@ from ._io.fileset import as_files
 from ._io.node import close_dataset
 from ._io.objects.config import make_store
 from ._io.objects.urls import is_url
-from ._plan.readers import DatasetShape, plan_stream
+from ._plan.readers import DatasetShape, plan_stream, rate_decides
 from ._procs.pool import check_start_method
 
 __all__ = ["Streamer", "Queue", "Guard"]
@@ -175,8 +176,11 @@ class Streamer:
         node, dataset = options.open_files(path, field)
         try:
             engine = options.resolve(node, dataset)
+            shape, machine = DatasetShape.of(node), options.machine
+            if n_procs is None and rate_decides(shape, engine, machine):  # NOTE [read plan]: measured, not assumed
+                shape = dataclasses.replace(shape, decode_rate=options.measure_rate(node, engine))
             read = plan_stream(
-                DatasetShape.of(node), engine, options.machine, n_procs=n_procs, block_size=block_size,
+                shape, engine, machine, n_procs=n_procs, block_size=block_size,
                 read_ahead=read_ahead, cyclic=cyclic, remainder=remainder, path=path,
             )  # fmt: skip
             engine = options.engine_for_readers(node, engine, read.n_procs, dataset)

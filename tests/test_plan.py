@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -10,7 +12,7 @@ from hypothesis import strategies as st
 from multitables._plan.blocks import BlockPlan, RangePlan, ahead
 from multitables._plan.readers import (
     READERS_PER_CPU, DatasetShape, Machine, cap_readers, default_block_size, default_read_ahead, hint_distance,
-    parallel_pays, plan_batches,
+    parallel_pays, plan_batches, plan_stream, rate_decides,
 )
 
 sizes = st.integers(1, 500).flatmap(lambda n: st.tuples(st.just(n), st.integers(1, n)))
@@ -80,6 +82,34 @@ def test_parallel_reading_pays_only_for_enough_work_and_more_than_one_cpu() -> N
     assert parallel_pays(256 << 20, zlib, "fork", 2, "h5py") and not parallel_pays(256 << 20, zlib, "spawn", 2, "h5py")
     # Stored bytes: a reader's work is the copy the consumer would make, however much there is.
     assert not parallel_pays(1 << 40, (), "fork", 64, "chunks") and not parallel_pays(1 << 40, (), "fork", 64, "h5py")
+
+
+def test_a_measured_rate_decides_in_place_of_the_table() -> None:
+    zlib, blosc = (1,), (32001,)
+    assert not parallel_pays(128 << 20, blosc, "fork", 2, "h5py")  # the table: blosc decodes fast
+    assert parallel_pays(128 << 20, blosc, "fork", 2, "h5py", rate=0.3e9)  # this machine says otherwise
+    assert parallel_pays(256 << 20, zlib, "fork", 2, "h5py") and not parallel_pays(256 << 20, zlib, "fork", 2, "h5py",
+                                                                                    rate=20e9)
+    assert not parallel_pays(1 << 40, (), "fork", 64, "h5py", rate=1e3)  # stored bytes: never, whatever the rate
+
+
+def test_the_rate_is_measured_only_where_it_can_change_the_answer() -> None:
+    two = Machine(cpus=2, start_method="fork")
+
+    def zlib(mib: int, **kw: object) -> DatasetShape:
+        return DatasetShape(n_rows=mib * 256, row_nbytes=4096, chunk_rows=16, filter_ids=(1,), **kw)  # type: ignore[arg-type]
+
+    assert rate_decides(zlib(128), "chunks", two)  # near where readers start to pay, on some machine
+    assert not rate_decides(zlib(4), "chunks", two)  # a small file: readers would not pay at any measured rate
+    assert not rate_decides(zlib(1 << 16), "chunks", two)  # 64 GiB: they pay at any
+    assert not rate_decides(zlib(128), "chunks", Machine(cpus=1, start_method="fork"))  # one CPU: no readers
+    assert not rate_decides(zlib(128), "chunks", Machine(cpus=2, start_method="spawn"))  # too dear to start
+    assert not rate_decides(zlib(128, remote=True), "chunks", two)  # an object: its own rule
+    stored = DatasetShape(n_rows=128 * 256, row_nbytes=4096, chunk_rows=16)
+    assert not rate_decides(stored, "chunks", two)
+    # The plan takes the measured rate where the shape carries one.
+    slow, fast = (plan_stream(dataclasses.replace(zlib(128), decode_rate=r), "chunks", two).n_procs for r in (0.3e9, 20e9))
+    assert (slow, fast) == (2, 0)
 
 
 def test_batches_read_stored_bytes_in_the_consumer_unless_a_transform_runs_on_them() -> None:

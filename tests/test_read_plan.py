@@ -10,8 +10,10 @@ import pytest
 
 import multitables
 from multitables._io.fileset import inspect_files
+from multitables._io.node import close_dataset
 from multitables._plan import readers as planner
 from multitables._plan.readers import DatasetShape, Machine, plan_batches, plan_requests, plan_stream
+from multitables._stream.options import StreamOptions
 
 ENGINES = ["chunks", "h5py", "tables"]
 
@@ -50,6 +52,42 @@ def test_every_face_chooses_the_same_readers_and_blocks(rows_file: Path, pays: b
     if engine != "tables":  # a Reader takes no engine name but auto's; the readers it starts do not depend on it
         with multitables.Reader(rows_file, engine=engine) as reader:
             assert reader.n_procs == plan_requests(None, machine) == 3
+
+
+def test_a_streams_default_readers_follow_the_rate_measured_on_its_file(
+    rows_file: Path, monkeypatch: pytest.MonkeyPatch, no_leaks: None
+) -> None:
+    monkeypatch.setattr(planner, "available_cpus", lambda: 3)
+    stream = multitables.Streamer(rows_file, engine="chunks")
+    shape = DatasetShape.of(inspect_files(stream.filename, "/x"))
+    # Readers' cost set to what the table's rate says they save: the file lies where the rate is measured.
+    cost = shape.nbytes / planner.table_rate(shape.filter_ids, "chunks") * (1 - 1 / 3)
+    monkeypatch.setattr(planner, "START_COST_S", {"fork": cost, "forkserver": cost, "spawn": cost})
+    asked: "list[str]" = []
+    for rate, readers in ((1e3, 3), (1e15, 0)):  # this machine decodes it slowly, then fast
+
+        def measured(self: StreamOptions, node: object, used: str, rate: float = rate) -> float:
+            asked.append(used)
+            return rate
+
+        monkeypatch.setattr(StreamOptions, "measure_rate", measured)
+        with stream.get_queue("/x") as queue:
+            assert queue.n_procs == readers
+    assert asked == ["chunks", "chunks"]
+    with stream.get_queue("/x", n_procs=1) as queue:  # readers asked for: nothing to decide, nothing measured
+        assert queue.n_procs == 1 and len(asked) == 2
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_rate_is_measured_by_the_chunk_engine_alone(rows_file: Path, engine: str, no_leaks: None) -> None:
+    stream = multitables.Streamer(rows_file, engine=engine)
+    node, dataset = stream.options.open_files("/x")
+    close_dataset(dataset)
+    rate = stream.options.measure_rate(node, engine)
+    if engine == "chunks":
+        assert rate is not None and 0 < rate < float("inf")
+    else:  # HDF5's chunk cache would hand the second read its decoded chunks: the table's rate stands
+        assert rate is None
 
 
 @pytest.mark.parametrize("engine", ENGINES)

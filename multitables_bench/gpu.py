@@ -19,8 +19,9 @@ the first (readers that live across epochs show there), page cache warm:
   ``persistent_workers=True``, ``.to("cuda", non_blocking=True)``;
 * multitables CPU only, no step: the rate the readers deliver;
 * ``device="cuda"`` and DataLoader again with no step: the rate batches land
-  in GPU memory, which issue 30's targets compare (0.9 of the CPU-only rate,
-  5x DataLoader's).
+  in GPU memory, what issue 30's targets compare (0.9 of the stream's rate
+  into shared memory, which ``benchmarks/batches_profile.py`` times, and 5x
+  DataLoader's).
 
 A step *waited* when asking for its batch took more than a tenth of a step.
 Needs torch with CUDA, h5py and this package; nothing else.
@@ -148,7 +149,8 @@ def _timed(batches: Iterator[Any], step: "Callable[[Any], Any] | None", n_batche
 
 
 def gpu_section(path: str, n_procs: int, log: Callable[[str], None], device: Any = "cuda") -> "list[GpuFigure]":
-    """The figures, in the order of the module's docstring (``device="cpu"`` runs the same loops on the CPU, for tests)."""
+    """The figures: CPU only; ``.to("cuda")``; ``device=`` with no step, then with it; DataLoader likewise
+    (``device="cpu"`` runs the same loops on the CPU, for tests)."""
     import torch
 
     import multitables

@@ -83,7 +83,8 @@ class PassResult:
 
 
 #: A multitables pass's parts: the Streamer and get_queue (plan, ring, readers started), the wait for the
-#: first block, the other blocks, and closing (readers joined, shared memory unmapped).
+#: first block, the other blocks, and closing (readers joined; the ring's unmapping only starts there after a
+#: whole pass, NOTE [release off the path] in ``multitables._shm.release``).
 PHASES = ("get_queue", "first_block", "rest", "close")
 
 

@@ -79,9 +79,9 @@ MIN_BLOCKS_PER_READER = 4
 #: spawn 1.2 (each spawned reader imports numpy, h5py and PyTables).
 START_COST_S = {"fork": 0.05, "forkserver": 0.9, "spawn": 1.2}
 #: How many times that cost readers must save: twice with the table's one-core rate, which may be off by
-#: :data:`RATE_SPREAD`; 0.9 times with the rate measured on the dataset, where two readers here broke even
-#: (2026-11-26, files in fresh processes, zlib 3 through the chunk engine: 1.17x the consumer on 128 MiB, saving
-#: 1.0x the cost at the rate measured; 0.93x on 64 MiB, saving 0.5x; BENCHMARKS.md, seventh session).
+#: :data:`RATE_SPREAD`; 0.9 times with the rate measured on the dataset: two readers here went from 0.93x the
+#: consumer where they saved 0.5x the cost at the rate measured (64 MiB of zlib 3, the chunk engine) to 1.17x
+#: where they saved 1.0x (128 MiB) (2026-11-26, files in fresh processes; BENCHMARKS.md, seventh session).
 MARGIN = {"table": 2.0, "measured": 0.9}
 #: Rough one-core decode rates (bytes/s) by engine and HDF5 filter id, to
 #: judge whether parallel reading can pay. h5py: deflate ~0.55 GB/s and blosc

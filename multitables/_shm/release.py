@@ -10,9 +10,9 @@ NOTE [release off the path]
     of its rows, the ring is unmapped on a thread of its own and the stream's
     close returns; its name is already gone, so nothing is left in /dev/shm
     meanwhile. An early stop, an error or an interrupt unmaps before close
-    returns, as before (the failure tests look for the mapping then). A fork waits for those
-    threads first (:func:`settle_releases`): a child would inherit the
-    mapping being released, and Python warns of a fork in a process with
+    returns: whoever handles it may look at the memory at once. A fork waits
+    for those threads first (:func:`settle_releases`): a child would inherit
+    the mapping being released, and Python warns of a fork in a process with
     threads. A thread still running at exit is joined by the interpreter.
 """
 

@@ -85,11 +85,7 @@ class StreamOptions:
         """Rows ``[start, stop)`` of ``node``, read here into a fresh array (a source opened and closed for them)."""
         out = np.empty((stop - start,) + node.row_shape, node.dtype)
         if len(out):
-            source = open_source(self.resolve(node), node, self.open_kwargs, cache=self.cache)
-            try:
-                source.read_into(start, stop, out)
-            finally:
-                source.close()
+            self._read(self.resolve(node), node, start, out)
         return out
 
     def measure_rate(self, node: NodeInfo, engine: str) -> "float | None":
@@ -104,15 +100,20 @@ class StreamOptions:
         per_chunk = max(1, chunk * node.row_nbytes)
         rows = min(node.n_rows, chunk * -(-RATE_SAMPLE_BYTES // per_chunk))
         out = np.empty((rows,) + node.row_shape, node.dtype)
+        seconds = self._read(engine, node, 0, out, times=2)  # the first: the disk's part, and the pages of ``out``
+        return out.nbytes / seconds if seconds > 0 else None
+
+    def _read(self, engine: str, node: NodeInfo, start: int, out: np.ndarray, times: int = 1) -> float:
+        """Read ``len(out)`` rows of ``node`` from ``start`` into ``out``, ``times`` times, through a source opened and
+        closed for them; the seconds the last read took."""
         source = open_source(engine, node, self.open_kwargs, cache=self.cache)
         try:
-            source.read_into(0, rows, out)  # the disk's part, and the pages of ``out``
-            start = time.perf_counter()
-            source.read_into(0, rows, out)
-            seconds = time.perf_counter() - start
+            for _ in range(times):
+                began = time.perf_counter()
+                source.read_into(start, start + len(out), out)
+            return time.perf_counter() - began
         finally:
             source.close()
-        return out.nbytes / seconds if seconds > 0 else None
 
     def queue_over(
         self,

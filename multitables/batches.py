@@ -463,7 +463,7 @@ class Batches:
         plan = s.rank_epoch(epoch, self.rank)
         w0, skip = plan.locate(start * s.batch_size)
         carry, self._carry = self._carry, None
-        if carry is not None and (carry.epoch != epoch or w0 != 0):
+        if carry is not None and (carry.epoch != epoch or w0 != 0 or not carry.good_for(staging)):
             carry = None  # NOTE [window pipelining]: good for that epoch from its first window only
         try:
             source: "Windows" = NoWindows()

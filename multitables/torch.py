@@ -239,10 +239,10 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
         self.batches.load_state_dict(state)
 
     def close(self) -> None:
-        self.batches.close()
-        if self._staging is not None:
+        if self._staging is not None:  # first: it holds slots of the batches' queues, and page-locked them
             self._staging.close()
             self._staging = None
+        self.batches.close()
 
 
 def _as_tensors(batch: Any, paths: Sequence[str]) -> TensorBatch:

@@ -108,8 +108,24 @@ class LateDevice:
     def __init__(self) -> None:
         self.queued: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []
         self.seq = 0
+        self.ran = 0  # the last copy run
         self.locked: list[np.ndarray] = []
+        self.memory: dict[int, int] = {}  # address -> bytes: slots page-locked where they lie
         self.gathered = 0  # rows
+
+    def lock_memory(self, address: int, nbytes: int, what: str) -> None:
+        assert not any(a <= address < a + n or address <= a < address + nbytes for a, n in self.memory.items()), \
+            "locked twice"
+        self.memory[address] = nbytes
+
+    def unlock_memory(self, address: int) -> None:
+        self.memory.pop(address)
+
+    def done(self, event: int) -> bool:
+        return event <= self.ran
+
+    def drain(self) -> None:
+        self.host_wait(self.seq)
 
     def lock(self, array: np.ndarray) -> None:
         assert not any(a is array for a in self.locked), "locked twice"
@@ -136,11 +152,15 @@ class LateDevice:
             assert np.array_equal(src, then), "a window buffer was written again before its copy ran"
             dst[...] = src
             self.queued.remove(item)
+        self.ran = max(self.ran, event)
 
     device_wait = host_wait
 
-    def after_training(self) -> None:
-        pass  # the fake's gathers run at once: nothing of them is left to wait for
+    def training_mark(self) -> None:
+        return None  # the fake's gathers run at once: nothing of them is left to wait for
+
+    def copies_after(self, event: None) -> None:
+        pass
 
     def index(self, perm: np.ndarray) -> np.ndarray:
         return np.asarray(perm, np.int64)
@@ -193,6 +213,8 @@ def test_a_window_buffer_is_written_again_only_after_its_copies_ran(data_file: P
     """An iteration left while the next window's copies are queued; the next one first writes that buffer, other rows.
 
     Without the wait in ``reusing`` (``waits=False``) the late device sees the rows change under a queued copy.
+    Blocks read in this process (``n_procs=0``), so that every piece goes through the window buffers: slots taken
+    straight are given back, their copies run, before an iteration ends (next tests).
     """
     from multitables._train.device import DeviceStaging
 
@@ -202,7 +224,7 @@ def test_a_window_buffer_is_written_again_only_after_its_copies_ran(data_file: P
 
     want = epoch_rows(data_file, 2)[1]
     ops = LateDevice()
-    b = batches(data_file)
+    b = batches(data_file, n_procs=0)
     staging = (DeviceStaging if waits else NoWait)(ops, b.row_types)
     it = b.iter_into(staging.alloc, staging)
     for _ in range(9):  # into window 1 (400 rows a window): window 2's first pieces are pulled into buffer 0, copies queued
@@ -219,6 +241,77 @@ def test_a_window_buffer_is_written_again_only_after_its_copies_ran(data_file: P
     b.close()
     staging.close()
     assert ops.locked == []
+
+
+@pytest.fixture
+def checked_releases(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Every guard's release checks that no copy queued on the late devices (append them to the list) still reads
+    its slot (NOTE [slots on a device]: a slot goes back to the readers only after its copy ran)."""
+    from multitables._stream.queue import Guard
+
+    devices: list = []
+    release = Guard.release
+
+    def checked(guard: Guard) -> None:
+        if guard.block is not None:
+            for ops in devices:
+                assert not any(np.may_share_memory(src, guard.block) for _s, _dst, src, _then in ops.queued), \
+                    "a slot was given back before its copy ran"
+        release(guard)
+
+    monkeypatch.setattr(Guard, "release", checked)
+    return devices
+
+
+def mapped(address: int) -> bool:
+    """Whether ``address`` lies in a mapping of this process (``/proc/self/maps``)."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= address < hi:
+                return True
+    return False
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_slots_are_copied_straight_and_given_back_only_after_their_copies_ran(
+        data_file: Path, checked_releases: list, eager: bool, no_leaks: None) -> None:
+    """Both paths read by readers: each piece is copied to the device out of its slots, with nothing written to
+    the window buffers, and every slot is held until its copy ran. Giving a slot back as soon as its copy is queued
+    (``eager``) is caught: the readers may write the next block into it under the copy."""
+    from multitables._train.device import DeviceStaging
+
+    class Eager(DeviceStaging):
+        def _give_back(self, keep: int) -> None:
+            while self._held:
+                for guard in self._held.popleft()[1]:
+                    guard.release()
+
+    want = epoch_rows(data_file, 2, paths=["/X"])
+    ops = LateDevice()
+    checked_releases.append(ops)
+    b = batches(data_file, ["/X"], epochs=2, n_procs=2)
+    staging = (Eager if eager else DeviceStaging)(ops, b.row_types)
+    unlocked: list = []
+    unlock = ops.unlock_memory
+    ops.unlock_memory = lambda address: (unlocked.append(mapped(address)), unlock(address))  # type: ignore[method-assign]
+    if eager:
+        with pytest.raises(AssertionError, match="given back before its copy ran"):
+            list(b.iter_into(staging.alloc, staging))
+        ops.queued.clear()
+    else:
+        got = [tuple(a.copy() for a in batch) for batch in b.iter_into(staging.alloc, staging)]
+        same(got, [batch for epoch in want for batch in epoch])
+        assert len(ops.memory) == 1 and ops.locked == []  # the ring's slots page-locked, no window buffer
+        assert not staging._held  # every slot given back at the iteration's end
+        pids = b._feed.queues[0].reader_pids
+        b.set_epoch(2)
+        assert len(list(b.iter_into(staging.alloc, staging))) == 2 * len(want[0])  # epochs 2 and 3
+        assert b._feed.queues[0].reader_pids == pids  # the same readers, the same slots: locked once
+        assert len(ops.memory) == 1
+    b.close()  # the queue unlocks its slots before it unmaps them (eager: the error closed it)
+    assert ops.memory == {} and unlocked == [True]
+    staging.close()
 
 
 def test_host_and_device_iterations_take_turns_on_the_same_windows(data_file: Path, no_leaks: None) -> None:
@@ -295,6 +388,18 @@ def test_the_adapters_device_way_on_cpu_tensors_gives_the_rows_of_plain_batches(
 
         unlock = lock
 
+        def lock_memory(self, address: int, nbytes: int, what: str) -> None:
+            pass
+
+        def unlock_memory(self, address: int) -> None:
+            pass
+
+        def done(self, event: None) -> bool:
+            return True  # the CPU's copies are done when they return
+
+        def drain(self) -> None:
+            pass
+
         def record(self) -> None:
             return None
 
@@ -303,7 +408,10 @@ def test_the_adapters_device_way_on_cpu_tensors_gives_the_rows_of_plain_batches(
 
         device_wait = host_wait
 
-        def after_training(self) -> None:
+        def training_mark(self) -> None:
+            return None
+
+        def copies_after(self, event: None) -> None:
             pass
 
     plain = [tuple(t.clone() for t in b) for b in mt.TorchBatches(batches(data_file, n_procs=0, epochs=2))]
@@ -339,6 +447,30 @@ def test_batches_on_the_gpu_are_the_rows_of_cpu_batches(data_file: Path, paths: 
             assert m.device.type == "cuda"
             assert torch.equal(m.cpu(), t)
     gpu.close()
+
+
+@needs_cuda
+def test_slots_copied_straight_to_the_gpu_across_breaks_restarts_and_new_rings(data_file: Path, no_leaks: None) -> None:
+    """NOTE [slots on a device] on a GPU: the readers' slots page-locked in place, left mid-epoch, the queues
+    closed and made again (their rings may be mapped where the last ones lay), a second adapter: every batch
+    right, and CUDA reports no error after."""
+    kw = dict(n_procs=2, block_size=100, window=4, seed=1)
+    stream = multitables.Streamer(data_file)
+    plain = [tuple(t.clone() for t in b) for b in mt.get_batches(stream, ["/X", "/y"], 64, epochs=2, **kw)]
+    for _ in range(2):
+        gpu = mt.get_batches(stream, ["/X", "/y"], 64, device="cuda", **kw)
+        first = [tuple(t.cpu() for t in b) for _, b in zip(range(10), gpu)]  # left in window 1
+        assert len(first) == 10 and gpu._staging._slots, "the slots were not taken straight"
+        gpu.batches.close()  # the readers go; the next iteration starts others, in other rings
+        gpu.set_epoch(0)
+        got = [tuple(t.cpu() for t in b) for b in gpu]
+        gpu.set_epoch(1)
+        got += [tuple(t.cpu() for t in b) for b in gpu]
+        torch.cuda.synchronize()
+        assert len(got) == len(plain)
+        assert all(torch.equal(m, t) for mine, theirs in zip(got, plain) for m, t in zip(mine, theirs))
+        gpu.close()
+    torch.cuda.synchronize()
 
 
 @needs_cuda

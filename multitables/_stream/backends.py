@@ -83,6 +83,9 @@ class InlineBackend:
     def release(self, slot: int) -> None:
         self._free.append(slot)
 
+    def slot_memory(self) -> None:
+        """None: each block is read into an array of its own (see :meth:`take`)."""
+
     def close(self, background: bool = False) -> None:
         self._blocks.source.close()
 
@@ -148,6 +151,12 @@ class RingBackend:
 
     def lend(self, slot: int, rows: int) -> np.ndarray:
         return self._ring.lend(slot, rows)
+
+    def slot_memory(self) -> tuple[int, int]:
+        """The address and size in bytes of this process's mapping of every slot (``Queue.slot_memory``)."""
+        layout = self._ring.layout
+        start = np.ndarray((0,), np.uint8, buffer=self._ring.segment.buf, offset=layout.data_offset)  # no export held
+        return start.ctypes.data, layout.nbytes - layout.data_offset
 
     def close(self, background: bool = False) -> None:
         self._pool.close(background)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -17,6 +17,20 @@ from .._procs.stream import StreamSpec
 from .._shm.ring import TICK
 from ..errors import QueueClosed, StreamClosedError
 from .backends import InlineBackend, RingBackend
+
+
+def _end(backend: "InlineBackend | RingBackend", before_unmap: "list[Callable[[], None]]", background: bool = False) -> None:
+    """Close ``backend``; the hooks of ``Queue.at_close`` first, each once, all of them even where one fails (its
+    error is raised once the backend is closed)."""
+    error: "BaseException | None" = None
+    while before_unmap:
+        try:
+            before_unmap.pop(0)()
+        except BaseException as exc:  # noqa: BLE001 - raised below, after the clean-up
+            error = error or exc
+    backend.close(background)
+    if error is not None:
+        raise error
 
 
 def _give_back(queue: "Queue", slot: int) -> None:
@@ -90,7 +104,9 @@ class Queue:
         self._growing = isinstance(spec.plan, GrowingPlan)  # NOTE [readers across epochs]
         self._n_blocks = None if self._growing else spec.plan.n_blocks
         self._delivered = 0
-        self._n_slots = spec.read.read_ahead
+        #: Slots: the blocks the readers and the caller hold at once (``read_ahead``); a ``get()`` waits while the
+        #: caller's guards hold them all.
+        self.read_ahead: int = spec.read.read_ahead
         self._held = 0  # guards handed out and not yet released
         self._holders: dict[int, threading.Thread] = {}  # slot -> the thread holding its guard
         self._taker: "threading.Thread | None" = None  # the thread in backend.take(): one at a time
@@ -104,7 +120,8 @@ class Queue:
         else:
             backend = RingBackend(spec, open_kwargs, start_method)
         self._backend = backend
-        self._finalizer = weakref.finalize(self, backend.close)
+        self._before_unmap: "list[Callable[[], None]]" = []  # see at_close
+        self._finalizer = weakref.finalize(self, _end, backend, self._before_unmap)
 
     @property
     def reader_pids(self) -> list[int]:
@@ -149,14 +166,14 @@ class Queue:
             with self._changed:
                 if self._closed or self.at_end:
                     return False
-                starved = self._held >= self._n_slots
+                starved = self._held >= self.read_ahead
                 if not starved and self._taker is None:
                     self._taker = me
                     return True
                 mine = all(holder is me for holder in self._holders.values())
                 if starved and (mine or threading.active_count() == 1):  # nobody could release one
                     raise RuntimeError(
-                        f"all {self._n_slots} slots of the queue are held by unreleased guards "
+                        f"all {self.read_ahead} slots of the queue are held by unreleased guards "
                         f"{'of this thread' if mine else 'and no other thread runs to release one'}; leave a "
                         f"guard's `with` (or call guard.release()) before asking for more, or use a larger read_ahead"
                     )
@@ -205,6 +222,12 @@ class Queue:
         """A new writable array on ``guard``'s slot (ring streams only): NOTE [lent blocks]."""
         return self._backend.lend(guard._slot, len(guard.block))  # type: ignore[union-attr]
 
+    def slot_memory(self) -> "tuple[int, int] | None":
+        """Where every block of this queue lies in this process: the address and size in bytes of the ring's slots,
+        for page-locking them in place (NOTE [slots on a device] in ``_train.device``); None where blocks are read in
+        this process, each into memory of its own. Valid until :meth:`close`, which unmaps it."""
+        return self._backend.slot_memory()
+
     def _hold(self, slot: int) -> None:
         """The calling thread holds ``slot``'s guard from now on (it entered the guard's ``with``)."""
         me = threading.current_thread()
@@ -233,9 +256,17 @@ class Queue:
         with self._changed:
             self._changed.notify_all()  # a get() waiting for a slot returns QueueClosed
         if not self._growing and self.at_end and self._finalizer.detach() is not None:
-            self._backend.close(background=True)
+            _end(self._backend, self._before_unmap, background=True)
         else:
             self._finalizer()
+
+    def at_close(self, hook: "Callable[[], None]") -> None:
+        """Call ``hook()`` once when the queue is closed (or collected), before its slots are unmapped: for who
+        page-locked :meth:`slot_memory` (NOTE [slots on a device] in ``_train.device``). At once if closed."""
+        if self._closed:
+            hook()
+        else:
+            self._before_unmap.append(hook)
 
     @property
     def closed(self) -> bool:

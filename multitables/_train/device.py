@@ -41,22 +41,52 @@ NOTE [windows on a device]
     window's rows only after its copies are done (the CPU waits on their
     event then: :meth:`DeviceStaging.reusing`); the copies into a device
     buffer wait on the GPU for the training stream's gathers out of its
-    last window. The GPU holds two window buffers per dataset (2 x 256 MiB
+    last window (an event recorded when that window is closed: waiting for
+    all the training stream had queued held the next window's copies, and
+    their slots, behind the steps in flight). The GPU holds two window buffers per dataset (2 x 256 MiB
     by default). The device calls are :class:`CudaOps`'; the tests drive
     :class:`DeviceStaging` on the CPU with calls that run each copy late,
     at its wait, and fail where a copy's rows changed before it ran or a
     gather read rows not yet copied.
+
+NOTE [slots on a device]
+    With the copy into the window buffer, the consumer still spent 3.25
+    CPU-seconds a second for 3.0 GB/s of batches on a lent H100, 0.36 of
+    the 8.5 GB/s that the readers put into the ring. The readers' slots are
+    shared memory that the consumer maps too, so they are page-locked where
+    they lie instead (``Queue.slot_memory``, ``cudaHostRegister``, once per
+    queue: the queues live across epochs) and each piece goes to the
+    device buffer straight out of its slots: the host copies nothing, and
+    its work per piece is a copy's launch and an event. A slot is held
+    (``DeviceStaging.take_slots``) until the event of its copy has passed:
+    given back before, a reader could write the next block into it under
+    the copy. Held slots are given back as their events pass, at the
+    latest when half of a queue's slots are held (a ``get()`` waits while
+    its caller holds them all) and when an iteration of windows ends (the
+    next may rewind the queues, which no held slot may outlast). The slots
+    are unlocked before their queue unmaps them, whichever way it closes
+    (``Queue.at_close``), once the copies out of them are done. A dataset
+    read in the consumer (no readers: its blocks are not in shared
+    memory), rows of another dtype, or slots that cannot be locked go
+    through the window buffer as above; a carry whose rows are on the
+    device only is dropped by a host iteration (``Carry.good_for``), which
+    reads that window again.
 """
 
 from __future__ import annotations
 
+import functools
 import weakref
-from typing import Any, Sequence
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import torch
 
 from .windows import Staging, Window
+
+if TYPE_CHECKING:
+    from .._stream.queue import Guard, Queue
 
 
 def _torch_dtype(dtype: np.dtype, path: str) -> torch.dtype:
@@ -144,15 +174,31 @@ class CudaOps:
     def lock(self, array: np.ndarray) -> None:
         """Page-lock ``array``'s memory where it lies, until :meth:`unlock` (for every device: "portable")."""
         if array.nbytes:
-            try:
-                torch.cuda.check_error(self._cudart.cudaHostRegister(array.ctypes.data, array.nbytes, _PORTABLE))
-            except torch.cuda.CudaError as exc:
-                raise RuntimeError(f"device={str(self.device)!r}: a shuffle window's buffer ({array.nbytes:,} bytes) "
-                                   f"could not be page-locked in place (cudaHostRegister: {exc})") from exc
+            self.lock_memory(array.ctypes.data, array.nbytes, "a shuffle window's buffer")
 
     def unlock(self, array: np.ndarray) -> None:
         if array.nbytes:
-            self._cudart.cudaHostUnregister(array.ctypes.data)
+            self.unlock_memory(array.ctypes.data)
+
+    def lock_memory(self, address: int, nbytes: int, what: str) -> None:
+        """Page-lock ``nbytes`` bytes at ``address`` where they lie, until :meth:`unlock_memory`; ``what`` they are, for
+        the error."""
+        try:
+            torch.cuda.check_error(self._cudart.cudaHostRegister(address, nbytes, _PORTABLE))
+        except torch.cuda.CudaError as exc:
+            raise RuntimeError(f"device={str(self.device)!r}: {what} ({nbytes:,} bytes) could not be page-locked in "
+                               f"place (cudaHostRegister: {exc})") from exc
+
+    def unlock_memory(self, address: int) -> None:
+        self._cudart.cudaHostUnregister(address)
+
+    def done(self, event: Any) -> bool:
+        """Whether the copies before ``event`` have run (the CPU does not wait)."""
+        return bool(event.query())
+
+    def drain(self) -> None:
+        """Return once every copy queued on this staging's stream has run."""
+        self._stream.synchronize()
 
     def empty(self, shape: "tuple[int, ...]", dtype: np.dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=_torch_dtype(np.dtype(dtype), ""), device=self.device)
@@ -184,9 +230,15 @@ class CudaOps:
     def device_wait(self, event: Any) -> None:
         torch.cuda.current_stream(self.device).wait_event(event)
 
-    def after_training(self) -> None:
-        """Copies queued from now on run after what the training stream has queued so far."""
-        self._stream.wait_stream(torch.cuda.current_stream(self.device))
+    def training_mark(self) -> Any:
+        """An event after what the training stream has queued so far."""
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def copies_after(self, event: Any) -> None:
+        """Copies queued from now on run after ``event`` (on the GPU: the CPU does not wait)."""
+        self._stream.wait_event(event)
 
     def index(self, perm: np.ndarray) -> torch.Tensor:
         # Through page-locked memory: from pageable memory the copy would first wait for the training stream (on the
@@ -199,15 +251,23 @@ class CudaOps:
 
 
 class DeviceWindow(Window):
-    """A window's rows on the device; ``take`` gathers a run of them, in delivered order, on the training stream."""
+    """A window's rows on the device; ``take`` gathers a run of them, in delivered order, on the training stream.
 
-    def __init__(self, ops: Any, rows: "list[Any]", index: Any, n: int) -> None:
-        self._ops, self._rows, self._index = ops, rows, index
+    ``closed(mark)``: told, at :meth:`close`, an event after its last gather.
+    """
+
+    def __init__(self, ops: Any, rows: "list[Any]", index: Any, n: int, closed: "Callable[[Any], None]") -> None:
+        self._ops, self._rows, self._index, self._closed = ops, rows, index, closed
         self.rows = n
 
     def take(self, a: int, b: int, out: "list[Any]") -> None:
         for src, o in zip(self._rows, out):
             self._ops.gather(src, self._index[a:b], o)
+
+    def close(self) -> None:
+        if self._rows:
+            self._rows = []
+            self._closed(self._ops.training_mark())
 
 
 class DeviceStaging(Staging):
@@ -216,17 +276,22 @@ class DeviceStaging(Staging):
     ``ops``: the device's calls (:class:`CudaOps`); ``types``: the delivered
     dtype and row shape of each path, for :meth:`alloc`. Owned by one
     adapter over one batches; :meth:`close` waits for the copies, unlocks
-    the host buffers and lets the device's go.
+    the host buffers and the slots, and lets the device's go.
     """
 
     def __init__(self, ops: Any, types: "Sequence[tuple[np.dtype, tuple[int, ...]]]") -> None:
         self._ops, self._types = ops, [(np.dtype(d), tuple(s)) for d, s in types]
         self._host: "list[list[np.ndarray] | None]" = [None, None]  # each window buffer's arrays, page-locked
         self._device: "list[list[Any]]" = [[], []]  # their copies on the device
+        self._shapes: "list[Any]" = [None, None]  # the shape and dtype of each path's window buffer, on the device
         self._copied = [0, 0]  # rows of each buffer's window on the device (or queued)
         self._done: "list[Any]" = [None, None]  # the event after each buffer's last copy
+        self._gathered: "list[Any]" = [None, None]  # on the training stream, after the last gather out of each
+        self._held: "deque[tuple[Any, list[Guard]]]" = deque()  # guards taken (take_slots), with their copies' event
+        #: Slots page-locked (NOTE [slots on a device]): address -> the queue, or None where they could not be.
+        self._slots: "dict[int, tuple[weakref.ref[Queue], bool]]" = {}
         # Dropped without close(): the host buffers are unlocked before they can be freed (the finalizer holds them).
-        weakref.finalize(self, _unlock_all, ops, self._host)
+        weakref.finalize(self, _unlock_all, ops, self._host, self._slots)
 
     def alloc(self, n: int) -> "list[Any]":
         """Device arrays for a batch of ``n`` rows (``Batches.iter_into``'s ``alloc``)."""
@@ -238,61 +303,146 @@ class DeviceStaging(Staging):
         self._copied[buffer] = 0
 
     def pulled(self, buffer: int, arrays: "list[np.ndarray]", a: int, b: int) -> None:
-        self._bind(buffer, arrays)
-        if a == 0:  # the device buffer's last window may still be gathered from: after that
-            self._ops.after_training()
-        assert a == 0 or a == self._copied[buffer], (a, self._copied[buffer])
-        for host, dev in zip(arrays, self._device[buffer]):
-            self._ops.copy(dev[a:b], host[a:b])
-        self._copied[buffer] = b
-        self._done[buffer] = self._ops.record()
+        self._bind(buffer, arrays, lock=True)
+        self._queue_copies(buffer, [host[a:b] for host in arrays], a, b)
+
+    def take_slots(self, buffer: int, arrays: "list[np.ndarray]", queues: "Sequence[Queue]", guards: "list[Guard]",
+                   a: int, b: int) -> bool:
+        blocks = [guard.block for guard in guards]
+        direct = [self._slots_locked(queue) and block.dtype == host.dtype and block.shape[1:] == host.shape[1:]
+                  and block.flags.c_contiguous for queue, block, host in zip(queues, blocks, arrays)]
+        if not any(direct):
+            return False
+        self._bind(buffer, arrays, lock=not all(direct))
+        sources, held = [], []
+        for took, guard, block, host in zip(direct, guards, blocks, arrays):
+            if took:
+                sources.append(block)
+                held.append(guard)
+            else:  # a dataset read in this process, say: through its window buffer, as pulled() takes it
+                np.copyto(host[a:b], block, casting="unsafe")
+                guard.release()
+                sources.append(host[a:b])
+        self._queue_copies(buffer, sources, a, b)
+        self._held.append((self._done[buffer], held))
+        # A get() waits while this thread's guards hold every slot: keep at most half of the fewest slots.
+        self._give_back(min(queue.read_ahead for queue in queues) // 2)
+        return True
+
+    def let_go(self) -> None:
+        self._give_back(0)
 
     def window(self, buffer: int, arrays: "list[np.ndarray]", rows: int, perm: "np.ndarray | None") -> Window:
         if not rows:  # nothing to gather (nor, maybe, anything copied)
-            return DeviceWindow(self._ops, [], None, 0)
+            return DeviceWindow(self._ops, [], None, 0, lambda mark: None)
         assert self._copied[buffer] >= rows, (self._copied[buffer], rows)
         self._ops.device_wait(self._done[buffer])
         index = self._ops.index(np.arange(rows) if perm is None else perm)
-        return DeviceWindow(self._ops, [d[:rows] for d in self._device[buffer]], index, rows)
+        return DeviceWindow(self._ops, [d[:rows] for d in self._device[buffer]], index, rows,
+                            functools.partial(self._gathered.__setitem__, buffer))
 
     def settle(self) -> None:
-        """Return once every copy queued has run (an iteration's end: another may write the buffers next)."""
+        """Return once every copy queued has run, and no slot is held (an iteration's end: another may write the
+        buffers next, or rewind the queues)."""
         for event in self._done:
             if event is not None:
                 self._ops.host_wait(event)
+        self.let_go()
 
     def close(self) -> None:
-        """Wait for the copies, unlock the host buffers, drop the device's (idempotent)."""
+        """Wait for the copies, unlock the host buffers and the slots, drop the device's (idempotent)."""
+        self.let_go()
         for buffer in range(2):
             self._unbind(buffer)
+        _unlock_slots(self._ops, self._slots)
 
-    def _bind(self, buffer: int, arrays: "list[np.ndarray]") -> None:
+    def _queue_copies(self, buffer: int, sources: "list[np.ndarray]", a: int, b: int) -> None:
+        """Copy ``sources`` (page-locked, one per path) to rows ``a .. b - 1`` of ``buffer``'s device copy."""
+        if a == 0 and self._gathered[buffer] is not None:  # the device buffer's last window's gathers first
+            self._ops.copies_after(self._gathered[buffer])
+            self._gathered[buffer] = None
+        assert a == 0 or a == self._copied[buffer], (a, self._copied[buffer])
+        for source, dev in zip(sources, self._device[buffer]):
+            self._ops.copy(dev[a:b], source)
+        self._copied[buffer] = b
+        self._done[buffer] = self._ops.record()
+
+    def _give_back(self, keep: int) -> None:
+        """Release the guards whose copies have run, and wait for the oldest until at most ``keep`` are held."""
+        while self._held and (len(self._held) > keep or self._ops.done(self._held[0][0])):
+            event, guards = self._held[0]
+            self._ops.host_wait(event)
+            self._held.popleft()
+            for guard in guards:
+                guard.release()
+
+    def _slots_locked(self, queue: "Queue") -> bool:
+        """Whether ``queue``'s slots are page-locked: made so the first time (False where they cannot be)."""
+        memory = queue.slot_memory()
+        if memory is None:  # read in this process: a block is ordinary memory
+            return False
+        address, nbytes = memory
+        known = self._slots.get(address)
+        if known is not None and known[0]() is queue:
+            return known[1]
+        try:
+            self._ops.lock_memory(address, nbytes, "a queue's slots")
+        except RuntimeError:  # (no room to lock them, say): the blocks are copied into the window buffers
+            self._slots[address] = (weakref.ref(queue), False)
+            return False
+        self._slots[address] = (weakref.ref(queue), True)
+        # Unlocked before the queue unmaps them, once the copies out of them ran (and at close()).
+        queue.at_close(functools.partial(_unlock_slots, self._ops, self._slots, address))
+        return True
+
+    def _bind(self, buffer: int, arrays: "list[np.ndarray]", lock: bool) -> None:
+        """Give window buffer ``buffer`` (``arrays``) a device copy of its shape; ``lock``: rows are copied out of
+        ``arrays`` (not out of slots), which are page-locked first."""
+        shapes = [(host.shape, host.dtype) for host in arrays]
+        if self._shapes[buffer] != shapes:
+            self._unbind(buffer)
+            self._device[buffer] = [self._ops.window(shape, dtype) for shape, dtype in shapes]
+            self._shapes[buffer] = shapes
         bound = self._host[buffer]
-        if bound is not None and len(bound) == len(arrays) and all(x is y for x, y in zip(bound, arrays)):
+        if not lock or (bound is not None and len(bound) == len(arrays) and all(x is y for x, y in zip(bound, arrays))):
             return
-        self._unbind(buffer)
+        self._unlock_host(buffer)
         locked: "list[np.ndarray]" = []
         try:
             for host in arrays:
                 self._ops.lock(host)
                 locked.append(host)
-            self._device[buffer] = [self._ops.window(host.shape, host.dtype) for host in arrays]
         except BaseException:
             for host in locked:
                 self._ops.unlock(host)
             raise
-        self._host[buffer] = list(arrays)
+        self._host[buffer] = locked
 
-    def _unbind(self, buffer: int) -> None:
+    def _unlock_host(self, buffer: int) -> None:
         if self._done[buffer] is not None:
             self._ops.host_wait(self._done[buffer])
         for host in self._host[buffer] or ():
             self._ops.unlock(host)
-        self._host[buffer], self._device[buffer], self._copied[buffer], self._done[buffer] = None, [], 0, None
+        self._host[buffer] = None
+
+    def _unbind(self, buffer: int) -> None:
+        self._unlock_host(buffer)
+        self._device[buffer], self._shapes[buffer], self._copied[buffer], self._done[buffer] = [], None, 0, None
 
 
-def _unlock_all(ops: Any, hosts: "list[list[np.ndarray] | None]") -> None:
+def _unlock_all(ops: Any, hosts: "list[list[np.ndarray] | None]", slots: "dict[int, Any]") -> None:
     for arrays in hosts:
         for host in arrays or ():
             ops.unlock(host)
     hosts[:] = [None] * len(hosts)
+    _unlock_slots(ops, slots)
+
+
+def _unlock_slots(ops: Any, slots: "dict[int, Any]", address: "int | None" = None) -> None:
+    """Unlock the slots at ``address`` (None: all) once the copies queued out of them have run."""
+    addresses = [a for a in slots if address is None or a == address]
+    if any(slots[a][1] for a in addresses):
+        ops.drain()
+    for a in addresses:
+        if slots.pop(a)[1]:
+            ops.unlock_memory(a)

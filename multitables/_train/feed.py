@@ -164,8 +164,14 @@ class Feed:
         """Stop every reader (idempotent); the next :meth:`provide` starts new ones."""
         queues, self._queues = self._queues, None
         self._pending.clear()
+        error: "BaseException | None" = None
         for queue in queues or []:
-            queue.close()
+            try:
+                queue.close()
+            except BaseException as exc:  # noqa: BLE001 - every queue is closed; the first error is raised after
+                error = error or exc
+        if error is not None:
+            raise error
 
     def _open(self, pieces: EpochPieces) -> None:
         """The queues, sized for ``pieces`` with room to grow, with ``pieces`` published before their readers start."""

@@ -37,21 +37,6 @@ NOTE [window buffers and fork]
     asks for its own large arrays. Where the kernel lacks it (before Linux
     4.14, other systems): ``np.empty``.
 
-NOTE [parallel copies]
-    Every row of a shuffled batch is copied twice by the consumer: out of
-    its slot into a window buffer, and out of the window into the batch
-    (for ``pin_memory=``, page-locked memory; for ``device=``, the second
-    copy is the GPU's: NOTE [staging]). On a lent machine with 16 cores
-    (H100, 512 MiB of zlib-3 rows, batches of 1,024 rows of 4 KiB) those two
-    copies were the limit: 3.5 GB/s of batches, the consumer busy every
-    second, half its time in each copy, while 16 readers decode 11.9 GB/s
-    (``benchmarks/batches_profile.py``). numpy lets the GIL go during both
-    (``copyto``, ``take``), so a :class:`Copier` cuts each copy of at least
-    2 MiB into parts of at least 1 MiB across threads: one per four CPUs,
-    at most 4, and none with fewer than 8 CPUs, where the readers need the
-    cores. The threads belong to the batches (``WindowMemory``) and end when
-    it is closed.
-
 NOTE [staging]
     How a shuffled window's rows reach its batches is the :class:`Staging`'s:
     by default (this module's) each batch is gathered on the host out of the
@@ -61,26 +46,29 @@ NOTE [staging]
     copy (:meth:`Staging.window`), so the host makes one copy of a row, not
     two. A buffer is written again only after :meth:`Staging.reusing` said
     so: a staging that copies out of it waits there until its copies are
-    done. The same windows, pieces and permutations either way: the rows and
-    their order do not depend on the staging.
+    done. A staging may also take a piece straight out of its slots
+    (:meth:`Staging.take_slots`: NOTE [slots on a device] in
+    ``_train.device``), skipping the buffer. The same windows, pieces and
+    permutations either way: the rows and their order do not depend on the
+    staging.
 """
 
 from __future__ import annotations
 
 import math
 import mmap
-import os
 import platform
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from .._plan.epoch import RankEpoch
+from .copier import Copier, copy_threads
 
 if TYPE_CHECKING:
+    from .._stream.queue import Guard, Queue
     from .feed import EpochPieces, Feed
 
 
@@ -117,67 +105,6 @@ def window_buffers(rows: int, row_types: "Sequence[tuple[Any, tuple[int, ...]]]"
     not share them (NOTE [window buffers and fork]).
     """
     return [[empty_window_buffer((rows,) + tuple(shape), dtype) for dtype, shape in row_types] for _ in range(2)]
-
-
-def copy_threads() -> int:
-    """Threads for a batches' copies (NOTE [parallel copies]): one per four CPUs this process may use, 1 to 4."""
-    return max(1, min(4, len(os.sched_getaffinity(0)) // 4)) if hasattr(os, "sched_getaffinity") else 1
-
-
-class Copier:
-    """The consumer's copies of rows, each of at least ``2 * PART`` bytes split across ``threads`` threads.
-
-    NOTE [parallel copies]. Owns its threads (none for ``threads=1``);
-    :meth:`close` ends them.
-    """
-
-    #: Bytes below which a part is not worth a thread's hand-off.
-    PART = 1 << 20
-
-    def __init__(self, threads: int) -> None:
-        self.threads = threads
-        self._pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="multitables-copy") if threads > 1 else None
-
-    def _parts(self, rows: int, nbytes: int) -> "list[tuple[int, int]]":
-        n = min(self.threads, rows, nbytes // self.PART) if self._pool is not None else 1
-        if n <= 1:
-            return [(0, rows)]
-        cuts = [rows * i // n for i in range(n + 1)]
-        return list(zip(cuts[:-1], cuts[1:]))
-
-    def _run(self, parts: "list[tuple[int, int]]", one: Callable[[int, int], None]) -> None:
-        if len(parts) == 1:
-            one(*parts[0])
-            return
-        assert self._pool is not None
-        futures = [self._pool.submit(one, a, b) for a, b in parts[1:]]
-        try:
-            one(*parts[0])
-        finally:
-            for f in futures:
-                f.result()  # each part done (and its error raised) before the arrays are used or given back
-
-    def copy(self, out: np.ndarray, rows: np.ndarray) -> None:
-        """``out[...] = rows`` (as many rows; cast as that assignment casts)."""
-
-        def one(a: int, b: int) -> None:
-            np.copyto(out[a:b], rows[a:b], casting="unsafe")
-
-        self._run(self._parts(len(out), out.nbytes), one)
-
-    def take(self, rows: np.ndarray, index: np.ndarray, out: np.ndarray) -> None:
-        """``out[i] = rows[index[i]]``; ``index`` is in range (it is not checked)."""
-
-        def one(a: int, b: int) -> None:
-            np.take(rows, index[a:b], axis=0, out=out[a:b], mode="clip")  # "clip": "raise" copies twice
-
-        self._run(self._parts(len(out), out.nbytes), one)
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-            self.threads = 1
 
 
 class WindowMemory:
@@ -229,6 +156,18 @@ class Staging:
     def pulled(self, buffer: int, arrays: "list[np.ndarray]", a: int, b: int) -> None:
         """Rows ``a .. b - 1`` of ``arrays`` now hold a piece of the window being pulled into them (``a == 0``:
         the window's first, or the rows a carry holds where another staging saw them pulled)."""
+
+    def take_slots(self, buffer: int, arrays: "list[np.ndarray]", queues: "Sequence[Queue]", guards: "list[Guard]",
+                   a: int, b: int) -> bool:
+        """Take a piece's blocks (``guards``, one per queue) as rows ``a .. b - 1`` of the window being pulled into
+        ``buffer`` (``arrays``), straight out of their slots where this staging can: it then owns the guards, and
+        releases each once nothing of it reads the slot (at the latest at :meth:`let_go`); a block it cannot take
+        so, it copies into ``arrays``. False (here, always): it took none; the caller copies the blocks into
+        ``arrays`` and calls :meth:`pulled`."""
+        return False
+
+    def let_go(self) -> None:
+        """Release every guard :meth:`take_slots` took (an iteration of windows ends: the queues may be rewound)."""
 
     def window(self, buffer: int, arrays: "list[np.ndarray]", rows: int, perm: "np.ndarray | None") -> "Window":
         """The window held in the first ``rows`` rows of ``arrays``, delivered in the order ``perm``."""
@@ -298,6 +237,11 @@ class Carry:
     pulled: int  # its pieces pulled, from the epoch's first
     filled: int  # rows of the buffer they filled
     staging: "Staging | None" = None  # the staging that saw them pulled (NOTE [staging])
+    on_host: bool = True  # whether the buffer holds its rows (not so where the staging took slots: take_slots)
+
+    def good_for(self, staging: "Staging | None") -> bool:
+        """Whether an iteration with ``staging`` (None: on the host) can go on from it: its rows are where it looks."""
+        return self.on_host or (staging is not None and staging is self.staging)
 
 
 @dataclass
@@ -309,6 +253,7 @@ class _Fill:
     buffer: int
     pulled: int = 0
     filled: int = 0
+    on_host: bool = True  # every piece pulled was copied into the buffer (none taken out of its slots)
 
 
 class ShuffledWindows(Windows):
@@ -341,7 +286,9 @@ class ShuffledWindows(Windows):
         first = 0 if carry is None else carry.buffer
         self._fills = [self._fill(plan, w, pieces, (first + j) % 2) for j, w in enumerate(range(w0, plan.n_windows))]
         if carry is not None:
+            assert carry.good_for(staging), "a carry whose rows are on a device, taken by another staging"
             self._fills[0].pulled, self._fills[0].filled = carry.pulled, carry.filled
+            self._fills[0].on_host = carry.on_host
             if carry.staging is not self._staging and carry.filled:  # this staging has not seen those rows
                 self._staging.pulled(carry.buffer, self._buffers[carry.buffer], 0, carry.filled)
         self._after = after
@@ -366,34 +313,48 @@ class ShuffledWindows(Windows):
             rows, selection = fill.rows[fill.pulled], fill.selections[fill.pulled]
             if fill.filled == 0:
                 self._staging.reusing(fill.buffer, arrays)
-            for guard, buf in zip(self._feed.get(), arrays):
-                with guard as block:
-                    out = buf[fill.filled : fill.filled + rows]
-                    if selection is None:
-                        assert len(block) == rows, (len(block), rows)
-                        self._copier.copy(out, block)
-                    else:
-                        self._copier.take(block, selection, out)
-            self._staging.pulled(fill.buffer, arrays, fill.filled, fill.filled + rows)
+            guards = self._feed.get()
+            try:
+                took = selection is None and self._staging.take_slots(
+                    fill.buffer, arrays, self._feed.queues, guards, fill.filled, fill.filled + rows)
+            except BaseException:
+                for guard in guards:
+                    guard.release()
+                raise
+            if took:
+                fill.on_host = False
+            else:
+                for guard, buf in zip(guards, arrays):
+                    with guard as block:
+                        out = buf[fill.filled : fill.filled + rows]
+                        if selection is None:
+                            assert len(block) == rows, (len(block), rows)
+                            self._copier.copy(out, block)
+                        else:
+                            self._copier.take(block, selection, out)
+                self._staging.pulled(fill.buffer, arrays, fill.filled, fill.filled + rows)
             fill.filled += rows
             fill.pulled += 1
             n -= 1
 
     def __iter__(self) -> Iterator[Window]:
         plan = self._plan
-        for j, w in enumerate(range(self._w0, plan.n_windows)):
-            fill = self._fills[j]
-            self._rate = 0
-            self._pull(fill, len(fill.rows))  # the rest of window w
-            rows = plan.window_rows(w)
-            if j + 1 < len(self._fills):
-                # The next window (perhaps the next epoch's first) goes to the other buffer, a part per batch.
-                self._next = j + 1
-                self._rate = math.ceil(len(self._fills[j + 1].rows) / max(1, rows // self._batch_size))
-            yield self._staging.window(fill.buffer, self._buffers[fill.buffer], rows, plan.window_perm(w))
+        try:
+            for j, w in enumerate(range(self._w0, plan.n_windows)):
+                fill = self._fills[j]
+                self._rate = 0
+                self._pull(fill, len(fill.rows))  # the rest of window w
+                rows = plan.window_rows(w)
+                if j + 1 < len(self._fills):
+                    # The next window (perhaps the next epoch's first) goes to the other buffer, a part per batch.
+                    self._next = j + 1
+                    self._rate = math.ceil(len(self._fills[j + 1].rows) / max(1, rows // self._batch_size))
+                yield self._staging.window(fill.buffer, self._buffers[fill.buffer], rows, plan.window_perm(w))
+        finally:
+            self._staging.let_go()  # the next epoch may rewind the queues: no guard may be held then
         if self._after is not None:
             last = self._fills[-1]
-            self.carry = Carry(self._after[0].epoch, last.buffer, last.pulled, last.filled, self._staging)
+            self.carry = Carry(self._after[0].epoch, last.buffer, last.pulled, last.filled, self._staging, last.on_host)
 
     def prefetch(self) -> None:
         if self._rate:
@@ -445,22 +406,26 @@ def cut(source: Windows, skip: int, batch_size: int, alloc: Alloc) -> Iterator[l
     """
     out: "list[np.ndarray] | None" = None
     have = 0
-    for win in source:
-        pos, skip = skip, 0
-        try:
-            while pos < win.rows:
-                if out is None:
-                    out = alloc(batch_size)
-                n = min(batch_size - have, win.rows - pos)
-                win.take(pos, pos + n, [o[have : have + n] for o in out])
-                pos += n
-                have += n
-                if have == batch_size:
-                    batch, out, have = out, None, 0
-                    yield batch
-                    source.prefetch()  # once the batch is out: the readers had its training step to decode
-        finally:
-            win.close()
+    windows = iter(source)
+    try:
+        for win in windows:
+            pos, skip = skip, 0
+            try:
+                while pos < win.rows:
+                    if out is None:
+                        out = alloc(batch_size)
+                    n = min(batch_size - have, win.rows - pos)
+                    win.take(pos, pos + n, [o[have : have + n] for o in out])
+                    pos += n
+                    have += n
+                    if have == batch_size:
+                        batch, out, have = out, None, 0
+                        yield batch
+                        source.prefetch()  # once the batch is out: the readers had its training step to decode
+            finally:
+                win.close()
+    finally:
+        getattr(windows, "close", lambda: None)()  # the windows' own clean-up now, not when collected
     if have and out is not None:
         yield [o[:have] for o in out]
 

@@ -1,4 +1,4 @@
-"""The windows' copier (NOTE [parallel copies] in ``multitables._train.windows``): split copies give the rows a
+"""The windows' copier (NOTE [parallel copies] in ``multitables._train.copier``): split copies give the rows a
 plain copy gives, and its threads go with it."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 import multitables
 from multitables._train import windows
-from multitables._train.windows import Copier
+from multitables._train import copier as copier_module
+from multitables._train.copier import Copier
 
 from _guards import wait_until
 
@@ -65,8 +66,8 @@ def test_a_copier_of_several_threads_ends_them_at_close(monkeypatch: pytest.Monk
 
 def test_one_or_a_few_cpus_get_no_copy_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     for cpus, threads in [(1, 1), (2, 1), (7, 1), (8, 2), (16, 4), (64, 4)]:
-        monkeypatch.setattr(windows.os, "sched_getaffinity", lambda pid, n=cpus: set(range(n)))
-        assert windows.copy_threads() == threads
+        monkeypatch.setattr(copier_module.os, "sched_getaffinity", lambda pid, n=cpus: set(range(n)))
+        assert copier_module.copy_threads() == threads
 
 
 @pytest.mark.parametrize("shuffle", [True, False])
@@ -79,7 +80,7 @@ def test_batches_copied_by_threads_are_the_batches_of_one(tmp_path: Path, monkey
         f.create_dataset("y", data=i, chunks=(250,))
 
     def epochs(threads: int) -> list[np.ndarray]:
-        monkeypatch.setattr(windows, "copy_threads", lambda: threads)
+        monkeypatch.setattr(windows, "copy_threads", lambda: threads)  # as the windows' memory calls it
         b = multitables.Streamer(path).get_batches(["/X", "/y"], 300, n_procs=2, block_size=250, window=6, seed=3,
                                                    shuffle=shuffle)
         try:

@@ -1,0 +1,87 @@
+"""The consumer's copies of rows for training batches, split across threads where they are large.
+
+NOTE [parallel copies]
+    Every row of a shuffled batch is copied twice by the consumer: out of
+    its slot into a window buffer, and out of the window into the batch
+    (for ``pin_memory=``, page-locked memory; for ``device=``, the second
+    copy is the GPU's: NOTE [staging] in ``_train.windows``). On a lent
+    machine with 16 cores (H100, 512 MiB of zlib-3 rows, batches of 1,024
+    rows of 4 KiB) those two
+    copies were the limit: 3.5 GB/s of batches, the consumer busy every
+    second, half its time in each copy, while 16 readers decode 11.9 GB/s
+    (``benchmarks/batches_profile.py``). numpy lets the GIL go during both
+    (``copyto``, ``take``), so a :class:`Copier` cuts each copy of at least
+    2 MiB into parts of at least 1 MiB across threads: one per four CPUs,
+    at most 4, and none with fewer than 8 CPUs, where the readers need the
+    cores. The threads belong to the batches (``WindowMemory``) and end when
+    it is closed.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+import numpy as np
+
+
+def copy_threads() -> int:
+    """Threads for a batches' copies (NOTE [parallel copies]): one per four CPUs this process may use, 1 to 4."""
+    return max(1, min(4, len(os.sched_getaffinity(0)) // 4)) if hasattr(os, "sched_getaffinity") else 1
+
+
+class Copier:
+    """The consumer's copies of rows, each of at least ``2 * PART`` bytes split across ``threads`` threads.
+
+    NOTE [parallel copies]. Owns its threads (none for ``threads=1``);
+    :meth:`close` ends them.
+    """
+
+    #: Bytes below which a part is not worth a thread's hand-off.
+    PART = 1 << 20
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self._pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="multitables-copy") if threads > 1 else None
+
+    def _parts(self, rows: int, nbytes: int) -> "list[tuple[int, int]]":
+        n = min(self.threads, rows, nbytes // self.PART) if self._pool is not None else 1
+        if n <= 1:
+            return [(0, rows)]
+        cuts = [rows * i // n for i in range(n + 1)]
+        return list(zip(cuts[:-1], cuts[1:]))
+
+    def _run(self, parts: "list[tuple[int, int]]", one: Callable[[int, int], None]) -> None:
+        if len(parts) == 1:
+            one(*parts[0])
+            return
+        assert self._pool is not None
+        futures = [self._pool.submit(one, a, b) for a, b in parts[1:]]
+        try:
+            one(*parts[0])
+        finally:
+            for f in futures:
+                f.result()  # each part done (and its error raised) before the arrays are used or given back
+
+    def copy(self, out: np.ndarray, rows: np.ndarray) -> None:
+        """``out[...] = rows`` (as many rows; cast as that assignment casts)."""
+
+        def one(a: int, b: int) -> None:
+            np.copyto(out[a:b], rows[a:b], casting="unsafe")
+
+        self._run(self._parts(len(out), out.nbytes), one)
+
+    def take(self, rows: np.ndarray, index: np.ndarray, out: np.ndarray) -> None:
+        """``out[i] = rows[index[i]]``; ``index`` is in range (it is not checked)."""
+
+        def one(a: int, b: int) -> None:
+            np.take(rows, index[a:b], axis=0, out=out[a:b], mode="clip")  # "clip": "raise" copies twice
+
+        self._run(self._parts(len(out), out.nbytes), one)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+            self.threads = 1

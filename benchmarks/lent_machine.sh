@@ -65,7 +65,7 @@ if [ -d .devrun/before/multitables ]; then  # the same with the carried older pa
         --sections gpu --section-mib "$mib" --file "$work/gpu.h5")
 fi
 step batches 60 python3 benchmarks/batches_profile.py --file "$work/gpu.h5" --mib "$mib" --device cuda
-step cuda-tests 30 python3 -m pytest -q -p no:cacheprovider tests/test_torch_device.py
+step cuda-tests 60 python3 -m pytest -q -p no:cacheprovider tests/test_torch_device.py
 # Starting 16 readers: the probe's zlib file, or else the GPU section's (its rows are /X).
 started=("$work/probe/probe-zlib-3-$((mib / 2)).h5")
 [ -f "${started[0]}" ] || started=("$work/gpu.h5" --path /X)

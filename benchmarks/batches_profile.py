@@ -135,6 +135,22 @@ def host_copies(device: str) -> None:
         copier.close()
 
 
+def _threads_cpu() -> "dict[int, tuple[str, float]]":
+    """This process's threads: id -> (name, CPU seconds, user and system), from ``/proc/self/task``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:  # ended meanwhile
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
 def _readers_cpu() -> float:
     """CPU seconds (user and system) of this process's children: the readers."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -169,6 +185,7 @@ def epochs(stream: "object", n: int, n_epochs: int, label: str, profiled: bool, 
     for _ in range(per_epoch):  # the first epoch: readers start, the windows fill
         next(it)
     prof = cProfile.Profile() if profiled else None
+    t0 = _threads_cpu()
     w0, c0, r0 = time.perf_counter(), time.process_time(), _readers_cpu()
     if prof:
         prof.enable()
@@ -185,6 +202,9 @@ def epochs(stream: "object", n: int, n_epochs: int, label: str, profiled: bool, 
     wall, cpu, readers = time.perf_counter() - w0, time.process_time() - c0, _readers_cpu() - r0
     print(f"batches of {BATCH}, {n} readers, {label}, epochs 2-{n_epochs}{' (profiled)' if prof else ''}: "
           f"{nbytes / wall / 1e9:.2f} GB/s, consumer CPU {cpu / wall:.2f} s per s, readers' {readers / wall:.2f}", flush=True)
+    t1 = _threads_cpu()
+    busy = sorted(((t1[k][1] - t0.get(k, (None, 0.0))[1], t1[k][0]) for k in t1), reverse=True)[:5]
+    print("  the consumer's busiest threads (CPU s per s): " + ", ".join(f"{name} {s / wall:.2f}" for s, name in busy), flush=True)
     if prof:
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
     batches.close()

@@ -170,6 +170,7 @@ class CudaOps:
         self.device = device
         self._stream = torch.cuda.Stream(device=device)
         self._cudart = torch.cuda.cudart()
+        self._index: "dict[int, tuple[torch.Tensor, Any]]" = {}  # per window buffer: page-locked index, its copy's event
 
     def lock(self, array: np.ndarray) -> None:
         """Page-lock ``array``'s memory where it lies, until :meth:`unlock` (for every device: "portable")."""
@@ -219,8 +220,8 @@ class CudaOps:
             dst.copy_(torch.from_numpy(src), non_blocking=True)
 
     def record(self) -> Any:
-        """An event after the copies queued so far."""
-        event = torch.cuda.Event()
+        """An event after the copies queued so far (a CPU waiting for it sleeps: the readers need the cores)."""
+        event = torch.cuda.Event(blocking=True)
         event.record(self._stream)
         return event
 
@@ -240,11 +241,28 @@ class CudaOps:
         """Copies queued from now on run after ``event`` (on the GPU: the CPU does not wait)."""
         self._stream.wait_event(event)
 
-    def index(self, perm: np.ndarray) -> torch.Tensor:
-        # Through page-locked memory: from pageable memory the copy would first wait for the training stream (on the
-        # CPU, where the tests run these calls, the array itself).
-        host = torch.from_numpy(np.ascontiguousarray(perm, dtype=np.int64))
-        return host.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else host
+    def index(self, perm: np.ndarray, buffer: int) -> torch.Tensor:
+        """``perm`` on the device, for the gathers out of window buffer ``buffer``.
+
+        Through page-locked memory, kept per buffer: from pageable memory the
+        copy would first wait for the training stream, and a fresh page-locked
+        array (``pin_memory()``) cost 6.5 ms a window on the lent H200. On the
+        CPU (where the tests run these calls): the array itself.
+        """
+        perm = np.ascontiguousarray(perm, dtype=np.int64)
+        if self.device.type != "cuda":
+            return torch.from_numpy(perm)
+        host, copied = self._index.get(buffer, (None, None))
+        if copied is not None:
+            copied.synchronize()  # the last copy out of it has run (a window ago: long done)
+        if host is None or len(host) < len(perm):
+            host = torch.empty(len(perm), dtype=torch.int64, pin_memory=True)
+        host[: len(perm)].numpy()[...] = perm
+        on_device = host[: len(perm)].to(self.device, non_blocking=True)
+        copied = torch.cuda.Event(blocking=True)
+        copied.record(torch.cuda.current_stream(self.device))
+        self._index[buffer] = (host, copied)
+        return on_device
 
     def gather(self, src: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> None:
         torch.index_select(src, 0, index, out=out)
@@ -337,7 +355,7 @@ class DeviceStaging(Staging):
             return DeviceWindow(self._ops, [], None, 0, lambda mark: None)
         assert self._copied[buffer] >= rows, (self._copied[buffer], rows)
         self._ops.device_wait(self._done[buffer])
-        index = self._ops.index(np.arange(rows) if perm is None else perm)
+        index = self._ops.index(np.arange(rows) if perm is None else perm, buffer)
         return DeviceWindow(self._ops, [d[:rows] for d in self._device[buffer]], index, rows,
                             functools.partial(self._gathered.__setitem__, buffer))
 

@@ -24,6 +24,9 @@ the first (readers that live across epochs show there), page cache warm:
   DataLoader's).
 
 A step *waited* when asking for its batch took more than a tenth of a step.
+With a step, the medians of how long an epoch's first batch and a batch in
+mid-epoch took to come (issue 30: readers that live across epochs make the
+first no longer than the second).
 Needs torch with CUDA, h5py and this package; nothing else.
 """
 
@@ -50,6 +53,9 @@ class GpuFigure:
     samples_per_s: float
     gb_per_s: float
     waited: "float | None"  # fraction of steps; None where no step ran
+    #: Seconds the first batch of an epoch took to come, and a batch in mid-epoch (medians; None where no step ran).
+    epoch_start: "float | None" = None
+    mid_epoch: "float | None" = None
 
 
 def write_file(path: str, mib: int) -> None:
@@ -123,8 +129,8 @@ def _sync(device: Any) -> None:
 
 
 def _timed(batches: Iterator[Any], step: "Callable[[Any], Any] | None", n_batches: int, device: Any,
-           move: bool = True) -> "tuple[float, float]":
-    """Seconds for ``n_batches`` steps, and the fraction of steps whose batch came late.
+           move: bool = True) -> "tuple[float, float, list[float]]":
+    """Seconds for ``n_batches`` steps, the fraction of steps whose batch came late, and each batch's wait (s).
 
     ``move``: a batch not on ``device`` is copied there (no step: the copies are waited for at the end).
     """
@@ -145,7 +151,14 @@ def _timed(batches: Iterator[Any], step: "Callable[[Any], Any] | None", n_batche
     seconds = time.perf_counter() - t0
     step_s = seconds / max(1, len(waits))
     late = sum(1 for w in waits if w > WAITED * step_s)
-    return seconds, late / max(1, len(waits))
+    return seconds, late / max(1, len(waits)), waits
+
+
+def _boundary(waits: "list[float]", per_epoch: int) -> "tuple[float, float]":
+    """The median wait of the epochs' first batches (``waits`` starts with one), and of the other batches."""
+    firsts = waits[::per_epoch]
+    rest = [w for i, w in enumerate(waits) if i % per_epoch]
+    return float(np.median(firsts)), float(np.median(rest)) if rest else float("nan")
 
 
 def gpu_section(path: str, n_procs: int, log: Callable[[str], None], device: Any = "cuda") -> "list[GpuFigure]":
@@ -163,29 +176,32 @@ def gpu_section(path: str, n_procs: int, log: Callable[[str], None], device: Any
     n = len(cpu)
     figures: list[GpuFigure] = []
 
-    def record(label: str, seconds: float, waited: "float | None", batches: int) -> None:
+    def record(label: str, seconds: float, waited: "float | None", batches: int, waits: "list[float] | None" = None) -> None:
         samples = batches * BATCH / seconds
-        figures.append(GpuFigure(label, samples, samples * ROW * 4 / 1e9, waited))
-        log(f"{label}: {samples:,.0f} samples/s" + ("" if waited is None else f", waited {waited:.0%}"))
+        start, mid = (None, None) if waits is None else _boundary(waits, n)
+        figures.append(GpuFigure(label, samples, samples * ROW * 4 / 1e9, waited, start, mid))
+        log(f"{label}: {samples:,.0f} samples/s" + ("" if waited is None else f", waited {waited:.0%}")
+            + ("" if start is None else f"; an epoch's first batch came in {start * 1e3:.2f} ms, one in mid-epoch in "
+                                        f"{mid * 1e3:.2f} ms (medians)"))
 
     it = iter(cpu)
     _timed(it, None, n, device, move=False)  # the first epoch: readers start, windows fill
-    seconds, _ = _timed(it, None, (EPOCHS - 1) * n, device, move=False)
+    seconds, _, _ = _timed(it, None, (EPOCHS - 1) * n, device, move=False)
     record("multitables, CPU only, no step (the rate the readers deliver)", seconds, None, (EPOCHS - 1) * n)
     step = _step_fn(seconds / ((EPOCHS - 1) * n), device)
 
-    seconds, waited = _timed(it, step, (EPOCHS - 1) * n, device)
-    record('multitables, CPU tensors, .to("cuda") in the loop', seconds, waited, (EPOCHS - 1) * n)
+    seconds, waited, waits = _timed(it, step, (EPOCHS - 1) * n, device)
+    record('multitables, CPU tensors, .to("cuda") in the loop', seconds, waited, (EPOCHS - 1) * n, waits)
     cpu.close()
     del it, cpu
 
     gpu = mt.get_batches(stream, "/X", BATCH, n_procs=n_procs, epochs=None, seed=0, device=device, pin_memory=on_gpu)
     it = iter(gpu)
     _timed(it, step, n, device)
-    seconds, _ = _timed(it, None, (EPOCHS - 1) * n, device)
+    seconds, _, _ = _timed(it, None, (EPOCHS - 1) * n, device)
     record('multitables, get_batches(device="cuda"), no step', seconds, None, (EPOCHS - 1) * n)
-    seconds, waited = _timed(it, step, (EPOCHS - 1) * n, device)
-    record('multitables, get_batches(device="cuda")', seconds, waited, (EPOCHS - 1) * n)
+    seconds, waited, waits = _timed(it, step, (EPOCHS - 1) * n, device)
+    record('multitables, get_batches(device="cuda")', seconds, waited, (EPOCHS - 1) * n, waits)
     gpu.close()
     del it, gpu
 
@@ -201,10 +217,10 @@ def gpu_section(path: str, n_procs: int, log: Callable[[str], None], device: Any
     it2 = epochs()
     _timed(it2, step, n, device)
     label = f"DataLoader(num_workers={n_procs}, pin_memory=True, persistent_workers=True) over h5py"
-    seconds, _ = _timed(it2, None, (EPOCHS - 1) * n, device)
+    seconds, _, _ = _timed(it2, None, (EPOCHS - 1) * n, device)
     record(f"{label}, no step", seconds, None, (EPOCHS - 1) * n)
-    seconds, waited = _timed(it2, step, (EPOCHS - 1) * n, device)
-    record(label, seconds, waited, (EPOCHS - 1) * n)
+    seconds, waited, waits = _timed(it2, step, (EPOCHS - 1) * n, device)
+    record(label, seconds, waited, (EPOCHS - 1) * n, waits)
     del it2, loader  # its workers go
     return figures
 
@@ -216,10 +232,15 @@ def gpu_markdown(figures: "list[GpuFigure]", mib: int, n_procs: int) -> str:
     head = (
         f"### Training on a GPU ({name}, {os.cpu_count()} CPUs; {mib} MiB of 4 KiB rows, "
         f"zlib 3 + shuffle, batches of {BATCH} rows, {n_procs} readers or workers, epochs 2-{EPOCHS}, page cache warm)\n\n"
-        "| reader | samples/s | GB/s | steps that waited on data |\n| --- | ---: | ---: | ---: |\n"
+        "| reader | samples/s | GB/s | steps that waited on data | an epoch's first batch came in (ms) | "
+        "a batch in mid-epoch (ms) |\n| --- | ---: | ---: | ---: | ---: | ---: |\n"
     )
-    rows = [f"| {f.label} | {f.samples_per_s:,.0f} | {f.gb_per_s:.2f} | {'-' if f.waited is None else f'{f.waited:.0%}'} |"
-            for f in figures]
+
+    def ms(seconds: "float | None") -> str:
+        return "-" if seconds is None else f"{seconds * 1e3:.2f}"
+
+    rows = [f"| {f.label} | {f.samples_per_s:,.0f} | {f.gb_per_s:.2f} | {'-' if f.waited is None else f'{f.waited:.0%}'} "
+            f"| {ms(f.epoch_start)} | {ms(f.mid_epoch)} |" for f in figures]
     return head + "\n".join(rows) + "\n"
 
 

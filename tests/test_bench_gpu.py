@@ -24,6 +24,9 @@ def test_the_section_measures_every_contender(tmp_path: Path, monkeypatch: pytes
     assert all(f.samples_per_s > 0 for f in figures)
     assert [f.waited is None for f in figures] == [True, False, True, False, True, False]  # a step ran, or none
     assert all(0 <= f.waited <= 1 for f in figures if f.waited is not None)
+    # An epoch's first batch against one in mid-epoch, where a step ran (epochs of 8 batches of 64 rows: both kinds)
+    assert [f.epoch_start is None for f in figures] == [f.waited is None for f in figures]
+    assert all(f.epoch_start >= 0 and f.mid_epoch >= 0 for f in figures if f.waited is not None)
     table = gpu.gpu_markdown(figures, 2, 2)
     assert table.count("\n| ") == 2 + len(figures)  # the header, its separator and a row each
 

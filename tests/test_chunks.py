@@ -588,3 +588,42 @@ def test_every_chunk_index_of_the_latest_file_format(tmp_path: Path, shape: tupl
         finally:
             src.close()
         assert out.tobytes() == data.tobytes()
+
+
+def test_a_learned_layout_is_sent_whole_to_readers_that_do_not_inherit_it(tmp_path, monkeypatch) -> None:
+    """NOTE [layout cache]: spawned and forkserver readers adopt the consumer's layout rather than learn it again."""
+    import pickle
+
+    import h5py
+
+    from multitables._io.chunks import storage
+
+    from multitables._io.chunks.source import ChunkSource
+    from multitables._io.chunks.storage import adopt_layout, chunks_problem, forget_layouts, known_layout, learned_layouts
+    from multitables._io.node import close_dataset, open_node
+
+    path = tmp_path / "settled.h5"
+    rows = np.arange(64 * 64, dtype="<f4").reshape(64, 64)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data", data=rows, chunks=(8, 64), compression="gzip", shuffle=True)
+    monkeypatch.setattr(storage, "SETTLED_S", -1.0)  # layouts are kept only for files that have not changed lately
+    node, ds = open_node(str(path), "/data")
+    try:
+        assert chunks_problem(node, ds) is None
+    finally:
+        close_dataset(ds)
+    assert len(learned_layouts(node)) == 1
+    sent = pickle.dumps(learned_layouts(node))
+    forget_layouts()
+    assert known_layout(node) is None and learned_layouts(node) == ()
+    for key, layout in pickle.loads(sent):
+        adopt_layout(key, layout)
+    assert known_layout(node) is not None
+    out = np.empty_like(rows)
+    source = ChunkSource(node)
+    try:
+        source.read_into(0, 64, out)
+    finally:
+        source.close()
+    np.testing.assert_array_equal(out, rows)
+    forget_layouts()

@@ -37,6 +37,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .._io.blockread import BlockReader, Pacer, Transform, delivered
+from .._io.chunks.storage import adopt_layout, learned_layouts
 from .._io.engines import open_source
 from .._io.fileset import node_signature
 from .._io.node import FileSignature, NodeInfo, check_file_unchanged
@@ -110,6 +111,9 @@ class StreamSettings:
     layout: RingLayout
     #: The file's identity when the stream started (None: not checked); see NOTE [file identity].
     file_signature: "FileSignature | None" = None
+    #: ``(key, layout)`` the consumer learned, for readers that do not inherit it (NOTE [layout cache] in
+    #: ``_io.chunks.storage``); empty under fork.
+    layouts: "tuple[tuple[Any, Any], ...]" = ()
 
 
 def stream_loop(reader: ReaderProcess, settings: StreamSettings, sync: RingSync) -> None:
@@ -121,7 +125,6 @@ def stream_loop(reader: ReaderProcess, settings: StreamSettings, sync: RingSync)
         reader.on_failure = ring.fail  # wakes the consumer, which then waits for the report
         reader.attached()
         reader.path = settings.spec.node.path
-        ring.map_own_slots()  # NOTE [slots and page tables]: after the barrier, the consumer need not wait for it
         parent_alive = reader.parent_alive
 
         def keep_going() -> bool:
@@ -134,6 +137,8 @@ def stream_loop(reader: ReaderProcess, settings: StreamSettings, sync: RingSync)
 
         spec = settings.spec
         filename = spec.node.filename
+        for key, layout in settings.layouts:
+            adopt_layout(key, layout)
         plan = TablePlan(ring) if settings.layout.table else spec.plan
         blocks = spec.open(settings.open_kwargs, spec.n_procs, Pacer(spec.node.chunk_rows, PARENT_CHECK_INTERVAL / 2), plan)
         source = blocks.source
@@ -147,6 +152,7 @@ def stream_loop(reader: ReaderProcess, settings: StreamSettings, sync: RingSync)
                     break
                 continue
             k, slot = claimed  # type: ignore[misc]
+            ring.map_own_slots(slot)  # NOTE [slots and page tables]: each slot before its first block, not all first
             blocks.read(k, ring.slots[slot], before_read)
             check_file_unchanged(filename, settings.file_signature)
             reader.rows = None
@@ -185,7 +191,12 @@ class StreamReaders:
         try:
             if layout.table:  # the first blocks are there when the readers start
                 self.extend(spec.plan.starts, spec.plan.stops)
-            settings = StreamSettings(replace(spec, dataset=None), open_kwargs, self.ring.segment.name, layout, node_signature(node))
+            # Readers not forked from here need not learn the layout again (NOTE [layout cache] in ``_io.chunks.storage``).
+            forked = self.pool.ctx.get_start_method() == "fork"
+            sent = learned_layouts(node) if spec.engine == "chunks" and not (forked or node.parts or node.remote) else ()
+            settings = StreamSettings(
+                replace(spec, dataset=None), open_kwargs, self.ring.segment.name, layout, node_signature(node), sent
+            )
             self.pool.start(stream_loop, [(settings, sync)] * spec.n_procs)
             self.pool.wait_attached("start", self.check)
         except BaseException:

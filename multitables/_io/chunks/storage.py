@@ -17,6 +17,10 @@ NOTE [layout cache]
     chunk entries, least recently used forgotten first. The consumer learns
     them when it checks that the chunk engine can read each file; readers
     started by ``fork`` inherit them, and a later epoch finds them there.
+    A stream's readers started otherwise (spawn, forkserver: Python 3.14's
+    default) are sent the layout of a single file's node with their settings
+    (``learned_layouts``): each reopened the file with HDF5 and learned it
+    again, 2 ms before its first block here.
     A file rewritten has another identity, so a stale layout is never used,
     with one gap the identity check alone has (NOTE [file identity]): a
     rewrite of the same size within one tick of the filesystem's clock. A
@@ -387,6 +391,22 @@ def known_layout(node: NodeInfo) -> "Layout | None":
         if layout is not None:
             _LAYOUTS.move_to_end(key)
     return layout
+
+
+def learned_layouts(node: NodeInfo) -> "tuple[tuple[Any, Layout], ...]":
+    """``((key, layout),)`` for ``node``'s layout as learned in this process (none if not learned): what
+    :func:`adopt_layout` takes in a reader that does not inherit it (spawn, forkserver; NOTE [layout cache])."""
+    identity = _identity(node)
+    key = (identity, node.path)
+    with _LAYOUTS_LOCK:
+        layout = _LAYOUTS.get(key) if identity is not None else None
+    return () if layout is None else ((key, layout),)
+
+
+def adopt_layout(key: Any, layout: Layout) -> None:
+    """Remember a layout another process learned under ``key`` (its file's identity then, and the path): used
+    only while the file still has that identity, as any layout kept here (NOTE [layout cache])."""
+    _remember(key, layout)
 
 
 def learn_layout(ds: Any, node: NodeInfo, index_limit: int = INDEX_ALL_LIMIT) -> Layout:

@@ -137,23 +137,3 @@ def test_a_readers_own_slots_are_mapped_whole_and_no_other(rings: tuple[Ring, li
     pages = r0.layout.slot_stride // mmap.PAGESIZE
     assert all(_faults_writing(r0.slots[s]) < pages // 8 for s in (0, 2, 4))  # its own: mapped (a stray fault may come)
     assert _faults_writing(r0.slots[1]) >= pages // 2  # reader 1's, never mapped here: a fault a page
-
-
-@pytest.mark.skipif(not _populate_works(), reason="the kernel lacks MADV_POPULATE_WRITE (Linux < 5.14): slots fault as written")
-@pytest.mark.skipif(_shmem_huge_pages_forced(), reason="shared memory in huge pages (shmem_enabled=force): a fault maps 2 MiB")
-def test_a_reader_maps_one_slot_at_a_time_before_its_first_block_there() -> None:
-    """A stream's reader maps each of its slots just before its first block there, not all at start."""
-    layout = RingLayout(6, 256, (1024,), np.dtype("<f4"))
-    sync = RingSync.create(multiprocessing.get_context("fork"), layout.n_slots, n_readers=2)
-    consumer = Ring.create(layout, sync)
-    reader = Ring.attach(consumer.segment.name, layout, sync, reader=0)
-    try:
-        pages = layout.slot_stride // mmap.PAGESIZE
-        reader.map_own_slots(2)
-        reader.map_own_slots(2)  # once
-        assert _faults_writing(reader.slots[2]) < pages // 8
-        assert _faults_writing(reader.slots[4]) >= pages // 2  # not mapped yet
-    finally:
-        reader.close()
-        consumer.segment.unlink()
-        consumer.close()

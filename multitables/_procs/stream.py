@@ -125,6 +125,7 @@ def stream_loop(reader: ReaderProcess, settings: StreamSettings, sync: RingSync)
         reader.on_failure = ring.fail  # wakes the consumer, which then waits for the report
         reader.attached()
         reader.path = settings.spec.node.path
+        ring.map_own_slots()  # NOTE [slots and page tables]: after the barrier, the consumer need not wait for it
         parent_alive = reader.parent_alive
 
         def keep_going() -> bool:
@@ -152,7 +153,6 @@ def stream_loop(reader: ReaderProcess, settings: StreamSettings, sync: RingSync)
                     break
                 continue
             k, slot = claimed  # type: ignore[misc]
-            ring.map_own_slots(slot)  # NOTE [slots and page tables]: each slot before its first block, not all first
             blocks.read(k, ring.slots[slot], before_read)
             check_file_unchanged(filename, settings.file_signature)
             reader.rows = None

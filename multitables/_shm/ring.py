@@ -57,11 +57,11 @@ NOTE [slots and page tables]
     with the default ``2N + 2`` slots; with fewer slots than readers, readers ``r`` and ``r + n_slots`` share
     group ``r % n_slots``). Each group has its own ``free`` semaphore, released by the consumer when it gives
     one of the group's slots back, and a reader claims the next block only with a free slot of its group. Claims
-    stay in block order under the lock, so an ordered consumer never waits on a later block's slot. A reader
-    maps each slot of its group whole (MADV_POPULATE_WRITE) before its first block there (all at attach held the
-    first block back 7 ms: four 4 MiB slots), which also allocates its pages: the consumer does not reserve them
-    (``posix_fallocate`` zeroed them all in the consumer first), and a full /dev/shm is a ``ShmSpaceError`` from
-    that reader, never a SIGBUS at a write. Kernels without it (before 5.14) reserve at creation and fault.
+    stay in block order under the lock, so an ordered consumer never waits on a later block's slot. Once
+    attached, a reader maps its group's slots whole (MADV_POPULATE_WRITE), which also allocates their pages: the
+    consumer does not reserve them (``posix_fallocate`` zeroed them all in the consumer before any reader
+    started), and a full /dev/shm is a ``ShmSpaceError`` from that reader, never a SIGBUS at a write. Kernels
+    without it (before 5.14) reserve at creation and fault as before.
 """
 
 from __future__ import annotations
@@ -189,7 +189,6 @@ class Ring:
         self._ready_head = 0  # consumer-local
         self._lent: "weakref.WeakValueDictionary[int, np.ndarray]" = weakref.WeakValueDictionary()  # slot -> lend()'s
         self._group = 0  # reader-local: the group whose free slots this reader claims
-        self._mapped: set[int] = set()  # reader-local: the slots map_own_slots mapped
         self._closed = False
         shape = (layout.block_size,) + layout.row_shape
         self.slots: list[np.ndarray] = []
@@ -212,7 +211,12 @@ class Ring:
         still lent to private memory (np.ndarray(buffer=...) holds none).
         """
         layout = self.layout
-        flat = np.frombuffer(self.segment.buf, layout.dtype, count=rows * layout.row_items, offset=layout.slot_offset(slot))
+        flat = np.frombuffer(
+            self.segment.buf,
+            layout.dtype,
+            count=rows * layout.row_items,
+            offset=layout.slot_offset(slot),
+        )
         self._lent[slot] = flat
         return flat.reshape((rows,) + layout.row_shape)
 
@@ -239,12 +243,10 @@ class Ring:
         ring._group = sync.group(reader)
         return ring
 
-    def map_own_slots(self, slot: "int | None" = None) -> None:
-        """Map this reader's group's slots (``slot`` alone, if given), whole, each once (ShmSpaceError: /dev/shm is full)."""
-        for s in range(self._group, self.layout.n_slots, len(self.sync.free)) if slot is None else (slot,):
-            if s not in self._mapped:
-                self.segment.populate(self.layout.slot_offset(s), self.layout.slot_stride)
-                self._mapped.add(s)
+    def map_own_slots(self) -> None:
+        """Map this reader's group's slots into its page tables, whole (ShmSpaceError: /dev/shm has no room for them)."""
+        for slot in range(self._group, self.layout.n_slots, len(self.sync.free)):
+            self.segment.populate(self.layout.slot_offset(slot), self.layout.slot_stride)
 
     def close(self, background: bool = False) -> None:
         """Unmap (idempotent); the ring then counts as stopped. ``background``: where no slot's rows are lent, unmap

@@ -460,32 +460,29 @@ class Batches:
         if s is None:  # an elastic resume found the epoch done
             self._epoch, self._batch, self._elastic = epoch + 1, 0, []
             return
-        plan = s.rank_epoch(epoch, self.rank)
-        w0, skip = plan.locate(start * s.batch_size)
         carry, self._carry = self._carry, None
+        known = carry is not None and carry.epoch == epoch and carry.plan is not None and s is self._settings
+        plan = carry.plan if known else s.rank_epoch(epoch, self.rank)  # type: ignore[union-attr]
+        w0, skip = plan.locate(start * s.batch_size)
         if carry is not None and (carry.epoch != epoch or w0 != 0 or not carry.good_for(staging)):
             carry = None  # NOTE [window pipelining]: good for that epoch from its first window only
         try:
             source: "Windows" = NoWindows()
-            following = None
             if w0 < plan.n_windows:
                 pieces = EpochPieces.of(plan, plan.bounds[w0] if carry is None else carry.pulled, rows)
                 self._feed.provide(pieces)
-                after = None
-                if ahead:  # NOTE [readers across epochs]: the readers go on with the next epoch once this one is read
-                    later = self._settings.rank_epoch(epoch + 1, self.rank)
-                    following = EpochPieces.of(later, 0, self._rows_of(epoch + 1))
-                    following = following if self._feed.fits(following) else None
-                    after = (later, following) if following is not None and s.shuffle else None
-                source = epoch_windows(plan, w0, self._feed, pieces, self._window_memory(), carry, after, staging)
+                source = epoch_windows(plan, w0, self._feed, pieces, self._window_memory(), carry, staging)
             k = start
             for arrays in cut(source, skip, s.batch_size, alloc):
                 k += 1
                 self._batch, self._step = k, self._step + 1
                 yield self._deliver(arrays)
-                if following is not None:  # published once the first batch is out: waking the readers can wait
-                    self._feed.follow(following)
-                    following = None
+                if ahead:  # NOTE [readers across epochs]: once the first batch is out, the next epoch is planned
+                    ahead = False
+                    later = self._settings.rank_epoch(epoch + 1, self.rank)
+                    following = EpochPieces.of(later, 0, self._rows_of(epoch + 1))
+                    if self._feed.follow(following) and s.shuffle:  # published where it fits
+                        source.then((later, following))  # its first window pulled during this epoch's last
             while k < s.n_batches:  # see NOTE [epoch plan]: empty last batches
                 k += 1
                 self._batch, self._step = k, self._step + 1

@@ -354,3 +354,37 @@ def test_the_next_epochs_first_window_is_read_during_this_epoch(rows_file, no_le
     for mine, theirs in zip(got, expected, strict=True):
         np.testing.assert_array_equal(mine, theirs)
     b.close()
+
+
+@pytest.mark.parametrize("windows", [1, 4])
+def test_an_epochs_first_batch_plans_and_permutes_nothing_in_a_loop_of_epochs(rows_file, no_leaks, windows: int,
+                                                                                monkeypatch) -> None:
+    """The next epoch is planned once this epoch's first batch is out, and each window's order is made by the
+    pull that starts it (the first window's: during the last epoch), so that an epoch's first batch waits for
+    neither (issue 30: no longer than a batch in mid-epoch). The batches are those of a fresh reading."""
+    from multitables._plan.epoch import EpochSettings, RankEpoch
+
+    made: list[str] = []
+    real_plan, real_perm = EpochSettings.rank_epoch, RankEpoch.window_perm
+    monkeypatch.setattr(EpochSettings, "rank_epoch", lambda *a: (made.append("plan"), real_plan(*a))[1])
+    monkeypatch.setattr(RankEpoch, "window_perm", lambda *a: (made.append("order"), real_perm(*a))[1])
+    window = 80 // windows
+    expected = []
+    for epoch in range(4):
+        reference = batches(rows_file, n_procs=0, window=window)
+        reference.set_epoch(epoch)
+        expected.append([y.copy() for y in reference])
+        reference.close()
+    b = batches(rows_file, window=window, read_ahead=4)
+    b.set_epoch(0)  # a loop of epochs
+    try:
+        for epoch in range(4):
+            it = iter(b)
+            made.clear()
+            first = next(it).copy()
+            assert made == ([] if epoch else made), made  # the first epoch plans itself
+            got = [first] + [y.copy() for y in it]
+            for mine, theirs in zip(got, expected[epoch], strict=True):
+                np.testing.assert_array_equal(mine, theirs)
+    finally:
+        b.close()

@@ -23,6 +23,15 @@ NOTE [window pipelining]
     (files of up to one window, 256 MiB by default, were not read during
     training at all). Any other position drops the carry.
 
+    What an epoch's first batch would still compute is made ahead too: the
+    next epoch is planned once this epoch's first batch is out (its pieces
+    published then, and handed to :meth:`Windows.then`), a window's order
+    (a permutation of up to 65,536 rows, 0.5-0.7 ms here) by the prefetch
+    that starts pulling it, and the carry brings the next epoch's plan and
+    first order with it. On the ``device=`` path, where a batch costs the
+    consumer 0.12 ms, an epoch's first batch cost it 2.04-2.19 ms before,
+    0.81-0.93 ms after (``benchmarks/epoch_start.py``, 512 MiB, 2 readers).
+
 NOTE [window buffers and fork]
     Readers started by ``fork`` share the consumer's memory copy-on-write:
     fork write-protects every private page the consumer has, and its next
@@ -199,6 +208,9 @@ class Windows:
     def prefetch(self) -> None:
         """Called after each batch goes out (see NOTE [window pipelining])."""
 
+    def then(self, after: "tuple[RankEpoch, EpochPieces]") -> None:
+        """The next epoch's plan and pieces, published behind this one's (read ahead where it helps)."""
+
 
 class NoWindows(Windows):
     def __iter__(self) -> Iterator[Window]:
@@ -238,6 +250,8 @@ class Carry:
     filled: int  # rows of the buffer they filled
     staging: "Staging | None" = None  # the staging that saw them pulled (NOTE [staging])
     on_host: bool = True  # whether the buffer holds its rows (not so where the staging took slots: take_slots)
+    plan: "RankEpoch | None" = None  # that epoch's plan, and its first window's order: made while it was pulled
+    perm: "np.ndarray | None" = None
 
     def good_for(self, staging: "Staging | None") -> bool:
         """Whether an iteration with ``staging`` (None: on the host) can go on from it: its rows are where it looks."""
@@ -248,6 +262,8 @@ class Carry:
 class _Fill:
     """A window being pulled into a buffer: its pieces' rows, what each takes of its block, how far it got."""
 
+    plan: RankEpoch
+    w: int
     rows: "list[int]"
     selections: "list[np.ndarray | None]"
     buffer: int
@@ -261,10 +277,10 @@ class ShuffledWindows(Windows):
 
     ``pieces``: what the feed gives next (``feed.EpochPieces``: for a
     subset, the rows of each piece's block the epoch takes). ``carry``: the
-    first window, already pulled in part by the last epoch. ``after``: the
-    next epoch's plan and pieces, published behind this one's: its first
-    window is pulled during this epoch's last, and :attr:`carry` says how
-    far once this epoch is done.
+    first window, already pulled in part by the last epoch. Given the next
+    epoch's plan and pieces (:meth:`then`), its first window is pulled
+    during this epoch's last, and :attr:`carry` says how far once this
+    epoch is done.
     """
 
     def __init__(
@@ -276,7 +292,6 @@ class ShuffledWindows(Windows):
         batch_size: int,
         pieces: "EpochPieces",
         carry: "Carry | None" = None,
-        after: "tuple[RankEpoch, EpochPieces] | None" = None,
         staging: "Staging | None" = None,
     ) -> None:
         self._plan, self._w0, self._feed, self._batch_size = plan, w0, feed, batch_size
@@ -291,20 +306,47 @@ class ShuffledWindows(Windows):
             self._fills[0].on_host = carry.on_host
             if carry.staging is not self._staging and carry.filled:  # this staging has not seen those rows
                 self._staging.pulled(carry.buffer, self._buffers[carry.buffer], 0, carry.filled)
-        self._after = after
-        if after is not None:
-            self._fills.append(self._fill(after[0], 0, after[1], (first + len(self._fills)) % 2))
+        self._first = first
+        self._n_own = len(self._fills)  # this epoch's windows; the next epoch's first may follow (then())
+        # Each window's order, made by the prefetch() that starts pulling it (a carry's: by the last epoch), not
+        # by the batch that delivers its first rows: an epoch's first batch waits for no permutation.
+        self._perms: "dict[int, np.ndarray | None]" = {}
+        if carry is not None and carry.perm is not None and carry.plan == plan:
+            self._perms[0] = carry.perm
+        self._after: "tuple[RankEpoch, EpochPieces] | None" = None
         self._next = 0  # the window that prefetch() pulls into
         self._rate = 0  # pieces to pull per batch going out
+        self._at: "tuple[int, int] | None" = None  # the window being delivered: its fill and rows
         #: Set once every window was delivered, if the next epoch's first window was pulled meanwhile.
         self.carry: "Carry | None" = None
+
+    def then(self, after: "tuple[RankEpoch, EpochPieces]") -> None:
+        """Pull the next epoch's first window (``after``: its plan and pieces, published behind this epoch's)
+        during this epoch's last, from the next batch on; once, before the last window's last batch."""
+        assert self._after is None
+        self._after = after
+        self._fills.append(self._fill(after[0], 0, after[1], (self._first + self._n_own) % 2))
+        if self._at is not None and self._at[0] + 1 == self._n_own:  # already in the last window
+            self._pace(*self._at)
 
     @staticmethod
     def _fill(plan: RankEpoch, w: int, pieces: "EpochPieces", buffer: int) -> _Fill:
         lo, hi = plan.bounds[w], plan.bounds[w + 1]
         rows = [b - a for a, b in zip(plan.starts[lo:hi], plan.stops[lo:hi])]
         selections = [None] * len(rows) if pieces.selections is None else list(pieces.selections[lo - pieces.first : hi - pieces.first])
-        return _Fill(rows, selections, buffer)
+        return _Fill(plan, w, rows, selections, buffer)
+
+    def _pace(self, j: int, rows: int) -> None:
+        """While window ``j`` (of ``rows`` rows) is delivered, pull the next one, a part per batch."""
+        if j + 1 < len(self._fills):
+            self._next = j + 1
+            self._rate = math.ceil(len(self._fills[j + 1].rows) / max(1, rows // self._batch_size))
+
+    def _perm(self, j: int) -> "np.ndarray | None":
+        if j not in self._perms:
+            fill = self._fills[j]
+            self._perms[j] = fill.plan.window_perm(fill.w)
+        return self._perms[j]
 
     def _pull(self, fill: _Fill, n: int) -> None:
         """Copy up to ``n`` more pieces of ``fill``'s window into its buffer."""
@@ -345,20 +387,20 @@ class ShuffledWindows(Windows):
                 self._rate = 0
                 self._pull(fill, len(fill.rows))  # the rest of window w
                 rows = plan.window_rows(w)
-                if j + 1 < len(self._fills):
-                    # The next window (perhaps the next epoch's first) goes to the other buffer, a part per batch.
-                    self._next = j + 1
-                    self._rate = math.ceil(len(self._fills[j + 1].rows) / max(1, rows // self._batch_size))
-                yield self._staging.window(fill.buffer, self._buffers[fill.buffer], rows, plan.window_perm(w))
+                self._at = (j, rows)
+                self._pace(j, rows)  # the next window (perhaps the next epoch's first) goes to the other buffer
+                yield self._staging.window(fill.buffer, self._buffers[fill.buffer], rows, self._perm(j))
         finally:
             self._staging.let_go()  # the next epoch may rewind the queues: no guard may be held then
         if self._after is not None:
-            last = self._fills[-1]
-            self.carry = Carry(self._after[0].epoch, last.buffer, last.pulled, last.filled, self._staging, last.on_host)
+            last, j = self._fills[-1], len(self._fills) - 1
+            self.carry = Carry(self._after[0].epoch, last.buffer, last.pulled, last.filled, self._staging, last.on_host,
+                               self._after[0], self._perms.get(j))
 
     def prefetch(self) -> None:
         if self._rate:
             self._pull(self._fills[self._next], self._rate)
+            self._perm(self._next)  # with the pull that starts it, if not yet (see _perms)
 
 
 class SlotWindow(Window):
@@ -437,16 +479,15 @@ def epoch_windows(
     pieces: "EpochPieces",
     memory: WindowMemory,
     carry: "Carry | None" = None,
-    after: "tuple[RankEpoch, EpochPieces] | None" = None,
     staging: "Staging | None" = None,
 ) -> Windows:
     """The windows of a rank's epoch from window ``w0`` on, read through ``feed``, which gives ``pieces`` next.
 
     ``memory``: the copier, and for a shuffled epoch the window buffers
-    (unshuffled, batches come straight out of the slots); ``carry`` and
-    ``after``: see :class:`ShuffledWindows`; ``staging``: how a shuffled
-    window's rows reach the batches (NOTE [staging]; None: gathered on the host).
+    (unshuffled, batches come straight out of the slots); ``carry``: see
+    :class:`ShuffledWindows`; ``staging``: how a shuffled window's rows
+    reach the batches (NOTE [staging]; None: gathered on the host).
     """
     if not plan.settings.shuffle:
         return BlockWindows(plan, w0, feed, memory.copier, pieces.selections)
-    return ShuffledWindows(plan, w0, feed, memory, plan.settings.batch_size, pieces, carry, after, staging)
+    return ShuffledWindows(plan, w0, feed, memory, plan.settings.batch_size, pieces, carry, staging)

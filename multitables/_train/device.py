@@ -43,8 +43,8 @@ NOTE [windows on a device]
     buffer wait on the GPU for the training stream's gathers out of its
     last window (an event recorded when that window is closed: waiting for
     all the training stream had queued held the next window's copies, and
-    their slots, behind the steps in flight). The GPU holds two window buffers per dataset (2 x 256 MiB
-    by default). The device calls are :class:`CudaOps`'; the tests drive
+    their slots, behind the steps in flight). The GPU holds two window
+    buffers per dataset (2 x 256 MiB by default). The device calls are :class:`CudaOps`'; the tests drive
     :class:`DeviceStaging` on the CPU with calls that run each copy late,
     at its wait, and fail where a copy's rows changed before it ran or a
     gather read rows not yet copied.
@@ -306,7 +306,7 @@ class DeviceStaging(Staging):
         self._done: "list[Any]" = [None, None]  # the event after each buffer's last copy
         self._gathered: "list[Any]" = [None, None]  # on the training stream, after the last gather out of each
         self._held: "deque[tuple[Any, list[Guard]]]" = deque()  # guards taken (take_slots), with their copies' event
-        #: Slots page-locked (NOTE [slots on a device]): address -> the queue, or None where they could not be.
+        #: Queues' slots (NOTE [slots on a device]): address -> (the queue, whether they could be page-locked).
         self._slots: "dict[int, tuple[weakref.ref[Queue], bool]]" = {}
         # Dropped without close(): the host buffers are unlocked before they can be freed (the finalizer holds them).
         weakref.finalize(self, _unlock_all, ops, self._host, self._slots)

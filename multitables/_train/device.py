@@ -396,13 +396,13 @@ class DeviceStaging(Staging):
 
     def _slots_locked(self, queue: "Queue") -> bool:
         """Whether ``queue``'s slots are page-locked: made so the first time (False where they cannot be)."""
+        for ref, locked in self._slots.values():  # a piece at a time: asked once per queue, not per piece
+            if ref() is queue:
+                return locked
         memory = queue.slot_memory()
         if memory is None:  # read in this process: a block is ordinary memory
             return False
         address, nbytes = memory
-        known = self._slots.get(address)
-        if known is not None and known[0]() is queue:
-            return known[1]
         try:
             self._ops.lock_memory(address, nbytes, "a queue's slots")
         except RuntimeError:  # (no room to lock them, say): the blocks are copied into the window buffers

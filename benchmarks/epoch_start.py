@@ -5,9 +5,10 @@ are queued and run later, so the consumer's own CPU time per batch is what
 an epoch's first batch adds (issue 30: it should wait no longer than a batch
 in mid-epoch). Shuffled batches of 1,024 rows over the GPU section's file
 (``multitables_bench.gpu``: 4 KiB zlib-3 rows, written when missing), 2
-readers, epochs 2-5; prints the medians of the consumer's thread CPU per
-batch (an epoch's first, a window's first, the others) and a profile of the
-epochs' first batches.
+readers; times epochs 2-5, then profiles the first two batches of the next
+4 epochs (the profiler's own cost stays out of the times); prints the
+medians of the consumer's thread CPU per batch (an epoch's first, second
+and last, a window's first, the others) and the profile.
 
     python benchmarks/epoch_start.py --file bench/gpu512.h5 --mib 512
 """
@@ -58,6 +59,8 @@ def main() -> None:
     p.add_argument("--file", required=True)
     p.add_argument("--mib", type=int, default=512)
     p.add_argument("--epochs", type=int, default=4, help="epochs timed, after the first")
+    p.add_argument("--sampling", choices=["all", "weights", "indices"], default="all",
+                   help="every row, a weighted draw of as many (weights 1 to 4), or every other row")
     args = p.parse_args()
     import multitables
     from multitables._train.device import DeviceStaging
@@ -65,7 +68,10 @@ def main() -> None:
 
     if not os.path.exists(args.file):
         write_file(args.file, args.mib)
-    batches = multitables.Streamer(args.file).get_batches("/X", BATCH, n_procs=2, epochs=None, seed=0)
+    n_rows = multitables.Streamer(args.file).get_batches("/X", BATCH, n_procs=0).n_rows
+    sampling = {"all": {}, "weights": {"weights": np.arange(n_rows) % 4 + 1.0},
+                "indices": {"indices": np.arange(0, n_rows, 2)}}[args.sampling]
+    batches = multitables.Streamer(args.file).get_batches("/X", BATCH, n_procs=2, epochs=None, seed=0, **sampling)
     staging = DeviceStaging(NoDevice(), batches.row_types)
     it = batches.iter_into(lambda n: [_Nothing()], staging)
     n = len(batches)
@@ -73,22 +79,28 @@ def main() -> None:
         next(it)
     window = batches.window * batches.block_size // BATCH  # batches a window
     cpu: list[float] = []
-    prof = cProfile.Profile(time.thread_time)
-    for _ in range(args.epochs):
+    for _ in range(args.epochs):  # timed alone: a profiler running in a call would be charged to it
         for i in range(n):
             t = time.thread_time()
-            if i == 0:
+            next(it)
+            cpu.append(time.thread_time() - t)
+    prof = cProfile.Profile(time.thread_time)
+    for _ in range(args.epochs):  # then the epochs' first batches (and the batch after each) profiled
+        for i in range(n):
+            if i < 2:
                 prof.enable()
             next(it)
-            if i == 0:
+            if i < 2:
                 prof.disable()
-            cpu.append(time.thread_time() - t)
     firsts = [c for k, c in enumerate(cpu) if k % n == 0]
-    windows = [c for k, c in enumerate(cpu) if k % n and (k % n) % window == 0]
-    rest = [c for k, c in enumerate(cpu) if k % n and (k % n) % window]
+    seconds = [c for k, c in enumerate(cpu) if k % n == 1]
+    lasts = [c for k, c in enumerate(cpu) if k % n == n - 1]
+    windows = [c for k, c in enumerate(cpu) if k % n > 1 and (k % n) % window == 0]
+    rest = [c for k, c in enumerate(cpu) if k % n > 1 and (k % n) % window and k % n != n - 1]
     ms = lambda xs: f"{statistics.median(xs) * 1e3:.3f} ms" if xs else "-"  # noqa: E731
     print(f"{n} batches an epoch, {window} a window; the consumer's CPU per batch (medians): an epoch's first "
-          f"{ms(firsts)}, a later window's first {ms(windows)}, the others {ms(rest)}")
+          f"{ms(firsts)}, its second {ms(seconds)}, its last {ms(lasts)}, a later window's first {ms(windows)}, "
+          f"the others {ms(rest)} (the slowest of those {max(rest) * 1e3:.3f} ms)")
     pstats.Stats(prof).sort_stats("cumtime").print_stats(20)
     batches.close()
     staging.close()

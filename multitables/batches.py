@@ -21,7 +21,7 @@ import numpy as np
 
 from ._io.blockread import delivered
 from ._plan.epoch import EpochSettings, remaining_after
-from ._plan.subset import epoch_rows, subset_key, weighted_draw, weights_key
+from ._plan.subset import EpochRows, epoch_rows
 from ._sys.checks import check_bool, check_columns, check_fields, check_int, rank_and_world
 from ._train.mix import MixedBatches, mix_batches
 from ._train.transforms import infer_transforms
@@ -180,7 +180,7 @@ class Batches:
         if len(lengths) > 1:
             listing = ", ".join(f"{p!r} has {n.n_rows}" for p, n in zip(path_list, nodes))
             raise ValueError(f"datasets read together need the same number of rows: {listing}")
-        self._subset, self._weights, n_rows = epoch_rows(nodes[0].n_rows, indices, weights, num_samples)
+        subset, drawn_from, n_rows = epoch_rows(nodes[0].n_rows, indices, weights, num_samples)
         self._transforms = infer_transforms(stream, path_list, nodes, transform, self._columns is not None)
         self._engines, self._plan = plan_feed(
             stream.options, nodes, self._transforms, n_rows=n_rows, n_procs=n_procs, block_size=block_size,
@@ -190,6 +190,7 @@ class Batches:
             n_rows=n_rows, block_size=self._plan.block_size, batch_size=batch_size, world_size=world,
             shuffle=shuffle, seed=seed, drop_last=drop_last, window=self._plan.window,
         )  # fmt: skip
+        self._rows = EpochRows(subset, drawn_from, n_rows, self._settings.seed)  # each epoch's file rows
         if self._settings.empty_last_batch:
             warnings.warn(
                 f"{n_rows} rows over {world} ranks in batches of {batch_size}: the last batch of some ranks "
@@ -307,7 +308,7 @@ class Batches:
             "batch": self._batch,
             "step": self._step,
             "rank": self.rank,
-            "subset": self._subset_key(),
+            "subset": self._rows.key(),
             "elastic": [list(segment) for segment in self._elastic],
             **{key: getattr(s, key) for key in _ORDER_KEYS},
         }
@@ -358,6 +359,7 @@ class Batches:
         The position stays: iterating again goes on from it, with new readers."""
         self._stop_active()
         self._feed.close()
+        self._rows.close()
         if self._memory is not None:
             self._memory.close()
         self._memory, self._carry = None, None
@@ -368,30 +370,16 @@ class Batches:
             self._memory = WindowMemory(self._settings.window * self._settings.block_size, self._row_types)
         return self._memory
 
-    def _subset_key(self) -> "str | None":
-        if self._weights is not None:
-            return weights_key(self._weights, self._settings.n_rows)
-        return None if self._subset is None else subset_key(self._subset)
-
     def _epoch_plan(self, epoch: int) -> "tuple[EpochSettings | None, np.ndarray | None]":
-        """How ``epoch`` is planned, and the file rows of its positions (None: every row, in order).
-
-        After an elastic resume, the rest of the current epoch (NOTE [elastic
-        resume]); settings None when nothing of it is left.
-        """
-        s, rows = self._settings, self._rows_of(epoch)
+        """How ``epoch`` is planned, and the file rows of its positions (None: every row, in order); after an
+        elastic resume, the rest of the current epoch (NOTE [elastic resume]): settings None when nothing is left."""
+        s, rows = self._settings, self._rows.of(epoch)
         if not self._elastic or epoch != self._epoch:
             return s, rows
         left = remaining_after(s, epoch, self._elastic)
         if not len(left):
             return None, None
         return replace(s, n_rows=len(left), block_size=min(s.block_size, len(left))), left if rows is None else rows[left]
-
-    def _rows_of(self, epoch: int) -> "np.ndarray | None":
-        """The file rows of an epoch's positions (NOTE [subsets]); None: every row, in order."""
-        if self._weights is not None:
-            return weighted_draw(self._weights, self._settings.n_rows, self._settings.seed, epoch)
-        return self._subset
 
     def _deliver(self, arrays: list[np.ndarray]) -> Batch:
         """A batch as the caller asked for it: one array, a tuple of them, or a dict of columns."""
@@ -410,7 +398,7 @@ class Batches:
 
     def __iter__(self) -> Iterator[Batch]:
         """The batches left in the current epoch (and ``epochs - 1`` more, or endless); each epoch's end moves the position on."""
-        return self.iter_into(self._fresh)
+        return self.iter_into(lambda n: [np.empty((n,) + shape, dtype) for dtype, shape in self._row_types])
 
     def iter_into(self, alloc: "Callable[[int], Sequence[Any]]", staging: "Staging | None" = None) -> Iterator[Batch]:
         """As ``iter(batches)``, each batch's rows written straight into ``alloc(rows)``'s arrays.
@@ -436,9 +424,6 @@ class Batches:
     def row_types(self) -> "list[tuple[np.dtype, tuple[int, ...]]]":
         """The dtype and row shape of each path's delivered rows (a transform's output, where there is one)."""
         return list(self._row_types)
-
-    def _fresh(self, n: int) -> list[np.ndarray]:
-        return [np.empty((n,) + shape, dtype) for dtype, shape in self._row_types]
 
     def _run_epochs(self, epochs: "int | None", alloc: Alloc, staging: "Staging | None") -> Iterator[Batch]:
         """``epochs`` epochs (None: endless) from the current position, each in its own order."""
@@ -473,14 +458,18 @@ class Batches:
                 self._feed.provide(pieces)
                 source = epoch_windows(plan, w0, self._feed, pieces, self._window_memory(), carry, staging)
             k = start
+            last = int(plan.window_offsets[max(0, plan.n_windows - 1)]) // s.batch_size  # the last window's first batch
             for arrays in cut(source, skip, s.batch_size, alloc):
                 k += 1
                 self._batch, self._step = k, self._step + 1
                 yield self._deliver(arrays)
                 if ahead:  # NOTE [readers across epochs]: once the first batch is out, the next epoch is planned
+                    self._rows.draw_ahead(epoch + 1)  # a weighted draw: on a thread, taken once drawn
+                    if not self._rows.ready(epoch + 1) and k < last:
+                        continue
                     ahead = False
                     later = self._settings.rank_epoch(epoch + 1, self.rank)
-                    following = EpochPieces.of(later, 0, self._rows_of(epoch + 1))
+                    following = EpochPieces.of(later, 0, self._rows.of(epoch + 1))
                     if self._feed.follow(following) and s.shuffle:  # published where it fits
                         source.then((later, following))  # its first window pulled during this epoch's last
             while k < s.n_batches:  # see NOTE [epoch plan]: empty last batches

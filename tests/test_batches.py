@@ -7,6 +7,7 @@ import os
 import resource
 import tempfile
 import textwrap
+import threading
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -605,6 +606,34 @@ def test_a_weighted_draw_takes_rows_in_proportion_anew_each_epoch(data_file, n_p
     assert not np.array_equal(epochs[0], epochs[1])  # a fresh draw each epoch
     again = stream.get_batches(["/X", "/y"], **kw)  # ... the same one for the same seed
     np.testing.assert_array_equal(np.sort(np.concatenate(epoch_rows(again))), epochs[0])
+
+
+@pytest.mark.parametrize("n_procs", [0, 2], ids=["in-process", "readers"])
+def test_in_a_loop_of_epochs_each_draw_is_made_once_on_a_thread_of_its_own(
+        data_file, n_procs: int, monkeypatch: pytest.MonkeyPatch, no_leaks) -> None:
+    """The next epoch's rows are drawn while this one is read, on a thread, and not drawn again when it starts: a
+    draw (0.2 s for a million rows) is no batch's wait. The batches are those of batches that draw each epoch
+    afresh in the caller's thread (one epoch at a time, in another process's order of events)."""
+    import multitables._plan.subset as subset
+
+    stream = multitables.Streamer(data_file(1000))
+    kw = dict(batch_size=100, seed=4, weights=np.arange(1, 1001, dtype=float), num_samples=1500, block_size=50,
+              window=4, n_procs=n_procs)
+    want = []
+    for epoch in range(3):
+        ref = stream.get_batches(["/X", "/y"], **kw)
+        ref.set_epoch(epoch)
+        want.append(epoch_rows(ref))
+        ref.close()
+    draws: list[tuple[int, str]] = []
+    draw = subset.weighted_draw
+    monkeypatch.setattr(subset, "weighted_draw",
+                        lambda *a: (draws.append((a[3], threading.current_thread().name)), draw(*a))[1])
+    b = stream.get_batches(["/X", "/y"], epochs=3, **kw)
+    got = epoch_rows(b)
+    assert [g.tolist() for g in got] == [w.tolist() for e in want for w in e]
+    assert sorted(draws) == [(0, "MainThread"), (1, "multitables-draw"), (2, "multitables-draw")]
+    b.close()
 
 
 def test_a_weighted_draw_is_the_same_on_every_rank_and_split_between_them(data_file) -> None:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+from unittest.mock import patch
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multitables._plan.subset import piece_spans, subset_rows, weighted_draw
+from multitables._plan.subset import EpochRows, piece_spans, subset_key, subset_rows, weighted_draw
 
 
 @settings(max_examples=200, deadline=None)
@@ -44,3 +48,53 @@ def test_a_weighted_draw_depends_on_the_seed_and_epoch_only() -> None:
     assert not np.array_equal(a, weighted_draw(w, 30, seed=1, epoch=1))
     assert not np.array_equal(a, weighted_draw(w, 30, seed=2, epoch=0))
     assert (np.diff(a) >= 0).all() and 0 not in a  # sorted; a weight of 0 is never drawn
+
+
+@settings(max_examples=30, deadline=None)
+@given(epochs=st.lists(st.integers(0, 5), min_size=1, max_size=12))
+def test_an_epochs_draw_is_made_once_while_kept_and_is_that_epochs_draw_whenever_asked(epochs: list[int]) -> None:
+    """Epochs asked for in any order: each answer is the epoch's own draw; asking again for one of the last two
+    drawn draws nothing (the next epoch's, drawn when it is planned ahead, is not drawn again when it starts)."""
+    w = np.arange(1, 41, dtype=np.float64)
+    rows = EpochRows(None, w, 25, seed=3)
+    drawn: list[int] = []
+    with patch("multitables._plan.subset.weighted_draw", lambda *a: (drawn.append(a[3]), weighted_draw(*a))[1]):
+        kept: list[int] = []
+        for e in epochs:
+            np.testing.assert_array_equal(rows.of(e), weighted_draw(w, 25, 3, e))
+            assert drawn.count(e) == (0 if e in kept else 1)
+            drawn.clear()
+            if e not in kept:  # a draw is kept until two others were drawn after it
+                kept = kept[-1:] + [e]
+    assert rows.key() is not None and EpochRows(None, None, 40, 0).of(7) is None
+
+
+def test_a_subsets_rows_are_the_same_every_epoch() -> None:
+    subset = np.array([2, 3, 5, 8], np.int64)
+    rows = EpochRows(subset, None, 4, seed=0)
+    assert rows.of(0) is subset and rows.of(9) is subset and rows.key() == subset_key(subset)
+
+
+def test_a_draw_made_ahead_on_its_thread_is_the_epochs_and_its_error_is_raised_where_the_rows_are_asked_for() -> None:
+    w = np.arange(1, 41, dtype=np.float64)
+    rows = EpochRows(None, w, 25, seed=3)
+    go = threading.Event()
+
+    def slow(*args: object) -> np.ndarray:
+        go.wait(10)
+        return weighted_draw(*args)  # type: ignore[arg-type]
+
+    with patch("multitables._plan.subset.weighted_draw", slow):
+        rows.draw_ahead(4)
+        assert not rows.ready(4) and rows.ready(5)  # nothing of epoch 5 is in progress
+        go.set()
+        np.testing.assert_array_equal(rows.of(4), weighted_draw(w, 25, 3, 4))
+        assert rows.ready(4)
+    with patch("multitables._plan.subset.weighted_draw", side_effect=MemoryError("no room for the draw")):
+        rows.draw_ahead(6)
+        with pytest.raises(MemoryError, match="no room for the draw"):
+            rows.of(6)
+    rows.draw_ahead(7)
+    rows.close()  # waits for it: no thread left
+    assert not [t for t in threading.enumerate() if t.name == "multitables-draw"]
+    assert EpochRows(None, None, 40, 0).ready(1)  # nothing to draw: always ready

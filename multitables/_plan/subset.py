@@ -1,4 +1,4 @@
-"""Training on a subset of a dataset's rows: which file rows each planned piece reads. Pure, no I/O.
+"""Training on a subset of a dataset's rows: which file rows each planned piece reads. No I/O.
 
 NOTE [subsets]
     An epoch over a subset is planned as over any dataset, in *positions*
@@ -19,11 +19,18 @@ NOTE [subsets]
     piece takes a repeated row as often as it was drawn. Since blocks are
     runs of the sorted draw, the copies of a row fall in one shuffle window:
     they come within that window's batches, not spread over the epoch.
+    Each epoch's draw is made once (:class:`EpochRows`): the next epoch's
+    on a thread while this one is read, kept for its start. A draw takes 20
+    ms for 131,072 rows here, 0.25 s for a million; before, an epoch's first
+    batch drew its rows and its second the next epoch's, each in the
+    caller's thread (``benchmarks/epoch_start.py --sampling weights``).
 """
 
 from __future__ import annotations
 
+import threading
 import zlib
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -160,3 +167,67 @@ def weighted_draw(weights: np.ndarray, n_samples: int, seed: int, epoch: int) ->
 def weights_key(weights: np.ndarray, n_samples: int) -> str:
     """A short fingerprint of a weighted draw's settings (see :func:`subset_key`)."""
     return f"weights:{n_samples}:{zlib.crc32(np.ascontiguousarray(weights).tobytes()):08x}"
+
+
+class EpochRows:
+    """The file rows of each epoch's positions (NOTE [subsets]): a subset's, the same every epoch; a weighted draw's,
+    made once per epoch (the last two drawn are kept: 8 bytes a row each); or None, every row in order.
+
+    ``subset``, ``weights`` and ``n_rows``: as :func:`epoch_rows` gives them; ``seed``: the draws'. A draw can be
+    made on a thread of its own (:meth:`draw_ahead`: numpy lets the GIL go while it draws), so that the caller's
+    thread does not wait for it; :meth:`close` waits for one in progress.
+    """
+
+    def __init__(self, subset: "np.ndarray | None", weights: "np.ndarray | None", n_rows: int, seed: int) -> None:
+        self._subset, self._weights, self._n_rows, self._seed = subset, weights, n_rows, seed
+        self._drawn: "dict[int, np.ndarray]" = {}
+        self._ahead: "tuple[int, Future[np.ndarray]] | None" = None  # a draw in progress on its thread
+
+    def of(self, epoch: int) -> "np.ndarray | None":
+        """The file rows of ``epoch``'s positions, sorted; None: every row, in order. Waits for a draw of it
+        in progress; draws it here if none is (or was kept)."""
+        if self._weights is None:
+            return self._subset
+        if epoch not in self._drawn:
+            ahead = self._ahead
+            if ahead is not None and ahead[0] == epoch:
+                self._ahead = None
+                rows = ahead[1].result()  # its error, if it failed, with the thread's traceback
+            else:
+                rows = weighted_draw(self._weights, self._n_rows, self._seed, epoch)
+            if len(self._drawn) >= 2:
+                del self._drawn[next(iter(self._drawn))]  # the one drawn first
+            self._drawn[epoch] = rows
+        return self._drawn[epoch]
+
+    def draw_ahead(self, epoch: int) -> None:
+        """Start drawing ``epoch``'s rows on a thread, for :meth:`of` (nothing to draw: nothing done)."""
+        if self._weights is None or epoch in self._drawn or (self._ahead is not None and self._ahead[0] == epoch):
+            return
+        future: "Future[np.ndarray]" = Future()
+        weights, n_rows, seed = self._weights, self._n_rows, self._seed
+
+        def draw() -> None:
+            try:
+                future.set_result(weighted_draw(weights, n_rows, seed, epoch))
+            except BaseException as exc:  # noqa: BLE001 - raised where the rows are asked for
+                future.set_exception(exc)
+
+        threading.Thread(target=draw, name="multitables-draw", daemon=True).start()
+        self._ahead = (epoch, future)  # one for another epoch (set_epoch went elsewhere) ends unused
+
+    def ready(self, epoch: int) -> bool:
+        """Whether :meth:`of` gives ``epoch``'s rows without waiting for a draw in progress."""
+        return self._ahead is None or self._ahead[0] != epoch or self._ahead[1].done()
+
+    def close(self) -> None:
+        """Wait for a draw in progress (its thread ends with it); idempotent."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            wait([ahead[1]])
+
+    def key(self) -> "str | None":
+        """A fingerprint of what is drawn (a saved position loads only where it is the same); None: every row."""
+        if self._weights is not None:
+            return weights_key(self._weights, self._n_rows)
+        return None if self._subset is None else subset_key(self._subset)

@@ -358,11 +358,19 @@ class Batches:
 
         The position stays: iterating again goes on from it, with new readers."""
         self._stop_active()
-        self._feed.close()
+        self._close_feed()
         self._rows.close()
         if self._memory is not None:
             self._memory.close()
         self._memory, self._carry = None, None
+
+    def _close_feed(self) -> None:
+        """Stop the readers; a staging first gives back the guards it holds (NOTE [slots on a device])."""
+        try:
+            if self._memory is not None:
+                self._memory.let_go()
+        finally:
+            self._feed.close()
 
     def _window_memory(self) -> WindowMemory:
         """The windows' copier and buffers (for the largest window), kept from epoch to epoch."""
@@ -436,7 +444,7 @@ class Batches:
         except GeneratorExit:
             raise  # the loop was left: the readers stay for the next iteration
         except BaseException:
-            self._feed.close()  # between two epochs (Ctrl-C): as within one
+            self._close_feed()  # between two epochs (Ctrl-C): as within one
             raise
 
     def _iterate(self, epoch: int, start: int, alloc: Alloc, ahead: bool, staging: "Staging | None") -> Iterator[Batch]:
@@ -452,6 +460,8 @@ class Batches:
         if carry is not None and (carry.epoch != epoch or w0 != 0 or not carry.good_for(staging)):
             carry = None  # NOTE [window pipelining]: good for that epoch from its first window only
         try:
+            if carry is None and self._memory is not None:  # the queues may be rewound: held slots go back first
+                self._memory.let_go()
             source: "Windows" = NoWindows()
             if w0 < plan.n_windows:
                 pieces = EpochPieces.of(plan, plan.bounds[w0] if carry is None else carry.pulled, rows)
@@ -482,5 +492,5 @@ class Batches:
         except GeneratorExit:
             raise  # the loop was left: the readers stay for the next iteration
         except BaseException:
-            self._feed.close()  # a reader failed, or the loop body raised: start afresh next time
+            self._close_feed()  # a reader failed, or the loop body raised: start afresh next time
             raise

@@ -314,6 +314,41 @@ def test_slots_are_copied_straight_and_given_back_only_after_their_copies_ran(
     staging.close()
 
 
+def test_an_epochs_start_waits_for_no_copy_more_recent_than_one_a_batch_in_mid_epoch_waits_for(
+        data_file: Path, checked_releases: list, no_leaks: None) -> None:
+    """A loop of epochs pulls each next epoch's first window straight out of its slots during the last one. Those
+    slots stay held through the epoch's boundary, as within an epoch, and go back as their copies pass: the host
+    never waits there for a copy just queued (giving every held slot back when an epoch ended waited for the last
+    one, the newest copy of all). The boundary: an epoch's last batch and the next one's first. Rows exact; no
+    slot back before its copy ran."""
+    from multitables._train.device import DeviceStaging
+
+    want = epoch_rows(data_file, 3, paths=["/X"])
+    ops = LateDevice()
+    checked_releases.append(ops)
+    lags: list[int] = []  # per wait: copies queued after the one waited for
+    host_wait = ops.host_wait
+    ops.host_wait = lambda event: (lags.append(ops.seq - event), host_wait(event))  # type: ignore[method-assign]
+    b = batches(data_file, ["/X"], epochs=3, n_procs=2)
+    n = len(b)
+    staging = DeviceStaging(ops, b.row_types)
+    it = b.iter_into(staging.alloc, staging)
+    got, newest = [], []
+    for _ in range(3 * n):
+        lags.clear()
+        got.append(tuple(a.copy() for a in next(it)))
+        newest.append(min(lags, default=None))
+    assert next(it, None) is None
+    same(got, [batch for epoch in want for batch in epoch])
+    boundary = [k for k in range(n - 1, 2 * n + 1) if k % n in (0, n - 1)]
+    mid = [lag for k, lag in enumerate(newest) if k not in boundary and k not in (0, 3 * n - 1) and lag is not None]
+    at_boundary = [newest[k] for k in boundary if newest[k] is not None]
+    assert mid and min(at_boundary, default=min(mid)) >= min(mid), (at_boundary, min(mid))
+    b.close()
+    staging.close()
+    assert ops.queued == [] and ops.memory == {}
+
+
 def test_host_and_device_iterations_take_turns_on_the_same_windows(data_file: Path, no_leaks: None) -> None:
     """A host iteration after a device one waits for the device's copies first; a carry the host pulled is copied."""
     want = epoch_rows(data_file, 3)

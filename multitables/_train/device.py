@@ -62,8 +62,11 @@ NOTE [slots on a device]
     given back before, a reader could write the next block into it under
     the copy. Held slots are given back as their events pass, at the
     latest when half of a queue's slots are held (a ``get()`` waits while
-    its caller holds them all) and when an iteration of windows ends (the
-    next may rewind the queues, which no held slot may outlast). The slots
+    its caller holds them all) and before the queues are rewound or closed
+    (no held slot may outlast that): when an iteration is left or fails,
+    and when one drops a carry. A carry's slots stay held through its
+    epoch's start, as within an epoch: giving them all back when an epoch
+    ended made the host wait there for the copy just queued. The slots
     are unlocked before their queue unmaps them, whichever way it closes
     (``Queue.at_close``), once the copies out of them are done. A dataset
     read in the consumer (no readers: its blocks are not in shared

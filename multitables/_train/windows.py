@@ -28,9 +28,9 @@ NOTE [window pipelining]
     published then, and handed to :meth:`Windows.then`), a window's order
     (a permutation of up to 65,536 rows, 0.5-0.7 ms here) by the prefetch
     that starts pulling it, and the carry brings the next epoch's plan and
-    first order with it. On the ``device=`` path, where a batch costs the
-    consumer 0.12 ms, an epoch's first batch cost it 2.04-2.19 ms before,
-    0.81-0.93 ms after (``benchmarks/epoch_start.py``, 512 MiB, 2 readers).
+    first order with it. An epoch's first batch cost the consumer 1.02-1.05
+    ms before, 0.22 ms after, its second 0.18-0.20 and 0.91-0.98 ms, others
+    0.06-0.08 ms (``benchmarks/epoch_start.py``: ``device=``, 2 readers).
 
 NOTE [window buffers and fork]
     Readers started by ``fork`` share the consumer's memory copy-on-write:
@@ -79,7 +79,6 @@ from .copier import Copier, copy_threads
 if TYPE_CHECKING:
     from .._stream.queue import Guard, Queue
     from .feed import EpochPieces, Feed
-
 
 
 #: ``madvise`` advice absent from Python's mmap module: Linux's value (parisc's differs).
@@ -134,6 +133,11 @@ class WindowMemory:
             self._buffers = window_buffers(self._rows, self._row_types)
         return self._buffers
 
+    def let_go(self) -> None:
+        """The last staging releases every guard it holds (before the queues are rewound or closed)."""
+        if self._staging is not None:
+            self._staging.let_go()
+
     def staged_by(self, staging: "Staging") -> None:
         """``staging`` takes the rows out of the buffers from now on; the one before lets go of them first."""
         if self._staging is not None and self._staging is not staging:
@@ -176,7 +180,7 @@ class Staging:
         return False
 
     def let_go(self) -> None:
-        """Release every guard :meth:`take_slots` took (an iteration of windows ends: the queues may be rewound)."""
+        """Release every guard :meth:`take_slots` took (the queues may be rewound or closed next)."""
 
     def window(self, buffer: int, arrays: "list[np.ndarray]", rows: int, perm: "np.ndarray | None") -> "Window":
         """The window held in the first ``rows`` rows of ``arrays``, delivered in the order ``perm``."""
@@ -390,9 +394,12 @@ class ShuffledWindows(Windows):
                 self._at = (j, rows)
                 self._pace(j, rows)  # the next window (perhaps the next epoch's first) goes to the other buffer
                 yield self._staging.window(fill.buffer, self._buffers[fill.buffer], rows, self._perm(j))
-        finally:
-            self._staging.let_go()  # the next epoch may rewind the queues: no guard may be held then
-        if self._after is not None:
+        except BaseException:  # left, or failed: the next iteration may rewind the queues, which no held guard outlasts
+            self._staging.let_go()
+            raise
+        if self._after is None:
+            self._staging.let_go()
+        else:  # the carry's guards stay held, as within an epoch (NOTE [slots on a device])
             last, j = self._fills[-1], len(self._fills) - 1
             self.carry = Carry(self._after[0].epoch, last.buffer, last.pulled, last.filled, self._staging, last.on_host,
                                self._after[0], self._perms.get(j))

@@ -26,7 +26,8 @@ from ._sys.checks import check_bool, check_columns, check_fields, check_int, ran
 from ._train.mix import MixedBatches, mix_batches
 from ._train.transforms import infer_transforms
 from ._train.feed import EpochPieces, Feed, plan_feed
-from ._train.windows import Alloc, Carry, NoWindows, Staging, WindowMemory, Windows, cut, epoch_windows
+from ._train.buffers import WindowMemory
+from ._train.windows import Alloc, Carry, NoWindows, Staging, Windows, cut, epoch_windows
 
 if TYPE_CHECKING:
     from .streamer import Streamer  # type only: the streamer makes batches

@@ -763,12 +763,12 @@ def test_split_readers(nbytes: list[int], pays: list[bool], n_procs: "int | None
         assert sum(expected) == (cpus if n_procs is None else n_procs)
 
 
-# -- window buffers and fork (NOTE [window buffers and fork] in _train.windows) -----------------
+# -- window buffers and fork (NOTE [window buffers and fork] in _train.buffers) -----------------
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
 def test_a_forked_child_finds_a_window_buffer_zeroed_and_the_parents_untouched() -> None:
-    from multitables._train.windows import empty_window_buffer
+    from multitables._train.buffers import empty_window_buffer
 
     buf = empty_window_buffer((1024, 16), np.float32)
     buf[...] = 7

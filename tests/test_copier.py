@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import multitables
-from multitables._train import windows
+from multitables._train import buffers
 from multitables._train import copier as copier_module
 from multitables._train.copier import Copier
 
@@ -80,7 +80,7 @@ def test_batches_copied_by_threads_are_the_batches_of_one(tmp_path: Path, monkey
         f.create_dataset("y", data=i, chunks=(250,))
 
     def epochs(threads: int) -> list[np.ndarray]:
-        monkeypatch.setattr(windows, "copy_threads", lambda: threads)  # as the windows' memory calls it
+        monkeypatch.setattr(buffers, "copy_threads", lambda: threads)  # as the windows' memory calls it
         b = multitables.Streamer(path).get_batches(["/X", "/y"], 300, n_procs=2, block_size=250, window=6, seed=3,
                                                    shuffle=shuffle)
         try:
@@ -106,7 +106,7 @@ def test_dropping_the_batches_ends_their_copy_threads(tmp_path: Path, monkeypatc
     path = tmp_path / "d.h5"
     with h5py.File(path, "w") as f:
         f.create_dataset("X", data=np.arange(20000.0).reshape(5000, 4), chunks=(100, 4))
-    monkeypatch.setattr(windows, "copy_threads", lambda: 3)
+    monkeypatch.setattr(buffers, "copy_threads", lambda: 3)
     monkeypatch.setattr(Copier, "PART", 64)
     b = multitables.Streamer(path).get_batches("/X", 300, n_procs=2, block_size=250, window=6, seed=3)
     it = iter(b)

@@ -61,8 +61,17 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=4, help="epochs timed, after the first")
     p.add_argument("--sampling", choices=["all", "weights", "indices"], default="all",
                    help="every row, a weighted draw of as many (weights 1 to 4), or every other row")
+    p.add_argument("--copy-threads", type=int, help="the batches' copy threads (default: as the machine's CPUs give)")
     args = p.parse_args()
+    import importlib
+    import importlib.util
+
     import multitables
+
+    if args.copy_threads is not None:  # where the windows' memory looks them up (buffers; windows before it had one)
+        home = importlib.import_module("multitables._train.buffers" if importlib.util.find_spec(
+            "multitables._train.buffers") else "multitables._train.windows")
+        home.copy_threads = lambda: args.copy_threads  # type: ignore[attr-defined]
     from multitables._train.device import DeviceStaging
     from multitables_bench.gpu import BATCH, write_file
 

@@ -114,3 +114,43 @@ def test_dropping_the_batches_ends_their_copy_threads(tmp_path: Path, monkeypatc
     assert copy_threads_alive()
     del it, b  # no close(): the last reference goes
     wait_until(lambda: not copy_threads_alive(), 10.0, "the copy threads end")
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_later_gives_the_result_or_the_error_made_on_a_copy_thread_where_there_are_some(threads: int) -> None:
+    c = Copier(threads)
+    try:
+        ran_on = c.later(lambda: threading.current_thread().name).result()
+        assert ran_on.startswith("multitables-copy") == (threads > 1)
+        np.testing.assert_array_equal(c.later(np.random.default_rng(5).permutation, 1000).result(),
+                                      np.random.default_rng(5).permutation(1000))
+        if threads > 1:  # inline, an error is raised at once, as the call itself raises it
+            failed = c.later(lambda: 1 / 0)
+            with pytest.raises(ZeroDivisionError):
+                failed.result()
+    finally:
+        c.close()
+    assert not copy_threads_alive()
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_with_copy_threads_no_window_order_is_made_in_the_consumers_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int, no_leaks: None) -> None:
+    """Each window's permutation is made while the window before it is delivered: on a copy thread where there are
+    some, so that no batch waits for one (``test_batches_copied_by_threads_are_the_batches_of_one``: the same rows,
+    in the same order)."""
+    from multitables._plan.epoch import RankEpoch
+
+    path = tmp_path / "d.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("X", data=np.arange(20000.0).reshape(5000, 4), chunks=(100, 4))
+    made_on: list[str] = []
+    perm = RankEpoch.window_perm
+    monkeypatch.setattr(RankEpoch, "window_perm",
+                        lambda self, w: (made_on.append(threading.current_thread().name), perm(self, w))[1])
+    monkeypatch.setattr(buffers, "copy_threads", lambda: threads)
+    b = multitables.Streamer(path).get_batches("/X", 300, n_procs=2, block_size=250, window=6, seed=3, epochs=2)
+    assert sum(len(x) for x in b) == 2 * 5000
+    b.close()
+    assert len(made_on) == 2 * 4  # 20 blocks in windows of 6: 4 windows an epoch, each ordered once
+    assert {name.startswith("multitables-copy") for name in made_on} == {threads > 1}

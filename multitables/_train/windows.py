@@ -51,6 +51,7 @@ NOTE [staging]
 from __future__ import annotations
 
 import math
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
@@ -168,7 +169,7 @@ class Carry:
     staging: "Staging | None" = None  # the staging that saw them pulled (NOTE [staging])
     on_host: bool = True  # whether the buffer holds its rows (not so where the staging took slots: take_slots)
     plan: "RankEpoch | None" = None  # that epoch's plan, and its first window's order: made while it was pulled
-    perm: "np.ndarray | None" = None
+    perm: "Future[np.ndarray | None] | None" = None
 
     def good_for(self, staging: "Staging | None") -> bool:
         """Whether an iteration with ``staging`` (None: on the host) can go on from it: its rows are where it looks."""
@@ -225,9 +226,10 @@ class ShuffledWindows(Windows):
                 self._staging.pulled(carry.buffer, self._buffers[carry.buffer], 0, carry.filled)
         self._first = first
         self._n_own = len(self._fills)  # this epoch's windows; the next epoch's first may follow (then())
-        # Each window's order, made by the prefetch() that starts pulling it (a carry's: by the last epoch), not
-        # by the batch that delivers its first rows: an epoch's first batch waits for no permutation.
-        self._perms: "dict[int, np.ndarray | None]" = {}
+        # Each window's order, started by the prefetch() that starts pulling it (a carry's: by the last epoch) on
+        # a copy thread where there are some (a permutation lets the GIL go), not by the batch that delivers its
+        # first rows: an epoch's first batch waits for no permutation, and where threads make them, no batch does.
+        self._perms: "dict[int, Future[np.ndarray | None]]" = {}
         if carry is not None and carry.perm is not None and carry.plan == plan:
             self._perms[0] = carry.perm
         self._after: "tuple[RankEpoch, EpochPieces] | None" = None
@@ -259,10 +261,11 @@ class ShuffledWindows(Windows):
             self._next = j + 1
             self._rate = math.ceil(len(self._fills[j + 1].rows) / max(1, rows // self._batch_size))
 
-    def _perm(self, j: int) -> "np.ndarray | None":
+    def _order(self, j: int) -> "Future[np.ndarray | None]":
+        """Window ``j``'s permutation, made (or being made) on a copy thread (see ``_perms``)."""
         if j not in self._perms:
             fill = self._fills[j]
-            self._perms[j] = fill.plan.window_perm(fill.w)
+            self._perms[j] = self._copier.later(fill.plan.window_perm, fill.w)
         return self._perms[j]
 
     def _pull(self, fill: _Fill, n: int) -> None:
@@ -306,7 +309,7 @@ class ShuffledWindows(Windows):
                 rows = plan.window_rows(w)
                 self._at = (j, rows)
                 self._pace(j, rows)  # the next window (perhaps the next epoch's first) goes to the other buffer
-                yield self._staging.window(fill.buffer, self._buffers[fill.buffer], rows, self._perm(j))
+                yield self._staging.window(fill.buffer, self._buffers[fill.buffer], rows, self._order(j).result())
         except BaseException:  # left, or failed: the next iteration may rewind the queues, which no held guard outlasts
             self._staging.let_go()
             raise
@@ -320,7 +323,7 @@ class ShuffledWindows(Windows):
     def prefetch(self) -> None:
         if self._rate:
             self._pull(self._fills[self._next], self._rate)
-            self._perm(self._next)  # with the pull that starts it, if not yet (see _perms)
+            self._order(self._next)  # with the pull that starts it, if not yet (see _perms)
 
 
 class SlotWindow(Window):

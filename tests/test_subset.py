@@ -94,7 +94,17 @@ def test_a_draw_made_ahead_on_its_thread_is_the_epochs_and_its_error_is_raised_w
         rows.draw_ahead(6)
         with pytest.raises(MemoryError, match="no room for the draw"):
             rows.of(6)
-    rows.draw_ahead(7)
-    rows.close()  # waits for it: no thread left
+    late = threading.Event()
+
+    def slower_for_7(*args: object) -> np.ndarray:
+        (late if args[3] == 7 else go).wait(10)
+        return weighted_draw(*args)  # type: ignore[arg-type]
+
+    with patch("multitables._plan.subset.weighted_draw", slower_for_7):
+        rows.draw_ahead(7)
+        rows.draw_ahead(8)  # set_epoch went elsewhere: 7's draw is left untaken, and ends last
+        assert not rows.ready(7)
+        threading.Timer(0.2, late.set).start()
+        rows.close()  # waits for both: no thread left
     assert not [t for t in threading.enumerate() if t.name == "multitables-draw"]
     assert EpochRows(None, None, 40, 0).ready(1)  # nothing to draw: always ready

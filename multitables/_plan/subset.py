@@ -175,13 +175,13 @@ class EpochRows:
 
     ``subset``, ``weights`` and ``n_rows``: as :func:`epoch_rows` gives them; ``seed``: the draws'. A draw can be
     made on a thread of its own (:meth:`draw_ahead`: numpy lets the GIL go while it draws), so that the caller's
-    thread does not wait for it; :meth:`close` waits for one in progress.
+    thread does not wait for it; :meth:`close` waits for those in progress.
     """
 
     def __init__(self, subset: "np.ndarray | None", weights: "np.ndarray | None", n_rows: int, seed: int) -> None:
         self._subset, self._weights, self._n_rows, self._seed = subset, weights, n_rows, seed
         self._drawn: "dict[int, np.ndarray]" = {}
-        self._ahead: "tuple[int, Future[np.ndarray]] | None" = None  # a draw in progress on its thread
+        self._ahead: "dict[int, Future[np.ndarray]]" = {}  # draws in progress (or done, not yet taken), by epoch
 
     def of(self, epoch: int) -> "np.ndarray | None":
         """The file rows of ``epoch``'s positions, sorted; None: every row, in order. Waits for a draw of it
@@ -189,12 +189,9 @@ class EpochRows:
         if self._weights is None:
             return self._subset
         if epoch not in self._drawn:
-            ahead = self._ahead
-            if ahead is not None and ahead[0] == epoch:
-                self._ahead = None
-                rows = ahead[1].result()  # its error, if it failed, with the thread's traceback
-            else:
-                rows = weighted_draw(self._weights, self._n_rows, self._seed, epoch)
+            ahead = self._ahead.pop(epoch, None)
+            # Its error, if it failed, with the thread's traceback.
+            rows = ahead.result() if ahead is not None else weighted_draw(self._weights, self._n_rows, self._seed, epoch)
             if len(self._drawn) >= 2:
                 del self._drawn[next(iter(self._drawn))]  # the one drawn first
             self._drawn[epoch] = rows
@@ -202,8 +199,10 @@ class EpochRows:
 
     def draw_ahead(self, epoch: int) -> None:
         """Start drawing ``epoch``'s rows on a thread, for :meth:`of` (nothing to draw: nothing done)."""
-        if self._weights is None or epoch in self._drawn or (self._ahead is not None and self._ahead[0] == epoch):
+        if self._weights is None or epoch in self._drawn or epoch in self._ahead:
             return
+        # Draws of other epochs that ended untaken (set_epoch went elsewhere) are dropped.
+        self._ahead = {e: f for e, f in self._ahead.items() if not f.done()}
         future: "Future[np.ndarray]" = Future()
         weights, n_rows, seed = self._weights, self._n_rows, self._seed
 
@@ -214,17 +213,17 @@ class EpochRows:
                 future.set_exception(exc)
 
         threading.Thread(target=draw, name="multitables-draw", daemon=True).start()
-        self._ahead = (epoch, future)  # one for another epoch (set_epoch went elsewhere) ends unused
+        self._ahead[epoch] = future
 
     def ready(self, epoch: int) -> bool:
         """Whether :meth:`of` gives ``epoch``'s rows without waiting for a draw in progress."""
-        return self._ahead is None or self._ahead[0] != epoch or self._ahead[1].done()
+        ahead = self._ahead.get(epoch)
+        return ahead is None or ahead.done()
 
     def close(self) -> None:
-        """Wait for a draw in progress (its thread ends with it); idempotent."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None:
-            wait([ahead[1]])
+        """Wait for the draws in progress (their threads end with them); idempotent."""
+        ahead, self._ahead = list(self._ahead.values()), {}
+        wait(ahead)
 
     def key(self) -> "str | None":
         """A fingerprint of what is drawn (a saved position loads only where it is the same); None: every row."""

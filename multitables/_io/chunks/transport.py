@@ -101,8 +101,10 @@ class ScratchBuffer:
     def get(self, n: int) -> np.ndarray:
         """``n`` bytes of scratch, valid until the next call (their contents are the caller's to overwrite)."""
         if len(self._buffer) < n:
-            # Over-allocate by one alignment unit and start on a boundary, as O_DIRECT needs.
-            raw = np.empty(max(n, 1 << 20) + DIRECT_ALIGN, np.uint8)
+            # Twice the size it had, at least: a larger read now and then (stored bytes vary from block to block)
+            # would otherwise take fresh memory each time, a page fault a page, 330 a block of blosc (issue 29's
+            # counters). Over-allocate by one alignment unit and start on a boundary, as O_DIRECT needs.
+            raw = np.empty(max(n, 1 << 20, 2 * len(self._buffer)) + DIRECT_ALIGN, np.uint8)
             skip = -raw.ctypes.data % DIRECT_ALIGN
             self._buffer = raw[skip : skip + len(raw) - DIRECT_ALIGN]
         return self._buffer[:n]

@@ -470,12 +470,13 @@ def run_modelled(
     """Run ``python -m module argv`` with every process it starts reading through a new model; return its exit code.
 
     The model's state file lives in a temporary directory removed afterwards.
-    The package's parent directory goes on ``PYTHONPATH``, so the child
-    imports this same code wherever it was started from.
+    The package's parent directory goes on ``PYTHONPATH``, after what is
+    there, so the child imports this same code wherever it was started from,
+    or the copy of multitables a given ``PYTHONPATH`` names (an A/B).
     """
     with tempfile.TemporaryDirectory(prefix="multitables_diskmodel_") as tmp:
         with DiskModel.create(tmp, kind, seek_ms, mbps, readahead=readahead, page_cache=page_cache) as model:
             env = model.env()
             here = str(Path(__file__).resolve().parents[1])
-            env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+            env["PYTHONPATH"] = (env["PYTHONPATH"] + os.pathsep if env.get("PYTHONPATH") else "") + here
             return subprocess.run([sys.executable, "-m", module, *argv], env=env).returncode

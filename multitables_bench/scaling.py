@@ -141,6 +141,14 @@ def block_rows(path: str) -> int:
     return max(1, round(BLOCK_BYTES / (ROW_NBYTES * chunk))) * chunk
 
 
+def pass_env() -> dict[str, str]:
+    """The pass servers' environment: this checkout on ``PYTHONPATH`` (for multitables_bench) after what is there, so
+    that a ``PYTHONPATH`` naming another copy of multitables measures that one (an A/B), as the scripts in
+    benchmarks/ do."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), root) if p)}
+
+
 class PassServers:
     """The pass servers (NOTE [a fresh process per pass] in ``multitables_bench.scaling_passes``), started when first
     needed: one with torch imported, for the DataLoader, one without, for the rest."""
@@ -150,10 +158,10 @@ class PassServers:
 
     def _server(self, torch: bool) -> "subprocess.Popen[str]":
         if torch not in self._servers:
-            root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's package first
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
             argv = [sys.executable, "-m", PASS_MODULE] + (["--torch"] if torch else [])
-            self._servers[torch] = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+            self._servers[torch] = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=pass_env()
+            )
         return self._servers[torch]
 
     def run(self, spec: PassSpec) -> PassResult:

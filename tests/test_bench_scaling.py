@@ -141,6 +141,20 @@ def test_the_pass_server_answers_each_pass_and_reports_a_failure_with_its_traceb
         servers.close()
 
 
+def test_a_pythonpath_naming_another_multitables_is_the_one_the_pass_servers_import(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An A/B of the section names the other package on PYTHONPATH; the passes must not import this checkout's."""
+    other = tmp_path / "other" / "multitables"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "other"))
+    code = "import multitables, multitables_bench; print(multitables.__file__); print(multitables_bench.__file__)"
+    printed = subprocess.run([sys.executable, "-c", code], env=scaling.pass_env(), cwd=tmp_path, capture_output=True,
+                             text=True, check=True).stdout.split()
+    assert printed[0] == str(other / "__init__.py")
+    assert Path(printed[1]).parent.parent == REPO  # the benchmark's own code: this checkout's
+
+
 def test_memcpy_counts_every_byte_copied(no_leaks: None) -> None:
     result = run(PassSpec("memcpy", n=2, memcpy_mib=2))
     assert result.nbytes == 2 * 8 * (2 << 20) and result.seconds > 0 and result.n_used == 2

@@ -181,7 +181,7 @@ class Batches:
         if len(lengths) > 1:
             listing = ", ".join(f"{p!r} has {n.n_rows}" for p, n in zip(path_list, nodes))
             raise ValueError(f"datasets read together need the same number of rows: {listing}")
-        subset, drawn_from, n_rows = epoch_rows(nodes[0].n_rows, indices, weights, num_samples)
+        subset, row_weights, n_rows = epoch_rows(nodes[0].n_rows, indices, weights, num_samples)
         self._transforms = infer_transforms(stream, path_list, nodes, transform, self._columns is not None)
         self._engines, self._plan = plan_feed(
             stream.options, nodes, self._transforms, n_rows=n_rows, n_procs=n_procs, block_size=block_size,
@@ -191,7 +191,7 @@ class Batches:
             n_rows=n_rows, block_size=self._plan.block_size, batch_size=batch_size, world_size=world,
             shuffle=shuffle, seed=seed, drop_last=drop_last, window=self._plan.window,
         )  # fmt: skip
-        self._rows = EpochRows(subset, drawn_from, n_rows, self._settings.seed)  # each epoch's file rows
+        self._rows = EpochRows(subset, row_weights, n_rows, self._settings.seed)  # each epoch's file rows
         if self._settings.empty_last_batch:
             warnings.warn(
                 f"{n_rows} rows over {world} ranks in batches of {batch_size}: the last batch of some ranks "

@@ -88,7 +88,7 @@ class Copier:
 
     def later(self, fn: "Callable[..., T]", *args: Any) -> "Future[T]":
         """``fn(*args)``, for a result wanted later, on one of the threads (work that lets the GIL go: a window's
-        permutation); at once, in the caller's thread, where there are none. Its error is raised by ``result()``."""
+        permutation), its error raised by ``result()``; where there are none, at once in the caller's thread."""
         if self._pool is None:
             done: "Future[T]" = Future()
             done.set_result(fn(*args))

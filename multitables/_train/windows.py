@@ -27,10 +27,12 @@ NOTE [window pipelining]
     next epoch is planned once this epoch's first batch is out (its pieces
     published then, and handed to :meth:`Windows.then`), a window's order
     (a permutation of up to 65,536 rows, 0.5-0.7 ms here) by the prefetch
-    that starts pulling it, and the carry brings the next epoch's plan and
-    first order with it. An epoch's first batch cost the consumer 1.02-1.05
-    ms before, 0.22 ms after, its second 0.18-0.20 and 0.91-0.98 ms, others
-    0.06-0.08 ms (``benchmarks/epoch_start.py``: ``device=``, 2 readers).
+    that starts pulling it, on a copy thread where the batches have some
+    (NOTE [parallel copies]), and the carry brings the next epoch's plan and
+    first order with it. Without copy threads an epoch's first batch cost
+    the consumer 1.02-1.05 ms before, 0.22 ms after, its second 0.18-0.20
+    and 0.91-0.98 ms, others 0.06-0.08 ms (``benchmarks/epoch_start.py``:
+    ``device=``, 2 readers); with 2 copy threads its second 0.38-0.41 ms.
 
 NOTE [staging]
     How a shuffled window's rows reach its batches is the :class:`Staging`'s:

@@ -8,6 +8,7 @@ import resource
 import tempfile
 import textwrap
 import threading
+import traceback
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -633,6 +634,29 @@ def test_in_a_loop_of_epochs_each_draw_is_made_once_on_a_thread_of_its_own(
     got = epoch_rows(b)
     assert [g.tolist() for g in got] == [w.tolist() for e in want for w in e]
     assert sorted(draws) == [(0, "MainThread"), (1, "multitables-draw"), (2, "multitables-draw")]
+    b.close()
+
+
+def test_a_draw_that_fails_on_its_thread_reaches_the_loop_with_its_traceback_and_leaves_nothing(
+        data_file, monkeypatch: pytest.MonkeyPatch, no_leaks) -> None:
+    import multitables._plan.subset as subset
+
+    draw = subset.weighted_draw
+
+    def fails_for_epoch_1(weights, n_samples, seed, epoch):  # noqa: ANN001, ANN202
+        if epoch == 1:
+            raise MemoryError("no room to draw epoch 1")
+        return draw(weights, n_samples, seed, epoch)
+
+    monkeypatch.setattr(subset, "weighted_draw", fails_for_epoch_1)
+    b = multitables.Streamer(data_file(1000)).get_batches(
+        ["/X", "/y"], 100, weights=np.ones(1000), block_size=50, window=4, n_procs=2, epochs=2)
+    delivered = 0
+    with pytest.raises(MemoryError, match="no room to draw epoch 1") as info:
+        for _ in b:
+            delivered += 1
+    assert delivered < len(b)  # raised during epoch 0, where the next epoch's rows are taken
+    assert "fails_for_epoch_1" in "".join(traceback.format_tb(info.value.__traceback__))  # the thread's frames
     b.close()
 
 

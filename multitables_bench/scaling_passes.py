@@ -241,9 +241,17 @@ def run(spec: PassSpec) -> PassResult:
 
 
 def preload(torch: bool) -> None:
-    """Import what the passes use (importing is no pass's work): h5py with its filters, multitables, torch if asked."""
+    """Import what the passes use (importing is no pass's work): h5py with its filters, multitables, the codec
+    libraries multitables' chunk engine loads when it first reads (imagecodecs' deflate and blosc extensions, and
+    c-blosc2's library, which the blosc2 package loads), torch if asked."""
     h5py_with_filters()
+    import blosc2  # noqa: F401
+    import imagecodecs
+
     import multitables  # noqa: F401
+
+    for name in ("deflate_decode", "blosc_decode"):
+        getattr(imagecodecs, name)  # imagecodecs loads a codec's extension module when it is first asked for
 
     if torch:
         import torch as _torch  # noqa: F401

@@ -124,10 +124,8 @@ def test_later_gives_the_result_or_the_error_made_on_a_copy_thread_where_there_a
         assert ran_on.startswith("multitables-copy") == (threads > 1)
         np.testing.assert_array_equal(c.later(np.random.default_rng(5).permutation, 1000).result(),
                                       np.random.default_rng(5).permutation(1000))
-        if threads > 1:  # inline, an error is raised at once, as the call itself raises it
-            failed = c.later(lambda: 1 / 0)
-            with pytest.raises(ZeroDivisionError):
-                failed.result()
+        with pytest.raises(ZeroDivisionError):  # on a thread, by result(); inline, at once, as the call raises it
+            c.later(lambda: 1 / 0).result()
     finally:
         c.close()
     assert not copy_threads_alive()

@@ -241,17 +241,20 @@ def run(spec: PassSpec) -> PassResult:
 
 
 def preload(torch: bool) -> None:
-    """Import what the passes use (importing is no pass's work): h5py with its filters, multitables, the codec
-    libraries multitables' chunk engine loads when it first reads (imagecodecs' deflate and blosc extensions, and
-    c-blosc2's library, which the blosc2 package loads), torch if asked."""
-    h5py_with_filters()
-    import blosc2  # noqa: F401
-    import imagecodecs
+    """Import what the passes use (importing is no pass's work): h5py with its filters, multitables, torch if asked;
+    and what a process starts or loads once, when it first streams: the codec libraries multitables' chunk engine
+    loads on its first read (imagecodecs' deflate and blosc extensions, c-blosc2's library), and multiprocessing's
+    resource tracker (a Python interpreter of its own), which every pass forked from here shares."""
+    from multiprocessing import resource_tracker
 
     import multitables  # noqa: F401
+    from multitables._io.chunks.codecs.libraries import blosc2_library, imagecodecs_function
 
+    h5py_with_filters()
     for name in ("deflate_decode", "blosc_decode"):
-        getattr(imagecodecs, name)  # imagecodecs loads a codec's extension module when it is first asked for
+        imagecodecs_function(name)  # imagecodecs loads a codec's extension module when it is first asked for
+    blosc2_library()
+    resource_tracker.ensure_running()
 
     if torch:
         import torch as _torch  # noqa: F401

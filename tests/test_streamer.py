@@ -357,6 +357,33 @@ def test_generator_reuses_blocks_nobody_holds(make_array, monkeypatch: pytest.Mo
     assert len(made) <= 2  # two buffers used in turn for 25 blocks
 
 
+@pytest.mark.parametrize("keeps_name", [False, True], ids=["dropped", "still-named"])
+def test_in_process_blocks_taken_one_at_a_time_reuse_their_buffers(
+    make_array, monkeypatch: pytest.MonkeyPatch, keeps_name: bool
+) -> None:
+    """Read in this process, a block given back before the next is taken leaves its buffer to a later block.
+
+    So a pass faults in the pages of one buffer, or of two where the loop
+    still names its last block when it takes the next: not of every slot.
+    """
+    from multitables._stream import backends
+
+    made = []
+    real = backends.empty_block
+    monkeypatch.setattr(backends, "empty_block", lambda spec: made.append(1) or real(spec))
+    data = np.arange(500 * 3, dtype="<i4").reshape(500, 3)
+    queue = multitables.Streamer(make_array(data, chunkshape=(10, 3))).get_queue(
+        "/data", n_procs=0, block_size=20, read_ahead=4)
+    blocks = []
+    for guard in queue.iter():
+        with guard as block:
+            blocks.append(block.copy())
+        if not keeps_name:
+            del block
+    np.testing.assert_array_equal(np.concatenate(blocks), data)
+    assert len(made) == (2 if keeps_name else 1)  # 25 blocks, 4 slots
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_generator_rows_kept_are_never_overwritten(data: st.DataObject) -> None:

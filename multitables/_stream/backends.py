@@ -42,12 +42,13 @@ class InlineBackend:
         self._spec = spec
         self._signature = node_signature(spec.node)
         self._buffers: "list[np.ndarray | None]" = [None] * spec.read.read_ahead  # allocated on first use
-        self._free = list(range(spec.read.read_ahead))
+        self._free = list(range(spec.read.read_ahead))  # given back last at the end (see _pick)
         self._next = 0
         self.pids: list[int] = []
 
     def take(self) -> tuple[int, np.ndarray]:
-        slot, k = self._free.pop(0), self._next
+        slot, k = self._pick(), self._next
+        self._free.remove(slot)
         self._next += 1
         out = self._buffers[slot]
         # A fresh buffer where a caller still holds rows of this slot's last
@@ -60,6 +61,22 @@ class InlineBackend:
         if isinstance(self._spec.plan, GrowingPlan):
             self._spec.plan.forget(k)
         return slot, rows  # every row is read again for the next block of this slot
+
+    def _pick(self) -> int:
+        """The free slot to read the next block into.
+
+        A buffer nobody holds, the one given back last first; else a slot
+        never used; else the one given back last (which gets a fresh buffer).
+        So a loop that still names its last block while it takes the next reads
+        into two buffers in turn, not into every slot: each buffer's pages
+        fault once, when first written (issue 29's counters).
+        """
+        buffers = self._buffers
+        for slot in reversed(self._free):
+            buf = buffers[slot]
+            if buf is not None and sys.getrefcount(buf) <= FREE_BUFFER_REFS:
+                return slot
+        return next((slot for slot in self._free if buffers[slot] is None), self._free[-1])
 
     @property
     def next(self) -> int:

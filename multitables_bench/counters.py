@@ -13,15 +13,23 @@ reader from ``/proc/<pid>/stat`` (minor faults, the whole process) and
 over its threads).
 
 NOTE [counting window]
-    The window opens once the ring's first lap is taken (``lap`` blocks, the
-    queue's read-ahead: every slot written once) and closes ``2 * lap``
+    The window opens once the ring's first lap is taken: ``lap`` blocks (the
+    queue's read-ahead), and a block out of every slot. Readers with slots
+    of their own may use some of them first several blocks after ``lap``
+    (two readers, six slots: at blocks 6 to 9), and the consumer's first
+    read of a slot faults (a fault per 16 pages, where the kernel maps the
+    pages around the one read): a cost of the first lap, not of the blocks
+    after it. In this process (no readers) blocks are read into buffers
+    allocated as needed, and the first ``lap`` blocks are the lap. The
+    window closes ``2 * lap``
     blocks before the last, so that no reader has run out of blocks yet: a
     reader is at most ``lap`` blocks ahead of the consumer's releases and
     holds one block at a time, so with ``2 * lap`` blocks not yet taken at
     least ``lap`` are not yet claimed. A reader gone all the same (one that
     is handed a share of its own and ends early) is left out of both
     snapshots, and :attr:`Counted.readers_counted` says how many were
-    counted. Passes of ``3 * lap`` blocks or fewer have no window.
+    counted. Passes of ``3 * lap`` blocks or fewer have no window, nor those
+    whose last slot is first taken ``2 * lap`` blocks before the end or later.
 """
 
 from __future__ import annotations
@@ -158,28 +166,34 @@ def drain_counted(
 
     ``on_block(i, block)``, if given, runs on block ``i`` inside its guard,
     after the touch. Returns (rows, bytes delivered, the window's
-    :class:`Counted`, or None where the pass has too few blocks for a window:
-    ``n_blocks <= 3 * lap``). The window opens before block ``lap`` is taken
-    and closes before block ``n_blocks - 2 * lap`` is (NOTE [counting window]
-    in ``multitables_bench.counters``).
+    :class:`Counted`, or None where the pass has no window: too few blocks,
+    ``n_blocks <= 3 * lap``, or a slot first taken too late). The window opens before block ``lap`` is taken,
+    or later, once a block of every slot was (readers' queues), and closes
+    before block ``n_blocks - 2 * lap`` is (NOTE [counting window] in
+    ``multitables_bench.counters``).
     """
     lap = first_lap(queue, read_ahead)
-    start, stop = lap, n_blocks - 2 * lap
+    stop = n_blocks - 2 * lap
+    slots = queue.read_ahead if queue.n_procs else 0
+    seen: set[int] = set()  # the slots blocks came out of (their addresses), until all have
     pids = queue.reader_pids
     rows = nbytes = window_bytes = 0
+    start: "int | None" = None
     before: "Snapshot | None" = None
     counted: "Counted | None" = None
     for i, guard in enumerate(queue.iter()):
-        if stop > start and i == start:
-            before = snapshot(pids)
-        if before is not None and i == stop:
+        if start is None and lap <= i < stop and len(seen) >= slots:
+            start, before = i, snapshot(pids)
+        if start is not None and before is not None and i == stop:
             counted = window(before, snapshot(pids), window_bytes, stop - start)
         with guard as block:
+            if len(seen) < slots:
+                seen.add(block.__array_interface__["data"][0])
             touch(block)
             if on_block is not None:
                 on_block(i, block)
             rows += len(block)
             nbytes += block.nbytes
-            if start <= i < stop:
+            if start is not None and i < stop:
                 window_bytes += block.nbytes
     return rows, nbytes, counted

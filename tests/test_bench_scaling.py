@@ -5,13 +5,14 @@ No test asserts a timing: the figures come from a shared machine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -65,19 +66,23 @@ def test_a_process_is_read_from_proc_and_a_gone_one_is_none() -> None:
 def test_fresh_pages_touched_in_the_window_are_counted_in_the_consumer(numbered: Path, no_leaks: None) -> None:
     pages = 1000
     touched: list[int] = []
+    slots: list[int] = []  # the slot (its address) of each block
 
     def on_block(i: int, block: np.ndarray) -> None:
-        if i == 20:  # inside the window: it opens at the first lap (6 blocks with 2 readers)
+        slots.append(block.__array_interface__["data"][0])
+        if i == 100:  # inside the window: it opens after the first lap, closes 12 blocks before the last
             touch_fresh_pages(pages)
             touched.append(i)
 
     with multitables.Streamer(str(numbered)).get_queue(NODE, n_procs=2, block_size=16, remainder=True) as queue:
         n_blocks = -(-N_ROWS // queue.block_size)
         rows, nbytes, counted = counters.drain_counted(queue, n_blocks, on_block=on_block)
-    assert rows == N_ROWS and nbytes == N_ROWS * ROW_VALUES * 4 and touched == [20]
+    assert rows == N_ROWS and nbytes == N_ROWS * ROW_VALUES * 4 and touched == [100]
     assert counted is not None
-    lap = 2 * 2 + 2
-    assert counted.window_blocks == n_blocks - 3 * lap and counted.window_bytes == counted.window_blocks * 16 * ROW_VALUES * 4
+    lap = 2 * 2 + 2  # the read-ahead, and the ring's slots
+    every_slot = next(i + 1 for i in range(n_blocks) if len(set(slots[: i + 1])) == lap)  # blocks until each was seen
+    assert counted.window_blocks == n_blocks - 2 * lap - max(lap, every_slot)
+    assert counted.window_bytes == counted.window_blocks * 16 * ROW_VALUES * 4
     assert counted.consumer.minflt >= pages
     assert (counted.readers_counted, counted.readers_total) == (2, 2)
     for usage in (counted.consumer, counted.readers):
@@ -85,6 +90,32 @@ def test_fresh_pages_touched_in_the_window_are_counted_in_the_consumer(numbered:
     per_gib = counted.per_gib()
     assert set(per_gib) == set(scaling_report.COUNTERS) and all(v >= 0 for v in per_gib.values())
     assert per_gib["consumer_minflt_per_gib"] >= pages / (counted.window_bytes / counters.GiB)
+
+
+class _SlotBlocks:
+    """A readers' queue as drain_counted sees it: blocks out of ``slots`` buffers, in the order given; no reader pids."""
+
+    def __init__(self, order: "list[int]", slots: int) -> None:
+        self.n_procs, self.read_ahead, self.reader_pids = 2, slots, []
+        self._buffers = [np.zeros((4, ROW_VALUES), np.float32) for _ in range(slots)]
+        self._order = order
+
+    def iter(self) -> "Iterator[contextlib.nullcontext[np.ndarray]]":
+        return (contextlib.nullcontext(self._buffers[s]) for s in self._order)
+
+
+def test_the_window_opens_once_every_slot_was_taken() -> None:
+    # Six slots, the last first taken as block 9: the lap ends there, not at block 6.
+    order = [0, 1, 2, 3, 4, 0, 1, 2, 3, 5] + [k % 6 for k in range(30)]
+    rows, _, counted = counters.drain_counted(_SlotBlocks(order, 6), len(order))
+    assert rows == 4 * len(order) and counted is not None
+    assert counted.window_blocks == (len(order) - 12) - 10  # blocks 10 to 27
+    # One slot never taken: no lap, no window.
+    order = [k % 5 for k in range(40)]
+    assert counters.drain_counted(_SlotBlocks(order, 6), len(order))[2] is None
+    # Every slot taken within the lap: it opens at block 6.
+    order = [k % 6 for k in range(40)]
+    assert counters.drain_counted(_SlotBlocks(order, 6), len(order))[2].window_blocks == (40 - 12) - 6
 
 
 def test_no_window_without_enough_blocks_and_no_readers_in_process(numbered: Path, no_leaks: None) -> None:

@@ -31,7 +31,7 @@ def main() -> None:
                 for _ in range(args.warm):
                     with next(it) as block:
                         touch(block)
-                before, nbytes = snapshot(pids), 0
+                before, nbytes = snapshot(pids, consumer_first=False), 0
                 for _ in range(args.blocks):
                     with next(it) as block:
                         touch(block)

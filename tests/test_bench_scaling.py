@@ -118,6 +118,21 @@ def test_the_window_opens_once_every_slot_was_taken() -> None:
     assert counters.drain_counted(_SlotBlocks(order, 6), len(order))[2].window_blocks == (40 - 12) - 6
 
 
+def test_reading_the_readers_counters_is_left_out_of_the_consumers_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    pages = 1000
+
+    def costly_read(pid: int) -> Usage:  # as /proc's first read in a forked process: pages copied as written
+        touch_fresh_pages(pages)
+        return Usage()
+
+    monkeypatch.setattr(counters, "proc_usage", costly_read)
+    queue = _SlotBlocks([k % 6 for k in range(40)], 6)
+    queue.reader_pids = [os.getpid()]
+    counted = counters.drain_counted(queue, 40)[2]
+    assert counted is not None and counted.readers_counted == 1
+    assert counted.consumer.minflt < pages  # neither snapshot's reading of the readers
+
+
 def test_no_window_without_enough_blocks_and_no_readers_in_process(numbered: Path, no_leaks: None) -> None:
     with multitables.Streamer(str(numbered)).get_queue(NODE, n_procs=2, block_size=256, remainder=True) as queue:
         rows, _, counted = counters.drain_counted(queue, 8)  # 8 blocks, a lap of 6

@@ -27,6 +27,7 @@ from ._train.mix import MixedBatches, mix_batches
 from ._train.transforms import infer_transforms
 from ._train.feed import EpochPieces, Feed, plan_feed
 from ._train.buffers import WindowMemory
+from ._train.draws import DrawsAhead
 from ._train.windows import Alloc, Carry, NoWindows, Staging, Windows, cut, epoch_windows
 
 if TYPE_CHECKING:
@@ -191,7 +192,7 @@ class Batches:
             n_rows=n_rows, block_size=self._plan.block_size, batch_size=batch_size, world_size=world,
             shuffle=shuffle, seed=seed, drop_last=drop_last, window=self._plan.window,
         )  # fmt: skip
-        self._rows = EpochRows(subset, row_weights, n_rows, self._settings.seed)  # each epoch's file rows
+        self._rows = DrawsAhead(EpochRows(subset, row_weights, n_rows, self._settings.seed))  # each epoch's file rows
         if self._settings.empty_last_batch:
             warnings.warn(
                 f"{n_rows} rows over {world} ranks in batches of {batch_size}: the last batch of some ranks "
@@ -309,7 +310,7 @@ class Batches:
             "batch": self._batch,
             "step": self._step,
             "rank": self.rank,
-            "subset": self._rows.key(),
+            "subset": self._rows.rows.key(),
             "elastic": [list(segment) for segment in self._elastic],
             **{key: getattr(s, key) for key in _ORDER_KEYS},
         }

@@ -148,3 +148,12 @@ def test_the_top_level_holds_only_the_public_faces() -> None:
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
     assert top == ["__init__", "__main__", "batches", "errors", "reader", "streamer", "torch"]
     assert sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and not p.name.startswith("__")) == sorted(FOLDERS[1:])
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "_plan").glob("*.py")), ids=lambda p: _module_name(p))
+def test_planning_starts_no_thread(path: Path) -> None:
+    """``_plan`` decides; what runs beside the caller (a draw made ahead, a copy) lives in the layers above it."""
+    tree = ast.parse(path.read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level}
+    assert not imported & {"threading", "concurrent", "_thread"}, f"{_module_name(path)} imports {imported & {'threading', 'concurrent', '_thread'}}"

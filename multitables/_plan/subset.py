@@ -19,8 +19,8 @@ NOTE [subsets]
     piece takes a repeated row as often as it was drawn. Since blocks are
     runs of the sorted draw, the copies of a row fall in one shuffle window:
     they come within that window's batches, not spread over the epoch.
-    Each epoch's draw is made once (:class:`EpochRows`): the next epoch's
-    on a thread while this one is read, kept for its start. A draw takes 20
+    Each epoch's draw is made once (:class:`EpochRows`), the next epoch's
+    on a thread while this one is read (``_train.draws``), kept for its start. A draw takes 20
     ms for 131,072 rows here, 0.25 s for a million; before, an epoch's first
     batch drew its rows and its second the next epoch's, each in the
     caller's thread (``benchmarks/epoch_start.py --sampling weights``).
@@ -28,11 +28,9 @@ NOTE [subsets]
 
 from __future__ import annotations
 
-import threading
 import zlib
-from concurrent.futures import Future, wait
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -173,57 +171,39 @@ class EpochRows:
     """The file rows of each epoch's positions (NOTE [subsets]): a subset's, the same every epoch; a weighted draw's,
     made once per epoch (the last two drawn are kept: 8 bytes a row each); or None, every row in order.
 
-    ``subset``, ``weights`` and ``n_rows``: as :func:`epoch_rows` gives them; ``seed``: the draws'. A draw can be
-    made on a thread of its own (:meth:`draw_ahead`: numpy lets the GIL go while it draws), so that the caller's
-    thread does not wait for it; :meth:`close` waits for those in progress.
+    ``subset``, ``weights`` and ``n_rows``: as :func:`epoch_rows` gives them; ``seed``: the draws'. A draw may be
+    made elsewhere (:meth:`draw`, from any thread) and handed to :meth:`of`: ``_train.draws.DrawsAhead`` makes the
+    next epoch's on a thread of its own.
     """
 
     def __init__(self, subset: "np.ndarray | None", weights: "np.ndarray | None", n_rows: int, seed: int) -> None:
         self._subset, self._weights, self._n_rows, self._seed = subset, weights, n_rows, seed
-        self._drawn: "dict[int, np.ndarray]" = {}
-        self._ahead: "dict[int, Future[np.ndarray]]" = {}  # draws in progress (or done, not yet taken), by epoch
+        self._kept: "dict[int, np.ndarray]" = {}
 
-    def of(self, epoch: int) -> "np.ndarray | None":
-        """The file rows of ``epoch``'s positions, sorted; None: every row, in order. Waits for a draw of it
-        in progress; draws it here if none is (or was kept)."""
+    def draw(self, epoch: int) -> np.ndarray:
+        """Draw ``epoch``'s rows (a weighted draw's only); keeps nothing, so any thread may."""
+        assert self._weights is not None
+        return weighted_draw(self._weights, self._n_rows, self._seed, epoch)
+
+    def kept(self, epoch: int) -> bool:
+        """Whether :meth:`of` gives ``epoch``'s rows without drawing them (nothing to draw, or a draw kept)."""
+        return self._weights is None or epoch in self._kept
+
+    def of(self, epoch: int, made: "Callable[[], np.ndarray] | None" = None) -> "np.ndarray | None":
+        """The file rows of ``epoch``'s positions, sorted; None: every row, in order.
+
+        Where the epoch is drawn and its draw is not kept, ``made()`` gives it
+        (a draw made elsewhere, raising its error if it failed), or else it is
+        drawn here; then it is kept.
+        """
         if self._weights is None:
             return self._subset
-        if epoch not in self._drawn:
-            ahead = self._ahead.pop(epoch, None)
-            # Its error, if it failed, with the thread's traceback.
-            rows = ahead.result() if ahead is not None else weighted_draw(self._weights, self._n_rows, self._seed, epoch)
-            if len(self._drawn) >= 2:
-                del self._drawn[next(iter(self._drawn))]  # the one drawn first
-            self._drawn[epoch] = rows
-        return self._drawn[epoch]
-
-    def draw_ahead(self, epoch: int) -> None:
-        """Start drawing ``epoch``'s rows on a thread, for :meth:`of` (nothing to draw: nothing done)."""
-        if self._weights is None or epoch in self._drawn or epoch in self._ahead:
-            return
-        # Draws of other epochs that ended untaken (set_epoch went elsewhere) are dropped.
-        self._ahead = {e: f for e, f in self._ahead.items() if not f.done()}
-        future: "Future[np.ndarray]" = Future()
-        weights, n_rows, seed = self._weights, self._n_rows, self._seed
-
-        def draw() -> None:
-            try:
-                future.set_result(weighted_draw(weights, n_rows, seed, epoch))
-            except BaseException as exc:  # noqa: BLE001 - raised where the rows are asked for
-                future.set_exception(exc)
-
-        threading.Thread(target=draw, name="multitables-draw", daemon=True).start()
-        self._ahead[epoch] = future
-
-    def ready(self, epoch: int) -> bool:
-        """Whether :meth:`of` gives ``epoch``'s rows without waiting for a draw in progress."""
-        ahead = self._ahead.get(epoch)
-        return ahead is None or ahead.done()
-
-    def close(self) -> None:
-        """Wait for the draws in progress (their threads end with them); idempotent."""
-        ahead, self._ahead = list(self._ahead.values()), {}
-        wait(ahead)
+        if epoch not in self._kept:
+            rows = made() if made is not None else self.draw(epoch)
+            if len(self._kept) >= 2:
+                del self._kept[next(iter(self._kept))]  # the one drawn first
+            self._kept[epoch] = rows
+        return self._kept[epoch]
 
     def key(self) -> "str | None":
         """A fingerprint of what is drawn (a saved position loads only where it is the same); None: every row."""

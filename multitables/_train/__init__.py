@@ -1,2 +1,2 @@
-"""The training face's parts (:class:`~multitables.batches.Batches`): windows cut into batches, mixing several
-sources, transforms checked in the consumer."""
+"""The training face's parts (:class:`~multitables.batches.Batches`): windows cut into batches, the next epoch's
+draw made ahead, mixing several sources, transforms checked in the consumer."""

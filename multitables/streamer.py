@@ -5,9 +5,10 @@ NOTE [lent blocks]
     each block out first took the consumer's time from the cores the
     readers decode on (measured in BENCHMARKS.md). A slot is lent: it
     goes back to the readers once no row of it is alive. Every row is a
-    view of one array made for that block (``Ring.lend``), so
-    ``sys.getrefcount`` on that array says whether the caller still holds
-    a row; it is checked for each lent block whenever the next block comes.
+    view of one array made for that block (``Ring.lend``), so that array's
+    reference count says whether the caller still holds a row
+    (``_sys.refs``); it is checked for each lent block whenever the next
+    block comes.
     At most ``_LENT_BLOCKS`` are lent at once, and never every slot: the
     block being yielded and the one before, whose last row a ``for``
     loop's name still holds. A caller who keeps rows (``list(gen)``)
@@ -23,14 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from typing import Any, Iterator
 
 import numpy as np
 
 from ._sys.checks import check_bool, check_int
+from ._sys.refs import held_elsewhere
 from .batches import Batches
-from ._stream.backends import FREE_BUFFER_REFS, empty_block
+from ._stream.backends import empty_block
 from ._stream.options import StreamOptions
 from ._stream.queue import Guard, Queue
 from ._procs.stream import StreamSpec
@@ -60,8 +61,7 @@ _LENT_BLOCKS = 2
 
 def _rows_alive(entry: "tuple[Guard, np.ndarray]") -> bool:
     """Whether a row of a lent block (``(guard, base of its rows)``) is still alive somewhere."""
-    # References to the base when none is: the entry, and getrefcount's argument.
-    return sys.getrefcount(entry[1]) > 2
+    return held_elsewhere(entry, 1)
 
 
 def _give_back_unused(lent: "list[tuple[Guard, np.ndarray]]") -> "list[tuple[Guard, np.ndarray]]":
@@ -301,12 +301,11 @@ class Streamer:
                         del rows
                         continue
                     with guard as block:
-                        owner = copies[turn]
-                        if owner is None or sys.getrefcount(owner) > FREE_BUFFER_REFS or len(owner) < len(block):
-                            owner = copies[turn] = empty_block(spec)
-                        rows = owner[: len(block)]
+                        if copies[turn] is None or held_elsewhere(copies, turn) or len(copies[turn]) < len(block):  # type: ignore[arg-type]
+                            copies[turn] = empty_block(spec)
+                        rows = copies[turn][: len(block)]  # type: ignore[index]
                         np.copyto(rows, block)
-                    del owner, block
+                    del block
                     turn ^= 1
                     yield from rows
                     del rows

@@ -204,7 +204,7 @@ class Ring:
         """A new, writable array on the first ``rows`` rows of ``slot`` (the consumer's side).
 
         Made afresh on the mapping at each call; its ``base`` is the object
-        every row of it points at, so ``sys.getrefcount(view.base)`` tells
+        every row of it points at, so its reference count (``_sys.refs``) tells
         whether any row is still alive (NOTE [lent blocks] in ``streamer``).
         Rows outliving :meth:`close` stay valid: np.frombuffer holds a
         buffer export, so ``Segment.close`` sees them and moves the slots

@@ -13,7 +13,6 @@ goes (NOTE [readers across epochs] in ``_procs.stream``) also takes
 
 from __future__ import annotations
 
-import sys
 import threading
 from typing import Any
 
@@ -24,10 +23,7 @@ from .._io.node import check_file_unchanged
 from .._plan.blocks import GrowingPlan
 from .._procs.stream import StreamReaders, StreamSpec
 from .._shm.ring import TICK
-
-#: sys.getrefcount of a block buffer nobody else holds: its list, a local name, the call's argument.
-FREE_BUFFER_REFS = 3
-
+from .._sys.refs import held_elsewhere
 
 def empty_block(spec: StreamSpec) -> np.ndarray:
     """An uninitialised array shaped like one full block of ``spec``."""
@@ -50,13 +46,12 @@ class InlineBackend:
         slot, k = self._pick(), self._next
         self._free.remove(slot)
         self._next += 1
-        out = self._buffers[slot]
         # A fresh buffer where a caller still holds rows of this slot's last
         # block (views count as references): so rows stay valid, and the
         # generator can hand these private blocks out without a copy.
-        if out is None or sys.getrefcount(out) > FREE_BUFFER_REFS:
-            out = self._buffers[slot] = empty_block(self._spec)
-        rows = self._blocks.read(k, out)
+        if self._buffers[slot] is None or held_elsewhere(self._buffers, slot):
+            self._buffers[slot] = empty_block(self._spec)
+        rows = self._blocks.read(k, self._buffers[slot])  # type: ignore[arg-type]
         check_file_unchanged(self._spec.node.filename, self._signature)  # as the readers do
         if isinstance(self._spec.plan, GrowingPlan):
             self._spec.plan.forget(k)
@@ -73,8 +68,7 @@ class InlineBackend:
         """
         buffers = self._buffers
         for slot in reversed(self._free):
-            buf = buffers[slot]
-            if buf is not None and sys.getrefcount(buf) <= FREE_BUFFER_REFS:
+            if buffers[slot] is not None and not held_elsewhere(buffers, slot):
                 return slot
         return next((slot for slot in self._free if buffers[slot] is None), self._free[-1])
 

@@ -1,1 +1,2 @@
-"""What every layer may use: how the library meets the operating system's signals, and the checks of the public faces' arguments."""
+"""What every layer may use: how the library meets the operating system's signals, the checks of the public faces' arguments,
+and whether a buffer is still referenced."""

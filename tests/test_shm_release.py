@@ -96,3 +96,23 @@ def test_settle_waits_for_every_unmapping_and_a_child_inherits_none() -> None:
     gate.set()
     settle_releases()
     assert sorted(done) == [0, 1, 2] and not release._running
+
+
+def test_settle_returns_once_an_ended_releases_thread_is_gone_from_the_process() -> None:
+    """Python 3.12 warns of a fork while the kernel counts more than one thread, and a thread's Python part ends before
+    the kernel's thread does: settle waits for the latter (here, a thread that lingers 10 ms after saying it ended)."""
+    ended, go = threading.Event(), threading.Event()
+    tid: "list[int]" = []
+
+    def lingering() -> None:
+        tid.append(threading.get_native_id())
+        with release._lock:
+            release._ending.append(tid[0])  # as a release thread says when its unmapping is done
+        ended.set()
+        go.wait(5)
+
+    threading.Thread(target=lingering).start()
+    assert ended.wait(5)
+    threading.Timer(0.01, go.set).start()
+    settle_releases()
+    assert tid and not os.path.exists(f"/proc/self/task/{tid[0]}")

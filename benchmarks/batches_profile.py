@@ -27,6 +27,7 @@ import cProfile
 import os
 import pstats
 import time
+from typing import Any
 
 
 def main() -> None:
@@ -40,9 +41,9 @@ def main() -> None:
     import h5py
 
     import multitables
-    from multitables._train import windows
     from multitables_bench.gpu import write_file
 
+    windows = _buffers_home()
     default = windows.copy_threads
 
     if not os.path.exists(args.file):
@@ -95,6 +96,16 @@ def main() -> None:
         host_copies(args.device)
 
 
+def _buffers_home() -> Any:
+    """The module where the batches look up ``copy_threads`` and make window buffers: ``_train.buffers`` (since
+    1a54beb), or ``_train.windows`` in a package from before it (an A/B's older side)."""
+    import importlib
+    import importlib.util
+
+    name = "multitables._train.buffers"
+    return importlib.import_module(name if importlib.util.find_spec(name) else "multitables._train.windows")
+
+
 def host_copies(device: str) -> None:
     """The consumer's host copies alone, as ``device=`` makes them: 4 MiB pieces into a 256 MiB window buffer with
     the default copy threads, into the buffer as it is, page-locked in place, and page-locked with each piece then
@@ -102,8 +113,9 @@ def host_copies(device: str) -> None:
     import numpy as np
     import torch
 
-    from multitables._train import windows
     from multitables._train.device import CudaOps
+
+    windows = _buffers_home()
 
     piece, rows = 1024, (256 << 20) // 4096
     src = np.ones((piece, 1024), np.float32)

@@ -117,11 +117,15 @@ def test_dropping_the_batches_ends_their_copy_threads(tmp_path: Path, monkeypatc
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-def test_later_gives_the_result_or_the_error_made_on_a_copy_thread_where_there_are_some(threads: int) -> None:
+def test_later_gives_the_result_or_the_error_made_on_a_copy_thread_or_else_a_thread_of_its_own(threads: int) -> None:
     c = Copier(threads)
     try:
         ran_on = c.later(lambda: threading.current_thread().name).result()
-        assert ran_on.startswith("multitables-copy") == (threads > 1)
+        assert ran_on.startswith("multitables-copy" if threads > 1 else "multitables-later")
+        small = c.later(lambda: threading.current_thread().name, small=True).result()  # not worth a thread of its own
+        assert small.startswith("multitables-copy") if threads > 1 else small == threading.current_thread().name
+        with pytest.raises(ZeroDivisionError):
+            c.later(lambda: 1 / 0, small=True).result()
         np.testing.assert_array_equal(c.later(np.random.default_rng(5).permutation, 1000).result(),
                                       np.random.default_rng(5).permutation(1000))
         with pytest.raises(ZeroDivisionError):  # on a thread, by result(); inline, at once, as the call raises it
@@ -131,13 +135,25 @@ def test_later_gives_the_result_or_the_error_made_on_a_copy_thread_where_there_a
     assert not copy_threads_alive()
 
 
+def test_close_waits_for_later_work_on_threads_of_its_own() -> None:
+    c = Copier(1)
+    go, done = threading.Event(), []
+    c.later(lambda: (go.wait(5), done.append(1)))
+    threading.Timer(0.05, go.set).start()
+    c.close()
+    assert done == [1]  # close returned after the work, not before
+
+
 @pytest.mark.parametrize("threads", [1, 3])
-def test_with_copy_threads_no_window_order_is_made_in_the_consumers_thread(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int, no_leaks: None) -> None:
+@pytest.mark.parametrize("large", [True, False], ids=["large-windows", "small-windows"])
+def test_a_window_order_is_made_in_the_consumers_thread_only_where_a_thread_costs_more(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: int, large: bool, no_leaks: None) -> None:
     """Each window's permutation is made while the window before it is delivered: on a copy thread where there are
-    some, so that no batch waits for one (``test_batches_copied_by_threads_are_the_batches_of_one``: the same rows,
-    in the same order)."""
+    some, else on a thread of its own, so that no batch waits for one (``test_batches_copied_by_threads_are_the_
+    batches_of_one``: the same rows, in the same order); but at once where there are no copy threads and the
+    window is smaller than ``ORDER_THREAD_ROWS`` (starting a thread would cost more)."""
     from multitables._plan.epoch import RankEpoch
+    from multitables._train import windows
 
     path = tmp_path / "d.h5"
     with h5py.File(path, "w") as f:
@@ -147,8 +163,13 @@ def test_with_copy_threads_no_window_order_is_made_in_the_consumers_thread(
     monkeypatch.setattr(RankEpoch, "window_perm",
                         lambda self, w: (made_on.append(threading.current_thread().name), perm(self, w))[1])
     monkeypatch.setattr(buffers, "copy_threads", lambda: threads)
+    monkeypatch.setattr(windows, "ORDER_THREAD_ROWS", 500 if large else 2000)  # windows of 1,500 rows and one of 500
     b = multitables.Streamer(path).get_batches("/X", 300, n_procs=2, block_size=250, window=6, seed=3, epochs=2)
     assert sum(len(x) for x in b) == 2 * 5000
     b.close()
     assert len(made_on) == 2 * 4  # 20 blocks in windows of 6: 4 windows an epoch, each ordered once
-    assert {name.startswith("multitables-copy") for name in made_on} == {threads > 1}
+    where = {name.split("_")[0] for name in made_on}
+    if threads > 1:
+        assert where == {"multitables-copy"}
+    else:
+        assert where == ({"multitables-later"} if large else {"MainThread"})

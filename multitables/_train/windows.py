@@ -67,6 +67,10 @@ if TYPE_CHECKING:
     from .._stream.queue import Guard, Queue
     from .feed import EpochPieces, Feed
 
+#: Rows of a window below which its permutation is made at once where there are no copy threads: a thread of
+#: its own takes longer to start (84 us) than permuting 8,192 rows (about 0.1 ms; NOTE [parallel copies]).
+ORDER_THREAD_ROWS = 8192
+
 
 class Staging:
     """How a shuffled window's rows reach its batches (NOTE [staging]): gathered on the host, out of its buffer.
@@ -267,7 +271,8 @@ class ShuffledWindows(Windows):
         """Window ``j``'s permutation, made (or being made) on a copy thread (see ``_perms``)."""
         if j not in self._perms:
             fill = self._fills[j]
-            self._perms[j] = self._copier.later(fill.plan.window_perm, fill.w)
+            small = fill.plan.window_rows(fill.w) < ORDER_THREAD_ROWS
+            self._perms[j] = self._copier.later(fill.plan.window_perm, fill.w, small=small)
         return self._perms[j]
 
     def _pull(self, fill: _Fill, n: int) -> None:

@@ -20,10 +20,11 @@ NOTE [subsets]
     runs of the sorted draw, the copies of a row fall in one shuffle window:
     they come within that window's batches, not spread over the epoch.
     Each epoch's draw is made once (:class:`EpochRows`), the next epoch's
-    on a thread while this one is read (``_train.draws``), kept for its start. A draw takes 20
-    ms for 131,072 rows here, 0.25 s for a million; before, an epoch's first
-    batch drew its rows and its second the next epoch's, each in the
-    caller's thread (``benchmarks/epoch_start.py --sampling weights``).
+    on a thread while this one is read (``_train.draws``), kept for its
+    start. A draw takes 20 ms for 131,072 rows here, 0.25 s for a million;
+    before, an epoch's first batch drew its rows and its second the next
+    epoch's, each in the caller's thread (``benchmarks/epoch_start.py
+    --sampling weights``).
 """
 
 from __future__ import annotations

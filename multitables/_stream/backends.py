@@ -25,6 +25,7 @@ from .._procs.stream import StreamReaders, StreamSpec
 from .._shm.ring import TICK
 from .._sys.refs import held_elsewhere
 
+
 def empty_block(spec: StreamSpec) -> np.ndarray:
     """An uninitialised array shaped like one full block of ``spec``."""
     return np.empty((spec.plan.block_size,) + spec.row_shape, spec.dtype)

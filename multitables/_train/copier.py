@@ -97,12 +97,6 @@ class Copier:
         if self._pool is not None:
             return self._pool.submit(fn, *args)
         future: "Future[T]" = Future()
-        if small:
-            try:
-                future.set_result(fn(*args))
-            except BaseException as exc:  # noqa: BLE001 - raised by result(), as from a thread
-                future.set_exception(exc)
-            return future
 
         def run() -> None:
             try:
@@ -110,6 +104,9 @@ class Copier:
             except BaseException as exc:  # noqa: BLE001 - raised by result(), where it is wanted
                 future.set_exception(exc)
 
+        if small:
+            run()
+            return future
         self._later = [f for f in self._later if not f.done()]
         self._later.append(future)
         threading.Thread(target=run, name="multitables-later", daemon=True).start()

@@ -1,2 +1,2 @@
 """What every layer may use: how the library meets the operating system's signals, the checks of the public faces' arguments,
-and whether a buffer is still referenced."""
+whether a buffer is still referenced, and work on a thread of its own."""

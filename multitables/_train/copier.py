@@ -25,11 +25,12 @@ NOTE [parallel copies]
 from __future__ import annotations
 
 import os
-import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Callable, TypeVar
 
 import numpy as np
+
+from .._sys.background import on_thread
 
 
 def copy_threads() -> int:
@@ -96,20 +97,8 @@ class Copier:
         it is ``small`` (shorter than starting a thread: 84 us on the 2-core VM), at once in the caller's."""
         if self._pool is not None:
             return self._pool.submit(fn, *args)
-        future: "Future[T]" = Future()
-
-        def run() -> None:
-            try:
-                future.set_result(fn(*args))
-            except BaseException as exc:  # noqa: BLE001 - raised by result(), where it is wanted
-                future.set_exception(exc)
-
-        if small:
-            run()
-            return future
-        self._later = [f for f in self._later if not f.done()]
-        self._later.append(future)
-        threading.Thread(target=run, name="multitables-later", daemon=True).start()
+        future = on_thread("multitables-later", fn, *args, inline=small)
+        self._later = [f for f in self._later if not f.done()] + [future]
         return future
 
     def close(self) -> None:

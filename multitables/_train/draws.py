@@ -10,12 +10,12 @@ last window at the latest (``Batches._iterate``).
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import Future, wait
 
 import numpy as np
 
 from .._plan.subset import EpochRows
+from .._sys.background import on_thread
 
 
 class DrawsAhead:
@@ -41,17 +41,7 @@ class DrawsAhead:
             return
         # Draws of other epochs that ended untaken (set_epoch went elsewhere) are dropped.
         self._ahead = {e: f for e, f in self._ahead.items() if not f.done()}
-        future: "Future[np.ndarray]" = Future()
-        rows = self.rows
-
-        def draw() -> None:
-            try:
-                future.set_result(rows.draw(epoch))
-            except BaseException as exc:  # noqa: BLE001 - raised where the rows are asked for
-                future.set_exception(exc)
-
-        threading.Thread(target=draw, name="multitables-draw", daemon=True).start()
-        self._ahead[epoch] = future
+        self._ahead[epoch] = on_thread("multitables-draw", self.rows.draw, epoch)
 
     def ready(self, epoch: int) -> bool:
         """Whether :meth:`of` gives ``epoch``'s rows without waiting for a draw in progress."""

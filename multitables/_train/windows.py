@@ -32,7 +32,8 @@ NOTE [window pipelining]
     first order with it. Without copy threads an epoch's first batch cost
     the consumer 1.02-1.05 ms before, 0.22 ms after, its second 0.18-0.20
     and 0.91-0.98 ms, others 0.06-0.08 ms (``benchmarks/epoch_start.py``:
-    ``device=``, 2 readers); with 2 copy threads its second 0.38-0.41 ms.
+    ``device=``, 2 readers); with 2 copy threads its second 0.38-0.41 ms,
+    and with the order on a thread of its own (no copy threads) 0.53-0.55.
 
 NOTE [staging]
     How a shuffled window's rows reach its batches is the :class:`Staging`'s:

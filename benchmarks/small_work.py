@@ -209,6 +209,7 @@ def profile(paths: list[str], passes: int, cache: str) -> str:
 
     timed(streamer_mod, "open_node", "open file, node checks (open_node)")
     timed(streamer_mod, "open_files", "open file, node checks (open_files)")
+    timed(options_mod.StreamOptions, "open_files", "open file, node checks (open_files)")
     timed(options_mod.StreamOptions, "resolve", "engine choice (resolve_engine)")
     timed(readers_mod, "parallel_pays", "plan (parallel_pays)")
     timed(stream_mod, "open_source", "open the source (open_source)")

@@ -10,6 +10,7 @@ shares to the reader processes of :mod:`multitables._procs.serve` (NOTE
 
 from __future__ import annotations
 
+import math
 import os
 import weakref
 from typing import Any, Callable
@@ -366,7 +367,7 @@ class Dataset:
             for d in full[1:]:
                 if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0:
                     raise ValueError(f"stage shape entries must be ints >= 0, -1 or None; got {tuple(shape)}")
-            return rows, int(np.prod(full, dtype=np.int64)) * self.dtype.itemsize
+            return rows, math.prod(int(d) for d in full) * self.dtype.itemsize
         rows = check_int("shape", shape, 1, allow_none=False)
         return rows, rows * self._node.row_nbytes
 

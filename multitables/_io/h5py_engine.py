@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import math
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -58,7 +59,7 @@ def _chunk_cache_bytes(node: NodeInfo, plan: Any) -> int:
         return 1 << 20
     if whole_chunks(plan, node.n_rows, node.chunk_rows):
         return 0
-    chunk_row_bytes = node.chunk_rows * max(node.file_dtype.itemsize, 1) * int(np.prod(node.row_shape, dtype=np.int64))
+    chunk_row_bytes = node.chunk_rows * max(node.file_dtype.itemsize, 1) * math.prod(node.row_shape)
     return max(1 << 20, 2 * chunk_row_bytes + (chunk_row_bytes >> 3))
 
 
@@ -133,7 +134,7 @@ class H5pySource:
         self._mtype = h5py.h5t.py_create(self._read_dtype)
         self._zero_first = node.zero_first
         self._node = node
-        self._row_nbytes = int(np.prod(self._file_row_shape, dtype=np.int64)) * node.file_dtype.itemsize
+        self._row_nbytes = math.prod(self._file_row_shape) * node.file_dtype.itemsize
         # For prefetch: the file's descriptor and the dataset's layout; None until asked, False where unknown.
         self._hints: "tuple[int, Layout] | None | bool" = None
 

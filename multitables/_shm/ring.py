@@ -67,6 +67,7 @@ NOTE [slots and page tables]
 from __future__ import annotations
 
 import functools
+import math
 import time
 import weakref
 from contextlib import contextmanager
@@ -83,8 +84,7 @@ PAGE = 4096
 #: Seconds between liveness checks while a side waits.
 TICK = 0.05
 
-# Header words (int64).
-_STOP, _ERROR, _NEXT, _FREE_HEAD, _FREE_TAIL, _READY_TAIL, _PUBLISHED, _DONE = range(8)
+_STOP, _ERROR, _NEXT, _FREE_HEAD, _FREE_TAIL, _READY_TAIL, _PUBLISHED, _DONE = range(8)  # header words (int64)
 _HEADER_WORDS = 8
 
 
@@ -121,7 +121,7 @@ class RingLayout:
     @property
     def row_items(self) -> int:
         """Elements of ``dtype`` in one row."""
-        return int(np.prod(self.row_shape, dtype=np.int64))
+        return math.prod(self.row_shape)
 
     @property
     def slot_nbytes(self) -> int:

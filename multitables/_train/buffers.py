@@ -17,6 +17,7 @@ NOTE [window buffers and fork]
 
 from __future__ import annotations
 
+import math
 import mmap
 import platform
 import sys
@@ -37,7 +38,7 @@ _MADV_WIPEONFORK = 71 if platform.machine().startswith("parisc") else 18
 def empty_window_buffer(shape: "tuple[int, ...]", dtype: Any) -> np.ndarray:
     """``np.empty(shape, dtype)`` that forked children do not share (NOTE [window buffers and fork]); it owns its memory."""
     dtype = np.dtype(dtype)
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(int(n) for n in shape)
     if sys.platform != "linux" or count * dtype.itemsize == 0:
         return np.empty(shape, dtype)
     region = mmap.mmap(-1, count * dtype.itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)

@@ -29,6 +29,7 @@ any row is delivered from it.
 from __future__ import annotations
 
 import bisect
+import math
 import struct
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -330,7 +331,7 @@ def open_btree_index(ds: Any, grid: ChunkGrid, filename: str, header: int, remot
         if found is None or found[1] != ndims:
             return None
         root, _ = found
-        end = int(np.prod(grid.counts, dtype=np.int64))
+        end = math.prod(grid.counts)
         leaves: list[tuple[int, int]] = []
         if root != _UNDEFINED:  # else no chunk was ever written
             _inner(file, base, root, entry, filename, grid, leaves, None)

@@ -35,6 +35,7 @@ HDF5 with its direct driver.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -107,7 +108,7 @@ class ChunkSource:
         self._edtype = self._dtype if self._dtype.subdtype is None else np.dtype((np.void, self._dtype.itemsize))
         self._pads = node.string_pads
         self._file_row_shape = storage.shape[1:]
-        self._row_nbytes = int(np.prod(self._file_row_shape, dtype=np.int64)) * self._dtype.itemsize
+        self._row_nbytes = math.prod(self._file_row_shape) * self._dtype.itemsize
         self._field = node.field
         self._rows: "np.ndarray | None" = None  # whole rows, for reading one field
         self._own_scratch = scratch is None
@@ -120,7 +121,7 @@ class ChunkSource:
         self._grid = layout.grid
         if storage.chunks is None:
             return
-        self._chunk_nbytes = int(np.prod(storage.chunks, dtype=np.int64)) * self._dtype.itemsize
+        self._chunk_nbytes = math.prod(storage.chunks) * self._dtype.itemsize
         self._pipeline: Pipeline = build_pipeline(storage.filters, self._chunk_nbytes, self._dtype.itemsize)
         self._fill = np.frombuffer(storage.fill, self._edtype)[0]
 

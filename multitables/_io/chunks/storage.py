@@ -37,6 +37,7 @@ NOTE [layout cache]
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -181,7 +182,7 @@ def inspect_storage(ds: Any, node: NodeInfo) -> Storage:
     if leaves_edge_chunks_unfiltered(dcpl):
         raise Unsupported("it stores partial edge chunks unfiltered (H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS)")
     try:
-        build_pipeline(filters, int(np.prod(chunks)) * node.file_dtype.itemsize, node.file_dtype.itemsize)
+        build_pipeline(filters, math.prod(chunks) * node.file_dtype.itemsize, node.file_dtype.itemsize)
     except UnsupportedFilter as exc:
         raise Unsupported(str(exc)) from None
     return Storage(shape, chunks, filters, None, fill.tobytes())
@@ -225,7 +226,7 @@ class ChunkIndex:
         self._grid = grid
         self._dsid = dsid
         self._lazy: "dict[tuple[int, ...], tuple[int, int, int] | None] | None" = None
-        n = int(np.prod(grid.counts, dtype=np.int64))
+        n = math.prod(grid.counts)
         if n > limit or not hasattr(dsid, "chunk_iter"):
             self._lazy = {}
             return

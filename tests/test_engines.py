@@ -89,6 +89,29 @@ def test_h5py_reads_equal_with_and_without_the_chunk_cache(make_array, block_siz
         src.close()
 
 
+def test_h5py_reads_each_element_type_by_its_own_memory_type_one_after_another(tmp_path: Path) -> None:
+    """Memory types are made once per process and kept per element type: each dataset is read with its own, the
+    same size (int8, an enum of int8, bool) or kind (floats in either byte order) notwithstanding."""
+    path = tmp_path / "types.h5"
+    columns = {
+        "i1": np.arange(-50, 50, dtype="i1"),
+        "enum": np.arange(100, dtype="i1") % 3,
+        "f4be": np.linspace(-1, 1, 100).astype(">f4"),
+        "f4le": np.linspace(-1, 1, 100).astype("<f4"),
+        "bool": np.arange(100) % 2 == 0,
+    }
+    with h5py.File(path, "w") as f:
+        for name, values in columns.items():
+            dtype = h5py.enum_dtype({"a": 0, "b": 1, "c": 2}, basetype="i1") if name == "enum" else values.dtype
+            f.create_dataset(name, data=values, dtype=dtype, chunks=(10,), compression="gzip")
+    for _ in range(2):
+        for name, values in columns.items():
+            with multitables.Streamer(str(path), engine="h5py").get_queue("/" + name, n_procs=0, remainder=True) as q:
+                rows = np.concatenate([guard.block.copy() for guard in q.iter()])
+            np.testing.assert_array_equal(rows, values)
+            assert rows.dtype.kind == values.dtype.kind  # bools stay bools; floats come in this machine's order
+
+
 @pytest.mark.parametrize("block_size, cache_bytes", [(64, 0), (48, 1 << 20)])
 def test_h5py_takes_over_the_checks_dataset_with_the_chunk_cache_its_plan_needs(
     make_array, fds_on, block_size: int, cache_bytes: int

@@ -830,7 +830,7 @@ def test_a_ring_a_page_too_large_says_exactly_how_much_is_missing(
     no_leaks: None, h5file: Path, monkeypatch: pytest.MonkeyPatch, process_starts: list[Any]
 ) -> None:
     from multitables._shm import segment as _shm
-    from multitables._shm.ring import RingLayout
+    from multitables._shm.layout import RingLayout
 
     need = RingLayout(4, CHUNK, (ROW,), np.dtype("<f4")).nbytes
     monkeypatch.setattr(_shm, "shm_free_bytes", lambda: need - 4096)  # rounded to 0.1 MiB, both read the same

@@ -14,7 +14,8 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from multitables._shm.ring import Ring, RingLayout, RingSync
+from multitables._shm.layout import RingLayout, RingSync
+from multitables._shm.ring import Ring
 
 
 def _always() -> bool:

@@ -43,7 +43,8 @@ from .._io.fileset import node_signature
 from .._io.node import FileSignature, NodeInfo, check_file_unchanged
 from .._plan.blocks import BlockPlan, GrowingPlan, RangePlan
 from .._plan.readers import ReadPlan
-from .._shm.ring import WAIT, PeerGone, Ring, RingLayout, RingSync, TablePlan
+from .._shm.layout import RingLayout, RingSync
+from .._shm.ring import WAIT, PeerGone, Ring, TablePlan
 from .._shm.segment import check_space
 from ..errors import ReaderError, StreamClosedError
 from .pool import REPORT_TIMEOUT, ReaderPool

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from .layout import PAGE, round_up
 from .segment import Segment
-from .stagemap import PAGE, round_up
 
 #: Items in each reader's inbox.
 INBOX_ITEMS = 64

@@ -67,25 +67,22 @@ NOTE [slots and page tables]
 from __future__ import annotations
 
 import functools
-import math
 import time
 import weakref
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
 from .._plan.blocks import Piece
+from .layout import HEADER_WORDS, RingLayout, RingSync
 from .release import release_later
 from .segment import Segment, can_populate
 
-PAGE = 4096
 #: Seconds between liveness checks while a side waits.
 TICK = 0.05
 
-_STOP, _ERROR, _NEXT, _FREE_HEAD, _FREE_TAIL, _READY_TAIL, _PUBLISHED, _DONE = range(8)  # header words (int64)
-_HEADER_WORDS = 8
+_STOP, _ERROR, _NEXT, _FREE_HEAD, _FREE_TAIL, _READY_TAIL, _PUBLISHED, _DONE = range(HEADER_WORDS)
 
 
 class _Wait:
@@ -103,74 +100,6 @@ class PeerGone(Exception):
     """The other side is gone, or the ring was stopped, while waiting for the lock."""
 
 
-def _round_up(n: int, to: int) -> int:
-    return -(-n // to) * to
-
-
-@dataclass(frozen=True)
-class RingLayout:
-    """Sizes and offsets of a ring segment (bytes)."""
-
-    n_slots: int
-    block_size: int
-    row_shape: tuple[int, ...]
-    dtype: np.dtype
-    #: Entries of the block table (0: none; the readers' plan is fixed when they start).
-    table: int = 0
-
-    @property
-    def row_items(self) -> int:
-        """Elements of ``dtype`` in one row."""
-        return math.prod(self.row_shape)
-
-    @property
-    def slot_nbytes(self) -> int:
-        return self.block_size * self.row_items * self.dtype.itemsize
-
-    @property
-    def slot_stride(self) -> int:
-        return _round_up(max(self.slot_nbytes, 1), PAGE)
-
-    @property
-    def _header_words(self) -> int:
-        return _HEADER_WORDS + 4 * self.n_slots + 2 * self.table  # header, free ring, ready ring, meta (k, rows), table
-
-    @property
-    def data_offset(self) -> int:
-        return _round_up(self._header_words * 8, PAGE)
-
-    @property
-    def nbytes(self) -> int:
-        return self.data_offset + self.n_slots * self.slot_stride
-
-    def slot_offset(self, slot: int) -> int:
-        """Where ``slot`` starts in the segment."""
-        return self.data_offset + slot * self.slot_stride
-
-
-@dataclass(frozen=True)
-class RingSync:
-    """The process-shared primitives of one ring (picklable at process start)."""
-
-    #: Semaphores, one per *group* of readers: group ``g``'s free slots, the slots ``s % len(free) == g``
-    #: (NOTE [slots and page tables]).
-    free: "tuple[Any, ...]"
-    ready: Any  # Semaphore: filled slots not yet taken
-    lock: Any  # Lock: block claims, both index rings, the block table
-    more: Any  # Semaphore: released when blocks are published to the table (wakes readers waiting for some)
-
-    @classmethod
-    def create(cls, ctx: Any, n_slots: int, n_readers: int = 1) -> "RingSync":
-        """For ``n_readers`` readers: a group each, or, with fewer slots than readers, one per slot."""
-        groups = max(1, min(n_readers, n_slots))
-        free = tuple(ctx.Semaphore(len(range(g, n_slots, groups))) for g in range(groups))
-        return cls(free, ctx.Semaphore(0), ctx.Lock(), ctx.Semaphore(0))
-
-    def group(self, slot_or_reader: int) -> int:
-        """The group of a slot, or of a reader by its index."""
-        return slot_or_reader % len(self.free)
-
-
 class Ring:
     """One side's mapping of a ring segment; see NOTE [ring protocol]."""
 
@@ -179,12 +108,12 @@ class Ring:
         self.layout = layout
         self.sync = sync
         n = layout.n_slots
-        words = np.frombuffer(segment.buf, dtype=np.int64, count=layout._header_words)
-        self._hdr = words[:_HEADER_WORDS]
-        self._free_ring = words[_HEADER_WORDS : _HEADER_WORDS + n]
-        self._ready_ring = words[_HEADER_WORDS + n : _HEADER_WORDS + 2 * n]
-        self._meta = words[_HEADER_WORDS + 2 * n : _HEADER_WORDS + 4 * n].reshape(n, 2)
-        self._table = words[_HEADER_WORDS + 4 * n :].reshape(layout.table, 2)  # (first row, end) of block k % table
+        words = np.frombuffer(segment.buf, dtype=np.int64, count=layout.header_words)
+        self._hdr = words[:HEADER_WORDS]
+        self._free_ring = words[HEADER_WORDS : HEADER_WORDS + n]
+        self._ready_ring = words[HEADER_WORDS + n : HEADER_WORDS + 2 * n]
+        self._meta = words[HEADER_WORDS + 2 * n : HEADER_WORDS + 4 * n].reshape(n, 2)
+        self._table = words[HEADER_WORDS + 4 * n :].reshape(layout.table, 2)  # (first row, end) of block k % table
         self._claimed: dict[int, tuple[int, int]] = {}  # reader-local: the entries of blocks this reader claimed
         self._ready_head = 0  # consumer-local
         self._lent: "weakref.WeakValueDictionary[int, np.ndarray]" = weakref.WeakValueDictionary()  # slot -> lend()'s

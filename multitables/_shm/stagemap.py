@@ -17,18 +17,12 @@ import numpy as np
 
 from .._io.fileset import SetRef
 from ..errors import StreamClosedError
+from .layout import PAGE, round_up
 from .segment import Segment
 
 if TYPE_CHECKING:
     from .._io.node import NodeInfo
     from .._plan.requests import RowPlan
-
-PAGE = 4096
-
-
-def round_up(n: int, to: int) -> int:
-    """``n`` rounded up to a multiple of ``to``."""
-    return -(-n // to) * to
 
 
 # Stage header: int64 words, then the node description from byte _DESC_AT. Only StageMap uses them.

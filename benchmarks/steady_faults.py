@@ -3,7 +3,7 @@
 Issue 29's counters as ``multitables_bench.counters`` takes them, on a cyclic
 ``get_queue`` of ``/data`` (blocks of 512 rows), counted over ``--blocks``
 blocks after ``--warm`` blocks (more than a pass: every reader has written
-every slot and warmed its caches), for each engine and reader count.
+the slots it uses and warmed its caches), for each engine and reader count.
 
     python benchmarks/steady_faults.py bench/epochs.h5 --engines chunks h5py --procs 1 2
 """

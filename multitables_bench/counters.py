@@ -14,12 +14,15 @@ over its threads).
 
 NOTE [counting window]
     The window opens once the ring's first lap is taken: ``lap`` blocks (the
-    queue's read-ahead), and a block out of every slot. Readers with slots
-    of their own may use some of them first several blocks after ``lap``
-    (two readers, six slots: at blocks 6 to 9), and the consumer's first
-    read of a slot faults (a fault per 16 pages, where the kernel maps the
-    pages around the one read): a cost of the first lap, not of the blocks
-    after it. In this process (no readers) blocks are read into buffers
+    queue's read-ahead), and a block out of every slot, or, where some slots
+    go unused, none out of a slot not used before for ``lap`` blocks (a
+    reader writes into the slot given back last: NOTE [warm slots] in
+    ``multitables._shm.ring``). Readers with slots of their own may use
+    some of them first several blocks after ``lap`` (two readers, six slots:
+    at blocks 6 to 9), and the consumer's first read of a slot faults (a
+    fault per 16 pages, where the kernel maps the pages around the one
+    read): a cost of the first lap, not of the blocks after it. A slot first
+    used inside the window, when the consumer falls behind, is counted. In this process (no readers) blocks are read into buffers
     allocated as needed, and the first ``lap`` blocks are the lap. The
     window closes ``2 * lap``
     blocks before the last, so that no reader has run out of blocks yet: a
@@ -29,7 +32,7 @@ NOTE [counting window]
     is handed a share of its own and ends early) is left out of both
     snapshots, and :attr:`Counted.readers_counted` says how many were
     counted. Passes of ``3 * lap`` blocks or fewer have no window, nor those
-    whose last slot is first taken ``2 * lap`` blocks before the end or later.
+    whose slots settle ``2 * lap`` blocks before the end or later.
 """
 
 from __future__ import annotations
@@ -177,8 +180,8 @@ def drain_counted(
     ``on_block(i, block)``, if given, runs on block ``i`` inside its guard,
     after the touch. Returns (rows, bytes delivered, the window's
     :class:`Counted`, or None where the pass has no window: too few blocks,
-    ``n_blocks <= 3 * lap``, or a slot first taken too late). The window opens before block ``lap`` is taken,
-    or later, once a block of every slot was (readers' queues), and closes
+    ``n_blocks <= 3 * lap``, or slots first taken too late). The window opens before block ``lap`` is taken,
+    or later, once a block of every slot was, or none of a new slot for ``lap`` blocks (readers' queues), and closes
     before block ``n_blocks - 2 * lap`` is (NOTE [counting window] in
     ``multitables_bench.counters``).
     """
@@ -186,19 +189,22 @@ def drain_counted(
     stop = n_blocks - 2 * lap
     slots = queue.read_ahead if queue.n_procs else 0
     seen: set[int] = set()  # the slots blocks came out of (their addresses), until all have
+    last_new = -1  # the last block out of a slot not seen before
     pids = queue.reader_pids
     rows = nbytes = window_bytes = 0
     start: "int | None" = None
     before: "Snapshot | None" = None
     counted: "Counted | None" = None
     for i, guard in enumerate(queue.iter()):
-        if start is None and lap <= i < stop and len(seen) >= slots:
+        if start is None and lap <= i < stop and (len(seen) >= slots or i - last_new > lap):
             start, before = i, snapshot(pids, consumer_first=False)
         if start is not None and before is not None and i == stop:
             counted = window(before, snapshot(pids), window_bytes, stop - start)
         with guard as block:
-            if len(seen) < slots:
-                seen.add(block.__array_interface__["data"][0])
+            address = block.__array_interface__["data"][0]
+            if len(seen) < slots and address not in seen:
+                seen.add(address)
+                last_new = i
             touch(block)
             if on_block is not None:
                 on_block(i, block)

@@ -128,7 +128,7 @@ def scaling_markdown(run: ScalingRun) -> str:
            f"Processes N = {procs} (and multitables' default); blocks of about 4 MiB; memory copies of "
            f"{settings.memcpy_mib} MiB buffers. Ratios are to one h5py process; efficiency is rate(N) / (N x rate(1)) "
            f"of the same reader. Counters (multitables only) are taken after the ring's first lap (a block out of "
-           f"every slot) and before its last blocks, per GiB delivered: a GiB is {pages:,} pages of {PAGE_SIZE // 1024} KiB, so issue 29's "
+           f"every slot, or of none new for a lap) and before its last blocks, per GiB delivered: a GiB is {pages:,} pages of {PAGE_SIZE // 1024} KiB, so issue 29's "
            f"target, minor faults below 1% of the pages delivered, is below {FAULT_TARGET * pages:,.0f} per GiB, "
            f"in the readers (summed) and in the consumer."]
     for codec in CODECS:

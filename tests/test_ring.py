@@ -57,6 +57,25 @@ def test_each_reader_claims_blocks_in_order_into_its_own_slots(rings: tuple[Ring
     assert got == [(0, 0), (1, 1), (2, 3), (3, 2)]  # blocks in claim order; slots even for reader 0, odd for 1
 
 
+def test_a_reader_writes_next_into_its_slot_given_back_last(rings: tuple[Ring, list[Ring]]) -> None:
+    """NOTE [warm slots]: while the consumer keeps up, a reader takes turns between two slots, not all of its own."""
+    consumer, (r0, _r1) = rings
+    used = []
+    held = None
+    for _ in range(6):
+        k, s = _claims(r0)
+        used.append(s)
+        r0.publish(s, k, 256, _always)
+        assert consumer.take(1.0) == s
+        if held is not None:
+            consumer.release(held, _always)  # the block before: a consumer holds one while it takes the next
+        held = s
+    assert used == [0, 2, 0, 2, 0, 2]  # slot 4, also reader 0's, is never needed
+    consumer.release(held, _always)
+    k, s = _claims(r0)
+    assert (k, s) == (6, 2)
+
+
 def test_a_reader_whose_slots_are_all_taken_waits_for_one_of_its_own(rings: tuple[Ring, list[Ring]]) -> None:
     consumer, (r0, r1) = rings
     mine = [_claims(r0) for _ in range(3)]

@@ -423,7 +423,7 @@ def _describe(filename: str, path: str, field: "str | None", ds: Any, allow_empt
     h5py_problem = None
     dsid = ds.id
     try:
-        tid = dsid.get_type()  # once, for the dtype and the string pads: each id costs a 1 MB file's read ~5 us
+        tid = dsid.get_type()  # once, for the dtype and the string pads: each HDF5 id costs ~5 us a 1 MB file notices
         dt: np.dtype = tid.dtype
     except (TypeError, ValueError) as exc:  # HDF5 time types, quad precision: PyTables maps them
         h5py_problem = f"h5py has no numpy type for its elements ({exc})"

@@ -274,7 +274,7 @@ class Ring:
         for j in range(tail - 1, head - 1, -1):
             s = int(free[j % n])
             if s % groups == self._group:
-                for i in range(j, tail - 1):
+                for i in range(j, tail - 1):  # the stack keeps its order; its head never moves
                     free[i % n] = free[(i + 1) % n]
                 self._hdr[_FREE_TAIL] = tail - 1
                 return s

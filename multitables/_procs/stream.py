@@ -1,7 +1,7 @@
 """Streaming on the reader pool: the loop that fills a ring with blocks, and the consumer's side of it.
 
 A stream's readers are its *readers*: each claims the next block of the plan,
-reads it into a free ring slot (``_io.blockread.read_block``) and publishes it
+reads it into a free slot (``_io.blockread.read_block``) and publishes it
 (NOTE [ring protocol] in ``_shm.ring``). The consumer's
 :class:`StreamReaders` starts them on a :class:`~.pool.ReaderPool` and,
 before every wait for a block, checks that none failed (NOTE [failure

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 PAGE = 4096
-#: Header words of a ring (int64): flags, counters and the index rings' ends (``_shm.ring``).
-HEADER_WORDS = 8
+#: Header words of a ring (int64): flags, counters, the free stack's top and the ready ring's tail (``_shm.ring``).
+HEADER_WORDS = 7
 
 
 def round_up(n: int, to: int) -> int:
@@ -49,7 +49,8 @@ class RingLayout:
 
     @property
     def header_words(self) -> int:
-        """int64 words before the slots' page: the header, the free and ready rings, each slot's meta, the table."""
+        """int64 words before the slots' page: the header, the free stack, the ready ring, each slot's meta and the
+        block table."""
         return HEADER_WORDS + 4 * self.n_slots + 2 * self.table
 
     @property
@@ -73,7 +74,7 @@ class RingSync:
     #: (NOTE [slots and page tables]).
     free: "tuple[Any, ...]"
     ready: Any  # Semaphore: filled slots not yet taken
-    lock: Any  # Lock: block claims, both index rings, the block table
+    lock: Any  # Lock: block claims, the free stack, the ready ring, the block table
     more: Any  # Semaphore: released when blocks are published to the table (wakes readers waiting for some)
 
     @classmethod

@@ -1,20 +1,20 @@
 """The ring: slots in one shared-memory segment, and the hand-off of slots between readers and consumer.
 
 NOTE [ring protocol]
-    The segment holds a small header, two index rings and ``n_slots`` slots of
+    The segment holds a small header, two lists of slots and ``n_slots`` slots of
     ``block_size`` rows each (page-aligned). A slot is always in exactly one
-    of three hands: the *free ring*, a reader, or the consumer (via the
+    of three hands: the *free stack*, a reader, or the consumer (via the
     *ready ring*).
 
     Reader:   acquire ``free`` (a slot is free)  ->  under ``lock``: claim the
-              next block number ``k`` and pop a free slot ``s`` (the free ring
-              is a stack: NOTE [warm slots])  ->  read
+              next block number ``k`` and pop a free slot ``s`` (the one given
+              back last: NOTE [warm slots])  ->  read
               block ``k`` straight into slot ``s``  ->  write ``(k, rows)`` to
               the slot's meta  ->  under ``lock``: push ``s`` on the ready ring
               ->  release ``ready``.
     Consumer: acquire ``ready``  ->  pop ``s`` from the ready ring (the consumer
               is its only reader, so no lock)  ->  view slot ``s``  ->  on
-              release, under ``lock``: push ``s`` on the free ring  ->  release
+              release, under ``lock``: push ``s`` on the free stack  ->  release
               ``free``.
 
     Claiming the block and popping its slot happen under one lock, so block
@@ -65,7 +65,7 @@ NOTE [slots and page tables]
     without it (before 5.14) reserve at creation and fault as before.
 
 NOTE [warm slots]
-    The free ring is a stack: a reader takes the slot of its group given back last. While the consumer keeps up,
+    The free slots are a stack: a reader takes the slot of its group given back last. While the consumer keeps up,
     a reader so writes into two slots by turns, whose lines the caches still hold, instead of every slot of its
     group in turn; the others wait for a consumer that falls behind. Blosc 3 on a 2-core VM, 1 GiB: decoding
     each block into one reused buffer took 254 ms a pass, and into four in turn 273-282 ms; one reader with the
@@ -92,7 +92,7 @@ from .segment import Segment, can_populate
 #: Seconds between liveness checks while a side waits.
 TICK = 0.05
 
-_STOP, _ERROR, _NEXT, _FREE_HEAD, _FREE_TAIL, _READY_TAIL, _PUBLISHED, _DONE = range(HEADER_WORDS)
+_STOP, _ERROR, _NEXT, _FREE_TOP, _READY_TAIL, _PUBLISHED, _DONE = range(HEADER_WORDS)
 
 
 class _Wait:
@@ -120,7 +120,7 @@ class Ring:
         n = layout.n_slots
         words = np.frombuffer(segment.buf, dtype=np.int64, count=layout.header_words)
         self._hdr = words[:HEADER_WORDS]
-        self._free_ring = words[HEADER_WORDS : HEADER_WORDS + n]
+        self._free_stack = words[HEADER_WORDS : HEADER_WORDS + n]
         self._ready_ring = words[HEADER_WORDS + n : HEADER_WORDS + 2 * n]
         self._meta = words[HEADER_WORDS + 2 * n : HEADER_WORDS + 4 * n].reshape(n, 2)
         self._table = words[HEADER_WORDS + 4 * n :].reshape(layout.table, 2)  # (first row, end) of block k % table
@@ -162,7 +162,7 @@ class Ring:
     # -- set-up ---------------------------------------------------------------
     @classmethod
     def create(cls, layout: RingLayout, sync: RingSync) -> "Ring":
-        """The consumer's ring: a new segment with every slot on the free ring.
+        """The consumer's ring: a new segment with every slot on the free stack.
 
         Where the kernel can populate, the slots' pages are allocated by the
         readers that write them (NOTE [slots and page tables]), not here.
@@ -171,8 +171,8 @@ class Ring:
         segment.populate(0, layout.data_offset)  # the header, written by both sides (nothing where reserved)
         ring = cls(segment, layout, sync)
         ring._hdr[:] = 0
-        ring._free_ring[:] = np.arange(layout.n_slots)[::-1]  # a stack: slot 0 on top
-        ring._hdr[_FREE_TAIL] = layout.n_slots
+        ring._free_stack[:] = np.arange(layout.n_slots)[::-1]  # a stack: slot 0 on top
+        ring._hdr[_FREE_TOP] = layout.n_slots
         return ring
 
     @classmethod
@@ -194,7 +194,7 @@ class Ring:
             return
         self._closed = True
         self.slots = []
-        self._hdr = self._free_ring = self._ready_ring = self._meta = self._table = None  # type: ignore[assignment]
+        self._hdr = self._free_stack = self._ready_ring = self._meta = self._table = None  # type: ignore[assignment]
         still_lent = [(self.layout.slot_offset(slot), flat.nbytes) for slot, flat in list(self._lent.items())]
         if background and not still_lent and self.segment.owner:
             release_later(functools.partial(self.segment.close, keep=still_lent))
@@ -269,14 +269,13 @@ class Ring:
     def _pop_free(self) -> int:
         """Pop the free slot of this reader's group given back last (NOTE [warm slots]; under the lock, holding one of
         the group's tokens)."""
-        free, n, groups = self._free_ring, self.layout.n_slots, len(self.sync.free)
-        head, tail = int(self._hdr[_FREE_HEAD]), int(self._hdr[_FREE_TAIL])
-        for j in range(tail - 1, head - 1, -1):
-            s = int(free[j % n])
+        free, groups = self._free_stack, len(self.sync.free)
+        top = int(self._hdr[_FREE_TOP])  # the free slots are free[:top], the one given back last on top
+        for j in range(top - 1, -1, -1):
+            s = int(free[j])
             if s % groups == self._group:
-                for i in range(j, tail - 1):  # the stack keeps its order; its head never moves
-                    free[i % n] = free[(i + 1) % n]
-                self._hdr[_FREE_TAIL] = tail - 1
+                free[j : top - 1] = free[j + 1 : top].copy()  # the others keep their order
+                self._hdr[_FREE_TOP] = top - 1
                 return s
         raise AssertionError(f"a token of group {self._group} but none of its slots free")  # pragma: no cover
 
@@ -394,8 +393,8 @@ class Ring:
             return
         try:
             with self._locked(check):
-                self._free_ring[self._hdr[_FREE_TAIL] % self.layout.n_slots] = slot
-                self._hdr[_FREE_TAIL] += 1
+                self._free_stack[self._hdr[_FREE_TOP]] = slot
+                self._hdr[_FREE_TOP] += 1
         except PeerGone:  # stopped while waiting: nobody needs the slot any more
             return
         self.sync.free[self.sync.group(slot)].release()

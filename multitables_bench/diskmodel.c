@@ -7,7 +7,8 @@
  * are, normally this machine's page cache), then charged: under the state's lock, the modelled page cache
  * narrows it to the pages it lacks, each disk it touches starts it when free (FIFO), adds a seek unless it
  * continues near where that disk's previous request ended, and transfers at the rate; the caller then sleeps
- * until the last of its disks is done. POSIX_FADV_WILLNEED queues a read without waiting. The layout of
+ * until the last of its disks is done. POSIX_FADV_WILLNEED queues a read without waiting; cachestat(2) (through
+ * syscall(3)) counts the pages the modelled page cache holds. The layout of
  * struct dm_state is mirrored by _State in diskmodel.py; DM_VERSION changes with it.
  */
 #define _GNU_SOURCE
@@ -18,6 +19,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -456,4 +458,61 @@ int posix_fadvise(int fd, off_t off, off_t len, int advice) {
 }
 int posix_fadvise64(int fd, off_t off, off_t len, int advice) {
     return hinted(&real_posix_fadvise64, "posix_fadvise64", fd, off, len, advice);
+}
+
+/* cachestat(2), which multitables asks before it hints (NOTE [hints on cached bytes] in multitables/_io/chunks/
+ * pread.py), reached through syscall(3): on a modelled file it counts the pages of the range that the modelled page
+ * cache holds, arrived (a hinted read still on the disk's queue is not cached yet), and nothing else. */
+#define DM_SYS_CACHESTAT 451 /* the same number on every architecture */
+struct dm_cachestat_range {
+    uint64_t off, len;
+};
+struct dm_cachestat {
+    uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+};
+typedef long (*syscall_fn)(long, ...);
+static void *real_syscall;
+
+static uint64_t cached_pages(const struct stat *st, int64_t off, int64_t len) {
+    struct dm_state *s = state;
+    uint64_t n = 0;
+    int64_t end = len == 0 || off + len > (int64_t)st->st_size ? (int64_t)st->st_size : off + len;
+    lock_state(s);
+    for (int i = 0; s->page_cache && i < DM_CACHE_FILES; i++) {
+        struct dm_cached_file *f = &s->cache[i];
+        if (f->ino != (int64_t)st->st_ino || f->dev != (int64_t)st->st_dev) continue;
+        int64_t now = now_ns();
+        for (int64_t p = off / DM_PAGE; p * DM_PAGE < end && p < DM_CACHE_PAGES; p++) {
+            int in = f->pages[p / 64] >> (p % 64) & 1;
+            for (int h = 0; in && h < DM_INFLIGHT; h++) {
+                struct dm_inflight *r = &f->inflight[h];
+                if (r->done_ns > now && r->start < (p + 1) * DM_PAGE && p * DM_PAGE < r->end) in = 0;
+            }
+            n += (uint64_t)in;
+        }
+    }
+    unlock_state(s);
+    return n;
+}
+
+long syscall(long number, ...) {
+    va_list ap;
+    va_start(ap, number);
+    long a[6];
+    for (int i = 0; i < 6; i++) a[i] = va_arg(ap, long); /* as glibc's own syscall(3) reads them */
+    va_end(ap);
+    syscall_fn f = (syscall_fn)next(&real_syscall, "syscall");
+    struct stat st;
+    if (number == DM_SYS_CACHESTAT && modelled((int)a[0], &st)) {
+        const struct dm_cachestat_range *range = (const struct dm_cachestat_range *)a[1];
+        struct dm_cachestat *out = (struct dm_cachestat *)a[2];
+        if (!range || !out || a[3] != 0) {
+            errno = EINVAL;
+            return -1;
+        }
+        memset(out, 0, sizeof *out);
+        out->nr_cache = cached_pages(&st, (int64_t)range->off, (int64_t)range->len);
+        return 0;
+    }
+    return f(number, a[0], a[1], a[2], a[3], a[4], a[5]);
 }

@@ -8,7 +8,8 @@ through a model of one (``multitables-benchmark --disk-model hdd|raid0``).
 The mechanism: an ``LD_PRELOAD`` shim (``diskmodel.c`` beside this file,
 compiled with ``gcc`` on first use into a cache directory, never committed)
 wraps ``read``, ``readv``, ``pread``, ``preadv``, ``preadv2`` (and their
-``64`` and fortified ``_chk`` twins) and ``posix_fadvise``. A read of a
+``64`` and fortified ``_chk`` twins), ``posix_fadvise`` and ``syscall`` (for
+``cachestat`` only). A read of a
 regular file under the model's root directory, while the model is enabled,
 is done for real, then charged to the model: each disk it touches takes it
 in arrival order once its earlier requests are done (one FIFO queue per
@@ -35,7 +36,10 @@ them the model would misjudge exactly the readers it exists to compare:
   not once per process. ``O_DIRECT`` reads bypass it.
 * **``POSIX_FADV_WILLNEED``** (multitables' prefetch): the disk queues a
   read of the hinted pages not yet cached and the caller goes on; a later
-  read of those pages waits until the disk has them.
+  read of those pages waits until the disk has them. ``cachestat(2)``
+  (how multitables asks whether bytes are cached before it hints them,
+  through ``syscall(3)``) counts the pages the modelled page cache holds,
+  arrived; otherwise it would count the real cache's, which holds the file.
 * **the drive's read look-ahead** (``readahead``, default 1 MiB; 0 drops
   it): after a request the disk reads on while idle, so a request that
   starts at most that far past the previous one's end is no seek (the disk

@@ -163,3 +163,145 @@ def test_a_sets_files_share_one_read_buffer_page_cache_or_past_it(tmp_path: Path
             with guard as block:
                 got.append(block.copy())
     assert np.array_equal(np.concatenate(got), np.concatenate(parts))
+
+
+# -- hints on cached bytes (NOTE [hints on cached bytes] in _io.chunks.pread) ---------------------------
+
+
+def chunked_file(path: Path, n: int = 2000, chunk_rows: int = 50) -> np.ndarray:
+    data = rows(n, 5)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data", data=data, chunks=(chunk_rows, 8), compression="gzip")
+    return data
+
+
+def learned(path: Path) -> "storage.Layout":
+    node = inspect_node(path, "/data")
+    with h5py.File(path) as f:
+        return storage.learn_layout(f["data"], node)
+
+
+def test_a_hint_asks_first_whether_the_rows_first_and_last_stored_bytes_are_cached(tmp_path: Path) -> None:
+    path = tmp_path / "f.h5"
+    chunked_file(path)
+    layout = learned(path)
+    index = layout.index
+    first, last = index.lookup((2, 0)), index.lookup((5, 0))  # rows 100..299: chunks 2..5
+    asked: list[tuple[int, int]] = []
+    hinted: list[list[Any]] = []
+
+    def cached(answer: bool) -> Callable[[int, int], bool]:
+        return lambda a, b: asked.append((a, b)) or answer
+
+    layout.hint(100, 300, 32, hinted.append, resident=cached(True))
+    assert asked == [(first[0], last[0] + last[1])]
+    assert hinted == []  # cached: nothing to hint
+    layout.hint(100, 300, 32, hinted.append, resident=cached(False))
+    without: list[list[Any]] = []
+    layout.hint(100, 300, 32, without.append)
+    assert hinted == without and [(e.offset, e.size) for e in hinted[0]] == [
+        (c[0], c[1]) for c in map(index.lookup, [(2, 0), (3, 0), (4, 0), (5, 0)])]
+
+
+def test_a_contiguous_datasets_hint_asks_about_its_rows_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "f.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data", data=rows(100, 6))  # contiguous: 32 bytes a row
+    layout = learned(path)
+    base = layout.storage.offset
+    asked: list[tuple[int, int]] = []
+    hinted: list[list[Any]] = []
+    layout.hint(10, 20, 32, hinted.append, resident=lambda a, b: asked.append((a, b)) or False)
+    assert asked == [(base + 320, base + 640)]
+    assert [(e.offset, e.size) for e in hinted[0]] == [(base + 320, 320)]
+
+
+def test_a_files_bytes_read_once_are_known_to_be_cached(tmp_path: Path) -> None:
+    from multitables._io.chunks import pread
+    from multitables._io.chunks.pread import PreadFile, resident
+
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(range(256)) * 64)  # 16 KiB
+    transport = PreadFile(str(path))
+    try:
+        transport.read_into(0, bytearray(16384))  # whatever the filesystem, pages just read are cached
+        asked = [transport.resident(0, 16384), resident(transport.fd, 4000, 12300), transport.resident(100, 200)]
+        past_the_end = transport.resident(0, 20480)  # no such pages
+    finally:
+        transport.close()
+    if pread._can_ask:
+        assert asked == [True, True, True] and not past_the_end
+    else:  # a kernel that cannot tell (before 6.5, or a sandbox that refuses cachestat): every hint goes
+        assert asked == [False, False, False] and not past_the_end
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from multitables_bench import diskmodel
+
+    return diskmodel.build_shim(tmp_path_factory.mktemp("shim"))
+
+
+def test_a_range_is_cached_only_where_every_page_of_it_is(tmp_path: Path, shim: Path) -> None:
+    """Pages 0 and 3 read (the blocks either side, say), 1 and 2 not: the range from inside page 0 to inside page 3
+    is not cached, though both its ends are (NOTE [hints on cached bytes]). Under the disk model, whose page cache
+    starts empty."""
+    import subprocess
+    import sys
+
+    from multitables_bench.diskmodel import DiskModel
+
+    path = tmp_path / "disk" / "f.bin"
+    path.parent.mkdir()
+    path.write_bytes(bytes(8 * 4096))
+    script = """
+import os, sys
+from multitables._io.chunks.pread import resident
+fd = os.open(sys.argv[1], os.O_RDONLY)
+os.pread(fd, 10, 0)
+os.pread(fd, 10, 3 * 4096)
+print(resident(fd, 100, 3 * 4096 + 100), resident(fd, 0, 4096), resident(fd, 3 * 4096, 4 * 4096), end=" ")
+os.pread(fd, 2 * 4096, 4096)
+print(resident(fd, 100, 3 * 4096 + 100), resident(fd, 0, 5 * 4096))
+"""
+    (tmp_path / "state").mkdir()
+    with DiskModel.create(tmp_path / "state", "hdd", shim=shim, seek_ms=0.001, mbps=100_000.0) as model:
+        with model.charging(path.parent):
+            done = subprocess.run([sys.executable, "-c", script, str(path)], env=model.env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True", "True", "True", "False"]
+
+
+@pytest.mark.parametrize("engine", ["h5py", "chunks"])
+def test_readers_hint_a_cold_file_and_not_a_cached_one(tmp_path: Path, shim: Path, engine: str) -> None:
+    """Under the disk model, whose page cache starts empty: the first pass hints, the second finds it all cached."""
+    import subprocess
+    import sys
+
+    from multitables_bench.diskmodel import DiskModel
+
+    path = tmp_path / "disk" / "f.h5"
+    path.parent.mkdir()
+    data = chunked_file(path, 20_000, 500)  # 40 chunks, all listed at open; blocks of about 60 KiB stored
+    script = """
+import sys, numpy as np, multitables
+got = []
+with multitables.Streamer(sys.argv[1], engine=sys.argv[2]).get_queue("/data", n_procs=2, block_size=2000, ordered=True) as q:
+    for guard in q.iter():
+        with guard as block:
+            got.append(block.copy())
+np.save(sys.argv[3], np.concatenate(got))
+"""
+    (tmp_path / "state").mkdir()
+    hints = []
+    with DiskModel.create(tmp_path / "state", "hdd", shim=shim, seek_ms=0.001, mbps=100_000.0) as model:
+        with model.charging(path.parent):
+            for n in range(2):
+                out = tmp_path / f"rows-{n}.npy"
+                done = subprocess.run([sys.executable, "-c", script, str(path), engine, str(out)], env=model.env(),
+                                      capture_output=True, text=True)
+                assert done.returncode == 0, done.stderr
+                assert np.array_equal(np.load(out), data)
+                hints.append(model.stats().hints)
+    assert hints[0] >= 8  # ten blocks of 2,000 rows: each reader hints the blocks ahead of it
+    assert hints[1] == hints[0]  # the second pass: every byte cached, nothing hinted

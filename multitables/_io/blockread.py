@@ -30,7 +30,8 @@ NOTE [prefetch]
     a system call per run of chunks, and the h5py engine learns the chunk
     index to make it: it cost more than the read of an uncompressed block;
     :func:`~multitables._plan.readers.hint_distance`).
-    With ``O_DIRECT`` there is no cache to warm.
+    With ``O_DIRECT`` there is no cache to warm, and bytes already cached
+    are not hinted (NOTE [hints on cached bytes] in ``_io.chunks.pread``).
     Measured on a cold 1 GiB zlib-3 file (PyTables chunks of 512 KiB, 4 MiB
     blocks), two readers, 8 interleaved passes each: median 705 MB/s
     without, 1,125 MB/s with (every pass with it faster than every pass

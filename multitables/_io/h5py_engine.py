@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .._plan.requests import run_bounds
-from .chunks.pread import will_need
+from .chunks.pread import resident, will_need
 from .chunks.storage import Layout, known_layout, learn_layout
 from .node import NodeInfo, Unsupported, close_dataset
 from .objects.hdf5 import file_object
@@ -211,7 +211,7 @@ class H5pySource:
             if self._hints is False:
                 return
         fd, layout = self._hints
-        layout.hint(start, stop, self._row_nbytes, functools.partial(will_need, fd))
+        layout.hint(start, stop, self._row_nbytes, functools.partial(will_need, fd), resident=functools.partial(resident, fd))
 
     def fetch(self, spans: "list[tuple[int, int]]") -> None:
         pass  # HDF5 reads its chunks itself

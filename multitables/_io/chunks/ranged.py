@@ -86,6 +86,10 @@ class RangedFile:
     def hint(self, extents: Sequence[Extent]) -> None:
         """Nothing (see the module's docstring)."""
 
+    def resident(self, start: int, stop: int) -> bool:
+        """False: an object has no page cache."""
+        return False
+
     def identity(self) -> ObjectIdentity:
         """The object's identity as the consumer saw it (every request checks it)."""
         return self._identity

@@ -160,7 +160,7 @@ class ChunkSource:
         transport = self._bytes
         if transport is None or not transport.hints or start >= stop:
             return
-        self._layout.hint(start, stop, self._row_nbytes, transport.hint, self._kept)
+        self._layout.hint(start, stop, self._row_nbytes, transport.hint, self._kept, transport.resident)
 
     def fetch(self, spans: "list[tuple[int, int]]") -> None:
         """Where a read waits a round trip (an object): fetch the stored bytes of the chunks of ``spans`` (a block's

@@ -318,19 +318,31 @@ class Layout:
             index.load_for(self.chunks(start, stop), ahead)
 
     def hint(self, start: int, stop: int, row_nbytes: int, will_need: Callable[[list[Extent]], None],
-             skip: "Container[tuple[int, ...]]" = ()) -> None:
+             skip: "Container[tuple[int, ...]]" = (), resident: "Callable[[int, int], bool] | None" = None) -> None:
         """Pass ``will_need`` the file byte ranges that store rows ``[start, stop)`` (``row_nbytes`` bytes a row), in file order.
 
         Chunks in ``skip`` are left out. Reads no more of the chunk index than
         the leaf of the first chunk (NOTE [chunk index in file order]).
+        ``resident(a, b)``: whether the page cache holds the file's bytes
+        ``[a, b)``; where it holds those from the rows' first stored byte to
+        their last, nothing is hinted (NOTE [hints on cached bytes] in ``pread``).
         """
         if self.grid is None:
             assert self.storage.offset is not None
-            will_need([Extent(self.storage.offset + start * row_nbytes, (stop - start) * row_nbytes, 0)])
+            offset, nbytes = self.storage.offset + start * row_nbytes, (stop - start) * row_nbytes
+            if nbytes and not (resident is not None and resident(offset, offset + nbytes)):
+                will_need([Extent(offset, nbytes, 0)])
             return
         assert self.index is not None
         index = self.index
         indices = self.chunks(start, stop)
+        asked = False
+        if resident is not None and indices:  # the chunks' ends known: asked before working out the extents
+            first, last = index.peek(indices[0]), index.peek(indices[-1])
+            if isinstance(first, tuple) and isinstance(last, tuple):
+                if resident(first[0], last[0] + last[1]):
+                    return
+                asked = True
         extents: list[Extent] = []
         for n, chunk in enumerate(indices):
             if chunk in skip:
@@ -354,7 +366,8 @@ class Layout:
                 found = index.lookup(chunk)
             if found is not None:
                 extents.append(Extent(found[0], found[1], 0))
-        if extents:
+        if extents and not (resident is not None and not asked
+                            and resident(extents[0].offset, max(e.offset + e.size for e in extents))):
             will_need(extents)
 
 

@@ -22,6 +22,9 @@ A transport must provide (:class:`Transport`):
 * ``hint(extents)``: the :class:`~multitables._io.chunks.grid.Extent` byte
   ranges, in file order, will be read soon; start fetching them in the
   background and return at once. May do nothing.
+* ``resident(start, stop)``: whether the page cache holds bytes ``[start,
+  stop)`` now, so that a hint of them would do nothing (NOTE [hints on
+  cached bytes] in ``pread``); False where that cannot be told.
 * ``identity()``: what identifies the bytes now (NOTE [file identity] in
   ``_io.node``; for a local file, the open descriptor's device, inode, size
   and times): the B-tree index compares it before it reads more of a file it
@@ -69,6 +72,9 @@ class Transport(Protocol):
 
     def hint(self, extents: Sequence[Extent]) -> None:
         """``extents`` will be read soon; returns at once, and may do nothing."""
+
+    def resident(self, start: int, stop: int) -> bool:
+        """Whether the page cache holds bytes ``[start, stop)`` now; False where unknown."""
 
     def identity(self) -> Any:
         """What identifies the file's bytes now (equal while they are unchanged)."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 import mmap
 import multiprocessing
 import resource
-from typing import Iterator
+from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -157,3 +158,58 @@ def test_a_readers_own_slots_are_mapped_whole_and_no_other(rings: tuple[Ring, li
     pages = r0.layout.slot_stride // mmap.PAGESIZE
     assert all(_faults_writing(r0.slots[s]) < pages // 8 for s in (0, 2, 4))  # its own: mapped (a stray fault may come)
     assert _faults_writing(r0.slots[1]) >= pages // 2  # reader 1's, never mapped here: a fault a page
+
+
+# -- the consumer's part while its readers start (NOTE [slots while readers start]) ----------------------------------
+
+
+def _stream_rows(path: Path, n_rows: int) -> np.ndarray:
+    import multitables
+
+    got = []
+    with multitables.Streamer(str(path)).get_queue("/data", n_procs=1, block_size=500, ordered=True) as q:
+        for guard in q.iter():
+            with guard as block:
+                got.append(block.copy())
+    assert sum(len(b) for b in got) == n_rows
+    return np.concatenate(got)
+
+
+@pytest.mark.parametrize("cpus, allocated", [(4, True), (1, False)], ids=["a-cpu-left-over", "a-reader-per-cpu"])
+def test_the_consumer_allocates_the_slots_while_its_readers_start_where_a_cpu_is_left_over(
+    make_array: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, no_leaks: None, cpus: int, allocated: bool
+) -> None:
+    from multitables._procs import stream
+
+    rings_allocated: list[int] = []
+    real = Ring.allocate_slots
+    monkeypatch.setattr(stream, "available_cpus", lambda: cpus)
+    monkeypatch.setattr(Ring, "allocate_slots", lambda self: rings_allocated.append(self.layout.n_slots) or real(self))
+    data = np.arange(4000 * 16, dtype="<f4").reshape(4000, 16)
+    path = make_array(data, chunkshape=(100, 16))
+    np.testing.assert_array_equal(_stream_rows(path, len(data)), data)
+    assert rings_allocated == ([4] if allocated else [])  # one reader: 2 x 1 + 2 slots
+
+
+def test_slots_the_consumer_cannot_allocate_are_left_to_its_readers(
+    make_array: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, no_leaks: None
+) -> None:
+    """/dev/shm full when the consumer allocates: no error from it; each reader maps its own slots, as without it."""
+    import errno
+    import os
+
+    from multitables._procs import stream
+    from multitables._shm import segment as _shm
+
+    consumer, real = os.getpid(), _shm._madvise
+
+    def full_in_the_consumer(buf: mmap.mmap, advice: int, offset: int, nbytes: int) -> None:
+        if os.getpid() == consumer and offset:  # the slots; the header, at 0, is had
+            raise OSError(errno.EFAULT, "Bad address")
+        real(buf, advice, offset, nbytes)
+
+    monkeypatch.setattr(stream, "available_cpus", lambda: 4)
+    monkeypatch.setattr(_shm, "_madvise", full_in_the_consumer)  # the forked reader inherits it, with another pid
+    data = np.arange(4000 * 16, dtype="<f4").reshape(4000, 16)
+    path = make_array(data, chunkshape=(100, 16))
+    np.testing.assert_array_equal(_stream_rows(path, len(data)), data)

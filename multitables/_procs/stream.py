@@ -42,7 +42,7 @@ from .._io.engines import open_source
 from .._io.fileset import node_signature
 from .._io.node import FileSignature, NodeInfo, check_file_unchanged
 from .._plan.blocks import BlockPlan, GrowingPlan, RangePlan
-from .._plan.readers import ReadPlan
+from .._plan.readers import ReadPlan, available_cpus
 from .._shm.layout import RingLayout, RingSync
 from .._shm.ring import WAIT, PeerGone, Ring, TablePlan
 from .._shm.segment import check_space
@@ -199,6 +199,8 @@ class StreamReaders:
                 replace(spec, dataset=None), open_kwargs, self.ring.segment.name, layout, node_signature(node), sent
             )
             self.pool.start(stream_loop, [(settings, sync)] * spec.n_procs)
+            if spec.n_procs < available_cpus():
+                self.ring.allocate_slots()  # NOTE [slots while readers start]: a CPU is left over
             self.pool.wait_attached("start", self.check)
         except BaseException:
             self.close()

@@ -481,13 +481,19 @@ static uint64_t cached_pages(const struct stat *st, int64_t off, int64_t len) {
     for (int i = 0; s->page_cache && i < DM_CACHE_FILES; i++) {
         struct dm_cached_file *f = &s->cache[i];
         if (f->ino != (int64_t)st->st_ino || f->dev != (int64_t)st->st_dev) continue;
-        int64_t now = now_ns();
+        int64_t now = now_ns(), busy[DM_INFLIGHT][2]; /* the hinted reads over the range still on the queue */
+        int n_busy = 0;
+        for (int h = 0; h < DM_INFLIGHT; h++) {
+            struct dm_inflight *r = &f->inflight[h];
+            if (r->done_ns > now && r->start < end && off < r->end) {
+                busy[n_busy][0] = r->start;
+                busy[n_busy++][1] = r->end;
+            }
+        }
         for (int64_t p = off / DM_PAGE; p * DM_PAGE < end && p < DM_CACHE_PAGES; p++) {
             int in = f->pages[p / 64] >> (p % 64) & 1;
-            for (int h = 0; in && h < DM_INFLIGHT; h++) {
-                struct dm_inflight *r = &f->inflight[h];
-                if (r->done_ns > now && r->start < (p + 1) * DM_PAGE && p * DM_PAGE < r->end) in = 0;
-            }
+            for (int h = 0; in && h < n_busy; h++)
+                if (busy[h][0] < (p + 1) * DM_PAGE && p * DM_PAGE < busy[h][1]) in = 0;
             n += (uint64_t)in;
         }
     }

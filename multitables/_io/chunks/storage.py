@@ -338,6 +338,8 @@ class Layout:
         indices = self.chunks(start, stop)
         asked = False
         if resident is not None and indices:  # the chunks' ends known: asked before working out the extents
+            # The bytes from the first chunk's to the last's hold the others where the file stores them in order
+            # (rows written in order); a file stored otherwise may miss a hint, never a row.
             first, last = index.peek(indices[0]), index.peek(indices[-1])
             if isinstance(first, tuple) and isinstance(last, tuple):
                 if resident(first[0], last[0] + last[1]):
@@ -367,7 +369,7 @@ class Layout:
             if found is not None:
                 extents.append(Extent(found[0], found[1], 0))
         if extents and not (resident is not None and not asked
-                            and resident(extents[0].offset, max(e.offset + e.size for e in extents))):
+                            and resident(min(e.offset for e in extents), max(e.offset + e.size for e in extents))):
             will_need(extents)
 
 

@@ -186,3 +186,11 @@ def table_file(tmp_path: Path) -> tuple[Path, np.ndarray]:
 
 # The object-storage tests' servers and files, all on 127.0.0.1 (tests/objfixtures.py).
 from objfixtures import _proxy, _rangesrv, aws_env, moto_url, obj_files, proxy, rangesrv, s3  # noqa: E402,F401
+
+
+@pytest.fixture(scope="session")
+def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The disk model's compiled shim (``multitables_bench/diskmodel.py``), built once per session."""
+    from multitables_bench import diskmodel
+
+    return diskmodel.build_shim(tmp_path_factory.mktemp("shim"))

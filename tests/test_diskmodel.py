@@ -19,6 +19,8 @@ from typing import Callable, Iterator
 
 import pytest
 
+from _diskmodel import run_under
+
 from multitables_bench import diskmodel
 from multitables_bench.diskmodel import DiskModel
 
@@ -36,11 +38,6 @@ for line in sys.stdin:
     off, n = map(int, line.split())
     print(hashlib.sha256(os.pread(fd, n, off)).hexdigest(), flush=True)
 """
-
-
-@pytest.fixture(scope="session")
-def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return diskmodel.build_shim(tmp_path_factory.mktemp("shim"))
 
 
 @pytest.fixture
@@ -101,13 +98,6 @@ def two_readers(data_file: Path) -> Iterator[Callable[[DiskModel], list[Reader]]
     yield start
     for r in started:
         r.close()
-
-
-def run_under(model: DiskModel, script: str, *args: str) -> str:
-    """Run ``script`` in a child process under ``model``; its stdout."""
-    done = subprocess.run([sys.executable, "-c", script, *args], env=model.env(), capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
 def sha(data: bytes) -> str:

@@ -9,6 +9,7 @@ import h5py
 import numpy as np
 import pytest
 import tables
+from _diskmodel import run_under
 
 import multitables
 from multitables._io.chunks import source as chunks_module
@@ -235,24 +236,23 @@ def test_a_files_bytes_read_once_are_known_to_be_cached(tmp_path: Path) -> None:
         assert asked == [False, False, False] and not past_the_end
 
 
-@pytest.fixture(scope="module")
-def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from multitables_bench import diskmodel
+@pytest.fixture
+def cold_disk(tmp_path: Path, shim: Path) -> Iterator[Any]:
+    """A fast disk model whose page cache starts empty, charging reads of files under ``tmp_path / "disk"``."""
+    from multitables_bench.diskmodel import DiskModel
 
-    return diskmodel.build_shim(tmp_path_factory.mktemp("shim"))
+    (tmp_path / "state").mkdir()
+    (tmp_path / "disk").mkdir()
+    with DiskModel.create(tmp_path / "state", "hdd", shim=shim, seek_ms=0.001, mbps=100_000.0) as model:
+        with model.charging(tmp_path / "disk"):
+            yield model
 
 
-def test_a_range_is_cached_only_where_every_page_of_it_is(tmp_path: Path, shim: Path) -> None:
+def test_a_range_is_cached_only_where_every_page_of_it_is(tmp_path: Path, cold_disk: Any) -> None:
     """Pages 0 and 3 read (the blocks either side, say), 1 and 2 not: the range from inside page 0 to inside page 3
     is not cached, though both its ends are (NOTE [hints on cached bytes]). Under the disk model, whose page cache
     starts empty."""
-    import subprocess
-    import sys
-
-    from multitables_bench.diskmodel import DiskModel
-
     path = tmp_path / "disk" / "f.bin"
-    path.parent.mkdir()
     path.write_bytes(bytes(8 * 4096))
     script = """
 import os, sys
@@ -264,24 +264,13 @@ print(resident(fd, 100, 3 * 4096 + 100), resident(fd, 0, 4096), resident(fd, 3 *
 os.pread(fd, 2 * 4096, 4096)
 print(resident(fd, 100, 3 * 4096 + 100), resident(fd, 0, 5 * 4096))
 """
-    (tmp_path / "state").mkdir()
-    with DiskModel.create(tmp_path / "state", "hdd", shim=shim, seek_ms=0.001, mbps=100_000.0) as model:
-        with model.charging(path.parent):
-            done = subprocess.run([sys.executable, "-c", script, str(path)], env=model.env(), capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["False", "True", "True", "True", "False"]
+    assert run_under(cold_disk, script, str(path)).split() == ["False", "True", "True", "True", "False"]
 
 
 @pytest.mark.parametrize("engine", ["h5py", "chunks"])
-def test_readers_hint_a_cold_file_and_not_a_cached_one(tmp_path: Path, shim: Path, engine: str) -> None:
+def test_readers_hint_a_cold_file_and_not_a_cached_one(tmp_path: Path, cold_disk: Any, engine: str) -> None:
     """Under the disk model, whose page cache starts empty: the first pass hints, the second finds it all cached."""
-    import subprocess
-    import sys
-
-    from multitables_bench.diskmodel import DiskModel
-
     path = tmp_path / "disk" / "f.h5"
-    path.parent.mkdir()
     data = chunked_file(path, 20_000, 500)  # 40 chunks, all listed at open; blocks of about 60 KiB stored
     script = """
 import sys, numpy as np, multitables
@@ -292,16 +281,11 @@ with multitables.Streamer(sys.argv[1], engine=sys.argv[2]).get_queue("/data", n_
             got.append(block.copy())
 np.save(sys.argv[3], np.concatenate(got))
 """
-    (tmp_path / "state").mkdir()
     hints = []
-    with DiskModel.create(tmp_path / "state", "hdd", shim=shim, seek_ms=0.001, mbps=100_000.0) as model:
-        with model.charging(path.parent):
-            for n in range(2):
-                out = tmp_path / f"rows-{n}.npy"
-                done = subprocess.run([sys.executable, "-c", script, str(path), engine, str(out)], env=model.env(),
-                                      capture_output=True, text=True)
-                assert done.returncode == 0, done.stderr
-                assert np.array_equal(np.load(out), data)
-                hints.append(model.stats().hints)
+    for n in range(2):
+        out = tmp_path / f"rows-{n}.npy"
+        run_under(cold_disk, script, str(path), engine, str(out))
+        assert np.array_equal(np.load(out), data)
+        hints.append(cold_disk.stats().hints)
     assert hints[0] >= 8  # ten blocks of 2,000 rows: each reader hints the blocks ahead of it
     assert hints[1] == hints[0]  # the second pass: every byte cached, nothing hinted

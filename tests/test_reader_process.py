@@ -164,3 +164,54 @@ def test_an_orphaned_reader_stops_within_a_second_even_mid_block(make_array: Cal
     finally:
         consumer.kill()
         consumer.wait(GUARD)
+
+
+_LOCKS_AT_FORK = r"""
+import importlib, os, pkgutil, sys, threading
+import multitables
+
+kinds = (type(threading.Lock()), type(threading.RLock()))
+locks = []
+for info in pkgutil.walk_packages(multitables.__path__, "multitables."):
+    try:
+        module = importlib.import_module(info.name)
+    except ImportError:  # multitables.torch without PyTorch
+        continue
+    locks += [(info.name, name) for name, value in vars(module).items() if isinstance(value, kinds)]
+held, done = threading.Event(), threading.Event()
+
+def hold():
+    taken = [getattr(sys.modules[m], n) for m, n in locks]
+    for lock in taken:
+        lock.acquire()
+    held.set()
+    done.wait(60)
+    for lock in taken:
+        lock.release()
+
+threading.Thread(target=hold).start()
+held.wait(60)
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:  # the reader's side of a fork: none of the parent's threads, every lock as the fork left it
+    try:
+        stuck = [f"{m}.{n}" for m, n in locks if not getattr(sys.modules[m], n).acquire(timeout=1.0)]
+        os.write(w, " ".join(stuck).encode() or b"-")
+    finally:
+        os._exit(0)
+os.close(w)
+with os.fdopen(r) as f:
+    print(len(locks), f.read())
+os.waitpid(pid, 0)
+done.set()
+"""
+
+
+def test_a_forked_reader_finds_every_lock_of_the_package_free_though_a_thread_held_it() -> None:
+    # Readers fork from a process whose threads (batches' draws and copies, closes in the background, the caller's)
+    # may hold a lock of this package at that moment; a reader that took it would wait forever.
+    run = subprocess.run([sys.executable, "-c", _LOCKS_AT_FORK], capture_output=True, text=True, timeout=GUARD)
+    assert run.returncode == 0, run.stderr
+    n_locks, stuck = run.stdout.split(maxsplit=1)
+    assert int(n_locks) >= 8  # the layouts', the sets', the releases' and the object store's
+    assert stuck.strip() == "-", f"held in a forked child: {stuck.strip()}"

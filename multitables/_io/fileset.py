@@ -74,6 +74,15 @@ _INSPECTED: "OrderedDict[tuple[Any, ...], tuple[tuple[FileSignature | ObjectIden
 _INSPECTED_KEPT = 16
 _INSPECTED_LOCK = threading.Lock()
 
+
+def _fresh_lock_in_child() -> None:
+    # A thread of the parent may hold the lock at fork (a reader resolves a set's node through it: ``SetRef``).
+    global _INSPECTED_LOCK
+    _INSPECTED_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_in_child)
+
 _GLOB_CHARS = frozenset("*?[")
 
 def as_files(filename: Any, store: "Store | None" = None) -> "str | tuple[str, ...]":

@@ -203,7 +203,8 @@ def test_a_mix_keeps_its_sources_readers_through_break_and_stops_them_when_dropp
 
 
 def test_dropping_the_torch_adapter_mid_epoch_stops_the_readers(rows_file, no_cycle_collector, no_leaks) -> None:
-    torch_batches = pytest.importorskip("multitables.torch")
+    pytest.importorskip("torch")
+    import multitables.torch as torch_batches
     dataset = torch_batches.get_batches(multitables.Streamer(rows_file), "/y", 16, n_procs=2, block_size=50, read_ahead=2)
     before = children()
     it = iter(dataset)

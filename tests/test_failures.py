@@ -12,6 +12,7 @@ happens is measured by ``benchmarks/failure_latency.py``; the promises are in
 from __future__ import annotations
 
 import gc
+import json
 import os
 import shutil
 import signal
@@ -589,11 +590,23 @@ def test_sigint_reaches_the_user_and_cleans_up(
     assert len(pids) == 2
     time.sleep(0.2)  # streaming in full swing
     os.killpg(c.proc.pid, signal.SIGINT)  # as Ctrl-C does: the whole foreground group
-    report = c.read()
+    if mode == "generator" and sys.version_info[:2] == (3, 13):
+        out, err = c.proc.communicate(timeout=GUARD)
+        if c.proc.returncode == -signal.SIGINT:
+            # CPython 3.13 can raise the KeyboardInterrupt past the ``except`` around the consumer's own ``for``
+            # loop (python/cpython#130279; a loop over a plain generator of ints loses it as often), so the
+            # program ends with its traceback. What the library promises still holds: nothing is left.
+            assert err.rstrip().endswith("KeyboardInterrupt"), err
+            wait_until(lambda: all(is_gone(p) for p in pids), GONE_WITHIN, "every reader exits")
+            assert not own_segments(c.proc.pid)
+            return
+        report, code = json.loads(out.splitlines()[0]), c.proc.returncode
+    else:
+        report = c.read()
+        code, err = c.finish()
     # KeyboardInterrupt came out of the library; by then the readers were gone and the ring unmapped (the batches'
     # once the batches were dropped: idle readers, after a break or a Ctrl-C in the loop's body, belong to them).
     assert report["interrupted"] and report["readers"] == [] and report["mappings"] == []
-    code, err = c.finish()
     assert code == 3, err
     assert "Traceback" not in err, err  # no reader complained
     assert all(is_gone(p) for p in pids)

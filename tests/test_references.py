@@ -44,7 +44,10 @@ def _resolve(dotted: str) -> bool:
     for cut in range(len(parts), 0, -1):
         try:
             obj = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
+        except ImportError as exc:
+            missing = exc if isinstance(exc, ModuleNotFoundError) else exc.__cause__
+            if isinstance(missing, ModuleNotFoundError) and not (missing.name or "multitables").startswith("multitables"):
+                return True  # there, but needs an optional dependency not installed (PyTorch): its names go unchecked
             continue
         for attr in parts[cut:]:
             if not hasattr(obj, attr):

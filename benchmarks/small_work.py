@@ -24,7 +24,9 @@ pages, settles memory; ``warm`` reads them in) and ``gc.collect()`` runs
 before each, outside the timer. Within a repeat every reader runs once; the
 order rotates from repeat to repeat. Printed: per shape and codec, each
 reader's median ms and its rate against the best single-process reader
-(h5py or PyTables, whichever is faster by median), as a Markdown table.
+(h5py or PyTables, whichever is faster by median), as a Markdown table,
+with each reader's median minor page faults a pass in this process: where
+they differ, so does the time (fresh heap pages cost a fault each here).
 
 Run from the checkout, e.g.::
 
@@ -50,6 +52,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import resource
 import statistics
 import sys
 import time
@@ -146,39 +149,52 @@ def prepare(paths: list[str], cache: str) -> None:
     gc.collect()
 
 
-def time_readers(paths: list[str], readers: "list[str]", cache: str, repeats: int, n_rows: int) -> dict[str, list[float]]:
+def time_readers(
+    paths: list[str], readers: "list[str]", cache: str, repeats: int, n_rows: int, faults: "dict[str, list[int]] | None" = None
+) -> dict[str, list[float]]:
     """Seconds of each reader's passes over ``paths``; the order rotates each repeat."""
-    return time_functions(paths, {r: (lambda r=r: FUNCTIONS[r](paths)) for r in readers}, cache, repeats, n_rows)
+    return time_functions(paths, {r: (lambda r=r: FUNCTIONS[r](paths)) for r in readers}, cache, repeats, n_rows, faults)
 
 
 def time_functions(
-    paths: list[str], functions: "dict[str, Callable[[], int]]", cache: str, repeats: int, n_rows: int
+    paths: list[str], functions: "dict[str, Callable[[], int]]", cache: str, repeats: int, n_rows: int,
+    faults: "dict[str, list[int]] | None" = None,
 ) -> dict[str, list[float]]:
-    """Seconds of each function's passes (each returns the rows it read), prepared as ``cache`` says; the order rotates."""
+    """Seconds of each function's passes (each returns the rows it read), prepared as ``cache`` says; the order rotates.
+
+    ``faults``: filled with each pass's minor page faults in this process. A pass of a small file moves with them:
+    whether glibc hands back heap memory it kept or fresh pages depends on what ran before it (BENCHMARKS.md)."""
     readers = list(functions)
     times: dict[str, list[float]] = {r: [] for r in readers}
     for rep in range(repeats):
         for j in range(len(readers)):
             name = readers[(rep + j) % len(readers)]
             prepare(paths, cache)
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t0 = time.perf_counter()
             got = functions[name]()
             times[name].append(time.perf_counter() - t0)
+            if faults is not None:
+                faults.setdefault(name, []).append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
             if got != n_rows:
                 raise SystemExit(f"{name} read {got} rows, expected {n_rows}")
     return times
 
 
-def table(results: "list[tuple[str, str, str, dict[str, list[float]]]]", readers: "list[str]", repeats: int) -> str:
+def table(
+    results: "list[tuple[str, str, str, dict[str, list[float]], dict[str, list[int]]]]", readers: "list[str]", repeats: int
+) -> str:
     head = "| shape | codec | cache | " + " | ".join(f"{r} ms" for r in readers)
     mt = [r for r in readers if r not in SINGLE]
-    head += " | " + " | ".join(f"{r} / best single" for r in mt) + " |"
-    lines = [f"Medians of {repeats} repeats; ratio = best single-process time / multitables time (rates).", "", head,
-             "|" + "---|" * (3 + len(readers) + len(mt))]
-    for shape, codec, cache, times in results:
+    head += " | " + " | ".join(f"{r} / best single" for r in mt) + " | page faults a pass |"
+    lines = [f"Medians of {repeats} repeats; ratio = best single-process time / multitables time (rates); page "
+             f"faults: minor, in this process, median a pass ({' / '.join(readers)}).", "", head,
+             "|" + "---|" * (4 + len(readers) + len(mt))]
+    for shape, codec, cache, times, faults in results:
         med = {r: statistics.median(ts) for r, ts in times.items()}
         best = min(med[r] for r in readers if r in SINGLE) if any(r in SINGLE for r in readers) else float("nan")
         cells = [f"{med[r] * 1e3:.2f}" for r in readers] + [f"{best / med[r]:.2f}x" for r in mt]
+        cells.append(" / ".join(f"{statistics.median(faults[r]):g}" for r in readers))
         lines.append(f"| {shape} | {codec} | {cache} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -369,8 +385,9 @@ def main(argv: "list[str] | None" = None) -> None:
                 FUNCTIONS[reader](paths)
             for cache in args.cache:
                 t0 = time.perf_counter()
-                times = time_readers(paths, args.readers, cache, args.repeats, n_rows)
-                results.append((shape, codec, cache, times))
+                faults: dict[str, list[int]] = {}
+                times = time_readers(paths, args.readers, cache, args.repeats, n_rows, faults)
+                results.append((shape, codec, cache, times, faults))
                 print(f"{shape} {codec} {cache}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     print(f"{args.data} rows, engine {args.engine}; load average before: {os.getloadavg()[0]:.2f}, after: see uptime")
     print(table(results, args.readers, args.repeats))

@@ -54,6 +54,7 @@ import numpy as np
 from dataclasses import dataclass
 
 from ..errors import EmptyDatasetError, FileChangedError
+from .._sys.forks import renew_lock_in_children
 from .node import (
     FileSignature, NodeInfo, Part, as_filename, check_file, check_file_unchanged, close_dataset, file_signature,
     open_node,
@@ -74,14 +75,7 @@ _INSPECTED: "OrderedDict[tuple[Any, ...], tuple[tuple[FileSignature | ObjectIden
 _INSPECTED_KEPT = 16
 _INSPECTED_LOCK = threading.Lock()
 
-
-def _fresh_lock_in_child() -> None:
-    # A thread of the parent may hold the lock at fork (a reader resolves a set's node through it: ``SetRef``).
-    global _INSPECTED_LOCK
-    _INSPECTED_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_fresh_lock_in_child)
+renew_lock_in_children(globals(), "_INSPECTED_LOCK")  # a reader resolves a set's node through it (``SetRef``)
 
 _GLOB_CHARS = frozenset("*?[")
 

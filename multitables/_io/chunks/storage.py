@@ -38,7 +38,6 @@ NOTE [layout cache]
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -53,6 +52,7 @@ from .codecs.base import FilterSpec, UnsupportedFilter, filters_of
 from .codecs.registry import build_pipeline
 from .hdf5lib import header_address, leaves_edge_chunks_unfiltered
 from ..node import FileSignature, NodeInfo, Unsupported, close_dataset, file_signature, reopen_dataset
+from ..._sys.forks import renew_lock_in_children
 
 #: Datasets with more chunks than this are indexed lazily, one lookup per chunk read
 #: (``chunk_iter`` lists ~100-400k chunks/s; a lookup costs ~3x a listed chunk).
@@ -377,14 +377,7 @@ _LAYOUTS: "OrderedDict[tuple[Any, str], Layout]" = OrderedDict()
 _LAYOUTS_LOCK = threading.Lock()
 _layout_entries = 0
 
-
-def _fresh_lock_in_child() -> None:
-    # A thread of the parent may hold the lock at fork; the child has no such thread.
-    global _LAYOUTS_LOCK
-    _LAYOUTS_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_fresh_lock_in_child)
+renew_lock_in_children(globals(), "_LAYOUTS_LOCK")
 
 
 def _identity(node: NodeInfo) -> "FileSignature | tuple[str, str, str] | None":

@@ -33,6 +33,8 @@ import secrets
 import threading
 from typing import Any
 
+from ..._sys.forks import renew_lock_in_children
+
 #: Environment variables the credentials come from (botocore's first provider).
 ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 #: What to install for the providers beyond the environment.
@@ -80,13 +82,7 @@ class Credentials:
 _GIVEN: "dict[str, Credentials]" = {}
 _GIVEN_LOCK = threading.Lock()
 
-
-def _fresh_lock_in_child() -> None:
-    global _GIVEN_LOCK
-    _GIVEN_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_fresh_lock_in_child)
+renew_lock_in_children(globals(), "_GIVEN_LOCK")
 
 
 def _spawning() -> bool:

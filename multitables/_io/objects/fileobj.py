@@ -17,11 +17,11 @@ keyed by that identity.
 from __future__ import annotations
 
 import io
-import os
 import threading
 from collections import OrderedDict
 from typing import Any, Sequence
 
+from ..._sys.forks import renew_lock_in_children
 from .reader import ObjectReader
 
 #: Bytes of one cached block, and how many this process keeps (of every object together).
@@ -31,13 +31,7 @@ BLOCKS_KEPT = 32
 _BLOCKS: "OrderedDict[tuple[str, str, int], bytes]" = OrderedDict()
 _BLOCKS_LOCK = threading.Lock()
 
-
-def _fresh_lock_in_child() -> None:
-    global _BLOCKS_LOCK
-    _BLOCKS_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_fresh_lock_in_child)
+renew_lock_in_children(globals(), "_BLOCKS_LOCK")
 
 
 def read_small(reader: ObjectReader, ranges: "Sequence[tuple[int, int]]", outs: "Sequence[Any]") -> None:

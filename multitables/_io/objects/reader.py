@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ...errors import ObjectStorageError
+from ..._sys.forks import renew_lock_in_children
 from .cache import DiskCache
 from .config import Store
 from .http import Endpoint, ObjectIdentity, Retryable, changed, content_range, retrying, use_pool
@@ -69,13 +70,7 @@ _HEADS: "collections.OrderedDict[tuple[str, str], bytes]" = collections.OrderedD
 _HEADS_KEPT = 64
 _HEADS_LOCK = threading.Lock()
 
-
-def _fresh_lock_in_child() -> None:
-    global _HEADS_LOCK
-    _HEADS_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_fresh_lock_in_child)
+renew_lock_in_children(globals(), "_HEADS_LOCK")
 
 
 def _known_head(url: str, identity: ObjectIdentity) -> bytes:

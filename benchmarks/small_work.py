@@ -14,6 +14,8 @@ opening the files (and, for multitables, creating the ``Streamer``):
 * ``h5py``: one ``h5py.File`` per file, ``read_direct`` of the whole
   dataset into a fresh array (hdf5plugin's filters registered);
 * ``tables``: ``tables.open_file`` and ``read()`` of the whole node;
+* ``h5py rows``: as ``h5py``, then a loop over the array's rows (the
+  generator's baseline: what a user who wants rows writes);
 * ``direct``: ``multitables.Streamer(f).get_queue('/data', remainder=True)``,
   every block taken and released (default ``n_procs``, ``engine``);
 * ``generator``: ``Streamer(f).get_generator('/data')``, every row.
@@ -21,10 +23,14 @@ opening the files (and, for multitables, creating the ``Streamer``):
 Passes are prepared as the benchmark prepares its own (``multitables_bench.cache_modes.prepare_cache``:
 ``cold`` drops the files' pages and, on a VM whose balloon reports free
 pages, settles memory; ``warm`` reads them in) and ``gc.collect()`` runs
-before each, outside the timer. Within a repeat every reader runs once; the
-order rotates from repeat to repeat. Printed: per shape and codec, each
+before each, outside the timer. A pass leaves the next one slower or faster
+(PyTables' pass leaves the next ~2% slower here), so the order of passes
+walks every ordered pair of readers equally often (:func:`~multitables_bench.passes.pass_order`): a
+rotation would put PyTables before ``direct`` in three repeats of four and
+never before ``h5py`` (BENCHMARKS.md). Printed: per shape and codec, each
 reader's median ms and its rate against the best single-process reader
-(h5py or PyTables, whichever is faster by median), as a Markdown table,
+(h5py or PyTables, whichever is faster by median) and the generator's
+against ``h5py rows``, as a Markdown table,
 with each reader's median minor page faults a pass in this process: where
 they differ, so does the time (fresh heap pages cost a fault each here).
 
@@ -66,13 +72,16 @@ sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pard
 from multitables_bench.calls import time_calls  # noqa: E402
 from multitables_bench.cache_modes import prepare_cache  # noqa: E402
 from multitables_bench.files import h5py_with_filters, write_file  # noqa: E402
+from multitables_bench.passes import pass_order  # noqa: E402
 from multitables_bench.records import NODE, Codec  # noqa: E402
 
 #: (files, rows per file, rows per chunk) of each shape.
 SHAPES = {"three": (3, 1000, 16), "block": (1, 256, 256), "subchunk": (1, 100, 1024)}
 CODECS = {"zlib": Codec("zlib", 3), "blosc": Codec("blosc", 3), "none": Codec("zlib", 0)}
-READERS = ("h5py", "tables", "direct", "generator")
+READERS = ("h5py", "tables", "h5py rows", "direct", "generator")
+#: The single-process readers of arrays; ``h5py rows`` is the generator's own baseline (it also walks the rows).
 SINGLE = ("h5py", "tables")
+ROWS = "h5py rows"
 
 
 def make_files(directory: str, shape: str, codec: str, data: str) -> list[str]:
@@ -87,15 +96,27 @@ def make_files(directory: str, shape: str, codec: str, data: str) -> list[str]:
     return paths
 
 
-def read_h5py(paths: list[str]) -> int:
+def _h5py_array(path: str) -> np.ndarray:
+    """The whole dataset of ``path`` read with h5py into a fresh array."""
     h5py = h5py_with_filters()
+    with h5py.File(path, "r") as f:
+        ds = f[NODE]
+        out = np.empty(ds.shape, ds.dtype)
+        ds.read_direct(out)
+    return out
+
+
+def read_h5py(paths: list[str]) -> int:
+    return sum(len(_h5py_array(path)) for path in paths)
+
+
+def read_h5py_rows(paths: list[str]) -> int:
+    """As :func:`read_h5py`, then every row taken as the generator's caller takes them: what a user who wants rows
+    writes with h5py (iterating the ``Dataset`` itself reads one row at a time, far slower)."""
     rows = 0
     for path in paths:
-        with h5py.File(path, "r") as f:
-            ds = f[NODE]
-            out = np.empty(ds.shape, ds.dtype)
-            ds.read_direct(out)
-            rows += len(out)
+        for _row in _h5py_array(path):
+            rows += 1
     return rows
 
 
@@ -135,7 +156,8 @@ def read_generator(paths: list[str]) -> int:
 
 
 FUNCTIONS: dict[str, Callable[[list[str]], int]] = {
-    "h5py": read_h5py, "tables": read_tables, "direct": read_direct, "generator": read_generator,
+    "h5py": read_h5py, "tables": read_tables, "h5py rows": read_h5py_rows, "direct": read_direct,
+    "generator": read_generator,
 }
 
 
@@ -152,7 +174,7 @@ def prepare(paths: list[str], cache: str) -> None:
 def time_readers(
     paths: list[str], readers: "list[str]", cache: str, repeats: int, n_rows: int, faults: "dict[str, list[int]] | None" = None
 ) -> dict[str, list[float]]:
-    """Seconds of each reader's passes over ``paths``; the order rotates each repeat."""
+    """Seconds of each reader's passes over ``paths``, in :func:`~multitables_bench.passes.pass_order`."""
     return time_functions(paths, {r: (lambda r=r: FUNCTIONS[r](paths)) for r in readers}, cache, repeats, n_rows, faults)
 
 
@@ -160,24 +182,22 @@ def time_functions(
     paths: list[str], functions: "dict[str, Callable[[], int]]", cache: str, repeats: int, n_rows: int,
     faults: "dict[str, list[int]] | None" = None,
 ) -> dict[str, list[float]]:
-    """Seconds of each function's passes (each returns the rows it read), prepared as ``cache`` says; the order rotates.
+    """Seconds of each function's passes (each returns the rows it read), prepared as ``cache`` says, in :func:`~multitables_bench.passes.pass_order`.
 
     ``faults``: filled with each pass's minor page faults in this process. A pass of a small file moves with them:
     whether glibc hands back heap memory it kept or fresh pages depends on what ran before it (BENCHMARKS.md)."""
     readers = list(functions)
     times: dict[str, list[float]] = {r: [] for r in readers}
-    for rep in range(repeats):
-        for j in range(len(readers)):
-            name = readers[(rep + j) % len(readers)]
-            prepare(paths, cache)
-            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            t0 = time.perf_counter()
-            got = functions[name]()
-            times[name].append(time.perf_counter() - t0)
-            if faults is not None:
-                faults.setdefault(name, []).append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
-            if got != n_rows:
-                raise SystemExit(f"{name} read {got} rows, expected {n_rows}")
+    for name in (readers[j] for j in pass_order(len(readers), repeats)):
+        prepare(paths, cache)
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        t0 = time.perf_counter()
+        got = functions[name]()
+        times[name].append(time.perf_counter() - t0)
+        if faults is not None:
+            faults.setdefault(name, []).append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+        if got != n_rows:
+            raise SystemExit(f"{name} read {got} rows, expected {n_rows}")
     return times
 
 
@@ -185,15 +205,19 @@ def table(
     results: "list[tuple[str, str, str, dict[str, list[float]], dict[str, list[int]]]]", readers: "list[str]", repeats: int
 ) -> str:
     head = "| shape | codec | cache | " + " | ".join(f"{r} ms" for r in readers)
-    mt = [r for r in readers if r not in SINGLE]
-    head += " | " + " | ".join(f"{r} / best single" for r in mt) + " | page faults a pass |"
+    mt = [r for r in readers if r not in SINGLE and r != ROWS]
+    rows_ratio = ROWS in readers and "generator" in readers
+    head += " | " + " | ".join(f"{r} / best single" for r in mt) + (" | generator / h5py rows" if rows_ratio else "")
+    head += " | page faults a pass |"
     lines = [f"Medians of {repeats} repeats; ratio = best single-process time / multitables time (rates); page "
              f"faults: minor, in this process, median a pass ({' / '.join(readers)}).", "", head,
-             "|" + "---|" * (4 + len(readers) + len(mt))]
+             "|" + "---|" * (4 + len(readers) + len(mt) + rows_ratio)]
     for shape, codec, cache, times, faults in results:
         med = {r: statistics.median(ts) for r, ts in times.items()}
         best = min(med[r] for r in readers if r in SINGLE) if any(r in SINGLE for r in readers) else float("nan")
         cells = [f"{med[r] * 1e3:.2f}" for r in readers] + [f"{best / med[r]:.2f}x" for r in mt]
+        if rows_ratio:
+            cells.append(f"{med[ROWS] / med['generator']:.2f}x")
         cells.append(" / ".join(f"{statistics.median(faults[r]):g}" for r in readers))
         lines.append(f"| {shape} | {codec} | {cache} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -273,7 +297,7 @@ ONE_READERS = ("h5py", "chunks in-process", "mt chunks", "mt h5py", "mt no-op so
 
 
 def one_reader(path: str, repeats: int, caches: "list[str]") -> str:
-    """MB/s of the ``ONE_READERS`` on ``/data`` of ``path``, passes interleaved (order rotating); a Markdown table.
+    """MB/s of the ``ONE_READERS`` on ``/data`` of ``path``, passes interleaved (:func:`~multitables_bench.passes.pass_order`); a Markdown table.
 
     ``h5py`` reads in blocks of the size multitables picks for one reader
     (as the benchmark's single-process reader does) into one buffer;

@@ -89,17 +89,56 @@ def _timed_read(job: Job, cache: str, desc: str, file_nbytes: int, n_procs_used:
 
 
 def run_jobs(
-    jobs: Sequence[Job], cache: str, repeats: int, cycles: int, log: Callable[[str], None], passes: "list[Pass] | None" = None
+    jobs: Sequence[Job], cache: str, repeats: int, cycles: int, log: Callable[[str], None], passes: "list[Pass] | None" = None,
+    pairs: bool = False,
 ) -> list[Pass]:
     """Every job ``repeats`` x ``cycles`` times, appended to ``passes`` (returned).
 
     Repeats are interleaved (every job once, then again) so that slow drift on the machine touches every job alike.
+    ``pairs``: in :func:`pass_order` instead, where a pass is short enough that the one before it moves its time.
     """
     passes = [] if passes is None else passes
-    for r in range(repeats):
-        for job in jobs:
-            passes += [time_pass(job, cache, r, c, log) for c in range(cycles)]
+    order = pass_order(len(jobs), repeats) if pairs else [j for _ in range(repeats) for j in range(len(jobs))]
+    done = [0] * len(jobs)
+    for j in order:
+        passes += [time_pass(jobs[j], cache, done[j], c, log) for c in range(cycles)]
+        done[j] += 1
     return passes
+
+
+def pair_order(n: int) -> list[int]:
+    """A cycle of ``n * n`` passes of jobs ``0..n-1`` in which each job follows each job (itself too) once.
+
+    Built greedily, each step taking the highest job not yet after the
+    current one (a de Bruijn sequence of order 2: every ordered pair is an
+    edge of a complete graph with loops, which has an Euler circuit).
+    """
+    seq, used = [0], set()
+    while True:
+        nxt = next((r for r in range(n - 1, -1, -1) if (seq[-1], r) not in used), None)
+        if nxt is None:
+            return seq[:-1]  # it ends where it began: the last pass's successor is the first
+        used.add((seq[-1], nxt))
+        seq.append(nxt)
+
+
+def pass_order(n: int, repeats: int) -> list[int]:
+    """The jobs ``0..n-1``, ``repeats`` passes each, in which each job follows each other as often as the others.
+
+    A pass leaves the next one slower or faster (here PyTables' pass over a
+    small file leaves the next ~2% slower: BENCHMARKS.md), and a fixed order
+    would always charge it to the same job. :func:`pair_order` cycled; the
+    last, partial cycle skips the jobs that have their repeats.
+    """
+    cycle, done, order = pair_order(n), [0] * n, []
+    step = 0
+    while len(order) < n * repeats:
+        j = cycle[step % len(cycle)]
+        step += 1
+        if done[j] < repeats:
+            done[j] += 1
+            order.append(j)
+    return order
 
 
 def main_jobs(target: Target, settings: Settings, cache: str, notes: list[str]) -> list[Job]:
@@ -156,7 +195,7 @@ def measure(
                 path = os.path.join(workdir, f"{small.key}.h5")
                 target = Target(small.key, path, settings.small_codec, small.n_rows, small.chunk_rows, settings.data[0])
                 write_file(target.path, target.n_rows, target.codec, small.chunk_rows, data=target.data)
-                run_jobs(small_jobs(target, settings, cache), cache, repeats, settings.cycles, log, passes)
+                run_jobs(small_jobs(target, settings, cache), cache, repeats, settings.cycles, log, passes, pairs=True)
                 os.remove(target.path)
     finally:
         for path in paths:

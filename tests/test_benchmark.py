@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import replace
 from html.parser import HTMLParser
 from pathlib import Path
@@ -17,6 +18,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from multitables._shm.segment import SHM_PREFIX
 from multitables_bench import cache_modes, cli, files, machine, readers, records
@@ -358,6 +361,33 @@ def test_run_jobs_interleaves_repeats_and_records_residency(small_target: Target
     assert all(0.0 <= p.resident <= 1.0 and p.seconds > 0 for p in passes)
     assert passes[-1].nbytes == 1000 * records.ROW_NBYTES and passes[0].nbytes == os.path.getsize(small_target.path)
     assert len(lines) == len(passes) and all("cached]" in line and "MB/s" in line for line in lines)
+
+
+@given(st.integers(1, 9))
+def test_pair_order_puts_each_job_after_each_job_once(n: int) -> None:
+    cycle = timing.pair_order(n)
+    assert len(cycle) == n * n
+    after = Counter(zip(cycle, cycle[1:] + cycle[:1]))  # the cycle wraps: its last pass precedes its first
+    assert after == Counter({(a, b): 1 for a in range(n) for b in range(n)})
+
+
+@given(st.integers(1, 6), st.integers(1, 30))
+def test_pass_order_gives_each_job_its_repeats_and_each_predecessor_alike(n: int, repeats: int) -> None:
+    order = timing.pass_order(n, repeats)
+    assert Counter(order) == Counter({j: repeats for j in range(n)})
+    if repeats % n == 0:  # whole cycles: every ordered pair as often, but the one that wraps, once less
+        after = Counter(zip(order, order[1:]))
+        cycles = repeats // n
+        assert after == Counter({(a, b): cycles - ((a, b) == (order[-1], order[0])) for a in range(n) for b in range(n)}) - Counter()
+
+
+def test_run_jobs_in_pairs_numbers_each_jobs_repeats_in_turn(small_target: Target) -> None:
+    jobs = [timing.Job(small_target, Reader("single", "h5py"), block_size=128), timing.Job(small_target, Reader("odirect"))]
+    passes = timing.run_jobs(jobs, "evict", repeats=4, cycles=1, log=lambda _line: None, pairs=True)
+    kinds = [p.reader.kind for p in passes]
+    assert kinds == [("single", "odirect")[j] for j in timing.pass_order(2, 4)]
+    for kind in ("single", "odirect"):
+        assert [p.repeat for p in passes if p.reader.kind == kind] == [0, 1, 2, 3]
 
 
 def test_a_pass_starts_with_the_garbage_of_the_pass_before_collected(

@@ -76,11 +76,12 @@ def header_address(dsid: Any) -> "int | None":
     to_addr.restype = ctypes.c_int
     info = (ctypes.c_char * 256)()  # H5O_info2_t: fileno, then the 16-byte token; room to spare
     addr = ctypes.c_uint64(0)
-    if get_info(dsid.id, info, 0x0001) < 0:  # H5O_INFO_BASIC  # pragma: no cover
-        return None
-    token = _Token.from_buffer(info, ctypes.sizeof(ctypes.c_ulong))
-    if to_addr(dsid.id, token, ctypes.byref(addr)) < 0:  # pragma: no cover
-        return None
+    with _hdf5_lock():
+        if get_info(dsid.id, info, 0x0001) < 0:  # H5O_INFO_BASIC  # pragma: no cover
+            return None
+        token = _Token.from_buffer(info, ctypes.sizeof(ctypes.c_ulong))
+        if to_addr(dsid.id, token, ctypes.byref(addr)) < 0:  # pragma: no cover
+            return None
     return int(addr.value)
 
 
@@ -90,6 +91,20 @@ def leaves_edge_chunks_unfiltered(dcpl: Any) -> bool:
     if lib is None:  # pragma: no cover - assume HDF5's default
         return False
     opts = ctypes.c_uint(0)
-    if lib.H5Pget_chunk_opts(dcpl.id, ctypes.byref(opts)) < 0:  # pragma: no cover
-        return False
+    with _hdf5_lock():
+        if lib.H5Pget_chunk_opts(dcpl.id, ctypes.byref(opts)) < 0:  # pragma: no cover
+            return False
     return bool(opts.value & 0x0002)
+
+
+def _hdf5_lock() -> Any:
+    """h5py's lock over every call into HDF5, held around ours.
+
+    h5py's HDF5 is built without HDF5's own thread safety, so h5py calls it
+    under one lock. A call through ``ctypes`` releases the GIL and takes no
+    such lock: two threads opening streams at once ran HDF5 in both, and
+    HDF5's state broke ("no VOL object wrap context", or a crash).
+    """
+    from h5py._objects import phil
+
+    return phil

@@ -346,9 +346,9 @@ def test_generator_reuses_blocks_nobody_holds(make_array, monkeypatch: pytest.Mo
     from multitables._stream import backends
 
     made = []
-    real = backends.empty_block
-    for module in (streamer, backends):  # the generator's buffers, and the in-process backend's
-        monkeypatch.setattr(module, "empty_block", lambda spec: made.append(1) or real(spec))
+    # The generator's copies, and the in-process backend's buffers.
+    for module, name in ((streamer, "empty_block"), (backends, "block_memory")):
+        monkeypatch.setattr(module, name, lambda spec, real=getattr(module, name): made.append(1) or real(spec))
     data = np.arange(500 * 3, dtype="<i4").reshape(500, 3)
     stream = multitables.Streamer(make_array(data, chunkshape=(10, 3)))
     gen = stream.get_generator("/data", n_procs=n_procs, block_size=20, read_ahead=2)
@@ -369,8 +369,8 @@ def test_in_process_blocks_taken_one_at_a_time_reuse_their_buffers(
     from multitables._stream import backends
 
     made = []
-    real = backends.empty_block
-    monkeypatch.setattr(backends, "empty_block", lambda spec: made.append(1) or real(spec))
+    real = backends.block_memory
+    monkeypatch.setattr(backends, "block_memory", lambda spec: made.append(1) or real(spec))
     data = np.arange(500 * 3, dtype="<i4").reshape(500, 3)
     queue = multitables.Streamer(make_array(data, chunkshape=(10, 3))).get_queue(
         "/data", n_procs=0, block_size=20, read_ahead=4)
@@ -416,9 +416,9 @@ def test_a_plain_loop_gets_the_readers_slots_without_copies(make_array, monkeypa
     from multitables._stream import backends
 
     made = []
-    real = backends.empty_block
-    for module in (streamer, backends):  # the generator's buffers, and the in-process backend's
-        monkeypatch.setattr(module, "empty_block", lambda spec: made.append(1) or real(spec))
+    # The generator's copies, and the in-process backend's buffers.
+    for module, name in ((streamer, "empty_block"), (backends, "block_memory")):
+        monkeypatch.setattr(module, name, lambda spec, real=getattr(module, name): made.append(1) or real(spec))
     data = np.arange(500 * 3, dtype="<i4").reshape(500, 3)
     stream = multitables.Streamer(make_array(data, chunkshape=(10, 3)))
     total = 0

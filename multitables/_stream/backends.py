@@ -13,6 +13,7 @@ goes (NOTE [readers across epochs] in ``_procs.stream``) also takes
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any
 
@@ -24,11 +25,31 @@ from .._plan.blocks import GrowingPlan
 from .._procs.stream import StreamReaders, StreamSpec
 from .._shm.ring import TICK
 from .._sys.refs import held_elsewhere
+from .._sys.spares import spare_bytes
+from ..errors import StreamClosedError
 
 
 def empty_block(spec: StreamSpec) -> np.ndarray:
     """An uninitialised array shaped like one full block of ``spec``."""
     return np.empty((spec.plan.block_size,) + spec.row_shape, spec.dtype)
+
+
+def block_memory(spec: StreamSpec) -> np.ndarray:
+    """Memory for one full block of ``spec``, as bytes (uint8) to view with :func:`as_block`: spare bytes (NOTE
+    [spare buffers] in ``_sys.spares``), the caller's, which become a spare again once no view of them is alive."""
+    shape, dtype = (spec.plan.block_size,) + spec.row_shape, spec.dtype
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes == 0:  # nothing to fault, and bytes cannot be viewed as elements of no size
+        return np.empty(shape, dtype)
+    return spare_bytes(nbytes)
+
+
+def as_block(memory: np.ndarray, spec: StreamSpec) -> np.ndarray:
+    """``memory`` from :func:`block_memory` as one full block of ``spec``: a view, whose rows reference ``memory``."""
+    shape, dtype = (spec.plan.block_size,) + spec.row_shape, spec.dtype
+    if memory.shape == shape and memory.dtype == dtype:
+        return memory
+    return memory[: math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
 
 
 class InlineBackend:
@@ -51,8 +72,11 @@ class InlineBackend:
         # block (views count as references): so rows stay valid, and the
         # generator can hand these private blocks out without a copy.
         if self._buffers[slot] is None or held_elsewhere(self._buffers, slot):
-            self._buffers[slot] = empty_block(self._spec)
-        rows = self._blocks.read(k, self._buffers[slot])  # type: ignore[arg-type]
+            self._buffers[slot] = block_memory(self._spec)
+        memory = self._buffers[slot]
+        if memory is None:  # another thread closed the stream: its buffers may be another stream's now
+            raise StreamClosedError("the stream was closed while a block was being taken")
+        rows = self._blocks.read(k, as_block(memory, self._spec))
         check_file_unchanged(self._spec.node.filename, self._signature)  # as the readers do
         if isinstance(self._spec.plan, GrowingPlan):
             self._spec.plan.forget(k)
@@ -99,6 +123,10 @@ class InlineBackend:
         """None: each block is read into an array of its own (see :meth:`take`)."""
 
     def close(self, background: bool = False) -> None:
+        """Close the source, and drop the buffers: each becomes a spare once no row of it is alive (NOTE [spare
+        buffers] in ``_sys.spares``), though the caller keep this closed queue. A take in another thread finds none
+        from now on."""
+        self._buffers = [None] * len(self._buffers)
         self._blocks.source.close()
 
 

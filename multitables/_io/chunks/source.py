@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from ..._sys.spares import spare_bytes
 from .grid import ChunkPart, Extent, ReadGroup, chunk_parts, coalesce
 from .codecs.base import ChunkDecodeError
 from .codecs.pipeline import Pipeline
@@ -307,7 +308,7 @@ class ChunkSource:
             self._free.append(chunk)
 
     def _take(self) -> np.ndarray:
-        return self._free.pop() if self._free else np.empty(self._chunk_nbytes, np.uint8)
+        return self._free.pop() if self._free else spare_bytes(self._chunk_nbytes)  # NOTE [spare buffers]
 
     def _recycle(self) -> None:
         """Chunks kept for a block that did not come: back to the free list."""

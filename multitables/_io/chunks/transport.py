@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import numpy as np
 
+from ..._sys.spares import spare_bytes
 from .grid import Extent
 from .pread import DIRECT_ALIGN, PreadFile
 from .ranged import RangedFile
@@ -110,7 +111,7 @@ class ScratchBuffer:
             # Twice the size it had, at least: a larger read now and then (stored bytes vary from block to block)
             # would otherwise take fresh memory each time, a page fault a page, 330 a block of blosc (issue 29's
             # counters). Over-allocate by one alignment unit and start on a boundary, as O_DIRECT needs.
-            raw = np.empty(max(n, 1 << 20, 2 * len(self._buffer)) + DIRECT_ALIGN, np.uint8)
+            raw = spare_bytes(max(n, 1 << 20, 2 * len(self._buffer)) + DIRECT_ALIGN)  # NOTE [spare buffers]
             skip = -raw.ctypes.data % DIRECT_ALIGN
             self._buffer = raw[skip : skip + len(raw) - DIRECT_ALIGN]
         return self._buffer[:n]

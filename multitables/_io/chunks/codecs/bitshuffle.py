@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ...._sys.spares import spare_bytes
 from .base import ChunkDecodeError, Codec, as_u8, check_size
 from .libraries import address, bitshuffle_library, imagecodecs_function
 
@@ -65,7 +66,7 @@ class Bitshuffle(Codec):
                 self._unshuffle(body, itemsize=elem, blocksize=block, out=dst)
             else:
                 if self._scratch is None or len(self._scratch) < size:
-                    self._scratch = np.empty(size, np.uint8)
+                    self._scratch = spare_bytes(size)  # NOTE [spare buffers]
                 shuffled = self._scratch[:size]
                 self._decompress_blocks(body, shuffled, size // elem, block)
                 self._unshuffle(memoryview(shuffled), itemsize=elem, blocksize=block, out=dst)

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ...._sys.spares import spare_bytes
 from .base import ChunkDecodeError, Codec, as_u8, check_size
 
 
@@ -62,7 +63,7 @@ class Blosc2(Codec):
             schunk.decompress_chunk(0, dst)  # whole trailing slabs, no padding: already in C order
             return
         if len(self._scratch) < n_padded * itemsize:
-            self._scratch = np.empty(n_padded * itemsize, np.uint8)
+            self._scratch = spare_bytes(n_padded * itemsize)  # NOTE [spare buffers]
         stored = self._scratch[: n_padded * itemsize]
         schunk.decompress_chunk(0, stored)
         item = np.dtype(f"V{itemsize}")

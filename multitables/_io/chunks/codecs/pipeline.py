@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ...._sys.spares import spare_bytes
 from .base import Codec, FilterSpec, UnsupportedFilter, as_u8, check_size
 
 
@@ -64,7 +65,7 @@ class Pipeline:
         while len(self._scratch) <= k:
             self._scratch.append(np.empty(0, np.uint8))
         if len(self._scratch[k]) < size:
-            self._scratch[k] = np.empty(size, np.uint8)
+            self._scratch[k] = spare_bytes(size)  # NOTE [spare buffers]
         return self._scratch[k][:size]
 
     def decode(self, raw: Any, mask: int, out: np.ndarray) -> None:

@@ -1,0 +1,164 @@
+"""The in-process back end's buffers: a closed stream's go to the next stream as spares (NOTE [spare buffers] in
+``_sys.spares``), never while a row or a guard of them is alive."""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import tables
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import multitables
+from multitables._stream import backends
+from multitables._sys import spares
+
+from _guards import hang_guard
+
+
+@pytest.fixture(autouse=True)
+def no_spares(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts with no spares, and leaves none to the next."""
+    monkeypatch.setattr(spares, "_SPARES", [])
+
+
+def spec_of(rows: int, row_shape: "tuple[int, ...]", dtype: str) -> SimpleNamespace:
+    """What ``block_memory`` and ``as_block`` read of a stream's spec."""
+    return SimpleNamespace(plan=SimpleNamespace(block_size=rows), row_shape=row_shape, dtype=np.dtype(dtype))
+
+
+def spare_addresses() -> list[int]:
+    return [np.frombuffer(spare, np.uint8).ctypes.data for spare in spares._SPARES]
+
+
+def write(path: Path, data: np.ndarray, chunk_rows: int = 10) -> Path:
+    with tables.open_file(path, "w") as f:
+        f.create_carray("/", "data", obj=data, filters=tables.Filters(3, "zlib"), chunkshape=(chunk_rows,) + data.shape[1:])
+    return path
+
+
+# -- a block's memory ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["<f4", ">i8", "?", "S5", [("a", "<i2"), ("b", "<f8", (2,))]])
+def test_a_block_is_a_view_of_its_memory_and_every_row_references_the_memory(dtype: object) -> None:
+    spec = spec_of(7, (2, 3), dtype)  # type: ignore[arg-type]
+    spares._keep(spares.new_mapping(2 * 7 * 2 * 3 * spec.dtype.itemsize))  # a larger spare: its first bytes
+    memory = backends.block_memory(spec)
+    block = backends.as_block(memory, spec)
+    assert block.shape == (7, 2, 3) and block.dtype == spec.dtype
+    assert block.ctypes.data == memory.ctypes.data and block.flags.c_contiguous and block.flags.writeable
+    assert block[3].base is memory  # so the memory's reference count says whether a row is alive
+
+
+def test_rows_of_no_size_get_an_array_of_their_own_and_leave_no_spare() -> None:
+    spec = spec_of(10, (0,), "<f8")
+    memory = backends.block_memory(spec)
+    assert memory.shape == (10, 0) and memory.dtype == spec.dtype
+    assert backends.as_block(memory, spec) is memory
+    del memory
+    assert spares._SPARES == []
+
+
+# -- streams in this process ---------------------------------------------------------------------
+
+
+def block_addresses(path: Path, **kwargs: object) -> "tuple[set[int], np.ndarray]":
+    """Where each block of one in-process pass lay, and the rows read."""
+    where, rows = set(), []
+    with multitables.Streamer(path).get_queue("/data", n_procs=0, **kwargs) as queue:
+        for guard in queue.iter():
+            with guard as block:
+                where.add(block.ctypes.data)
+                rows.append(block.copy())
+    return where, np.concatenate(rows)
+
+
+def test_a_stream_in_this_process_reads_into_the_buffers_of_the_one_before(tmp_path: Path) -> None:
+    data = np.arange(500 * 3, dtype="<i4").reshape(500, 3)
+    path = write(tmp_path / "a.h5", data)
+    first, rows = block_addresses(path, block_size=20)
+    np.testing.assert_array_equal(rows, data)
+    assert first <= set(spare_addresses())  # every block buffer (and the engine's own), once its last block is dropped
+    second, rows = block_addresses(path, block_size=20)
+    np.testing.assert_array_equal(rows, data)
+    assert second <= first  # no new memory: the first stream's buffers
+
+
+def test_rows_kept_from_a_closed_stream_are_never_a_later_streams_buffer(tmp_path: Path) -> None:
+    a = np.arange(300 * 4, dtype="<i4").reshape(300, 4)
+    b = -np.arange(300 * 4, dtype="<i4").reshape(300, 4)
+    path_a, path_b = write(tmp_path / "a.h5", a), write(tmp_path / "b.h5", b)
+    kept = [row for i, row in enumerate(multitables.Streamer(path_a).get_generator("/data", n_procs=0, block_size=30))
+            if i % 50 == 0]  # one row of every other block keeps its buffer
+    for _ in range(3):
+        assert len(list(multitables.Streamer(path_b).get_generator("/data", n_procs=0, block_size=30))) == 300
+    np.testing.assert_array_equal(np.array(kept), a[::50])
+
+
+def test_a_guard_held_when_its_stream_closes_keeps_its_block_from_later_streams(tmp_path: Path) -> None:
+    a = np.arange(100 * 4, dtype="<i4").reshape(100, 4)
+    path_a, path_b = write(tmp_path / "a.h5", a), write(tmp_path / "b.h5", -a)
+    queue = multitables.Streamer(path_a).get_queue("/data", n_procs=0, block_size=100)
+    with queue.get() as block:
+        queue.close()
+        where, rows = block_addresses(path_b, block_size=100)
+        np.testing.assert_array_equal(rows, -a)
+        assert block.ctypes.data not in where
+        np.testing.assert_array_equal(block, a)
+
+
+@pytest.mark.parametrize("engine", ["chunks", "h5py"])
+def test_streams_in_threads_never_share_a_buffer(tmp_path: Path, engine: str) -> None:
+    """Also each engine's opening of a file from several threads at once: the chunk engine's calls into HDF5
+    through ``ctypes`` once ran beside h5py's and crashed it (``tests/test_hdf5lib.py``)."""
+    files = [write(tmp_path / f"{i}.h5", np.full((200, 8), i, "<i8"), chunk_rows=7) for i in range(4)]
+    errors: list[BaseException] = []
+
+    def stream(first: int) -> None:
+        try:
+            for n in range(25):
+                i = (first + n) % len(files)
+                stream = multitables.Streamer(files[i], engine=engine)
+                for row in stream.get_generator("/data", n_procs=0, block_size=16 + n):
+                    assert (row == i).all(), f"a row of file {i} holds {row}"
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=stream, args=(k,)) for k in range(3)]
+    with hang_guard(120, "three threads streaming small files"):
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors[0]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_rows_kept_from_any_stream_are_never_overwritten_by_later_ones(data: st.DataObject) -> None:
+    """Streams one after another in this process, each keeping (and changing) rows at random: every kept row
+    stays as it was kept, whatever the later streams read."""
+    n_streams = data.draw(st.integers(2, 4))
+    kept: list[tuple[np.ndarray, np.ndarray]] = []  # (row, what it must hold)
+    with tempfile.TemporaryDirectory() as tmp:
+        for s in range(n_streams):
+            n_rows = data.draw(st.integers(1, 120))
+            table = np.arange(n_rows * 3, dtype="<i4").reshape(n_rows, 3) + 1000 * s
+            path = write(Path(tmp) / f"{s}.h5", table, chunk_rows=data.draw(st.integers(1, n_rows)))
+            block_size = data.draw(st.integers(1, n_rows))
+            keep = data.draw(st.lists(st.sampled_from(["drop", "keep", "change"]), min_size=n_rows, max_size=n_rows))
+            gen = multitables.Streamer(path).get_generator("/data", n_procs=0, block_size=block_size)
+            for i, row in enumerate(gen):
+                if keep[i] == "keep":
+                    kept.append((row, table[i].copy()))
+                elif keep[i] == "change":
+                    row[:] = -i
+                    kept.append((row, np.full(3, -i, "<i4")))
+    for row, expected in kept:
+        np.testing.assert_array_equal(row, expected)

@@ -27,7 +27,11 @@ before each, outside the timer. A pass leaves the next one slower or faster
 (PyTables' pass leaves the next ~2% slower here), so the order of passes
 walks every ordered pair of readers equally often (:func:`~multitables_bench.passes.pass_order`): a
 rotation would put PyTables before ``direct`` in three repeats of four and
-never before ``h5py`` (BENCHMARKS.md). Printed: per shape and codec, each
+never before ``h5py`` (BENCHMARKS.md). ``--order loop`` instead runs each
+reader in a process of its own, its passes one after another (warm: with
+nothing between them), as a user's program reading small files in a loop
+does: there a pass depends on what the reader's own passes left in the
+heap. Printed: per shape and codec, each
 reader's median ms and its rate against the best single-process reader
 (h5py or PyTables, whichever is faster by median) and the generator's
 against ``h5py rows``, as a Markdown table,
@@ -39,6 +43,7 @@ Run from the checkout, e.g.::
     python benchmarks/small_work.py --repeats 41 --cache cold warm
     python benchmarks/small_work.py --shapes three --codecs zlib --cache cold --profile 30
     python benchmarks/small_work.py --one-reader 1 --codecs blosc --data smooth --repeats 9
+    python benchmarks/small_work.py --order loop --cache warm --repeats 41
 
 ``--profile N`` instead times N passes of multitables (direct) phase by
 phase (opening the file and checking the node, engine choice, ``parallel_pays``,
@@ -57,9 +62,11 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import time
 from typing import Callable
@@ -182,7 +189,8 @@ def time_functions(
     paths: list[str], functions: "dict[str, Callable[[], int]]", cache: str, repeats: int, n_rows: int,
     faults: "dict[str, list[int]] | None" = None,
 ) -> dict[str, list[float]]:
-    """Seconds of each function's passes (each returns the rows it read), prepared as ``cache`` says, in :func:`~multitables_bench.passes.pass_order`.
+    """Seconds of each function's passes (each returns the rows it read), prepared as ``cache`` says, in
+    :func:`~multitables_bench.passes.pass_order`.
 
     ``faults``: filled with each pass's minor page faults in this process. A pass of a small file moves with them:
     whether glibc hands back heap memory it kept or fresh pages depends on what ran before it (BENCHMARKS.md)."""
@@ -190,15 +198,50 @@ def time_functions(
     times: dict[str, list[float]] = {r: [] for r in readers}
     for name in (readers[j] for j in pass_order(len(readers), repeats)):
         prepare(paths, cache)
-        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        t0 = time.perf_counter()
-        got = functions[name]()
-        times[name].append(time.perf_counter() - t0)
-        if faults is not None:
-            faults.setdefault(name, []).append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
-        if got != n_rows:
-            raise SystemExit(f"{name} read {got} rows, expected {n_rows}")
+        time_pass(name, functions[name], n_rows, times, faults)
     return times
+
+
+def time_pass(
+    name: str, function: "Callable[[], int]", n_rows: int, times: "dict[str, list[float]]",
+    faults: "dict[str, list[int]] | None",
+) -> None:
+    """One pass of ``function``: its seconds appended to ``times[name]``, its minor page faults to ``faults[name]``."""
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    t0 = time.perf_counter()
+    got = function()
+    times.setdefault(name, []).append(time.perf_counter() - t0)
+    if faults is not None:
+        faults.setdefault(name, []).append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+    if got != n_rows:
+        raise SystemExit(f"{name} read {got} rows, expected {n_rows}")
+
+
+def time_loops(
+    paths: list[str], readers: "list[str]", cache: str, repeats: int, n_rows: int, faults: "dict[str, list[int]]"
+) -> dict[str, list[float]]:
+    """``--order loop``: each reader in a process of its own, as a user's program loops over small files: one untimed
+    pass, then ``repeats`` passes one after another (warm: nothing between them, no ``prepare``)."""
+    times: dict[str, list[float]] = {}
+    for name in readers:
+        command = [sys.executable, os.path.abspath(__file__), "--engine", ENGINE[0], "--loop-child", name, str(n_rows),
+                   cache, str(repeats), *paths]
+        got = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+        times[name], faults[name] = got["times"], got["faults"]
+    return times
+
+
+def loop_child(name: str, n_rows: int, cache: str, repeats: int, paths: list[str]) -> None:
+    """The process of :func:`time_loops` for reader ``name``: its times and faults, as JSON on stdout."""
+    times: dict[str, list[float]] = {}
+    faults: dict[str, list[int]] = {}
+    prepare(paths, cache)
+    FUNCTIONS[name](paths)
+    for _ in range(repeats):
+        if cache != "warm":
+            prepare(paths, cache)
+        time_pass(name, lambda: FUNCTIONS[name](paths), n_rows, times, faults)
+    print(json.dumps({"times": times[name], "faults": faults[name]}))
 
 
 def table(
@@ -379,10 +422,19 @@ def main(argv: "list[str] | None" = None) -> None:
     parser.add_argument("--engine", default="auto", choices=("auto", "chunks", "h5py", "tables"),
                         help="the engine multitables is asked for (default: auto, the library's default)")
     parser.add_argument("--repeats", type=int, default=41)
+    parser.add_argument("--order", default="pairs", choices=("pairs", "loop"),
+                        help="pairs (default): each reader after each reader alike, in one process; loop: each "
+                             "reader's passes one after another in a process of its own, as a user's program runs")
+    parser.add_argument("--loop-child", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--profile", type=int, default=0, metavar="PASSES", help="profile multitables' phases instead")
     parser.add_argument("--one-reader", type=float, default=0, metavar="GIB",
                         help="instead: one reader process on a file of GIB GiB of --data rows, --codecs[0] (issue #20 part 2)")
     args = parser.parse_args(argv)
+    if args.loop_child:
+        name, n_rows, cache, repeats, *paths = args.loop_child
+        ENGINE[0] = args.engine
+        loop_child(name, int(n_rows), cache, int(repeats), paths)
+        return
     os.makedirs(args.dir, exist_ok=True)
     ENGINE[0] = args.engine
     if args.one_reader:
@@ -410,10 +462,13 @@ def main(argv: "list[str] | None" = None) -> None:
             for cache in args.cache:
                 t0 = time.perf_counter()
                 faults: dict[str, list[int]] = {}
-                times = time_readers(paths, args.readers, cache, args.repeats, n_rows, faults)
+                if args.order == "loop":
+                    times = time_loops(paths, args.readers, cache, args.repeats, n_rows, faults)
+                else:
+                    times = time_readers(paths, args.readers, cache, args.repeats, n_rows, faults)
                 results.append((shape, codec, cache, times, faults))
                 print(f"{shape} {codec} {cache}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    print(f"{args.data} rows, engine {args.engine}; load average before: {os.getloadavg()[0]:.2f}, after: see uptime")
+    print(f"{args.data} rows, engine {args.engine}, order {args.order}; load average before: {os.getloadavg()[0]:.2f}, after: see uptime")
     print(table(results, args.readers, args.repeats))
 
 

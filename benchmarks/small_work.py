@@ -217,11 +217,17 @@ def time_pass(
         raise SystemExit(f"{name} read {got} rows, expected {n_rows}")
 
 
+#: Untimed passes before a loop's timed ones: the steady state of a loop over many files (Python specialises a
+#: function's code after it has run a few times; h5py's pass is mostly compiled code, multitables' is not).
+LOOP_WARMUP = 5
+
+
 def time_loops(
     paths: list[str], readers: "list[str]", cache: str, repeats: int, n_rows: int, faults: "dict[str, list[int]]"
 ) -> dict[str, list[float]]:
-    """``--order loop``: each reader in a process of its own, as a user's program loops over small files: one untimed
-    pass, then ``repeats`` passes one after another (warm: nothing between them, no ``prepare``)."""
+    """``--order loop``: each reader in a process of its own, as a user's program loops over small files:
+    :data:`LOOP_WARMUP` untimed passes, then ``repeats`` passes one after another (warm: nothing between them, no
+    ``prepare``)."""
     times: dict[str, list[float]] = {}
     for name in readers:
         command = [sys.executable, os.path.abspath(__file__), "--engine", ENGINE[0], "--loop-child", name, str(n_rows),
@@ -236,7 +242,8 @@ def loop_child(name: str, n_rows: int, cache: str, repeats: int, paths: list[str
     times: dict[str, list[float]] = {}
     faults: dict[str, list[int]] = {}
     prepare(paths, cache)
-    FUNCTIONS[name](paths)
+    for _ in range(LOOP_WARMUP):
+        FUNCTIONS[name](paths)
     for _ in range(repeats):
         if cache != "warm":
             prepare(paths, cache)

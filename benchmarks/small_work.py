@@ -260,7 +260,7 @@ def table(
     head += " | " + " | ".join(f"{r} / best single" for r in mt) + (" | generator / h5py rows" if rows_ratio else "")
     head += " | page faults a pass |"
     lines = [f"Medians of {repeats} repeats; ratio = best single-process time / multitables time (rates); page "
-             f"faults: minor, in this process, median a pass ({' / '.join(readers)}).", "", head,
+             f"faults: minor, in the process that ran it, median a pass ({' / '.join(readers)}).", "", head,
              "|" + "---|" * (4 + len(readers) + len(mt) + rows_ratio)]
     for shape, codec, cache, times, faults in results:
         med = {r: statistics.median(ts) for r, ts in times.items()}
@@ -347,7 +347,8 @@ ONE_READERS = ("h5py", "chunks in-process", "mt chunks", "mt h5py", "mt no-op so
 
 
 def one_reader(path: str, repeats: int, caches: "list[str]") -> str:
-    """MB/s of the ``ONE_READERS`` on ``/data`` of ``path``, passes interleaved (:func:`~multitables_bench.passes.pass_order`); a Markdown table.
+    """MB/s of the ``ONE_READERS`` on ``/data`` of ``path``, passes interleaved
+    (:func:`~multitables_bench.passes.pass_order`); a Markdown table.
 
     ``h5py`` reads in blocks of the size multitables picks for one reader
     (as the benchmark's single-process reader does) into one buffer;
@@ -475,7 +476,8 @@ def main(argv: "list[str] | None" = None) -> None:
                     times = time_readers(paths, args.readers, cache, args.repeats, n_rows, faults)
                 results.append((shape, codec, cache, times, faults))
                 print(f"{shape} {codec} {cache}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    print(f"{args.data} rows, engine {args.engine}, order {args.order}; load average before: {os.getloadavg()[0]:.2f}, after: see uptime")
+    print(f"{args.data} rows, engine {args.engine}, order {args.order}; load average before: "
+          f"{os.getloadavg()[0]:.2f}, after: see uptime")
     print(table(results, args.readers, args.repeats))
 
 

@@ -1,4 +1,4 @@
-"""Working memory kept across streams in one process: buffers whose pages were made once, taken again rather than made anew.
+"""Working memory kept across streams in one process: buffers whose pages were made once, taken again.
 
 NOTE [spare buffers]
 A stream read in this process (``_stream.backends.InlineBackend``) writes its

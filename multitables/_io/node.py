@@ -90,6 +90,8 @@ class NodeInfo:
     parts: "tuple[Part, ...]" = ()
     #: Where the file is an object (``s3://``, ``http(s)://``): how to read it, and what it was when inspected.
     remote: "RemoteObject | None" = None
+    #: The whole chunk's shape, rows first (None: not chunked, or a set).
+    chunk_shape: "tuple[int, ...] | None" = None
 
     @property
     def files(self) -> "str | tuple[str, ...]":
@@ -487,6 +489,7 @@ def _describe(filename: str, path: str, field: "str | None", ds: Any, allow_empt
         dtype=np.dtype(out_dtype),
         file_dtype=dt,
         chunk_rows=int(chunks[0]) if chunks else None,
+        chunk_shape=tuple(int(c) for c in chunks) if chunks else None,
         filter_ids=filter_ids,
         is_table=dt.names is not None,
         filter_names=filter_names,

@@ -1,0 +1,156 @@
+"""The h5py engine takes whole blosc chunks as stored and decodes them itself (NOTE [blosc chunks as stored])."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import hdf5plugin
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import multitables
+from multitables._io import h5py_engine
+from multitables._io.engines import open_source
+from multitables._io.node import inspect_node
+
+CHUNK, WIDTH, N_ROWS = 64, 32, 64 * 6 + 20  # the last chunk is partial
+
+
+def _write(path: Path, dtype: str = "<f4", fill: "float | None" = None) -> np.ndarray:
+    """A blosc dataset '/d' of N_ROWS rows in chunks of CHUNK rows: chunk 2 stored unfiltered (blosc skipped), chunk 4
+    never written; the rows h5py reads from it."""
+    rng = np.random.default_rng(7)
+    data = rng.standard_normal((N_ROWS, WIDTH)).astype(dtype)
+    with h5py.File(path, "w") as f:
+        kwargs = {} if fill is None else {"fillvalue": fill}
+        d = f.create_dataset("d", shape=data.shape, dtype=dtype, chunks=(CHUNK, WIDTH), **hdf5plugin.Blosc(), **kwargs)
+        for k in range(0, N_ROWS, CHUNK):
+            if k // CHUNK not in (2, 4):
+                d[k : k + CHUNK] = data[k : k + CHUNK]
+        d.id.write_direct_chunk((2 * CHUNK, 0), data[2 * CHUNK : 3 * CHUNK].tobytes(), filter_mask=1)
+    with h5py.File(path, "r") as f:
+        return f["d"][()]
+
+
+@pytest.fixture
+def decoded(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every chunk size counts as large enough; the list gets the bytes of each chunk blosc decodes for the engine."""
+    monkeypatch.setattr(h5py_engine, "STORED_CHUNK_MIN_BYTES", 0)
+    seen: list[int] = []
+    decode = h5py_engine.Blosc.decode
+
+    def counted(self, src, size, dst):  # type: ignore[no-untyped-def]
+        seen.append(size)
+        return decode(self, src, size, dst)
+
+    monkeypatch.setattr(h5py_engine.Blosc, "decode", counted)
+    return seen
+
+
+def _blosc_chunks_within(start: int, stop: int) -> int:
+    """The whole chunks of ``[start, stop)`` that blosc decodes: from ``start`` (on a chunk's first row) up to chunk 4,
+    never written, from which HDF5 reads the rest (its fill value); chunk 2, stored unfiltered, is copied."""
+    if start % CHUNK:
+        return 0
+    decoded = 0
+    for a in range(start, stop - CHUNK + 1, CHUNK):
+        if a // CHUNK == 4:
+            break
+        decoded += a // CHUNK != 2
+    return decoded
+
+
+@pytest.mark.parametrize("dtype", ["<f4", ">i8"])
+def test_whole_blosc_chunks_read_as_stored_give_h5pys_rows(tmp_path: Path, decoded: list[int], dtype: str) -> None:
+    path = tmp_path / "blosc.h5"
+    expected = _write(path, dtype)
+    node = inspect_node(path, "/d")
+    assert h5py_engine.stored_chunk_bytes(node) == CHUNK * WIDTH * np.dtype(dtype).itemsize
+    source = open_source("h5py", node, {})
+    try:
+        out = np.empty_like(expected)
+        source.read_into(0, N_ROWS, out)
+    finally:
+        source.close()
+    np.testing.assert_array_equal(out, expected)
+    assert out.dtype == expected.dtype
+    assert len(decoded) == _blosc_chunks_within(0, N_ROWS) == 3  # chunks 0, 1 and 3; HDF5 reads on from 4
+
+
+@settings(max_examples=60, deadline=None)
+@given(bounds=st.tuples(st.integers(0, N_ROWS), st.integers(0, N_ROWS)).map(sorted).filter(lambda b: b[0] < b[1]))
+def test_any_rows_read_give_h5pys_whichever_chunks_they_cover(tmp_path_factory, bounds: "list[int]") -> None:
+    start, stop = bounds
+    path = tmp_path_factory.getbasetemp() / "blosc-any.h5"
+    if not path.exists():
+        _write(path, fill=-1.0)
+    with h5py.File(path, "r") as f:
+        expected = f["d"][start:stop]
+    seen: list[int] = []
+    decode, minimum = h5py_engine.Blosc.decode, h5py_engine.STORED_CHUNK_MIN_BYTES
+
+    def counted(self, src, size, dst):  # type: ignore[no-untyped-def]
+        seen.append(size)
+        return decode(self, src, size, dst)
+
+    h5py_engine.Blosc.decode, h5py_engine.STORED_CHUNK_MIN_BYTES = counted, 0  # type: ignore[method-assign]
+    try:
+        source = open_source("h5py", inspect_node(path, "/d"), {})
+        try:
+            out = np.full((stop - start, WIDTH), np.nan, np.float32)
+            source.read_into(start, stop, out)
+        finally:
+            source.close()
+    finally:
+        h5py_engine.Blosc.decode, h5py_engine.STORED_CHUNK_MIN_BYTES = decode, minimum  # type: ignore[method-assign]
+    np.testing.assert_array_equal(out, expected)
+    assert len(seen) == _blosc_chunks_within(start, stop)
+
+
+def test_a_stream_in_this_process_gives_every_row_at_every_block_size(tmp_path: Path, decoded: list[int]) -> None:
+    path = tmp_path / "blosc.h5"
+    expected = _write(path)
+    for block_size in (CHUNK // 2, CHUNK, CHUNK + 7, 3 * CHUNK, N_ROWS):
+        rows = list(multitables.Streamer(str(path), engine="h5py").get_generator("/d", n_procs=0, block_size=block_size))
+        np.testing.assert_array_equal(np.stack(rows), expected)
+    assert decoded, "no chunk was read as stored"
+
+
+def test_a_damaged_chunk_is_read_by_hdf5_which_refuses_it(tmp_path: Path, decoded: list[int]) -> None:
+    path = tmp_path / "damaged.h5"
+    _write(path)
+    with h5py.File(path, "r+") as f:
+        f["d"].id.write_direct_chunk((0, 0), b"\x02\x01\x21\x04" + b"\xff" * 60, filter_mask=0)
+    with h5py.File(path, "r") as f, pytest.raises(OSError) as by_h5py:
+        f["d"][0:CHUNK]
+    source = open_source("h5py", inspect_node(path, "/d"), {})
+    try:
+        with pytest.raises(OSError) as by_engine:
+            source.read_into(0, CHUNK, np.empty((CHUNK, WIDTH), np.float32))
+    finally:
+        source.close()
+    assert type(by_engine.value) is type(by_h5py.value)
+    assert decoded == [CHUNK * WIDTH * 4]  # asked once, it refused the chunk; HDF5 then read it, and raised
+
+
+def test_only_blosc_alone_on_whole_rows_of_plain_numbers_in_large_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "kinds.h5"
+    rows = np.zeros((256, 16), np.float32)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("blosc", data=rows, chunks=(128, 16), **hdf5plugin.Blosc())
+        f.create_dataset("zlib", data=rows, chunks=(128, 16), compression="gzip")
+        f.create_dataset("checksummed", data=rows, chunks=(128, 16), fletcher32=True, **hdf5plugin.Blosc())
+        f.create_dataset("split_rows", data=rows, chunks=(128, 8), **hdf5plugin.Blosc())
+        table = np.zeros(256, [("a", "<f4"), ("b", "<i4")])
+        f.create_dataset("table", data=table, chunks=(128,), **hdf5plugin.Blosc())
+        f.create_dataset("contiguous", data=rows)
+    node = lambda name, field=None: inspect_node(path, "/" + name, field)  # noqa: E731
+    assert h5py_engine.stored_chunk_bytes(node("blosc")) == 0  # 8 KiB: below the smallest
+    monkeypatch.setattr(h5py_engine, "STORED_CHUNK_MIN_BYTES", 0)
+    assert h5py_engine.stored_chunk_bytes(node("blosc")) == 128 * 16 * 4
+    for name in ("zlib", "checksummed", "split_rows", "table", "contiguous"):
+        assert h5py_engine.stored_chunk_bytes(node(name)) == 0, name
+    assert h5py_engine.stored_chunk_bytes(node("table", "a")) == 0

@@ -154,3 +154,32 @@ def test_only_blosc_alone_on_whole_rows_of_plain_numbers_in_large_chunks(tmp_pat
     for name in ("zlib", "checksummed", "split_rows", "table", "contiguous"):
         assert h5py_engine.stored_chunk_bytes(node(name)) == 0, name
     assert h5py_engine.stored_chunk_bytes(node("table", "a")) == 0
+
+
+def test_numbers_stored_in_a_type_of_their_own_are_converted_by_hdf5(tmp_path: Path, decoded: list[int]) -> None:
+    """16-bit integers kept in 32 (precision 16): h5py reads them as int32, HDF5 sign-extends them, so their stored
+    bytes are not the rows."""
+    path = tmp_path / "precision.h5"
+    values = np.arange(-CHUNK * WIDTH // 2, CHUNK * WIDTH // 2, dtype="<i4").reshape(CHUNK, WIDTH)
+    narrow = h5py.h5t.STD_I32LE.copy()
+    narrow.set_precision(16)
+    with h5py.File(path, "w") as f:
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_chunk((CHUNK, WIDTH))
+        dcpl.set_filter(32001, h5py.h5z.FLAG_OPTIONAL, (2, 2, 4, 0, 5, 1, 1))
+        space = h5py.h5s.create_simple(values.shape)
+        h5py.Dataset(h5py.h5d.create(f.id, b"d", narrow, space, dcpl=dcpl))[()] = values
+    with h5py.File(path, "r") as f:
+        expected = f["d"][()]
+        assert f["d"].dtype == np.dtype("<i4")
+    np.testing.assert_array_equal(expected, values)
+    node = inspect_node(path, "/d")
+    assert h5py_engine.stored_chunk_bytes(node) > 0  # by the node alone it would qualify
+    source = open_source("h5py", node, {})
+    try:
+        out = np.empty_like(expected)
+        source.read_into(0, CHUNK, out)
+    finally:
+        source.close()
+    np.testing.assert_array_equal(out, expected)
+    assert decoded == []

@@ -11,8 +11,9 @@ adds ~0.1 ms a call.
 NOTE [blosc chunks as stored]
     HDF5 decodes a filtered chunk into a buffer of its own and then copies
     it into the caller's. Where a node's chunks hold whole rows of plain
-    numbers (h5py delivers their stored bytes as they are) and blosc is
-    their only filter, :meth:`H5pySource.read_into` takes each whole chunk
+    numbers stored as the very type h5py reads them into (so HDF5
+    converts nothing) and blosc is their only filter,
+    :meth:`H5pySource.read_into` takes each whole chunk
     of at least :data:`STORED_CHUNK_MIN_BYTES` as stored
     (``H5Dread_chunk``, h5py's ``read_direct_chunk``) and decodes it
     straight into the block with the chunk engine's blosc codec: blosc's
@@ -117,7 +118,7 @@ def stored_chunk_bytes(node: NodeInfo) -> int:
     dt, chunks = node.file_dtype, node.chunk_shape
     if (
         node.filter_ids != (BLOSC,) or chunks is None or node.field is not None or node.zero_first
-        or node.remote is not None or node.dtype != dt or dt.metadata is not None or dt.kind not in "biufc"
+        or node.remote is not None or node.dtype != dt or dt.metadata is not None or dt.kind not in "iufc"
         or tuple(chunks[1:]) != node.row_shape
     ):
         return 0
@@ -200,6 +201,8 @@ class H5pySource:
         # For prefetch: the file's descriptor and the dataset's layout; None until asked, False where unknown.
         self._hints: "tuple[int, Layout] | None | bool" = None
         self._chunk_nbytes = stored_chunk_bytes(node)  # NOTE [blosc chunks as stored]; 0: HDF5 decodes
+        if self._chunk_nbytes and not dsid.get_type().equal(self._mtype):
+            self._chunk_nbytes = 0  # HDF5 converts the stored numbers (a precision or offset of their own)
         self._stored: "np.ndarray | None" = None  # one stored chunk, made at the first
 
     def read_into(self, start: int, stop: int, out: np.ndarray) -> None:

@@ -291,3 +291,44 @@ def test_blosc2_frames_cut_in_blocks_of_any_shape(tmp_path: Path) -> None:
     with h5py.File(path, "r") as f:
         np.testing.assert_array_equal(f["d"][:], data)
         check_every_chunk(f["d"])
+
+
+def _blosc_buffer(values: np.ndarray, blocksize: int, shuffle: bool) -> bytes:
+    """``values`` as one blosc 1 buffer (c-blosc through imagecodecs), in blocks of ``blocksize`` bytes."""
+    return imagecodecs.blosc_encode(values, level=5, shuffle=1 if shuffle else 0, typesize=values.itemsize,
+                                    blocksize=blocksize, numthreads=1)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    n=st.integers(1, 6000),
+    dtype=st.sampled_from(["<f4", ">i8", "<u2", "|u1"]),
+    blocksize=st.sampled_from([0, 512, 4096]),
+    shuffle=st.booleans(),
+    cut=st.tuples(st.floats(0, 1), st.floats(0, 1)).map(sorted),
+)
+def test_blosc_decodes_any_part_of_a_buffer_as_the_whole_has_it(n: int, dtype: str, blocksize: int, shuffle: bool, cut: "list[float]") -> None:
+    from multitables._io.chunks.codecs.blosc import Blosc
+
+    values = np.arange(n, dtype=dtype) * 3 + (np.arange(n) % 7).astype(dtype)
+    buf = _blosc_buffer(values, blocksize, shuffle)
+    lo, hi = int(cut[0] * n), int(cut[1] * n)
+    item = values.itemsize
+    dst = np.full((hi - lo) * item, 0xAB, np.uint8)
+    assert Blosc().decode_part(buf, values.nbytes, lo * item, dst)
+    np.testing.assert_array_equal(dst, values[lo:hi].view(np.uint8))
+
+
+def test_blosc_decodes_no_part_that_cuts_an_item_or_without_c_blosc2(monkeypatch: pytest.MonkeyPatch) -> None:
+    from multitables._io.chunks.codecs.blosc import Blosc
+
+    values = np.arange(1000, dtype="<f4")
+    buf = _blosc_buffer(values, 0, True)
+    assert not Blosc().decode_part(buf, values.nbytes, 2, np.empty(8, np.uint8))  # from inside an item
+    assert not Blosc().decode_part(buf, values.nbytes, 4, np.empty(6, np.uint8))  # to inside one
+    with pytest.raises(ChunkDecodeError, match="expected 8000"):
+        Blosc().decode_part(buf, 8000, 0, np.empty(8, np.uint8))  # the header says 4,000 bytes
+    with pytest.raises(ChunkDecodeError, match="shorter than a blosc header"):
+        Blosc().decode_part(buf[:10], values.nbytes, 0, np.empty(8, np.uint8))
+    monkeypatch.setitem(libraries._cache, "libblosc2", None)
+    assert not Blosc().decode_part(buf, values.nbytes, 0, np.empty(8, np.uint8))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
+from typing import Any
 
 import h5py
 import hdf5plugin
@@ -13,6 +15,7 @@ from hypothesis import strategies as st
 
 import multitables
 from multitables._io import h5py_engine
+from multitables._io.chunks.hdf5lib import hdf5_library
 from multitables._io.engines import open_source
 from multitables._io.node import inspect_node
 
@@ -36,35 +39,49 @@ def _write(path: Path, dtype: str = "<f4", fill: "float | None" = None) -> np.nd
 
 
 @pytest.fixture
-def decoded(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Every chunk size counts as large enough; the list gets the bytes of each chunk blosc decodes for the engine."""
+def decoded(monkeypatch: pytest.MonkeyPatch) -> "list[tuple[str, int]]":
+    """Every chunk size counts as large enough; the list gets ``("whole", bytes)`` for each chunk blosc decodes for the
+    engine and ``("part", bytes)`` for each part of one."""
     monkeypatch.setattr(h5py_engine, "STORED_CHUNK_MIN_BYTES", 0)
-    seen: list[int] = []
-    decode = h5py_engine.Blosc.decode
-
-    def counted(self, src, size, dst):  # type: ignore[no-untyped-def]
-        seen.append(size)
-        return decode(self, src, size, dst)
-
-    monkeypatch.setattr(h5py_engine.Blosc, "decode", counted)
+    seen: "list[tuple[str, int]]" = []
+    _count_decodes(monkeypatch.setattr, seen)
     return seen
 
 
-def _blosc_chunks_within(start: int, stop: int) -> int:
-    """The whole chunks of ``[start, stop)`` that blosc decodes: from ``start`` (on a chunk's first row) up to chunk 4,
-    never written, from which HDF5 reads the rest (its fill value); chunk 2, stored unfiltered, is copied."""
-    if start % CHUNK:
-        return 0
-    decoded = 0
-    for a in range(start, stop - CHUNK + 1, CHUNK):
-        if a // CHUNK == 4:
+def _count_decodes(set_attr: Any, seen: "list[tuple[str, int]]") -> None:
+    decode, decode_part = h5py_engine.Blosc.decode, h5py_engine.Blosc.decode_part
+
+    def whole(self, src, size, dst):  # type: ignore[no-untyped-def]
+        seen.append(("whole", size))
+        return decode(self, src, size, dst)
+
+    def part(self, src, size, first, dst):  # type: ignore[no-untyped-def]
+        seen.append(("part", len(dst)))
+        return decode_part(self, src, size, first, dst)
+
+    set_attr(h5py_engine.Blosc, "decode", whole)
+    set_attr(h5py_engine.Blosc, "decode_part", part)
+
+
+def _blosc_decodes(start: int, stop: int) -> "list[tuple[str, int]]":
+    """What blosc decodes for rows ``[start, stop)``: each chunk they touch, whole or the part of it they need, up to
+    chunk 4, never written, from which HDF5 reads the rest (its fill value); chunk 2, stored unfiltered, is copied.
+    The last chunk (rows 384-447, of which 20 exist) is decoded like the others."""
+    seen = []
+    a = start
+    while a < stop:
+        first = a - a % CHUNK
+        b = min(first + CHUNK, stop)
+        if first // CHUNK == 4:
             break
-        decoded += a // CHUNK != 2
-    return decoded
+        if first // CHUNK != 2:
+            seen.append(("whole", CHUNK * WIDTH * 4) if b - a == CHUNK else ("part", (b - a) * WIDTH * 4))
+        a = b
+    return seen
 
 
 @pytest.mark.parametrize("dtype", ["<f4", ">i8"])
-def test_whole_blosc_chunks_read_as_stored_give_h5pys_rows(tmp_path: Path, decoded: list[int], dtype: str) -> None:
+def test_whole_blosc_chunks_read_as_stored_give_h5pys_rows(tmp_path: Path, decoded: list, dtype: str) -> None:
     path = tmp_path / "blosc.h5"
     expected = _write(path, dtype)
     node = inspect_node(path, "/d")
@@ -77,7 +94,8 @@ def test_whole_blosc_chunks_read_as_stored_give_h5pys_rows(tmp_path: Path, decod
         source.close()
     np.testing.assert_array_equal(out, expected)
     assert out.dtype == expected.dtype
-    assert len(decoded) == _blosc_chunks_within(0, N_ROWS) == 3  # chunks 0, 1 and 3; HDF5 reads on from 4
+    size = CHUNK * WIDTH * np.dtype(dtype).itemsize
+    assert decoded == [("whole", size)] * 3  # chunks 0, 1 and 3 (2 is copied); HDF5 reads on from 4
 
 
 @settings(max_examples=60, deadline=None)
@@ -89,14 +107,11 @@ def test_any_rows_read_give_h5pys_whichever_chunks_they_cover(tmp_path_factory, 
         _write(path, fill=-1.0)
     with h5py.File(path, "r") as f:
         expected = f["d"][start:stop]
-    seen: list[int] = []
-    decode, minimum = h5py_engine.Blosc.decode, h5py_engine.STORED_CHUNK_MIN_BYTES
-
-    def counted(self, src, size, dst):  # type: ignore[no-untyped-def]
-        seen.append(size)
-        return decode(self, src, size, dst)
-
-    h5py_engine.Blosc.decode, h5py_engine.STORED_CHUNK_MIN_BYTES = counted, 0  # type: ignore[method-assign]
+    seen: "list[tuple[str, int]]" = []
+    saved = {name: getattr(h5py_engine.Blosc, name) for name in ("decode", "decode_part")}
+    minimum = h5py_engine.STORED_CHUNK_MIN_BYTES
+    h5py_engine.STORED_CHUNK_MIN_BYTES = 0
+    _count_decodes(setattr, seen)
     try:
         source = open_source("h5py", inspect_node(path, "/d"), {})
         try:
@@ -105,12 +120,14 @@ def test_any_rows_read_give_h5pys_whichever_chunks_they_cover(tmp_path_factory, 
         finally:
             source.close()
     finally:
-        h5py_engine.Blosc.decode, h5py_engine.STORED_CHUNK_MIN_BYTES = decode, minimum  # type: ignore[method-assign]
+        h5py_engine.STORED_CHUNK_MIN_BYTES = minimum
+        for name, fn in saved.items():
+            setattr(h5py_engine.Blosc, name, fn)
     np.testing.assert_array_equal(out, expected)
-    assert len(seen) == _blosc_chunks_within(start, stop)
+    assert seen == _blosc_decodes(start, stop)
 
 
-def test_a_stream_in_this_process_gives_every_row_at_every_block_size(tmp_path: Path, decoded: list[int]) -> None:
+def test_a_stream_in_this_process_gives_every_row_at_every_block_size(tmp_path: Path, decoded: list) -> None:
     path = tmp_path / "blosc.h5"
     expected = _write(path)
     for block_size in (CHUNK // 2, CHUNK, CHUNK + 7, 3 * CHUNK, N_ROWS):
@@ -119,7 +136,7 @@ def test_a_stream_in_this_process_gives_every_row_at_every_block_size(tmp_path: 
     assert decoded, "no chunk was read as stored"
 
 
-def test_a_damaged_chunk_is_read_by_hdf5_which_refuses_it(tmp_path: Path, decoded: list[int]) -> None:
+def test_a_damaged_chunk_is_read_by_hdf5_which_refuses_it(tmp_path: Path, decoded: list) -> None:
     path = tmp_path / "damaged.h5"
     _write(path)
     with h5py.File(path, "r+") as f:
@@ -133,7 +150,7 @@ def test_a_damaged_chunk_is_read_by_hdf5_which_refuses_it(tmp_path: Path, decode
     finally:
         source.close()
     assert type(by_engine.value) is type(by_h5py.value)
-    assert decoded == [CHUNK * WIDTH * 4]  # asked once, it refused the chunk; HDF5 then read it, and raised
+    assert decoded == [("whole", CHUNK * WIDTH * 4)]  # asked once, it refused the chunk; HDF5 read it, and raised
 
 
 def test_only_blosc_alone_on_whole_rows_of_plain_numbers_in_large_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -156,7 +173,7 @@ def test_only_blosc_alone_on_whole_rows_of_plain_numbers_in_large_chunks(tmp_pat
     assert h5py_engine.stored_chunk_bytes(node("table", "a")) == 0
 
 
-def test_numbers_stored_in_a_type_of_their_own_are_converted_by_hdf5(tmp_path: Path, decoded: list[int]) -> None:
+def test_numbers_stored_in_a_type_of_their_own_are_converted_by_hdf5(tmp_path: Path, decoded: list) -> None:
     """16-bit integers kept in 32 (precision 16): h5py reads them as int32, HDF5 sign-extends them, so their stored
     bytes are not the rows."""
     path = tmp_path / "precision.h5"
@@ -183,3 +200,33 @@ def test_numbers_stored_in_a_type_of_their_own_are_converted_by_hdf5(tmp_path: P
         source.close()
     np.testing.assert_array_equal(out, expected)
     assert decoded == []
+
+
+def test_a_last_chunk_left_unfiltered_is_read_by_hdf5(tmp_path: Path, decoded: list) -> None:
+    """Written with ``H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS``, the partial last chunk is stored as it is, and its filter
+    mask does not say so: the engine must not hand it to blosc."""
+    lib = hdf5_library()
+    if lib is None:  # pragma: no cover
+        pytest.skip("h5py's HDF5 library not found for ctypes")
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_chunk((CHUNK, WIDTH))
+    dcpl.set_filter(32001, h5py.h5z.FLAG_OPTIONAL, (2, 2, 4, 0, 5, 1, 1))
+    set_opts = lib.H5Pset_chunk_opts
+    set_opts.argtypes = [ctypes.c_int64, ctypes.c_uint]
+    assert set_opts(dcpl.id, 0x0002) >= 0  # H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS
+    values = np.arange((CHUNK + 10) * WIDTH, dtype="<f4").reshape(CHUNK + 10, WIDTH)
+    path = tmp_path / "edge.h5"
+    with h5py.File(path, "w") as f:
+        space = h5py.h5s.create_simple(values.shape)
+        h5py.Dataset(h5py.h5d.create(f.id, b"d", h5py.h5t.IEEE_F32LE, space, dcpl=dcpl))[()] = values
+    source = open_source("h5py", inspect_node(path, "/d"), {})
+    try:
+        out = np.empty_like(values)
+        source.read_into(0, CHUNK + 10, out)
+        tail = np.empty((6, WIDTH), np.float32)
+        source.read_into(CHUNK + 2, CHUNK + 8, tail)
+    finally:
+        source.close()
+    np.testing.assert_array_equal(out, values)
+    np.testing.assert_array_equal(tail, values[CHUNK + 2 : CHUNK + 8])
+    assert decoded == [("whole", CHUNK * WIDTH * 4)]  # the first chunk only

@@ -13,14 +13,16 @@ NOTE [blosc chunks as stored]
     it into the caller's. Where a node's chunks hold whole rows of plain
     numbers stored as the very type h5py reads them into (so HDF5
     converts nothing) and blosc is their only filter,
-    :meth:`H5pySource.read_into` takes each whole chunk
-    of at least :data:`STORED_CHUNK_MIN_BYTES` as stored
-    (``H5Dread_chunk``, h5py's ``read_direct_chunk``) and decodes it
-    straight into the block with the chunk engine's blosc codec: blosc's
-    header names its own shuffle and codec, so nothing more about the
-    node is looked up. Rows outside whole chunks, and any chunk HDF5 will
-    not hand over as stored or the codec cannot decode, are read by HDF5
-    as before (its own error, where the chunk is damaged). Smaller chunks
+    :meth:`H5pySource.read_into` takes chunks of at least
+    :data:`STORED_CHUNK_MIN_BYTES` as stored (``H5Dread_chunk``, h5py's
+    ``read_direct_chunk``) and decodes them straight into the block with
+    the chunk engine's blosc codec: blosc's header names its own shuffle
+    and codec, so nothing more about the node is looked up. Of a chunk
+    the block needs only part of, only the blosc blocks that hold those
+    rows are decoded (``blosc2_getitem``; 256 KiB each in the
+    benchmark's files), where HDF5 decodes the whole chunk. Any chunk HDF5 will not hand over as stored
+    or the codec cannot decode, and every row after it, HDF5 reads as
+    before (its own error, where the chunk is damaged). Smaller chunks
     lose what they save to a call per chunk: three files of 64 KiB chunks
     read 1.19x h5py's time this way against 1.33x through HDF5's pipeline
     (BENCHMARKS.md, issue 29).
@@ -39,6 +41,7 @@ from .._plan.requests import run_bounds
 from .._sys.spares import spare_bytes
 from .chunks.codecs.base import BLOSC, ChunkDecodeError
 from .chunks.codecs.blosc import Blosc
+from .chunks.hdf5lib import leaves_edge_chunks_unfiltered
 from .chunks.pread import resident, will_need
 from .chunks.storage import Layout, known_layout, learn_layout
 from .node import NodeInfo, Unsupported, close_dataset
@@ -204,6 +207,7 @@ class H5pySource:
         if self._chunk_nbytes and not dsid.get_type().equal(self._mtype):
             self._chunk_nbytes = 0  # HDF5 converts the stored numbers (a precision or offset of their own)
         self._stored: "np.ndarray | None" = None  # one stored chunk, made at the first
+        self._edge_filtered: "bool | None" = None  # see _edge_chunks_filtered
 
     def read_into(self, start: int, stop: int, out: np.ndarray) -> None:
         """Read rows ``[start, stop)`` into ``out`` (C-contiguous, ``stop - start`` rows, the delivered dtype)."""
@@ -219,30 +223,41 @@ class H5pySource:
             self._hints[1].find(start, stop)
 
     def _decode_chunks(self, start: int, stop: int, out: np.ndarray) -> int:
-        """Decode the whole chunks of rows ``[start, stop)`` from ``start`` on into ``out`` (NOTE [blosc chunks as
-        stored]); return the row up to which ``out`` is filled (``start``: none)."""
-        c = self._chunk_nbytes // self._row_nbytes
-        if start % c:
-            return start
-        nbytes = self._chunk_nbytes
+        """Decode rows ``[start, stop)`` from their stored chunks into ``out``, from ``start`` on (NOTE [blosc chunks as
+        stored]); return the row up to which ``out`` is filled (``start``: none; HDF5 reads the rest)."""
+        c, row_nbytes, nbytes = self._chunk_nbytes // self._row_nbytes, self._row_nbytes, self._chunk_nbytes
         if self._stored is None:
             self._stored = spare_bytes(nbytes + BLOSC_OVERHEAD)
         flat = out.reshape(-1).view(np.uint8)
         a = start
-        while a + c <= stop:
-            dst = flat[(a - start) * self._row_nbytes :][:nbytes]
+        while a < stop:
+            first = a - a % c  # the chunk's first row
+            b = min(first + c, stop)
+            if first + c > self._node.n_rows and not self._edge_chunks_filtered():
+                return a
+            dst = flat[(a - start) * row_nbytes : (b - start) * row_nbytes]
+            at = (a - first) * row_nbytes  # where the rows start in the decoded chunk
             try:
-                mask, stored = self._dsid.read_direct_chunk((a,) + self._zeros, out=self._stored)
+                mask, stored = self._dsid.read_direct_chunk((first,) + self._zeros, out=self._stored)
                 if mask & 1:  # stored unfiltered (the filter is optional, and blosc gained nothing)
                     if len(stored) != nbytes:
                         return a
-                    dst[:] = np.frombuffer(stored, np.uint8)
-                else:
+                    dst[:] = np.frombuffer(stored, np.uint8)[at : at + len(dst)]
+                elif len(dst) == nbytes:
                     _blosc().decode(stored, nbytes, dst)
+                elif not _blosc().decode_part(stored, nbytes, at, dst):
+                    return a
             except (ChunkDecodeError, ValueError, RuntimeError, OSError, KeyError):
                 return a  # not allocated, larger than its chunk, damaged: HDF5 reads it, and says what is wrong
-            a += c
+            a = b
         return a
+
+    def _edge_chunks_filtered(self) -> bool:
+        """Whether the partial chunk at the end was filtered as the others were (not written with
+        ``H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS``, where its mask would not say so); asked once."""
+        if self._edge_filtered is None:
+            self._edge_filtered = not leaves_edge_chunks_unfiltered(self._dsid.get_create_plist())
+        return self._edge_filtered
 
     def read_runs(self, firsts: Sequence[int], lasts: Sequence[int], out: np.ndarray) -> None:
         """Read each run of rows ``firsts[i]..lasts[i]`` (inclusive, sorted) into ``out``, one after another, in one HDF5 read.

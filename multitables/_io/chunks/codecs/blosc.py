@@ -1,13 +1,15 @@
-"""Blosc 1 (filter 32001): c-blosc through imagecodecs, or ``blosc2.decompress`` (as fast) where it is missing."""
+"""Blosc 1 (filter 32001): c-blosc through imagecodecs, or ``blosc2.decompress`` (as fast) where it is missing; part of a
+buffer through c-blosc2's ``blosc2_getitem`` (:meth:`Blosc.decode_part`)."""
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import numpy as np
 
 from .base import ChunkDecodeError, Codec, as_u8, check_size
-from .libraries import imagecodecs_function
+from .libraries import blosc2_library, imagecodecs_function
 
 
 class Blosc(Codec):
@@ -34,3 +36,33 @@ class Blosc(Codec):
         except Exception as exc:
             raise ChunkDecodeError(f"blosc: {exc}") from None
         return dst
+
+    def decode_part(self, src: Any, size: int, first: int, dst: np.ndarray) -> bool:
+        """Decode bytes ``first .. first + len(dst)`` of the ``size`` bytes blosc buffer ``src`` holds into ``dst`` (a uint8
+        array), decoding only the blosc blocks they fall in; False where c-blosc2 is missing or the range does not fall on
+        whole items (the caller decodes otherwise). Raises :class:`ChunkDecodeError` as :meth:`decode`."""
+        mv = src if isinstance(src, np.ndarray) else as_u8(src)
+        if len(mv) < 16:
+            raise ChunkDecodeError(f"blosc: {len(mv)} bytes is shorter than a blosc header")
+        check_size("blosc", int.from_bytes(mv[4:8].tobytes(), "little"), size)
+        getitem = _getitem()
+        typesize = int(mv[3])
+        if getitem is None or typesize == 0 or first % typesize or len(dst) % typesize or first + len(dst) > size:
+            return False
+        nitems = len(dst) // typesize
+        got = getitem(mv.ctypes.data, len(mv), first // typesize, nitems, dst.ctypes.data, len(dst))
+        if got != len(dst):
+            raise ChunkDecodeError(f"blosc: decoding items {first // typesize}..{first // typesize + nitems} gave {got}")
+        return True
+
+
+def _getitem() -> Any:
+    """c-blosc2's ``blosc2_getitem`` (it reads blosc 1 buffers too), typed; None where the library is missing."""
+    lib = blosc2_library()
+    if lib is None:  # pragma: no cover - shipped in the blosc2 wheel, a dependency
+        return None
+    fn = lib.blosc2_getitem
+    if fn.argtypes is None:
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int32]
+        fn.restype = ctypes.c_int
+    return fn

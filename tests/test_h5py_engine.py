@@ -1,4 +1,5 @@
-"""The h5py engine takes whole blosc chunks as stored and decodes them itself (NOTE [blosc chunks as stored])."""
+"""The h5py engine takes blosc chunks as stored and decodes them, whole or the part a read needs, itself (NOTE [blosc
+chunks as stored])."""
 
 from __future__ import annotations
 

@@ -109,15 +109,15 @@ def _plain_memory_type(dtype: np.dtype) -> Any:
     return h5py.h5t.py_create(dtype)
 
 
-#: The smallest chunk :meth:`H5pySource.read_into` decodes itself (NOTE [blosc chunks as stored]).
+#: The smallest chunk :meth:`H5pySource.read_into` decodes itself, in bytes (NOTE [blosc chunks as stored]).
 STORED_CHUNK_MIN_BYTES = 512 << 10
 #: The most a blosc buffer adds to the bytes it holds (c-blosc's ``BLOSC_MAX_OVERHEAD``).
 BLOSC_OVERHEAD = 16
 
 
 def stored_chunk_bytes(node: NodeInfo) -> int:
-    """Bytes in one chunk of ``node`` where :meth:`H5pySource.read_into` decodes its whole chunks itself (NOTE [blosc
-    chunks as stored]); 0 where HDF5 decodes them."""
+    """Bytes in one chunk of ``node`` where :meth:`H5pySource.read_into` may decode its chunks itself (NOTE [blosc
+    chunks as stored]; the source also checks that HDF5 would convert nothing); 0 where HDF5 decodes them."""
     dt, chunks = node.file_dtype, node.chunk_shape
     if (
         node.filter_ids != (BLOSC,) or chunks is None or node.field is not None or node.zero_first
@@ -337,8 +337,8 @@ class H5pySource:
 
 @functools.cache
 def _blosc() -> Blosc:
-    """The codec that decodes whole blosc chunks for :meth:`H5pySource.read_into` (NOTE [blosc chunks as stored]): made
-    at the first, as it imports its library."""
+    """The codec that decodes blosc chunks, or parts of them, for :meth:`H5pySource.read_into` (NOTE [blosc chunks as
+    stored]): made at the first, as it imports its library."""
     return Blosc()
 
 

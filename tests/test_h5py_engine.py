@@ -11,7 +11,7 @@ import h5py
 import hdf5plugin
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import multitables
@@ -231,3 +231,41 @@ def test_a_last_chunk_left_unfiltered_is_read_by_hdf5(tmp_path: Path, decoded: l
     np.testing.assert_array_equal(out, values)
     np.testing.assert_array_equal(tail, values[CHUNK + 2 : CHUNK + 8])
     assert decoded == [("whole", CHUNK * WIDTH * 4)]  # the first chunk only
+
+
+@settings(max_examples=80, deadline=None)
+@given(picked=st.lists(st.integers(0, N_ROWS - 1), min_size=1, max_size=40, unique=True).map(sorted))
+@example(picked=[3, 70, 200, 390])  # a part of chunks 0, 1, 3 and of the partial last one
+@example(picked=[3, 5, 300])  # two runs in chunk 0: HDF5 reads them all
+def test_scattered_rows_give_h5pys_and_runs_apart_read_their_own_chunks(tmp_path_factory, picked: "list[int]") -> None:
+    """Random access (``H5pyRows``): runs that share no chunk are each read from their stored chunks, decoding only what
+    they need; runs that share one are left to HDF5, which decodes each chunk once for all of them."""
+    path = tmp_path_factory.getbasetemp() / "blosc-rows.h5"
+    if not path.exists():
+        _write(path, fill=-1.0)
+    rows = np.array(picked, np.int64)
+    with h5py.File(path, "r") as f:
+        expected = f["d"][rows]
+    seen: "list[tuple[str, int]]" = []
+    saved = {name: getattr(h5py_engine.Blosc, name) for name in ("decode", "decode_part")}
+    minimum = h5py_engine.STORED_CHUNK_MIN_BYTES
+    h5py_engine.STORED_CHUNK_MIN_BYTES = 0
+    _count_decodes(setattr, seen)
+    try:
+        reader = h5py_engine.ENGINE.open_rows(inspect_node(path, "/d"), {})
+        try:
+            out = np.full((len(rows), WIDTH), np.nan, np.float32)
+            reader.read(rows, out, lambda: False)
+        finally:
+            reader.close()
+    finally:
+        h5py_engine.STORED_CHUNK_MIN_BYTES = minimum
+        for name, fn in saved.items():
+            setattr(h5py_engine.Blosc, name, fn)
+    np.testing.assert_array_equal(out, expected)
+    runs = np.split(rows, np.flatnonzero(np.diff(rows) != 1) + 1)
+    chunks = [(int(run[0]) // CHUNK, int(run[-1]) // CHUNK) for run in runs]
+    if all(b[0] > a[1] for a, b in zip(chunks, chunks[1:])):
+        assert seen == [decode for run in runs for decode in _blosc_decodes(int(run[0]), int(run[-1]) + 1)]
+    else:
+        assert seen == []  # HDF5 read them

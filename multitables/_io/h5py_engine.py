@@ -22,7 +22,10 @@ NOTE [blosc chunks as stored]
     rows are decoded (``blosc2_getitem``; 256 KiB each in the
     benchmark's files), where HDF5 decodes the whole chunk. Any chunk HDF5 will not hand over as stored
     or the codec cannot decode, and every row after it, HDF5 reads as
-    before (its own error, where the chunk is damaged). Smaller chunks
+    before (its own error, where the chunk is damaged). Random access
+    reads each run of rows so where no two runs share a chunk (a row of
+    a 1 MiB chunk: one 256 KiB blosc block, not the chunk); runs that
+    share one HDF5 reads, decoding the chunk once for all. Smaller chunks
     lose what they save to a call per chunk: three files of 64 KiB chunks
     read 1.19x h5py's time this way against 1.33x through HDF5's pipeline
     (BENCHMARKS.md, issue 29).
@@ -252,6 +255,17 @@ class H5pySource:
             a = b
         return a
 
+    def _runs_apart(self, firsts: Sequence[int], lasts: Sequence[int]) -> bool:
+        """Whether no two of the runs touch one chunk: then each run's chunks are read once, run by run (else HDF5 reads
+        them, each chunk decoded once for every run in it)."""
+        c = self._chunk_nbytes // self._row_nbytes
+        before = -1
+        for lo, last in zip(firsts, lasts):
+            if lo // c <= before:
+                return False
+            before = last // c
+        return True
+
     def _edge_chunks_filtered(self) -> bool:
         """Whether the partial chunk at the end was filtered as the others were (not written with
         ``H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS``, where its mask would not say so); asked once."""
@@ -266,6 +280,14 @@ class H5pySource:
         union of the runs in quadratic time (256 runs: ~2 ms; 2560: ~120 ms),
         so a caller passes a few dozen at a time.
         """
+        if self._chunk_nbytes and self._runs_apart(firsts, lasts):
+            # Each run as a read of its own, from its stored chunk: a row of a large chunk decodes one blosc block
+            # (NOTE [blosc chunks as stored]), where HDF5 decodes the whole chunk.
+            at = 0
+            for lo, last in zip(firsts, lasts):
+                self.read_into(lo, last + 1, out[at : at + last + 1 - lo])
+                at += last + 1 - lo
+            return
         h5s, fs, row, zeros = self._h5s, self._fspace, self._file_row_shape, self._zeros
         op = h5s.SELECT_SET
         for lo, last in zip(firsts, lasts):

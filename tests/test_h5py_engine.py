@@ -3,9 +3,10 @@ chunks as stored])."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import h5py
 import hdf5plugin
@@ -39,14 +40,21 @@ def _write(path: Path, dtype: str = "<f4", fill: "float | None" = None) -> np.nd
         return f["d"][()]
 
 
-@pytest.fixture
-def decoded(monkeypatch: pytest.MonkeyPatch) -> "list[tuple[str, int]]":
+@contextlib.contextmanager
+def _counting_decodes() -> "Iterator[list[tuple[str, int]]]":
     """Every chunk size counts as large enough; the list gets ``("whole", bytes)`` for each chunk blosc decodes for the
     engine and ``("part", bytes)`` for each part of one."""
-    monkeypatch.setattr(h5py_engine, "STORED_CHUNK_MIN_BYTES", 0)
-    seen: "list[tuple[str, int]]" = []
-    _count_decodes(monkeypatch.setattr, seen)
-    return seen
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(h5py_engine, "STORED_CHUNK_MIN_BYTES", 0)
+        seen: "list[tuple[str, int]]" = []
+        _count_decodes(patch.setattr, seen)
+        yield seen
+
+
+@pytest.fixture
+def decoded() -> "Iterator[list[tuple[str, int]]]":
+    with _counting_decodes() as seen:
+        yield seen
 
 
 def _count_decodes(set_attr: Any, seen: "list[tuple[str, int]]") -> None:
@@ -108,22 +116,13 @@ def test_any_rows_read_give_h5pys_whichever_chunks_they_cover(tmp_path_factory, 
         _write(path, fill=-1.0)
     with h5py.File(path, "r") as f:
         expected = f["d"][start:stop]
-    seen: "list[tuple[str, int]]" = []
-    saved = {name: getattr(h5py_engine.Blosc, name) for name in ("decode", "decode_part")}
-    minimum = h5py_engine.STORED_CHUNK_MIN_BYTES
-    h5py_engine.STORED_CHUNK_MIN_BYTES = 0
-    _count_decodes(setattr, seen)
-    try:
+    with _counting_decodes() as seen:
         source = open_source("h5py", inspect_node(path, "/d"), {})
         try:
             out = np.full((stop - start, WIDTH), np.nan, np.float32)
             source.read_into(start, stop, out)
         finally:
             source.close()
-    finally:
-        h5py_engine.STORED_CHUNK_MIN_BYTES = minimum
-        for name, fn in saved.items():
-            setattr(h5py_engine.Blosc, name, fn)
     np.testing.assert_array_equal(out, expected)
     assert seen == _blosc_decodes(start, stop)
 
@@ -246,22 +245,13 @@ def test_scattered_rows_give_h5pys_and_runs_apart_read_their_own_chunks(tmp_path
     rows = np.array(picked, np.int64)
     with h5py.File(path, "r") as f:
         expected = f["d"][rows]
-    seen: "list[tuple[str, int]]" = []
-    saved = {name: getattr(h5py_engine.Blosc, name) for name in ("decode", "decode_part")}
-    minimum = h5py_engine.STORED_CHUNK_MIN_BYTES
-    h5py_engine.STORED_CHUNK_MIN_BYTES = 0
-    _count_decodes(setattr, seen)
-    try:
+    with _counting_decodes() as seen:
         reader = h5py_engine.ENGINE.open_rows(inspect_node(path, "/d"), {})
         try:
             out = np.full((len(rows), WIDTH), np.nan, np.float32)
             reader.read(rows, out, lambda: False)
         finally:
             reader.close()
-    finally:
-        h5py_engine.STORED_CHUNK_MIN_BYTES = minimum
-        for name, fn in saved.items():
-            setattr(h5py_engine.Blosc, name, fn)
     np.testing.assert_array_equal(out, expected)
     runs = np.split(rows, np.flatnonzero(np.diff(rows) != 1) + 1)
     chunks = [(int(run[0]) // CHUNK, int(run[-1]) // CHUNK) for run in runs]

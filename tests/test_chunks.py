@@ -397,6 +397,68 @@ def test_a_chunk_two_blocks_share_is_decoded_once(make_array: Callable[..., Path
     assert len(decoded) == 32  # every chunk once, though 20 of 21 block boundaries cut one
 
 
+def _blosc_rows(tmp_path: Path) -> "tuple[Path, np.ndarray]":
+    """1,000 rows of 64 floats in chunks of 64 rows (16 KiB: blosc blocks of a few KiB), blosc alone; chunk 4 (rows
+    256-319) stored as it is (blosc skipped)."""
+    data = np.cumsum(np.random.default_rng(3).standard_normal((1000, 64)), axis=1).astype("<f4")
+    path = tmp_path / "blosc.h5"
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset("data", data=data, chunks=(64, 64), **hdf5plugin.Blosc(cname="lz4", clevel=5))
+        d.id.write_direct_chunk((256, 0), data[256:320].tobytes(), filter_mask=1)
+    return path, data
+
+
+def _counting(src: ChunkSource, seen: "list[str]") -> None:
+    """Note on ``seen`` each whole chunk and each part of one that ``src``'s pipeline decodes."""
+    pipeline = src._pipeline
+    whole, part = pipeline.decode, pipeline.decode_part
+    pipeline.decode = lambda raw, mask, out: (seen.append("whole"), whole(raw, mask, out))[1]  # type: ignore[method-assign]
+    pipeline.decode_part = lambda raw, mask, first, dst: (seen.append("part"), part(raw, mask, first, dst))[1]  # type: ignore[method-assign]
+
+
+def test_reads_that_do_not_follow_one_another_decode_only_their_part_of_a_blosc_chunk(tmp_path: Path) -> None:
+    path, data = _blosc_rows(tmp_path)
+    src = ChunkSource(inspect_node(path, "/data"))
+    seen: "list[str]" = []
+    _counting(src, seen)
+    try:
+        for a, b, expected in (
+            (10, 20, ["whole"]),  # a first read goes on as a stream would: the chunk is kept for what follows
+            (20, 40, []),  # which it is: rows 20-40 come from the kept chunk
+            (300, 301, ["part"]),  # a row elsewhere: only its part of chunk 4 (stored as it is: copied)
+            (130, 140, ["part"]),  # one of chunk 2: blosc decodes the blocks that hold it
+            (640, 700, ["part"]),  # rows 640-700 after 300-301: chunk 10's part
+            (700, 710, ["part", "whole"]),  # going on from there: the rest of chunk 10; chunk 11 whole, kept for 710 on
+            (990, 1000, ["part"]),  # the last chunk (rows 960-999 of 960-1023), elsewhere
+        ):
+            before = len(seen)
+            out = np.empty((b - a, 64), "<f4")
+            src.read_into(a, b, out)
+            np.testing.assert_array_equal(out, data[a:b])
+            assert seen[before:] == expected, (a, b)
+    finally:
+        src.close()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(reads=st.lists(st.tuples(st.integers(0, 999), st.integers(1, 150)), min_size=1, max_size=12))
+def test_any_reads_in_any_order_give_h5pys_rows(tmp_path: Path, reads: "list[tuple[int, int]]") -> None:
+    path = tmp_path / "blosc.h5"
+    if not path.exists():
+        _blosc_rows(tmp_path)
+    with h5py.File(path, "r") as f:
+        data = f["data"][()]
+    src = ChunkSource(inspect_node(path, "/data"))
+    try:
+        for a, n in reads:
+            b = min(1000, a + n)
+            out = np.full((b - a, 64), np.nan, "<f4")
+            src.read_into(a, b, out)
+            np.testing.assert_array_equal(out, data[a:b])
+    finally:
+        src.close()
+
+
 @pytest.mark.skipif(not DIRECT_IO, reason="the temporary directory's filesystem refuses O_DIRECT")
 @pytest.mark.parametrize("kind", ["carray", "array"])
 def test_direct_reads_leave_the_page_cache_cold(make_array: Callable[..., Path], kind: str) -> None:

@@ -68,6 +68,19 @@ class Pipeline:
             self._scratch[k] = spare_bytes(size)  # NOTE [spare buffers]
         return self._scratch[k][:size]
 
+    def decode_part(self, raw: Any, mask: int, first: int, dst: np.ndarray) -> bool:
+        """Bytes ``first .. first + len(dst)`` of the decoded chunk into ``dst`` (uint8), decoding no more than they need:
+        where the chunk is stored as it is, or its one filter's codec decodes parts (blosc). False where neither holds
+        (the caller decodes the whole chunk)."""
+        if self.is_identity(mask):
+            stored = as_u8(raw)
+            if len(stored) != self.chunk_nbytes:
+                return False
+            dst[:] = stored[first : first + len(dst)]
+            return True
+        part = getattr(self._codecs[0], "decode_part", None) if len(self._codecs) == 1 else None
+        return part is not None and part(raw, self.chunk_nbytes, first, dst)
+
     def decode(self, raw: Any, mask: int, out: np.ndarray) -> None:
         """Decode the stored bytes ``raw`` of a chunk with filter ``mask`` into ``out`` (uint8, ``chunk_nbytes``)."""
         steps = self._steps_for(mask)

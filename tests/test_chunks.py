@@ -440,6 +440,24 @@ def test_reads_that_do_not_follow_one_another_decode_only_their_part_of_a_blosc_
         src.close()
 
 
+def test_a_chunk_of_other_filters_is_decoded_whole_wherever_the_read_starts(tmp_path: Path) -> None:
+    data = np.arange(1000 * 8, dtype="<f4").reshape(1000, 8)
+    path = tmp_path / "zlib.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data", data=data, chunks=(64, 8), compression="gzip", shuffle=True)
+    src = ChunkSource(inspect_node(path, "/data"))
+    seen: "list[str]" = []
+    _counting(src, seen)
+    try:
+        for a, b in ((10, 20), (300, 301), (990, 1000)):
+            out = np.empty((b - a, 8), "<f4")
+            src.read_into(a, b, out)
+            np.testing.assert_array_equal(out, data[a:b])
+    finally:
+        src.close()
+    assert seen == ["whole"] * 3
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(reads=st.lists(st.tuples(st.integers(0, 999), st.integers(1, 150)), min_size=1, max_size=12))
 def test_any_reads_in_any_order_give_h5pys_rows(tmp_path: Path, reads: "list[tuple[int, int]]") -> None:

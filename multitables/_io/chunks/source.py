@@ -122,10 +122,12 @@ class ChunkSource:
         self._in_turn = True
         self._index = layout.index
         self._grid = layout.grid
+        self._parts = False  # whether a part of a chunk can be decoded alone (see _decode_part)
         if storage.chunks is None:
             return
         self._chunk_nbytes = math.prod(storage.chunks) * self._dtype.itemsize
         self._pipeline: Pipeline = build_pipeline(storage.filters, self._chunk_nbytes, self._dtype.itemsize)
+        self._parts = layout.grid is not None and layout.grid.whole_rows and self._pipeline.decodes_parts
         self._fill = np.frombuffer(storage.fill, self._edtype)[0]
 
     # -- reading -------------------------------------------------------------
@@ -264,7 +266,7 @@ class ChunkSource:
                 if part.whole:
                     a, b = part.rows
                     self._decode(part, raw, offset, mask, out_bytes[a * self._row_nbytes : b * self._row_nbytes])
-                elif not self._decode_part(part, raw, offset, mask, out_bytes, stop):
+                elif not (self._parts and self._decode_part(part, raw, offset, mask, out_bytes, stop)):
                     chunk = self._take()
                     self._decode(part, raw, offset, mask, chunk)
                     self._place(part, chunk, out, kept, stop)
@@ -293,16 +295,16 @@ class ChunkSource:
             raise self._error(part, offset, len(raw), str(exc)) from None
 
     def _decode_part(self, part: ChunkPart, raw: Any, offset: int, mask: int, out_bytes: np.ndarray, stop: int) -> bool:
-        """Decode only the rows ``part`` needs of its chunk straight into ``out_bytes``, where chunks hold whole rows
-        (blosc decodes the blocks holding them: a row of a 1 MiB chunk, one 256 KiB block); False where it did not
+        """Decode only the rows ``part`` needs of its chunk straight into ``out_bytes`` (where chunks hold whole rows and
+        blosc is the one filter: it decodes the blocks holding them, for a row of a 1 MiB chunk one 256 KiB block, and
+        copies a chunk it left as it was); False where it did not
         (the caller decodes the whole chunk, and keeps it for a next block that starts inside it: :meth:`_place`).
 
         Reads that follow one another (one reader's stream) still decode and keep a chunk the block ends inside,
         for the next block (in this process: the two halves decoded apart took 1.13x the time). Reads that do not
         (random rows; one of several readers, whose next block starts elsewhere) decode only their part: random rows
-        of 1 MiB blosc chunks 1.55x faster, two readers on blocks that cut chunks 1.13x."""
-        assert self._grid is not None
-        if not self._grid.whole_rows or (self._in_turn and self._keeps(part, stop)):
+        of 1 MiB blosc chunks ~1.5x faster, two readers on blocks that cut chunks 1.05-1.13x (BENCHMARKS.md)."""
+        if self._in_turn and self._keeps(part, stop):
             return False
         a, b = part.rows
         dst = out_bytes[a * self._row_nbytes : b * self._row_nbytes]

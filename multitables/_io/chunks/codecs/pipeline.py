@@ -68,6 +68,11 @@ class Pipeline:
             self._scratch[k] = spare_bytes(size)  # NOTE [spare buffers]
         return self._scratch[k][:size]
 
+    @property
+    def decodes_parts(self) -> bool:
+        """Whether :meth:`decode_part` can decode less than a whole chunk: one filter, whose codec decodes parts."""
+        return len(self._codecs) == 1 and hasattr(self._codecs[0], "decode_part")
+
     def decode_part(self, raw: Any, mask: int, first: int, dst: np.ndarray) -> bool:
         """Bytes ``first .. first + len(dst)`` of the decoded chunk into ``dst`` (uint8), decoding no more than they need:
         where the chunk is stored as it is, or its one filter's codec decodes parts (blosc). False where neither holds

@@ -40,6 +40,19 @@ def _write(path: Path, dtype: str = "<f4", fill: "float | None" = None) -> np.nd
         return f["d"][()]
 
 
+def _read(node: Any, start: int, stop: int, dtype: Any) -> np.ndarray:
+    """Rows ``[start, stop)`` of ``node`` read by an h5py engine source of its own, into an array of ``dtype``."""
+    source = open_source("h5py", node, {})
+    try:
+        out = np.empty((stop - start, WIDTH), dtype)
+        if out.dtype.kind == "f":
+            out.fill(np.nan)  # a row left unread shows
+        source.read_into(start, stop, out)
+    finally:
+        source.close()
+    return out
+
+
 @contextlib.contextmanager
 def _counting_decodes() -> "Iterator[list[tuple[str, int]]]":
     """Every chunk size counts as large enough; the list gets ``("whole", bytes)`` for each chunk blosc decodes for the
@@ -95,12 +108,7 @@ def test_whole_blosc_chunks_read_as_stored_give_h5pys_rows(tmp_path: Path, decod
     expected = _write(path, dtype)
     node = inspect_node(path, "/d")
     assert h5py_engine.stored_chunk_bytes(node) == CHUNK * WIDTH * np.dtype(dtype).itemsize
-    source = open_source("h5py", node, {})
-    try:
-        out = np.empty_like(expected)
-        source.read_into(0, N_ROWS, out)
-    finally:
-        source.close()
+    out = _read(node, 0, N_ROWS, expected.dtype)
     np.testing.assert_array_equal(out, expected)
     assert out.dtype == expected.dtype
     size = CHUNK * WIDTH * np.dtype(dtype).itemsize
@@ -117,12 +125,7 @@ def test_any_rows_read_give_h5pys_whichever_chunks_they_cover(tmp_path_factory, 
     with h5py.File(path, "r") as f:
         expected = f["d"][start:stop]
     with _counting_decodes() as seen:
-        source = open_source("h5py", inspect_node(path, "/d"), {})
-        try:
-            out = np.full((stop - start, WIDTH), np.nan, np.float32)
-            source.read_into(start, stop, out)
-        finally:
-            source.close()
+        out = _read(inspect_node(path, "/d"), start, stop, np.float32)
     np.testing.assert_array_equal(out, expected)
     assert seen == _blosc_decodes(start, stop)
 
@@ -192,13 +195,7 @@ def test_numbers_stored_in_a_type_of_their_own_are_converted_by_hdf5(tmp_path: P
     np.testing.assert_array_equal(expected, values)
     node = inspect_node(path, "/d")
     assert h5py_engine.stored_chunk_bytes(node) > 0  # by the node alone it would qualify
-    source = open_source("h5py", node, {})
-    try:
-        out = np.empty_like(expected)
-        source.read_into(0, CHUNK, out)
-    finally:
-        source.close()
-    np.testing.assert_array_equal(out, expected)
+    np.testing.assert_array_equal(_read(node, 0, CHUNK, expected.dtype), expected)
     assert decoded == []
 
 

@@ -157,8 +157,9 @@ def read_generator(paths: list[str]) -> int:
     import multitables
 
     rows = 0
-    for _row in (row for path in paths for row in multitables.Streamer(path, engine=ENGINE[0]).get_generator(NODE)):
-        rows += 1
+    for path in paths:  # the loop of ``read_h5py_rows``: a generator expression around it would cost a resume a row
+        for _row in multitables.Streamer(path, engine=ENGINE[0]).get_generator(NODE):
+            rows += 1
     return rows
 
 

@@ -35,6 +35,7 @@ NOTE [DataLoader uses]
 from __future__ import annotations
 
 import sys
+import warnings
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union
 
@@ -126,7 +127,10 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
     and is yours. With ``device`` (``"cuda"``) the tensors are on that
     device, copied there without holding up the training stream; with
     ``pin_memory=True`` they are CPU tensors in page-locked memory (see
-    :func:`get_batches`).
+    :func:`get_batches`). Where PyTorch has no CUDA, ``device="cuda"`` is
+    refused with ``RuntimeError`` before any reader starts, and
+    ``pin_memory=True`` warns and gives ordinary CPU tensors, as
+    ``DataLoader`` does.
 
     :meth:`set_epoch`, :meth:`state_dict` and :meth:`load_state_dict` are
     those of the wrapped batches (``set_epoch`` as on
@@ -146,13 +150,19 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
         #: shuffled, its window).
         self.pin_memory = pin_memory
         self._staging: Any = None  # NOTE [windows on a device]: made by the first shuffled iteration for a GPU
-        needs_cuda = pin_memory or (self.device is not None and self.device.type == "cuda")
-        if needs_cuda and not torch.cuda.is_available():
-            asked = f"device={str(self.device)!r}" if self.device is not None and self.device.type == "cuda" else "pin_memory=True"
+        if self.device is not None and self.device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(
-                f"{asked} needs CUDA, which this PyTorch cannot use (torch.cuda.is_available() is False); "
-                f"leave it out for CPU tensors"
+                f"device={str(self.device)!r} needs CUDA, which this PyTorch cannot use (torch.cuda.is_available() is "
+                f"False); leave it out for CPU tensors"
             )
+        if pin_memory and not torch.cuda.is_available():
+            # As DataLoader(pin_memory=True) does without an accelerator: code written for a GPU node runs on a laptop.
+            warnings.warn(
+                "pin_memory=True, but this PyTorch cannot use CUDA (torch.cuda.is_available() is False): the batches "
+                "are CPU tensors in ordinary memory",
+                stacklevel=_caller_level(),
+            )
+            self.pin_memory = False
 
     def __iter__(self) -> Iterator[TensorBatch]:
         if get_worker_info() is not None:
@@ -245,6 +255,15 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
         self.batches.close()
 
 
+def _caller_level() -> int:
+    """The ``stacklevel`` of a warning raised by this module's caller's caller: the user's line, whether they made the
+    adapter themselves or through :func:`get_batches`."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        level, frame = level + 1, frame.f_back  # type: ignore[assignment]
+    return level
+
+
 def _as_tensors(batch: Any, paths: Sequence[str]) -> TensorBatch:
     """One batch (an array, a tuple of arrays, or a dict of columns) as tensors; ``paths`` name its arrays in errors."""
     if isinstance(batch, dict):  # fields=: one array per column of the table
@@ -269,7 +288,8 @@ def get_batches(
     into page-locked memory and copied with ``non_blocking=True`` on a stream
     of its own while the previous batch trains (NOTE [batches on a device] in
     ``multitables._train.device``). ``pin_memory=True``: CPU tensors in
-    page-locked memory, as ``DataLoader(pin_memory=True)`` gives. Both need
-    CUDA. Other arguments as for :class:`~multitables.batches.Batches`.
+    page-locked memory, as ``DataLoader(pin_memory=True)`` gives (without
+    CUDA: a warning, and ordinary CPU tensors). Other arguments as for
+    :class:`~multitables.batches.Batches`.
     """
     return TorchBatches(Batches(stream, paths, batch_size, **kwargs), device=device, pin_memory=pin_memory)

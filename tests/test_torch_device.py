@@ -469,10 +469,29 @@ def test_the_adapters_device_way_on_cpu_tensors_gives_the_rows_of_plain_batches(
 
 
 @pytest.mark.skipif(CUDA, reason="this machine has CUDA: the refusal cannot be seen")
-@pytest.mark.parametrize("kw", [{"device": "cuda"}, {"pin_memory": True}])
-def test_without_cuda_device_and_pinned_memory_are_refused_before_any_reader(data_file: Path, kw: dict, no_leaks: None) -> None:
+def test_without_cuda_a_cuda_device_is_refused_before_any_reader(data_file: Path, no_leaks: None) -> None:
     with pytest.raises(RuntimeError, match="needs CUDA"):
-        mt.get_batches(multitables.Streamer(data_file), "/X", 64, n_procs=2, **kw)
+        mt.get_batches(multitables.Streamer(data_file), "/X", 64, n_procs=2, device="cuda")
+
+
+@pytest.mark.skipif(CUDA, reason="this machine has CUDA: the batches would be page-locked")
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_without_cuda_pinned_memory_warns_and_gives_the_plain_batches(data_file: Path, shuffle: bool, no_leaks: None) -> None:
+    # As DataLoader(pin_memory=True) without an accelerator: the code written for a GPU node runs, and says why
+    # its tensors are not page-locked; the warning points at the caller's line.
+    kw = dict(n_procs=2, block_size=100, window=4, seed=3, shuffle=shuffle)
+    stream = multitables.Streamer(data_file)
+    plain = list(mt.get_batches(stream, ["/X", "/y"], 64, **kw))
+    with pytest.warns(UserWarning, match="pin_memory=True, but this PyTorch cannot use CUDA") as caught:
+        pinned = mt.get_batches(stream, ["/X", "/y"], 64, pin_memory=True, **kw)
+    assert [w.filename for w in caught] == [__file__]
+    assert pinned.pin_memory is False
+    got = list(pinned)
+    assert len(got) == len(plain)
+    for mine, theirs in zip(got, plain):
+        for m, t in zip(mine, theirs):
+            assert m.device.type == "cpu" and not m.is_pinned() and torch.equal(m, t)
+    pinned.close()
 
 
 @needs_cuda

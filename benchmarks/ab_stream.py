@@ -1,7 +1,9 @@
 """A/B of the streaming path between two checkouts, page cache warm (or cold), alternating runs in one session.
 
 Times one whole pass of ``get_queue`` (direct access) and ``get_generator``
-over a 1 GiB zlib-3 file of random normal float32 rows (``--engine``, default
+over a 1 GiB zlib-3 file of random normal float32 rows of ``--row-values``
+values (default 1,024: 4 KiB rows; fewer: more rows, where the generator's
+cost a row shows) (``--engine``, default
 the chunk engine; ``--n_procs``, default 2), with each checkout in
 turn (a fresh interpreter each, ``PYTHONPATH`` set to the checkout), so that
 the host's drift hits both alike. ``--cold`` evicts the file from the page
@@ -9,6 +11,7 @@ cache before each pass (``multitables_bench.cache.evict``). Prints each run
 and the medians.
 
     python benchmarks/ab_stream.py --file bench/ab.h5 --a ../before --b . --runs 7
+    python benchmarks/ab_stream.py --file bench/ab16.h5 --row-values 16 --a ../before --b . --runs 5
 """
 
 from __future__ import annotations
@@ -39,15 +42,16 @@ print(time.perf_counter() - t)
 """
 
 
-def make(path: str, rows: int) -> None:
+def make(path: str, rows: int, values: int) -> None:
     import numpy as np
     import tables
 
     rng = np.random.default_rng(0)
+    step = max(1, (32 << 20) // (4 * values))  # 32 MiB at a time
     with tables.open_file(path, "w") as f:
-        arr = f.create_earray("/", "data", tables.Float32Atom(), shape=(0, 1024), filters=tables.Filters(3, "zlib"))
-        for start in range(0, rows, 8192):
-            arr.append(rng.standard_normal((min(8192, rows - start), 1024), dtype=np.float32))
+        arr = f.create_earray("/", "data", tables.Float32Atom(), shape=(0, values), filters=tables.Filters(3, "zlib"))
+        for start in range(0, rows, step):
+            arr.append(rng.standard_normal((min(step, rows - start), values), dtype=np.float32))
 
 
 def run_in(root: str, code: str, *argv: str) -> str:
@@ -74,10 +78,14 @@ def main() -> None:
     p.add_argument("--n_procs", type=int, default=2)
     p.add_argument("--engine", default="chunks", help="the engine the readers decode with")
     p.add_argument("--cold", action="store_true", help="evict the file from the page cache before each pass")
+    p.add_argument("--row-values", type=int, default=1024, help="float32 values a row of a file it writes")
     args = p.parse_args()
     if not os.path.exists(args.file):
-        make(args.file, 262_144)
-    nbytes = 262_144 * 1024 * 4
+        make(args.file, (1 << 30) // (4 * args.row_values), args.row_values)
+    import h5py
+
+    with h5py.File(args.file, "r") as f:
+        nbytes = f["/data"].size * f["/data"].dtype.itemsize
     if not args.cold:
         subprocess.run(["cat", args.file], stdout=subprocess.DEVNULL, check=True)  # warm the page cache
     times: dict[tuple[str, str], list[float]] = {}

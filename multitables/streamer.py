@@ -23,8 +23,10 @@ NOTE [lent blocks]
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
-from typing import Any, Iterator
+import sys
+from typing import Any, Generator, Iterator
 
 import numpy as np
 
@@ -73,6 +75,39 @@ def _give_back_unused(lent: "list[tuple[Guard, np.ndarray]]") -> "list[tuple[Gua
         else:
             entry[0].release()
     return kept
+
+
+class _RowIterator(itertools.chain):  # type: ignore[type-arg]
+    """What :meth:`Streamer.get_generator` returns: the rows of its blocks, one ``next`` each, closed as a generator is.
+
+    A row is a step of ``itertools.chain`` over the blocks' row iterators, taken in C: a Python generator resumed
+    for every row cost 1.4x a plain loop over the same rows, which a dataset of short rows pays on every row
+    (BENCHMARKS.md). The blocks come from a generator (:meth:`Streamer._blocks`), resumed once a block.
+    """
+
+    _blocks: "Generator[Iterator[np.ndarray], None, None]"
+    _active: "list[Iterator[np.ndarray]]"
+
+    @classmethod
+    def over(
+        cls, blocks: "Generator[Iterator[np.ndarray], None, None]", active: "list[Iterator[np.ndarray]]"
+    ) -> "_RowIterator":
+        """The rows of ``blocks``; ``active`` holds the row iterator being walked (none between blocks)."""
+        rows = cls.from_iterable(blocks)
+        rows._blocks, rows._active = blocks, active
+        return rows
+
+    def close(self) -> None:
+        """Stop the readers and give the memory back; no row comes after it (rows you hold stay yours, NOTE [lent
+        blocks]). Idempotent, as ``generator.close``."""
+        for rows in self._active:
+            # A chain goes on with the block it holds: end that block's iterator (an ndarray's is a sequence
+            # iterator, which takes a position), so that no row comes after and the ring need not copy the block.
+            move = getattr(rows, "__setstate__", None)
+            if move is not None:
+                move(sys.maxsize - 1)
+                next(rows, None)  # past the end: it lets the block go
+        self._blocks.close()
 
 
 class Streamer:
@@ -264,9 +299,13 @@ class Streamer:
         dropping it) stops them.
         """
         spec = self._spec(path, n_procs, read_ahead, cyclic, block_size, ordered, field, remainder)
-        return self._rows(spec)
+        active: "list[Iterator[np.ndarray]]" = []
+        return _RowIterator.over(self._blocks(spec, active), active)
 
-    def _rows(self, spec: StreamSpec) -> Iterator[np.ndarray]:
+    def _blocks(
+        self, spec: StreamSpec, active: "list[Iterator[np.ndarray]]"
+    ) -> "Generator[Iterator[np.ndarray], None, None]":
+        """An iterator over the rows of each block in turn, also held in ``active`` while the caller walks it."""
         with self._options.open_queue(spec) as queue:
             if queue.n_procs == 0:
                 # Read in this process: the blocks are private already, and the
@@ -276,8 +315,10 @@ class Streamer:
                     with guard as block:
                         rows = block
                     del block
-                    yield from rows
+                    active.append(iter(rows))
                     del rows
+                    yield active[0]
+                    active.clear()
                 return
             # Lend the slots themselves while the caller keeps no more than
             # _LENT_BLOCKS of them, and never all (NOTE [lent blocks]).
@@ -297,8 +338,10 @@ class Streamer:
                         rows = queue.lend(guard)
                         lent.append((guard, rows.base))  # every row's base
                         del guard
-                        yield from rows
+                        active.append(iter(rows))
                         del rows
+                        yield active[0]
+                        active.clear()
                         continue
                     with guard as block:
                         if copies[turn] is None or held_elsewhere(copies, turn) or len(copies[turn]) < len(block):  # type: ignore[arg-type]
@@ -307,15 +350,17 @@ class Streamer:
                         np.copyto(rows, block)
                     del block
                     turn ^= 1
-                    yield from rows
+                    active.append(iter(rows))
                     del rows
+                    yield active[0]
+                    active.clear()
             finally:
                 # Close with every lent slot still lent (given back now, one could be
                 # refilled before the readers stop), having dropped the arrays of
                 # those with no row alive: closing moves only the others to private
                 # memory (NOTE [lent blocks]). Releasing the guards after the close
                 # is a no-op.
-                rows = None  # type: ignore[assignment]
+                active.clear()
                 guards = [entry[0] for entry in lent]
                 lent = [entry for entry in lent if _rows_alive(entry)]
                 queue.close()

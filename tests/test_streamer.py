@@ -452,6 +452,24 @@ def test_rows_kept_past_close_stay_valid_and_the_ring_goes(
     np.testing.assert_array_equal(second, data[1])
 
 
+@pytest.mark.parametrize("n_procs", [0, 2])
+def test_a_generator_closed_mid_block_gives_no_more_rows_and_lets_the_ring_go(
+    make_array, shm_mappings, no_leaks, n_procs: int
+) -> None:
+    # As generator.close(): no row after it, though the rows of the block being walked are still there to hand
+    # out; holding none of them, the caller holds no memory of the stream either.
+    data = np.arange(500 * 3, dtype="<i4").reshape(500, 3)
+    stream = multitables.Streamer(make_array(data, chunkshape=(10, 3)))
+    gen = stream.get_generator("/data", n_procs=n_procs, block_size=20, ordered=True)
+    assert [int(next(gen)[0]) for _ in range(25)] == [3 * i for i in range(25)]  # into the second block
+    gen.close()
+    assert shm_mappings() == []
+    with pytest.raises(StopIteration):
+        next(gen)
+    gen.close()  # again: nothing to do
+    assert list(gen) == []
+
+
 def test_cyclic_generator_wraps(make_array) -> None:
     data = np.arange(30, dtype="<i2")
     stream = multitables.Streamer(make_array(data, chunkshape=(4,)))

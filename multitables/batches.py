@@ -93,7 +93,8 @@ class Batches:
         256 MiB (over all datasets); the whole dataset when it is smaller.
     read_ahead : int, optional
         Slots in each dataset's ring (see :meth:`Streamer.get_queue
-        <multitables.Streamer.get_queue>`).
+        <multitables.Streamer.get_queue>`; the default's slots fit in half of
+        the shared memory free, the blocks never change).
     field : str, optional
         With one path, a table (or compound dataset): batches of this column
         only, one array each, as :meth:`Streamer.get_queue

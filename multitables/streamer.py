@@ -23,6 +23,7 @@ NOTE [lent blocks]
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import os
 import sys
@@ -45,6 +46,7 @@ from ._io.objects.config import make_store
 from ._io.objects.urls import is_url
 from ._plan.readers import DatasetShape, plan_stream, rate_decides
 from ._procs.pool import check_start_method
+from ._shm.segment import shared_memory_free
 
 __all__ = ["Streamer", "Queue", "Guard"]
 
@@ -214,10 +216,13 @@ class Streamer:
             shape, machine = DatasetShape.of(node), options.machine
             if n_procs is None and rate_decides(shape, engine, machine):  # NOTE [read plan]: measured, not assumed
                 shape = dataclasses.replace(shape, decode_rate=options.measure_rate(node, engine))
-            read = plan_stream(
-                shape, engine, machine, n_procs=n_procs, block_size=block_size,
-                read_ahead=read_ahead, cyclic=cyclic, remainder=remainder, path=path,
+            plan = functools.partial(
+                plan_stream, shape, engine, machine, n_procs=n_procs, block_size=block_size, read_ahead=read_ahead,
+                cyclic=cyclic, remainder=remainder, path=path,
             )  # fmt: skip
+            read = plan()
+            if read.n_procs and (block_size is None or read_ahead is None):  # a ring of defaults: fit it (NOTE [read plan])
+                read = plan(shm_free=shared_memory_free())
             engine = options.engine_for_readers(node, engine, read.n_procs, dataset)
         except BaseException:
             close_dataset(dataset)
@@ -252,13 +257,17 @@ class Streamer:
             and at the blocks of a pass (not cyclic); :attr:`Queue.n_procs`
             says how many run.
         read_ahead : int, optional
-            Slots in the ring (blocks in flight). Default ``2 * n_procs + 2``.
+            Slots in the ring (blocks in flight). Default ``2 * n_procs + 2``,
+            fewer (down to ``n_procs + 1``) where the ring would take more than
+            half of the shared memory free.
         cyclic : bool
             Wrap at the end forever; the block spanning the end holds the last
             rows followed by the first ones. Stop with :meth:`Queue.close`.
         block_size : int, optional
             Rows per block. Default: whole chunks near 4 MiB (1 MiB for
-            contiguous datasets), fewer for small datasets.
+            contiguous datasets), fewer for small datasets, and where the
+            fewest slots of such blocks would not fit in half of the shared
+            memory free (a container's: Docker gives 64 MiB).
         ordered : bool
             Deliver blocks in on-disk order (else in the order they finish).
         field : str, optional

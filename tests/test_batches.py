@@ -166,6 +166,29 @@ def test_the_default_plan_does_not_depend_on_the_machine(data_file, monkeypatch:
     assert plans[0]["block_size"] % 50 == 0, "blocks are whole chunks"
 
 
+def test_a_small_shared_memory_fits_the_readers_slots_never_the_blocks_so_the_order_stands(
+    data_file, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The readers' default slots fit into half of the shared memory free (NOTE [read plan]); the blocks, of which
+    # an epoch's order is made, do not change. 256 KiB free: X's default ring (6 slots of 48 KiB) would need 288.
+    from multitables._shm import segment
+
+    stream = multitables.Streamer(data_file(20_000))
+    kw = dict(batch_size=500, seed=5, block_size=2048, window=3)
+    plain = [np.concatenate(epoch_rows(stream.get_batches(["/X", "/y"], n_procs=0, **kw)))]
+    monkeypatch.setattr(segment, "shm_free_bytes", lambda: 256 << 10)
+    monkeypatch.setattr(segment, "cgroup_free_bytes", lambda: None)
+    b = stream.get_batches(["/X", "/y"], n_procs=2, **kw)
+    for epoch in range(2):
+        got = np.concatenate(epoch_rows(b))
+        if epoch == 0:
+            np.testing.assert_array_equal(got, plain[0])
+        assert sorted(got.tolist()) == list(range(20_000))
+    b.close()
+    with pytest.raises(multitables.ShmSpaceError, match="read_ahead or block_size"):
+        epoch_rows(stream.get_batches(["/X", "/y"], n_procs=2, read_ahead=6, **kw))
+
+
 def test_resume_in_a_fresh_streamer_neither_repeats_nor_skips(data_file) -> None:
     path = data_file(2000)
     kwargs = dict(batch_size=64, seed=3, n_procs=2, block_size=128, window=3)

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from multitables._plan.blocks import BlockPlan, RangePlan, ahead
 from multitables._plan.readers import (
-    READERS_PER_CPU, DatasetShape, Machine, cap_readers, default_block_size, default_read_ahead, hint_distance,
-    parallel_pays, plan_batches, plan_stream, rate_decides,
+    READERS_PER_CPU, SHM_SHARE, DatasetShape, Machine, cap_readers, default_block_size, default_read_ahead,
+    hint_distance, parallel_pays, plan_batches, plan_blocks, plan_stream, rate_decides,
 )
 
 sizes = st.integers(1, 500).flatmap(lambda n: st.tuples(st.just(n), st.integers(1, n)))
@@ -188,3 +188,66 @@ def test_ahead_follows_a_range_plan_and_stops_at_its_end() -> None:
     assert [(p.start, p.stop) for p in ahead(plan, 1, 2)] == [(0, 10), (20, 30)]
     assert ahead(plan, 2, 1) == ()
     assert ahead(plan, 0, 0) == ()  # no readers, nothing ahead
+
+
+# -- shared memory: a ring of the defaults fits what is free (NOTE [read plan]) ------------------------------------
+
+
+def ring_bytes(plan: "object", row_nbytes: int) -> int:
+    return plan.read_ahead * plan.block_size * row_nbytes  # type: ignore[attr-defined]
+
+
+@given(
+    n_rows=st.integers(1, 10**7),
+    row_nbytes=st.integers(1, 1 << 20),
+    chunk_rows=st.one_of(st.none(), st.integers(1, 10**4)),
+    n_procs=st.integers(1, 64),
+    free=st.integers(0, 1 << 32),
+)
+def test_a_default_ring_takes_at_most_its_share_of_free_shared_memory_or_the_fewest_slots_of_the_smallest_blocks(
+    n_rows: int, row_nbytes: int, chunk_rows: "int | None", n_procs: int, free: int
+) -> None:
+    shape = DatasetShape(n_rows, row_nbytes, chunk_rows, (1,))
+    machine = Machine(64, "fork")
+    plan = plan_stream(shape, "chunks", machine, n_procs=n_procs, shm_free=free)
+    unfitted = plan_stream(shape, "chunks", machine, n_procs=n_procs)
+    assert plan.n_procs == unfitted.n_procs
+    assert plan.block_size <= unfitted.block_size and plan.read_ahead <= unfitted.read_ahead
+    smallest = min(chunk_rows or 1, n_rows)
+    if ring_bytes(plan, row_nbytes) > SHM_SHARE * free:  # only at the floor: one slot per reader and one, blocks of a chunk
+        assert plan.read_ahead == plan.n_procs + 1 and plan.block_size == smallest
+    if chunk_rows and plan.block_size < n_rows:
+        assert plan.block_size % chunk_rows == 0  # whole chunks still
+    if ring_bytes(unfitted, row_nbytes) <= SHM_SHARE * free:
+        assert plan == unfitted  # room enough: the plan of old
+
+
+def test_what_the_caller_gives_is_kept_and_the_rest_fitted_around_it() -> None:
+    shape = DatasetShape(1 << 20, 4096, 64, (1,))  # 4 GiB of 4 KiB rows in 256 KiB chunks
+    machine = Machine(8, "fork")
+    free = 64 << 20  # Docker's default /dev/shm
+    default = plan_stream(shape, "chunks", machine)
+    assert (default.n_procs, default.read_ahead, default.block_size * 4096) == (8, 18, 4 << 20)  # 72 MiB: too much
+    fitted = plan_stream(shape, "chunks", machine, shm_free=free)
+    assert fitted.n_procs == 8 and ring_bytes(fitted, 4096) <= free // 2
+    # Blocks of whole chunks for the fewest slots (32 MiB / 9: 14 chunks), then as many slots as they leave room for.
+    assert (fitted.read_ahead, fitted.block_size) == (9, 14 * 64)
+    slots = plan_stream(shape, "chunks", machine, block_size=1024, shm_free=free)
+    assert (slots.block_size, slots.read_ahead) == (1024, 9)  # the blocks asked for; slots as few as allowed
+    blocks = plan_stream(shape, "chunks", machine, read_ahead=16, shm_free=free)
+    assert (blocks.read_ahead, blocks.block_size) == (16, 8 * 64)  # the slots asked for; blocks to fit them (2 MiB)
+    assert plan_stream(shape, "chunks", machine, read_ahead=4, shm_free=free).block_size == 1024  # room: 4 MiB blocks
+    assert plan_stream(shape, "chunks", machine, read_ahead=18, block_size=1024, shm_free=free) == default
+    sixteen = plan_stream(shape, "chunks", Machine(16, "fork"), shm_free=free)  # 136 MiB by default
+    assert (sixteen.n_procs, sixteen.read_ahead, sixteen.block_size) == (16, 18, 7 * 64)  # 31.5 MiB: 18 of 1.75
+
+
+def test_training_blocks_are_never_fitted_only_their_slots() -> None:
+    # An epoch's order is made of its blocks (NOTE [epoch plan]): only the read-ahead gives way.
+    blocks = BlockPlan(1 << 16, 1024)
+    machine = Machine(8, "fork")
+    fitted = plan_blocks(blocks, machine, n_procs=8, slot_bytes=4 << 20, shm_free=64 << 20)
+    assert fitted.blocks is blocks and fitted.read_ahead == 9
+    assert plan_blocks(blocks, machine, n_procs=8, slot_bytes=4 << 20, shm_free=1 << 30).read_ahead == default_read_ahead(8)
+    assert plan_blocks(blocks, machine, n_procs=8, read_ahead=30, slot_bytes=4 << 20, shm_free=64 << 20).read_ahead == 30
+    assert plan_blocks(blocks, machine, n_procs=0, slot_bytes=4 << 20, shm_free=0).read_ahead == default_read_ahead(0)

@@ -470,6 +470,31 @@ def test_a_generator_closed_mid_block_gives_no_more_rows_and_lets_the_ring_go(
     assert list(gen) == []
 
 
+def test_the_default_ring_fits_a_small_shared_memory_and_every_row_comes(
+    make_array, monkeypatch: pytest.MonkeyPatch, no_leaks
+) -> None:
+    # A container's /dev/shm (Docker's default: 64 MiB) is smaller than the default ring of many readers. Here
+    # 8 MiB are free: the default ring of two readers (6 slots of 2 MiB blocks) would need 12; the defaults fit
+    # into half of what is free (NOTE [read plan]), and a ring asked for whole is still refused up front.
+    from multitables._shm import segment
+
+    monkeypatch.setattr(segment, "shm_free_bytes", lambda: 8 << 20)
+    monkeypatch.setattr(segment, "cgroup_free_bytes", lambda: None)
+    data = np.arange(4096 * 1024, dtype="<f4").reshape(4096, 1024)  # 16 MiB of 4 KiB rows in 256 KiB chunks
+    stream = multitables.Streamer(make_array(data, chunkshape=(64, 1024)))
+    with stream.get_queue("/data", n_procs=2, ordered=True, remainder=True) as queue:
+        assert (queue.read_ahead, queue.block_size) == (3, 5 * 64)  # 3 slots of 1.25 MiB: within 4 MiB
+        got = []
+        for guard in queue.iter():
+            with guard as block:
+                got.append(block.copy())
+    np.testing.assert_array_equal(np.concatenate(got), data)
+    rows = stream.get_generator("/data", n_procs=2, ordered=True, block_size=512)
+    np.testing.assert_array_equal(np.array(list(rows)), data)  # the blocks asked for, in as few slots as allowed
+    with pytest.raises(multitables.ShmSpaceError, match="read_ahead or block_size"):
+        stream.get_queue("/data", n_procs=2, read_ahead=6, block_size=512)
+
+
 def test_cyclic_generator_wraps(make_array) -> None:
     data = np.arange(30, dtype="<i2")
     stream = multitables.Streamer(make_array(data, chunkshape=(4,)))

@@ -39,6 +39,17 @@ NOTE [read plan]
       (:func:`hint_distance`);
     * read-ahead: ``2 * readers + 2`` slots (one being filled per reader, as
       many ready, the consumer's), 4 buffers when read in the consumer;
+    * shared memory: a ring the defaults make takes at most
+      :data:`SHM_SHARE` of the shared memory free when its readers start
+      (``shm_free``: /dev/shm's, or a memory cgroup's where less): fewer
+      slots, down to one per reader and the consumer's, and a stream's
+      default blocks smaller (whole chunks) where even those would not fit.
+      A container's /dev/shm is small (Docker's default: 64 MiB, where 8
+      readers' default ring of 4 MiB blocks needs 72), and others use it
+      too (another stream, DataLoader workers, NCCL). What the caller gives
+      is taken as given; a ring that still does not fit is refused before
+      any reader starts (``ShmSpaceError``). Training's blocks never shrink:
+      an epoch's order is made of them;
     * an object (a URL, ``DatasetShape.remote``): each read waits a round
       trip (tens of ms) and a reader cannot fetch ahead for blocks another
       reader may claim, so blocks are larger (:data:`REMOTE_BLOCK_BYTES`: a
@@ -103,6 +114,9 @@ REMOTE_READERS_PER_CPU = 2
 #: Fewest default readers for an object (capped at ``READERS_PER_CPU`` per CPU): the blocks in flight a distant link
 #: needs do not depend on the CPUs (NOTE [read plan]).
 REMOTE_MIN_READERS = 8
+#: The share of the shared memory free at a stream's start that a ring of the defaults takes at most (NOTE [read
+#: plan]): the rest is left to others, and to the next ring.
+SHM_SHARE = 0.5
 #: Most readers per usable CPU: more only take turns on the same cores (each
 #: with its own ring slots and open file), while a few per CPU still help
 #: where reads wait on storage rather than decode.
@@ -181,23 +195,30 @@ def cap_readers(n_procs: int, n_blocks: "int | None", cpus: int) -> int:
     return min(n_procs, cap if n_blocks is None else min(cap, n_blocks))
 
 
-def default_block_size(n_rows: int, row_nbytes: int, chunk_rows: "int | None", n_procs: int, remote: bool = False) -> int:
+def default_block_size(
+    n_rows: int, row_nbytes: int, chunk_rows: "int | None", n_procs: int, remote: bool = False,
+    most_bytes: "int | None" = None,
+) -> int:
     """Rows per block: whole chunks near :data:`TARGET_BLOCK_BYTES` (:data:`REMOTE_BLOCK_BYTES` for an object),
     smaller for small datasets.
 
     ``n_procs=0`` (reading in the consumer) keeps blocks large: there are no
-    readers to share the blocks between.
+    readers to share the blocks between. ``most_bytes``: a block's bytes at
+    most (whole chunks: one chunk at least).
     """
     row_nbytes = max(row_nbytes, 1)
+    target = REMOTE_BLOCK_BYTES if remote else TARGET_BLOCK_BYTES if chunk_rows else CONTIGUOUS_BLOCK_BYTES
+    if most_bytes is not None:
+        target = min(target, most_bytes)
     if chunk_rows:
-        chunks = max(1, (REMOTE_BLOCK_BYTES if remote else TARGET_BLOCK_BYTES) // (chunk_rows * row_nbytes))
+        chunks = max(1, target // (chunk_rows * row_nbytes))
         if n_procs:
             # Enough blocks that every reader gets several, but never less than one chunk.
             per_reader = n_rows // (chunk_rows * n_procs * MIN_BLOCKS_PER_READER)
             chunks = max(1, min(chunks, per_reader))
         size = chunks * chunk_rows
     else:
-        size = max(1, (REMOTE_BLOCK_BYTES if remote else CONTIGUOUS_BLOCK_BYTES) // row_nbytes)
+        size = max(1, target // row_nbytes)
         if n_procs:
             size = max(1, min(size, n_rows // (n_procs * MIN_BLOCKS_PER_READER)))
     return max(1, min(size, n_rows))
@@ -305,20 +326,27 @@ def plan_stream(
     cyclic: bool = False,
     remainder: bool = False,
     path: str = "",
+    shm_free: "int | None" = None,
 ) -> ReadPlan:
     """How a stream reads ``shape`` (NOTE [read plan]); arguments as ``Streamer.get_queue``'s, already type-checked.
 
-    ``ValueError`` for a ``block_size`` larger than the dataset (``path`` names it).
+    ``shm_free``: the shared memory free for its ring (bytes; None: not
+    known, or no readers). ``ValueError`` for a ``block_size`` larger than
+    the dataset (``path`` names it).
     """
     if n_procs is None:
         n_procs = default_readers(shape, engine, machine)
     n_procs = cap_readers(n_procs, None, machine.cpus)  # first: the default block size depends on it
     if block_size is None:
-        block_size = default_block_size(shape.n_rows, shape.row_nbytes, shape.chunk_rows, n_procs, shape.remote)
+        most = None
+        if n_procs and shm_free is not None:  # room for the slots asked, or the fewest the defaults allow
+            most = int(SHM_SHARE * shm_free) // (read_ahead or _fewest_slots(n_procs))
+        block_size = default_block_size(shape.n_rows, shape.row_nbytes, shape.chunk_rows, n_procs, shape.remote, most)
     elif block_size > shape.n_rows:
         raise ValueError(f"block_size={block_size} is larger than {path!r}, which has {shape.n_rows} rows")
     blocks = BlockPlan(shape.n_rows, block_size, cyclic=cyclic, remainder=remainder)
-    return plan_blocks(blocks, machine, n_procs=n_procs, read_ahead=read_ahead, remote=shape.remote)
+    return plan_blocks(blocks, machine, n_procs=n_procs, read_ahead=read_ahead, remote=shape.remote,
+                       slot_bytes=block_size * shape.row_nbytes, shm_free=shm_free)
 
 
 def plan_blocks(
@@ -330,16 +358,30 @@ def plan_blocks(
     table: int = 0,
     most_blocks: "int | None" = None,
     remote: bool = False,
+    slot_bytes: int = 0,
+    shm_free: "int | None" = None,
 ) -> ReadPlan:
     """How given blocks are read: ``n_procs`` readers, capped (NOTE [read plan]); the default read-ahead.
 
     ``table``: for a :class:`GrowingPlan`, the entries of the readers' block
     table; ``most_blocks``: the most blocks it will ever hold unread at once
     (caps the readers, as a fixed plan's blocks do); ``remote``: the blocks are
-    an object's.
+    an object's; ``slot_bytes``: a block's bytes as delivered, and
+    ``shm_free``: the shared memory free for the ring (None: not known), which
+    the default read-ahead fits into.
     """
     n_procs = cap_readers(n_procs, blocks.n_blocks if most_blocks is None else most_blocks, machine.cpus)
-    return ReadPlan(blocks, n_procs, default_read_ahead(n_procs, remote) if read_ahead is None else read_ahead, table)
+    if read_ahead is None:
+        read_ahead = default_read_ahead(n_procs, remote)
+        if n_procs and slot_bytes and shm_free is not None:
+            fits = int(SHM_SHARE * shm_free) // slot_bytes
+            read_ahead = max(_fewest_slots(n_procs), min(read_ahead, fits))
+    return ReadPlan(blocks, n_procs, read_ahead, table)
+
+
+def _fewest_slots(n_procs: int) -> int:
+    """The fewest slots a default ring gets where shared memory is short: one per reader, and the consumer's."""
+    return n_procs + 1
 
 
 @dataclass(frozen=True)

@@ -164,6 +164,13 @@ def shm_free_bytes() -> "int | None":
     return st.f_bavail * st.f_frsize
 
 
+def shared_memory_free() -> "int | None":
+    """Bytes of shared memory a new segment can take: /dev/shm's free space, or this process's memory cgroup's where
+    less (what :func:`check_space` checks); None where neither can be told."""
+    free = [n for n in (shm_free_bytes(), (cgroup_free_bytes() or (None,))[0]) if n is not None]
+    return min(free) if free else None
+
+
 #: What the caller can make smaller, by what needs the memory (the ``what`` of :func:`check_space`).
 _SMALLER = {
     "The ring": "a smaller read_ahead or block_size",

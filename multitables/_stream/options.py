@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .._io.blockread import Transform
+from .._io.blockread import Transform, delivered
 from .._io.engines import open_source, readers_may_change, resolve_engine
 from .._io.fileset import inspect_files, open_files
 from .._io.node import NodeInfo
@@ -16,6 +16,7 @@ from .._io.objects.config import Store
 from .._plan.blocks import GrowingPlan, RangePlan
 from .._plan.readers import DatasetShape, Machine, plan_blocks
 from .._procs.stream import StreamSpec
+from .._shm.segment import shared_memory_free
 from .queue import Queue
 
 
@@ -137,6 +138,10 @@ class StreamOptions:
         """
         if blocks.stops and max(blocks.stops) > node.n_rows:
             raise ValueError(f"the plan reads up to row {max(blocks.stops)} but {node.path!r} has {node.n_rows} rows")
-        read = plan_blocks(blocks, self.machine, n_procs=n_procs, read_ahead=read_ahead, table=table,
-                           most_blocks=most_blocks, remote=DatasetShape.of(node).remote)
+        dtype, row_shape = delivered(node, transform)
+        read = plan_blocks(
+            blocks, self.machine, n_procs=n_procs, read_ahead=read_ahead, table=table, most_blocks=most_blocks,
+            remote=DatasetShape.of(node).remote, slot_bytes=blocks.block_size * dtype.itemsize * int(np.prod(row_shape)),
+            shm_free=shared_memory_free() if n_procs and read_ahead is None else None,
+        )
         return self.open_queue(StreamSpec(node, engine, read, True, self.cache, transform))

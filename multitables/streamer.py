@@ -46,7 +46,7 @@ from ._io.objects.config import make_store
 from ._io.objects.urls import is_url
 from ._plan.readers import DatasetShape, plan_stream, rate_decides
 from ._procs.pool import check_start_method
-from ._shm.segment import shared_memory_free
+from ._shm.space import shared_memory_free
 
 __all__ = ["Streamer", "Queue", "Guard"]
 

@@ -171,13 +171,13 @@ def test_a_small_shared_memory_fits_the_readers_slots_never_the_blocks_so_the_or
 ) -> None:
     # The readers' default slots fit into half of the shared memory free (NOTE [read plan]); the blocks, of which
     # an epoch's order is made, do not change. 256 KiB free: X's default ring (6 slots of 48 KiB) would need 288.
-    from multitables._shm import segment
+    from multitables._shm import space
 
     stream = multitables.Streamer(data_file(20_000))
     kw = dict(batch_size=500, seed=5, block_size=2048, window=3)
     plain = [np.concatenate(epoch_rows(stream.get_batches(["/X", "/y"], n_procs=0, **kw)))]
-    monkeypatch.setattr(segment, "shm_free_bytes", lambda: 256 << 10)
-    monkeypatch.setattr(segment, "cgroup_free_bytes", lambda: None)
+    monkeypatch.setattr(space, "shm_free_bytes", lambda: 256 << 10)
+    monkeypatch.setattr(space, "cgroup_free_bytes", lambda: None)
     b = stream.get_batches(["/X", "/y"], n_procs=2, **kw)
     for epoch in range(2):
         got = np.concatenate(epoch_rows(b))

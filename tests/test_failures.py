@@ -823,7 +823,7 @@ def _assert_space_error(err: ShmSpaceError) -> None:
 def test_ring_larger_than_free_shm_fails_before_any_process(
     no_leaks: None, h5file: Path, monkeypatch: pytest.MonkeyPatch, process_starts: list[Any]
 ) -> None:
-    from multitables._shm import segment as _shm
+    from multitables._shm import space as _shm
 
     monkeypatch.setattr(_shm, "shm_free_bytes", lambda: 1 << 20)
     segments = own_segments()
@@ -842,7 +842,7 @@ def test_ring_larger_than_free_shm_fails_before_any_process(
 def test_a_ring_a_page_too_large_says_exactly_how_much_is_missing(
     no_leaks: None, h5file: Path, monkeypatch: pytest.MonkeyPatch, process_starts: list[Any]
 ) -> None:
-    from multitables._shm import segment as _shm
+    from multitables._shm import space as _shm
     from multitables._shm.layout import RingLayout
 
     need = RingLayout(4, CHUNK, (ROW,), np.dtype("<f4")).nbytes

@@ -558,7 +558,7 @@ def test_spawn(h5file: tuple, no_leaks: None) -> None:
 def test_a_stage_too_large_for_shm_gets_advice_that_fits_a_stage(
     h5file: tuple, no_leaks: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from multitables._shm import segment as _shm
+    from multitables._shm import space as _shm
 
     path, contents = h5file
     with Reader(path, n_procs=1) as reader:

@@ -124,7 +124,7 @@ def test_a_name_left_by_a_creator_killed_mid_creation_is_removed_at_the_next_cre
 def test_the_sweep_leaves_young_names_live_creators_and_other_names_alone(tmp_path: Path, monkeypatch) -> None:
     import multitables._shm.segment as shm
 
-    monkeypatch.setattr(shm, "_SHM_DIR", str(tmp_path))
+    monkeypatch.setattr(shm, "SHM_DIR", str(tmp_path))
     monkeypatch.setattr(shm, "unlink_orphan", lambda name: (tmp_path / name).unlink())
     dead = 2**22 + 12345  # above the default pid_max: no such process
     old = time.time() - shm.ORPHAN_AGE - 1
@@ -146,7 +146,7 @@ def test_a_ring_past_the_containers_memory_limit_is_a_space_error_not_an_oom_kil
 ) -> None:
     """Shared memory counts against the memory cgroup; past its limit the kernel kills instead of failing."""
     import multitables
-    import multitables._shm.segment as shm
+    import multitables._shm.space as shm
 
     mib = 1 << 20
     if version == "v1":

@@ -476,10 +476,10 @@ def test_the_default_ring_fits_a_small_shared_memory_and_every_row_comes(
     # A container's /dev/shm (Docker's default: 64 MiB) is smaller than the default ring of many readers. Here
     # 8 MiB are free: the default ring of two readers (6 slots of 2 MiB blocks) would need 12; the defaults fit
     # into half of what is free (NOTE [read plan]), and a ring asked for whole is still refused up front.
-    from multitables._shm import segment
+    from multitables._shm import space
 
-    monkeypatch.setattr(segment, "shm_free_bytes", lambda: 8 << 20)
-    monkeypatch.setattr(segment, "cgroup_free_bytes", lambda: None)
+    monkeypatch.setattr(space, "shm_free_bytes", lambda: 8 << 20)
+    monkeypatch.setattr(space, "cgroup_free_bytes", lambda: None)
     data = np.arange(4096 * 1024, dtype="<f4").reshape(4096, 1024)  # 16 MiB of 4 KiB rows in 256 KiB chunks
     stream = multitables.Streamer(make_array(data, chunkshape=(64, 1024)))
     with stream.get_queue("/data", n_procs=2, ordered=True, remainder=True) as queue:

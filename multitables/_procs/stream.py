@@ -45,7 +45,7 @@ from .._plan.blocks import BlockPlan, GrowingPlan, RangePlan
 from .._plan.readers import ReadPlan, available_cpus
 from .._shm.layout import RingLayout, RingSync
 from .._shm.ring import WAIT, PeerGone, Ring, TablePlan
-from .._shm.segment import check_space
+from .._shm.space import check_space
 from ..errors import ReaderError, StreamClosedError
 from .pool import REPORT_TIMEOUT, ReaderPool
 from .process import PARENT_CHECK_INTERVAL, ReaderProcess

@@ -27,8 +27,8 @@ NOTE [segment lifetime]
 
     The space is checked against statvfs, and against the memory cgroup's
     limit (shared memory is charged to it, and past it the OOM killer ends
-    a process instead of any error), before anything is created, and the
-    pages are reserved with posix_fallocate when the segment is created, so a
+    a process instead of any error), before anything is created
+    (``space.check_space``), and the pages are reserved with posix_fallocate when the segment is created, so a
     /dev/shm that is too small fails here with a clear error rather than with
     a SIGBUS on first touch, later, in some process; one out of inodes
     (creating the name fails with ENOSPC) gets the same error, saying so. (A
@@ -50,11 +50,10 @@ import weakref
 from typing import Sequence
 
 from .._sys.signals import sigint_deferred
-from ..errors import ShmSpaceError
+from .space import SHM_DIR, check_space, inode_error, shm_free_bytes, space_error
 
 #: Every segment this library creates has a name starting with this.
 SHM_PREFIX = "multitables_"
-_SHM_DIR = "/dev/shm"
 
 try:  # CPython's own binding of shm_open/shm_unlink, used by multiprocessing.shared_memory
     import _posixshmem
@@ -155,158 +154,6 @@ def _move_to_private(buf: mmap.mmap, nbytes: int, keep: Sequence[tuple[int, int]
         _libc.munmap(new, nbytes)
 
 
-def shm_free_bytes() -> "int | None":
-    """Bytes free in /dev/shm, or None where it cannot be told."""
-    try:
-        st = os.statvfs(_SHM_DIR)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
-
-
-def shared_memory_free() -> "int | None":
-    """Bytes of shared memory a new segment can take: /dev/shm's free space, or this process's memory cgroup's where
-    less (what :func:`check_space` checks); None where neither can be told."""
-    free = [n for n in (shm_free_bytes(), (cgroup_free_bytes() or (None,))[0]) if n is not None]
-    return min(free) if free else None
-
-
-#: What the caller can make smaller, by what needs the memory (the ``what`` of :func:`check_space`).
-_SMALLER = {
-    "The ring": "a smaller read_ahead or block_size",
-    "The stage": "a smaller stage or fewer stages",
-    "The request inboxes": "fewer readers (n_procs)",
-}
-
-
-def _amount(nbytes: int) -> str:
-    return f"{nbytes / (1 << 20):.1f} MiB ({nbytes:,} bytes)"  # the bytes: rounding could hide a few pages short
-
-
-def _space_error(nbytes: int, free: "int | None", what: str) -> ShmSpaceError:
-    short = ""
-    if free is not None:  # enough free yet short: posix_fallocate failed, something took it meanwhile
-        short = f": {nbytes - free:,} bytes short" if free < nbytes else ", yet it could not be reserved"
-    smaller = _SMALLER.get(what)
-    return ShmSpaceError(
-        f"{what} needs {_amount(nbytes)} of shared memory but {_SHM_DIR} has "
-        f"{'an unknown amount' if free is None else _amount(free)} free{short}. "
-        f"{f'Use {smaller}, or give' if smaller else 'Give'} the machine or container more shared "
-        f"memory (for Docker: --shm-size)."
-    )
-
-
-def _inode_error(what: str) -> ShmSpaceError:
-    try:
-        st = os.statvfs(_SHM_DIR)
-        counts = f" ({st.f_favail:,} of {st.f_files:,} free)"
-    except OSError:
-        counts = ""
-    return ShmSpaceError(
-        f"{what} cannot be created: {_SHM_DIR} has no inode left for a new file{counts}, whatever space it has. "
-        f"Remove files no longer needed from {_SHM_DIR}, or mount it with more inodes (tmpfs option nr_inodes)."
-    )
-
-
-#: Where this process's control groups are described and mounted (tests point these elsewhere).
-_PROC_SELF_CGROUP = "/proc/self/cgroup"
-_CGROUP_ROOT = "/sys/fs/cgroup"
-#: A memory limit at or above this is "no limit" (cgroup v1 writes 2**63 rounded down to a page).
-_NO_LIMIT = 1 << 62
-
-
-def _read_int(path: str) -> "int | None":
-    try:
-        with open(path) as f:
-            text = f.read().strip()
-    except OSError:
-        return None
-    return None if text == "max" else int(text)
-
-
-def _reclaimable(directory: str) -> int:
-    """Page cache of files in a memory cgroup (shared memory is not part of it): the kernel frees it for us."""
-    stat: dict[str, int] = {}
-    try:
-        with open(os.path.join(directory, "memory.stat")) as f:
-            for line in f:
-                key, _, value = line.partition(" ")
-                stat[key] = int(value)
-    except (OSError, ValueError):
-        return 0
-    # v1 counts the subtree under total_* (as its usage does); v2 has only the plain names, for the subtree.
-    prefix = "total_" if "total_active_file" in stat else ""
-    return stat.get(prefix + "active_file", 0) + stat.get(prefix + "inactive_file", 0)
-
-
-def _cgroup_dirs() -> "list[tuple[str, str, str]]":
-    """``(directory, limit file, usage file)`` of this process's memory cgroup and its ancestors, leaf first."""
-    try:
-        with open(_PROC_SELF_CGROUP) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
-    for line in lines:  # v1: "N:memory:/path" (a hybrid machine may have both; the memory controller is v1 then)
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            mount = os.path.join(_CGROUP_ROOT, "memory")
-            return _ancestors(mount, path, "memory.limit_in_bytes", "memory.usage_in_bytes")
-    for line in lines:  # v2: "0::/path"
-        if line.startswith("0::"):
-            return _ancestors(_CGROUP_ROOT, line[3:], "memory.max", "memory.current")
-    return []
-
-
-def _ancestors(mount: str, path: str, limit: str, usage: str) -> "list[tuple[str, str, str]]":
-    # Inside a container the path may be the host's: then the mount itself is this process's cgroup.
-    parts = [p for p in path.split("/") if p]
-    while parts and not os.path.isdir(os.path.join(mount, *parts)):
-        parts.pop(0)
-    dirs = [os.path.join(mount, *parts[:i]) for i in range(len(parts), -1, -1)]
-    return [(d, limit, usage) for d in dirs if os.path.exists(os.path.join(d, limit))]
-
-
-def cgroup_free_bytes() -> "tuple[int, int, int] | None":
-    """``(free, limit, used)`` of the tightest memory cgroup this process is in, or None where none limits it.
-
-    Shared memory is charged to the cgroup of the process that touches it;
-    past the limit the kernel's OOM killer ends a process instead of any
-    error. ``used`` leaves out the file cache the kernel would reclaim.
-    """
-    tightest = None
-    for directory, limit_file, usage_file in _cgroup_dirs():
-        limit = _read_int(os.path.join(directory, limit_file))
-        used = _read_int(os.path.join(directory, usage_file))
-        if limit is None or used is None or limit >= _NO_LIMIT:
-            continue
-        used = max(0, used - _reclaimable(directory))
-        free = max(0, limit - used)
-        if tightest is None or free < tightest[0]:
-            tightest = (free, limit, used)
-    return tightest
-
-
-def check_space(nbytes: int, what: str = "The ring") -> None:
-    """Raise :class:`ShmSpaceError` now if ``nbytes`` cannot fit in /dev/shm's free space or this process's memory cgroup."""
-    free = shm_free_bytes()
-    if free is not None and nbytes > free:
-        raise _space_error(nbytes, free, what)
-    cgroup = cgroup_free_bytes()
-    if cgroup is not None and nbytes > cgroup[0]:
-        raise _cgroup_error(nbytes, cgroup, what)
-
-
-def _cgroup_error(nbytes: int, cgroup: tuple[int, int, int], what: str) -> ShmSpaceError:
-    free, limit, used = cgroup
-    smaller = _SMALLER.get(what)
-    return ShmSpaceError(
-        f"{what} needs {_amount(nbytes)} of shared memory, which counts against this process's memory cgroup "
-        f"(a container's memory limit): its limit is {_amount(limit)}, {_amount(used)} in use, so "
-        f"{_amount(free)} free: {nbytes - free:,} bytes short (past the limit the kernel kills a process rather "
-        f"than fail). {f'Use {smaller}, or raise' if smaller else 'Raise'} the container's memory limit."
-    )
-
-
 def _reserve(fd: int, nbytes: int, what: str) -> None:
     """Give the segment its size with every page reserved, so touching it can never SIGBUS."""
     try:
@@ -315,7 +162,7 @@ def _reserve(fd: int, nbytes: int, what: str) -> None:
         if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
             os.ftruncate(fd, nbytes)  # a filesystem that cannot reserve: size it, as shared_memory does
             return
-        raise _space_error(nbytes, shm_free_bytes(), what) from exc
+        raise space_error(nbytes, shm_free_bytes(), what) from exc
 
 
 class Segment:
@@ -366,7 +213,7 @@ class Segment:
                     continue
                 except OSError as exc:
                     if exc.errno == errno.ENOSPC:  # creating a file on tmpfs: out of inodes
-                        raise _inode_error(what) from exc
+                        raise inode_error(what) from exc
                     raise
                 break
             else:  # pragma: no cover - 16 collisions of 64 random bits
@@ -408,7 +255,7 @@ class Segment:
             _madvise(self.buf, _MADV_POPULATE_WRITE, offset, nbytes)
         except OSError as exc:
             if exc.errno in (errno.EFAULT, errno.ENOMEM):  # the tmpfs is full (SIGBUS), or the memory cgroup
-                raise _space_error(self.nbytes, shm_free_bytes(), what) from exc
+                raise space_error(self.nbytes, shm_free_bytes(), what) from exc
             if exc.errno != errno.EINVAL:
                 raise
 
@@ -466,7 +313,7 @@ def sweep_orphans(age: "float | None" = None) -> list[str]:
     """
     age = ORPHAN_AGE if age is None else age
     try:
-        names = os.listdir(_SHM_DIR)
+        names = os.listdir(SHM_DIR)
     except OSError:
         return []
     removed = []
@@ -478,7 +325,7 @@ def sweep_orphans(age: "float | None" = None) -> list[str]:
         if not pid_text.isdigit() or _creator_alive(int(pid_text)):
             continue
         try:
-            st = os.stat(os.path.join(_SHM_DIR, name))
+            st = os.stat(os.path.join(SHM_DIR, name))
         except OSError:
             continue
         if st.st_uid != uid or now - st.st_mtime < age:

@@ -16,7 +16,7 @@ from .._io.objects.config import Store
 from .._plan.blocks import GrowingPlan, RangePlan
 from .._plan.readers import DatasetShape, Machine, plan_blocks
 from .._procs.stream import StreamSpec
-from .._shm.segment import shared_memory_free
+from .._shm.space import shared_memory_free
 from .queue import Queue
 
 

@@ -1,0 +1,170 @@
+"""What fits in shared memory: /dev/shm's free space and the memory cgroup's, checked before a segment is made.
+
+The free space of /dev/shm (statvfs) and the tightest memory limit of this
+process's cgroup and its ancestors (shared memory is charged to it, and past
+it the OOM killer ends a process instead of any error) are compared with what
+a segment needs before anything is created (:func:`check_space`), and read by
+the plan so that the defaults fit (:func:`shared_memory_free`; NOTE [read
+plan] in ``_plan.readers``). NOTE [segment lifetime] in ``segment`` says how
+the pages are then reserved.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import ShmSpaceError
+
+SHM_DIR = "/dev/shm"
+
+
+def shm_free_bytes() -> "int | None":
+    """Bytes free in /dev/shm, or None where it cannot be told."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def shared_memory_free() -> "int | None":
+    """Bytes of shared memory a new segment can take: /dev/shm's free space, or this process's memory cgroup's where
+    less (what :func:`check_space` checks); None where neither can be told."""
+    free = [n for n in (shm_free_bytes(), (cgroup_free_bytes() or (None,))[0]) if n is not None]
+    return min(free) if free else None
+
+
+#: What the caller can make smaller, by what needs the memory (the ``what`` of :func:`check_space`).
+_SMALLER = {
+    "The ring": "a smaller read_ahead or block_size",
+    "The stage": "a smaller stage or fewer stages",
+    "The request inboxes": "fewer readers (n_procs)",
+}
+
+
+def _amount(nbytes: int) -> str:
+    return f"{nbytes / (1 << 20):.1f} MiB ({nbytes:,} bytes)"  # the bytes: rounding could hide a few pages short
+
+
+def space_error(nbytes: int, free: "int | None", what: str) -> ShmSpaceError:
+    short = ""
+    if free is not None:  # enough free yet short: posix_fallocate failed, something took it meanwhile
+        short = f": {nbytes - free:,} bytes short" if free < nbytes else ", yet it could not be reserved"
+    smaller = _SMALLER.get(what)
+    return ShmSpaceError(
+        f"{what} needs {_amount(nbytes)} of shared memory but {SHM_DIR} has "
+        f"{'an unknown amount' if free is None else _amount(free)} free{short}. "
+        f"{f'Use {smaller}, or give' if smaller else 'Give'} the machine or container more shared "
+        f"memory (for Docker: --shm-size)."
+    )
+
+
+def inode_error(what: str) -> ShmSpaceError:
+    try:
+        st = os.statvfs(SHM_DIR)
+        counts = f" ({st.f_favail:,} of {st.f_files:,} free)"
+    except OSError:
+        counts = ""
+    return ShmSpaceError(
+        f"{what} cannot be created: {SHM_DIR} has no inode left for a new file{counts}, whatever space it has. "
+        f"Remove files no longer needed from {SHM_DIR}, or mount it with more inodes (tmpfs option nr_inodes)."
+    )
+
+
+#: Where this process's control groups are described and mounted (tests point these elsewhere).
+_PROC_SELF_CGROUP = "/proc/self/cgroup"
+_CGROUP_ROOT = "/sys/fs/cgroup"
+#: A memory limit at or above this is "no limit" (cgroup v1 writes 2**63 rounded down to a page).
+_NO_LIMIT = 1 << 62
+
+
+def _read_int(path: str) -> "int | None":
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return None if text == "max" else int(text)
+
+
+def _reclaimable(directory: str) -> int:
+    """Page cache of files in a memory cgroup (shared memory is not part of it): the kernel frees it for us."""
+    stat: dict[str, int] = {}
+    try:
+        with open(os.path.join(directory, "memory.stat")) as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                stat[key] = int(value)
+    except (OSError, ValueError):
+        return 0
+    # v1 counts the subtree under total_* (as its usage does); v2 has only the plain names, for the subtree.
+    prefix = "total_" if "total_active_file" in stat else ""
+    return stat.get(prefix + "active_file", 0) + stat.get(prefix + "inactive_file", 0)
+
+
+def _cgroup_dirs() -> "list[tuple[str, str, str]]":
+    """``(directory, limit file, usage file)`` of this process's memory cgroup and its ancestors, leaf first."""
+    try:
+        with open(_PROC_SELF_CGROUP) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    for line in lines:  # v1: "N:memory:/path" (a hybrid machine may have both; the memory controller is v1 then)
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            mount = os.path.join(_CGROUP_ROOT, "memory")
+            return _ancestors(mount, path, "memory.limit_in_bytes", "memory.usage_in_bytes")
+    for line in lines:  # v2: "0::/path"
+        if line.startswith("0::"):
+            return _ancestors(_CGROUP_ROOT, line[3:], "memory.max", "memory.current")
+    return []
+
+
+def _ancestors(mount: str, path: str, limit: str, usage: str) -> "list[tuple[str, str, str]]":
+    # Inside a container the path may be the host's: then the mount itself is this process's cgroup.
+    parts = [p for p in path.split("/") if p]
+    while parts and not os.path.isdir(os.path.join(mount, *parts)):
+        parts.pop(0)
+    dirs = [os.path.join(mount, *parts[:i]) for i in range(len(parts), -1, -1)]
+    return [(d, limit, usage) for d in dirs if os.path.exists(os.path.join(d, limit))]
+
+
+def cgroup_free_bytes() -> "tuple[int, int, int] | None":
+    """``(free, limit, used)`` of the tightest memory cgroup this process is in, or None where none limits it.
+
+    Shared memory is charged to the cgroup of the process that touches it;
+    past the limit the kernel's OOM killer ends a process instead of any
+    error. ``used`` leaves out the file cache the kernel would reclaim.
+    """
+    tightest = None
+    for directory, limit_file, usage_file in _cgroup_dirs():
+        limit = _read_int(os.path.join(directory, limit_file))
+        used = _read_int(os.path.join(directory, usage_file))
+        if limit is None or used is None or limit >= _NO_LIMIT:
+            continue
+        used = max(0, used - _reclaimable(directory))
+        free = max(0, limit - used)
+        if tightest is None or free < tightest[0]:
+            tightest = (free, limit, used)
+    return tightest
+
+
+def check_space(nbytes: int, what: str = "The ring") -> None:
+    """Raise :class:`ShmSpaceError` now if ``nbytes`` cannot fit in /dev/shm's free space or this process's memory cgroup."""
+    free = shm_free_bytes()
+    if free is not None and nbytes > free:
+        raise space_error(nbytes, free, what)
+    cgroup = cgroup_free_bytes()
+    if cgroup is not None and nbytes > cgroup[0]:
+        raise _cgroup_error(nbytes, cgroup, what)
+
+
+def _cgroup_error(nbytes: int, cgroup: tuple[int, int, int], what: str) -> ShmSpaceError:
+    free, limit, used = cgroup
+    smaller = _SMALLER.get(what)
+    return ShmSpaceError(
+        f"{what} needs {_amount(nbytes)} of shared memory, which counts against this process's memory cgroup "
+        f"(a container's memory limit): its limit is {_amount(limit)}, {_amount(used)} in use, so "
+        f"{_amount(free)} free: {nbytes - free:,} bytes short (past the limit the kernel kills a process rather "
+        f"than fail). {f'Use {smaller}, or raise' if smaller else 'Raise'} the container's memory limit."
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,12 @@ from multitables._shm.segment import SHM_PREFIX
 
 #: Seconds a test's processes and segments get to disappear after it ends.
 SETTLE_TIMEOUT = 5.0
+
+# A shell starts a background job (``pytest ... &``) with SIGINT ignored, and programs inherit that through exec:
+# the Ctrl-C tests' consumers would then never see their KeyboardInterrupt. Caught here, it is reset to the default
+# in every program the tests start.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def own_segments() -> set[str]:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from multitables._plan.blocks import BlockPlan, RangePlan, ahead
 from multitables._plan.readers import (
-    READERS_PER_CPU, SHM_SHARE, DatasetShape, Machine, cap_readers, default_block_size, default_read_ahead,
+    READERS_PER_CPU, SHM_SHARE, DatasetShape, Machine, ReadPlan, cap_readers, default_block_size, default_read_ahead,
     hint_distance, parallel_pays, plan_batches, plan_blocks, plan_stream, rate_decides,
 )
 
@@ -193,8 +193,9 @@ def test_ahead_follows_a_range_plan_and_stops_at_its_end() -> None:
 # -- shared memory: a ring of the defaults fits what is free (NOTE [read plan]) ------------------------------------
 
 
-def ring_bytes(plan: "object", row_nbytes: int) -> int:
-    return plan.read_ahead * plan.block_size * row_nbytes  # type: ignore[attr-defined]
+def ring_bytes(plan: ReadPlan, row_nbytes: int) -> int:
+    """The bytes of a plan's slots (the ring's header and page rounding aside)."""
+    return plan.read_ahead * plan.block_size * row_nbytes
 
 
 @given(

@@ -30,7 +30,8 @@ def shm_free_bytes() -> "int | None":
 def shared_memory_free() -> "int | None":
     """Bytes of shared memory a new segment can take: /dev/shm's free space, or this process's memory cgroup's where
     less (what :func:`check_space` checks); None where neither can be told."""
-    free = [n for n in (shm_free_bytes(), (cgroup_free_bytes() or (None,))[0]) if n is not None]
+    cgroup = cgroup_free_bytes()
+    free = [n for n in (shm_free_bytes(), None if cgroup is None else cgroup[0]) if n is not None]
     return min(free) if free else None
 
 
@@ -47,6 +48,7 @@ def _amount(nbytes: int) -> str:
 
 
 def space_error(nbytes: int, free: "int | None", what: str) -> ShmSpaceError:
+    """The error for ``what`` needing ``nbytes`` of /dev/shm where ``free`` are free (None: not known)."""
     short = ""
     if free is not None:  # enough free yet short: posix_fallocate failed, something took it meanwhile
         short = f": {nbytes - free:,} bytes short" if free < nbytes else ", yet it could not be reserved"
@@ -60,6 +62,7 @@ def space_error(nbytes: int, free: "int | None", what: str) -> ShmSpaceError:
 
 
 def inode_error(what: str) -> ShmSpaceError:
+    """The error for ``what`` that could not be created: /dev/shm has no inode left (ENOSPC at the name)."""
     try:
         st = os.statvfs(SHM_DIR)
         counts = f" ({st.f_favail:,} of {st.f_files:,} free)"

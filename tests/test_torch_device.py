@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import multitables
+from _guards import hang_guard
 
 torch = pytest.importorskip("torch")
 mt = pytest.importorskip("multitables.torch")
@@ -312,6 +313,26 @@ def test_slots_are_copied_straight_and_given_back_only_after_their_copies_ran(
     b.close()  # the queue unlocks its slots before it unmaps them (eager: the error closed it)
     assert ops.memory == {} and unlocked == [True]
     staging.close()
+
+
+def test_slots_held_for_their_copies_with_the_fewest_slots_a_short_shared_memory_leaves(
+        data_file: Path, checked_releases: list, no_leaks: None) -> None:
+    """Where /dev/shm is short, the plan leaves one slot per reader and the consumer's (NOTE [read plan]), and a
+    staging holds slots until their copies ran: the batches still come, right and in order, without a wait for
+    ever."""
+    from multitables._train.device import DeviceStaging
+
+    want = epoch_rows(data_file, 2, paths=["/X"])
+    for read_ahead in (3, 2):  # two readers' fewest; and fewer than that, asked for
+        ops = LateDevice()
+        checked_releases.append(ops)
+        b = batches(data_file, ["/X"], epochs=2, n_procs=2, read_ahead=read_ahead)
+        staging = DeviceStaging(ops, b.row_types)
+        with hang_guard(60.0, f"batches through {read_ahead} slots"):
+            got = [tuple(a.copy() for a in batch) for batch in b.iter_into(staging.alloc, staging)]
+        same(got, [batch for epoch in want for batch in epoch])
+        b.close()
+        staging.close()
 
 
 def test_an_epochs_start_waits_for_no_copy_more_recent_than_one_a_batch_in_mid_epoch_waits_for(

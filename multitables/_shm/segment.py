@@ -28,12 +28,12 @@ NOTE [segment lifetime]
     The space is checked against statvfs, and against the memory cgroup's
     limit (shared memory is charged to it, and past it the OOM killer ends
     a process instead of any error), before anything is created
-    (``space.check_space``), and the pages are reserved with posix_fallocate when the segment is created, so a
-    /dev/shm that is too small fails here with a clear error rather than with
-    a SIGBUS on first touch, later, in some process; one out of inodes
-    (creating the name fails with ENOSPC) gets the same error, saying so. (A
-    filesystem that cannot reserve gets a plain ftruncate, as
-    ``multiprocessing.shared_memory`` does.)
+    (``space.check_space``), and the pages are reserved with posix_fallocate
+    when the segment is created, so a /dev/shm that is too small fails here
+    with a clear error rather than with a SIGBUS on first touch, later, in
+    some process; one out of inodes (creating the name fails with ENOSPC)
+    gets the same error, saying so. (A filesystem that cannot reserve gets a
+    plain ftruncate, as ``multiprocessing.shared_memory`` does.)
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 Times one whole pass of ``get_queue`` (direct access) and ``get_generator``
 over a 1 GiB zlib-3 file of random normal float32 rows of ``--row-values``
-values (default 1,024: 4 KiB rows; fewer: more rows, where the generator's
-cost a row shows) (``--engine``, default
-the chunk engine; ``--n_procs``, default 2), with each checkout in
+values (default 1,024: 4 KiB rows; fewer make more rows, where the
+generator's cost a row shows), read by ``--engine`` (default the chunk
+engine) in ``--n_procs`` readers (default 2), with each checkout in
 turn (a fresh interpreter each, ``PYTHONPATH`` set to the checkout), so that
 the host's drift hits both alike. ``--cold`` evicts the file from the page
 cache before each pass (``multitables_bench.cache.evict``). Prints each run

@@ -347,18 +347,14 @@ class Streamer:
                         rows = queue.lend(guard)
                         lent.append((guard, rows.base))  # every row's base
                         del guard
-                        active.append(iter(rows))
-                        del rows
-                        yield active[0]
-                        active.clear()
-                        continue
-                    with guard as block:
-                        if copies[turn] is None or held_elsewhere(copies, turn) or len(copies[turn]) < len(block):  # type: ignore[arg-type]
-                            copies[turn] = empty_block(spec)
-                        rows = copies[turn][: len(block)]  # type: ignore[index]
-                        np.copyto(rows, block)
-                    del block
-                    turn ^= 1
+                    else:
+                        with guard as block:
+                            if copies[turn] is None or held_elsewhere(copies, turn) or len(copies[turn]) < len(block):  # type: ignore[arg-type]
+                                copies[turn] = empty_block(spec)
+                            rows = copies[turn][: len(block)]  # type: ignore[index]
+                            np.copyto(rows, block)
+                        del block
+                        turn ^= 1
                     active.append(iter(rows))
                     del rows
                     yield active[0]

@@ -20,15 +20,15 @@ NOTE [blosc chunks as stored]
     and codec, so nothing more about the node is looked up. Of a chunk
     the block needs only part of, only the blosc blocks that hold those
     rows are decoded (``blosc2_getitem``; 256 KiB each in the
-    benchmark's files), where HDF5 decodes the whole chunk. Any chunk HDF5 will not hand over as stored
-    or the codec cannot decode, and every row after it, HDF5 reads as
-    before (its own error, where the chunk is damaged). Random access
-    reads each run of rows so where no two runs share a chunk (a row of
-    a 1 MiB chunk: one 256 KiB blosc block, not the chunk); runs that
-    share one HDF5 reads, decoding the chunk once for all. Smaller chunks
-    lose what they save to a call per chunk: three files of 64 KiB chunks
-    read 1.19x h5py's time this way against 1.33x through HDF5's pipeline
-    (BENCHMARKS.md, issue 29).
+    benchmark's files), where HDF5 decodes the whole chunk. Any chunk HDF5
+    will not hand over as stored or the codec cannot decode, and every row
+    after it, HDF5 reads as before (its own error, where the chunk is
+    damaged). Random access reads each run of rows so where no two runs
+    share a chunk (a row of a 1 MiB chunk: one 256 KiB blosc block, not the
+    chunk); runs that share one HDF5 reads, decoding the chunk once for
+    all. Smaller chunks lose what they save to a call per chunk: three
+    files of 64 KiB chunks read 1.19x h5py's time this way against 1.33x
+    through HDF5's pipeline (BENCHMARKS.md, issue 29).
 """
 
 from __future__ import annotations

@@ -22,10 +22,7 @@ class Blosc(Codec):
 
     def decode(self, src: Any, size: int, dst: "np.ndarray | None") -> Any:
         assert dst is not None
-        mv = src if isinstance(src, np.ndarray) else as_u8(src)
-        if len(mv) < 16:
-            raise ChunkDecodeError(f"blosc: {len(mv)} bytes is shorter than a blosc header")
-        check_size("blosc", int.from_bytes(mv[4:8].tobytes(), "little"), size)
+        mv = _checked(src, size)
         try:
             if self._fn is not None:
                 self._fn(mv, numthreads=1, out=dst)
@@ -41,10 +38,7 @@ class Blosc(Codec):
         """Decode bytes ``first .. first + len(dst)`` of the ``size`` bytes blosc buffer ``src`` holds into ``dst`` (a uint8
         array), decoding only the blosc blocks they fall in; False where c-blosc2 is missing or the range does not fall on
         whole items (the caller decodes otherwise). Raises :class:`ChunkDecodeError` as :meth:`decode`."""
-        mv = src if isinstance(src, np.ndarray) else as_u8(src)
-        if len(mv) < 16:
-            raise ChunkDecodeError(f"blosc: {len(mv)} bytes is shorter than a blosc header")
-        check_size("blosc", int.from_bytes(mv[4:8].tobytes(), "little"), size)
+        mv = _checked(src, size)
         getitem = _getitem()
         typesize = int(mv[3])
         if getitem is None or typesize == 0 or first % typesize or len(dst) % typesize or first + len(dst) > size:
@@ -54,6 +48,15 @@ class Blosc(Codec):
         if got != len(dst):
             raise ChunkDecodeError(f"blosc: decoding items {first // typesize}..{first // typesize + nitems} gave {got}")
         return True
+
+
+def _checked(src: Any, size: int) -> np.ndarray:
+    """``src`` as uint8, once its blosc header says it holds ``size`` bytes (else :class:`ChunkDecodeError`)."""
+    mv = src if isinstance(src, np.ndarray) else as_u8(src)
+    if len(mv) < 16:
+        raise ChunkDecodeError(f"blosc: {len(mv)} bytes is shorter than a blosc header")
+    check_size("blosc", int.from_bytes(mv[4:8].tobytes(), "little"), size)
+    return mv
 
 
 def _getitem() -> Any:

@@ -520,6 +520,33 @@ def test_dropping_everything_shuts_down(h5file: tuple, no_leaks: None) -> None:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
+def test_dropping_a_reader_with_notify_shuts_it_down_and_notifies_the_end(h5file: tuple, no_leaks: None) -> None:
+    import gc
+
+    path, contents = h5file
+    ended = threading.Event()
+    seen: list = []
+
+    def notify(item: object) -> None:  # keeps no future
+        seen.append(item is multitables.QueueClosed)
+        if item is multitables.QueueClosed:
+            ended.set()
+
+    reader = Reader(path, n_procs=2, notify=notify)
+    ds = reader.get_dataset("/plain2d")
+    stage = ds.create_stage(20)
+    np.testing.assert_array_equal(reader.request(ds[[1, 2, 3]], stage).get(), contents["/plain2d"][[1, 2, 3]])
+    pids = reader.reader_pids
+    del reader, ds, stage
+    gc.collect()
+    assert ended.wait(30), "a dropped reader's notify hears of its end"
+    assert seen == [False, True]
+    wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids),
+               GONE_WITHIN, "the readers of a dropped reader end")
+    wait_until(lambda: not any(t.name == "multitables-notify" for t in threading.enumerate()), GONE_WITHIN,
+               "its notify thread ends")
+
+
 def test_a_stage_released_early_is_reused_only_once_its_readers_are_done(h5file: tuple, no_leaks: None) -> None:
     path, contents = h5file
     data = contents["/zlib3d"]

@@ -179,19 +179,28 @@ class Notifier:
             threading.excepthook(threading.ExceptHookArgs((*sys.exc_info(), self._thread)))  # type: ignore[arg-type]
 
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._pending and not self._ending:
-                    self._cond.wait()
-                if not self._pending:
-                    break
-                pending = list(self._pending)
-            done = [f for f in pending if f.done()]
-            if not done:
-                time.sleep(self.POLL)
-                continue
-            with self._cond:
-                self._pending = [f for f in self._pending if f not in done]
-            for future in done:
-                self._call(future)
+        while self._step():
+            pass
         self._call(QueueClosed)
+
+    def _step(self) -> bool:
+        """Notify the futures done now, or wait a while; False once ended.
+
+        The futures are this call's locals: held by a frame that goes on
+        waiting, the last ones would keep their Reader from being collected.
+        """
+        with self._cond:
+            while not self._pending and not self._ending:
+                self._cond.wait()
+            if not self._pending:
+                return False
+            pending = list(self._pending)
+        done = [f for f in pending if f.done()]
+        if not done:
+            time.sleep(self.POLL)
+            return True
+        with self._cond:
+            self._pending = [f for f in self._pending if f not in done]
+        for future in done:
+            self._call(future)
+        return True

@@ -428,6 +428,30 @@ def test_a_reader_killed_mid_request_fails_its_futures_only_then_the_reader(h5fi
         pool.close()
 
 
+@pytest.mark.parametrize("take", ["get", "get_unsafe", "get_proxy", "get_direct"])
+@pytest.mark.parametrize("pooled", [False, True], ids=["stage", "pool"])
+def test_a_future_whose_data_came_before_stop_raises_stream_closed_not_a_freed_map_error(
+    h5file: tuple, no_leaks: None, take: str, pooled: bool
+) -> None:
+    path, _ = h5file
+    reader = Reader(path, n_procs=2)
+    ds = reader.get_dataset("/zlib3d")
+    stage = ds.create_stage_pool(10, 2) if pooled else ds.create_stage(10)
+    fut = reader.request(ds[:10], stage)
+    assert fut.wait(30) and fut.done()
+    reader.stop()  # frees every stage, this one's data with it (documented)
+    assert fut.done()
+    with pytest.raises(multitables.StreamClosedError, match="stopped .* before this future's data was got"):
+        if take == "get":
+            fut.get()
+        elif take == "get_direct":
+            fut.get_direct(np.sum)
+        else:
+            with getattr(fut, take)():
+                pass
+    fut.release()
+
+
 def test_get_times_out_and_stop_ends_pending_futures(h5file: tuple, no_leaks: None) -> None:
     path, _ = h5file
     reader = Reader(path, n_procs=1)

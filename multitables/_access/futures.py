@@ -91,9 +91,12 @@ class Future:
         stage = self._stage
         if stage is None:
             raise StreamClosedError("the data of this future was already released")
-        if self._ready:
-            return
         core = self._reader._live()
+        if self._ready:
+            if stage._map.words is None:  # its data came, but stop() has freed the stage since
+                core.check_not_stopped("this future's data was got")
+                raise StreamClosedError("the stage of this future was freed before its data was got")
+            return
         deadline = None if timeout is None else time.monotonic() + timeout
         n = len(self._readers)
         channel = core.pool.channels[stage._stage_id]

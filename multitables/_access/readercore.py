@@ -75,12 +75,12 @@ class ReaderCore:
         if broken is not None:
             raise broken
 
-    def check_not_stopped(self) -> None:
+    def check_not_stopped(self, before: str = "this request was read") -> None:
         """Raise unless requests already made can still be read (a dead reader fails only its own shares)."""
         if self.stopped:
             raise StreamClosedError(
-                f"the Reader of {self.pool.filename!r} was stopped (stop(), or it was garbage-collected) before this "
-                f"request was read"
+                f"the Reader of {self.pool.filename!r} was stopped (stop(), or it was garbage-collected) before "
+                f"{before}"
             )
 
     def detach_dropped(self) -> None:

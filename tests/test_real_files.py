@@ -231,6 +231,30 @@ def test_nested_compound_with_gaps(tmp_path: Path, no_leaks: None) -> None:
     assert_reads_as_h5py(path, "/data", fields=("float", "compound", "v"), may_refuse=("tables",))
 
 
+def test_nested_column_of_a_pytables_table(tmp_path: Path, no_leaks: None) -> None:
+    # PyTables names only the innermost columns ('inner/q') in coldtypes, and sizes read(out=) of a
+    # nested column by the whole row: the tables engine reads the column 'inner' all the same.
+    class Inner(tables.IsDescription):
+        p = tables.UInt8Col(pos=0)
+        q = tables.Float32Col(pos=1)
+
+    class Row(tables.IsDescription):
+        x = tables.Int16Col(shape=(2, 3), pos=0)
+        inner = Inner()
+
+    path = tmp_path / "nested_pytables.h5"
+    with tables.open_file(path, "w") as f:
+        table = f.create_table("/", "t", Row, filters=tables.Filters(3, "zlib"), chunkshape=(16,))
+        rows = np.zeros(100, table.dtype)
+        _fill(rows, 3)
+        table.append(rows)
+    assert_reads_as_h5py(path, "/t", fields=("x", "inner"))
+    with multitables.Reader(path, n_procs=1, engine="tables") as reader:
+        ds = reader.get_dataset("/t")
+        with ds.create_stage(100) as stage:
+            np.testing.assert_array_equal(reader.request(ds["inner"][3:60:7], stage).get(), rows["inner"][3:60:7])
+
+
 # -- 7. an old PyTables flavor --------------------------------------------------
 
 

@@ -154,14 +154,16 @@ class TablesSource:
             self._field = node.field
             self._element_nbytes, self._pads = node.delivered_pads
             self._zero_first = node.zero_first
-            if node.field is not None:
-                read = np.dtype(leaf.coldtypes[node.field])
+            if node.field is not None:  # coldtypes names the innermost columns only ('y/p', not 'y')
+                read = np.dtype(leaf.dtype[node.field])
             elif isinstance(leaf, tables.Table):
                 read = np.dtype(leaf.dtype)
             else:
                 read = np.dtype(leaf.atom.dtype)
             base = read.subdtype[0] if read.subdtype is not None else read
-            self._into_out = getattr(leaf, "maindim", 0) == 0 and leaf.flavor == "numpy" and base == node.dtype
+            # PyTables sizes ``out=`` of a nested column by the whole row: such a column is copied in.
+            self._into_out = (getattr(leaf, "maindim", 0) == 0 and leaf.flavor == "numpy" and base == node.dtype
+                              and base.names is None)
         except BaseException:
             self._file.close()
             raise

@@ -21,7 +21,7 @@ from ._access.compat2x import first_op
 from ._access.futures import Future, RequestPool
 from ._access.proxy import DataProxy
 from ._access.readercore import ReaderCore
-from ._access.request import Request
+from ._access.request import Request, field_list
 from ._access.stages import Stage, StagePool
 from ._io.engines import check_engine, resolve_engine
 from ._io.fileset import as_files, check_files, describe_files
@@ -289,6 +289,8 @@ class Dataset:
     def __getitem__(self, key: Any) -> "Request":
         if isinstance(key, str):
             return self.col(key)
+        if field_list(key):  # records[['a', 'b']]: every row, those fields
+            return Request(self, None, (), op=first_op(self.is_table, ()))[key]
         return Request(self, None, key, op=first_op(self.is_table, key))
 
     def col(self, name: str) -> "Request":

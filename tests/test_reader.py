@@ -96,7 +96,7 @@ def index_for(draw: st.DrawFn, shape: tuple[int, ...]) -> object:
         if axis >= len(shape):
             break
         dim = shape[axis]
-        kind = draw(st.sampled_from(["int", "slice", "list", "sorted", "mask", "ellipsis", "none"]))
+        kind = draw(st.sampled_from(["int", "slice", "list", "sorted", "range", "mask", "ellipsis", "none"]))
         if kind == "ellipsis" and not used_ellipsis:
             entries.append(Ellipsis)
             used_ellipsis = True
@@ -111,6 +111,8 @@ def index_for(draw: st.DrawFn, shape: tuple[int, ...]) -> object:
         elif kind == "slice":
             bound = st.one_of(st.none(), st.integers(-dim - 1, dim + 1))
             entries.append(slice(draw(bound), draw(bound), draw(st.sampled_from([None, 1, 2, 3, -1, -2, 7]))))
+        elif kind == "range":  # numpy takes it as a list
+            entries.append(range(draw(st.integers(-dim, dim)), draw(st.integers(-dim, dim + 1)), draw(st.sampled_from([1, 2, -1]))))
         elif kind in ("list", "sorted"):
             values = draw(st.lists(st.integers(-dim, dim - 1), max_size=8, unique=kind == "sorted"))
             if kind == "sorted":
@@ -137,7 +139,7 @@ def _pytables_numpy_like(key: object, ndim: int) -> bool:
     entries = key if isinstance(key, tuple) else (key,)
     if not entries or any(e is None for e in entries):
         return False
-    if any(isinstance(e, slice) and (e.step or 1) < 0 for e in entries):
+    if any(isinstance(e, slice) and (e.step or 1) < 0 or isinstance(e, range) for e in entries):
         return False
     arrays = [e for e in entries if isinstance(e, (list, np.ndarray))]
     if len(arrays) > 1 or (arrays and not isinstance(key, tuple) and ndim > 1):
@@ -181,6 +183,29 @@ def test_results_equal_numpy_and_pytables(shared_reader: tuple, h5file: tuple, d
             except Exception:  # noqa: BLE001 - a form PyTables does not read; numpy's answer was checked
                 return
         np.testing.assert_array_equal(got, want)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_several_fields_select_as_numpy_does_before_or_after_any_key(shared_reader: tuple, h5file: tuple,
+                                                                      data: st.DataObject) -> None:
+    reader, stages = shared_reader
+    rows = h5file[1]["/table"]
+    ds, stage = stages["/table"]
+    order = data.draw(st.permutations(TABLE_DTYPE.names))
+    names = list(order[: data.draw(st.integers(1, len(order)))])
+    key = data.draw(index_for(rows.shape))
+    if _is_index_error(lambda: rows[key]):
+        return
+    req = ds[names][key] if data.draw(st.booleans()) else ds[key][names]
+    expected = rows[names][key]
+    if data.draw(st.booleans()):  # then one of those fields, as a column
+        name = data.draw(st.sampled_from(names))
+        req, expected = req[name], expected[name]
+    assert req.shape == np.shape(expected) and req.dtype == np.asarray(expected).dtype
+    got = reader.request(req, stage).get()
+    assert np.shape(got) == np.shape(expected) and np.asarray(got).dtype == np.asarray(expected).dtype
+    np.testing.assert_array_equal(got, expected)
 
 
 def test_zero_copy_views_are_writable_and_on_the_stage(shared_reader: tuple) -> None:
@@ -238,6 +263,16 @@ def test_bad_requests_fail_before_any_reader_is_involved(h5file: tuple, no_leaks
             table.col("nope")
         with pytest.raises(KeyError):
             arr["a"]  # not a table
+        with pytest.raises(KeyError, match="nope"):
+            table[["a", "nope"]]
+        with pytest.raises(ValueError, match="duplicate field"):
+            table[["a", "a"]]
+        with pytest.raises(IndexError, match="no fields"):
+            arr[["a"]]
+        with pytest.raises(IndexError, match="several in a list"):
+            table["a", "b"]  # h5py's form; numpy's is a list
+        with pytest.raises(ValueError, match="no field of name 'v'"):
+            table[["a", "b"]]["v"]
         with pytest.raises(IndexError, match="out of bounds for axis 0 with size 300"):
             arr[300]
         with pytest.raises(IndexError, match="out of bounds for axis 2 with size 3"):

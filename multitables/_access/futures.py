@@ -139,6 +139,8 @@ class Future:
             data = stage._map.data(node.dtype, (plan.n_read,) + node.row_shape)[plan.local_key]
         for key in request._post:
             data = data[key]
+        if request._fields is not None:
+            data = data[request._fields]  # a view, as numpy's
         if self.shape is None:
             self.shape = np.shape(data)
         return data

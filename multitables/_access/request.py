@@ -15,6 +15,18 @@ from .._shm.stagemap import describe_query
 if TYPE_CHECKING:
     from ..reader import Dataset
 
+def field_list(key: Any) -> bool:
+    """Whether ``key`` selects several fields of records, as numpy's ``records[['a', 'b']]``."""
+    return isinstance(key, list) and bool(key) and all(isinstance(k, str) for k in key)
+
+
+def fields_dtype(dtype: np.dtype, names: "list[str]") -> np.dtype:
+    """The dtype of ``records[names]`` (numpy's: the named fields where they lie), with numpy's errors."""
+    if dtype.names is None:
+        raise IndexError(f"field names {names} select columns of a table; these rows have no fields")
+    return np.empty(0, dtype)[names].dtype
+
+
 def indexed(shape: "tuple[int, ...]", dtype: np.dtype, key: Any) -> tuple[tuple[int, ...], np.dtype]:
     """The shape and dtype of ``data[key]`` for data of ``shape`` and ``dtype`` (numpy's rules and errors)."""
     if isinstance(key, str):
@@ -73,6 +85,7 @@ class Request:
         self._query: "tuple[str, dict[str, Any]] | None" = None
         self._post: tuple[Any, ...] = ()  # keys applied, in the consumer, to what was read
         self._post_view = True  # whether those keys give views
+        self._fields: "list[str] | None" = None  # records[['a', 'b']]: applied last (it commutes with any key)
         shape = (node.n_rows,) + node.row_shape
         if field_last:
             # records[key][field]: index the records, then the column's sub-array axes come last.
@@ -95,7 +108,7 @@ class Request:
         self.dataset, self.field, self._node, self._op = dataset, field, node, op
         self._query = (method, kwargs)
         self._desc = describe_query(node, method, kwargs)
-        self._post, self._post_view, self._nkey, self._plan = (), True, (), None
+        self._post, self._post_view, self._nkey, self._plan, self._fields = (), True, (), None, None
         self._n_read = n_rows
         self.shape = None if n_rows is None else (n_rows,) + node.row_shape
         self.dtype = node.dtype
@@ -129,7 +142,24 @@ class Request:
         # The established requests' name for the column read.
         return self.field
 
+    def _with_fields(self, names: "list[str] | None") -> "Request":
+        """This request, its records narrowed to the fields ``names`` (a view, as numpy's; None: all)."""
+        whole = self.dtype if self._fields is None else self._whole_dtype
+        other = object.__new__(Request)
+        other.__dict__.update(self.__dict__)
+        other._fields = None if names is None else list(names)
+        other._whole_dtype = whole
+        other.dtype = whole if names is None else fields_dtype(whole, list(names))
+        return other
+
     def __getitem__(self, key: Any) -> "Request":
+        if field_list(key):
+            return self._with_fields(key)
+        if self._fields is not None:
+            if isinstance(key, str) and key not in self._fields:
+                raise ValueError(f"no field of name {key!r}: the request selects fields {self._fields}")
+            plain = self._with_fields(None)[key]
+            return plain if isinstance(key, str) else plain._with_fields(self._fields)
         op = next_op(self._op, key, self.field is None)
         if self._query is None and not self._post:
             if isinstance(key, str):
@@ -147,5 +177,6 @@ class Request:
 
     def __repr__(self) -> str:
         col = f" field={self.field!r}" if self.field is not None else ""
+        col += f" fields={self._fields}" if self._fields is not None else ""
         what = f" {self._query[0]}()" if self._query is not None else ""
         return f"<multitables.Request {self.dataset.path!r}{col}{what} shape={self.shape} dtype={self.dtype}>"

@@ -55,7 +55,7 @@ def _entry_kind(entry: Any) -> str:
         return "slice"
     if isinstance(entry, (bool, np.bool_)):
         return "bool"
-    if isinstance(entry, (list, tuple, np.ndarray)):
+    if isinstance(entry, (list, tuple, range, np.ndarray)):
         return "array"
     if isinstance(entry, (str, bytes)):
         return "str"
@@ -124,7 +124,10 @@ def normalize_key(key: Any, shape: Sequence[int]) -> tuple[Entry, ...]:
         if kind == "bool":
             raise IndexError("a boolean scalar is not a supported index; use a boolean array (a mask)")
         if kind == "str":
-            raise IndexError(f"{e!r}: a field name can only select a column of a table")
+            raise IndexError(
+                f"{e!r}: a field name goes alone in the brackets (dataset[{e!r}]), several in a list "
+                f"(dataset[[{e!r}, ...]]), never in a tuple of indices"
+            )
         if kind == "other":
             raise IndexError(
                 "only integers, slices (`:`), ellipsis (`...`), None and integer or boolean arrays are "

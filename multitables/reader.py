@@ -340,6 +340,13 @@ class Dataset:
         the reader runs the read.
         """
         self._need_table("read_sorted")
+        if not isinstance(sortby, str):
+            raise TypeError(f"sortby must be a str naming a column, not {type(sortby).__name__}")
+        dtype = self.dtype
+        for part in sortby.split("/"):  # PyTables names a nested column 'outer/inner'
+            if dtype.names is None or part not in dtype.names:
+                raise KeyError(f"{self.path!r} has no column {sortby!r} to sort by; its columns are {list(self.dtype.names)}")
+            dtype = dtype[part]
         n = len(range(*slice(start, stop, step).indices(len(self))))
         kwargs = dict(sortby=sortby, checkCSI=bool(checkCSI), field=field, start=start, stop=stop, step=step)
         return Request._query(self, field, "read_sorted", kwargs, n, op="SortOp")

@@ -310,6 +310,10 @@ def test_where_and_read_sorted_run_pytables_queries_in_a_reader(reader: multitab
         np.testing.assert_array_equal(reader.request(t[0:3], small).get(), tab[0:3])
     with pytest.raises(TypeError, match="array"):
         reader.get_dataset("/arr").where("x > 0")
+    with pytest.raises(KeyError, match="no column 'zz' to sort by"):
+        t.read_sorted("zz")  # when the request is made, as a missing field= is
+    with pytest.raises(KeyError, match="no column 'col_C/x' to sort by"):
+        t.read_sorted("col_C/x")
 
 
 # -- futures, pools, notify --------------------------------------------------------------------------------------

@@ -163,6 +163,15 @@ def test_bad_urls_missing_objects_and_credentials_fail_before_any_reader(moto_ur
         multitables.Streamer(DATA, storage_options={"endpoint": moto_url, "secret_key": "x"})
 
 
+def test_an_external_link_out_of_an_object_is_refused(rangesrv, obj_files, no_leaks) -> None:
+    import h5py
+
+    with h5py.File(obj_files["folder"] / "linked-out.h5", "w") as f:  # to a local file, which HDF5 would open
+        f["x"] = h5py.ExternalLink(str(obj_files["folder"] / "data.h5"), "/x")
+    with pytest.raises(NodeTypeError, match="'/x' in .*linked-out.h5' is an external link to .*data.h5'"):
+        multitables.Streamer(f"{rangesrv.url}/linked-out.h5").get_queue("/x")
+
+
 def test_no_secret_in_errors_reprs_pickles_state_or_logs(proxy, s3, obj_files, caplog, no_leaks) -> None:
     caplog.set_level(logging.DEBUG, logger="multitables")
     options = s3_options(proxy.url, token=TOKEN)

@@ -9,6 +9,7 @@ through a Reader (all rows, then rows [n-1, 0]).
 from __future__ import annotations
 
 import ctypes
+import itertools
 from pathlib import Path
 from typing import Iterator
 
@@ -360,3 +361,47 @@ def test_a_plugin_filter_pytables_lacks(tmp_path: Path, no_leaks: None) -> None:
     with h5py.File(path, "w") as f:
         f.create_dataset("data", data=np.arange(4000, dtype="<i4").reshape(1000, 4), chunks=(100, 4), **hdf5plugin.LZ4())
     _refused_by_tables_read_by_auto(path, "/data", "lz4")
+
+
+# -- 11. an external link into another file -------------------------------------
+
+
+def _linked_files(tmp_path: Path) -> np.ndarray:
+    """``main.h5``'s ``/zlib``, ``/plain`` and ``/chunked`` link to ``data/target.h5``; main holds decoys laid out alike, first."""
+    rows = np.arange(3000, dtype="<f4").reshape(1000, 3)
+    (tmp_path / "data").mkdir()
+    with h5py.File(tmp_path / "main.h5", "w") as main, h5py.File(tmp_path / "data" / "target.h5", "w") as target:
+        for f, data in [(main, -rows), (target, rows)]:  # the same offsets in both files
+            f.create_dataset("stored/zlib", data=data, chunks=(64, 3), compression="gzip", shuffle=True)
+            f.create_dataset("stored/plain", data=data)
+            f.create_dataset("stored/chunked", data=data, chunks=(64, 3))
+        for name in ("zlib", "plain", "chunked"):  # other names than in the target
+            main[name] = h5py.ExternalLink("data/target.h5", f"/stored/{name}")
+    return rows
+
+
+def test_an_external_link_reads_the_file_it_leads_to(tmp_path: Path, no_leaks: None) -> None:
+    # The chunk engine reads chunks at their addresses: in the named file they were a decoy's bytes.
+    rows = _linked_files(tmp_path)
+    main = tmp_path / "main.h5"
+    for name in ("/zlib", "/plain", "/chunked"):
+        np.testing.assert_array_equal(h5py_reference(main, name), rows)
+        # PyTables opens a link, not a leaf: the tables engine refuses it, naming the node.
+        assert_reads_as_h5py(main, name, may_refuse=("tables",))
+        for engine in ("chunks", "h5py"):  # in this process too, with HDF5's chunk cache (the h5py engine)
+            for options in ({"n_procs": 0, "block_size": 7}, {"n_procs": 2, "block_size": 100}):
+                stream = multitables.Streamer(main, engine=engine)
+                got = []
+                with stream.get_queue(name, ordered=True, remainder=True, **options) as queue:
+                    for guard in queue.iter():
+                        with guard as block:
+                            got.append(block.copy())
+                np.testing.assert_array_equal(np.concatenate(got), rows, err_msg=f"{engine} {options}")
+                laps = itertools.islice(stream.get_generator(name, cyclic=True, ordered=True, **options), 2 * len(rows))
+                np.testing.assert_array_equal(np.stack(list(laps)), np.concatenate([rows, rows]), err_msg=f"{engine} cyclic")
+    assert multitables.Streamer(main).get_queue("/zlib").engine == "chunks"
+    with h5py.File(main, "a") as f:
+        f["gone"] = h5py.ExternalLink("data/missing.h5", "/stored/zlib")
+    with pytest.raises(KeyError) as missing:
+        multitables.Streamer(main).get_queue("/gone")
+    assert "is an external link to '/stored/zlib' in 'data/missing.h5', which HDF5 cannot open" in missing.value.args[0]

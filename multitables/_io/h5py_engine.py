@@ -187,9 +187,10 @@ class H5pySource:
                 # chunk cache (none, from open_node): close it first, holding
                 # the file by an id meanwhile.
                 fid = h5py.h5i.get_file_id(dataset.id)
+                name = h5py.h5i.get_name(dataset.id)  # its path in fid: not node.path where that links to fid
                 try:
                     close_dataset(dataset)
-                    dsid = h5py.h5d.open(fid, node.path.encode(), dapl)
+                    dsid = h5py.h5d.open(fid, name, dapl)
                 finally:
                     fid.close()  # the new dataset holds the file now
         self._h5s = h5py.h5s

@@ -21,6 +21,17 @@ NOTE [file identity]
     time can show. An object in a bucket or on an HTTP server has no
     ``stat``: its identity is its ETag (NOTE [object identity] in
     ``_io.objects.reader``), which every request checks itself.
+
+NOTE [external links]
+    A path may be an external link into another file (a detector's master
+    file links to its data files). HDF5 follows it, and h5py and PyTables
+    read what it leads to, but the chunk engine reads chunks by their
+    addresses, which are the other file's: read in the named file they gave
+    that file's bytes (wrong rows, silently). So the inspection asks HDF5
+    which file holds the dataset (``NodeInfo.linked_file``) and the chunk
+    engine reads that one. An object's links out are refused: they would
+    lead to local files. The identity watched for changes stays the named
+    file's (NOTE [file identity]); the layout cache keys on the linked one.
 """
 
 from __future__ import annotations
@@ -39,16 +50,12 @@ from ..errors import EmptyDatasetError, FileChangedError, NodeTypeError, NotHDF5
 from .objects.config import Store, make_store
 from .objects.hdf5 import check_hdf5, open_file_id
 from .objects.http import ObjectIdentity
-from .objects.reader import ObjectReader
+from .objects.reader import ObjectReader, RemoteObject
 from .objects.urls import is_url, shown
+from .strings import StringPad, find_string_pads
 
 #: ``(st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)`` of a file; see NOTE [file identity].
 FileSignature = tuple[int, int, int, int, int]
-
-#: ``(offset, size, count, pad)``: ``count`` consecutive fixed-length strings of
-#: ``size`` bytes at byte ``offset`` of an element, padded as ``pad`` says
-#: (``"nullterm"`` or ``"spacepad"``).
-StringPad = tuple[int, int, int, str]
 
 
 class Unsupported(Exception):
@@ -92,6 +99,13 @@ class NodeInfo:
     remote: "RemoteObject | None" = None
     #: The whole chunk's shape, rows first (None: not chunked, or a set).
     chunk_shape: "tuple[int, ...] | None" = None
+    #: The file that holds the data where ``path`` is an external link into it (None: ``filename`` does).
+    linked_file: "str | None" = None
+
+    @property
+    def data_file(self) -> str:
+        """The file whose bytes hold the dataset: what the chunk engine reads (one file)."""
+        return self.linked_file or self.filename
 
     @property
     def files(self) -> "str | tuple[str, ...]":
@@ -128,52 +142,6 @@ class Part:
     offset: int
     #: The file's identity when it was inspected; see NOTE [file identity].
     signature: "FileSignature | ObjectIdentity"
-
-
-def deliver_strings(rows: np.ndarray, pads: "tuple[StringPad, ...]", element_nbytes: "int | None" = None) -> None:
-    """Make the stored bytes of ``rows``' strings what h5py delivers, in place.
-
-    HDF5 converts a null-terminated string to numpy's null padding by zeroing
-    every byte from its first NUL, and a space-padded one by zeroing its
-    trailing spaces (``b'sweet  '`` -> ``b'sweet'``); engines that deliver
-    stored bytes (the chunk engine, PyTables) call this. ``pads`` are places
-    in one element of ``element_nbytes`` bytes (default: ``rows``' item; an
-    HDF5 array element spans several numpy items). Idempotent.
-    """
-    if not pads or rows.size == 0:
-        return
-    items = rows.reshape(-1).view(np.uint8).reshape(-1, element_nbytes or rows.dtype.itemsize)
-    for offset, size, count, pad in pads:
-        strings = items[:, offset : offset + size * count].reshape(len(items), count, size)
-        if pad == "nullterm":
-            strings[np.logical_or.accumulate(strings == 0, axis=2)] = 0
-        else:  # spacepad: the run of spaces at the end
-            strings[np.logical_and.accumulate((strings == 32)[:, :, ::-1], axis=2)[:, :, ::-1]] = 0
-
-
-def _string_pads(tid: Any, offset: int = 0) -> list[StringPad]:
-    """Where the HDF5 type ``tid`` holds fixed-length strings that h5py converts (null-terminated or space-padded)."""
-    import h5py
-
-    h5t = h5py.h5t
-    cls = tid.get_class()
-    if cls == h5t.STRING and not tid.is_variable_str():
-        pad = {h5t.STR_NULLTERM: "nullterm", h5t.STR_SPACEPAD: "spacepad"}.get(tid.get_strpad())
-        return [(offset, tid.get_size(), 1, pad)] if pad else []
-    if cls == h5t.ARRAY:
-        base = tid.get_super()
-        size, count = base.get_size(), math.prod(tid.get_array_dims())
-        inner = _string_pads(base)
-        if len(inner) == 1 and inner[0][:3] == (0, size, 1):  # an array of strings: one run
-            return [(offset, size, count, inner[0][3])]
-        return [(offset + k * size + o, n, c, p) for k in range(count) for o, n, c, p in inner]
-    if cls == h5t.COMPOUND:
-        return [
-            pad
-            for i in range(tid.get_nmembers())
-            for pad in _string_pads(tid.get_member_type(i), offset + tid.get_member_offset(i))
-        ]
-    return []
 
 
 def _has_object(dt: np.dtype) -> bool:
@@ -319,6 +287,12 @@ def open_node(
         try:
             oid = h5py.h5o.open(fid, path.encode())
         except KeyError as exc:
+            link = _external_link(fid, path)
+            if link is not None and remote is not None:
+                raise _link_out(path, filename, link[0]) from None
+            if link is not None:
+                raise KeyError(f"{path!r} in {filename!r} is an external link to {link[1]!r} in {link[0]!r}, which "
+                               f"HDF5 cannot open: {exc}") from None
             # h5py says KeyError for a damaged file too; only these messages mean "no such node".
             if "doesn't exist" in str(exc) or "not found" in str(exc):
                 raise KeyError(f"no node {path!r} in {filename!r}") from None
@@ -331,10 +305,33 @@ def open_node(
             )
         node = h5py.Dataset(oid)
         info = _describe(filename, path, field, node, allow_empty, remote is not None)
-        return (info if remote is None else replace(info, remote=remote)), node
+        held = h5py.h5i.get_file_id(oid)  # another file's where path is an external link
+        try:
+            linked = None if held == fid else os.path.abspath(os.fsdecode(h5py.h5f.get_name(held)))
+        finally:
+            held.close()
+        if linked is not None and remote is not None:
+            raise _link_out(path, filename, linked)
+        return (info if remote is None else replace(info, remote=remote)) if linked is None else replace(info, linked_file=linked), node
     except BaseException:
         h5py.File(fid).close()  # closes what is open in it too, which a bare H5Fclose (weak) leaves to the collector
         raise
+
+
+def _external_link(fid: Any, path: str) -> "tuple[str, str] | None":
+    """``(file, path)`` that ``path`` in the open file ``fid`` names as an external link (None: not one)."""
+    import h5py
+
+    try:
+        link = h5py.File(fid).get(path, getlink=True)  # the link itself, not followed
+    except Exception:  # noqa: BLE001 - a path HDF5 cannot walk is not a link we can name
+        return None
+    return (link.filename, link.path) if isinstance(link, h5py.ExternalLink) else None
+
+
+def _link_out(path: str, filename: str, target: str) -> NodeTypeError:
+    return NodeTypeError(f"{path!r} in {filename!r} is an external link to {target!r}: links out of an object are "
+                         f"not followed; read that file itself")
 
 
 def reopen_dataset(node: NodeInfo) -> Any:
@@ -478,7 +475,7 @@ def _describe(filename: str, path: str, field: "str | None", ds: Any, allow_empt
     filters = [plist.get_filter(i) for i in range(plist.get_nfilters())]
     filter_ids = tuple(int(f[0]) for f in filters)
     filter_names = tuple(f[3].decode("utf-8", "replace") if isinstance(f[3], bytes) else str(f[3]) for f in filters)
-    pads = () if h5py_problem else tuple(_string_pads(tid))
+    pads = () if h5py_problem else tuple(find_string_pads(tid))
     chunks = plist.get_chunk() if plist.get_layout() == h5py.h5d.CHUNKED else None
     return NodeInfo(
         filename=filename,

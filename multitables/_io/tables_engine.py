@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from .node import NodeInfo, close_dataset, deliver_strings
+from .node import NodeInfo, close_dataset
+from .strings import deliver_strings
 from .scattered import GroupRows
 
 

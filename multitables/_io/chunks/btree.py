@@ -38,7 +38,6 @@ import numpy as np
 from .grid import ChunkGrid
 from .transport import Transport, open_transport
 from ...errors import FileChangedError, MultitablesError
-from ..node import FileSignature
 
 if TYPE_CHECKING:
     from ..objects.reader import RemoteObject

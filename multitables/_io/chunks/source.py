@@ -19,7 +19,7 @@ says why, checked before any reader starts, so a stream never fails over midway)
 * element types whose stored bytes are the bytes h5py delivers: integers and
   IEEE floats of any byte order, booleans (PyTables' bitfields) and enums,
   complex, fixed-length strings (null-terminated and space-padded ones
-  converted as h5py's conversion does, :func:`~multitables._io.node.deliver_strings`),
+  converted as h5py's conversion does, :func:`~multitables._io.strings.deliver_strings`),
   HDF5 array elements, and compounds and arrays of those;
 * not compact, virtual or external storage, nor HDF5's option to leave
   partial edge chunks unfiltered.
@@ -45,7 +45,8 @@ from .grid import ChunkPart, Extent, ReadGroup, chunk_parts, coalesce
 from .codecs.base import ChunkDecodeError
 from .codecs.pipeline import Pipeline
 from .codecs.registry import build_pipeline
-from ..node import NodeInfo, close_dataset, deliver_strings, reopen_dataset
+from ..node import NodeInfo, close_dataset, reopen_dataset
+from ..strings import deliver_strings
 from .btree import UNREAD
 from .pread import CACHES
 from .storage import INDEX_ALL_LIMIT, ChunkIndex, Layout, known_layout, learn_layout
@@ -114,7 +115,7 @@ class ChunkSource:
         self._rows: "np.ndarray | None" = None  # whole rows, for reading one field
         self._own_scratch = scratch is None
         self._scratch = ScratchBuffer() if scratch is None else scratch
-        self._bytes = open_transport(node.filename, cache, remote=node.remote)
+        self._bytes = open_transport(node.data_file, cache, remote=node.remote)
         self._kept: dict[tuple[int, ...], np.ndarray] = {}
         self._free: list[np.ndarray] = []
         self._fetched: "list[tuple[int, np.ndarray]]" = []  # (file offset, bytes) of the last fetch

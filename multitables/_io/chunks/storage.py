@@ -85,7 +85,7 @@ def _type_problem(tid: Any, dt: np.dtype) -> "str | None":
     """Why the stored bytes of HDF5 type ``tid`` are not the bytes h5py delivers as ``dt`` (None: they are).
 
     Fixed-length strings are the one conversion the engine repeats
-    (:func:`~multitables._io.node.deliver_strings`), from the node's ``string_pads``.
+    (:func:`~multitables._io.strings.deliver_strings`), from the node's ``string_pads``.
     """
     import h5py
 
@@ -384,7 +384,7 @@ def _identity(node: NodeInfo) -> "FileSignature | tuple[str, str, str] | None":
     if node.remote is not None:  # no request: every read checks it (NOTE [object identity])
         return (node.remote.url, node.remote.store.endpoint or "", node.remote.identity.key)
     try:
-        return file_signature(node.filename)
+        return file_signature(node.data_file)
     except OSError:
         return None  # the open that follows says what is wrong
 
@@ -431,7 +431,7 @@ def learn_layout(ds: Any, node: NodeInfo, index_limit: int = INDEX_ALL_LIMIT) ->
     index: "ChunkIndex | BTreeIndex | None" = None
     if grid is not None:
         header = header_address(ds.id) if READ_BTREE else None
-        index = None if header is None else open_btree_index(ds, grid, node.filename, header, node.remote)
+        index = None if header is None else open_btree_index(ds, grid, node.data_file, header, node.remote)
         if index is None:
             index = ChunkIndex(ds.id, grid, index_limit)
         elif node.remote is not None and index.n_leaves <= REMOTE_LEAVES_AT_OPEN:

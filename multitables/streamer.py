@@ -218,7 +218,7 @@ class Streamer:
                 shape = dataclasses.replace(shape, decode_rate=options.measure_rate(node, engine))
             plan = functools.partial(
                 plan_stream, shape, engine, machine, n_procs=n_procs, block_size=block_size, read_ahead=read_ahead,
-                cyclic=cyclic, remainder=remainder, path=path,
+                cyclic=cyclic, remainder=remainder,
             )  # fmt: skip
             read = plan()
             if read.n_procs and (block_size is None or read_ahead is None):  # a ring of defaults: fit it (NOTE [read plan])

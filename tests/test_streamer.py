@@ -512,7 +512,6 @@ def test_cyclic_generator_wraps(make_array) -> None:
         (dict(n_procs=True), TypeError, "n_procs"),
         (dict(block_size=0), ValueError, "block_size"),
         (dict(block_size=-3), ValueError, "block_size"),
-        (dict(block_size=101), ValueError, "block_size=101 is larger"),
         (dict(block_size="10"), TypeError, "block_size"),
         (dict(read_ahead=0), ValueError, "read_ahead"),
         (dict(cyclic="yes"), TypeError, "cyclic"),
@@ -530,6 +529,21 @@ def test_bad_arguments_fail_before_any_process_starts(make_array, kwargs: dict, 
     with pytest.raises(error, match=match):
         stream.get_generator("/data", **kwargs)
     assert psutil.Process().children() == before
+
+
+@pytest.mark.parametrize("n_procs", [0, 2])
+def test_a_block_size_beyond_the_rows_is_one_block_of_them_all(make_array, n_procs: int) -> None:
+    # The established API read block_size rows with h5py-style slicing: the dataset's rows, when fewer.
+    data = np.arange(12, dtype="<i4").reshape(3, 4)
+    stream = multitables.Streamer(make_array(data))
+    for kwargs in (dict(), dict(remainder=True), dict(cyclic=True)):
+        with stream.get_queue("/data", n_procs=n_procs, block_size=10, **kwargs) as queue:
+            assert queue.block_size == 3
+            blocks = blocks_of_n(queue, 1) if kwargs.get("cyclic") else blocks_of(queue)
+        assert len(blocks) == 1
+        np.testing.assert_array_equal(blocks[0], data)
+    np.testing.assert_array_equal(np.stack(list(stream.get_generator("/data", n_procs=n_procs, block_size=10))), data)
+    assert stream.get_remainder("/data", 3).shape == (0, 4)
 
 
 def test_bad_streamer_arguments(make_array) -> None:

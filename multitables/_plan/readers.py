@@ -325,14 +325,13 @@ def plan_stream(
     read_ahead: "int | None" = None,
     cyclic: bool = False,
     remainder: bool = False,
-    path: str = "",
     shm_free: "int | None" = None,
 ) -> ReadPlan:
     """How a stream reads ``shape`` (NOTE [read plan]); arguments as ``Streamer.get_queue``'s, already type-checked.
 
     ``shm_free``: the shared memory free for its ring (bytes; None: not
-    known, or no readers). ``ValueError`` for a ``block_size`` larger than
-    the dataset (``path`` names it).
+    known, or no readers). A ``block_size`` larger than the dataset is its
+    number of rows.
     """
     if n_procs is None:
         n_procs = default_readers(shape, engine, machine)
@@ -343,7 +342,7 @@ def plan_stream(
             most = int(SHM_SHARE * shm_free) // (read_ahead or _fewest_slots(n_procs))
         block_size = default_block_size(shape.n_rows, shape.row_nbytes, shape.chunk_rows, n_procs, shape.remote, most)
     elif block_size > shape.n_rows:
-        raise ValueError(f"block_size={block_size} is larger than {path!r}, which has {shape.n_rows} rows")
+        block_size = shape.n_rows  # one block of every row, as the established API read it
     blocks = BlockPlan(shape.n_rows, block_size, cyclic=cyclic, remainder=remainder)
     return plan_blocks(blocks, machine, n_procs=n_procs, read_ahead=read_ahead, remote=shape.remote,
                        slot_bytes=block_size * shape.row_nbytes, shm_free=shm_free)

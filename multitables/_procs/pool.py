@@ -54,6 +54,20 @@ NOTE [shutdown]
     watch that the consumer lives (pid and start time) and exit within
     ~0.5 s of its death; one that finds the consumer gone unlinks the names
     it mapped itself, in case the consumer died before it could.
+
+NOTE [forked children]
+    A program may fork while it holds a stream, batches or a Reader (an
+    ``os.fork`` of its own, a library's). The readers are the parent's: a
+    child that closed or dropped its copy told them to stop and tried to
+    join them, and the parent then waited for ever on its next batch. So a
+    pool remembers the process that started it (:attr:`ReaderPool.owner`);
+    in any other, :meth:`ReaderPool.close` closes only that process's copies
+    of the pipes, looking reads no report (they are the parent's), and using
+    the readers raises a ``RuntimeError`` that says why (the front ends call
+    :meth:`ReaderPool.check_owner`; a slot or stage given back there touches
+    nothing shared). multiprocessing's exit handler, which a forked child
+    runs when it exits normally, would also terminate every daemonic process
+    it believes it started: the readers leave its list in every forked child.
 """
 
 from __future__ import annotations
@@ -65,6 +79,7 @@ import select
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable
 
 from .._shm.release import settle_releases
@@ -130,6 +145,21 @@ def preload_in_forkserver(ctx: Any) -> None:
         ctx.set_forkserver_preload(current + missing)
 
 
+#: Every pool that started readers, for the fork hook below.
+_POOLS: "weakref.WeakSet[ReaderPool]" = weakref.WeakSet()
+
+
+def _disown_readers() -> None:
+    """In a forked child: the readers are not its processes (NOTE [forked children])."""
+    children = getattr(multiprocessing.process, "_children", None)
+    if children is not None:
+        for pool in list(_POOLS):
+            children.difference_update(pool._procs)
+
+
+os.register_at_fork(after_in_child=_disown_readers)
+
+
 class ReaderPool:
     """Reader processes running one loop, and what the consumer knows of them; owned by one front end.
 
@@ -141,6 +171,8 @@ class ReaderPool:
         self.ctx = multiprocessing.get_context(start_method)
         preload_in_forkserver(self.ctx)
         self.filename, self.path, self._name = filename, path, name
+        #: The process that started the readers, the one that may use and stop them (NOTE [forked children]).
+        self.owner = os.getpid()
         self.attached = self.ctx.Semaphore(0)
         self.closed = False
         self._procs: list[Any] = []
@@ -158,6 +190,7 @@ class ReaderPool:
     def start(self, loop: Callable[..., None], args: "list[tuple[Any, ...]]") -> None:
         """Start one reader per entry of ``args``, each running ``loop(reader, *args[i])``."""
         settle_releases()  # no unmapping on a thread while forking (NOTE [release off the path])
+        _POOLS.add(self)
         me = os.getpid()
         me_start = process_start_time(me)
         n = len(args)
@@ -191,11 +224,25 @@ class ReaderPool:
         """Readers whose end the pool has not seen yet."""
         return len(self._watched)
 
+    @property
+    def foreign(self) -> bool:
+        """Whether this process is not the one that started the readers: a forked child (NOTE [forked children])."""
+        return os.getpid() != self.owner
+
+    def check_owner(self) -> None:
+        """Raise ``RuntimeError`` in a process that did not start the readers (NOTE [forked children])."""
+        if self.foreign:
+            raise RuntimeError(
+                f"the {self._name} processes of {self.filename!r} belong to process {self.owner}, which made them; "
+                f"this process ({os.getpid()}) is a fork of it and cannot use them: make the stream, batches or "
+                f"Reader anew here"
+            )
+
     # -- watching ----------------------------------------------------------------
     def look(self) -> None:
         """Collect waiting reports and the readers that ended (NOTE [failure reports]); cheap, call it every block."""
         with self._lock:
-            if self.closed or self._quiet():
+            if self.closed or self.foreign or self._quiet():
                 return
             self._drain(0.0)
             if not self._watched:
@@ -314,6 +361,14 @@ class ReaderPool:
     def close(self, tell_stop: Callable[[], None]) -> None:
         """Stop every reader and close the pool's fds (NOTE [shutdown] 1-4); idempotent."""
         if self.closed:
+            return
+        if self.foreign:  # a fork's copy: its pipes only, the readers are the owner's
+            with self._lock:
+                self.closed = True
+                for conn in self._conns:
+                    conn.close()
+                self._listening.clear()
+                self._watched.clear()
             return
         tell_stop()
         end_processes(self._procs)

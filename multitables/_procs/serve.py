@@ -308,6 +308,7 @@ class ServeReaders:
     # -- feeding ----------------------------------------------------------------
     def _push(self, reader: int, item: Item) -> None:
         """Put one item in a reader's inbox, waiting (with liveness checks) while it is full."""
+        self.pool.check_owner()
         space = self._syncs[reader].space
         while not space.acquire(timeout=TICK):
             self.look()
@@ -333,6 +334,8 @@ class ServeReaders:
 
     def detach(self, stage_id: int) -> None:
         """Have every live reader unmap a closed stage (does not wait)."""
+        if self.pool.foreign:
+            return  # the readers are another process's (NOTE [forked children] in ``pool``)
         dead = self._dead()
         for i in range(self.n_procs):
             if i not in dead and not self.closed:
@@ -341,7 +344,7 @@ class ServeReaders:
     # -- stopping ---------------------------------------------------------------
     def finish(self) -> None:
         """Tell every reader to stop once it has served what its inbox holds (does not wait)."""
-        if self.closed or self.finishing:
+        if self.closed or self.finishing or self.pool.foreign:
             return
         self.finishing = True
         dead = self._dead()
@@ -351,7 +354,7 @@ class ServeReaders:
 
     def running(self, timeout: float = 0.0) -> bool:
         """Whether a reader still runs, after waiting up to ``timeout`` s for one to end."""
-        if self.closed:
+        if self.closed or self.pool.foreign:
             return False
         self.pool.wait_any(timeout)
         self.look()

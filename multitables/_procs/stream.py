@@ -229,6 +229,7 @@ class StreamReaders:
         keep, through its traceback, every frame it went up through (the
         caller's loop and its locals) in a cycle with this object.
         """
+        self.pool.check_owner()
         if self._fault is not None:
             raise self._fault()
         if self.pool.closed:  # closed from another thread while this one waited for a block

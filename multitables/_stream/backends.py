@@ -187,6 +187,8 @@ class RingBackend:
         self._next = self._pool.rewind()
 
     def release(self, slot: int) -> None:
+        if self._pool.pool.foreign:
+            return  # a fork's copy of a block: the ring is the owner's (NOTE [forked children] in ``_procs.pool``)
         self._ring.release(slot, self.check)
 
     def lend(self, slot: int, rows: int) -> np.ndarray:

@@ -349,7 +349,7 @@ class Batches:
         self._epoch, self._batch, self._elastic = epoch, 0, elastic
         self._step = step  # the step goes on from where it was, at any world size
         settings, _rows = self._epoch_plan(epoch)
-        if settings is None:  # every row of the epoch was delivered: on to the next
+        if settings is None or batch == settings.n_batches:  # every row of the epoch was delivered: on to the next
             self._epoch, self._elastic = epoch + 1, []
         elif batch > settings.n_batches:
             raise ValueError(f"batch={batch} is beyond the {settings.n_batches} batches of that epoch")

@@ -118,7 +118,8 @@ def test_any_shape_of_epoch_delivers_the_plan_and_resumes_anywhere(
         state = b.state_dict()
         again = multitables.Streamer(stream.filename).get_batches(["/X", "/y"], rank=rank, **kwargs)
         again.load_state_dict(json.loads(json.dumps(state)))
-        rest = [y.tolist() for y in epoch_rows(again)]
+        assert again.epoch == (1 if k == len(planned) else 0)  # saved at the epoch's end: on at the next
+        rest = [y.tolist() for y in epoch_rows(again)] if k < len(planned) else []
         assert first + rest == planned
 
 
@@ -214,6 +215,27 @@ def test_resume_in_a_fresh_streamer_neither_repeats_nor_skips(data_file) -> None
     for epoch in range(2):
         np.testing.assert_array_equal(np.concatenate(got[epoch]), epochs[epoch])
     assert fresh.epoch == 2
+
+
+def test_a_state_saved_at_an_epochs_last_batch_resumes_at_the_next_epoch(data_file) -> None:
+    # The loop of the docs, for epoch in range(batches.epoch, n), must not run an empty epoch first.
+    path = data_file(500)
+    kwargs = dict(batch_size=64, seed=3, n_procs=0)
+    b = multitables.Streamer(path).get_batches(["/X", "/y"], **kwargs)
+    for i, (x, y) in enumerate(b):
+        if i == len(b) - 1:
+            state = json.loads(json.dumps(b.state_dict()))  # saved during the last batch's step
+    assert (state["epoch"], state["batch"]) == (0, len(b))
+    expected = epoch_rows(b)  # epoch 1, in full
+    fresh = multitables.Streamer(path).get_batches(["/X", "/y"], **kwargs)
+    fresh.load_state_dict(state)
+    assert fresh.epoch == 1
+    got = []
+    for epoch in range(fresh.epoch, 2):
+        fresh.set_epoch(epoch)
+        got += epoch_rows(fresh)
+    np.testing.assert_array_equal(np.concatenate(got), np.concatenate(expected))
+    assert fresh.state_dict()["step"] == 2 * len(b)
 
 
 def test_an_iteration_goes_on_from_where_the_last_one_stopped(data_file) -> None:
@@ -561,7 +583,8 @@ def test_a_subset_is_planned_as_a_dataset_of_its_rows_and_resumes_anywhere(
             assert first == planned[:k]
             again = stream.get_batches(["/X", "/y"], rank=rank, **kwargs)
             again.load_state_dict(json.loads(json.dumps(b.state_dict())))
-            rest = [y.tolist() for y in epoch_rows(again)]
+            assert again.epoch == (1 if k == len(planned) else 0)  # saved at the epoch's end: on at the next
+            rest = [y.tolist() for y in epoch_rows(again)] if k < len(planned) else []
             assert first + rest == planned
             seen.extend(r for batch in planned for r in batch)
         assert sorted(seen) == rows.tolist()  # every row of the subset once an epoch, and no other

@@ -23,7 +23,7 @@ from ._io.blockread import delivered
 from ._plan.epoch import EpochSettings, remaining_after
 from ._plan.subset import EpochRows, epoch_rows
 from ._sys.checks import check_bool, check_columns, check_fields, check_int, rank_and_world
-from ._train.mix import MixedBatches, mix_batches
+from ._train.mix import NOT_COPIED, MixedBatches, mix_batches
 from ._train.transforms import infer_transforms
 from ._train.feed import EpochPieces, Feed, plan_feed
 from ._train.buffers import WindowMemory
@@ -355,6 +355,10 @@ class Batches:
             raise ValueError(f"batch={batch} is beyond the {settings.n_batches} batches of that epoch")
         else:
             self._batch = batch
+
+    def __reduce__(self) -> Any:
+        # copy.copy shared the feed and position: two iterations ending each other. pickle failed on a weakref.
+        raise TypeError(NOT_COPIED.format(type(self).__name__))
 
     def close(self) -> None:
         """Stop the readers, free the window buffers, end the copy threads (idempotent); dropping does the same.

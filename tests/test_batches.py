@@ -238,6 +238,20 @@ def test_a_state_saved_at_an_epochs_last_batch_resumes_at_the_next_epoch(data_fi
     assert fresh.state_dict()["step"] == 2 * len(b)
 
 
+def test_batches_and_mixes_are_neither_pickled_nor_copied_but_say_what_to_do(data_file) -> None:
+    import copy
+    import pickle
+
+    stream = multitables.Streamer(data_file(300))
+    b = stream.get_batches(["/X", "/y"], batch_size=50, n_procs=0)
+    mix = multitables.mix_batches([b, stream.get_batches(["/X", "/y"], batch_size=50, n_procs=0)], [1, 1])
+    for obj in (b, mix):
+        for how in (pickle.dumps, copy.copy, copy.deepcopy):
+            with pytest.raises(TypeError, match="neither pickled nor copied: save its position with state_dict"):
+                how(obj)
+    assert len(epoch_rows(b)) == 6  # untouched
+
+
 def test_an_iteration_goes_on_from_where_the_last_one_stopped(data_file) -> None:
     b = multitables.Streamer(data_file(500)).get_batches(["/X", "/y"], batch_size=50, seed=1, n_procs=0)
     planned = [p.tolist() for p in settings_of(b).rank_epoch(0, 0).batches()]

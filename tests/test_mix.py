@@ -7,6 +7,7 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+import psutil
 import pytest
 
 from hypothesis import HealthCheck, given, settings
@@ -94,6 +95,9 @@ def test_bad_proportions_are_refused(sources, proportions, match: str) -> None:
 def test_one_source_is_not_a_mix(sources) -> None:
     with pytest.raises(ValueError, match="at least two sources"):
         multitables.mix_batches(sources()._sources[:1], [1.0])
+    once = sources()._sources[0]
+    with pytest.raises(ValueError, match="sources 0 and 1 are the same Batches"):  # two schedules, one position
+        multitables.mix_batches([once, once], [0.5, 0.5])
 
 
 def test_the_mixing_snippet_of_the_training_docs_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -206,10 +210,10 @@ def test_per_row_refuses_sources_that_cannot_share_a_batch(tmp_path: Path, row_s
     f = multitables.Streamer(tmp_path / "f.h5")
     with pytest.raises(ValueError, match="batch sizes differ: \\[50, 60\\]"):
         multitables.mix_batches([a.get_batches("/y", 50), f.get_batches("/y", 60)], [1, 1], per="row")
-    mix = multitables.mix_batches([a.get_batches("/y", 50, n_procs=0), f.get_batches("/y", 50, n_procs=0)], [1, 1], per="row")
-    with pytest.raises(TypeError, match="int64.*float64|float64.*int64"):
-        next(iter(mix))
-    mix.close()
+    before = psutil.Process().children()
+    with pytest.raises(TypeError, match="int64.*float64|float64.*int64"):  # when the mix is made, no reader started
+        multitables.mix_batches([a.get_batches("/y", 50, n_procs=1), f.get_batches("/y", 50, n_procs=1)], [1, 1], per="row")
+    assert psutil.Process().children() == before
     with pytest.raises(ValueError, match="per='rows' is not one of"):
         multitables.mix_batches([a.get_batches("/y", 50), f.get_batches("/y", 50)], [1, 1], per="rows")
     by_batch = row_sources()[0].state_dict()

@@ -40,6 +40,10 @@ SCHEDULE_STEPS = 1024
 _MIX, _MIX_ROWS, _MIX_ORDER = 3, 4, 5
 #: How a mix takes from its sources: whole batches, or rows of every source in each batch.
 PER = ("batch", "row")
+#: Why training batches (and a mix of them) are neither pickled nor copied, with what to do instead.
+NOT_COPIED = ("a {} holds reader processes, shared memory and one position, so it is neither pickled nor copied: "
+              "save its position with state_dict() and load_state_dict() it into batches made anew (get_batches "
+              "again for a second, independent one)")
 
 
 def row_counts(proportions: np.ndarray, batch_size: int, seed: int, step: int) -> np.ndarray:
@@ -78,12 +82,21 @@ class MixedBatches:
         self._sources = list(sources)
         if len(self._sources) < 2:
             raise ValueError("mix_batches needs at least two sources")
+        seen: "dict[int, int]" = {}
+        for i, source in enumerate(self._sources):
+            if seen.setdefault(id(source), i) != i:  # one position, taken from by two schedules
+                raise ValueError(f"sources {seen[id(source)]} and {i} are the same Batches; give it once, with the "
+                                 f"sum of their proportions (or make a second Batches over the same files)")
         if per not in PER:
             raise ValueError(f"per={per!r} is not one of {PER}")
         self._per = per
         sizes = {source.batch_size for source in self._sources}
         if per == "row" and len(sizes) > 1:
             raise ValueError(f"per='row' mixes rows into batches of one size; the sources' batch sizes differ: {sorted(sizes)}")
+        kinds = {tuple((np.dtype(d), tuple(shape)) for d, shape in source.row_types) for source in self._sources}
+        if per == "row" and len(kinds) > 1:
+            listed = "; ".join(sorted(", ".join(f"{d} rows of shape {shape}" for d, shape in kind) for kind in kinds))
+            raise TypeError(f"per='row' mixes rows of one kind; the sources' rows differ: {listed}")
         self._batch_size = sizes.pop() if len(sizes) == 1 else 0
         # per="row": each source's batch being taken from, its position before it, and rows taken of it.
         self._held: "list[tuple[dict[str, Any], Any, int] | None]" = [None] * len(self._sources)
@@ -161,7 +174,8 @@ class MixedBatches:
         return _join(pieces, order)
 
     def __iter__(self) -> "Iterator[Batch]":
-        """The batches from the current step on; leaving the loop early (``break``) stops every source's readers."""
+        """The batches from the current step on; leaving the loop early (``break``) keeps the position, and every
+        source's readers wait, idle, for the next iteration (as a source's own do): :meth:`close` stops them."""
         try:
             if self._per == "row":
                 while self._steps is None or self._step < self._steps:
@@ -203,6 +217,9 @@ class MixedBatches:
         self._held = [None] * len(self._sources)
         self._skip = [int(n) for n in state["taken"]] if self._per == "row" else [0] * len(self._sources)
         self._step = int(state["step"])
+
+    def __reduce__(self) -> Any:
+        raise TypeError(NOT_COPIED.format(type(self).__name__))
 
     def close(self) -> None:
         """Stop every source's readers and free their buffers (the positions stay)."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import warnings
-import weakref
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, Union
 
@@ -28,6 +27,7 @@ from ._train.transforms import infer_transforms
 from ._train.feed import EpochPieces, Feed, plan_feed
 from ._train.buffers import WindowMemory
 from ._train.draws import DrawsAhead
+from ._train.iteration import Current
 from ._train.windows import Alloc, Carry, NoWindows, Staging, Windows, cut, epoch_windows
 
 if TYPE_CHECKING:
@@ -209,9 +209,7 @@ class Batches:
         self._step = 0  # batches delivered since epoch 0 began, at whatever world sizes
         #: The current epoch's parts run at other world sizes: (world_size, batches), NOTE [elastic resume].
         self._elastic: list[tuple[int, int]] = []
-        # The iteration in progress, weakly: it holds this object (its frame's ``self``), and a reference back
-        # would be a cycle that only the cycle collector frees, the readers running until then.
-        self._active: "weakref.ref[Iterator[Batch]] | None" = None
+        self._current = Current()  # the iteration in progress
         self._memory: "WindowMemory | None" = None  # see _window_memory
         # The readers, kept from epoch to epoch (NOTE [readers across epochs] in ``_procs.stream``). It holds
         # nothing of this object, so dropping the batches drops it, and its queues stop their readers.
@@ -296,7 +294,7 @@ class Batches:
         epoch = check_int("epoch", epoch, 0, allow_none=False)  # type: ignore[assignment]
         self._looping = True  # set_epoch is what an epoch loop calls: read ahead into the next one
         if epoch != self._epoch:
-            self._stop_active()
+            self._current.end()
             self._epoch, self._batch, self._elastic = epoch, 0, []
             self._step = epoch * self._settings.n_batches  # as if every epoch before ran at this world size
 
@@ -344,7 +342,7 @@ class Batches:
         elastic = [(int(w), int(b)) for w, b in state.get("elastic", [])]
         if world != self.world_size:
             elastic, batch = elastic + [(world, batch)], 0
-        self._stop_active()
+        self._current.end()
         self._carry = None  # its epoch's plan may differ now (an elastic resume)
         self._epoch, self._batch, self._elastic = epoch, 0, elastic
         self._step = step  # the step goes on from where it was, at any world size
@@ -356,15 +354,14 @@ class Batches:
         else:
             self._batch = batch
 
-    def __reduce__(self) -> Any:
-        # copy.copy shared the feed and position: two iterations ending each other. pickle failed on a weakref.
+    def __reduce__(self) -> Any:  # a copy would share the feed and position; pickle would fail on a weakref
         raise TypeError(NOT_COPIED.format(type(self).__name__))
 
     def close(self) -> None:
         """Stop the readers, free the window buffers, end the copy threads (idempotent); dropping does the same.
 
         The position stays: iterating again goes on from it, with new readers."""
-        self._stop_active()
+        self._current.end()
         self._close_feed()
         self._rows.close()
         if self._memory is not None:
@@ -403,12 +400,6 @@ class Batches:
             return {name: np.ascontiguousarray(arrays[0][name]) for name in self._columns}
         return arrays[0] if self._single else tuple(arrays)
 
-    def _stop_active(self) -> None:
-        ref, self._active = self._active, None
-        active = None if ref is None else ref()
-        if active is not None:
-            active.close()  # type: ignore[attr-defined]
-
     # -- iteration -----------------------------------------------------------
 
     def __iter__(self) -> Iterator[Batch]:
@@ -424,7 +415,7 @@ class Batches:
         The arrays are the caller's: nothing here writes to them after their batch. ``staging``: how shuffled
         windows' rows reach them (NOTE [staging] in ``_train.windows``; None: gathered on the host).
         """
-        self._stop_active()  # an older iteration ends here: its position is this one's start
+        self._current.end(newer=True)  # an older iteration ends here: its position is this one's start
         make = lambda n: list(alloc(n))  # noqa: E731 - a list, as the windows take
         if self._epochs == 1:
             # Whether another epoch follows is not said: read ahead into it in a loop of epochs (set_epoch was
@@ -432,8 +423,7 @@ class Batches:
             it = self._iterate(self._epoch, self._batch, make, self._looping, staging)
         else:
             it = self._run_epochs(self._epochs, make, staging)
-        self._active = weakref.ref(it)
-        return it
+        return self._current.start(it)
 
     @property
     def row_types(self) -> "list[tuple[np.dtype, tuple[int, ...]]]":

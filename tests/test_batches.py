@@ -260,13 +260,17 @@ def test_an_iteration_goes_on_from_where_the_last_one_stopped(data_file) -> None
     rest = [y.tolist() for y in epoch_rows(b)]
     assert first + second + rest == planned
     assert b.epoch == 1 and b.state_dict()["batch"] == 0
-    # A new iteration ends an unfinished one; the old one's position is where the new one starts.
+    # A new iteration ends an unfinished one, which then says so (a loop nested in a loop over the same
+    # batches would otherwise end the outer one without a word); the old one's position is where the new one starts.
     it1 = iter(b)
     next(it1)
     it2 = iter(b)
-    with pytest.raises(StopIteration):
+    with pytest.raises(RuntimeError, match="ended by a newer one: a Batches has one position"):
         next(it1)
     assert next(it2)[1].tolist() == list(settings_of(b).rank_epoch(1, 0).batches())[1].tolist()
+    b.set_epoch(3)  # a jump, or close(), ends an iteration as its epoch's end would
+    with pytest.raises(StopIteration):
+        next(it2)
 
 
 def test_a_single_path_gives_arrays_and_batches_are_yours(data_file) -> None:

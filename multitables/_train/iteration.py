@@ -1,0 +1,66 @@
+"""The iteration in progress over training batches, which a newer iteration of the same batches ends."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Iterator
+
+
+class Iteration:
+    """The batches of one iteration, until it ends or a newer iteration ends it (``superseded``).
+
+    A :class:`~multitables.batches.Batches` has one position, which every
+    iteration goes on from; a second ``iter()`` takes it over. The older
+    iteration then raises rather than stop as if the epoch were over: a loop
+    nested in a loop over the same batches (each ``iter()`` of a
+    ``DataLoader`` is a pass of its own) would otherwise end the outer loop
+    without a word.
+    """
+
+    __slots__ = ("_it", "superseded", "__weakref__")
+
+    def __init__(self, it: Iterator[Any]) -> None:
+        self._it = it
+        self.superseded = False
+
+    def __iter__(self) -> "Iteration":
+        return self
+
+    def __next__(self) -> Any:
+        if self.superseded:
+            raise RuntimeError(
+                "this iteration over the batches was ended by a newer one: a Batches has one position, which each "
+                "iteration takes over, so iterate it in one loop at a time (get_batches again for another pass)"
+            )
+        return next(self._it)
+
+    def close(self) -> None:
+        self._it.close()
+
+
+class Current:
+    """The iteration in progress over one Batches, if any, held weakly.
+
+    The iteration holds the batches (its frame's ``self``): a reference back
+    would be a cycle that only the cycle collector frees, the readers running
+    until then.
+    """
+
+    __slots__ = ("_ref",)
+
+    def __init__(self) -> None:
+        self._ref: "weakref.ref[Iteration] | None" = None
+
+    def start(self, it: Iterator[Any]) -> Iteration:
+        """``it``'s batches as the iteration in progress (:meth:`end` the one before first)."""
+        iteration = Iteration(it)
+        self._ref = weakref.ref(iteration)
+        return iteration
+
+    def end(self, newer: bool = False) -> None:
+        """End the iteration in progress, if any; ``newer``: a new one ends it (its next ``next`` then raises)."""
+        active = None if self._ref is None else self._ref()
+        self._ref = None
+        if active is not None:
+            active.superseded = newer
+            active.close()

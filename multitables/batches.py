@@ -279,6 +279,11 @@ class Batches:
         """The epoch the next batch comes from."""
         return self._epoch
 
+    @property
+    def epochs(self) -> "int | None":
+        """Epochs one iteration runs through (None: endless)."""
+        return self._epochs
+
     def __len__(self) -> int:
         """Batches per epoch (the same on every rank)."""
         return self._settings.n_batches

@@ -223,7 +223,10 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
             if self.batches.steps is None:
                 raise TypeError("a mix of batches without steps= is endless: it has no length")
             return self.batches.steps
-        return len(self.batches)
+        # What one pass gives, as PyTorch counts a dataset's length: epochs=3 is three epochs' batches.
+        if self.batches.epochs is None:
+            raise TypeError("batches made with epochs=None are endless: they have no length")
+        return len(self.batches) * self.batches.epochs
 
     def __reduce__(self) -> Any:
         # A worker started with spawn or forkserver gets the dataset pickled: refuse it here, clearly.

@@ -7,6 +7,7 @@ import os
 import pickle
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +68,18 @@ def test_to_tensor_converts_byte_order_and_names_bad_dtypes() -> None:
     assert mtt.to_tensor(native).data_ptr() == native.ctypes.data
     with pytest.raises(TypeError, match="'/table'"):
         mtt.to_tensor(np.zeros(3, [("a", "<i4"), ("b", "<f8")]), "/table")
+
+
+def test_the_length_is_what_one_pass_gives_as_pytorch_counts_it(h5: Path) -> None:
+    stream = multitables.Streamer(h5)
+    three = mtt.get_batches(stream, ["/X", "/y"], batch_size=64, n_procs=0, epochs=3)
+    loader = torch.utils.data.DataLoader(three, batch_size=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # PyTorch warns where a pass gives more than len()
+        assert len(loader) == 3 * len(three.batches) == sum(1 for _ in loader) == 48
+    endless = mtt.get_batches(stream, ["/X", "/y"], batch_size=64, n_procs=0, epochs=None)
+    with pytest.raises(TypeError, match="endless"):
+        len(endless)
 
 
 def test_inside_a_dataloader_with_set_epoch(h5: Path) -> None:

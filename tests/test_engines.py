@@ -30,6 +30,30 @@ def test_auto_prefers_chunks_and_takes_tables_for_pytables_open_options(make_arr
         resolve_engine("chunks", node, {"DRIVER": "H5FD_CORE"})
 
 
+@pytest.mark.parametrize("n_procs", [0, 2])
+def test_h5py_open_options_are_checked_up_front_and_used_in_every_process(make_array, monkeypatch, n_procs: int) -> None:
+    import psutil
+
+    data = np.arange(4000, dtype="<f4").reshape(1000, 4)
+    path = make_array(data)
+    before = psutil.Process().children()
+    with pytest.raises(TypeError, match="'foo' is an invalid keyword"):  # h5py's own error, before any reader
+        multitables.Streamer(path, engine="h5py", foo=1).get_queue("/data", n_procs=n_procs)
+    assert psutil.Process().children() == before
+    # In this process too the file is opened with them (an in-memory driver here), not the checks' open.
+    opened = []
+    real = h5py.File
+    monkeypatch.setattr(h5py, "File", lambda *a, **kw: opened.append(kw.get("driver")) or real(*a, **kw))
+    stream = multitables.Streamer(path, engine="h5py", driver="core", backing_store=False)
+    got = []
+    with stream.get_queue("/data", n_procs=n_procs, block_size=100, ordered=True) as queue:
+        for guard in queue.iter():
+            with guard as block:
+                got.append(block.copy())
+    np.testing.assert_array_equal(np.concatenate(got), data)
+    assert opened.count("core") == (2 if n_procs == 0 else 1)  # checked up front, then read here (n_procs=0)
+
+
 def test_a_filter_the_chunk_engine_lacks_resolves_and_opens_as_h5py(tmp_path: Path) -> None:
     data = np.random.default_rng(2).standard_normal((500, 6)).astype("<f4")
     path = tmp_path / "zfp.h5"

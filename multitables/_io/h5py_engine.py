@@ -164,6 +164,9 @@ class H5pySource:
         # checks' file closes with its last object (node.close_dataset).
         self._file = None
         self._fileobj: Any = None
+        if dataset is not None and open_kwargs:  # the checks' open had none of the caller's options
+            close_dataset(dataset)
+            dataset = None
         if dataset is None:
             # An object is read through a file object over its bytes: slower than the chunk engine, but right.
             self._fileobj = None if node.remote is None else file_object(node.remote)
@@ -423,6 +426,10 @@ class H5pyEngine:
         lacks = h5py_lacks(node)
         if lacks:
             return "its HDF5 cannot decode filter " + ", ".join(filter_label(node, fid) for fid in lacks)
+        if open_kwargs and node.remote is None and not node.parts:  # a bad option raises h5py's own error, here
+            import h5py
+
+            h5py.File(node.filename, "r", **open_kwargs).close()
         return None
 
     def open(self, node: NodeInfo, open_kwargs: "dict[str, Any]", plan: Any = None, dataset: Any = None, *,

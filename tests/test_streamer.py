@@ -546,6 +546,19 @@ def test_a_block_size_beyond_the_rows_is_one_block_of_them_all(make_array, n_pro
     assert stream.get_remainder("/data", 3).shape == (0, 4)
 
 
+@pytest.mark.parametrize("n_procs", [0, 2])
+def test_a_released_guard_gives_no_block_again(make_array, n_procs: int) -> None:
+    stream = multitables.Streamer(make_array(np.arange(100, dtype="<i8")))
+    with stream.get_queue("/data", n_procs=n_procs, block_size=10, ordered=True) as queue:
+        guard = queue.get()
+        with guard as block:
+            assert block.tolist() == list(range(10))
+        with pytest.raises(multitables.StreamClosedError, match="released already"):
+            with guard:
+                pass  # its slot may hold another block by now
+        assert [int(b[0]) for b in blocks_of(queue)] == list(range(10, 100, 10))
+
+
 def test_bad_streamer_arguments(make_array) -> None:
     with pytest.raises(ValueError, match="engine='gpu'"):
         multitables.Streamer(make_array(np.zeros(3)), engine="gpu")

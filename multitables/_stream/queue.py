@@ -67,8 +67,9 @@ class Guard:
         self._dropped.atexit = False
 
     def __enter__(self) -> np.ndarray:
-        if not self._released:
-            self._queue._hold(self._slot)  # type: ignore[union-attr]
+        if self._released:  # its slot may hold another block by now
+            raise StreamClosedError("this guard's block was released already: a guard gives its block once")
+        self._queue._hold(self._slot)  # type: ignore[union-attr]
         return self.block
 
     def __exit__(self, *exc: object) -> None:

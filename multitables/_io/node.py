@@ -444,8 +444,9 @@ def _describe(filename: str, path: str, field: "str | None", ds: Any, allow_empt
         if dt.kind == "O" and h5py.check_vlen_dtype(dt) is not None:
             # A PyTables VLArray, or an h5py vlen dataset.
             raise NodeTypeError(
-                f"{where} holds variable-length rows (a VLArray): rows of different sizes fit no fixed-size slot "
-                f"or stage, so no access mode of multitables (Streamer or Reader) reads them; read them with "
+                f"{where} holds variable-length elements (a VLArray, an h5py vlen dataset): rows of different "
+                f"sizes fit no fixed-size slot or stage, so no access mode of multitables (Streamer or Reader) reads "
+                f"them; read them with "
                 f"PyTables or h5py directly (tables.open_file(...).get_node(path)[i], or h5py's dataset[i])"
             )
         raise NodeTypeError(

@@ -192,7 +192,7 @@ def epochs(stream: "object", n: int, n_epochs: int, label: str, profiled: bool, 
         import multitables.torch as mt
 
         batches = mt.get_batches(stream, "/X", BATCH, n_procs=n, epochs=None, seed=0, device=device)
-    per_epoch = len(batches)
+    per_epoch = len(batches if device is None else batches.batches)  # per epoch (the adapter's: a pass)
     it = iter(batches)
     for _ in range(per_epoch):  # the first epoch: readers start, the windows fill
         next(it)

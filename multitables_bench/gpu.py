@@ -173,7 +173,7 @@ def gpu_section(path: str, n_procs: int, log: Callable[[str], None], device: Any
     on_gpu = device.type == "cuda"
     stream = multitables.Streamer(path)
     cpu = mt.get_batches(stream, "/X", BATCH, n_procs=n_procs, epochs=None, seed=0)
-    n = len(cpu)
+    n = len(cpu.batches)  # per epoch: the adapter's len() is a pass, none when endless
     figures: list[GpuFigure] = []
 
     def record(label: str, seconds: float, waited: "float | None", batches: int, waits: "list[float] | None" = None) -> None:

@@ -392,6 +392,28 @@ def test_corrupt_chunk_reraised_with_traceback_path_and_rows(
         assert isinstance(err, OSError)
 
 
+@pytest.mark.parametrize("engine", ["h5py", "chunks", "tables"])
+def test_a_failure_in_this_process_takes_a_readers_form(no_leaks: None, h5file: Path, tmp_path: Path, engine: str) -> None:
+    # A stream too small for readers (or n_procs=0) is read here: its errors carry the same context, and
+    # `except ReaderError` catches them, as docs/failures.rst says of every read.
+    broken = tmp_path / "broken.h5"
+    rows = corrupt_chunk(h5file, broken, 7)
+    with Streamer(broken, engine=engine).get_queue("/data", n_procs=0, block_size=CHUNK, ordered=True) as q:
+        with pytest.raises(ReaderError) as info:
+            drain(q)
+    err = info.value
+    assert (err.rows, err.path, err.filename, err.pid) == (rows, "/data", str(broken), os.getpid())
+    assert f"Caught {type(err.__cause__).__name__} in this process (pid {os.getpid()})" in str(err)
+    assert isinstance(err, type(err.__cause__)) and "read_into" in err.remote_traceback  # the original type, its cause
+    changed = tmp_path / "changed.h5"
+    shutil.copyfile(h5file, changed)
+    with Streamer(changed).get_queue("/data", n_procs=0, block_size=CHUNK) as q, pytest.raises(ReaderError) as info:
+        with q.get():
+            os.utime(changed, ns=(0, 0))  # a change is a ReaderError here too (and an OSError)
+        drain(q)
+    assert isinstance(info.value, FileChangedError) and isinstance(info.value, OSError)
+
+
 def test_blocks_before_a_corrupt_chunk_are_right(no_leaks: None, h5file: Path, tmp_path: Path, data: np.ndarray) -> None:
     broken = tmp_path / "broken.h5"
     corrupt_chunk(h5file, broken, 7)

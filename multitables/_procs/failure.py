@@ -63,14 +63,18 @@ class FailureReport:
         )
 
     def to_exception(self) -> ReaderError:
-        """Build the exception raised in the consumer: a ReaderError that is also the original type."""
+        """Build the exception raised in the consumer: a ReaderError that is also the original type.
+
+        A ``reader_index`` below 0 is the consumer itself, reading a stream
+        too small for reader processes: its errors take the same form.
+        """
         short_name = self.exc_type_name.rpartition(".")[2]
         where = f"rows {self.rows[0]}:{self.rows[1]} of " if self.rows else ""
-        text = (
-            f"Caught {short_name} in reader {self.reader_index} (pid {self.pid}) "
-            f"while reading {where}{self.path!r} in {self.filename!r}: {self.message}\n\n"
-            f"Original traceback in the reader:\n{self.traceback}"
-        )
+        if self.reader_index >= 0:
+            who, tail = f"reader {self.reader_index} (pid {self.pid})", f"\n\nOriginal traceback in the reader:\n{self.traceback}"
+        else:  # its cause, chained, shows the traceback
+            who, tail = f"this process (pid {self.pid}), which reads the stream itself,", ""
+        text = f"Caught {short_name} in {who} while reading {where}{self.path!r} in {self.filename!r}: {self.message}{tail}"
         exc = ReaderError.like(self.exc_type_name, text)
         exc.reader_index = self.reader_index
         exc.pid = self.pid

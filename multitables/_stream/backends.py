@@ -14,6 +14,7 @@ goes (NOTE [readers across epochs] in ``_procs.stream``) also takes
 from __future__ import annotations
 
 import math
+import os
 import threading
 from typing import Any
 
@@ -22,6 +23,7 @@ import numpy as np
 from .._io.fileset import node_signature
 from .._io.node import check_file_unchanged
 from .._plan.blocks import GrowingPlan
+from .._procs.failure import FailureReport
 from .._procs.stream import StreamReaders, StreamSpec
 from .._shm.ring import TICK
 from .._sys.refs import held_elsewhere
@@ -76,8 +78,14 @@ class InlineBackend:
         memory = self._buffers[slot]
         if memory is None:  # another thread closed the stream: its buffers may be another stream's now
             raise StreamClosedError("the stream was closed while a block was being taken")
-        rows = self._blocks.read(k, as_block(memory, self._spec))
-        check_file_unchanged(self._spec.node.filename, self._signature)  # as the readers do
+        span: list[tuple[int, int]] = []
+        try:
+            rows = self._blocks.read(k, as_block(memory, self._spec), lambda a, b: span.append((a, b)))
+            check_file_unchanged(self._spec.node.filename, self._signature)  # as the readers do
+        except Exception as exc:  # the form a reader's failure takes: a ReaderError of the original type, in context
+            node = self._spec.node
+            raise FailureReport.from_exception(exc, -1, os.getpid(), node.filename, node.path, span[-1] if span else None
+                                               ).to_exception() from exc
         if isinstance(self._spec.plan, GrowingPlan):
             self._spec.plan.forget(k)
         return slot, rows  # every row is read again for the next block of this slot

@@ -259,7 +259,8 @@ class Streamer:
         read_ahead : int, optional
             Slots in the ring (blocks in flight). Default ``2 * n_procs + 2``,
             fewer (down to ``n_procs + 1``) where the ring would take more than
-            half of the shared memory free.
+            half of the shared memory free; 4 buffers where the blocks are read
+            in this process.
         cyclic : bool
             Wrap at the end forever; the block spanning the end holds the last
             rows followed by the first ones. Stop with :meth:`Queue.close`.

@@ -81,11 +81,17 @@ def describe_file(filename: str, args: argparse.Namespace) -> str:
     raw, disk = args.rows * row_nbytes, os.path.getsize(filename)
     import h5py
 
+    import tables
+
     with h5py.File(filename, "r") as f:
         chunk_rows = (f["/data"].chunks or (args.rows,))[0]
+    with tables.open_file(filename, "r") as f:  # what PyTables wrote: it may have taken another complib
+        filters = f.root.data.filters
+    stored = (f"{filters.complib} level {filters.complevel}" if filters.complevel else "uncompressed") + (
+        " + shuffle" if filters.shuffle else "")
     return (
         f"file: {args.rows:,} rows of {ROW_VALUES} float32 ({row_nbytes:,} B a row, {raw / 2**20:,.0f} MiB), "
-        f"{args.complib} level {args.complevel} + shuffle, chunks of {chunk_rows} rows;\n"
+        f"{stored}, chunks of {chunk_rows} rows;\n"
         f"      {args.data} data: {DATA[args.data]};\n"
         f"      {disk / 2**20:,.1f} MiB on disk ({raw / disk:.1f}x compressed)"
     )
@@ -106,7 +112,9 @@ def why(info: dict, ratios: dict, n_cpus: int, asked: "int | None") -> "list[str
         how = "multitables' chunk engine reads the stored chunks itself and decodes them"
     else:
         how = f"multitables decodes with {engine} too,"
-    if procs == 0:
+    if procs == 0 and asked == 0:
+        how += " in this process, as asked."
+    elif procs == 0:
         how += " in this process: the file is too small for reader processes to pay (try more --rows)."
     elif "one" in ratios:
         how += (f" straight into shared memory (one reader process alone: {ratios['one']:.2f}x h5py's rate), "
@@ -118,17 +126,26 @@ def why(info: dict, ratios: dict, n_cpus: int, asked: "int | None") -> "list[str
 
 
 def main(argv: "list[str] | None" = None) -> None:
+    import tables
+
     import multitables
     from multitables._plan.readers import available_cpus
 
     parser = argparse.ArgumentParser(prog="python -m multitables", description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=98304, help="rows of 1024 float32 (default 98304: 384 MiB)")
-    parser.add_argument("--complib", default="zlib", help="PyTables complib (zlib, blosc, blosc:lz4, ...)")
-    parser.add_argument("--complevel", type=int, default=3)
-    parser.add_argument("--data", choices=sorted(DATA), default="smooth")
+    parser.add_argument("--complib", default="zlib", choices=tables.filters.all_complibs, metavar="COMPLIB",
+                        help="PyTables complib: zlib (the default), blosc, blosc:lz4, ...")
+    parser.add_argument("--complevel", type=int, default=3, choices=range(10), metavar="0-9",
+                        help="compression level (default 3; 0 stores the rows uncompressed)")
+    parser.add_argument("--data", choices=sorted(DATA), default="smooth",
+                        help="; ".join(f"{name}: {text}" for name, text in sorted(DATA.items())) + " (default smooth)")
     parser.add_argument("--n-procs", type=int, default=None, help="reader processes (default: multitables' choice)")
     parser.add_argument("--file", default=None, help="write the example here and keep it")
     args = parser.parse_args(argv)
+    if args.rows < 1:
+        parser.error(f"--rows must be at least 1, got {args.rows}")
+    if args.n_procs is not None and args.n_procs < 0:
+        parser.error(f"--n-procs must be 0 or more, got {args.n_procs}")
 
     tmpdir = None
     filename = args.file

@@ -69,3 +69,22 @@ def test_why_reports_a_slower_ratio_as_measured() -> None:
     assert "(the default on 2 CPUs)" in lines and "one reader process alone: 0.50x" in lines
     lines = " ".join(why({"procs": 0, "engine": "chunks"}, {"h5py": 1.0, "direct": 2.5, "one": 1.0}, 2, None))
     assert "2.50x as fast as plain h5py" in lines and "too small for reader processes to pay" in lines
+
+
+@pytest.mark.parametrize(
+    "args, complaint",
+    [(["--rows", "0"], "--rows must be at least 1"), (["--rows", "-5"], "--rows must be at least 1"),
+     (["--complib", "bogus"], "invalid choice: 'bogus'"), (["--complevel", "12"], "invalid choice: 12"),
+     (["--n-procs", "-1"], "--n-procs must be 0 or more")],
+)
+def test_bad_arguments_are_usage_errors(args: list, complaint: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ended:
+        main(args)
+    assert ended.value.code == 2 and complaint in capsys.readouterr().err
+
+
+def test_the_file_is_described_as_written_and_n_procs_0_as_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    main(["--rows", "256", "--complevel", "0", "--n-procs", "0", "--file", str(tmp_path / "plain.h5")])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "uncompressed, chunks of" in out and "zlib level 0" not in out  # PyTables stores level 0 unfiltered
+    assert "in this process, as asked" in out and "too small" not in out

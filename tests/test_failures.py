@@ -153,6 +153,13 @@ SCRIPT = textwrap.dedent(
         with open("/proc/self/maps") as f:
             return [l.split(None, 5)[5].strip() for l in f if "/dev/shm/" + SHM_PREFIX in l]
 
+    CONSUMER = os.getpid()
+
+    def stuck(rows):  # a transform that never returns in a reader, as a read from a server that stopped answering
+        if os.getpid() != CONSUMER:
+            time.sleep(3600)
+        return rows
+
     def main():
         path, mode, start_method = sys.argv[1:4]
         s = multitables.Streamer(path, start_method=None if start_method == "default" else start_method)
@@ -195,6 +202,15 @@ SCRIPT = textwrap.dedent(
                         say(readers=readers())
                         if mode == "batches-idle":
                             break
+                time.sleep(3600)
+            elif mode == "stuck":
+                import threading
+                b = s.get_batches("/data", 64, n_procs=2, block_size=500, read_ahead=4, transform=stuck)
+                threading.Thread(target=lambda: next(iter(b)), daemon=True).start()
+                while len(readers()) < 2:
+                    time.sleep(0.01)
+                time.sleep(0.5)  # into their first block
+                say(readers=readers())
                 time.sleep(3600)
             elif mode == "full":
                 rows = 0
@@ -644,6 +660,7 @@ def test_sigint_reaches_the_user_and_cleans_up(
         pytest.param("attaching", None, id="attaching-default"),
         pytest.param("batches", None, id="batches-across-epochs"),
         pytest.param("batches-idle", None, id="batches-idle-after-break"),
+        pytest.param("stuck", None, id="stuck-in-a-read"),
     ],
 )
 def test_consumer_killed_orphans_exit_and_free_memory(

@@ -6,12 +6,23 @@ A pool (``pool.ReaderPool``) starts each reader at :func:`reader_main` with a
 requests into stages). The entry is a module-level function taking picklable
 arguments, so it works under the fork, spawn and forkserver start methods
 alike. Modelled on PyTorch's ``_utils/worker.py``.
+
+NOTE [stuck orphans]
+    A reader checks that its consumer lives between pieces of a read (NOTE
+    [orphans] in ``_io.blockread``), but a read can block where no check
+    runs: a server that stopped answering mid-response held a reader in the
+    socket's timeouts and retries for three minutes after its consumer was
+    killed, and a transform or an NFS read can block as long. So each reader
+    also runs a thread that looks every ``PARENT_CHECK_INTERVAL`` and, once
+    the consumer is gone, unlinks the names the reader mapped and ends the
+    process at once (``os._exit``: nothing it would finish has a reader).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -112,6 +123,24 @@ class ReaderProcess:
             pass  # the consumer is gone or closed the pipe; it sees our exit instead
 
 
+def _end_when_orphaned(reader: ReaderProcess) -> None:
+    """End the process once its consumer is gone, whatever the reader waits on (NOTE [stuck orphans])."""
+    alive = ParentWatch(reader.identity.parent_pid, reader.identity.parent_start)  # its own: not shared across threads
+    while alive():
+        time.sleep(PARENT_CHECK_INTERVAL)
+    for _ in range(3):  # the reader's thread may be adding a name
+        try:
+            names = tuple(reader.segments)
+            break
+        except RuntimeError:
+            continue
+    else:
+        names = ()
+    for name in names:
+        unlink_orphan(name)
+    os._exit(0)
+
+
 def reader_main(loop: Callable[..., None], identity: ReaderIdentity, args: tuple[Any, ...], conn: Any) -> None:
     """Reader process entry point: run ``loop(reader, *args)``; report its exception and exit 1 if it raises."""
     ignore_sigint()  # the consumer decides what Ctrl-C does
@@ -119,6 +148,7 @@ def reader_main(loop: Callable[..., None], identity: ReaderIdentity, args: tuple
     # inherited through fork from the user's program must not keep us alive.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     reader = ReaderProcess(identity, conn, ParentWatch(identity.parent_pid, identity.parent_start))
+    threading.Thread(target=_end_when_orphaned, args=(reader,), name="multitables-orphan-watch", daemon=True).start()
     failed = False
     try:
         limit_threads()

@@ -163,6 +163,26 @@ def test_bad_urls_missing_objects_and_credentials_fail_before_any_reader(moto_ur
         multitables.Streamer(DATA, storage_options={"endpoint": moto_url, "secret_key": "x"})
 
 
+def test_listings_name_themselves_and_refuse_keys_a_url_cannot_name(moto_url, s3, obj_files, no_leaks) -> None:
+    options = s3_options(moto_url)
+    with pytest.raises(multitables.ObjectStorageError, match=r"listing s3://nobucket/x\*: HTTP 404 NoSuchBucket: no such bucket"):
+        multitables.Streamer("s3://nobucket/x*.h5", storage_options=options)
+    body = (obj_files["folder"] / "data.h5").read_bytes()
+    for key in ("qm/a.h5", "qm/b?c.h5"):
+        s3.put_object(Bucket=BUCKET, Key=key, Body=body)
+    with pytest.raises(ValueError, match=r"keys an s3:// URL cannot name .*'qm/b\?c.h5'"):  # not a read of 'qm/b'
+        multitables.Streamer(f"s3://{BUCKET}/qm/*.h5", storage_options=options)
+    np.testing.assert_array_equal(read_queue(multitables.Streamer(f"s3://{BUCKET}/qm/a*.h5", storage_options=options),
+                                             "/y")[0], obj_files["y"])
+
+
+def test_a_presigned_urls_signature_is_in_no_repr(rangesrv, obj_files, no_leaks) -> None:
+    stream = multitables.Streamer(f"{rangesrv.url}/data.h5?X-Amz-Credential=AKID0&X-Amz-Signature=SIG0123456789")
+    for text in (repr(stream.options), str(stream.options), repr(stream)):
+        assert "SIG0123456789" not in text and "AKID0" not in text
+    assert "data.h5?..." in repr(stream.options)
+
+
 def test_an_external_link_out_of_an_object_is_refused(rangesrv, obj_files, no_leaks) -> None:
     import h5py
 

@@ -13,6 +13,7 @@ from .._io.engines import open_source, readers_may_change, resolve_engine
 from .._io.fileset import inspect_files, open_files
 from .._io.node import NodeInfo
 from .._io.objects.config import Store
+from .._io.objects.urls import shown
 from .._plan.blocks import GrowingPlan, RangePlan
 from .._plan.readers import DatasetShape, Machine, plan_blocks
 from .._procs.stream import StreamSpec
@@ -37,6 +38,13 @@ class StreamOptions:
     open_kwargs: dict[str, Any]
     #: How objects (URLs) are reached: ``storage_options`` resolved, no secret; None where no file is one.
     store: "Store | None" = None
+
+    def __repr__(self) -> str:  # a presigned URL's query holds its signature: shown as ?...
+        files = shown(self.files) if isinstance(self.files, str) else tuple(shown(f) for f in self.files)
+        return (f"StreamOptions(files={files!r}, engine={self.engine!r}, cache={self.cache!r}, "
+                f"start_method={self.start_method!r}, open_kwargs={self.open_kwargs!r}, store={self.store!r})")
+
+    __str__ = __repr__
 
     def open_files(self, path: str, field: "str | None" = None) -> "tuple[NodeInfo, Any]":
         """The node at ``path`` of the files, and its open ``h5py.Dataset`` (None for a set): ``_io.fileset.open_files``."""

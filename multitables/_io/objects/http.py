@@ -241,6 +241,7 @@ class Endpoint:
 
     def __init__(self, url: ObjectURL, store: Store) -> None:
         self.shown = url.shown
+        self.anon = store.anon
         self.credentials: "Credentials | None" = None
         self.region = store.region
         tuning = store.tuning
@@ -309,10 +310,11 @@ class Endpoint:
         if status == 412:
             return changed(self.shown, start, stop, f"If-Match failed: {label}")
         if status in (401, 403):
-            return ObjectAccessError(f"{self.shown}: {label}: access denied (check the credentials, or pass "
-                                     f"storage_options={{'anon': True}} for a public object)")
+            hint = ("it is not public: give credentials" if self.anon else
+                    "check the credentials, or pass storage_options={'anon': True} for a public object")
+            return ObjectAccessError(f"{self.shown}: {label}: access denied ({hint})")
         if status == 404:
-            return ObjectNotFoundError(f"{self.shown}: {label}: no such object")
+            return ObjectNotFoundError(f"{self.shown}: {label}: no such {'bucket' if code == 'NoSuchBucket' else 'object'}")
         if status == 416:
             return ObjectStorageError(f"{where}: {label}: the range is past the object's end")
         return ObjectStorageError(f"{where}: {label}")

@@ -28,7 +28,15 @@ def expand(url: str, store: Store) -> "list[str]":
     keys = [key for key in list_keys(parsed, store, glob_prefix(parsed.key)) if matches(key, parsed.key)]
     if not keys:
         raise FileNotFoundError(errno.ENOENT, "No object matches the pattern", parsed.shown)
+    unnamed = [key for key in keys if not UNNAMED.isdisjoint(key) or not key.isprintable()]
+    if unnamed:  # an s3:// URL would lose the rest of the key at a '?' or '#'
+        raise ValueError(f"{parsed.shown!r} matches objects whose keys an s3:// URL cannot name (a '?', '#' or a "
+                         f"control character): {unnamed[:3]}; rename them, or narrow the pattern to leave them out")
     return [f"s3://{parsed.bucket}/{key}" for key in sorted(keys)]
+
+
+#: Characters of a key that its s3:// URL would take for a query or fragment.
+UNNAMED = frozenset("?#")
 
 
 def list_keys(where: ObjectURL, store: Store, prefix: str) -> "list[str]":
@@ -36,7 +44,7 @@ def list_keys(where: ObjectURL, store: Store, prefix: str) -> "list[str]":
     retried as reads are)."""
     endpoint = Endpoint(ObjectURL("s3", where.bucket, "-"), store)
     base = endpoint.path[: -len("/-")]
-    shown = f"listing s3://{where.bucket}/{prefix}*"
+    shown = endpoint.shown = f"listing s3://{where.bucket}/{prefix}*"  # what its errors name, not the "-" key
     keys: list[str] = []
     token = None
     use_pool(endpoint.pool_key, +1)

@@ -72,6 +72,17 @@ def test_the_store_comes_from_options_then_the_environment(monkeypatch: pytest.M
         make_store({"key": AKID})
 
 
+def test_a_cache_dir_that_cannot_hold_the_cache_is_refused_naming_the_option(tmp_path: Path) -> None:
+    made = tmp_path / "new" / "cache"
+    assert make_store({"cache_dir": made}).cache_dir == str(made) and made.is_dir()  # made where missing
+    (tmp_path / "afile").write_bytes(b"")
+    for folder in (tmp_path / "afile", tmp_path / "afile" / "sub", "/proc/no-cache-here"):
+        with pytest.raises(ValueError, match=f"storage option cache_dir='{folder}' cannot hold the cache"):
+            make_store({"cache_dir": str(folder)})  # not a FileNotFoundError: that one means a missing object
+    with pytest.raises(TypeError, match="cache_dir is a folder's path, not int"):
+        make_store({"cache_dir": 5})
+
+
 def test_aws_addresses_by_region_and_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
     store = make_store({"anon": True, "region": "eu-central-1"})
     assert store.base("my-bucket") == ("https", "my-bucket.s3.eu-central-1.amazonaws.com", 443, "")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import os
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -195,6 +196,8 @@ def _store(opts: dict[str, Any]) -> Store:
             raise ValueError(f"endpoint {shown(endpoint)!r} is not an http(s) URL")
         check_http(endpoint, allow_http, "endpoint")
     cache_dir = opts.get("cache_dir")
+    if cache_dir is not None:
+        cache_dir = _usable_folder(cache_dir)
     cache_size = _number("cache_size", opts.get("cache_size", CACHE_SIZE), int)
     anon = bool(opts.get("anon")) or _truthy(os.environ.get("AWS_SKIP_SIGNATURE"))
     verify = opts.get("verify", True)
@@ -203,8 +206,24 @@ def _store(opts: dict[str, Any]) -> Store:
     return Store(
         endpoint=endpoint.rstrip("/") if endpoint else None, region=region or "us-east-1", addressing=addressing,
         anon=anon, allow_http=allow_http, verify=verify, profile=profile, given=given, tuning=tuning,
-        cache_dir=os.fspath(cache_dir) if cache_dir is not None else None, cache_size=cache_size,
+        cache_dir=cache_dir, cache_size=cache_size,
     )
+
+
+def _usable_folder(folder: Any) -> str:
+    """``folder`` as a path the cache can write in, made if missing; else ``ValueError`` naming the option: a
+    ``FileNotFoundError`` here would read as a missing object."""
+    if not isinstance(folder, (str, os.PathLike)):
+        raise TypeError(f"storage option cache_dir is a folder's path, not {type(folder).__name__}")
+    folder = os.fspath(folder)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".probe.", dir=folder)  # root passes os.access: try it
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ValueError(f"storage option cache_dir={folder!r} cannot hold the cache: {exc.strerror or exc}") from exc
+    return folder
 
 
 def _number(name: str, value: Any, kind: type) -> Any:

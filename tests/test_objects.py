@@ -66,6 +66,9 @@ def test_the_store_comes_from_options_then_the_environment(monkeypatch: pytest.M
     with pytest.raises(ValueError, match="plain http:// endpoint .* refused"):
         make_store({"endpoint_url": "http://minio.example:9000"})
     assert make_store({"endpoint_url": "http://minio.example:9000", "allow_http": True}).endpoint
+    with pytest.raises(ValueError, match="endpoint 'ftp://127.0.0.1:5055' is not an http") as info:  # no user info shown
+        make_store({"endpoint_url": f"ftp://{AKID}:{SECRET}@127.0.0.1:5055"})
+    assert SECRET not in str(info.value) and AKID not in str(info.value)
     with pytest.raises(TypeError, match="unknown storage option 'endpont_url'"):
         make_store({"endpont_url": "http://127.0.0.1:1"})
     with pytest.raises(ValueError, match="'key' and 'secret' together"):

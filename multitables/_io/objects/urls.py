@@ -30,6 +30,8 @@ def shown(url: str) -> str:
     """``url`` as errors and logs show it: no user info, and ``?...`` in place of a query (which may hold a signature)."""
     p = urlsplit(url)
     if p.scheme.lower() not in ("http", "https"):
+        if "@" in p.netloc:  # user info in a URL of another scheme (a mistyped endpoint): never shown either
+            return urlunsplit((p.scheme, p.netloc.rpartition("@")[2], p.path, "..." if p.query else "", ""))
         return url
     host = p.hostname or ""
     netloc = f"[{host}]" if ":" in host else host

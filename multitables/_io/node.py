@@ -305,11 +305,8 @@ def open_node(
             )
         node = h5py.Dataset(oid)
         info = _describe(filename, path, field, node, allow_empty, remote is not None)
-        held = h5py.h5i.get_file_id(oid)  # another file's where path is an external link
-        try:
-            linked = None if held == fid else os.path.abspath(os.fsdecode(h5py.h5f.get_name(held)))
-        finally:
-            held.close()
+        # Another file's where path is an external link. fileno, not a file id of its own: closing that cost 25 us.
+        linked = None if oid.fileno == fid.fileno else os.path.abspath(os.fsdecode(h5py.h5f.get_name(oid)))
         if linked is not None and remote is not None:
             raise _link_out(path, filename, linked)
         return (info if remote is None else replace(info, remote=remote)) if linked is None else replace(info, linked_file=linked), node

@@ -88,10 +88,12 @@ def stream_readers() -> set[int]:
 
 
 def is_gone(pid: int) -> bool:
-    """The process has exited (a zombie waiting for a parent that may never reap it counts as exited)."""
+    """The process has exited, every thread of it (a zombie waiting for a parent that may never reap it counts as
+    exited; its first thread shows as one while the others, a reader's watch among them, still end with its files
+    open)."""
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE and len(os.listdir(f"/proc/{pid}/task")) <= 1
+    except (psutil.NoSuchProcess, FileNotFoundError):
         return True
 
 

@@ -61,10 +61,10 @@ def h5file(make_array: Callable[..., Path], data: np.ndarray) -> Path:
 
 
 def is_gone(pid: int) -> bool:
-    """The process has exited (a zombie counts as exited)."""
+    """The process has exited, every thread of it (a zombie counts as exited; see test_failures.is_gone)."""
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE and len(os.listdir(f"/proc/{pid}/task")) <= 1
+    except (psutil.NoSuchProcess, FileNotFoundError):
         return True
 
 

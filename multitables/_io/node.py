@@ -309,7 +309,9 @@ def open_node(
         linked = None if oid.fileno == fid.fileno else os.path.abspath(os.fsdecode(h5py.h5f.get_name(oid)))
         if linked is not None and remote is not None:
             raise _link_out(path, filename, linked)
-        return (info if remote is None else replace(info, remote=remote)) if linked is None else replace(info, linked_file=linked), node
+        if remote is not None or linked is not None:
+            info = replace(info, remote=remote, linked_file=linked)
+        return info, node
     except BaseException:
         h5py.File(fid).close()  # closes what is open in it too, which a bare H5Fclose (weak) leaves to the collector
         raise

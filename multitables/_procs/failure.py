@@ -71,10 +71,12 @@ class FailureReport:
         short_name = self.exc_type_name.rpartition(".")[2]
         where = f"rows {self.rows[0]}:{self.rows[1]} of " if self.rows else ""
         if self.reader_index >= 0:
-            who, tail = f"reader {self.reader_index} (pid {self.pid})", f"\n\nOriginal traceback in the reader:\n{self.traceback}"
+            who = f"reader {self.reader_index} (pid {self.pid})"
+            tail = f"\n\nOriginal traceback in the reader:\n{self.traceback}"
         else:  # its cause, chained, shows the traceback
             who, tail = f"this process (pid {self.pid}), which reads the stream itself,", ""
-        text = f"Caught {short_name} in {who} while reading {where}{self.path!r} in {self.filename!r}: {self.message}{tail}"
+        text = (f"Caught {short_name} in {who} while reading {where}{self.path!r} in {self.filename!r}: "
+                f"{self.message}{tail}")
         exc = ReaderError.like(self.exc_type_name, text)
         exc.reader_index = self.reader_index
         exc.pid = self.pid

@@ -94,7 +94,7 @@ class MixedBatches:
         if per == "row" and len(sizes) > 1:
             raise ValueError(f"per='row' mixes rows into batches of one size; the sources' batch sizes differ: {sorted(sizes)}")
         kinds = {tuple((np.dtype(d), tuple(shape)) for d, shape in source.row_types) for source in self._sources}
-        if per == "row" and len(kinds) > 1:
+        if per == "row" and len(kinds) > 1:  # known now: refused before any reader starts
             listed = "; ".join(sorted(", ".join(f"{d} rows of shape {shape}" for d, shape in kind) for kind in kinds))
             raise TypeError(f"per='row' mixes rows of one kind; the sources' rows differ: {listed}")
         self._batch_size = sizes.pop() if len(sizes) == 1 else 0

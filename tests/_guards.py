@@ -39,3 +39,16 @@ def wait_until(condition: Callable[[], bool], limit: float, what: str) -> None:
     with hang_guard(limit, f"waiting until {what}"):
         while not condition():
             time.sleep(0.01)
+
+
+def is_gone(pid: int) -> bool:
+    """The process has exited, every thread of it. A zombie waiting for a parent that may never reap it counts as
+    exited; its first thread shows as one while the others (a reader's watch among them) still end, its files open."""
+    import os
+
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE and len(os.listdir(f"/proc/{pid}/task")) <= 1
+    except (psutil.NoSuchProcess, FileNotFoundError):
+        return True

@@ -34,7 +34,7 @@ from multitables._shm.segment import SHM_PREFIX, Segment
 from multitables.errors import FileChangedError, MultitablesError
 
 from _consumer import Consumer
-from _guards import hang_guard, wait_until
+from _guards import hang_guard, is_gone, wait_until
 
 N_ROWS = 20_000
 ROW = 16
@@ -85,16 +85,6 @@ def stream_readers() -> set[int]:
     queues = [o for o in gc.get_objects() if type(o) is multitables.Queue and not o.closed]
     assert len(queues) == 1, queues
     return set(queues[0].reader_pids)
-
-
-def is_gone(pid: int) -> bool:
-    """The process has exited, every thread of it (a zombie waiting for a parent that may never reap it counts as
-    exited; its first thread shows as one while the others, a reader's watch among them, still end with its files
-    open)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE and len(os.listdir(f"/proc/{pid}/task")) <= 1
-    except (psutil.NoSuchProcess, FileNotFoundError):
-        return True
 
 
 def own_mappings(pid: "int | str" = "self") -> list[str]:

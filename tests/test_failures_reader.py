@@ -25,7 +25,7 @@ import multitables
 from multitables import FileChangedError, QueueClosed, QueueClosedException, Reader, ReaderError, StreamClosedError
 
 import _consumer
-from _guards import hang_guard, wait_until
+from _guards import hang_guard, is_gone, wait_until
 from conftest import SHM_PREFIX, own_segments
 
 N_ROWS = 4000
@@ -58,14 +58,6 @@ def h5file(make_array: Callable[..., Path], data: np.ndarray) -> Path:
 
 
 # -- helpers -------------------------------------------------------------------
-
-
-def is_gone(pid: int) -> bool:
-    """The process has exited, every thread of it (a zombie counts as exited; see test_failures.is_gone)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE and len(os.listdir(f"/proc/{pid}/task")) <= 1
-    except (psutil.NoSuchProcess, FileNotFoundError):
-        return True
 
 
 def all_gone(pids: "list[int]") -> bool:

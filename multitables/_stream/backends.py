@@ -152,10 +152,10 @@ class RingBackend:
         self._checking = threading.RLock()  # pool.check reads the readers' pipes: one thread at a time
 
     def take(self) -> tuple[int, np.ndarray]:
-        self._pool.pool.check_owner()  # before any block, one that came early included (NOTE [forked children])
         ring = self._ring
         while True:
             if self._ordered and self._next in self._pending:
+                self._pool.pool.check_owner()  # check() below asks it of the others (NOTE [forked children])
                 slot = self._pending.pop(self._next)
                 break
             self.check()

@@ -93,10 +93,11 @@ class MixedBatches:
         sizes = {source.batch_size for source in self._sources}
         if per == "row" and len(sizes) > 1:
             raise ValueError(f"per='row' mixes rows into batches of one size; the sources' batch sizes differ: {sorted(sizes)}")
-        kinds = {tuple((np.dtype(d), tuple(shape)) for d, shape in source.row_types) for source in self._sources}
-        if per == "row" and len(kinds) > 1:  # known now: refused before any reader starts
-            listed = "; ".join(sorted(", ".join(f"{d} rows of shape {shape}" for d, shape in kind) for kind in kinds))
-            raise TypeError(f"per='row' mixes rows of one kind; the sources' rows differ: {listed}")
+        if per == "row":  # rows of one kind, known now: refused before any reader starts
+            kinds = {tuple((np.dtype(d), tuple(shape)) for d, shape in source.row_types) for source in self._sources}
+            if len(kinds) > 1:
+                listed = "; ".join(sorted(", ".join(f"{d} rows of shape {shape}" for d, shape in k) for k in kinds))
+                raise TypeError(f"per='row' mixes rows of one kind; the sources' rows differ: {listed}")
         self._batch_size = sizes.pop() if len(sizes) == 1 else 0
         # per="row": each source's batch being taken from, its position before it, and rows taken of it.
         self._held: "list[tuple[dict[str, Any], Any, int] | None]" = [None] * len(self._sources)

@@ -116,3 +116,25 @@ def test_settle_returns_once_an_ended_releases_thread_is_gone_from_the_process()
     threading.Timer(0.01, go.set).start()
     settle_releases()
     assert tid and not os.path.exists(f"/proc/self/task/{tid[0]}")
+
+
+def test_settle_in_another_thread_never_joins_an_unmapping_not_yet_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Threads that each open a stream: one's start settles while another hands off an unmapping whose thread is
+    still starting (here, a start that takes 0.2 s); settle waits for it rather than join a thread not started."""
+    real_start = threading.Thread.start
+    starting = threading.Event()
+
+    def slow_start(self: threading.Thread) -> None:
+        if self.name == "multitables-release":
+            starting.set()
+            time.sleep(0.2)
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", slow_start)
+    ran: "list[bool]" = []
+    handing = threading.Thread(target=release_later, args=(lambda: ran.append(True),))
+    handing.start()
+    assert starting.wait(5)
+    settle_releases()  # raised "cannot join thread before it is started" when the set held it before its start
+    handing.join()
+    assert ran == [True] and not release._running

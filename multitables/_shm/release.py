@@ -37,9 +37,9 @@ GONE_TIMEOUT = 0.05
 def release_later(unmap: Callable[[], None]) -> None:
     """Run ``unmap`` (a segment's close, nothing kept) on a thread of its own; :func:`settle_releases` waits for it."""
     thread = threading.Thread(target=_run, args=(unmap,), name="multitables-release")
-    with _lock:
+    with _lock:  # started inside: another thread's settle_releases must not join it before its start
+        thread.start()
         _running.add(thread)
-    thread.start()
 
 
 def _run(unmap: Callable[[], None]) -> None:

@@ -215,3 +215,26 @@ def test_a_forked_reader_finds_every_lock_of_the_package_free_though_a_thread_he
     n_locks, stuck = run.stdout.split(maxsplit=1)
     assert int(n_locks) >= 8  # the layouts', the sets', the releases' and the object store's
     assert stuck.strip() == "-", f"held in a forked child: {stuck.strip()}"
+
+
+def test_a_reader_that_cannot_start_its_watch_thread_says_why(
+    make_array: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, no_leaks: None
+) -> None:
+    """Under a process limit (``ulimit -u``) a reader's first thread cannot start: the consumer hears that, with the
+    reader's traceback, not only that it "died unexpectedly"."""
+    import threading
+
+    path = make_array(np.arange(N_ROWS * 4, dtype="<f4").reshape(N_ROWS, 4), chunkshape=(BLOCK, 4))
+    real_start = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        if self.name == "multitables-orphan-watch":  # as the kernel refuses a thread past RLIMIT_NPROC
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)  # the readers are forked: they inherit it
+    with hang_guard(GUARD, "watch thread"), pytest.raises(multitables.ReaderError, match="can't start new thread") as err:
+        with multitables.Streamer(path, start_method="fork").get_queue("/data", n_procs=1, block_size=BLOCK) as q:
+            for guard in q.iter():
+                guard.release()
+    assert isinstance(err.value, RuntimeError) and "died unexpectedly" not in str(err.value)

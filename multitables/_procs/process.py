@@ -148,9 +148,9 @@ def reader_main(loop: Callable[..., None], identity: ReaderIdentity, args: tuple
     # inherited through fork from the user's program must not keep us alive.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     reader = ReaderProcess(identity, conn, ParentWatch(identity.parent_pid, identity.parent_start))
-    threading.Thread(target=_end_when_orphaned, args=(reader,), name="multitables-orphan-watch", daemon=True).start()
     failed = False
-    try:
+    try:  # the watch's start too: under a process limit it fails, and the consumer must hear why
+        threading.Thread(target=_end_when_orphaned, args=(reader,), name="multitables-orphan-watch", daemon=True).start()
         limit_threads()
         loop(reader, *args)
     except BaseException as exc:

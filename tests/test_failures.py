@@ -909,6 +909,66 @@ def test_shm_out_of_inodes_is_a_space_error_naming_them(
     assert not process_starts and own_segments() == segments
 
 
+def _semaphores_fail(monkeypatch: pytest.MonkeyPatch, err: int, full: "str | None") -> None:
+    """Every semaphore fails with ``err`` (glibc makes each a file in /dev/shm), and /dev/shm reports itself
+    ``full`` of "inodes" or of "space" (none free), or neither."""
+    import multiprocessing.synchronize
+
+    from multitables._shm import space as _shm
+
+    real = os.statvfs
+
+    def statvfs(path: str) -> os.statvfs_result:
+        st = real(path)
+        if path != "/dev/shm" or full != "inodes":
+            return st
+        return os.statvfs_result((st.f_bsize, st.f_frsize, st.f_blocks, st.f_bfree, st.f_bavail, st.f_files,
+                                  0, 0, st.f_flag, st.f_namemax))
+
+    def fail(self: object, *args: object, **kwargs: object) -> None:
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(os, "statvfs", statvfs)
+    monkeypatch.setattr(multiprocessing.synchronize.SemLock, "__init__", fail)
+    if full == "space":
+        monkeypatch.setattr(_shm, "shm_free_bytes", lambda: 0)
+
+
+@pytest.mark.parametrize("what, full", [("queue", "inodes"), ("Reader", "inodes"), ("Reader", "space")])
+def test_shm_too_full_for_the_readers_semaphores_is_a_space_error(
+    no_leaks: None, h5file: Path, monkeypatch: pytest.MonkeyPatch, process_starts: list[Any], what: str, full: str
+) -> None:
+    """A /dev/shm full refuses the readers' semaphores too (a Reader makes one per stage): the same ShmSpaceError
+    as for the ring, not a bare ENOSPC that reads like a full disk. (A queue out of space hears it of its ring.)"""
+    import errno
+
+    _semaphores_fail(monkeypatch, errno.ENOSPC, full)
+    segments = own_segments()
+    with pytest.raises(ShmSpaceError) as info:
+        if what == "queue":
+            Streamer(h5file).get_queue("/data", n_procs=2, block_size=CHUNK)
+        else:
+            multitables.Reader(h5file, n_procs=2)
+    text = str(info.value)
+    assert isinstance(info.value.__cause__, OSError) and info.value.__cause__.errno == errno.ENOSPC
+    assert "semaphores" in text and "/dev/shm" in text
+    assert ("nr_inodes" in text) == (full == "inodes") and ("max_stages" in text) == (what == "Reader")
+    assert not process_starts and own_segments() == segments
+
+
+def test_a_read_only_dev_shm_says_where_the_error_came_from(
+    no_leaks: None, h5file: Path, monkeypatch: pytest.MonkeyPatch, process_starts: list[Any]
+) -> None:
+    import errno
+
+    _semaphores_fail(monkeypatch, errno.EROFS, None)
+    with pytest.raises(OSError) as info:
+        Streamer(h5file).get_queue("/data", n_procs=2, block_size=CHUNK)
+    assert info.value.errno == errno.EROFS and not isinstance(info.value, ShmSpaceError)
+    assert "(while making the readers' semaphores in /dev/shm)" in getattr(info.value, "__notes__", [])
+    assert not process_starts
+
+
 def test_huge_read_ahead_fails_clearly(no_leaks: None, h5file: Path, process_starts: list[Any]) -> None:
     # Refused, not tried: mapping 10**9 slots would not return.
     with hang_guard(GONE_WITHIN, "read_ahead=10**9 refused"), pytest.raises(ShmSpaceError) as info:

@@ -84,6 +84,7 @@ from typing import Any, Callable
 
 from .._shm.release import settle_releases
 from .._shm.ring import TICK
+from .._shm.space import semaphores_for
 from .._sys.signals import sigint_held_for_children
 from ..errors import ReaderError
 from .failure import FailureReport, died_error
@@ -167,13 +168,18 @@ class ReaderPool:
     then :meth:`start`. Thread-safe: several threads may look at once.
     """
 
-    def __init__(self, start_method: "str | None", filename: str, path: str = "", name: str = "reader") -> None:
+    def __init__(
+        self, start_method: "str | None", filename: str, path: str = "", name: str = "reader",
+        semaphores: str = "The readers' semaphores",
+    ) -> None:
+        """``semaphores``: what a /dev/shm too full for the pool's semaphore calls them (``semaphores_for``)."""
         self.ctx = multiprocessing.get_context(start_method)
         preload_in_forkserver(self.ctx)
         self.filename, self.path, self._name = filename, path, name
         #: The process that started the readers, the one that may use and stop them (NOTE [forked children]).
         self.owner = os.getpid()
-        self.attached = self.ctx.Semaphore(0)
+        with semaphores_for(semaphores):
+            self.attached = self.ctx.Semaphore(0)
         self.closed = False
         self._procs: list[Any] = []
         self._conns: list[Any] = []

@@ -61,11 +61,15 @@ from .._io.scattered import Stopped
 from .._shm.inbox import ATTACH, DETACH, READ, STOP, InboxSync, Inboxes, Item
 from .._shm.ring import TICK
 from .._shm.segment import Segment
+from .._shm.space import semaphores_for
 from .._shm.stagemap import DONE, FAILED, StageLayout, StageMap
 from ..errors import FileChangedError, ReaderError, SharedMemoryError, StreamClosedError
 from .failure import died_error
 from .pool import REPORT_TIMEOUT, ReaderPool
 from .process import ReaderProcess
+
+#: What a /dev/shm too full for a Reader's semaphores (one per stage and two per reader) calls them.
+SEMAPHORES = "The Reader's semaphores"
 
 
 @dataclass(frozen=True)
@@ -233,10 +237,11 @@ class ServeReaders:
         self._tails = [0] * n_procs
         self._push_lock = threading.Lock()
         self._attach_lock = threading.Lock()
-        self.pool = ReaderPool(start_method, filename, name="request")
+        self.pool = ReaderPool(start_method, filename, name="request", semaphores=SEMAPHORES)
         ctx = self.pool.ctx
-        self._syncs = [InboxSync.create(ctx) for _ in range(n_procs)]
-        self.channels = tuple(ctx.Semaphore(0) for _ in range(max_stages))
+        with semaphores_for(SEMAPHORES):
+            self._syncs = [InboxSync.create(ctx) for _ in range(n_procs)]
+            self.channels = tuple(ctx.Semaphore(0) for _ in range(max_stages))
         self._inboxes = Inboxes.create(n_procs)
         try:
             settings = ServeSettings(open_kwargs, self._inboxes.segment.name, file_signature, files, store)

@@ -45,7 +45,7 @@ from .._plan.blocks import BlockPlan, GrowingPlan, RangePlan
 from .._plan.readers import ReadPlan, available_cpus
 from .._shm.layout import RingLayout, RingSync
 from .._shm.ring import WAIT, PeerGone, Ring, TablePlan
-from .._shm.space import check_space
+from .._shm.space import check_space, semaphores_for
 from ..errors import ReaderError, StreamClosedError
 from .pool import REPORT_TIMEOUT, ReaderPool
 from .process import PARENT_CHECK_INTERVAL, ReaderProcess
@@ -183,10 +183,11 @@ class StreamReaders:
         self._fault: "Callable[[], ReaderError] | None" = None  # makes the error, once a reader failed
         node = spec.node
         self.filename, self.path = node.filename, node.path
-        self.pool = ReaderPool(start_method, node.filename, node.path, name="reader")
         layout = RingLayout(spec.read.read_ahead, spec.plan.block_size, spec.row_shape, spec.dtype, spec.read.table)
-        check_space(layout.nbytes)  # before anything is created; Ring.create checks again
-        sync = RingSync.create(self.pool.ctx, spec.read.read_ahead, spec.n_procs)
+        check_space(layout.nbytes)  # before anything is created (semaphores too); Ring.create checks again
+        self.pool = ReaderPool(start_method, node.filename, node.path, name="reader")
+        with semaphores_for("The ring's semaphores"):
+            sync = RingSync.create(self.pool.ctx, spec.read.read_ahead, spec.n_procs)
         self.ring = Ring.create(layout, sync)  # may raise ShmSpaceError; nothing started yet
         self._n_readers = spec.n_procs
         try:

@@ -11,7 +11,10 @@ the pages are then reserved.
 
 from __future__ import annotations
 
+import errno
 import os
+from contextlib import contextmanager
+from typing import Iterator
 
 from ..errors import ShmSpaceError
 
@@ -40,7 +43,10 @@ _SMALLER = {
     "The ring": "a smaller read_ahead or block_size",
     "The stage": "a smaller stage or fewer stages",
     "The request inboxes": "fewer readers (n_procs)",
+    "The Reader's semaphores": "a smaller max_stages or fewer readers (n_procs)",
 }
+#: What is many files, each an inode: fewer of them help a /dev/shm out of inodes too.
+_FEWER_FILES = frozenset({"The Reader's semaphores"})
 
 
 def _amount(nbytes: int) -> str:
@@ -65,13 +71,31 @@ def inode_error(what: str) -> ShmSpaceError:
     """The error for ``what`` that could not be created: /dev/shm has no inode left (ENOSPC at the name)."""
     try:
         st = os.statvfs(SHM_DIR)
-        counts = f" ({st.f_favail:,} of {st.f_files:,} free)"
+        counts = f" ({st.f_favail:,} of {st.f_files:,} free now)"
     except OSError:
         counts = ""
+    fewer = f", use {_SMALLER[what]}" if what in _FEWER_FILES else ""
     return ShmSpaceError(
-        f"{what} cannot be created: {SHM_DIR} has no inode left for a new file{counts}, whatever space it has. "
-        f"Remove files no longer needed from {SHM_DIR}, or mount it with more inodes (tmpfs option nr_inodes)."
+        f"{what} cannot be created: {SHM_DIR} ran out of inodes for new files{counts}, whatever space it has. "
+        f"Remove files no longer needed from {SHM_DIR}{fewer}, or mount it with more inodes (tmpfs option nr_inodes)."
     )
+
+
+@contextmanager
+def semaphores_for(what: str) -> Iterator[None]:
+    """Semaphores and locks shared with readers, made inside: each is a file in /dev/shm too, so a /dev/shm out of
+    space or inodes is a :class:`ShmSpaceError` naming ``what`` rather than a bare ENOSPC that reads like a full
+    disk; another OSError gets a note naming ``what`` and /dev/shm."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            exc.add_note(f"(while making {what[0].lower()}{what[1:]} in {SHM_DIR})")
+            raise
+        page, free = os.sysconf("SC_PAGE_SIZE"), shm_free_bytes()  # a semaphore takes a page
+        if free is not None and free >= page:  # space enough: the inodes ran out (the count may be back meanwhile)
+            raise inode_error(what) from exc
+        raise space_error(page, free, what) from exc
 
 
 #: Where this process's control groups are described and mounted (tests point these elsewhere).

@@ -5,6 +5,10 @@ gives the child copies of them. Whatever the child does with its copies (use
 them, close them, drop them, or just exit normally), the parent's readers go
 on. Each case runs in a fresh interpreter, since a child that exits normally
 runs the interpreter's exit handlers, which a forked pytest must not.
+
+A daemonic process (a ``multiprocessing.Pool``'s or a DataLoader's worker)
+may start no process at all: there the defaults read in the process, and
+asking for readers is refused, saying why, before anything starts.
 """
 
 from __future__ import annotations
@@ -107,3 +111,58 @@ def test_a_forked_child_neither_uses_nor_stops_its_parents_readers(ids_file: Pat
     assert got["same_readers"] and got["epoch"] and got["epoch_rows"] == 1000, "and the next epoch is whole"
     assert got["queue"] and got["reader"], "the stream and the Reader go on too"
     assert "Exception ignored" not in run.stderr and "Traceback" not in run.stderr, run.stderr[-3000:]
+
+
+_DAEMONIC = textwrap.dedent(
+    r"""
+    import json, multiprocessing, sys
+    import numpy as np
+    import multitables
+
+    def job(args):
+        path, case = args
+        try:
+            if case == "default":
+                return [int(r[0]) for r in multitables.Streamer(path).get_generator("/x")] == list(range(1000))
+            if case == "tables":  # PyTables' up-front probe runs in a child elsewhere
+                got = []
+                with multitables.Streamer(path, engine="tables").get_queue("/x", ordered=True) as q:
+                    for guard in q.iter():
+                        with guard as block:
+                            got.append(block.copy())
+                return np.concatenate(got).ravel().tolist() == list(range(1000))
+            if case == "batches":
+                batches = multitables.Streamer(path).get_batches(["/x"], batch_size=100, seed=1)
+                epochs = [sorted(np.concatenate([x for (x,) in batches]).ravel().tolist()) for _ in range(2)]
+                return epochs == [list(range(1000))] * 2 and batches.reader_pids == []
+            if case == "n_procs=2":
+                multitables.Streamer(path).get_queue("/x", n_procs=2)
+            if case == "Reader":
+                multitables.Reader(path)
+            return "no error"
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    if __name__ == "__main__":
+        cases = ["default", "tables", "batches", "n_procs=2", "Reader"]
+        with multiprocessing.get_context(sys.argv[2]).Pool(1) as pool:
+            print(json.dumps(dict(zip(cases, pool.map(job, [(sys.argv[1], c) for c in cases])))))
+    """
+)
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_daemonic_worker_reads_in_itself_and_is_told_why_it_cannot_start_readers(
+    ids_file: Path, tmp_path: Path, start_method: str, no_leaks: None
+) -> None:
+    script = tmp_path / "daemonic.py"  # spawn imports the main module again: a file, not -c
+    script.write_text(_DAEMONIC)
+    run = subprocess.run([sys.executable, str(script), str(ids_file), start_method], capture_output=True, text=True,
+                         timeout=GUARD)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["default"] is True and got["tables"] is True and got["batches"] is True, got
+    for case in ("n_procs=2", "Reader"):  # multiprocessing's bare "AssertionError: daemonic processes are not ..."
+        assert got[case].startswith("RuntimeError: ") and "this process is daemonic" in got[case], got
+        assert repr(str(ids_file)) in got[case], got
+    assert "n_procs=0" in got["n_procs=2"] and "not daemonic" in got["Reader"], got

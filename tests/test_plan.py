@@ -112,6 +112,21 @@ def test_the_rate_is_measured_only_where_it_can_change_the_answer() -> None:
     assert (slow, fast) == (2, 0)
 
 
+def test_a_daemonic_process_plans_no_readers_by_default() -> None:
+    """multiprocessing lets a daemonic process (a Pool's or a DataLoader's worker) start none: the defaults read in
+    it, and measure no rate to decide."""
+    zlib = DatasetShape(n_rows=1 << 20, row_nbytes=4096, chunk_rows=64, filter_ids=(1,))  # 4 GiB of zlib
+    remote = dataclasses.replace(zlib, remote=True)
+    free, daemon = Machine(cpus=4, start_method="fork"), Machine(cpus=4, start_method="fork", daemon=True)
+    for shape in (zlib, remote):
+        assert plan_stream(shape, "chunks", free).n_procs > 0 and plan_stream(shape, "chunks", daemon).n_procs == 0
+    assert plan_batches([zlib, zlib], ["chunks"] * 2, free, n_rows=1 << 20).n_procs == (2, 2)
+    assert plan_batches([zlib, zlib], ["chunks"] * 2, daemon, n_rows=1 << 20).n_procs == (0, 0)
+    half = dataclasses.replace(zlib, n_rows=128 * 256, row_nbytes=4096, chunk_rows=16)
+    assert rate_decides(half, "chunks", Machine(2, "fork")) and not rate_decides(half, "chunks", Machine(2, "fork", True))
+    assert plan_stream(zlib, "chunks", daemon, n_procs=2).n_procs == 2  # asked for: refused where the pool starts
+
+
 def test_batches_read_stored_bytes_in_the_consumer_unless_a_transform_runs_on_them() -> None:
     machine = Machine(cpus=4, start_method="fork")
     stored = DatasetShape(n_rows=1 << 20, row_nbytes=4096, chunk_rows=64)  # 4 GiB, no filter

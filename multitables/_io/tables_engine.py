@@ -90,7 +90,7 @@ def _probe_child(conn: Any, node: NodeInfo, open_kwargs: "dict[str, Any]") -> No
 
 
 def _first_row_problem_apart(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "str | None":
-    """:func:`_first_row_problem`, in a forked child where there is fork.
+    """:func:`_first_row_problem`, in a forked child where there is fork and this process may start one.
 
     PyTables can crash (SIGSEGV) on a damaged file's metadata, where h5py
     reads it or fails cleanly; a crash of the probe is a refusal, not the
@@ -100,8 +100,8 @@ def _first_row_problem_apart(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "
     import multiprocessing
     import signal
 
-    if "fork" not in multiprocessing.get_all_start_methods():  # pragma: no cover - not Linux
-        return _first_row_problem(node, open_kwargs)
+    if "fork" not in multiprocessing.get_all_start_methods() or multiprocessing.current_process().daemon:
+        return _first_row_problem(node, open_kwargs)  # not Linux, or a daemonic process, which may start none
     ctx = multiprocessing.get_context("fork")
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_probe_child, args=(send, node, open_kwargs), name="multitables-probe", daemon=True)

@@ -129,13 +129,15 @@ class Machine:
 
     cpus: int
     start_method: str
+    #: Whether this process is daemonic (a Pool's or a DataLoader's worker): multiprocessing lets it start no reader.
+    daemon: bool = False
 
     @classmethod
     def here(cls, start_method: "str | None" = None) -> "Machine":
         """This process's machine; ``start_method`` None: multiprocessing's default."""
         if start_method is None:
             start_method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
-        return cls(available_cpus(), start_method)
+        return cls(available_cpus(), start_method, bool(multiprocessing.current_process().daemon))
 
 
 @dataclass(frozen=True)
@@ -294,7 +296,7 @@ RATE_SPREAD = 2.5
 def rate_decides(shape: DatasetShape, engine: str, machine: Machine) -> bool:
     """Whether the default readers for ``shape`` turn on the decode rate: the table's rate off by
     :data:`RATE_SPREAD` either way would change the answer. Only then is the rate worth measuring."""
-    if shape.remote or machine.cpus < 2 or not shape.filter_ids or shape.transformed:
+    if shape.remote or machine.cpus < 2 or machine.daemon or not shape.filter_ids or shape.transformed:
         return False
     saved = _saved_s(shape.nbytes, table_rate(shape.filter_ids, engine), machine.cpus)
     cost = _start_cost(machine.start_method)
@@ -302,11 +304,14 @@ def rate_decides(shape: DatasetShape, engine: str, machine: Machine) -> bool:
 
 
 def default_readers(shape: DatasetShape, engine: str, machine: Machine) -> int:
-    """Readers for ``shape`` when none are asked for: every usable CPU where they pay, else 0 (read in the consumer).
+    """Readers for ``shape`` when none are asked for: every usable CPU where they pay, else 0 (read in the consumer;
+    always in a daemonic process).
 
     An object's: ``REMOTE_READERS_PER_CPU`` per CPU, at least ``REMOTE_MIN_READERS``, where it has more than two
     blocks (NOTE [read plan]; ``plan_stream`` caps them at ``READERS_PER_CPU`` per CPU).
     """
+    if machine.daemon:
+        return 0
     if shape.remote:
         many = max(REMOTE_READERS_PER_CPU * machine.cpus, REMOTE_MIN_READERS)
         return many if shape.nbytes > 2 * REMOTE_BLOCK_BYTES else 0

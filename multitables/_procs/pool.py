@@ -172,7 +172,19 @@ class ReaderPool:
         self, start_method: "str | None", filename: str, path: str = "", name: str = "reader",
         semaphores: str = "The readers' semaphores",
     ) -> None:
-        """``semaphores``: what a /dev/shm too full for the pool's semaphore calls them (``semaphores_for``)."""
+        """``semaphores``: what a /dev/shm too full for the pool's semaphore calls them (``semaphores_for``).
+
+        ``RuntimeError`` in a daemonic process (a ``multiprocessing.Pool``'s or a DataLoader's worker), which
+        multiprocessing allows no child: before anything is made, where its assert would come at the first start.
+        """
+        if multiprocessing.current_process().daemon:
+            where = f"Reading {path!r} of {filename!r}" if path else f"A Reader of {filename!r}"
+            instead = ("pass n_procs=0 to read in this process (leaving n_procs out does that here)" if name == "reader"
+                       else "make the Reader in a process that is not daemonic, or read here with a stream's n_procs=0")
+            raise RuntimeError(
+                f"{where} needs reader processes, but this process is daemonic (a multiprocessing.Pool or DataLoader "
+                f"worker, say), and multiprocessing lets a daemonic process start none: {instead}."
+            )
         self.ctx = multiprocessing.get_context(start_method)
         preload_in_forkserver(self.ctx)
         self.filename, self.path, self._name = filename, path, name

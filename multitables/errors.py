@@ -120,7 +120,7 @@ class FileChangedError(MultitablesError, OSError):
     """The file was modified, truncated, replaced or deleted while it was being streamed.
 
     Blocks read after the change could hold another file's bytes, so the
-    stream stops instead (see NOTE [file identity] in ``_io.node``).
+    stream stops instead (see NOTE [file identity] in ``_io.files``).
     """
 
 

@@ -1,4 +1,4 @@
-"""Inside a reader process: it stops at a file changed under it (NOTE [file identity] in ``_node``), ignores Ctrl-C
+"""Inside a reader process: it stops at a file changed under it (NOTE [file identity] in ``_io.files``), ignores Ctrl-C
 from birth and stops when orphaned, even mid-block."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import multitables
-from multitables._io.node import check_file_unchanged, file_signature
+from multitables._io.files import check_file_unchanged, file_signature
 from multitables.errors import FileChangedError
 
 from _guards import hang_guard

@@ -26,7 +26,7 @@ NOTE [file sets]
     costs a stat and an ``open`` (NOTE [layout cache] in ``_io.chunks.storage``), and
     the files' sources share one read buffer.
 
-    The file identity check (NOTE [file identity] in ``node``) is per file:
+    The file identity check (NOTE [file identity] in ``files``) is per file:
     each file's identity is taken when the set is inspected, and compared in
     the process that reads, after opening a file and after every read from
     it, before the rows go anywhere.
@@ -55,10 +55,8 @@ from dataclasses import dataclass
 
 from ..errors import EmptyDatasetError, FileChangedError
 from .._sys.forks import renew_lock_in_children
-from .node import (
-    FileSignature, NodeInfo, Part, as_filename, check_file, check_file_unchanged, close_dataset, file_signature,
-    open_node,
-)
+from .files import FileSignature, as_filename, check_file_unchanged, file_signature
+from .node import NodeInfo, Part, check_file, close_dataset, open_node
 from .objects.hdf5 import check_hdf5
 from .objects.config import Store, make_store
 from .objects.http import ObjectIdentity

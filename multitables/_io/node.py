@@ -3,25 +3,6 @@
 Runs in the consumer before any process starts, so bad input fails early with
 an error that names the file, the path and the argument.
 
-NOTE [file identity]
-    A file rewritten, truncated or replaced while readers stream it would give
-    blocks of another file's bytes, silently. So the consumer records the
-    file's identity (``st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns``)
-    when the pool starts, and each reader compares it with a fresh ``os.stat`` of the path
-    after opening the file and after reading each block, before publishing
-    it: a block is only handed over if the file was still the same when its
-    read had finished. Any change (or the path gone: deleted or renamed) is a
-    :class:`~multitables.errors.FileChangedError` naming the path. A stat costs
-    ~1-2 us against milliseconds per block. The change time (ctime) is there
-    because the modification time can be set back (``cp -p``, ``rsync -t``
-    writing in place, ``touch -r``): only the kernel sets ctime, at every
-    write and every change of the inode (also chmod or a new hard link,
-    which stop the stream too: better than a wrong row). Writes within one
-    tick of the filesystem's clock that keep the size are below what either
-    time can show. An object in a bucket or on an HTTP server has no
-    ``stat``: its identity is its ETag (NOTE [object identity] in
-    ``_io.objects.reader``), which every request checks itself.
-
 NOTE [external links]
     A path may be an external link into another file (a detector's master
     file links to its data files). HDF5 follows it, and h5py and PyTables
@@ -31,32 +12,27 @@ NOTE [external links]
     which file holds the dataset (``NodeInfo.linked_file``) and the chunk
     engine reads that one. An object's links out are refused: they would
     lead to local files. The identity watched for changes stays the named
-    file's (NOTE [file identity]); the layout cache keys on the linked one.
+    file's (NOTE [file identity] in ``files``); the layout cache keys on the linked one.
 """
 
 from __future__ import annotations
 
-import errno
 import functools
 import math
 import os
-import stat
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from ..errors import EmptyDatasetError, FileChangedError, NodeTypeError, NotHDF5Error
+from ..errors import EmptyDatasetError, NodeTypeError, NotHDF5Error
+from .files import FileSignature, as_filename, check_regular, file_signature, from_root
 from .objects.config import Store, make_store
 from .objects.hdf5 import check_hdf5, open_file_id
 from .objects.http import ObjectIdentity
 from .objects.reader import ObjectReader, RemoteObject
 from .objects.urls import is_url, shown
 from .strings import StringPad, find_string_pads
-
-#: ``(st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)`` of a file; see NOTE [file identity].
-FileSignature = tuple[int, int, int, int, int]
-
 
 class Unsupported(Exception):
     """An engine does not read this node as h5py delivers it; the message says why (the chunk engine raises it at open)."""
@@ -140,7 +116,7 @@ class Part:
 
     node: NodeInfo
     offset: int
-    #: The file's identity when it was inspected; see NOTE [file identity].
+    #: The file's identity when it was inspected; see NOTE [file identity] in ``files``.
     signature: "FileSignature | ObjectIdentity"
 
 
@@ -157,78 +133,6 @@ def inspect_node(filename: "str | os.PathLike[str]", path: str, field: "str | No
     node, dataset = open_node(filename, path, field, store=store)
     close_dataset(dataset)
     return node
-
-
-def file_signature(filename: "str | int") -> FileSignature:
-    """The identity of ``filename`` now (a path, or an open file descriptor); see NOTE [file identity]."""
-    st = os.stat(filename)
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def check_file_unchanged(filename: str, expected: "FileSignature | ObjectIdentity | None") -> None:
-    """Raise :class:`FileChangedError` if ``filename`` is no longer the file ``expected`` describes.
-
-    An object passes: every request for it checks its identity (NOTE [object identity] in ``_io.objects.reader``).
-    """
-    if expected is None or isinstance(expected, ObjectIdentity):
-        return
-    try:
-        now = file_signature(filename)
-    except FileNotFoundError:
-        raise FileChangedError(
-            f"{filename!r} was deleted or renamed while it was being streamed; the stream stops "
-            f"rather than read a file that may be rewritten"
-        ) from None
-    if now == expected:
-        return
-    if now[:2] != expected[:2]:
-        what = "replaced by another file"
-    elif now[2] != expected[2]:
-        what = f"resized from {expected[2]} to {now[2]} bytes"
-    elif now[3] != expected[3]:
-        what = "modified (its modification time changed)"
-    else:
-        what = "changed (its change time moved: a write with the modification time set back, or a chmod)"
-    raise FileChangedError(
-        f"{filename!r} was {what} while it was being streamed; blocks read from it now could hold "
-        f"other data, so the stream stops"
-    )
-
-
-def as_filename(filename: Any) -> str:
-    """``filename`` as a str, from what ``open()`` and h5py take: str, bytes or ``os.PathLike``.
-
-    Bytes that do not decode in the file system's encoding are kept as
-    surrogates (``os.fsdecode``); ``os.fsencode`` gives them back exactly.
-    """
-    try:
-        return os.fsdecode(filename)
-    except TypeError:
-        raise TypeError(f"filename must be a str, bytes or os.PathLike, not {type(filename).__name__}") from None
-
-
-_NOT_REGULAR = (
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-)
-
-
-def check_regular(filename: str) -> None:
-    """Raise unless ``filename`` is a regular file, before anything opens it: opening a FIFO waits for a writer."""
-    try:
-        mode = os.stat(filename).st_mode
-    except FileNotFoundError:
-        raise FileNotFoundError(errno.ENOENT, "No such HDF5 file", filename) from None
-    if stat.S_ISDIR(mode):
-        raise IsADirectoryError(errno.EISDIR, "Expected an HDF5 file, got a directory", filename)
-    if not stat.S_ISREG(mode):
-        kind = next((name for test, name in _NOT_REGULAR if test(mode)), "not a regular file")
-        raise NotHDF5Error(
-            f"{filename!r} is {kind}, not a regular file: HDF5 files are read at offsets, which only a regular "
-            f"file allows"
-        )
 
 
 def check_file(filename: str, store: "Store | None" = None) -> "FileSignature | ObjectIdentity":
@@ -277,6 +181,7 @@ def open_node(
         filename = remote.shown  # what messages call it: a presigned URL's query is never shown
         fid = open_file_id(reader, check=True)
     else:
+        filename = from_root(filename)
         check_regular(filename)
         try:
             fid = h5py.h5f.open(os.fsencode(filename), h5py.h5f.ACC_RDONLY, _file_access())

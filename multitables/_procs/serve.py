@@ -53,7 +53,8 @@ from typing import Any
 import numpy as np
 
 from .._io.fileset import SetRef
-from .._io.node import FileSignature, NodeInfo, check_file_unchanged
+from .._io.files import FileSignature, check_file_unchanged
+from .._io.node import NodeInfo
 from .._io.objects.config import Store
 from .._io.objects.http import ObjectIdentity
 from .._io.engines import open_rows

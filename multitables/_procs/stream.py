@@ -40,7 +40,8 @@ from .._io.blockread import BlockReader, Pacer, Transform, delivered
 from .._io.chunks.storage import adopt_layout, learned_layouts
 from .._io.engines import open_source
 from .._io.fileset import node_signature
-from .._io.node import FileSignature, NodeInfo, check_file_unchanged
+from .._io.files import FileSignature, check_file_unchanged
+from .._io.node import NodeInfo
 from .._plan.blocks import BlockPlan, GrowingPlan, RangePlan
 from .._plan.readers import ReadPlan, available_cpus
 from .._shm.layout import RingLayout, RingSync
@@ -110,7 +111,7 @@ class StreamSettings:
     open_kwargs: dict[str, Any]
     shm_name: str
     layout: RingLayout
-    #: The file's identity when the stream started (None: not checked); see NOTE [file identity].
+    #: The file's identity when the stream started (None: not checked); see NOTE [file identity] in ``_io.files``.
     file_signature: "FileSignature | None" = None
     #: ``(key, layout)`` the consumer learned, for readers that do not inherit it (NOTE [layout cache] in
     #: ``_io.chunks.storage``); empty under fork.

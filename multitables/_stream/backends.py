@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .._io.fileset import node_signature
-from .._io.node import check_file_unchanged
+from .._io.files import check_file_unchanged
 from .._plan.blocks import GrowingPlan
 from .._procs.failure import FailureReport
 from .._procs.stream import StreamReaders, StreamSpec

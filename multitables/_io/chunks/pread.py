@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Any, Sequence
 
-from ..node import FileSignature, file_signature
+from ..files import FileSignature, file_signature
 from .grid import Extent, coalesce
 
 #: Where chunk bytes come from: the page cache, or the disk past it (``O_DIRECT``).
@@ -158,7 +158,7 @@ class PreadFile:
         return self.hints and resident(self.fd, start, stop)
 
     def identity(self) -> FileSignature:
-        """The open file's identity (NOTE [file identity] in ``_io.node``), from the descriptor, not the path."""
+        """The open file's identity (NOTE [file identity] in ``_io.files``), from the descriptor, not the path."""
         return file_signature(self.fd)
 
     def close(self) -> None:

@@ -51,7 +51,8 @@ from .btree import UNREAD, BTreeIndex, open_btree_index
 from .codecs.base import FilterSpec, UnsupportedFilter, filters_of
 from .codecs.registry import build_pipeline
 from .hdf5lib import header_address, leaves_edge_chunks_unfiltered
-from ..node import FileSignature, NodeInfo, Unsupported, close_dataset, file_signature, reopen_dataset
+from ..files import FileSignature, file_signature
+from ..node import NodeInfo, Unsupported, close_dataset, reopen_dataset
 from ..._sys.forks import renew_lock_in_children
 
 #: Datasets with more chunks than this are indexed lazily, one lookup per chunk read

@@ -26,7 +26,7 @@ A transport must provide (:class:`Transport`):
   stop)`` now, so that a hint of them would do nothing (NOTE [hints on
   cached bytes] in ``pread``); False where that cannot be told.
 * ``identity()``: what identifies the bytes now (NOTE [file identity] in
-  ``_io.node``; for a local file, the open descriptor's device, inode, size
+  ``_io.files``; for a local file, the open descriptor's device, inode, size
   and times): the B-tree index compares it before it reads more of a file it
   listed earlier.
 * ``close()``: release what it holds (idempotent).

@@ -1070,6 +1070,29 @@ def test_file_changed_mid_stream_is_an_error_not_garbage(
         np.testing.assert_array_equal(block, data[k * CHUNK : (k + 1) * CHUNK])
 
 
+@pytest.mark.parametrize("engine", ["chunks", "h5py", "tables"])
+@pytest.mark.parametrize("change", [_rewrite, _truncate], ids=lambda f: f.__name__[1:])
+def test_a_file_changed_under_a_read_in_this_process_is_a_file_changed_error(
+    no_leaks: None, make_array: Callable[..., Path], data: np.ndarray, change: Callable[[Path, Path], None], engine: str
+) -> None:
+    """Read in the consumer (n_procs=0, the default for small files), compressed: the next read after the change
+    fails in the engine (a decode error, HDF5's read error); the change explains it, as in a reader."""
+    path = make_array(data, chunkshape=(CHUNK, ROW))
+    other = make_array(np.random.default_rng(3).integers(-9, 9, data.shape).astype(data.dtype), chunkshape=(CHUNK // 2, ROW))
+    time.sleep(0.05)  # the change must land on a later tick of the filesystem clock than the writing
+    got = []
+    with Streamer(path, engine=engine).get_queue("/data", n_procs=0, block_size=CHUNK, ordered=True) as q:
+        with q.get() as block:
+            got.append(block.copy())
+            change(path, other)
+        with pytest.raises(FileChangedError) as info:
+            got.extend(drain(q))
+    err = info.value
+    assert isinstance(err, ReaderError) and str(path) in str(err) and "this process" in str(err)
+    for k, block in enumerate(got):
+        np.testing.assert_array_equal(block, data[k * CHUNK : (k + 1) * CHUNK])
+
+
 # -- fuzz: corrupted copies of a real file -------------------------------------
 
 

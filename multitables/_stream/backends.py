@@ -28,7 +28,7 @@ from .._procs.stream import StreamReaders, StreamSpec
 from .._shm.ring import TICK
 from .._sys.refs import held_elsewhere
 from .._sys.spares import spare_bytes
-from ..errors import StreamClosedError
+from ..errors import FileChangedError, StreamClosedError
 
 
 def empty_block(spec: StreamSpec) -> np.ndarray:
@@ -83,9 +83,13 @@ class InlineBackend:
             rows = self._blocks.read(k, as_block(memory, self._spec), lambda a, b: span.append((a, b)))
             check_file_unchanged(self._spec.node.filename, self._signature)  # as the readers do
         except Exception as exc:  # the form a reader's failure takes: a ReaderError of the original type, in context
-            node = self._spec.node
-            raise FailureReport.from_exception(exc, -1, os.getpid(), node.filename, node.path, span[-1] if span else None
-                                               ).to_exception() from exc
+            node, cause = self._spec.node, exc
+            try:  # a file changed under the read explains its failure (a truncated chunk, a decode error), as in readers
+                check_file_unchanged(node.filename, self._signature)
+            except FileChangedError as changed:  # its context: the read's error
+                cause = changed
+            raise FailureReport.from_exception(cause, -1, os.getpid(), node.filename, node.path,
+                                               span[-1] if span else None).to_exception() from cause
         if isinstance(self._spec.plan, GrowingPlan):
             self._spec.plan.forget(k)
         return slot, rows  # every row is read again for the next block of this slot

@@ -27,6 +27,7 @@ import functools
 import itertools
 import os
 import sys
+import threading
 from typing import Any, Generator, Iterator
 
 import numpy as np
@@ -79,6 +80,44 @@ def _give_back_unused(lent: "list[tuple[Guard, np.ndarray]]") -> "list[tuple[Gua
     return kept
 
 
+def _another_thread_takes(_: object) -> None:
+    raise ValueError(
+        "generator already executing: another thread is taking its next block. A generator serves one thread at a "
+        "time, as Python's do (try again, or share a queue, get_queue, between threads)"
+    )
+
+
+#: What a thread walks that asks for a row while another takes the next block (:class:`_OneTaker`): one object, since
+#: the chain drops it without a decref when the other thread sets the block it took (the chain assumes one thread).
+_TAKING = map(_another_thread_takes, itertools.repeat(None))
+
+
+class _OneTaker:
+    """The blocks a generator's chain walks, taken by one thread at a time.
+
+    A second thread's ``next`` while the first waits for a block got "generator already executing" from the blocks'
+    generator, and ``itertools.chain`` ends for good on any error of its source: every thread then saw the rows end,
+    silently. Here that thread walks :data:`_TAKING` instead, which raises in it and leaves the chain going, as
+    Python's own generators behave.
+    """
+
+    __slots__ = ("_blocks", "_lock")
+
+    def __init__(self, blocks: "Generator[Iterator[np.ndarray], None, None]") -> None:
+        self._blocks, self._lock = blocks, threading.Lock()
+
+    def __iter__(self) -> "_OneTaker":
+        return self
+
+    def __next__(self) -> "Iterator[np.ndarray]":
+        if not self._lock.acquire(blocking=False):
+            return _TAKING  # type: ignore[return-value]
+        try:
+            return next(self._blocks)
+        finally:
+            self._lock.release()
+
+
 class _RowIterator(itertools.chain):  # type: ignore[type-arg]
     """What :meth:`Streamer.get_generator` returns: the rows of its blocks, one ``next`` each, closed as a generator is.
 
@@ -95,7 +134,7 @@ class _RowIterator(itertools.chain):  # type: ignore[type-arg]
         cls, blocks: "Generator[Iterator[np.ndarray], None, None]", active: "list[Iterator[np.ndarray]]"
     ) -> "_RowIterator":
         """The rows of ``blocks``; ``active`` holds the row iterator being walked (none between blocks)."""
-        rows = cls.from_iterable(blocks)
+        rows = cls.from_iterable(_OneTaker(blocks))
         rows._blocks, rows._active = blocks, active
         return rows
 

@@ -745,3 +745,35 @@ def test_closing_the_queue_ends_a_get_waiting_for_a_slot(make_array, no_leaks, n
             assert queue.get() is QueueClosed
             assert queue.closed  # it was the close that ended the wait
             closer.join()
+
+
+@pytest.mark.parametrize("n_procs", [0, 2])
+def test_a_generator_shared_by_threads_loses_no_row(make_array, n_procs: int, no_leaks: None) -> None:
+    """Python's generators serve one thread at a time: a ``next`` in a second thread while the first is inside raises
+    ValueError there, and the generator goes on. Here a thread that asked while another took the next block ended
+    the chain for every thread, silently, after a row or two."""
+    rows = np.arange(20_000 * 4, dtype="<f4").reshape(20_000, 4)
+    path = make_array(rows, chunkshape=(250, 4))
+    gen = multitables.Streamer(path).get_generator("/data", n_procs=n_procs, block_size=250)
+    got: "list[list[float]]" = [[] for _ in range(3)]
+    busy = [0, 0, 0]
+
+    def take(i: int) -> None:
+        while True:
+            try:
+                for row in gen:
+                    got[i].append(float(row[0]))
+                return
+            except ValueError as exc:  # as a plain generator's "already executing": try again
+                assert "another thread is taking its next block" in str(exc)
+                busy[i] += 1
+
+    with hang_guard(120, "threads sharing a generator"):
+        threads = [threading.Thread(target=take, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    gen.close()
+    assert sorted(x for g in got for x in g) == rows[:, 0].tolist()
+    assert sum(busy) > 0, "the threads met inside the generator"

@@ -34,10 +34,16 @@ NOTE [segment lifetime]
     some process; one out of inodes (creating the name fails with ENOSPC)
     gets the same error, saying so. (A filesystem that cannot reserve gets a
     plain ftruncate, as ``multiprocessing.shared_memory`` does.)
+
+    At interpreter exit the streams still open are closed (their readers
+    stopped, their names unlinked), but no segment is unmapped: a daemon
+    thread may still be inside a block, and unmapping under it was a
+    SIGSEGV. The process's end unmaps them a moment later.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import errno
 import functools
@@ -60,6 +66,19 @@ try:  # CPython's own binding of shm_open/shm_unlink, used by multiprocessing.sh
 except ImportError:  # pragma: no cover - non-POSIX platforms
     _posixshmem = None
 
+
+_exiting = False
+
+
+def _mark_exiting() -> None:
+    global _exiting
+    _exiting = True
+
+
+# atexit runs the last handler registered first, and what closes the streams still open at exit is
+# weakref.finalize's handler: have it registered (a finalize registers it), then ours, which runs before it.
+weakref.finalize(_mark_exiting, int).detach()
+atexit.register(_mark_exiting)
 
 _MAP_FIXED = 0x10  # Linux's value on most architectures (checked where used); Python's mmap module lacks it
 _MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
@@ -269,8 +288,11 @@ class Segment:
 
         ``keep`` (the owner's side): the byte ranges (offset, length) those
         views may use. They are moved to private memory first, so the
-        segment is released now and the views keep their bytes.
+        segment is released now and the views keep their bytes. At interpreter exit nothing is unmapped (NOTE
+        [segment lifetime]).
         """
+        if _exiting:
+            return
         try:
             self.buf.close()
         except BufferError:

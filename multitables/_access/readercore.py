@@ -63,7 +63,7 @@ class ReaderCore:
 
     def inspect(self, path: str, field: "str | None" = None) -> NodeInfo:
         """The node at ``path`` (``field``: one column) of the Reader's files, checked now."""
-        return inspect_files(self.filename, path, field, self.store)
+        return inspect_files(self.filename, path, field, self.store, swmr=bool(self.open_kwargs.get("swmr")))
 
     def check_open(self) -> None:
         """Raise unless new requests can be made: open, not stopped, and no reader dead (looked at now)."""

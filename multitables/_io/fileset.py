@@ -115,25 +115,27 @@ def describe_files(files: "Sequence[str]") -> str:
 
 
 def open_files(
-    files: "str | tuple[str, ...]", path: str, field: "str | None" = None, store: "Store | None" = None
+    files: "str | tuple[str, ...]", path: str, field: "str | None" = None, store: "Store | None" = None,
+    swmr: bool = False,
 ) -> "tuple[NodeInfo, Any]":
     """The node at ``path`` of one file (with its open ``h5py.Dataset``, as :func:`~.node.open_node`) or of a set (None).
 
     For a set, every file is checked in turn (NOTE [file sets]): ``KeyError``
     naming the file that lacks the node, ``ValueError`` naming the file whose
     rows differ from the first file's, :class:`EmptyDatasetError` if no
-    file has rows. ``store``: how URLs are read (None: the environment's settings).
+    file has rows. ``store``: how URLs are read (None: the environment's settings). ``swmr``: open local files for
+    SWMR reading, as h5py's ``swmr=True`` (HDF5 refuses a second open of a file with the other flag).
     """
     if isinstance(files, str):
-        return open_node(files, path, field, store=store)
+        return open_node(files, path, field, store=store, swmr=swmr)
     if any(is_url(name) for name in files):
         store = store or make_store(None)
-    key = (files, path, field, store)
+    key = (files, path, field, store, swmr)
     with _INSPECTED_LOCK:
         seen = _INSPECTED.get(key)
     if seen is not None and seen[0] == _identities(files, store):
         return seen[1], None
-    signatures, node = _inspect_set(files, path, field, store)
+    signatures, node = _inspect_set(files, path, field, store, swmr)
     with _INSPECTED_LOCK:
         _INSPECTED[key] = (signatures, node)
         _INSPECTED.move_to_end(key)
@@ -159,7 +161,7 @@ def _identities(files: "tuple[str, ...]", store: "Store | None") -> "tuple[FileS
 
 
 def _inspect_set(
-    files: "tuple[str, ...]", path: str, field: "str | None", store: "Store | None"
+    files: "tuple[str, ...]", path: str, field: "str | None", store: "Store | None", swmr: bool = False
 ) -> "tuple[tuple[FileSignature | ObjectIdentity, ...], NodeInfo]":
     """Check every file of a set in turn (NOTE [file sets]); every file's identity, taken first, and the set's node."""
     urls = [name for name in files if is_url(name)]
@@ -170,7 +172,8 @@ def _inspect_set(
         first: "NodeInfo | None" = None
         offset = 0
         for name, signature in zip(files, signatures):
-            node, dataset = open_node(name, path, field, allow_empty=True, store=store, reader=readers.pop(name, None))
+            node, dataset = open_node(name, path, field, allow_empty=True, store=store, reader=readers.pop(name, None),
+                                      swmr=swmr)
             close_dataset(dataset)
             if first is None:
                 first = node
@@ -193,9 +196,12 @@ def _inspect_set(
     return signatures, _set_node(where, first, parts, offset)
 
 
-def inspect_files(files: "str | tuple[str, ...]", path: str, field: "str | None" = None, store: "Store | None" = None) -> NodeInfo:
+def inspect_files(
+    files: "str | tuple[str, ...]", path: str, field: "str | None" = None, store: "Store | None" = None,
+    swmr: bool = False,
+) -> NodeInfo:
     """As :func:`open_files`, without the open dataset."""
-    node, dataset = open_files(files, path, field, store)
+    node, dataset = open_files(files, path, field, store, swmr)
     if dataset is not None:
         close_dataset(dataset)
     return node

@@ -152,7 +152,7 @@ def check_file(filename: str, store: "Store | None" = None) -> "FileSignature | 
 
 def open_node(
     filename: "str | os.PathLike[str]", path: str, field: "str | None" = None, *, allow_empty: bool = False,
-    store: "Store | None" = None, reader: "ObjectReader | None" = None,
+    store: "Store | None" = None, reader: "ObjectReader | None" = None, swmr: bool = False,
 ) -> "tuple[NodeInfo, Any]":
     """As :func:`inspect_node`, but also return the open ``h5py.Dataset``: the caller closes it with :func:`close_dataset`.
 
@@ -163,7 +163,7 @@ def open_node(
     no file id is kept: the dataset holds the file open. A URL is read through
     a file object over its bytes (``_io.objects.fileobj``), with ``store``'s
     settings (None: the environment's); ``reader``: the object already
-    looked at (a set looks at its objects together).
+    looked at (a set looks at its objects together); ``swmr``: a local file opened for SWMR reading.
     """
     import h5py
 
@@ -184,7 +184,8 @@ def open_node(
         filename = from_root(filename)
         check_regular(filename)
         try:
-            fid = h5py.h5f.open(os.fsencode(filename), h5py.h5f.ACC_RDONLY, _file_access())
+            flags = h5py.h5f.ACC_RDONLY | (h5py.h5f.ACC_SWMR_READ if swmr else 0)
+            fid = h5py.h5f.open(os.fsencode(filename), flags, _file_access())
         except OSError:
             check_file(filename)  # the error a user expects: missing, a directory, not HDF5
             raise  # something else (permissions, a damaged superblock): HDF5's own words

@@ -48,11 +48,11 @@ class StreamOptions:
 
     def open_files(self, path: str, field: "str | None" = None) -> "tuple[NodeInfo, Any]":
         """The node at ``path`` of the files, and its open ``h5py.Dataset`` (None for a set): ``_io.fileset.open_files``."""
-        return open_files(self.files, path, field, self.store)
+        return open_files(self.files, path, field, self.store, swmr=bool(self.open_kwargs.get("swmr")))
 
     def inspect(self, path: str, field: "str | None" = None) -> NodeInfo:
         """The node at ``path`` of the files, checked (every file of a set; NOTE [file sets] in ``_io.fileset``)."""
-        return inspect_files(self.files, path, field, self.store)
+        return inspect_files(self.files, path, field, self.store, swmr=bool(self.open_kwargs.get("swmr")))
 
     def resolve(self, node: NodeInfo, dataset: Any = None, readers: bool = False) -> str:
         """The engine that will read ``node`` (``readers``: by reader processes); refuses ``cache='direct'`` where the

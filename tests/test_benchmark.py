@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -760,8 +761,12 @@ def test_interrupted_run_reports_what_it_measured(
 
 
 def own_segments() -> set[str]:
-    """This library's entries in /dev/shm (nothing else there is looked at)."""
-    return {n for n in os.listdir("/dev/shm") if n.startswith(SHM_PREFIX)} if os.path.isdir("/dev/shm") else set()
+    """This library's entries in /dev/shm whose creating process is gone (nothing else there is looked at): the
+    benchmark's processes have all ended, and a live creator's segment is another program's (a run beside this one)."""
+    if not os.path.isdir("/dev/shm"):
+        return set()
+    names = {n for n in os.listdir("/dev/shm") if n.startswith(SHM_PREFIX)}
+    return {n for n in names if not psutil.pid_exists(int(n[len(SHM_PREFIX):].partition("_")[0]))}
 
 
 def test_quick_run_end_to_end(tmp_path: Path) -> None:

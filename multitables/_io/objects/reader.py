@@ -14,7 +14,7 @@ NOTE [object identity]
     first look is a change too. Any difference is a
     :class:`~multitables.errors.FileChangedError` naming the URL, raised in
     the reader and delivered in the consumer as every reader error is.
-    So no ``stat`` per block is needed (``_io.node.check_file_unchanged``
+    So no ``stat`` per block is needed (``_io.files.check_file_unchanged``
     lets objects pass): the check is in every request. A server that sends
     neither an ETag nor a Last-Modified is refused, since no change could be
     seen.

@@ -1,5 +1,5 @@
-"""A local file's name (``multitables._io.files``): a relative name means the file it named when the stream or the
-Reader was opened, in every process, whatever ``os.chdir`` comes later."""
+"""A local file's name (``multitables._io.files``): a relative name means the file it named when the Streamer or the
+Reader was made, in every process, whatever ``os.chdir`` comes later."""
 
 from __future__ import annotations
 
@@ -19,38 +19,51 @@ ROWS, BLOCK = 4000, 500
 
 @pytest.fixture
 def two_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, Path]]:
-    """``a/x.h5`` of ones and ``b/x.h5`` of twos, alike in size and layout; the test starts in ``a``."""
+    """``a/x.h5``: ``ROWS`` rows of ones; ``b/x.h5``: half as many rows of twos; the test starts in ``a``."""
     dirs = []
     for name, value in (("a", 1.0), ("b", 2.0)):
         (tmp_path / name).mkdir()
         with h5py.File(tmp_path / name / "x.h5", "w") as f:
-            f.create_dataset("data", data=np.full((ROWS, 8), value, "<f4"), chunks=(BLOCK, 8), compression="gzip")
+            n = ROWS if name == "a" else ROWS // 2  # b's shape differs too
+            f.create_dataset("data", data=np.full((n, 8), value, "<f4"), chunks=(BLOCK, 8), compression="gzip")
         dirs.append(tmp_path / name)
     monkeypatch.chdir(dirs[0])
     yield dirs[0], dirs[1]
 
 
 @pytest.mark.parametrize("n_procs", [0, 2])
-def test_a_stream_reads_the_file_its_name_meant_when_it_opened(two_dirs: tuple[Path, Path], n_procs: int,
-                                                             no_leaks: None) -> None:
+def test_a_stream_reads_the_file_its_name_meant_when_the_streamer_was_made(
+    two_dirs: tuple[Path, Path], n_procs: int, no_leaks: None
+) -> None:
     """Readers keep the directory they started in; in-process reads used to follow the chdir and call the other
     file a replacement (FileChangedError)."""
+    stream = multitables.Streamer("x.h5")
     values = set()
-    with multitables.Streamer("x.h5").get_queue("/data", n_procs=n_procs, block_size=BLOCK) as queue:
+    with stream.get_queue("/data", n_procs=n_procs, block_size=BLOCK) as queue:
         for i, guard in enumerate(queue.iter()):
             if i == 2:
                 os.chdir(two_dirs[1])
             with guard as block:
                 values.update(np.unique(block).tolist())
     assert values == {1.0}
+    assert stream.filename == str(two_dirs[0] / "x.h5")
+    assert set(np.concatenate(list(stream.get_generator("/data", n_procs=n_procs))).tolist()) == {1.0}, \
+        "a stream opened after the chdir reads the same file"
     assert set(np.concatenate(list(multitables.Streamer("x.h5").get_generator("/data", n_procs=n_procs))).tolist()) \
-        == {2.0}, "a stream opened after the chdir reads the file named there"
+        == {2.0}, "a Streamer made after it, the file named there"
 
 
-def test_a_reader_reads_the_file_its_name_meant_when_made(two_dirs: tuple[Path, Path], no_leaks: None) -> None:
+@pytest.mark.parametrize("chdir_before", ["get_dataset", "request"])
+def test_a_reader_reads_the_file_its_name_meant_when_made(two_dirs: tuple[Path, Path], chdir_before: str,
+                                                          no_leaks: None) -> None:
+    """Its readers start with it; its look at a dataset used to follow the chdir (another file's shape, read by the
+    readers from where they started)."""
     with multitables.Reader("x.h5", n_procs=1) as reader:
+        if chdir_before == "get_dataset":
+            os.chdir(two_dirs[1])
         ds = reader.get_dataset("/data")
         os.chdir(two_dirs[1])
+        assert ds.shape == (ROWS, 8)
         assert set(reader.request(ds[:10], ds.create_stage(10)).get().ravel().tolist()) == {1.0}
 
 

@@ -82,16 +82,16 @@ def as_filename(filename: Any) -> str:
         raise TypeError(f"filename must be a str, bytes or os.PathLike, not {type(filename).__name__}") from None
 
 
-def from_root(filename: str) -> str:
-    """``filename`` from the root: what a stream reads is the file its name meant when it was opened, whatever
-    ``os.chdir`` comes later (readers keep the directory they started in; the consumer's would move). A name that
-    would be too long from the root (past PATH_MAX, in a very deep working directory) is kept as it is."""
-    full = os.path.abspath(filename)
-    return full if len(os.fsencode(full)) < _PATH_MAX else filename
-
-
 #: The longest path the kernel opens (Linux's PATH_MAX).
 _PATH_MAX = 4096
+
+
+def from_root(filename: str) -> str:
+    """``filename`` from the root: what a Streamer or Reader reads is the file its name meant when it was made,
+    whatever ``os.chdir`` comes later (readers keep the directory they started in; the consumer's would move). A
+    name that would be too long from the root (past PATH_MAX, in a very deep working directory) is kept as it is."""
+    full = os.path.abspath(filename)
+    return full if len(os.fsencode(full)) < _PATH_MAX else filename
 
 _NOT_REGULAR = (
     (stat.S_ISFIFO, "a FIFO (named pipe)"),

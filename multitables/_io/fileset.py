@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 from ..errors import EmptyDatasetError, FileChangedError
 from .._sys.forks import renew_lock_in_children
-from .files import FileSignature, as_filename, check_file_unchanged, file_signature
+from .files import FileSignature, as_filename, check_file_unchanged, file_signature, from_root
 from .node import NodeInfo, Part, check_file, close_dataset, open_node
 from .objects.hdf5 import check_hdf5
 from .objects.config import Store, make_store
@@ -83,7 +83,8 @@ def as_files(filename: Any, store: "Store | None" = None) -> "str | tuple[str, .
     ``filename``: a file (str, bytes or ``os.PathLike``), a glob pattern
     (``"train-*.h5"``: its matches in sorted order), or a list, tuple or
     other iterable of files and patterns (each pattern expanded in place). One file in all
-    gives that file's name; more give a tuple. A name that exists is never
+    gives that file's name (from the root: the working directory now is where a relative one lies, whatever
+    ``os.chdir`` comes later); more give a tuple. A name that exists is never
     taken as a pattern. ``FileNotFoundError`` for a pattern nothing matches.
     A URL names an object; an ``s3://`` pattern lists the bucket, with
     ``store``'s settings (:func:`~multitables._io.objects.listing.expand`).
@@ -95,6 +96,7 @@ def as_files(filename: Any, store: "Store | None" = None) -> "str | tuple[str, .
         names = [name for item in items for name in _expand(as_filename(item), store)]
     else:
         names = _expand(as_filename(filename), store)
+    names = [name if is_url(name) else from_root(name) for name in names]  # a later os.chdir changes nothing
     return names[0] if len(names) == 1 else tuple(names)
 
 

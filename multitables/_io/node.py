@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import EmptyDatasetError, NodeTypeError, NotHDF5Error
-from .files import FileSignature, as_filename, check_regular, file_signature, from_root
+from .files import FileSignature, as_filename, check_regular, file_signature
 from .objects.config import Store, make_store
 from .objects.hdf5 import check_hdf5, open_file_id
 from .objects.http import ObjectIdentity
@@ -181,7 +181,6 @@ def open_node(
         filename = remote.shown  # what messages call it: a presigned URL's query is never shown
         fid = open_file_id(reader, check=True)
     else:
-        filename = from_root(filename)
         check_regular(filename)
         try:
             flags = h5py.h5f.ACC_RDONLY | (h5py.h5f.ACC_SWMR_READ if swmr else 0)

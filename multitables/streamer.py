@@ -95,10 +95,11 @@ _TAKING = map(_another_thread_takes, itertools.repeat(None))
 class _OneTaker:
     """The blocks a generator's chain walks, taken by one thread at a time.
 
-    A second thread's ``next`` while the first waits for a block got "generator already executing" from the blocks'
-    generator, and ``itertools.chain`` ends for good on any error of its source: every thread then saw the rows end,
-    silently. Here that thread walks :data:`_TAKING` instead, which raises in it and leaves the chain going, as
-    Python's own generators behave.
+    ``itertools.chain`` ends for good on any error of its source, so a second thread's "generator already executing"
+    from the blocks' generator would end the rows for every thread, silently. That thread walks :data:`_TAKING`
+    instead, which raises in it and leaves the chain going, as Python's own generators behave. (The chain is not
+    made for threads: a switch of the GIL just after the failed ``acquire``, while the other thread finishes its
+    block, could still set :data:`_TAKING` over that block. So the docs say to share a queue, not a generator.)
     """
 
     __slots__ = ("_blocks", "_lock")

@@ -10,7 +10,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from .._io.fileset import inspect_files
+from .._io.fileset import asks_swmr, inspect_files
 from .._io.node import NodeInfo
 from .._io.objects.config import Store
 from .._procs.serve import ServeReaders
@@ -63,7 +63,7 @@ class ReaderCore:
 
     def inspect(self, path: str, field: "str | None" = None) -> NodeInfo:
         """The node at ``path`` (``field``: one column) of the Reader's files, checked now."""
-        return inspect_files(self.filename, path, field, self.store, swmr=bool(self.open_kwargs.get("swmr")))
+        return inspect_files(self.filename, path, field, self.store, swmr=asks_swmr(self.open_kwargs))
 
     def check_open(self) -> None:
         """Raise unless new requests can be made: open, not stopped, and no reader dead (looked at now)."""

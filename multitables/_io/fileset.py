@@ -116,6 +116,12 @@ def describe_files(files: "Sequence[str]") -> str:
     return f"{len(files)} files: {shown(files[0])} .. {shown(files[-1])}"
 
 
+def asks_swmr(open_kwargs: "dict[str, Any]") -> bool:
+    """Whether h5py's open options ask for SWMR reading (``swmr=True``): the library's own opens of the file must
+    then ask for it too (:func:`open_files`)."""
+    return bool(open_kwargs.get("swmr"))
+
+
 def open_files(
     files: "str | tuple[str, ...]", path: str, field: "str | None" = None, store: "Store | None" = None,
     swmr: bool = False,

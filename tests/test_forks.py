@@ -124,7 +124,7 @@ _DAEMONIC = textwrap.dedent(
         try:
             if case == "default":
                 return [int(r[0]) for r in multitables.Streamer(path).get_generator("/x")] == list(range(1000))
-            if case == "tables":  # PyTables' up-front probe runs in a child elsewhere
+            if case == "tables":  # PyTables' up-front probe forks a child where the process may
                 got = []
                 with multitables.Streamer(path, engine="tables").get_queue("/x", ordered=True) as q:
                     for guard in q.iter():
@@ -155,6 +155,8 @@ _DAEMONIC = textwrap.dedent(
 def test_a_daemonic_worker_reads_in_itself_and_is_told_why_it_cannot_start_readers(
     ids_file: Path, tmp_path: Path, start_method: str, no_leaks: None
 ) -> None:
+    """Rows as h5py's, read in the worker (what the defaults plan there on a large file: ``test_plan``), and a
+    refusal that says why where readers are asked for."""
     script = tmp_path / "daemonic.py"  # spawn imports the main module again: a file, not -c
     script.write_text(_DAEMONIC)
     run = subprocess.run([sys.executable, str(script), str(ids_file), start_method], capture_output=True, text=True,

@@ -117,7 +117,8 @@ class Reader:
 
     @property
     def filename(self) -> "str | tuple[str, ...]":
-        """The HDF5 file; for a set, its files in row order."""
+        """The HDF5 file, from the root for a local file (as the working directory was when the Reader was made); for
+        a set, its files in row order."""
         return self._live().filename
 
     @property

@@ -223,7 +223,8 @@ class Streamer:
 
     @property
     def filename(self) -> "str | tuple[str, ...]":
-        """The HDF5 file's name, as given; for a set, its files in row order (a pattern's matches)."""
+        """The HDF5 file's name, from the root for a local file (as the working directory was when the Streamer was
+        made); for a set, its files in row order (a pattern's matches)."""
         return self._options.files
 
     @property

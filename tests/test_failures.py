@@ -1089,6 +1089,24 @@ def _replace(path: Path, other: Path) -> None:
     os.replace(other, path)
 
 
+def _changed_mid_stream(
+    stream: Streamer, path: Path, other: Path, change: Callable[[Path, Path], None], data: np.ndarray, **kwargs: Any
+) -> "tuple[FileChangedError, list[np.ndarray]]":
+    """Take the first block of ``path``'s /data, ``change`` the file (``other``: its new bytes), take the rest: the
+    error it ends with, and the blocks delivered, each checked to be the original file's."""
+    time.sleep(0.05)  # the change must land on a later tick of the filesystem clock than the writing
+    got = []
+    with stream.get_queue("/data", block_size=CHUNK, ordered=True, **kwargs) as q:
+        with q.get() as block:
+            got.append(block.copy())
+            change(path, other)
+        with pytest.raises(FileChangedError) as info:
+            got.extend(drain(q))
+    for k, block in enumerate(got):  # whatever was delivered was the original file's
+        np.testing.assert_array_equal(block, data[k * CHUNK : (k + 1) * CHUNK])
+    return info.value, got
+
+
 @pytest.mark.parametrize("change", [_rewrite, _truncate, _delete, _replace], ids=lambda f: f.__name__[1:])
 def test_file_changed_mid_stream_is_an_error_not_garbage(
     no_leaks: None, make_array: Callable[..., Path], data: np.ndarray, change: Callable[[Path, Path], None]
@@ -1097,21 +1115,10 @@ def test_file_changed_mid_stream_is_an_error_not_garbage(
     path = make_array(data, complib=None, kind="array")
     other = make_array(-data, complib=None, kind="array")
     assert path.stat().st_size == other.stat().st_size
-    time.sleep(0.05)  # the change must land on a later tick of the filesystem clock than the writing
-    got = []
-    with Streamer(path).get_queue("/data", n_procs=1, block_size=CHUNK, read_ahead=2, ordered=True) as q:
-        with q.get() as block:
-            got.append(block.copy())
-            change(path, other)
-        with pytest.raises(FileChangedError) as info:
-            got.extend(drain(q))
-    err = info.value
+    err, got = _changed_mid_stream(Streamer(path), path, other, change, data, n_procs=1, read_ahead=2)
     assert isinstance(err, ReaderError) and isinstance(err, OSError)
     assert str(path) in str(err) and "while it was being streamed" in str(err)
     assert len(got) < N_ROWS // CHUNK
-    # Whatever was delivered was the original file's.
-    for k, block in enumerate(got):
-        np.testing.assert_array_equal(block, data[k * CHUNK : (k + 1) * CHUNK])
 
 
 @pytest.mark.parametrize("engine", ["chunks", "h5py", "tables"])
@@ -1123,18 +1130,8 @@ def test_a_file_changed_under_a_read_in_this_process_is_a_file_changed_error(
     fails in the engine (a decode error, HDF5's read error); the change explains it, as in a reader."""
     path = make_array(data, chunkshape=(CHUNK, ROW))
     other = make_array(np.random.default_rng(3).integers(-9, 9, data.shape).astype(data.dtype), chunkshape=(CHUNK // 2, ROW))
-    time.sleep(0.05)  # the change must land on a later tick of the filesystem clock than the writing
-    got = []
-    with Streamer(path, engine=engine).get_queue("/data", n_procs=0, block_size=CHUNK, ordered=True) as q:
-        with q.get() as block:
-            got.append(block.copy())
-            change(path, other)
-        with pytest.raises(FileChangedError) as info:
-            got.extend(drain(q))
-    err = info.value
+    err, _ = _changed_mid_stream(Streamer(path, engine=engine), path, other, change, data, n_procs=0)
     assert isinstance(err, ReaderError) and str(path) in str(err) and "this process" in str(err)
-    for k, block in enumerate(got):
-        np.testing.assert_array_equal(block, data[k * CHUNK : (k + 1) * CHUNK])
 
 
 # -- fuzz: corrupted copies of a real file -------------------------------------

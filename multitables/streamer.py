@@ -28,6 +28,7 @@ import itertools
 import os
 import sys
 import threading
+import weakref
 from typing import Any, Generator, Iterator
 
 import numpy as np
@@ -105,7 +106,11 @@ class _OneTaker:
     __slots__ = ("_blocks", "_lock")
 
     def __init__(self, blocks: "Generator[Iterator[np.ndarray], None, None]") -> None:
-        self._blocks, self._lock = blocks, threading.Lock()
+        # Weak: the rows' iterator (:class:`_RowIterator`) owns the blocks. A Ctrl-C that lands as this method starts
+        # leaves its frame, and so this object, in the traceback the user is handling; the blocks (and the readers)
+        # must not live on through it once the user's loop dropped the rows.
+        self._blocks = weakref.ref(blocks)
+        self._lock = threading.Lock()
 
     def __iter__(self) -> "_OneTaker":
         return self
@@ -114,9 +119,15 @@ class _OneTaker:
         if not self._lock.acquire(blocking=False):
             return _TAKING  # type: ignore[return-value]
         try:
-            return next(self._blocks)
+            return next(self._live())  # no local: the frame must not hold the blocks (see __init__)
         finally:
             self._lock.release()
+
+    def _live(self) -> "Generator[Iterator[np.ndarray], None, None]":
+        blocks = self._blocks()
+        if blocks is None:  # the rows were dropped
+            raise StopIteration
+        return blocks
 
 
 class _RowIterator(itertools.chain):  # type: ignore[type-arg]

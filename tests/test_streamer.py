@@ -7,11 +7,12 @@ import contextlib
 import math
 import os
 import signal
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import h5py
 import numpy as np
@@ -777,3 +778,66 @@ def test_a_generator_shared_by_threads_loses_no_row(make_array, n_procs: int, no
     gen.close()
     assert sorted(x for g in got for x in g) == rows[:, 0].tolist()
     assert sum(busy) > 0, "the threads met inside the generator"
+
+
+def _live_children() -> "list[psutil.Process]":
+    """This process's children that run (a zombie, such as an engine's finished probe, is not one), tracker aside."""
+    live = []
+    for child in psutil.Process().children():
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(child.cmdline()):
+                live.append(child)
+        except psutil.NoSuchProcess:  # gone, or a zombie, meanwhile
+            pass
+    return live
+
+
+def test_a_ctrl_c_between_the_rows_and_their_blocks_stops_the_readers_before_the_user_sees_it(
+    make_array, no_leaks: None
+) -> None:
+    """A Ctrl-C lands between any two instructions. Here it lands, at each line in turn, in the step that takes the
+    next block for the rows: the only Python code between the rows' chain (C) and the blocks' generator. Wherever it
+    lands, the readers are gone before the user's handler runs, though the traceback it handles holds that step. The
+    loop is as users write it: nothing else holds the generator."""
+    rows = np.arange(1_000 * 4, dtype="<f4").reshape(1_000, 4)
+    stream = multitables.Streamer(make_array(rows, chunkshape=(250, 4)))
+    step = multitables.streamer._OneTaker.__next__.__code__
+    landing = 0
+    while True:
+        events: "list[str]" = []
+
+        def in_step(frame: Any, event: str, arg: Any) -> Any:
+            events.append(event)
+            if len(events) - 1 == landing:
+                raise KeyboardInterrupt
+            return in_step
+
+        def third_step(frame: Any, event: str, arg: Any) -> Any:
+            if frame.f_code is step and event == "call":
+                taken.append(None)
+                if len(taken) == 2:  # the third block: two went to the loop (the first before the trace)
+                    return in_step(frame, event, arg)
+            return None
+
+        got, taken, readers = [], [], []  # cyclic: the readers stay busy, none ends before the interrupt
+        others = _live_children()  # a forkserver an earlier stream started, say
+        try:
+            for row in stream.get_generator("/data", n_procs=2, block_size=250, cyclic=True, ordered=True):
+                if not got:
+                    readers = [p for p in _live_children() if p not in others]
+                    sys.settrace(third_step)
+                got.append(float(row[0]))
+                if len(got) == 1_000:
+                    break
+        except KeyboardInterrupt:
+            sys.settrace(None)
+            left = [p.pid for p in _live_children() if p in readers]
+            assert (len(readers), left) == (2, []), f"Ctrl-C at event {landing} of the step ({events[-1]})"
+            assert got == rows[:500, 0].tolist()
+            landing += 1
+            continue
+        finally:
+            sys.settrace(None)
+        break
+    assert landing > 5, "the interrupts landed on every line of the step, and then the step ran through"
+    assert got == rows[:, 0].tolist()

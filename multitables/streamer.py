@@ -119,15 +119,10 @@ class _OneTaker:
         if not self._lock.acquire(blocking=False):
             return _TAKING  # type: ignore[return-value]
         try:
-            return next(self._live())  # no local: the frame must not hold the blocks (see __init__)
+            # No local: the frame must not hold the blocks (see __init__). Dropped, they have no more.
+            return next(iter(self._blocks() or ()))
         finally:
             self._lock.release()
-
-    def _live(self) -> "Generator[Iterator[np.ndarray], None, None]":
-        blocks = self._blocks()
-        if blocks is None:  # the rows were dropped
-            raise StopIteration
-        return blocks
 
 
 class _RowIterator(itertools.chain):  # type: ignore[type-arg]

@@ -389,3 +389,58 @@ def test_an_epochs_first_batch_plans_and_permutes_nothing_in_a_loop_of_epochs(ro
                 np.testing.assert_array_equal(mine, theirs)
     finally:
         b.close()
+
+
+def test_a_ctrl_c_as_the_loop_takes_a_batch_lets_the_readers_stop_with_the_batches(
+    rows_file, no_cycle_collector, no_leaks
+) -> None:
+    """A Ctrl-C lands between any two instructions. Here it lands, at each line in turn, in the step that takes the
+    next batch for the loop: the only Python code between the loop and the batches' generator. The handler drops
+    the batches, as a program that stops does: the readers stop at once, though the traceback it handles holds
+    that step."""
+    import sys
+
+    from multitables._train import iteration
+
+    landing = 0
+    while True:
+        events: "list[str]" = []
+
+        def in_step(frame, event: str, arg):
+            events.append(event)
+            if len(events) - 1 == landing:
+                raise KeyboardInterrupt
+            return in_step
+
+        def third_step(frame, event: str, arg):
+            inside = frame.f_code.co_filename == iteration.__file__
+            if event == "call" and inside and frame.f_back.f_code.co_filename != iteration.__file__:  # from the loop
+                taken.append(None)
+                if len(taken) == 3:
+                    return in_step(frame, event, arg)
+            return None
+
+        b = batches(rows_file, epochs=None)
+        before = children()
+        got, taken = [], []
+        try:
+            for y in b:
+                if not got:
+                    readers = readers_started(before)
+                    sys.settrace(third_step)
+                got.append(y.copy())
+                if len(got) == 5:
+                    break
+        except KeyboardInterrupt:
+            sys.settrace(None)
+            b = None
+            assert alive(readers) == set(), f"Ctrl-C at event {landing} of the step ({events[-1]})"
+            assert len(got) == 3
+            landing += 1
+            continue
+        finally:
+            sys.settrace(None)
+        break
+    assert landing > 3, "the interrupts landed on every line of the step, and then the step ran through"
+    assert alive(readers) == readers  # a break: they wait for the next iteration
+    b.close()

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from typing import Any, Iterator
 
 
-class Iteration:
+class Iteration(itertools.chain):  # type: ignore[type-arg]
     """The batches of one iteration, until it ends or a newer iteration ends it (``superseded``).
 
     A :class:`~multitables.batches.Batches` has one position, which every
@@ -15,27 +16,57 @@ class Iteration:
     nested in a loop over the same batches (each ``iter()`` of a
     ``DataLoader`` is a pass of its own) would otherwise end the outer loop
     without a word.
+
+    The loop steps a chain (C) over :class:`_Step`, as the generator's rows
+    do (``streamer._RowIterator``): a Ctrl-C can land in any Python frame
+    between the loop and the batches, and that frame stays in the traceback
+    the user handles. The step holds the batches weakly, so that they (and
+    their readers) go with the loop, not with the traceback.
     """
 
-    __slots__ = ("_it", "superseded", "__weakref__")
+    __slots__ = ("_it", "_step", "__weakref__")
+    _it: Iterator[Any]
+    _step: "_Step"
+
+    @classmethod
+    def over(cls, it: Iterator[Any]) -> "Iteration":
+        step = _Step(it)
+        iteration = cls.from_iterable(step)
+        iteration._it, iteration._step = it, step
+        return iteration
+
+    @property
+    def superseded(self) -> bool:
+        return self._step.superseded
+
+    @superseded.setter
+    def superseded(self, value: bool) -> None:
+        self._step.superseded = value
+
+    def close(self) -> None:
+        self._it.close()  # type: ignore[attr-defined]
+
+
+class _Step:
+    """One batch at a time for :class:`Iteration`'s chain, as a 1-tuple; raises once the iteration is superseded."""
+
+    __slots__ = ("_it", "superseded")
 
     def __init__(self, it: Iterator[Any]) -> None:
-        self._it = it
+        self._it = weakref.ref(it)  # the Iteration owns it
         self.superseded = False
 
-    def __iter__(self) -> "Iteration":
+    def __iter__(self) -> "_Step":
         return self
 
-    def __next__(self) -> Any:
+    def __next__(self) -> "tuple[Any]":
         if self.superseded:
             raise RuntimeError(
                 "this iteration over the batches was ended by a newer one: a Batches has one position, which each "
                 "iteration takes over, so iterate it in one loop at a time (get_batches again for another pass)"
             )
-        return next(self._it)
-
-    def close(self) -> None:
-        self._it.close()
+        # No local: the frame must not hold the batches (see Iteration). Dropped, they have no more.
+        return (next(iter(self._it() or ())),)
 
 
 class Current:
@@ -53,7 +84,7 @@ class Current:
 
     def start(self, it: Iterator[Any]) -> Iteration:
         """``it``'s batches as the iteration in progress (:meth:`end` the one before first)."""
-        iteration = Iteration(it)
+        iteration = Iteration.over(it)
         self._ref = weakref.ref(iteration)
         return iteration
 

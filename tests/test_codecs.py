@@ -332,3 +332,15 @@ def test_blosc_decodes_no_part_that_cuts_an_item_or_without_c_blosc2(monkeypatch
         Blosc().decode_part(buf[:10], values.nbytes, 0, np.empty(8, np.uint8))
     monkeypatch.setitem(libraries._cache, "libblosc2", None)
     assert not Blosc().decode_part(buf, values.nbytes, 0, np.empty(8, np.uint8))
+
+
+def test_every_codec_function_is_among_those_loaded_before_readers_fork() -> None:
+    """A reader forked while another thread had imagecodecs load a codec waited for ever on its lock, so the consumer
+    loads each function a codec takes before it forks (NOTE [forking among threads] in ``_sys.forks``)."""
+    import re
+
+    named: set[str] = set()
+    for module in Path(libraries.__file__).parent.glob("*.py"):
+        named |= set(re.findall(r'(?:imagecodecs_function|need)\("(\w+)"\)', module.read_text()))
+    assert len(named) >= 8
+    assert named <= set(libraries.IMAGECODECS_FUNCTIONS), named - set(libraries.IMAGECODECS_FUNCTIONS)

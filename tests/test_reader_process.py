@@ -217,6 +217,57 @@ def test_a_forked_reader_finds_every_lock_of_the_package_free_though_a_thread_he
     assert stuck.strip() == "-", f"held in a forked child: {stuck.strip()}"
 
 
+_CODEC_LOADING_AT_FORK = r"""
+import importlib.abc, sys, threading
+import multitables
+
+path = sys.argv[1]
+inside, go_on = threading.Event(), threading.Event()
+
+class SlowDeflate(importlib.abc.MetaPathFinder):
+    # imagecodecs loads a codec on first use, under a lock of its own: here the "loader" thread takes a second to.
+    def find_spec(self, name, path=None, target=None):
+        if name != "imagecodecs._deflate" or threading.current_thread().name != "loader":
+            return None
+        spec = next(s for s in (f.find_spec(name, path, target) for f in sys.meta_path[1:]) if s is not None)
+        real = spec.loader
+
+        class Slow(importlib.abc.Loader):
+            def create_module(self, spec):
+                return real.create_module(spec)
+
+            def exec_module(self, module):
+                inside.set()
+                go_on.wait()
+                real.exec_module(module)
+
+        spec.loader = Slow()
+        return spec
+
+sys.meta_path.insert(0, SlowDeflate())
+import imagecodecs
+threading.Thread(target=lambda: imagecodecs.deflate_decode, name="loader").start()
+inside.wait()
+threading.Timer(0.5, go_on.set).start()
+with multitables.Reader(path, n_procs=1, start_method="fork") as reader:  # forks while the loader holds the lock
+    ds = reader.get_dataset("/data")
+    with reader.request(ds[:100], ds.create_stage(100)).get_unsafe(timeout=20) as rows:
+        print(rows[:, 0].tolist() == [16.0 * k for k in range(100)])
+"""
+
+
+def test_a_reader_forked_while_another_thread_loads_a_codec_reads(make_array: Callable[..., Path]) -> None:
+    """A reader forked while another thread of the consumer (a stream's, say) had imagecodecs load a codec found its
+    lock held for ever, and the request never came (NOTE [forking among threads] in ``_sys.forks``)."""
+    path = make_array(np.arange(N_ROWS * 16, dtype="<f4").reshape(N_ROWS, 16), complib="zlib", chunkshape=(BLOCK, 16))
+    run = subprocess.run(
+        [sys.executable, "-c", _CODEC_LOADING_AT_FORK, str(path)], capture_output=True, text=True, timeout=GUARD,
+        cwd=Path(__file__).parent,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["True"]
+
+
 def test_a_reader_that_cannot_start_its_watch_thread_says_why(
     make_array: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, no_leaks: None
 ) -> None:

@@ -186,7 +186,8 @@ def test_the_fork_server_imports_the_reader_and_its_libraries_once_keeping_its_o
     import sys
     from multiprocessing import forkserver
 
-    from multitables._procs.pool import READING_LIBRARIES, preload_in_forkserver
+    from multitables._io.engines import READING_LIBRARIES
+    from multitables._procs.pool import preload_in_forkserver
     from multitables._procs.process import reader_main
 
     server = forkserver._forkserver

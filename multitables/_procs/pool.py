@@ -82,6 +82,7 @@ import time
 import weakref
 from typing import Any, Callable
 
+from .._io.engines import READING_LIBRARIES, before_fork
 from .._shm.release import settle_releases
 from .._shm.ring import TICK
 from .._shm.space import semaphores_for
@@ -116,10 +117,6 @@ def end_processes(procs: "list[Any]", timeout: float = JOIN_TIMEOUT) -> None:
             getattr(proc, escalate)()
         for proc in alive:
             proc.join(1.0)
-
-
-#: What readers import to read: h5py (and its filters), the chunk engine's codecs, PyTables.
-READING_LIBRARIES = ("h5py", "hdf5plugin", "imagecodecs", "blosc2", "tables")
 
 
 def preload_in_forkserver(ctx: Any) -> None:
@@ -208,6 +205,8 @@ class ReaderPool:
     def start(self, loop: Callable[..., None], args: "list[tuple[Any, ...]]") -> None:
         """Start one reader per entry of ``args``, each running ``loop(reader, *args[i])``."""
         settle_releases()  # no unmapping on a thread while forking (NOTE [release off the path])
+        if self.ctx.get_start_method() == "fork":
+            before_fork()  # no lock of a reading library held by another thread (NOTE [forking among threads])
         _POOLS.add(self)
         me = os.getpid()
         me_start = process_start_time(me)

@@ -1,17 +1,31 @@
-"""Module locks in a forked child: made anew, since a thread of the parent may have held one at the fork.
+"""Locks in a forked child: a lock another thread of the parent held at the fork stays held there for ever.
 
-A reader forked while another thread of the consumer held a module's lock would
-find it held for ever: the child has no such thread to release it. Python 3.12
-warns of this at every fork from a process with threads; a test holds every
-module-level lock of the package while a process forks
-(``tests/test_reader_process.py``).
+NOTE [forking among threads]
+    A reader forked while another thread of the consumer held a lock would
+    find it held for ever: the child has no such thread to release it.
+    Python 3.12 warns of this at every fork from a process with threads.
+
+    * The package's own module-level locks are made anew in every child
+      (:func:`renew_lock_in_children`); a test holds every one of them while a
+      process forks (``tests/test_reader_process.py``).
+    * Other libraries' locks are another matter: h5py holds its own around a
+      fork, but an import in flight holds Python's lock for that module, and
+      imagecodecs loads each codec on first use under a lock of its own. A
+      Reader forked while another thread (a stream's consumer, say) loaded
+      a codec hung on its first request. So before it forks readers, the
+      consumer waits for the reading libraries' imports in flight
+      (:func:`finish_imports`) and loads every codec function the chunk
+      engine takes (``_io.engines.before_fork``): a reader never loads one
+      of those itself, and each finds them loaded, as a bonus.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 import threading
-from typing import Any
+from typing import Any, Iterable
 
 
 def renew_lock_in_children(scope: "dict[str, Any]", name: str) -> None:
@@ -21,3 +35,11 @@ def renew_lock_in_children(scope: "dict[str, Any]", name: str) -> None:
         scope[name] = threading.Lock()
 
     os.register_at_fork(after_in_child=renew)
+
+
+def finish_imports(names: "Iterable[str]") -> None:
+    """Wait until no thread is importing any module of ``names`` (one begun is in ``sys.modules``, and importing it
+    again waits for the first to end), so that none is left half-imported in a child forked after this returns."""
+    for name in names:
+        if name in sys.modules:
+            importlib.import_module(name)

@@ -40,6 +40,27 @@ def imagecodecs_function(name: str) -> "Callable[..., Any] | None":
         return None
 
 
+#: Every imagecodecs function that a codec here takes (each codec's module names its own).
+IMAGECODECS_FUNCTIONS = (
+    "deflate_decode",
+    "h5checksum_fletcher32",
+    "blosc_decode",
+    "bitshuffle_decode",
+    "lz4_decode",
+    "zstd_decode",
+    "bz2_decode",
+    "lz4h5_decode",
+    "lzf_decode",
+)
+
+
+def load_codec_functions() -> None:
+    """Have imagecodecs load every function of :data:`IMAGECODECS_FUNCTIONS` in this process now (NOTE [forking
+    among threads] in ``_sys.forks``); those missing from its build stay missing."""
+    for name in IMAGECODECS_FUNCTIONS:
+        imagecodecs_function(name)
+
+
 def blosc2_library() -> "ctypes.CDLL | None":
     """c-blosc2 as shipped in the ``blosc2`` (or PyTables) wheel, found without importing either package."""
     if "libblosc2" not in _cache:

@@ -706,10 +706,15 @@ import multitables
 
 path = sys.argv[1]
 inside = threading.Barrier(3)
+saying = threading.Lock()  # print writes a line's text and its newline apart: two threads' lines could mix
+
+def say(pids):
+    with saying:
+        print(json.dumps(pids), flush=True)
 
 def stream():
     with multitables.Streamer(path).get_queue("/data", n_procs=2, cyclic=True) as queue:
-        print(json.dumps(queue.reader_pids), flush=True)
+        say(queue.reader_pids)
         with queue.get() as block:
             inside.wait()
             while True:  # inside the block when the interpreter exits
@@ -718,7 +723,7 @@ def stream():
 def request():
     reader = multitables.Reader(path, n_procs=1)
     ds = reader.get_dataset("/data")
-    print(json.dumps(reader.reader_pids), flush=True)
+    say(reader.reader_pids)
     with reader.request(ds[:100], ds.create_stage(100)).get_unsafe() as rows:
         inside.wait()
         while True:

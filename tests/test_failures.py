@@ -741,7 +741,11 @@ def test_daemon_threads_inside_blocks_at_interpreter_exit_end_cleanly(h5file: Pa
     under them (it was a SIGSEGV, every time), and nothing is left behind."""
     proc = subprocess.Popen([sys.executable, "-c", _DAEMON_AT_EXIT, str(h5file)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    out, err = proc.communicate(timeout=GUARD)
+    try:
+        out, err = proc.communicate(timeout=GUARD)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # its readers, orphaned, stop by themselves
+        raise AssertionError(f"the program did not exit; stderr:\n{proc.communicate()[1][-3000:]}") from None
     assert proc.returncode == 0, err[-3000:]
     pids = [pid for line in out.splitlines() for pid in json.loads(line)]
     assert len(pids) == 3

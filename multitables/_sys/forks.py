@@ -11,12 +11,12 @@ NOTE [forking among threads]
     * Other libraries' locks are another matter: h5py holds its own around a
       fork, but an import in flight holds Python's lock for that module, and
       imagecodecs loads each codec on first use under a lock of its own. A
-      Reader forked while another thread (a stream's consumer, say) loaded
-      a codec hung on its first request. So before it forks readers, the
-      consumer waits for the reading libraries' imports in flight
+      reader forked while another thread (a stream's consumer, say) loads a
+      codec would wait on that lock for ever. So before it forks readers,
+      the consumer waits for the reading libraries' imports in flight
       (:func:`finish_imports`) and loads every codec function the chunk
-      engine takes (``_io.engines.before_fork``): a reader never loads one
-      of those itself, and each finds them loaded, as a bonus.
+      engine takes (``_io.engines.before_fork``): no reader loads one of
+      those itself; each finds them loaded.
 """
 
 from __future__ import annotations

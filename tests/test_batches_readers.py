@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Iterator
@@ -398,8 +399,6 @@ def test_a_ctrl_c_as_the_loop_takes_a_batch_lets_the_readers_stop_with_the_batch
     next batch for the loop: the only Python code between the loop and the batches' generator. The handler drops
     the batches, as a program that stops does: the readers stop at once, though the traceback it handles holds
     that step."""
-    import sys
-
     from multitables._train import iteration
 
     landing = 0
@@ -412,11 +411,11 @@ def test_a_ctrl_c_as_the_loop_takes_a_batch_lets_the_readers_stop_with_the_batch
                 raise KeyboardInterrupt
             return in_step
 
-        def third_step(frame, event: str, arg):
+        def fourth_batch(frame, event: str, arg):
             inside = frame.f_code.co_filename == iteration.__file__
             if event == "call" and inside and frame.f_back.f_code.co_filename != iteration.__file__:  # from the loop
                 taken.append(None)
-                if len(taken) == 3:
+                if len(taken) == 3:  # three batches went to the loop (the first before the trace)
                     return in_step(frame, event, arg)
             return None
 
@@ -427,7 +426,7 @@ def test_a_ctrl_c_as_the_loop_takes_a_batch_lets_the_readers_stop_with_the_batch
             for y in b:
                 if not got:
                     readers = readers_started(before)
-                    sys.settrace(third_step)
+                    sys.settrace(fourth_batch)
                 got.append(y.copy())
                 if len(got) == 5:
                     break

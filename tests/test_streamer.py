@@ -813,7 +813,7 @@ def test_a_ctrl_c_between_the_rows_and_their_blocks_stops_the_readers_before_the
                 raise KeyboardInterrupt
             return in_step
 
-        def third_step(frame: Any, event: str, arg: Any) -> Any:
+        def third_block(frame: Any, event: str, arg: Any) -> Any:
             if frame.f_code is step and event == "call":
                 taken.append(None)
                 if len(taken) == 2:  # the third block: two went to the loop (the first before the trace)
@@ -826,7 +826,7 @@ def test_a_ctrl_c_between_the_rows_and_their_blocks_stops_the_readers_before_the
             for row in stream.get_generator("/data", n_procs=2, block_size=250, cyclic=True, ordered=True):
                 if not got:
                     readers = [p for p in _live_children() if p not in others]
-                    sys.settrace(third_step)
+                    sys.settrace(third_block)
                 got.append(float(row[0]))
                 if len(got) == 1_000:
                     break

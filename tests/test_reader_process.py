@@ -225,7 +225,7 @@ path = sys.argv[1]
 inside, go_on = threading.Event(), threading.Event()
 
 class SlowDeflate(importlib.abc.MetaPathFinder):
-    # imagecodecs loads a codec on first use, under a lock of its own: here the "loader" thread takes a second to.
+    # imagecodecs loads a codec on first use, under a lock of its own: here the "loader" thread takes 0.5 s to.
     def find_spec(self, name, path=None, target=None):
         if name != "imagecodecs._deflate" or threading.current_thread().name != "loader":
             return None

@@ -183,7 +183,6 @@ def test_the_fork_server_imports_the_reader_and_its_libraries_once_keeping_its_o
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import multiprocessing
-    import sys
     from multiprocessing import forkserver
 
     from multitables._io.engines import READING_LIBRARIES

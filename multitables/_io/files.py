@@ -93,6 +93,7 @@ def from_root(filename: str) -> str:
     full = os.path.abspath(filename)
     return full if len(os.fsencode(full)) < _PATH_MAX else filename
 
+
 _NOT_REGULAR = (
     (stat.S_ISFIFO, "a FIFO (named pipe)"),
     (stat.S_ISSOCK, "a socket"),

@@ -12,7 +12,9 @@ when ``--file`` names one already written, and read, page cache warm, by:
 * multitables direct access for ``n_procs`` = 1, 2, 4, ... up to the CPUs
   (``--max_procs``), and the default, each with its efficiency
   rate(n) / (n x rate(1)) and the counters of :mod:`multitables_bench.counters`;
-* ``N`` plain h5py processes and the ``DataLoader``, for the same ``N``.
+* ``N`` plain h5py processes and the ``DataLoader``, for the same ``N``;
+* zlib only: the file's stored chunks inflated in memory by one process and
+  by ``N`` at once, the machine's own bound on the readers' efficiency.
 
 Beside them the machine's facts: cores, threads per core, memory, and the
 memory copy rate of one process and of ``N`` at once. Every pass runs in a
@@ -201,12 +203,15 @@ def torch_available() -> bool:
 
 def measure(files: dict[Codec, str], settings: ScalingSettings, log: Callable[[str], None]
             ) -> "tuple[list[ScalingFigure], list[dict[str, Any]]]":
-    """Every contender on every file and the memcpy passes, ``repeats`` rounds interleaved: (figures, raw passes)."""
+    """Every contender on every file, the inflate and memcpy passes, ``repeats`` rounds interleaved: (figures, raw passes)."""
     procs = procs_list(settings.max_procs)
     n_rows = settings.mib * (1 << 20) // ROW_NBYTES
     plan = [(c.label, s) for c, path in files.items() for s in contenders(path, n_rows, block_rows(path), procs,
                                                                           torch_available())]
-    plan += [("", PassSpec("memcpy", n=n, memcpy_mib=settings.memcpy_mib)) for n in sorted({1, procs[-1]})]
+    ends = sorted({1, procs[-1]})
+    plan += [(c.label, PassSpec("inflate", path, n, memcpy_mib=settings.memcpy_mib))
+             for c, path in files.items() if c.complib == "zlib" for n in ends]
+    plan += [("", PassSpec("memcpy", n=n, memcpy_mib=settings.memcpy_mib)) for n in ends]
     raw: list[dict[str, Any]] = []
     done: dict[int, list[PassResult]] = {}
     servers = PassServers()
@@ -219,7 +224,7 @@ def measure(files: dict[Codec, str], settings: ScalingSettings, log: Callable[[s
                         read_through_cache(spec.path)
                     resident = resident_fraction(spec.path)
                 result = servers.run(spec)
-                if spec.kind != "memcpy" and result.rows != n_rows:
+                if spec.kind not in ("memcpy", "inflate") and result.rows != n_rows:
                     raise RuntimeError(f"{spec.kind} n={spec.n} read {result.rows} rows of {spec.path}, which has {n_rows}")
                 done.setdefault(i, []).append(result)
                 raw.append({"repeat": r, "codec": label, "spec": asdict(spec), "resident": resident, **asdict(result)})

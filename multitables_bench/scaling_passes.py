@@ -16,7 +16,11 @@ answers a :class:`PassResult` (NOTE [a fresh process per pass]). The kinds:
 * ``memcpy``: ``n`` processes at once, each ``np.copyto`` between two
   buffers of ``memcpy_mib`` MiB it has already touched, ``MEMCPY_COPIES``
   times; the rate is every byte copied over the time from the first start to
-  the last end.
+  the last end;
+* ``inflate``: the machine's own bound on a zlib file's readers: ``n``
+  processes at once, each inflating the file's first stored chunks in memory
+  (libdeflate, as the chunk engine does; no shuffle undone, nothing read or
+  handed over) until it has made ``memcpy_mib`` MiB; timed as ``memcpy``.
 
 Each pass is timed from the first thing a user's program would do (open the
 file, create the ``Streamer``, the pool or the ``DataLoader``) to the last
@@ -32,6 +36,7 @@ import os
 import sys
 import time
 import traceback
+import zlib
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any, Optional
 
@@ -43,7 +48,9 @@ from multitables_bench.records import NODE, ROW_VALUES
 
 #: Copies each memcpy process makes between its two buffers.
 MEMCPY_COPIES = 8
-KINDS = ("h5py", "multitables", "processes", "dataloader", "memcpy")
+#: MiB of rows whose stored chunks an inflate process decodes, again and again.
+INFLATE_SOURCE_MIB = 8
+KINDS = ("h5py", "multitables", "processes", "dataloader", "memcpy", "inflate")
 
 
 @dataclass(frozen=True)
@@ -217,22 +224,71 @@ def memcpy_pass(spec: PassSpec) -> PassResult:
     n, nbytes = spec.n or 1, spec.memcpy_mib << 20
     ready, go, results = ctx.SimpleQueue(), ctx.Event(), ctx.SimpleQueue()
     procs = [ctx.Process(target=_copy_loop, args=(nbytes, MEMCPY_COPIES, ready, go, results)) for _ in range(n)]
+    return _all_at_once(procs, ready, go, results, n * MEMCPY_COPIES * nbytes)
+
+
+def _all_at_once(procs: "list[Any]", ready: Any, go: Any, results: Any, nbytes: int) -> PassResult:
+    """Start ``procs``, let them go together once each is ready, and time them from the first start to the last end."""
     for p in procs:
         p.start()
     for _ in procs:
         ready.get()
-    go.set()  # every process has its buffers touched: all start copying together
+    go.set()  # every process has its buffers touched: all start together
     spans = [results.get() for _ in procs]
     for p in procs:
         p.join()
     for q in (ready, results):
         q.close()
     seconds = max(b for _, b in spans) - min(a for a, _ in spans)
-    return PassResult(seconds, 0, n * MEMCPY_COPIES * nbytes, n_used=n)
+    return PassResult(seconds, 0, nbytes, n_used=len(procs))
+
+
+def _stored_chunks(path: str, nbytes: int) -> "tuple[list[bytes], int]":
+    """The first stored chunks of ``path``'s dataset that hold at least ``nbytes`` of rows (all, if fewer), and the
+    bytes of rows a chunk holds."""
+    with h5py_with_filters().File(path, "r") as f:
+        ds = f[NODE]
+        chunk_rows = ds.chunks[0]
+        chunk_nbytes = chunk_rows * ds.dtype.itemsize * int(np.prod(ds.shape[1:]))
+        starts = range(0, min(len(ds), -(-nbytes // chunk_nbytes) * chunk_rows), chunk_rows)
+        return [bytes(ds.id.read_direct_chunk((a,) + (0,) * (ds.ndim - 1))[1]) for a in starts], chunk_nbytes
+
+
+def _inflate_loop(chunks: "list[bytes]", chunk_nbytes: int, rounds: int, ready: Any, go: Any, results: Any) -> None:
+    try:
+        from imagecodecs import deflate_decode  # the chunk engine's inflater (multitables._io.chunks.codecs.deflate)
+    except ImportError:  # pragma: no cover - imagecodecs is a dependency
+        deflate_decode = None
+    out = np.empty(chunk_nbytes, np.uint8)
+    out.fill(0)  # touched: no fault in the timed loop
+    ready.put(None)
+    go.wait()
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        for chunk in chunks:
+            if deflate_decode is not None:
+                deflate_decode(chunk, out=out)
+            else:  # pragma: no cover
+                zlib.decompress(chunk)
+    results.put((t0, time.perf_counter()))
+
+
+def inflate_pass(spec: PassSpec) -> PassResult:
+    """``n`` processes at once inflating the file's first chunks; ``nbytes`` is every byte of rows they made."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    n = spec.n or 1
+    chunks, chunk_nbytes = _stored_chunks(spec.path, INFLATE_SOURCE_MIB << 20)
+    rounds = max(1, (spec.memcpy_mib << 20) // (len(chunks) * chunk_nbytes))
+    ready, go, results = ctx.SimpleQueue(), ctx.Event(), ctx.SimpleQueue()
+    procs = [ctx.Process(target=_inflate_loop, args=(chunks, chunk_nbytes, rounds, ready, go, results))
+             for _ in range(n)]
+    return _all_at_once(procs, ready, go, results, n * rounds * len(chunks) * chunk_nbytes)
 
 
 PASSES = {"h5py": h5py_pass, "multitables": multitables_pass, "processes": processes_pass,
-          "dataloader": dataloader_pass, "memcpy": memcpy_pass}
+          "dataloader": dataloader_pass, "memcpy": memcpy_pass, "inflate": inflate_pass}
 
 
 def run(spec: PassSpec) -> PassResult:

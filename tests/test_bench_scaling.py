@@ -11,9 +11,11 @@ import mmap
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 from typing import Callable, Iterator
 
+import h5py
 import numpy as np
 import pytest
 
@@ -22,7 +24,7 @@ from multitables_bench import counters, scaling, scaling_report
 from multitables_bench.counters import PAGE_SIZE, Snapshot, Usage
 from multitables_bench.records import NODE, ROW_VALUES, Codec
 from multitables_bench.scaling import ScalingFigure
-from multitables_bench.scaling_passes import PHASES, PassSpec, run
+from multitables_bench.scaling_passes import PHASES, PassSpec, _stored_chunks, run
 
 REPO = Path(__file__).resolve().parents[1]
 N_ROWS = 2048
@@ -213,6 +215,19 @@ def test_a_pythonpath_naming_another_multitables_is_the_one_the_pass_servers_imp
     assert Path(printed[1]).parent.parent == REPO  # the benchmark's own code: this checkout's
 
 
+def test_inflate_decodes_the_files_own_stored_chunks_in_each_process(numbered: Path, no_leaks: None) -> None:
+    chunks, chunk_nbytes = _stored_chunks(str(numbered), 1 << 20)
+    with h5py.File(numbered) as f:
+        chunk_rows = f[NODE].chunks[0]
+        assert chunk_nbytes == chunk_rows * ROW_VALUES * 4 and len(chunks) == -(-(1 << 20) // chunk_nbytes)
+        unshuffled = np.frombuffer(zlib.decompress(chunks[-1]), np.uint8).reshape(4, -1).T.copy().view("<f4")
+        last = (len(chunks) - 1) * chunk_rows
+        assert np.array_equal(unshuffled.reshape(chunk_rows, ROW_VALUES), f[NODE][last : last + chunk_rows])
+    result = run(PassSpec("inflate", str(numbered), n=2, memcpy_mib=2))
+    assert result.n_used == 2 and result.seconds > 0
+    assert result.nbytes >= 2 * (2 << 20) and result.nbytes % (2 * chunk_nbytes) == 0  # whole chunks, both processes
+
+
 def test_memcpy_counts_every_byte_copied(no_leaks: None) -> None:
     result = run(PassSpec("memcpy", n=2, memcpy_mib=2))
     assert result.nbytes == 2 * 8 * (2 << 20) and result.seconds > 0 and result.n_used == 2
@@ -271,6 +286,11 @@ def test_rows_have_ratios_to_h5py_efficiency_and_counters_against_the_target() -
     assert [r[-1] for r in rows] == ["", "met", "missed", "n/a (too few blocks)", "", ""]
     targets = {t[0]: t for t in scaling_report.target_rows(figures, 4)}
     assert targets["zlib 3, n_procs=4: efficiency"][1:] == ("0.75", ">= 0.8", "missed")
+    assert not any(t.startswith("the machine") for t in targets)  # no inflate pass measured: no bound said
+    bound = [_fig("inflate", 1, 500.0), _fig("inflate", 4, 1800.0)]
+    assert [r[4] for r in scaling_report.codec_rows(figures + bound, "zlib-3")][-2:] == ["1.00", "0.90"]
+    targets = {t[0]: t for t in scaling_report.target_rows(figures + bound, 4)}
+    assert targets["the machine: zlib 3 chunks inflated in memory by 4 processes at once: efficiency"][1] == "0.90"
 
 
 # ---------------------------------------------------------------------------
@@ -302,11 +322,15 @@ def test_the_section_runs_end_to_end_on_a_tiny_file(tmp_path: Path) -> None:
         assert sum(lbl.startswith("multitables direct, default") for lbl in labels) == 1
         assert sum("plain h5py process" in lbl for lbl in labels) == 2
         assert sum(lbl.startswith("DataLoader") for lbl in labels) == (2 if torch else 0)
+        assert sum("inflated in memory" in lbl for lbl in labels) == (2 if codec == "zlib-3" else 0)
         assert all(len(r) == len(rows[0]) for r in rows)
     facts = dict(_md_rows(proc.stdout, "#### The machine")[1:])  # type: ignore[arg-type]
     assert any(k.startswith("memory copy, 2 processes") for k in facts) and "threads per core" in facts
     doc = json.loads((tmp_path / "report.json.scaling.json").read_text())
     assert doc["section"] == "scaling" and doc["pages_per_gib"] == counters.pages_per_gib()
     per_codec = 1 + 3 + 2 + (2 if torch else 0)
-    assert len(doc["passes"]) == 2 * per_codec + 2  # one repeat: every contender of both files, two memcpys
+    assert len(doc["passes"]) == 2 * per_codec + 2 + 2  # one repeat: every contender of both files, two inflates, two memcpys
+    targets = dict((r[0], r[1:]) for r in _md_rows(proc.stdout, "#### Issue 29's targets, as far as this run measures them")[1:])
+    assert targets["the machine: zlib 3 chunks inflated in memory by 2 processes at once: efficiency"][1:] == \
+        ["(bounds the row above)", "n/a"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json.scaling.json"]  # its files removed

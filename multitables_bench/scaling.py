@@ -14,7 +14,7 @@ when ``--file`` names one already written, and read, page cache warm, by:
   rate(n) / (n x rate(1)) and the counters of :mod:`multitables_bench.counters`;
 * ``N`` plain h5py processes and the ``DataLoader``, for the same ``N``;
 * zlib only: the file's stored chunks inflated in memory by one process and
-  by ``N`` at once, the machine's own bound on the readers' efficiency.
+  by ``N`` at once: what the cores alone give, beside the readers' efficiency.
 
 Beside them the machine's facts: cores, threads per core, memory, and the
 memory copy rate of one process and of ``N`` at once. Every pass runs in a

@@ -17,7 +17,7 @@ answers a :class:`PassResult` (NOTE [a fresh process per pass]). The kinds:
   buffers of ``memcpy_mib`` MiB it has already touched, ``MEMCPY_COPIES``
   times; the rate is every byte copied over the time from the first start to
   the last end;
-* ``inflate``: the machine's own bound on a zlib file's readers: ``n``
+* ``inflate``: what the cores alone give a zlib file's readers: ``n``
   processes at once, each inflating the file's first stored chunks in memory
   (libdeflate, as the chunk engine does; no shuffle undone, nothing read or
   handed over) until it has made ``memcpy_mib`` MiB; timed as ``memcpy``.

@@ -28,7 +28,7 @@ def label(f: ScalingFigure) -> str:
         return f"DataLoader(num_workers={f.n}, batch_size=None), h5py blocks of {f.block_rows:,} rows"
     if f.kind == "inflate":
         return (f"the file's chunks inflated in memory (libdeflate), {f.n} process{'es at once' if f.n != 1 else ''}: "
-                "the machine's bound (nothing read or handed over)")
+                "the cores alone (nothing read or handed over)")
     return f"memcpy, {f.n} process{'es at once' if f.n != 1 else ''}"
 
 
@@ -98,10 +98,10 @@ def target_rows(figures: Sequence[ScalingFigure], max_procs: int) -> list[tuple[
         eff = efficiency(figures, top)
         out.append((f"zlib 3, n_procs={max_procs}: efficiency", _fmt(eff, ".2f"), f">= {ZLIB_EFFICIENCY}",
                     "met" if eff is not None and eff >= ZLIB_EFFICIENCY else "missed"))
-        bound = find(figures, "zlib-3", "inflate", max_procs)
-        if bound is not None:
+        cores = find(figures, "zlib-3", "inflate", max_procs)
+        if cores is not None:
             out.append((f"the machine: zlib 3 chunks inflated in memory by {max_procs} processes at once: efficiency",
-                        _fmt(efficiency(figures, bound), ".2f"), "(bounds the row above)", "n/a"))
+                        _fmt(efficiency(figures, cores), ".2f"), "(the cores alone, for the row above)", "n/a"))
     default, plain = find(figures, "blosc-3", "multitables", None), find(figures, "blosc-3", "processes", max_procs)
     if default is not None and plain is not None:
         r = default.mb_per_s / plain.mb_per_s

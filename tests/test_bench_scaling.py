@@ -286,10 +286,10 @@ def test_rows_have_ratios_to_h5py_efficiency_and_counters_against_the_target() -
     assert [r[-1] for r in rows] == ["", "met", "missed", "n/a (too few blocks)", "", ""]
     targets = {t[0]: t for t in scaling_report.target_rows(figures, 4)}
     assert targets["zlib 3, n_procs=4: efficiency"][1:] == ("0.75", ">= 0.8", "missed")
-    assert not any(t.startswith("the machine") for t in targets)  # no inflate pass measured: no bound said
-    bound = [_fig("inflate", 1, 500.0), _fig("inflate", 4, 1800.0)]
-    assert [r[4] for r in scaling_report.codec_rows(figures + bound, "zlib-3")][-2:] == ["1.00", "0.90"]
-    targets = {t[0]: t for t in scaling_report.target_rows(figures + bound, 4)}
+    assert not any(t.startswith("the machine") for t in targets)  # no inflate pass measured: nothing said of the cores
+    cores = [_fig("inflate", 1, 500.0), _fig("inflate", 4, 1800.0)]
+    assert [r[4] for r in scaling_report.codec_rows(figures + cores, "zlib-3")][-2:] == ["1.00", "0.90"]
+    targets = {t[0]: t for t in scaling_report.target_rows(figures + cores, 4)}
     assert targets["the machine: zlib 3 chunks inflated in memory by 4 processes at once: efficiency"][1] == "0.90"
 
 
@@ -332,5 +332,5 @@ def test_the_section_runs_end_to_end_on_a_tiny_file(tmp_path: Path) -> None:
     assert len(doc["passes"]) == 2 * per_codec + 2 + 2  # one repeat: every contender of both files, two inflates, two memcpys
     targets = dict((r[0], r[1:]) for r in _md_rows(proc.stdout, "#### Issue 29's targets, as far as this run measures them")[1:])
     assert targets["the machine: zlib 3 chunks inflated in memory by 2 processes at once: efficiency"][1:] == \
-        ["(bounds the row above)", "n/a"]
+        ["(the cores alone, for the row above)", "n/a"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json.scaling.json"]  # its files removed

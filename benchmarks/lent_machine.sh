@@ -8,7 +8,8 @@
 # run (scaling, probe, probe-before, startup, startup-forkserver, start-methods, gpu, gpu-before, batches,
 # epoch-start, cuda-tests; default all). Each step runs under its own time limit (9 min 45 s together at 512 MiB, in
 # proportion above), so one that hangs leaves the others theirs; the steps before startup-forkserver,
-# start-methods and gpu-before took 3 min 7 s together on a lent H100 machine with 16 cores (2026-11-26).
+# start-methods and gpu-before took 3 min 7 s together on a lent H100 machine with 16 cores (2026-11-26); on
+# another (2026-11-28) gpu, gpu-before, batches, epoch-start and cuda-tests took 83 s at 512 MiB, scaling 137 s at 1024.
 # The steps:
 #   1. the machine: CPUs, GPU, versions;
 #   2. the scaling section (#29: multitables against N plain h5py processes and DataLoader, counters);

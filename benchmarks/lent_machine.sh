@@ -62,9 +62,11 @@ if [ -d .devrun/before/multitables ]; then  # a checkout's package to compare wi
 fi
 step gpu 60 python3 multitables_benchmark.py --sections gpu --section-mib "$mib" --file "$work/gpu.h5"
 if [ -d .devrun/before/multitables ]; then  # the same with the carried older package, started outside the checkout
+    # and the gpu step's own step length, so that the rows with the step compare (each package's rate would size its own)
+    step_ms=$(grep -o 'a step of [0-9.]* ms' "$out/gpu.log" 2>/dev/null | grep -o '[0-9.]*' | head -1)
     (cd "$work" && PYTHONPATH="$OLDPWD/.devrun/before:$PYTHONPATH" step gpu-before 60 python3 -c \
         'import sys, multitables; print(multitables.__file__); from multitables_bench.cli import main; main()' \
-        --sections gpu --section-mib "$mib" --file "$work/gpu.h5")
+        --sections gpu --section-mib "$mib" --file "$work/gpu.h5" ${step_ms:+--gpu-step-ms "$step_ms"})
 fi
 step batches 60 python3 benchmarks/batches_profile.py --file "$work/gpu.h5" --mib "$mib" --device cuda
 # The consumer's CPU at an epoch's start against mid-epoch (the machine's copy threads make the windows' orders).

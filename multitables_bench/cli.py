@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"--sections training / random: MiB of 1 KiB rows in their file (default {SECTION_ROWS >> 10}; "
              f"--quick: {QUICK_SECTION_ROWS >> 10}); --sections scaling: MiB of 4 KiB rows in each of its two files "
              f"(default {scaling.DEFAULT_MIB}; --quick: {scaling.QUICK_MIB})")
+    add("--gpu-step-ms", type=float, default=None,
+        help="--sections gpu: the training step's length in ms (default: as long as the readers take to deliver a "
+             "batch, CPU only, measured first in the same run; give one to compare two packages' rows with the step)")
     add("--disk-model", choices=tuple(diskmodel.KINDS), default=None,
         help="read through a model of a spinning disk (hdd) or a RAID 0 of two (raid0), shared by every reader process: "
              "a seek for every read that does not continue the previous one, a capped rate (multitables_bench/diskmodel.py)")
@@ -260,7 +263,7 @@ def main(argv: "Sequence[str] | None" = None) -> None:
             model_args.disk_readahead_kib << 10, model_args.disk_page_cache))
     extra = [name for name in settings.sections if name != "main"]
     if extra:
-        measure_sections(settings, extra, parse_section_mib(argv))
+        measure_sections(settings, extra, parse_section_mib(argv), parse_gpu_step_ms(argv))
         if "main" not in settings.sections:
             return
     workdir, main_path = _workdir(settings)
@@ -305,6 +308,15 @@ def model_cache_note(model: diskmodel.DiskModel) -> str:
     )
 
 
+def parse_gpu_step_ms(argv: "Sequence[str] | None" = None) -> "float | None":
+    """``--gpu-step-ms`` (kept out of :class:`Settings`, as it only sets the GPU section's step), or None."""
+    parser = build_parser()
+    step_ms = parser.parse_args(argv).gpu_step_ms
+    if step_ms is not None and not step_ms > 0:
+        parser.error(f"--gpu-step-ms must be more than 0, got {step_ms}")
+    return step_ms
+
+
 def parse_section_mib(argv: "Sequence[str] | None" = None) -> "int | None":
     """``--section-mib`` (kept out of :class:`Settings`, as it only sizes the sections' file), or None."""
     parser = build_parser()
@@ -314,7 +326,8 @@ def parse_section_mib(argv: "Sequence[str] | None" = None) -> "int | None":
     return mib
 
 
-def measure_sections(settings: Settings, sections: Sequence[str], mib: "int | None" = None) -> None:
+def measure_sections(settings: Settings, sections: Sequence[str], mib: "int | None" = None,
+                     gpu_step_ms: "float | None" = None) -> None:
     """Run the training / random-access / scaling sections; print their Markdown tables (JSON beside ``--json``)."""
     workdir, _ = _workdir(settings)
     rows = mib << 10 if mib else QUICK_SECTION_ROWS if settings.quick else SECTION_ROWS
@@ -333,7 +346,8 @@ def measure_sections(settings: Settings, sections: Sequence[str], mib: "int | No
             from multitables_bench.gpu import run_gpu
 
             gpu_mib = mib or (32 if settings.quick else 512)
-            sys.stdout.write(run_gpu(workdir, gpu_mib, settings.max_procs, lambda m: print(m, file=sys.stderr)) + "\n")
+            sys.stdout.write(run_gpu(workdir, gpu_mib, settings.max_procs, lambda m: print(m, file=sys.stderr),
+                                     step_ms=gpu_step_ms) + "\n")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

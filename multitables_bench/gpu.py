@@ -5,7 +5,9 @@ the fraction of steps that waited on data. The file: smooth float32 rows of
 4 KiB (a random walk along each row), zlib 3 + shuffle, written with h5py.
 The step: matrix products on the GPU sized so that a step takes about as long
 as the readers take to deliver a batch (measured first, CPU only), so that
-neither side hides the other. Each contender runs ``EPOCHS`` epochs of
+neither side hides the other; or as long as ``--gpu-step-ms`` says, so that two
+packages' rows with the step compare (sized by each one's own rate, they do
+not). The table's header gives the step's length. Each contender runs ``EPOCHS`` epochs of
 shuffled batches of ``BATCH`` rows; the figures are those of the epochs after
 the first (readers that live across epochs show there), page cache warm:
 
@@ -26,7 +28,9 @@ the first (readers that live across epochs show there), page cache warm:
 A step *waited* when asking for its batch took more than a tenth of a step.
 With a step, the medians of how long an epoch's first batch and a batch in
 mid-epoch took to come (issue 30: readers that live across epochs make the
-first no longer than the second).
+first no longer than the second), and, for multitables, of the first batch of
+a shuffle window other than an epoch's first: whether an epoch's first batch
+waits for what every window's first waits for, or for more.
 Needs torch with CUDA, h5py and this package; nothing else.
 """
 
@@ -56,6 +60,8 @@ class GpuFigure:
     #: Seconds the first batch of an epoch took to come, and a batch in mid-epoch (medians; None where no step ran).
     epoch_start: "float | None" = None
     mid_epoch: "float | None" = None
+    #: Seconds a window's first batch, not an epoch's, took to come (median; None where no step ran or no windows).
+    window_start: "float | None" = None
 
 
 def write_file(path: str, mib: int) -> None:
@@ -154,16 +160,26 @@ def _timed(batches: Iterator[Any], step: "Callable[[Any], Any] | None", n_batche
     return seconds, late / max(1, len(waits)), waits
 
 
-def _boundary(waits: "list[float]", per_epoch: int) -> "tuple[float, float]":
-    """The median wait of the epochs' first batches (``waits`` starts with one), and of the other batches."""
+def window_firsts(per_epoch: int, window_rows: int) -> "set[int]":
+    """The batches of an epoch (0-based) that hold the first row of a shuffle window of ``window_rows`` rows."""
+    return {k for k in range(per_epoch) if (k * BATCH - 1) // window_rows != ((k + 1) * BATCH - 1) // window_rows}
+
+
+def _boundary(waits: "list[float]", per_epoch: int, windows: "set[int]") -> "tuple[float, float, float | None]":
+    """The median wait of the epochs' first batches (``waits`` starts with one), of the other batches, and of those
+    among them that start a window (``windows``: their indexes in an epoch; None where there are none)."""
     firsts = waits[::per_epoch]
     rest = [w for i, w in enumerate(waits) if i % per_epoch]
-    return float(np.median(firsts)), float(np.median(rest)) if rest else float("nan")
+    starts = [w for i, w in enumerate(waits) if i % per_epoch and i % per_epoch in windows]
+    return (float(np.median(firsts)), float(np.median(rest)) if rest else float("nan"),
+            float(np.median(starts)) if starts else None)
 
 
-def gpu_section(path: str, n_procs: int, log: Callable[[str], None], device: Any = "cuda") -> "list[GpuFigure]":
+def gpu_section(path: str, n_procs: int, log: Callable[[str], None], device: Any = "cuda",
+                step_s: "float | None" = None) -> "tuple[list[GpuFigure], float]":
     """The figures: CPU only; ``.to("cuda")``; ``device=`` with no step, then with it; DataLoader likewise
-    (``device="cpu"`` runs the same loops on the CPU, for tests)."""
+    (``device="cpu"`` runs the same loops on the CPU, for tests); and the step's length in seconds (``step_s``,
+    or as long as the CPU-only batches take to come)."""
     import torch
 
     import multitables
@@ -174,21 +190,26 @@ def gpu_section(path: str, n_procs: int, log: Callable[[str], None], device: Any
     stream = multitables.Streamer(path)
     cpu = mt.get_batches(stream, "/X", BATCH, n_procs=n_procs, epochs=None, seed=0)
     n = len(cpu.batches)  # per epoch: the adapter's len() is a pass, none when endless
+    windows = window_firsts(n, cpu.batches.window * cpu.batches.block_size)
     figures: list[GpuFigure] = []
 
-    def record(label: str, seconds: float, waited: "float | None", batches: int, waits: "list[float] | None" = None) -> None:
+    def record(label: str, seconds: float, waited: "float | None", batches: int, waits: "list[float] | None" = None,
+               windowed: bool = True) -> None:
         samples = batches * BATCH / seconds
-        start, mid = (None, None) if waits is None else _boundary(waits, n)
-        figures.append(GpuFigure(label, samples, samples * ROW * 4 / 1e9, waited, start, mid))
+        start, mid, window = (None, None, None) if waits is None else _boundary(waits, n, windows if windowed else set())
+        figures.append(GpuFigure(label, samples, samples * ROW * 4 / 1e9, waited, start, mid, window))
         log(f"{label}: {samples:,.0f} samples/s" + ("" if waited is None else f", waited {waited:.0%}")
             + ("" if start is None else f"; an epoch's first batch came in {start * 1e3:.2f} ms, one in mid-epoch in "
-                                        f"{mid * 1e3:.2f} ms (medians)"))
+                                        f"{mid * 1e3:.2f} ms" + ("" if window is None else
+                                                                 f", a later window's first in {window * 1e3:.2f} ms")
+                                        + " (medians)"))
 
     it = iter(cpu)
     _timed(it, None, n, device, move=False)  # the first epoch: readers start, windows fill
     seconds, _, _ = _timed(it, None, (EPOCHS - 1) * n, device, move=False)
     record("multitables, CPU only, no step (the rate the readers deliver)", seconds, None, (EPOCHS - 1) * n)
-    step = _step_fn(seconds / ((EPOCHS - 1) * n), device)
+    step_s = step_s or seconds / ((EPOCHS - 1) * n)
+    step = _step_fn(step_s, device)
 
     seconds, waited, waits = _timed(it, step, (EPOCHS - 1) * n, device)
     record('multitables, CPU tensors, .to("cuda") in the loop', seconds, waited, (EPOCHS - 1) * n, waits)
@@ -220,31 +241,34 @@ def gpu_section(path: str, n_procs: int, log: Callable[[str], None], device: Any
     seconds, _, _ = _timed(it2, None, (EPOCHS - 1) * n, device)
     record(f"{label}, no step", seconds, None, (EPOCHS - 1) * n)
     seconds, waited, waits = _timed(it2, step, (EPOCHS - 1) * n, device)
-    record(label, seconds, waited, (EPOCHS - 1) * n, waits)
+    record(label, seconds, waited, (EPOCHS - 1) * n, waits, windowed=False)
     del it2, loader  # its workers go
-    return figures
+    return figures, step_s
 
 
-def gpu_markdown(figures: "list[GpuFigure]", mib: int, n_procs: int) -> str:
+def gpu_markdown(figures: "list[GpuFigure]", mib: int, n_procs: int, step_s: float, step_given: bool = False) -> str:
     import torch
 
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU: the CPU"
+    sized = "given" if step_given else "as long as the CPU-only batches take to come"
     head = (
         f"### Training on a GPU ({name}, {os.cpu_count()} CPUs; {mib} MiB of 4 KiB rows, "
-        f"zlib 3 + shuffle, batches of {BATCH} rows, {n_procs} readers or workers, epochs 2-{EPOCHS}, page cache warm)\n\n"
+        f"zlib 3 + shuffle, batches of {BATCH} rows, {n_procs} readers or workers, epochs 2-{EPOCHS}, page cache warm; "
+        f"a step of {step_s * 1e3:.2f} ms, {sized})\n\n"
         "| reader | samples/s | GB/s | steps that waited on data | an epoch's first batch came in (ms) | "
-        "a batch in mid-epoch (ms) |\n| --- | ---: | ---: | ---: | ---: | ---: |\n"
+        "a batch in mid-epoch (ms) | of those, a window's first (ms) |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n"
     )
 
     def ms(seconds: "float | None") -> str:
         return "-" if seconds is None else f"{seconds * 1e3:.2f}"
 
     rows = [f"| {f.label} | {f.samples_per_s:,.0f} | {f.gb_per_s:.2f} | {'-' if f.waited is None else f'{f.waited:.0%}'} "
-            f"| {ms(f.epoch_start)} | {ms(f.mid_epoch)} |" for f in figures]
+            f"| {ms(f.epoch_start)} | {ms(f.mid_epoch)} | {ms(f.window_start)} |" for f in figures]
     return head + "\n".join(rows) + "\n"
 
 
-def run_gpu(workdir: str, mib: int, n_procs: "int | None", log: Callable[[str], None], path: "str | None" = None) -> str:
+def run_gpu(workdir: str, mib: int, n_procs: "int | None", log: Callable[[str], None], path: "str | None" = None,
+            step_ms: "float | None" = None) -> str:
     """Write the file (or reuse ``path``), read it into the page cache, measure; the section's Markdown."""
     import torch
 
@@ -258,4 +282,5 @@ def run_gpu(workdir: str, mib: int, n_procs: "int | None", log: Callable[[str], 
         while f.read(16 << 20):
             pass
     n_procs = n_procs or len(os.sched_getaffinity(0))
-    return gpu_markdown(gpu_section(path, n_procs, log), mib, n_procs)
+    figures, step_s = gpu_section(path, n_procs, log, step_s=None if step_ms is None else step_ms / 1e3)
+    return gpu_markdown(figures, mib, n_procs, step_s, step_given=step_ms is not None)

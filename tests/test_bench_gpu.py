@@ -15,7 +15,8 @@ def test_the_section_measures_every_contender(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setattr(gpu, "BATCH", 64)
     path = str(tmp_path / "gpu.h5")
     gpu.write_file(path, 2)
-    figures = gpu.gpu_section(path, 2, lambda m: None, device="cpu")
+    figures, step_s = gpu.gpu_section(path, 2, lambda m: None, device="cpu")
+    assert step_s > 0  # as long as the CPU-only batches take
     labels = [f.label for f in figures]
     assert [label.split(",")[0] for label in labels[:4]] == ["multitables"] * 4
     assert labels[2].endswith("no step") and not labels[3].endswith("no step")  # device=: delivery alone, then with the step
@@ -27,8 +28,31 @@ def test_the_section_measures_every_contender(tmp_path: Path, monkeypatch: pytes
     # An epoch's first batch against one in mid-epoch, where a step ran (epochs of 8 batches of 64 rows: both kinds)
     assert [f.epoch_start is None for f in figures] == [f.waited is None for f in figures]
     assert all(f.epoch_start >= 0 and f.mid_epoch >= 0 for f in figures if f.waited is not None)
-    table = gpu.gpu_markdown(figures, 2, 2)
+    assert figures[4].window_start is None and figures[5].window_start is None  # DataLoader: no windows
+    table = gpu.gpu_markdown(figures, 2, 2, step_s)
     assert table.count("\n| ") == 2 + len(figures)  # the header, its separator and a row each
+    assert f"a step of {step_s * 1e3:.2f} ms, as long as the CPU-only batches take to come" in table
+    assert all(line.count("|") == 8 for line in table.splitlines() if line.startswith("|"))
+
+
+def test_a_given_step_is_the_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpu, "BATCH", 64)
+    path = str(tmp_path / "gpu.h5")
+    gpu.write_file(path, 2)
+    figures, step_s = gpu.gpu_section(path, 2, lambda m: None, device="cpu", step_s=0.0005)
+    assert step_s == 0.0005 and len(figures) == 6
+    assert "a step of 0.50 ms, given" in gpu.gpu_markdown(figures, 2, 2, step_s, step_given=True)
+
+
+def test_a_windows_first_batch_is_the_one_that_holds_its_first_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpu, "BATCH", 64)
+    assert gpu.window_firsts(8, 128) == {0, 2, 4, 6}
+    assert gpu.window_firsts(8, 100) == {0, 1, 3, 4, 6, 7}  # rows 0, 100, 200, 300, 400 and 500
+    assert gpu.window_firsts(8, 512) == {0}
+    # Two epochs of 4 batches, windows starting at batches 0 and 2: the epochs' firsts, the rest, the windows' firsts
+    waits = [9.0, 1.0, 5.0, 1.0, 7.0, 1.0, 3.0, 1.0]
+    assert gpu._boundary(waits, 4, {0, 2}) == (8.0, 1.0, 4.0)
+    assert gpu._boundary(waits, 4, {0}) == (8.0, 1.0, None)
 
 
 def test_without_cuda_the_section_says_it_was_skipped(tmp_path: Path) -> None:

@@ -22,7 +22,8 @@
 #      (benchmarks/ab_batches.py), what an epoch's first batches cost the consumer (benchmarks/epoch_start.py),
 #      and the CUDA tests.
 # The start steps read the probe's zlib file, or the GPU section's where the probe did not run.
-# Wheels the machine lacks (PyTables, hdf5plugin, imagecodecs, blosc2...) are installed from .whl/ first,
+# Wheels the machine lacks (PyTables, hdf5plugin, imagecodecs, blosc2...) are installed from .whl/ first
+# (benchmarks/lent_machine_carry.sh makes it, and .devrun/before),
 # where they are missing and the checkout has one (see the device tool's notes on carrying wheels).
 set -u
 out=${1:?usage: bash benchmarks/lent_machine.sh OUT [MIB]}

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, Union
 import numpy as np
 
 from ._io.blockread import delivered
+from ._io.node import check_columns, select_field
 from ._plan.epoch import EpochSettings, remaining_after
 from ._plan.subset import EpochRows, epoch_rows
-from ._sys.checks import check_bool, check_columns, check_fields, check_int, rank_and_world
+from ._sys.checks import check_bool, check_fields, check_int, rank_and_world
 from ._train.mix import NOT_COPIED, MixedBatches, mix_batches
 from ._train.transforms import infer_transforms
 from ._train.feed import EpochPieces, Feed, plan_feed
@@ -402,7 +403,7 @@ class Batches:
         """A batch as the caller asked for it: one array, a tuple of them, or a dict of columns."""
         if self._columns is not None:
             # A column of a record array is a strided view: each gets memory of its own.
-            return {name: np.ascontiguousarray(arrays[0][name]) for name in self._columns}
+            return {name: np.ascontiguousarray(select_field(arrays[0], name)) for name in self._columns}
         return arrays[0] if self._single else tuple(arrays)
 
     # -- iteration -----------------------------------------------------------

@@ -295,7 +295,8 @@ class Dataset:
         return Request(self, None, key, op=first_op(self.is_table, key))
 
     def col(self, name: str) -> "Request":
-        """A request for the column ``name`` of a table (index it further: ``dataset.col('a')[5:9]``)."""
+        """A request for the column ``name`` of a table (index it further: ``dataset.col('a')[5:9]``); in a nested
+        column, PyTables' path to one (``'outer/inner'``), as ``Table.col`` takes it."""
         return Request(self, name, (), op="ColOp")
 
     def read(self, start: "int | None" = None, stop: "int | None" = None, step: "int | None" = None, field: "str | None" = None) -> "Request":

@@ -319,7 +319,8 @@ class Streamer:
         ordered : bool
             Deliver blocks in on-disk order (else in the order they finish).
         field : str, optional
-            For a Table: stream this column only.
+            For a Table: stream this column only (in a nested column, PyTables'
+            path to one: ``'outer/inner'``).
         remainder : bool
             Also deliver the last, short block (``len % block_size`` rows);
             otherwise get it with :meth:`get_remainder`.

@@ -133,10 +133,17 @@ def read(path: Any, name: str, engine: str, mode: str, field: "str | None" = Non
 
 
 def h5py_reference(path: Any, name: str, field: "str | None" = None) -> np.ndarray:
-    """What h5py reads: ``ds[()]``, or the column ``ds.fields(field)[()]``."""
+    """What h5py reads: ``ds[()]``, or the column ``ds.fields(field)[()]``; a column of a nested compound
+    (``'outer/inner'``, PyTables' path) is taken out of its outer column as numpy does."""
     with h5py.File(path, "r") as f:
         ds = f[name]
-        return np.asarray(ds[()] if field is None else ds.fields(field)[()])
+        if field is None:
+            return np.asarray(ds[()])
+        outer, *inner = field.split("/")
+        column = np.asarray(ds.fields(outer)[()])
+        for part in inner:
+            column = column[part]
+        return np.ascontiguousarray(column)
 
 
 def read_all(

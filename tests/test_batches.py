@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import tempfile
 import textwrap
@@ -409,6 +410,36 @@ def test_a_column_or_columns_of_a_table_come_in_the_order_of_its_rows(table_file
             np.testing.assert_array_equal(array, records[name])
             assert array.flags.c_contiguous and array.flags.writeable and array.base is None  # each its own memory
     np.testing.assert_array_equal(np.sort(np.concatenate([c["a"] for c in several])), rows["a"])
+
+
+@pytest.mark.parametrize("n_procs", [0, 2], ids=["in-process", "readers"])
+def test_a_column_of_a_nested_column_by_its_pytables_path(tmp_path: Path, n_procs: int) -> None:
+    """``field='outer/inner'`` and ``fields=['a', 'outer/inner']`` (PyTables' path into a nested column): those
+    columns of the same rows; a path that is not there is refused naming what is."""
+    import tables
+
+    dtype = np.dtype([("a", "<i4"), ("outer", [("p", "u1"), ("q", "<f4", (2,))])])
+    rows = np.zeros(500, dtype)
+    rows["a"] = np.arange(500)
+    rows["outer"]["p"] = np.arange(500) % 251
+    rows["outer"]["q"] = np.arange(1000).reshape(500, 2) / 4
+    path = tmp_path / "nested.h5"
+    with tables.open_file(path, "w") as f:
+        f.create_table("/", "table", rows, filters=tables.Filters(1, "zlib"), chunkshape=(32,))
+    stream = multitables.Streamer(path)
+    kw = dict(batch_size=48, seed=3, n_procs=n_procs, block_size=64)
+    whole = list(stream.get_batches("/table", **kw))
+    one = list(stream.get_batches("/table", field="outer/q", **kw))
+    several = list(stream.get_batches("/table", fields=["outer/p", "a"], **kw))
+    assert len(whole) == len(one) == len(several) == -(-500 // 48)
+    for records, column, columns in zip(whole, one, several):
+        np.testing.assert_array_equal(column, records["outer"]["q"])
+        assert list(columns) == ["outer/p", "a"]
+        np.testing.assert_array_equal(columns["outer/p"], records["outer"]["p"])
+        np.testing.assert_array_equal(columns["a"], records["a"])
+        assert columns["outer/p"].flags.c_contiguous and columns["outer/p"].base is None
+    with pytest.raises(KeyError, match=re.escape("the fields of 'outer' are ['p', 'q']")):
+        stream.get_batches("/table", fields=["a", "outer/r"], **kw)
 
 
 def test_columns_resume_where_they_stopped(table_file) -> None:

@@ -87,7 +87,7 @@ def _target(h5: Any, tf: Any, name: str) -> Target:
             ds = h5[name]
             ref = np.asarray(ds[()])
             columns = {col: np.asarray(ds.fields(col)[()]) for col in ds.dtype.names or ()}
-            return Target(name, ref, True, "h5py", columns if len(ref) else {})
+            return Target(name, ref, True, "h5py", _nested(columns) if len(ref) else {})
         except Exception as exc:
             why.append(f"h5py: {type(exc).__name__}: {' '.join(str(exc).split())[:150]}")
     if tf is not None:
@@ -95,10 +95,20 @@ def _target(h5: Any, tf: Any, name: str) -> Target:
             # np.asarray: a leaf of the old "python" flavor reads as lists
             ref = np.asarray(tf.get_node(name)[:])
             columns = {col: ref[col] for col in ref.dtype.names or ()}
-            return Target(name, ref, False, "PyTables", columns if len(ref) else {})
+            return Target(name, ref, False, "PyTables", _nested(columns) if len(ref) else {})
         except Exception as exc:
             why.append(f"PyTables: {type(exc).__name__}: {' '.join(str(exc).split())[:150]}")
     return Target(name, None, False, "none (" + "; ".join(why) + ")")
+
+
+def _nested(columns: "dict[str, np.ndarray]") -> "dict[str, np.ndarray]":
+    """``columns`` and, for each column that is itself a compound, each of its columns by PyTables' path
+    (``'outer/inner'``), as deep as they go."""
+    out = dict(columns)
+    for col, values in columns.items():
+        if values.dtype.names:
+            out.update(_nested({f"{col}/{sub}": np.ascontiguousarray(values[sub]) for sub in values.dtype.names}))
+    return out
 
 
 class _Readers:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import re
 from pathlib import Path
 from typing import Iterator
 
@@ -229,31 +230,63 @@ def test_nested_compound_with_gaps(tmp_path: Path, no_leaks: None) -> None:
     _compound_file(path, dtype)
     # PyTables itself misreads these (a Table's read() gives garbage): the tables
     # engine may refuse up front instead, as the issue allows; every other engine reads.
-    assert_reads_as_h5py(path, "/data", fields=("float", "compound", "v"), may_refuse=("tables",))
+    assert_reads_as_h5py(path, "/data", fields=("float", "compound", "v", "compound/char", "compound/double"),
+                         may_refuse=("tables",))
 
 
-def test_nested_column_of_a_pytables_table(tmp_path: Path, no_leaks: None) -> None:
-    # PyTables names only the innermost columns ('inner/q') in coldtypes, and sizes read(out=) of a
-    # nested column by the whole row: the tables engine reads the column 'inner' all the same.
+def _nested_table(path: Path) -> np.ndarray:
+    """A PyTables Table at /t whose column 'inner' is nested ('inner/p', and 'inner/q' of two values), the rows
+    of its row 'x' a 2 x 3 sub-array; its rows."""
     class Inner(tables.IsDescription):
         p = tables.UInt8Col(pos=0)
-        q = tables.Float32Col(pos=1)
+        q = tables.Float32Col(shape=(2,), pos=1)
 
     class Row(tables.IsDescription):
         x = tables.Int16Col(shape=(2, 3), pos=0)
         inner = Inner()
 
-    path = tmp_path / "nested_pytables.h5"
     with tables.open_file(path, "w") as f:
         table = f.create_table("/", "t", Row, filters=tables.Filters(3, "zlib"), chunkshape=(16,))
         rows = np.zeros(100, table.dtype)
         _fill(rows, 3)
         table.append(rows)
-    assert_reads_as_h5py(path, "/t", fields=("x", "inner"))
+    return rows
+
+
+def test_nested_column_of_a_pytables_table(tmp_path: Path, no_leaks: None) -> None:
+    # PyTables names only the innermost columns ('inner/q') in coldtypes, and sizes read(out=) of a
+    # nested column by the whole row: the tables engine reads the column 'inner' all the same.
+    path = tmp_path / "nested_pytables.h5"
+    rows = _nested_table(path)
+    assert_reads_as_h5py(path, "/t", fields=("x", "inner", "inner/p", "inner/q"))
     with multitables.Reader(path, n_procs=1, engine="tables") as reader:
         ds = reader.get_dataset("/t")
         with ds.create_stage(100) as stage:
             np.testing.assert_array_equal(reader.request(ds["inner"][3:60:7], stage).get(), rows["inner"][3:60:7])
+
+
+@pytest.mark.parametrize("engine", ["auto", "h5py", "chunks", "tables"])
+def test_a_column_of_a_nested_column_by_pytables_path_as_2x_asks(tmp_path: Path, engine: str, no_leaks: None) -> None:
+    """2.x handed ``col('outer/inner')`` to PyTables, which takes a path to a column of a nested one: the Reader's
+    ways of naming a column, and a stream's ``field=``, take it too, and give what PyTables gives."""
+    path = tmp_path / "nested_paths.h5"
+    _nested_table(path)
+    with tables.open_file(path) as f:
+        want = {col: f.root.t.col(col) for col in ("inner/p", "inner/q")}
+    with multitables.Reader(path, n_procs=1, engine=engine) as reader:
+        ds = reader.get_dataset("/t")
+        with ds.create_stage(100) as stage:
+            for col, rows_of in want.items():
+                np.testing.assert_array_equal(reader.request(ds.col(col)[3:60:7], stage).get(), rows_of[3:60:7])
+                np.testing.assert_array_equal(reader.request(ds[col][[5, 1, 9]], stage).get(), rows_of[[5, 1, 9]])
+                np.testing.assert_array_equal(reader.request(ds.read(10, 20, field=col), stage).get(), rows_of[10:20])
+    streamer = multitables.Streamer(path, engine=engine)
+    got = np.concatenate(list(streamer.get_generator("/t", n_procs=2, block_size=16, ordered=True, field="inner/q")))
+    np.testing.assert_array_equal(got.reshape(want["inner/q"].shape), want["inner/q"])
+    for bad, says in (("inner/r", "the fields of 'inner' are ['p', 'q']"), ("x/b", "'x' has no fields"),
+                      ("b/p", "its fields are ['x', 'inner']")):
+        with pytest.raises(KeyError, match=re.escape(says)):
+            streamer.get_queue("/t", n_procs=2, field=bad)
 
 
 # -- 7. an old PyTables flavor --------------------------------------------------

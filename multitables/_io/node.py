@@ -96,17 +96,21 @@ class NodeInfo:
 
     @property
     def field_read_dtype(self) -> "np.dtype | None":
-        """A one-field compound that selects ``field`` in an HDF5 read (None without a field)."""
+        """A one-field compound that selects ``field`` in an HDF5 read (None without a field); for a column of a
+        nested compound (``'outer/inner'``), one-field compounds nested as deep."""
         if self.field is None:
             return None
-        return np.dtype([(self.field, self.file_dtype.fields[self.field][0])])
+        read = field_of(self.file_dtype, self.field)[0]
+        for name in reversed(self.field.split("/")):
+            read = np.dtype([(name, read)])
+        return read
 
     @property
     def delivered_pads(self) -> tuple[int, tuple[StringPad, ...]]:
         """The bytes of one delivered element (the field's, with a field), and :attr:`string_pads` within it."""
         if self.field is None:
             return self.file_dtype.itemsize, self.string_pads
-        fdt, foff = self.file_dtype.fields[self.field][:2]
+        fdt, foff = field_of(self.file_dtype, self.field)
         return fdt.itemsize, tuple((o - foff, n, c, p) for o, n, c, p in self.string_pads if foff <= o < foff + fdt.itemsize)
 
 
@@ -126,6 +130,45 @@ def _has_object(dt: np.dtype) -> bool:
     if dt.subdtype is not None:
         return _has_object(dt.subdtype[0])
     return dt.kind in "OV" or dt.hasobject
+
+
+def field_of(dt: np.dtype, field: str, where: str = "the rows") -> "tuple[np.dtype, int]":
+    """The dtype of column ``field`` of rows of ``dt``, and its offset in a row (bytes).
+
+    ``field`` is a column's name, or, in a nested compound, PyTables' path to
+    one (``'outer/inner'``, as ``Table.col`` takes it); a name that is not
+    there is a ``KeyError`` naming what is.
+    """
+    parts, offset = field.split("/"), 0
+    for depth, name in enumerate(parts):
+        names = dt.names or ()
+        if name not in names:
+            at = "/".join(parts[:depth])
+            there = f"its fields are {list(names)}" if not at else \
+                f"the fields of {at!r} are {list(names)}" if names else f"{at!r} has no fields"
+            raise KeyError(f"{where} has no field {field!r}; {there}")
+        dt, at_offset = dt.fields[name][:2]
+        offset += at_offset
+    return dt, offset
+
+
+def check_columns(node: NodeInfo, columns: list[str]) -> None:
+    """``KeyError`` naming the table's columns unless each of ``columns`` is one (:func:`field_of`'s paths too)."""
+    where, names = f"{node.path!r} in {node.filename!r}", node.dtype.names
+    if names is None:
+        raise KeyError(f"fields={columns!r} given, but {where} is not a table (its rows have no fields)")
+    missing = [c for c in columns if c.split("/")[0] not in names]
+    if missing:
+        raise KeyError(f"{where} has no column {', '.join(map(repr, missing))}; its columns: {list(names)}")
+    for column in columns:  # a path into a nested column
+        field_of(node.dtype, column, where)
+
+
+def select_field(rows: np.ndarray, field: str) -> np.ndarray:
+    """Column ``field`` of ``rows`` (a view), a path through nested compounds as :func:`field_of` takes it."""
+    for name in field.split("/"):
+        rows = rows[name]
+    return rows
 
 
 def inspect_node(filename: "str | os.PathLike[str]", path: str, field: "str | None" = None, store: "Store | None" = None) -> NodeInfo:
@@ -368,9 +411,7 @@ def _describe(filename: str, path: str, field: "str | None", ds: Any, allow_empt
     if field is not None:
         if dt.names is None:
             raise KeyError(f"field={field!r} given, but {where} is not a table (its rows have no fields)")
-        if field not in dt.names:
-            raise KeyError(f"{where} has no field {field!r}; its fields are {list(dt.names)}")
-        fdt = dt.fields[field][0]
+        fdt = field_of(dt, field, where)[0]
         if fdt.subdtype is not None:
             out_dtype, sub = fdt.subdtype
             row_shape = row_shape + tuple(sub)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .node import NodeInfo, close_dataset
+from .node import NodeInfo, close_dataset, field_of
 from .strings import deliver_strings
 from .scattered import GroupRows
 
@@ -183,7 +183,7 @@ class TablesSource:
             self._element_nbytes, self._pads = node.delivered_pads
             self._zero_first = node.zero_first
             if node.field is not None:  # coldtypes names the innermost columns only ('y/p', not 'y')
-                read = np.dtype(leaf.dtype[node.field])
+                read = field_of(np.dtype(leaf.dtype), node.field)[0]
             elif isinstance(leaf, tables.Table):
                 read = np.dtype(leaf.dtype)
             else:

@@ -52,16 +52,6 @@ def check_fields(
     return None, columns
 
 
-def check_columns(node: Any, columns: list[str]) -> None:
-    """``KeyError`` naming the table's columns unless every one of ``columns`` is one of them."""
-    names = node.dtype.names
-    if names is None:
-        raise KeyError(f"fields={columns!r} given, but {node.path!r} in {node.filename!r} is not a table (its rows have no fields)")
-    missing = [c for c in columns if c not in names]
-    if missing:
-        raise KeyError(f"{node.path!r} in {node.filename!r} has no column {', '.join(map(repr, missing))}; its columns: {list(names)}")
-
-
 def rank_and_world(rank: Any, world_size: Any) -> tuple[int, int]:
     """The rank and world size given, else torch.distributed's when it is initialised, else (0, 1)."""
     if rank is None and world_size is None:

@@ -45,7 +45,7 @@ from .grid import ChunkPart, Extent, ReadGroup, chunk_parts, coalesce
 from .codecs.base import ChunkDecodeError
 from .codecs.pipeline import Pipeline
 from .codecs.registry import build_pipeline
-from ..node import NodeInfo, close_dataset, reopen_dataset
+from ..node import NodeInfo, close_dataset, reopen_dataset, select_field
 from ..strings import deliver_strings
 from .btree import UNREAD
 from .pread import CACHES
@@ -146,7 +146,7 @@ class ChunkSource:
             rows = self._rows[:n]
             self._read_rows(start, stop, rows)
             deliver_strings(rows, self._pads, self._dtype.itemsize)
-            column = rows[self._field]  # rows x file row shape x the field's sub-array shape
+            column = select_field(rows, self._field)  # rows x file row shape x the field's sub-array shape
             np.copyto(out.reshape(column.shape), column)
             return
         if self._edtype is self._dtype:

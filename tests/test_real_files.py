@@ -289,6 +289,26 @@ def test_a_column_of_a_nested_column_by_pytables_path_as_2x_asks(tmp_path: Path,
             streamer.get_queue("/t", n_procs=2, field=bad)
 
 
+def test_a_column_named_with_a_slash_is_that_column_not_a_path(tmp_path: Path, no_leaks: None) -> None:
+    """h5py may name a column 'a/b' beside a nested 'a' holding 'b': 'a/b' is the column of that name (PyTables,
+    whose paths these are, refuses such a file)."""
+    dtype = np.dtype([("a/b", "<i4"), ("a", [("b", "<f8")])])
+    rows = np.zeros(50, dtype)
+    rows["a/b"] = np.arange(50)
+    rows["a"]["b"] = -np.arange(50) / 2
+    path = tmp_path / "slash.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("d", data=rows, chunks=(10,))
+    for engine in ("auto", "h5py", "chunks"):
+        stream = multitables.Streamer(path, engine=engine)
+        np.testing.assert_array_equal(list(stream.get_generator("/d", n_procs=0, field="a/b")), rows["a/b"])
+        b = stream.get_batches("/d", 50, fields=["a/b", "a"], shuffle=False, n_procs=0)
+        batch = next(iter(b))
+        b.close()
+        np.testing.assert_array_equal(batch["a/b"], rows["a/b"])
+        np.testing.assert_array_equal(batch["a"]["b"], rows["a"]["b"])
+
+
 # -- 7. an old PyTables flavor --------------------------------------------------
 
 

@@ -101,7 +101,7 @@ class NodeInfo:
         if self.field is None:
             return None
         read = field_of(self.file_dtype, self.field)[0]
-        for name in reversed(self.field.split("/")):
+        for name in reversed(field_path(self.file_dtype, self.field)):
             read = np.dtype([(name, read)])
         return read
 
@@ -132,14 +132,20 @@ def _has_object(dt: np.dtype) -> bool:
     return dt.kind in "OV" or dt.hasobject
 
 
+def field_path(dt: np.dtype, field: str) -> list[str]:
+    """The names that lead to column ``field`` of rows of ``dt``: ``field`` itself where a column has that name
+    (h5py may name one ``'a/b'``), else its parts (PyTables' path into nested columns, ``'outer/inner'``)."""
+    return [field] if field in (dt.names or ()) else field.split("/")
+
+
 def field_of(dt: np.dtype, field: str, where: str = "the rows") -> "tuple[np.dtype, int]":
     """The dtype of column ``field`` of rows of ``dt``, and its offset in a row (bytes).
 
     ``field`` is a column's name, or, in a nested compound, PyTables' path to
-    one (``'outer/inner'``, as ``Table.col`` takes it); a name that is not
-    there is a ``KeyError`` naming what is.
+    one (``'outer/inner'``, as ``Table.col`` takes it; :func:`field_path`); a
+    name that is not there is a ``KeyError`` naming what is.
     """
-    parts, offset = field.split("/"), 0
+    parts, offset = field_path(dt, field), 0
     for depth, name in enumerate(parts):
         names = dt.names or ()
         if name not in names:
@@ -157,7 +163,7 @@ def check_columns(node: NodeInfo, columns: list[str]) -> None:
     where, names = f"{node.path!r} in {node.filename!r}", node.dtype.names
     if names is None:
         raise KeyError(f"fields={columns!r} given, but {where} is not a table (its rows have no fields)")
-    missing = [c for c in columns if c.split("/")[0] not in names]
+    missing = [c for c in columns if field_path(node.dtype, c)[0] not in names]
     if missing:
         raise KeyError(f"{where} has no column {', '.join(map(repr, missing))}; its columns: {list(names)}")
     for column in columns:  # a path into a nested column
@@ -166,7 +172,7 @@ def check_columns(node: NodeInfo, columns: list[str]) -> None:
 
 def select_field(rows: np.ndarray, field: str) -> np.ndarray:
     """Column ``field`` of ``rows`` (a view), a path through nested compounds as :func:`field_of` takes it."""
-    for name in field.split("/"):
+    for name in field_path(rows.dtype, field):
         rows = rows[name]
     return rows
 

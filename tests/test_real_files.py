@@ -289,6 +289,36 @@ def test_a_column_of_a_nested_column_by_pytables_path_as_2x_asks(tmp_path: Path,
             streamer.get_queue("/t", n_procs=2, field=bad)
 
 
+def test_records_requested_first_take_a_path_into_nested_fields_after(tmp_path: Path, no_leaks: None) -> None:
+    """``ds[rows]['outer/inner']`` is ``ds['outer/inner'][rows]``, as for a plain column, also where the rows are
+    themselves arrays of records (2-D), whose fields are taken in the consumer; a path into an array of records
+    is refused saying so."""
+    inner = np.dtype([("val", "<i4"), ("k", "S3")])
+    dtype = np.dtype([("y", "<f4"), ("id", [("val", inner), ("a", "<u2")]), ("arr", [("c", "<i2")], (2,))])
+    rows = np.zeros((30, 2), dtype)
+    rows["y"] = np.arange(60).reshape(30, 2)
+    rows["id"]["val"]["val"] = np.arange(60).reshape(30, 2) * 3
+    rows["id"]["val"]["k"] = [[b"ab", b"c"]] * 30
+    rows["id"]["a"] = np.arange(60).reshape(30, 2) % 7
+    path = tmp_path / "records.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data", data=rows, chunks=(5, 2), compression="gzip")
+    with multitables.Reader(path, n_procs=1) as reader:
+        ds = reader.get_dataset("/data")
+        with ds.create_stage(30) as stage:
+            for request, want in ((ds[14:17]["id/val"], rows[14:17]["id"]["val"]),
+                                  (ds[14:17]["id/val/val"], rows[14:17]["id"]["val"]["val"]),
+                                  (ds[[3, 1]]["id/a"], rows[[3, 1]]["id"]["a"]),
+                                  (ds.col("id/val/k")[2:5], rows["id"]["val"]["k"][2:5])):
+                got = reader.request(request, stage).get()
+                assert got.shape == want.shape and request.shape == want.shape
+                np.testing.assert_array_equal(got, want)
+        with pytest.raises(KeyError, match=re.escape("the fields of 'id' are ['val', 'a']")):
+            ds[1:3]["id/nope"]
+        with pytest.raises(KeyError, match=re.escape("'arr' is an array of records (shape (2,)): read 'arr', then take")):
+            ds.col("arr/c")[0:2]
+
+
 def test_a_column_named_with_a_slash_is_that_column_not_a_path(tmp_path: Path, no_leaks: None) -> None:
     """h5py may name a column 'a/b' beside a nested 'a' holding 'b': 'a/b' is the column of that name (PyTables,
     whose paths these are, refuses such a file)."""

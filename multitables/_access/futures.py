@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
+from .._io.node import select_field
 from .._shm.stagemap import FAILED, PENDING
 from .proxy import DataProxy, Lease
 from .._shm.ring import TICK
@@ -138,7 +139,7 @@ class Future:
         else:
             data = stage._map.data(node.dtype, (plan.n_read,) + node.row_shape)[plan.local_key]
         for key in request._post:
-            data = data[key]
+            data = select_field(data, key) if isinstance(key, str) else data[key]
         if request._fields is not None:
             data = data[request._fields]  # a view, as numpy's
         if self.shape is None:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .compat2x import next_op
+from .._io.node import field_of, field_path
 from .._plan.requests import RowPlan, compose_keys, normalize_key, plan_rows
 from .._shm.stagemap import describe_query
 
@@ -30,9 +31,9 @@ def fields_dtype(dtype: np.dtype, names: "list[str]") -> np.dtype:
 def indexed(shape: "tuple[int, ...]", dtype: np.dtype, key: Any) -> tuple[tuple[int, ...], np.dtype]:
     """The shape and dtype of ``data[key]`` for data of ``shape`` and ``dtype`` (numpy's rules and errors)."""
     if isinstance(key, str):
-        if dtype.names is None or key not in dtype.names:
+        if dtype.names is None or field_path(dtype, key)[0] not in dtype.names:
             raise KeyError(f"no field {key!r} in the result (its fields: {dtype.names})")
-        sub = dtype[key]
+        sub = field_of(dtype, key, "the result")[0]  # a path into nested fields too, as a column is named
         if sub.subdtype is not None:
             return shape + sub.subdtype[1], sub.subdtype[0]
         return shape, sub

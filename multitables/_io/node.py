@@ -152,6 +152,8 @@ def field_of(dt: np.dtype, field: str, where: str = "the rows") -> "tuple[np.dty
             at = "/".join(parts[:depth])
             there = f"its fields are {list(names)}" if not at else \
                 f"the fields of {at!r} are {list(names)}" if names else f"{at!r} has no fields"
+            if at and dt.subdtype is not None and dt.subdtype[0].names:
+                there = f"{at!r} is an array of records (shape {dt.subdtype[1]}): read {at!r}, then take {name!r} of it"
             raise KeyError(f"{where} has no field {field!r}; {there}")
         dt, at_offset = dt.fields[name][:2]
         offset += at_offset

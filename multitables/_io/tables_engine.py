@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .node import NodeInfo, close_dataset, field_of
+from .node import NodeInfo, close_dataset, field_of, select_field
 from .strings import deliver_strings
 from .scattered import GroupRows
 
@@ -179,7 +179,12 @@ class TablesSource:
             if not isinstance(leaf, tables.Leaf) or isinstance(leaf, tables.VLArray):
                 raise TypeError(f"PyTables opens it as a {type(leaf).__name__}, not a leaf of fixed-size rows")
             self._node = leaf
-            self._field = node.field
+            self._field, self._inner = node.field, ""
+            if node.field is not None and node.field not in getattr(leaf, "coldtypes", {}) \
+                    and node.field not in (leaf.dtype.names or ()):
+                # PyTables reads a column or an innermost one ('outer/mid/inner'), not one between ('outer/mid'):
+                # the outer column is read, and the rest of the path taken out of it.
+                self._field, self._inner = node.field.split("/", 1)
             self._element_nbytes, self._pads = node.delivered_pads
             self._zero_first = node.zero_first
             if node.field is not None:  # coldtypes names the innermost columns only ('y/p', not 'y')
@@ -191,7 +196,7 @@ class TablesSource:
             base = read.subdtype[0] if read.subdtype is not None else read
             # PyTables sizes ``out=`` of a nested column by the whole row: such a column is copied in.
             self._into_out = (getattr(leaf, "maindim", 0) == 0 and leaf.flavor == "numpy" and base == node.dtype
-                              and base.names is None)
+                              and base.names is None and not self._inner)
         except BaseException:
             self._file.close()
             raise
@@ -207,6 +212,8 @@ class TablesSource:
         else:
             if self._field is not None:
                 got = self._node.read(start, stop, field=self._field)
+                if self._inner:
+                    got = select_field(np.asarray(got), self._inner)
             else:
                 got = self._node[start:stop]  # along axis 0, whatever PyTables' main dimension
             _copy_by_name(out, np.asarray(got).reshape(out.shape))

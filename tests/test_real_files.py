@@ -258,6 +258,29 @@ def _nested_table(path: Path) -> np.ndarray:
     return rows
 
 
+def test_what_pytables_misreads_its_engine_refuses_and_the_others_read(tmp_path: Path, no_leaks: None) -> None:
+    """Two layouts a fuzz found PyTables 3.11 misreading: a compound with a gap that holds a nested one (a double
+    free, the process killed), and big-endian complex sub-arrays in a table (wrong values, PyTables' own read()
+    too). The tables engine refuses both up front; every other engine reads them."""
+    inner = np.dtype([("a", "<f8"), ("z", "<f4")])
+    gap = np.dtype({"names": ["inner", "outer"], "formats": [inner, "<u2"], "offsets": [0, 16], "itemsize": 18})
+    rows = np.zeros(83, gap)
+    rows["inner"]["a"], rows["outer"] = np.arange(83) / 3, np.arange(83)
+    with h5py.File(tmp_path / "gap.h5", "w") as f:
+        f.create_dataset("data", data=rows, chunks=(16,))
+    assert_reads_as_h5py(tmp_path / "gap.h5", "/data", fields=("inner", "outer", "inner/a"), may_refuse=("tables",))
+    cplx = np.dtype([("v", "<c8", (2,)), ("o", [("w", "<c8", (2,)), ("i", "<i4")])])
+    rows = np.zeros(40, cplx)
+    rows["v"] = (np.arange(80).reshape(40, 2) + 1) * (1 + 2j)
+    rows["o"]["w"] = rows["v"] * 3
+    with tables.open_file(tmp_path / "cplx.h5", "w") as f:
+        f.create_table("/", "t", description=cplx, byteorder="big").append(rows)
+    assert_reads_as_h5py(tmp_path / "cplx.h5", "/t", fields=("v", "o", "o/w"), may_refuse=("tables",))
+    for path, node in ((tmp_path / "gap.h5", "/data"), (tmp_path / "cplx.h5", "/t")):
+        with pytest.raises(multitables.NodeTypeError, match="PyTables misreads"):
+            multitables.Streamer(path, engine="tables").get_queue(node, n_procs=0)
+
+
 def test_nested_column_of_a_pytables_table(tmp_path: Path, no_leaks: None) -> None:
     # PyTables names only the innermost columns ('inner/q') in coldtypes, and sizes read(out=) of a
     # nested column by the whole row: the tables engine reads the column 'inner' all the same.

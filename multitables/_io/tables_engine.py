@@ -25,8 +25,10 @@ def tables_problem(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "str | None
     if node.remote is not None:
         return REMOTE
     if _nested_gaps(node.file_dtype):
-        # PyTables 3.11 packs nested members and then writes past its buffer (a crash at exit).
-        return "PyTables misreads compounds nested with gaps between their members"
+        # PyTables 3.11 packs nested members and then writes past its buffer (a crash at exit, or at once).
+        return "PyTables misreads compounds with gaps between their members that are nested or hold nested ones"
+    if _big_endian_complex_arrays(node.file_dtype):
+        return "PyTables misreads big-endian complex sub-arrays in a compound (wrong values)"
     if open_kwargs:  # the user's PyTables options: a bad one raises PyTables' own error
         TablesSource(node, open_kwargs).close()
     return _first_row_problem_apart(node, open_kwargs)
@@ -144,15 +146,24 @@ def _gist(message: str) -> str:
 
 
 def _nested_gaps(dt: np.dtype, nested: bool = False) -> bool:
-    """Whether a compound inside compound ``dt`` leaves bytes between or after its members."""
+    """Whether a compound inside compound ``dt``, or one holding another, leaves bytes between or after its members."""
     if dt.subdtype is not None:
         return _nested_gaps(dt.subdtype[0], nested)
     if dt.names is None:
         return False
     members = [dt.fields[name][0] for name in dt.names]
-    if nested and dt.itemsize != sum(m.itemsize for m in members):
+    holds = any((m.subdtype[0] if m.subdtype is not None else m).names for m in members)
+    if (nested or holds) and dt.itemsize != sum(m.itemsize for m in members):
         return True
     return any(_nested_gaps(m, True) for m in members)
+
+
+def _big_endian_complex_arrays(dt: np.dtype, in_compound: bool = False) -> bool:
+    """Whether a member of a compound in ``dt`` is a sub-array of big-endian complex numbers."""
+    if dt.subdtype is not None:
+        base = dt.subdtype[0]
+        return (in_compound and base.kind == "c" and base.byteorder == ">") or _big_endian_complex_arrays(base, in_compound)
+    return dt.names is not None and any(_big_endian_complex_arrays(dt.fields[name][0], True) for name in dt.names)
 
 
 

@@ -56,7 +56,8 @@ step() {  # step NAME SECONDS COMMAND...: run it, its output in OUT/NAME.log, an
     python3 -c 'import sys, numpy, h5py, torch; print(sys.version.split()[0], numpy.__version__, h5py.__version__, torch.__version__, torch.cuda.is_available())'
 } >"$out/machine.txt" 2>&1
 cat "$out/machine.txt"
-step scaling 120 python3 multitables_benchmark.py --sections scaling --section-mib "$mib" --repeats 3 --file "$work/scaling.h5"
+step scaling 120 python3 multitables_benchmark.py --sections scaling --section-mib "$mib" --repeats "${LENT_REPEATS:-3}" \
+    --file "$work/scaling.h5"  # LENT_REPEATS: fewer rounds, for the test that runs the steps here
 step probe 75 python3 benchmarks/scaling_probe.py --dir "$work/probe" --mib $((mib / 2)) --procs 8 16 --json "$out/probe.json"
 if [ -d .devrun/before/multitables ]; then  # a checkout's package to compare with (carried: git archive REV multitables)
     PYTHONPATH="$PWD/.devrun/before:$PYTHONPATH" step probe-before 75 \

@@ -7,9 +7,10 @@ The step: matrix products on the GPU sized so that a step takes about as long
 as the readers take to deliver a batch (measured first, CPU only), so that
 neither side hides the other; or as long as ``--gpu-step-ms`` says, so that two
 packages' rows with the step compare (sized by each one's own rate, they do
-not). The table's header gives the step's length. Each contender runs ``EPOCHS`` epochs of
-shuffled batches of ``BATCH`` rows; the figures are those of the epochs after
-the first (readers that live across epochs show there), page cache warm:
+not). The table's header gives the step's length. Each contender runs
+``EPOCHS`` epochs of shuffled batches of ``BATCH`` rows; the figures are those
+of the epochs after the first (readers that live across epochs show there),
+page cache warm:
 
 * multitables, CPU tensors, ``.to("cuda")`` in the loop (what a user without
   ``device=`` writes);

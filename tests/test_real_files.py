@@ -346,6 +346,16 @@ def test_records_requested_first_take_a_path_into_nested_fields_after(tmp_path: 
             ds[1:3]["id/nope"]
         with pytest.raises(KeyError, match=re.escape("'arr' is an array of records (shape (2,)): read 'arr', then take")):
             ds.col("arr/c")[0:2]
+        for bad in ("id/", "id//a", "/y"):
+            with pytest.raises(KeyError, match=re.escape(f"no field {bad!r}: a path names a column at each step")):
+                ds.col(bad)[0:2]
+        # A list of fields is numpy's: top-level columns, a KeyError that says so where one is a path.
+        with ds.create_stage(2) as stage:
+            np.testing.assert_array_equal(reader.request(ds[["y", "arr"]][4:6], stage).get(), rows[["y", "arr"]][4:6])
+        with pytest.raises(KeyError, match=re.escape("top-level columns only, as numpy's does: 'id/a' is a path into 'id'")):
+            ds[["y", "id/a"]]
+        with pytest.raises(KeyError, match=re.escape("no field 'z' in the list ['y', 'z']; the fields are ['y', 'id', 'arr']")):
+            ds[2:5][["y", "z"]]
 
 
 def test_a_column_named_with_a_slash_is_that_column_not_a_path(tmp_path: Path, no_leaks: None) -> None:

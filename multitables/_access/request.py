@@ -25,6 +25,13 @@ def fields_dtype(dtype: np.dtype, names: "list[str]") -> np.dtype:
     """The dtype of ``records[names]`` (numpy's: the named fields where they lie), with numpy's errors."""
     if dtype.names is None:
         raise IndexError(f"field names {names} select columns of a table; these rows have no fields")
+    for name in names:
+        if name not in dtype.names:  # numpy's KeyError, saying what there is
+            parts = field_path(dtype, name)
+            if len(parts) > 1 and parts[0] in dtype.names:
+                raise KeyError(f"a list of fields takes top-level columns only, as numpy's does: {name!r} is a path into "
+                               f"{parts[0]!r}; read it on its own ([{name!r}]) or take {parts[0]!r} in the list")
+            raise KeyError(f"no field {name!r} in the list {names}; the fields are {list(dtype.names)}")
     return np.empty(0, dtype)[names].dtype
 
 

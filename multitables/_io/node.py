@@ -146,6 +146,8 @@ def field_of(dt: np.dtype, field: str, where: str = "the rows") -> "tuple[np.dty
     name that is not there is a ``KeyError`` naming what is.
     """
     parts, offset = field_path(dt, field), 0
+    if "" in parts:
+        raise KeyError(f"{where} has no field {field!r}: a path names a column at each step, 'outer/inner', none empty")
     for depth, name in enumerate(parts):
         names = dt.names or ()
         if name not in names:

@@ -31,7 +31,13 @@ With a step, the medians of how long an epoch's first batch and a batch in
 mid-epoch took to come (issue 30: readers that live across epochs make the
 first no longer than the second), and, for multitables, of the first batch of
 a shuffle window other than an epoch's first: whether an epoch's first batch
-waits for what every window's first waits for, or for more.
+waits for what every window's first waits for, or for more. Those are the
+host's clock: a host that runs ahead of the GPU also waits for it (for a
+buffer's copies to pass before the buffer is written again), which says
+nothing of the training. So, on the GPU's own clock (events before and after
+each step), how much of the run the GPU sat between steps, and how long
+before an epoch's first step and before one in mid-epoch: issue 30's "the
+first batch waits no longer than a batch in mid-epoch", as the GPU sees it.
 Needs torch with CUDA, h5py and this package; nothing else.
 """
 
@@ -63,6 +69,13 @@ class GpuFigure:
     mid_epoch: "float | None" = None
     #: Seconds a window's first batch, not an epoch's, took to come (median; None where no step ran or no windows).
     window_start: "float | None" = None
+    #: On the GPU's own clock (:class:`_GpuGaps`; None where no step ran on a GPU): the share of the run the GPU
+    #: sat between a step's end and the next one's start, and those gaps (s, medians) before an epoch's first
+    #: step and before one in mid-epoch. The host may run ahead of the GPU and wait for it (a buffer's copies
+    #: to pass), which its own clock counts as a wait; the GPU's says whether the training waited on data.
+    gpu_idle: "float | None" = None
+    gpu_epoch_start: "float | None" = None
+    gpu_mid_epoch: "float | None" = None
 
 
 def write_file(path: str, mib: int) -> None:
@@ -135,13 +148,35 @@ def _sync(device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
+class _GpuGaps:
+    """Events on the GPU's current stream before and after each step: how long the GPU sat between one step's
+    end and the next one's start (the first: from when the loop began, the GPU idle then), on its own clock."""
+
+    def __init__(self) -> None:
+        self._marks: list[Any] = []
+        self.mark()
+
+    def mark(self) -> None:
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        self._marks.append(event)
+
+    def gaps(self) -> "list[float]":
+        """Seconds before each step (call after the GPU is synchronized)."""
+        return [end.elapsed_time(start) / 1e3 for end, start in zip(self._marks[0::2], self._marks[1::2])]
+
+
 def _timed(batches: Iterator[Any], step: "Callable[[Any], Any] | None", n_batches: int, device: Any,
-           move: bool = True) -> "tuple[float, float, list[float]]":
-    """Seconds for ``n_batches`` steps, the fraction of steps whose batch came late, and each batch's wait (s).
+           move: bool = True) -> "tuple[float, float, list[float], list[float] | None]":
+    """Seconds for ``n_batches`` steps, the fraction of steps whose batch came late, each batch's wait (s), and
+    where a step ran on a GPU, the GPU's gap before each step (s, :class:`_GpuGaps`).
 
     ``move``: a batch not on ``device`` is copied there (no step: the copies are waited for at the end).
     """
     waits = []
+    gpu = _GpuGaps() if step is not None and device.type == "cuda" else None
     t0 = time.perf_counter()
     last = t0
     for i, batch in enumerate(batches):
@@ -149,8 +184,12 @@ def _timed(batches: Iterator[Any], step: "Callable[[Any], Any] | None", n_batche
         waits.append(got - last)
         if move and batch.device.type != device.type:
             batch = batch.to(device, non_blocking=device.type == "cuda" and batch.is_pinned())
+        if gpu is not None:
+            gpu.mark()  # the batch's copy and gather are queued before it
         if step is not None:
             step(batch)
+        if gpu is not None:
+            gpu.mark()
         last = time.perf_counter()
         if i + 1 == n_batches:
             break
@@ -158,7 +197,7 @@ def _timed(batches: Iterator[Any], step: "Callable[[Any], Any] | None", n_batche
     seconds = time.perf_counter() - t0
     step_s = seconds / max(1, len(waits))
     late = sum(1 for w in waits if w > WAITED * step_s)
-    return seconds, late / max(1, len(waits)), waits
+    return seconds, late / max(1, len(waits)), waits, None if gpu is None else gpu.gaps()
 
 
 def window_firsts(per_epoch: int, window_rows: int) -> "set[int]":
@@ -195,35 +234,38 @@ def gpu_section(path: str, n_procs: int, log: Callable[[str], None], device: Any
     figures: list[GpuFigure] = []
 
     def record(label: str, seconds: float, waited: "float | None", batches: int, waits: "list[float] | None" = None,
-               windowed: bool = True) -> None:
+               windowed: bool = True, gaps: "list[float] | None" = None) -> None:
         samples = batches * BATCH / seconds
         start, mid, window = (None, None, None) if waits is None else _boundary(waits, n, windows if windowed else set())
-        figures.append(GpuFigure(label, samples, samples * ROW * 4 / 1e9, waited, start, mid, window))
+        idle, gpu_start, gpu_mid = (None, None, None) if gaps is None else (sum(gaps) / seconds, *_boundary(gaps, n, set())[:2])
+        figures.append(GpuFigure(label, samples, samples * ROW * 4 / 1e9, waited, start, mid, window, idle, gpu_start, gpu_mid))
         log(f"{label}: {samples:,.0f} samples/s" + ("" if waited is None else f", waited {waited:.0%}")
             + ("" if start is None else f"; an epoch's first batch came in {start * 1e3:.2f} ms, one in mid-epoch in "
                                         f"{mid * 1e3:.2f} ms" + ("" if window is None else
                                                                  f", a later window's first in {window * 1e3:.2f} ms")
-                                        + " (medians)"))
+                                        + " (medians)")
+            + ("" if idle is None else f"; the GPU idle {idle:.0%} of the time, before an epoch's first step "
+                                       f"{gpu_start * 1e3:.2f} ms, before one in mid-epoch {gpu_mid * 1e3:.2f} ms"))
 
     it = iter(cpu)
     _timed(it, None, n, device, move=False)  # the first epoch: readers start, windows fill
-    seconds, _, _ = _timed(it, None, (EPOCHS - 1) * n, device, move=False)
+    seconds, _, _, _ = _timed(it, None, (EPOCHS - 1) * n, device, move=False)
     record("multitables, CPU only, no step (the rate the readers deliver)", seconds, None, (EPOCHS - 1) * n)
     step_s = step_s or seconds / ((EPOCHS - 1) * n)
     step = _step_fn(step_s, device)
 
-    seconds, waited, waits = _timed(it, step, (EPOCHS - 1) * n, device)
-    record('multitables, CPU tensors, .to("cuda") in the loop', seconds, waited, (EPOCHS - 1) * n, waits)
+    seconds, waited, waits, gaps = _timed(it, step, (EPOCHS - 1) * n, device)
+    record('multitables, CPU tensors, .to("cuda") in the loop', seconds, waited, (EPOCHS - 1) * n, waits, gaps=gaps)
     cpu.close()
     del it, cpu
 
     gpu = mt.get_batches(stream, "/X", BATCH, n_procs=n_procs, epochs=None, seed=0, device=device, pin_memory=on_gpu)
     it = iter(gpu)
     _timed(it, step, n, device)
-    seconds, _, _ = _timed(it, None, (EPOCHS - 1) * n, device)
+    seconds, _, _, _ = _timed(it, None, (EPOCHS - 1) * n, device)
     record('multitables, get_batches(device="cuda"), no step', seconds, None, (EPOCHS - 1) * n)
-    seconds, waited, waits = _timed(it, step, (EPOCHS - 1) * n, device)
-    record('multitables, get_batches(device="cuda")', seconds, waited, (EPOCHS - 1) * n, waits)
+    seconds, waited, waits, gaps = _timed(it, step, (EPOCHS - 1) * n, device)
+    record('multitables, get_batches(device="cuda")', seconds, waited, (EPOCHS - 1) * n, waits, gaps=gaps)
     gpu.close()
     del it, gpu
 
@@ -239,10 +281,10 @@ def gpu_section(path: str, n_procs: int, log: Callable[[str], None], device: Any
     it2 = epochs()
     _timed(it2, step, n, device)
     label = f"DataLoader(num_workers={n_procs}, pin_memory=True, persistent_workers=True) over h5py"
-    seconds, _, _ = _timed(it2, None, (EPOCHS - 1) * n, device)
+    seconds, _, _, _ = _timed(it2, None, (EPOCHS - 1) * n, device)
     record(f"{label}, no step", seconds, None, (EPOCHS - 1) * n)
-    seconds, waited, waits = _timed(it2, step, (EPOCHS - 1) * n, device)
-    record(label, seconds, waited, (EPOCHS - 1) * n, waits, windowed=False)
+    seconds, waited, waits, gaps = _timed(it2, step, (EPOCHS - 1) * n, device)
+    record(label, seconds, waited, (EPOCHS - 1) * n, waits, windowed=False, gaps=gaps)
     del it2, loader  # its workers go
     return figures, step_s
 
@@ -257,14 +299,19 @@ def gpu_markdown(figures: "list[GpuFigure]", mib: int, n_procs: int, step_s: flo
         f"zlib 3 + shuffle, batches of {BATCH} rows, {n_procs} readers or workers, epochs 2-{EPOCHS}, page cache warm; "
         f"a step of {step_s * 1e3:.2f} ms, {sized})\n\n"
         "| reader | samples/s | GB/s | steps that waited on data | an epoch's first batch came in (ms) | "
-        "a batch in mid-epoch (ms) | of those, a window's first (ms) |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+        "a batch in mid-epoch (ms) | of those, a window's first (ms) | the GPU idle between steps | "
+        "the GPU idle before an epoch's first step / one in mid-epoch (ms) |\n"
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
     )
 
     def ms(seconds: "float | None") -> str:
         return "-" if seconds is None else f"{seconds * 1e3:.2f}"
 
     rows = [f"| {f.label} | {f.samples_per_s:,.0f} | {f.gb_per_s:.2f} | {'-' if f.waited is None else f'{f.waited:.0%}'} "
-            f"| {ms(f.epoch_start)} | {ms(f.mid_epoch)} | {ms(f.window_start)} |" for f in figures]
+            f"| {ms(f.epoch_start)} | {ms(f.mid_epoch)} | {ms(f.window_start)} "
+            f"| {'-' if f.gpu_idle is None else f'{f.gpu_idle:.0%}'} "
+            f"| {'-' if f.gpu_epoch_start is None else f'{ms(f.gpu_epoch_start)} / {ms(f.gpu_mid_epoch)}'} |"
+            for f in figures]
     return head + "\n".join(rows) + "\n"
 
 

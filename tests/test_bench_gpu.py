@@ -32,7 +32,8 @@ def test_the_section_measures_every_contender(tmp_path: Path, monkeypatch: pytes
     table = gpu.gpu_markdown(figures, 2, 2, step_s)
     assert table.count("\n| ") == 2 + len(figures)  # the header, its separator and a row each
     assert f"a step of {step_s * 1e3:.2f} ms, as long as the CPU-only batches take to come" in table
-    assert all(line.count("|") == 8 for line in table.splitlines() if line.startswith("|"))
+    assert all(line.count("|") == 10 for line in table.splitlines() if line.startswith("|"))
+    assert all(f.gpu_idle is None and f.gpu_epoch_start is None for f in figures)  # no GPU: no GPU clock
 
 
 def test_a_given_step_is_the_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -61,3 +62,28 @@ def test_without_cuda_the_section_says_it_was_skipped(tmp_path: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the section runs")
     assert "Skipped: torch.cuda.is_available() is False" in gpu.run_gpu(str(tmp_path), 2, 2, lambda m: None)
+
+
+def test_the_gpu_clock_gives_the_gap_before_each_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Events before and after each step: a step's gap runs from the previous step's end (the first: from when
+    the loop began) to its own start."""
+    import torch
+
+    clock = iter([0.0, 5.0, 7.0, 7.5, 9.0, 12.0, 20.0])  # ms: loop begins; then each step's start and end
+
+    class Event:
+        def __init__(self, enable_timing: bool) -> None:
+            assert enable_timing
+
+        def record(self) -> None:
+            self.at = next(clock)
+
+        def elapsed_time(self, later: "Event") -> float:
+            return later.at - self.at
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    gaps = gpu._GpuGaps()
+    for _ in range(3):
+        gaps.mark()
+        gaps.mark()
+    assert gaps.gaps() == [0.005, 0.0005, 0.003]

@@ -6,7 +6,7 @@
 # OUT gets each step's log (the sections print their tables there), packed into OUT/logs.tgz at the end.
 # MIB (default 512) sizes the scaling and GPU sections' files; the probe takes half. STEP names the steps to
 # run (scaling, probe, probe-before, startup, startup-forkserver, start-methods, gpu, gpu-before, batches,
-# batches-before, epoch-start, cuda-tests; default all). Each step runs under its own time limit (9 min 45 s together at 512 MiB, in
+# batches-readers, batches-before, epoch-start, cuda-tests; default all). Each step runs under its own time limit (9 min 45 s together at 512 MiB, in
 # proportion above), so one that hangs leaves the others theirs; the steps before startup-forkserver,
 # start-methods and gpu-before took 3 min 7 s together on a lent H100 machine with 16 cores (2026-11-26); on
 # another (2026-11-28) gpu, gpu-before, batches, epoch-start and cuda-tests took 83 s at 512 MiB, scaling 137 s at 1024.
@@ -29,7 +29,7 @@ set -u
 out=${1:?usage: bash benchmarks/lent_machine.sh OUT [MIB]}
 mib=${2:-512}
 shift $(($# < 2 ? $# : 2))
-steps=" ${*:-scaling probe probe-before startup startup-forkserver start-methods gpu gpu-before batches batches-before epoch-start cuda-tests} "
+steps=" ${*:-scaling probe probe-before startup startup-forkserver start-methods gpu gpu-before batches batches-readers batches-before epoch-start cuda-tests} "
 mkdir -p "$out" && out=$(cd "$out" && pwd)  # absolute: a step may run elsewhere
 work=$(mktemp -d "${TMPDIR:-/tmp}/lent_machine.XXXXXX")  # fresh: a file left by an earlier run is refused
 trap 'rm -rf "$work"' EXIT
@@ -72,6 +72,9 @@ if [ -d .devrun/before/multitables ]; then  # the same with the carried older pa
         --sections gpu --section-mib "$mib" --file "$work/gpu.h5" ${step_ms:+--gpu-step-ms "$step_ms"})
 fi
 step batches 60 python3 benchmarks/batches_profile.py --file "$work/gpu.h5" --mib "$mib" --device cuda
+# CPU-only batches with a quarter fewer readers: on the H100, 16 readers and 4 copy threads (20 threads on 16 CPUs)
+# gave 3.56 GB/s, 2 copy threads 4.05, 1 thread 3.71 (the consumer busy all the time only with 1).
+step batches-readers 45 python3 benchmarks/batches_profile.py --file "$work/gpu.h5" --mib "$mib" --procs $(($(nproc) * 3 / 4))
 if [ -d .devrun/before/multitables ]; then  # the GPU section's CPU-only loop, this package and the carried one in turn
     step batches-before 60 python3 benchmarks/ab_batches.py --file "$work/gpu.h5" --mib "$mib" --packages .devrun/before . \
         --rounds 3

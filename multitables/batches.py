@@ -1,12 +1,11 @@
 """Batches for training loops: rows of several datasets in lock-step, shuffled, sharded and resumable.
 
-Which rows go where is planned in :mod:`multitables._plan.epoch` (pure; see NOTE
-[epoch plan] there). This module executes a plan: one ordered queue per
-dataset over the same :class:`~multitables._plan.blocks.RangePlan`, so block ``k`` of
-every queue holds the same rows; the blocks of a shuffle window are copied
-out of their slots into a buffer this object owns, and each batch is
-gathered from it in the window's permuted order into fresh arrays that
-belong to the caller (NOTE [window pipelining] in ``_train.windows``).
+Which rows go where is planned in :mod:`multitables._plan.epoch` (pure; see NOTE [epoch plan] there). This
+module executes a plan: one ordered queue per dataset over the same
+:class:`~multitables._plan.blocks.RangePlan`, so block ``k`` of every queue holds the same rows; the blocks of a
+shuffle window are copied out of their slots into a buffer this object owns, and each batch is gathered from it
+in the window's permuted order into fresh arrays that belong to the caller (NOTE [window pipelining] in
+``_train.windows``).
 """
 
 from __future__ import annotations
@@ -493,6 +492,8 @@ class Batches:
             self._carry = getattr(source, "carry", None)
             self._looping = True
         except GeneratorExit:
+            if k == s.n_batches:  # left after the epoch's last batch: the epoch is done, the next comes next
+                self._epoch, self._batch, self._elastic, self._looping = epoch + 1, 0, [], True
             raise  # the loop was left: the readers stay for the next iteration
         except BaseException:
             self._close_feed()  # a reader failed, or the loop body raised: start afresh next time

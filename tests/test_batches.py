@@ -274,6 +274,25 @@ def test_an_iteration_goes_on_from_where_the_last_one_stopped(data_file) -> None
         next(it2)
 
 
+@pytest.mark.parametrize("n_procs", [0, 2])
+def test_a_loop_left_after_an_epochs_last_batch_has_finished_that_epoch(data_file, n_procs: int) -> None:
+    """``break`` (a step budget, say) right after an epoch's last batch: the epoch is done. The next batch comes
+    from the next epoch, as ``epoch`` and the state say, and the next loop delivers that epoch in full (it
+    delivered nothing, then that epoch, one loop later)."""
+    b = multitables.Streamer(data_file(500)).get_batches(["/X", "/y"], batch_size=64, seed=2, n_procs=n_procs)
+    for i, _ in enumerate(b):
+        if i == len(b) - 1:
+            break
+    assert b.epoch == 1 and (b.state_dict()["epoch"], b.state_dict()["batch"]) == (1, 0)
+    planned = [p.tolist() for p in settings_of(b).rank_epoch(1, 0).batches()]
+    assert [y.tolist() for y in epoch_rows(b)] == planned
+    for i, _ in enumerate(b):  # and a second time, the readers having read ahead into the next epoch
+        if i == len(b) - 1:
+            break
+    assert [y.tolist() for y in epoch_rows(b)] == [p.tolist() for p in settings_of(b).rank_epoch(3, 0).batches()]
+    b.close()
+
+
 def test_a_single_path_gives_arrays_and_batches_are_yours(data_file) -> None:
     b = multitables.Streamer(data_file(300)).get_batches("/X", batch_size=32, n_procs=0, block_size=64, window=2)
     batches = list(b)

@@ -541,7 +541,9 @@ def test_endless_epochs_follow_each_other_each_in_its_own_order(data_file, n_pro
     assert len(got) == len(expected)
     for a, b in zip(got, expected):
         np.testing.assert_array_equal(a, b)
-    assert endless.state_dict()["epoch"] == 2 and endless.state_dict()["step"] == 3 * per_epoch
+    # Left after epoch 2's last batch: that epoch is done, the next batch is epoch 3's (a state saved during
+    # that batch's step, (2, its number of batches), is the same position).
+    assert endless.state_dict()["epoch"] == 3 and endless.state_dict()["step"] == 3 * per_epoch
     for e in range(3):  # every row once per epoch, and a new order each epoch
         rows = np.concatenate(got[e * per_epoch : (e + 1) * per_epoch])
         assert sorted(rows.tolist()) == list(range(500))

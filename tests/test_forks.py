@@ -45,12 +45,15 @@ _SCRIPT = textwrap.dedent(
     reader = multitables.Reader(path, n_procs=2)
     ds = reader.get_dataset("/x")
     stage = ds.create_stage(10)
+    future = reader.request(ds[:5], ds.create_stage(5))
+    future.wait()  # its rows are in its stage: a child's copy of that stage may hold others by the time it looks
     recv, send = os.pipe()
     child = os.fork()
     if child == 0:
         os.close(recv)
         seen = []
-        for use in (lambda: next(iter(batches)), queue.get, lambda: reader.request(ds[:5], stage)):
+        for use in (lambda: next(iter(batches)), queue.get, lambda: reader.request(ds[:5], stage), future.get,
+                    future.done, future.wait):
             try:
                 use()
                 seen.append("no error")
@@ -65,7 +68,7 @@ _SCRIPT = textwrap.dedent(
             batches.close(); queue.close(); reader.close(wait=True)
             os._exit(0)
         if how == "drop":
-            del batches, queue, guard, reader, ds, stage, x
+            del batches, queue, guard, reader, ds, stage, x, future
             gc.collect()
             os._exit(0)
         sys.exit(0)  # exit handlers run: multiprocessing's would terminate the readers it believes it started
@@ -81,10 +84,11 @@ _SCRIPT = textwrap.dedent(
             blocks.append(block.copy())
     blocks = np.concatenate(blocks)
     picked = reader.request(ds[[5, 1]], stage).get()
+    first = future.get()
     print(json.dumps({
         "seen": seen, "status": status, "rest": len(rest), "same_readers": batches.reader_pids == pids,
         "epoch": sorted(epoch.tolist()) == list(range(len(epoch))), "epoch_rows": len(epoch),
-        "queue": blocks.ravel().tolist() == list(range(1000)), "reader": picked.ravel().tolist() == [5, 1],
+        "queue": blocks.ravel().tolist() == list(range(1000)), "reader": picked.ravel().tolist() == [5, 1] and first.ravel().tolist() == list(range(5)),
     }))
     batches.close(); queue.close(); reader.close(wait=True)
     """
@@ -105,7 +109,7 @@ def test_a_forked_child_neither_uses_nor_stops_its_parents_readers(ids_file: Pat
     run = subprocess.run([sys.executable, "-c", _SCRIPT, str(ids_file), how], capture_output=True, text=True, timeout=GUARD)
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
-    assert got["seen"] == ["refused"] * 3, "a fork's use of the readers is refused, saying why"
+    assert got["seen"] == ["refused"] * 6, "a fork's use of the readers, or of a request's future, is refused, saying why"
     assert got["status"] == 0, "the child ends cleanly"
     assert got["rest"] == 10 - 3, "the parent's epoch goes on where it was"
     assert got["same_readers"] and got["epoch"] and got["epoch_rows"] == 1000, "and the next epoch is whole"
@@ -139,12 +143,21 @@ _DAEMONIC = textwrap.dedent(
                 multitables.Streamer(path).get_queue("/x", n_procs=2)
             if case == "Reader":
                 multitables.Reader(path)
+            if case == "inherited":  # a Reader the parent made before the pool forked this worker
+                if INHERITED is None:
+                    return "not inherited"
+                reader, ds, stage = INHERITED
+                reader.request(ds[:2], stage).get()
             return "no error"
         except Exception as exc:
             return f"{type(exc).__name__}: {exc}"
 
+    INHERITED = None
     if __name__ == "__main__":
-        cases = ["default", "tables", "batches", "n_procs=2", "Reader"]
+        cases = ["default", "tables", "batches", "n_procs=2", "Reader", "inherited"]
+        if sys.argv[2] == "fork":
+            reader = multitables.Reader(sys.argv[1], n_procs=1)
+            INHERITED = reader, reader.get_dataset("/x"), reader.get_dataset("/x").create_stage(2)
         with multiprocessing.get_context(sys.argv[2]).Pool(1) as pool:
             print(json.dumps(dict(zip(cases, pool.map(job, [(sys.argv[1], c) for c in cases])))))
     """
@@ -168,3 +181,8 @@ def test_a_daemonic_worker_reads_in_itself_and_is_told_why_it_cannot_start_reade
         assert got[case].startswith("RuntimeError: ") and "this process is daemonic" in got[case], got
         assert repr(str(ids_file)) in got[case], got
     assert "n_procs=0" in got["n_procs=2"] and "not daemonic" in got["Reader"], got
+    if start_method == "fork":  # told it may start none of its own either, not to make one anew
+        assert got["inherited"].startswith("RuntimeError: ") and "is a fork of it" in got["inherited"], got
+        assert "being daemonic" in got["inherited"] and "n_procs=0" in got["inherited"], got
+    else:
+        assert got["inherited"] == "not inherited", got

@@ -60,6 +60,7 @@ class Future:
 
     def done(self) -> bool:
         """Whether the data is there (or the read failed): ``get*`` would not wait."""
+        self._reader._live().pool.check_owner()  # a forked child's stage is not its own: it may hold other rows
         stage = self._stage
         if self._ready or self._error is not None or stage is None:
             return True
@@ -76,6 +77,7 @@ class Future:
 
     def wait(self, timeout: "float | None" = None) -> bool:
         """Wait until :meth:`done`, for up to ``timeout`` s; False if it timed out. Does not raise read errors."""
+        self._reader._live().pool.check_owner()  # not a read error: a forked child cannot use its copy
         try:
             with self._lock:
                 self._wait(timeout)
@@ -87,6 +89,7 @@ class Future:
 
     def _wait(self, timeout: "float | None") -> None:
         """Wait for every share; raise the read's error, or TimeoutError. Call with the lock held."""
+        self._reader._live().pool.check_owner()  # in a forked child the stage holds what the parent put there since
         if self._error is not None:
             raise self._error.with_traceback(None)
         stage = self._stage
@@ -201,7 +204,10 @@ class Future:
             pass
 
     def __repr__(self) -> str:
-        state = "released" if self._stage is None else ("done" if self.done() else "pending")
+        try:
+            state = "released" if self._stage is None else ("done" if self.done() else "pending")
+        except RuntimeError:  # a forked child's copy
+            state = "of another process"
         return f"<multitables.Future {self.request!r} ({state})>"
 
 

@@ -251,8 +251,10 @@ class ReaderPool:
         if self.foreign:
             raise RuntimeError(
                 f"the {self._name} processes of {self.filename!r} belong to process {self.owner}, which made them; "
-                f"this process ({os.getpid()}) is a fork of it and cannot use them: make the stream, batches or "
-                f"Reader anew here"
+                f"this process ({os.getpid()}) is a fork of it and cannot use them"
+                + (": make the stream, batches or Reader anew here" if not multiprocessing.current_process().daemon else
+                   "; being daemonic (a DataLoader's or a Pool's worker), it may start none of its own either: read "
+                   "in the parent, or here with a stream's or batches' n_procs=0")
             )
 
     # -- watching ----------------------------------------------------------------

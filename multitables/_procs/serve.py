@@ -312,9 +312,13 @@ class ServeReaders:
         self.pool.forget(req)
 
     # -- feeding ----------------------------------------------------------------
+    def check_owner(self) -> None:
+        """Raise ``RuntimeError`` in a forked child: the readers are its parent's (NOTE [forked children] in ``pool``)."""
+        self.pool.check_owner()
+
     def _push(self, reader: int, item: Item) -> None:
         """Put one item in a reader's inbox, waiting (with liveness checks) while it is full."""
-        self.pool.check_owner()
+        self.check_owner()
         space = self._syncs[reader].space
         while not space.acquire(timeout=TICK):
             self.look()

@@ -208,6 +208,23 @@ def test_several_fields_select_as_numpy_does_before_or_after_any_key(shared_read
     np.testing.assert_array_equal(got, expected)
 
 
+def test_torch_tensors_index_as_numpy_takes_them(shared_reader: tuple, h5file: tuple) -> None:
+    """A sampler's indices come as tensors (``torch.randperm(n)[:k]``, a mask): numpy takes any array-like, so a
+    request does too, whatever their dtype, 0-d or not, with duplicates, alone or in a tuple."""
+    torch = pytest.importorskip("torch")
+    reader, stages = shared_reader
+    for node in ("/table", *[n for n in h5file[1] if n != "/table"][:2]):
+        data, (ds, stage) = h5file[1][node], stages[node]
+        n = len(data)
+        for key in (torch.tensor([7, 2, 7, n - 1]), torch.tensor([3, 1], dtype=torch.int32), torch.tensor(5),
+                    torch.tensor([2, 0], dtype=torch.uint8), torch.arange(n) % 3 == 0, torch.tensor([], dtype=torch.long),
+                    (torch.tensor([4, -1]),)):
+            expected = data[key]
+            got = reader.request(ds[key], stage).get()
+            assert np.shape(got) == np.shape(expected) and np.asarray(got).dtype == np.asarray(expected).dtype, (node, key)
+            np.testing.assert_array_equal(got, expected)
+
+
 def test_zero_copy_views_are_writable_and_on_the_stage(shared_reader: tuple) -> None:
     reader, stages = shared_reader
     ds, stage = stages["/zlib3d"]

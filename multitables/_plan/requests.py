@@ -61,8 +61,8 @@ def _entry_kind(entry: Any) -> str:
         return "str"
     try:
         operator.index(entry)
-    except TypeError:
-        return "other"
+    except TypeError:  # an array of another library (a torch tensor, say) is one, as numpy takes it
+        return "array" if hasattr(entry, "__array__") else "other"
     return "int"
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from ._access.compat2x import first_op
 from ._access.futures import Future, RequestPool
 from ._access.proxy import DataProxy
-from ._access.readercore import ReaderCore
+from ._access.readercore import ReaderCore, not_pickled
 from ._access.request import Request, field_list
 from ._access.stages import Stage, StagePool
 from ._io.engines import check_engine, resolve_engine
@@ -239,6 +239,8 @@ class Reader:
         else:
             self.stop()
 
+    __reduce__ = not_pickled  # its readers and shared memory are this process's
+
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{self.n_procs} readers"
         return f"<multitables.Reader {self._core.pool.filename if self._core else '?'!r} ({state})>"
@@ -404,6 +406,8 @@ class Dataset:
         """A :class:`StagePool` of ``num_stages`` stages, each as :meth:`create_stage` makes for ``shape``."""
         num_stages = check_int("num_stages", num_stages, 1, allow_none=False)
         return StagePool([self.create_stage(shape) for _ in range(num_stages)])
+
+    __reduce__ = not_pickled  # its readers and shared memory are this process's
 
     def __repr__(self) -> str:
         return f"<multitables.Dataset {self.path!r} shape={self.shape} dtype={self.dtype}>"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -223,6 +224,25 @@ def test_torch_tensors_index_as_numpy_takes_them(shared_reader: tuple, h5file: t
             got = reader.request(ds[key], stage).get()
             assert np.shape(got) == np.shape(expected) and np.asarray(got).dtype == np.asarray(expected).dtype, (node, key)
             np.testing.assert_array_equal(got, expected)
+
+
+def test_a_readers_objects_are_neither_pickled_nor_copied_and_say_why(h5file: tuple, no_leaks: None) -> None:
+    """A DataLoader started by spawn or forkserver pickles its dataset: "cannot pickle '_thread.lock' object" said
+    nothing of why or what to do. Each object of a Reader refuses, naming itself; the Reader still works after."""
+    import copy
+    import pickle
+
+    with Reader(h5file[0], n_procs=1) as reader:
+        ds = reader.get_dataset("/table")
+        stage, pool = ds.create_stage(4), ds.create_stage_pool(4, 2)
+        future = reader.request(ds[:4], stage)
+        for obj, name in ((reader, "a Reader"), (ds, "a Reader's Dataset"), (stage, "a Reader's Stage"),
+                          (pool, "a Reader's StagePool"), (ds[1:3], "a Reader's Request"), (future, "a Reader's Future")):
+            for how in (pickle.dumps, copy.copy, copy.deepcopy):
+                with pytest.raises(TypeError, match=f"^{re.escape(name)} is tied to this process's reader processes"
+                                                    ".*neither pickled nor copied.*num_workers=0"):
+                    how(obj)
+        np.testing.assert_array_equal(future.get(), h5file[1]["/table"][:4])
 
 
 def test_zero_copy_views_are_writable_and_on_the_stage(shared_reader: tuple) -> None:

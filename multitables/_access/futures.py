@@ -19,6 +19,7 @@ from ..errors import ReaderError, StreamClosedError
 
 from .request import Request
 from .stages import Stage
+from .readercore import not_pickled
 if TYPE_CHECKING:
     from ..reader import Reader
 
@@ -202,6 +203,8 @@ class Future:
             self.release()
         except Exception:
             pass
+
+    __reduce__ = not_pickled  # its readers and shared memory are this process's
 
     def __repr__(self) -> str:
         try:

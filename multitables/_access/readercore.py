@@ -22,6 +22,18 @@ if TYPE_CHECKING:
     from .futures import Future
 
 
+def not_pickled(obj: Any) -> None:
+    """Raise the ``TypeError`` a Reader's objects give when pickled or copied, saying why and what to do instead."""
+    name = type(obj).__name__
+    what = "a Reader" if name == "Reader" else "a Reader's " + name
+    raise TypeError(
+        f"{what} is tied to this process's reader processes and shared memory, so it is neither pickled nor copied: "
+        "a DataLoader's workers started by spawn or forkserver (Python 3.14's default) get the dataset pickled, and, "
+        "daemonic, may start no readers of their own. Request in this process (num_workers=0, or requests in "
+        "flight: RequestPool), or read with h5py in each worker"
+    )
+
+
 class ReaderCore:
     """What the Reader's datasets, stages and futures share: the readers and the bookkeeping.
 

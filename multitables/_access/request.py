@@ -12,6 +12,7 @@ from .compat2x import next_op
 from .._io.node import field_of, field_path
 from .._plan.requests import RowPlan, compose_keys, normalize_key, plan_rows
 from .._shm.stagemap import describe_query
+from .readercore import not_pickled
 
 if TYPE_CHECKING:
     from ..reader import Dataset
@@ -182,6 +183,8 @@ class Request:
                 if composed is not None:
                     return Request(self.dataset, self.field, composed, op=op)
         return self._then(key, op)
+
+    __reduce__ = not_pickled  # its readers and shared memory are this process's
 
     def __repr__(self) -> str:
         col = f" field={self.field!r}" if self.field is not None else ""

@@ -15,7 +15,7 @@ from .._shm.ring import TICK
 from .._shm.segment import Segment
 from ..errors import SharedMemoryError, StreamClosedError
 
-from .readercore import ReaderCore
+from .readercore import ReaderCore, not_pickled
 from .request import Request
 if TYPE_CHECKING:
     from ..reader import Reader
@@ -159,6 +159,8 @@ class Stage:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    __reduce__ = not_pickled  # its readers and shared memory are this process's
+
     def __repr__(self) -> str:
         return f"<multitables.Stage {self.n_rows} rows, {self.nbytes} bytes{' (closed)' if self.closed else ''}>"
 
@@ -236,6 +238,8 @@ class StagePool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    __reduce__ = not_pickled  # its readers and shared memory are this process's
 
     def __repr__(self) -> str:
         return f"<multitables.StagePool {len(self)} stages of {self.n_rows} rows>"

@@ -20,7 +20,7 @@ import numpy as np
 from ._access.compat2x import first_op
 from ._access.futures import Future, RequestPool
 from ._access.proxy import DataProxy
-from ._access.readercore import ReaderCore, not_pickled
+from ._access.readercore import ReaderCore, not_pickled, quiet_at_exit
 from ._access.request import Request, field_list
 from ._access.stages import Stage, StagePool
 from ._io.engines import check_engine, resolve_engine
@@ -34,6 +34,7 @@ from ._procs.pool import check_start_method
 from ._procs.serve import ServeReaders
 from ._shm.stagemap import MAX_SHARES, describe
 from ._sys.checks import check_int
+from .errors import ReaderError, StreamClosedError
 
 __all__ = ["Reader", "Dataset", "Request", "Stage", "StagePool", "Future", "DataProxy", "RequestPool"]
 
@@ -174,13 +175,17 @@ class Reader:
             raise TypeError(f"stage must be a Stage or a StagePool, not {type(stage).__name__}")
         if stage._reader is not self:
             raise ValueError("the stage belongs to another Reader")
-        core.check_open()
-        stage._check_fits(request)
-        held = stage._take(timeout) if isinstance(stage, StagePool) else stage._claim()
         try:
-            future = self._submit(core, request, held)
-        except BaseException:
-            held._give_back()
+            core.check_open()
+            stage._check_fits(request)
+            held = stage._take(timeout) if isinstance(stage, StagePool) else stage._claim()
+            try:
+                future = self._submit(core, request, held)
+            except BaseException:
+                held._give_back()
+                raise
+        except (ReaderError, StreamClosedError):
+            quiet_at_exit()
             raise
         if core.notifier is not None:
             core.notifier.add(future)

@@ -831,3 +831,50 @@ def test_dropping_a_reader_right_after_close_leaves_nothing_behind(
     wait_until(lambda: not closing_threads(), GONE_WITHIN, "every closing thread ends")
     assert not thread_errors
     assert me.num_fds() == fds
+
+
+_DAEMON_LOADER = textwrap.dedent(
+    r"""
+    import json, sys, threading, time
+    import multitables
+
+    reader = multitables.Reader(sys.argv[1], n_procs=2)
+    dataset = reader.get_dataset("/data")
+    pool = dataset.create_stage_pool(10, 2)
+    futures = multitables.RequestPool()
+    asking = threading.Event()
+
+    def loader():  # as docs/random_access.rst has it: requests in a daemon thread, got in the main one
+        for k in range(100):
+            if k == 2:
+                asking.set()  # every stage is held now: the next request waits for one
+            futures.add(reader.request(dataset[k : k + 10], pool))
+
+    threading.Thread(target=loader, daemon=True).start()
+    futures.next().get()
+    asking.wait()
+    time.sleep(0.2)
+    print(json.dumps(reader.reader_pids), flush=True)
+    if sys.argv[2] == "raise":
+        raise ValueError("the training step failed")
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["return", "raise"])
+def test_a_daemon_thread_waiting_on_a_reader_at_exit_ends_quietly(tmp_path: Path, h5file: Path, how: str) -> None:
+    """The interpreter's exit handlers close a Reader that a daemon loader thread still waits on (for a stage
+    nobody gives back): the process ends, with the main thread's traceback only, and leaves nothing; the thread
+    said "the stage is closed", or that a reader "died unexpectedly", though nothing died."""
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "daemon_loader.py"
+    script.write_text(_DAEMON_LOADER)
+    run = subprocess.run([sys.executable, str(script), str(h5file), how], capture_output=True, text=True, timeout=GUARD)
+    assert run.returncode == (1 if how == "raise" else 0), run.stderr[-3000:]
+    assert run.stderr.count("Traceback") == (how == "raise"), run.stderr[-3000:]
+    assert "Exception in thread" not in run.stderr and "Exception ignored" not in run.stderr, run.stderr[-3000:]
+    pids = json.loads(run.stdout.strip().splitlines()[-1])
+    wait_until(lambda: all_gone(pids), GONE_WITHIN, "the readers end")

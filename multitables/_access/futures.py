@@ -19,7 +19,7 @@ from ..errors import ReaderError, StreamClosedError
 
 from .request import Request
 from .stages import Stage
-from .readercore import not_pickled
+from .readercore import not_pickled, quiet_at_exit
 if TYPE_CHECKING:
     from ..reader import Reader
 
@@ -160,6 +160,7 @@ class Future:
                 self._wait(timeout)
             except (ReaderError, StreamClosedError):
                 self.release()  # the data will never come: the stage can serve another request
+                quiet_at_exit()
                 raise
             data = self._data()
         try:

@@ -15,11 +15,20 @@ from .._io.node import NodeInfo
 from .._io.objects.config import Store
 from .._procs.serve import ServeReaders
 from .._shm.ring import TICK
+from .._shm.segment import interpreter_exiting
 from .._shm.stagemap import StageMap
 from ..errors import QueueClosed, StreamClosedError
 
 if TYPE_CHECKING:
     from .futures import Future
+
+
+def quiet_at_exit() -> None:
+    """In a thread other than the main one, once the interpreter's exit handlers have begun, wait for the end of the
+    process instead of raising: they closed the Reader under a daemon thread still using it (a loader thread,
+    say), whose traceback would tell of nothing the program did."""
+    if interpreter_exiting() and threading.current_thread() is not threading.main_thread():
+        threading.Event().wait()
 
 
 def not_pickled(obj: Any) -> None:
@@ -90,10 +99,8 @@ class ReaderCore:
     def check_not_stopped(self, before: str = "this request was read") -> None:
         """Raise unless requests already made can still be read (a dead reader fails only its own shares)."""
         if self.stopped:
-            raise StreamClosedError(
-                f"the Reader of {self.pool.filename!r} was stopped (stop(), or it was garbage-collected) before "
-                f"{before}"
-            )
+            why = "the interpreter is exiting" if interpreter_exiting() else "stop(), or it was garbage-collected"
+            raise StreamClosedError(f"the Reader of {self.pool.filename!r} was stopped ({why}) before {before}")
 
     def detach_dropped(self) -> None:
         """Let the readers unmap the stages closed since the last call; their ids become free."""

@@ -9,6 +9,7 @@ import signal
 import traceback
 from dataclasses import dataclass
 
+from .._shm.segment import interpreter_exiting
 from ..errors import ReaderError
 
 #: Longest traceback text a report carries (a report must fit the pipe comfortably).
@@ -96,7 +97,9 @@ def died_error(reader_index: int, pid: int, exitcode: "int | None", filename: st
         except ValueError:
             pass
     what = f"reading {path!r} in {filename!r}" if path else f"of {filename!r}"
-    exc = ReaderError(f"Reader {reader_index} (pid {pid}) {what} died unexpectedly with {how}.")
+    exc = ReaderError(f"Reader {reader_index} (pid {pid}) {what} died unexpectedly with {how}." if not interpreter_exiting()
+                      else f"Reader {reader_index} (pid {pid}) {what} ended with {how}: the interpreter is exiting, and its "
+                           f"exit handlers end every reader (a daemon thread that still uses them sees this).")
     exc.reader_index = reader_index
     exc.pid = pid
     exc.filename = filename

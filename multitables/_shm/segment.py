@@ -48,6 +48,7 @@ import ctypes
 import errno
 import functools
 import mmap
+import multiprocessing.util
 import os
 import secrets
 import sys
@@ -75,8 +76,15 @@ def _mark_exiting() -> None:
     _exiting = True
 
 
+def interpreter_exiting() -> bool:
+    """Whether the interpreter's exit handlers have begun (they end every reader: multiprocessing's terminates them)."""
+    return _exiting
+
+
 # atexit runs the last handler registered first, and what closes the streams still open at exit is
-# weakref.finalize's handler: have it registered (a finalize registers it), then ours, which runs before it.
+# weakref.finalize's handler: have it registered (a finalize registers it), then ours, which runs before it,
+# and before multiprocessing's (registered when it was imported, above), which ends every reader.
+assert multiprocessing.util._exit_function  # imported for its exit handler's place
 weakref.finalize(_mark_exiting, int).detach()
 atexit.register(_mark_exiting)
 

@@ -371,6 +371,17 @@ def test_data_is_taken_once_and_proxies_raise_after_release(h5file: tuple, no_le
             fut = reader.request(ds[0:10], stage)
             assert fut.wait(5) and fut.done()
             np.testing.assert_array_equal(fut.get(), data[0:10])
+            # Taken again inside its with: refused, the stage still held, the view still the request's rows.
+            fut = reader.request(ds[30:40], stage)
+            with fut.get_unsafe() as rows:
+                for take in (fut.get, lambda: fut.get_direct(len), lambda: fut.get_proxy().__enter__()):
+                    with pytest.raises(RuntimeError, match="is lent to a with still open: it is taken once"):
+                        take()
+                with pytest.raises(RuntimeError, match="the stage still holds the data of an earlier request"):
+                    reader.request(ds[50:60], stage)
+                np.testing.assert_array_equal(rows, data[30:40])
+            with pytest.raises(multitables.StreamClosedError, match="already released"):
+                fut.get()
 
 
 def test_many_requests_in_flight_over_stage_pools_and_datasets(h5file: tuple, no_leaks: None) -> None:

@@ -554,6 +554,10 @@ def test_a_released_guard_gives_no_block_again(make_array, n_procs: int) -> None
         guard = queue.get()
         with guard as block:
             assert block.tolist() == list(range(10))
+            with pytest.raises(RuntimeError, match="this guard's with is open already"):
+                with guard:  # its end would give the slot back under the outer with
+                    pass
+            assert block.tolist() == list(range(10))  # still held: the inner with gave nothing back
         with pytest.raises(multitables.StreamClosedError, match="released already"):
             with guard:
                 pass  # its slot may hold another block by now

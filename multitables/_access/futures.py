@@ -57,6 +57,7 @@ class Future:
         self._readers = readers
         self._lock = threading.Lock()
         self._ready = False
+        self._lent = False  # inside get_unsafe()'s with: the data is taken
         self._error: "BaseException | None" = None
 
     def done(self) -> bool:
@@ -156,6 +157,8 @@ class Future:
         :attr:`Request.zero_copy`), valid only inside the ``with``; the stage is given back at its end.
         """
         with self._lock:
+            if self._lent:  # a second take would give the stage back under the first one's view
+                raise RuntimeError(f"the data of {self.request!r} is lent to a with still open: it is taken once")
             try:
                 self._wait(timeout)
             except (ReaderError, StreamClosedError):
@@ -163,11 +166,13 @@ class Future:
                 quiet_at_exit()
                 raise
             data = self._data()
+            self._lent = True
         try:
             yield data
         finally:
             del data
             self.release()
+            self._lent = False  # taken: a later get says it was released
 
     @contextmanager
     def get_proxy(self, timeout: "float | None" = None) -> Iterator[DataProxy]:

@@ -53,13 +53,13 @@ class Guard:
     ``with`` holds the guard from then on (see :meth:`Queue.get`).
     """
 
-    __slots__ = ("_queue", "_slot", "block", "_released", "_dropped", "__weakref__")
+    __slots__ = ("_queue", "_slot", "block", "_released", "_entered", "_dropped", "__weakref__")
 
     def __init__(self, queue: "Queue", slot: int, block: np.ndarray) -> None:
         self._queue: "Queue | None" = queue
         self._slot = slot
         self.block = block
-        self._released = False
+        self._released = self._entered = False
         # A guard dropped without ``with`` must not keep its slot for ever: a finaliser gives it back. Not a
         # ``__del__``: that would run Python code at the end of every guard's life, and a Ctrl-C arriving then
         # is raised inside it, where Python ignores it; a finaliser detached at release runs nothing.
@@ -69,6 +69,9 @@ class Guard:
     def __enter__(self) -> np.ndarray:
         if self._released:  # its slot may hold another block by now
             raise StreamClosedError("this guard's block was released already: a guard gives its block once")
+        if self._entered:  # the inner with's end would give the slot back under the outer one
+            raise RuntimeError("this guard's with is open already: a guard gives its block once, to one with")
+        self._entered = True
         self._queue._hold(self._slot)  # type: ignore[union-attr]
         return self.block
 

@@ -1328,3 +1328,44 @@ def test_a_consumer_killed_at_random_moments_of_start_up_leaves_nothing_long(
     h5file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _nothing_left_by(*_kill_at_random_moments(h5file, runs=150, seed=1818), monkeypatch)
+
+
+def test_a_reader_report_names_the_dataset_and_rows_it_read_or_says_it_was_serving() -> None:
+    """A Reader's request readers read no one dataset: a failure before any request (its segment not opened, under
+    ``ulimit -n``) said it happened "while reading '' in" the file."""
+    from multitables._procs.failure import FailureReport
+
+    def text(path: str, rows: "tuple[int, int] | None") -> str:
+        report = FailureReport("builtins.OSError", "[Errno 24] Too many open files", "tb", 1, 42, "f.h5", path, rows)
+        return str(report.to_exception()).splitlines()[0]
+
+    assert text("/data", (10, 20)) == "Caught OSError in reader 1 (pid 42) while reading rows 10:20 of '/data' in 'f.h5': " \
+                                      "[Errno 24] Too many open files"
+    assert text("/data", None) == "Caught OSError in reader 1 (pid 42) while reading '/data' in 'f.h5': [Errno 24] Too many open files"
+    assert text("", None) == "Caught OSError in reader 1 (pid 42) while serving 'f.h5': [Errno 24] Too many open files"
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_a_removed_working_directory_is_named_where_readers_need_it(
+        make_array: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, start_method: str, no_leaks: None
+) -> None:
+    """multiprocessing's spawn and forkserver ask for the working directory to start a process: removed, it failed
+    with a bare "No such file or directory" though the file was there. fork needs none; a relative name does."""
+    path = make_array(np.arange(4000, dtype="<i8").reshape(1000, 4), chunkshape=(100, 4))
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    with pytest.raises(FileNotFoundError, match=f"working directory was removed, and readers started by {start_method}"):
+        Streamer(str(path), start_method=start_method).get_queue("/data", n_procs=2)
+    with pytest.raises(FileNotFoundError, match=f"working directory was removed, and readers started by {start_method}"):
+        multitables.Reader(str(path), n_procs=1, start_method=start_method)
+    got = []
+    with Streamer(str(path), start_method="fork").get_queue("/data", n_procs=2, ordered=True) as queue:
+        for guard in queue:
+            with guard as block:
+                got.append(block.copy())
+    assert np.concatenate(got).ravel().tolist() == list(range(4000))
+    with pytest.raises(FileNotFoundError, match="a relative name, and the working directory was removed") as info:
+        Streamer("data.h5")
+    assert info.value.filename == "data.h5"

@@ -90,7 +90,10 @@ def from_root(filename: str) -> str:
     """``filename`` from the root: what a Streamer or Reader reads is the file its name meant when it was made,
     whatever ``os.chdir`` comes later (readers keep the directory they started in; the consumer's would move). A
     name that would be too long from the root (past PATH_MAX, in a very deep working directory) is kept as it is."""
-    full = os.path.abspath(filename)
+    try:
+        full = os.path.abspath(filename)
+    except FileNotFoundError:  # os.getcwd(): the working directory was removed
+        raise FileNotFoundError(errno.ENOENT, "a relative name, and the working directory was removed", filename) from None
     return full if len(os.fsencode(full)) < _PATH_MAX else filename
 
 

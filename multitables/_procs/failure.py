@@ -76,8 +76,8 @@ class FailureReport:
             tail = f"\n\nOriginal traceback in the reader:\n{self.traceback}"
         else:  # its cause, chained, shows the traceback
             who, tail = f"this process (pid {self.pid}), which reads the stream itself,", ""
-        text = (f"Caught {short_name} in {who} while reading {where}{self.path!r} in {self.filename!r}: "
-                f"{self.message}{tail}")
+        what = f"reading {where}{self.path!r} in" if self.path or where else "serving"  # a Reader's, before any dataset
+        text = f"Caught {short_name} in {who} while {what} {self.filename!r}: {self.message}{tail}"
         exc = ReaderError.like(self.exc_type_name, text)
         exc.reader_index = self.reader_index
         exc.pid = self.pid

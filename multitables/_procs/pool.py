@@ -72,6 +72,7 @@ NOTE [forked children]
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -158,6 +159,17 @@ def _disown_readers() -> None:
 os.register_at_fork(after_in_child=_disown_readers)
 
 
+def check_working_directory(start_method: str) -> None:
+    """``FileNotFoundError`` saying so where the working directory was removed: multiprocessing's spawn and
+    forkserver ask for it to start a process, and failed with a bare "No such file or directory"."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            errno.ENOENT, f"this process's working directory was removed, and readers started by {start_method} need "
+            "one: os.chdir() to a directory that exists first, or give start_method='fork'") from None
+
+
 class ReaderPool:
     """Reader processes running one loop, and what the consumer knows of them; owned by one front end.
 
@@ -204,6 +216,8 @@ class ReaderPool:
 
     def start(self, loop: Callable[..., None], args: "list[tuple[Any, ...]]") -> None:
         """Start one reader per entry of ``args``, each running ``loop(reader, *args[i])``."""
+        if self.ctx.get_start_method() != "fork":
+            check_working_directory(self.ctx.get_start_method())
         settle_releases()  # no unmapping on a thread while forking (NOTE [release off the path])
         if self.ctx.get_start_method() == "fork":
             before_fork()  # no lock of a reading library held by another thread (NOTE [forking among threads])

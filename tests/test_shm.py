@@ -178,3 +178,31 @@ def test_a_ring_past_the_containers_memory_limit_is_a_space_error_not_an_oom_kil
 
 def files_limit(version: str) -> str:
     return "memory.limit_in_bytes" if version == "v1" else "memory.max"
+
+
+_CAPPED = r"""
+import os, resource
+from multitables._shm.segment import SHM_PREFIX, Segment
+vm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmSize:")) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (vm + (64 << 20), resource.getrlimit(resource.RLIMIT_AS)[1]))
+try:
+    Segment.create(256 << 20, "test")
+except OSError as exc:
+    print(exc.errno, exc)
+print(sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"{SHM_PREFIX}{os.getpid()}_")))
+"""
+
+
+def test_a_segment_past_the_address_space_cap_says_its_size_and_what_asks_less() -> None:
+    """Under ``ulimit -v`` mapping a ring failed with a bare "[Errno 12] Cannot allocate memory"; its name is
+    left in /dev/shm by no one."""
+    import errno
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _CAPPED], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said, left = done.stdout.splitlines()
+    assert said.startswith(f"{errno.ENOMEM} ") and f"mapping a shared-memory segment of {256 << 20} bytes" in said, said
+    assert "ulimit -v" in said and "a smaller read_ahead or block_size asks less" in said, said
+    assert left == "[]"

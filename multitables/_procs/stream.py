@@ -121,12 +121,12 @@ class StreamSettings:
 def stream_loop(reader: ReaderProcess, settings: StreamSettings, sync: RingSync) -> None:
     """A reader's loop: claim, read, publish, until the plan is done or the consumer stops or dies."""
     reader.segments.add(settings.shm_name)
+    reader.path = settings.spec.node.path  # for a report, from the start: mapping the ring may fail too
     ring = Ring.attach(settings.shm_name, settings.layout, sync, reader.identity.index)
     source = None
     try:
         reader.on_failure = ring.fail  # wakes the consumer, which then waits for the report
         reader.attached()
-        reader.path = settings.spec.node.path
         ring.map_own_slots()  # NOTE [slots and page tables]: after the barrier, the consumer need not wait for it
         parent_alive = reader.parent_alive
 

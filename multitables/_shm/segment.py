@@ -147,7 +147,12 @@ def _map_without_fd(fd: int, nbytes: int) -> mmap.mmap:
     """Map ``fd`` shared and writable through an mmap object that keeps no descriptor of it."""
     if _libc is None:  # pragma: no cover
         return mmap.mmap(fd, nbytes)
-    buf = mmap.mmap(-1, nbytes)  # reserves the addresses; unmapping it later unmaps whatever is there
+    try:
+        buf = mmap.mmap(-1, nbytes)  # reserves the addresses; unmapping it later unmaps whatever is there
+    except OSError as exc:  # ENOMEM: the address space is capped (ulimit -v), or memory is overcommitted
+        raise OSError(exc.errno, f"mapping a shared-memory segment of {nbytes} bytes: {exc.strerror}"
+                      + (" (the address space this process may use, ulimit -v, may be too small for it: a smaller "
+                         "read_ahead or block_size asks less)" if exc.errno == errno.ENOMEM else "")) from exc
     addr = _address(buf)
     flags = mmap.MAP_SHARED | _MAP_FIXED
     got = _libc.mmap(addr, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, 0)

@@ -48,7 +48,7 @@ import ctypes
 import errno
 import functools
 import mmap
-import multiprocessing.util
+import multiprocessing.util  # noqa: F401 - imported first, for the place of its exit handler (below)
 import os
 import secrets
 import sys
@@ -84,7 +84,6 @@ def interpreter_exiting() -> bool:
 # atexit runs the last handler registered first, and what closes the streams still open at exit is
 # weakref.finalize's handler: have it registered (a finalize registers it), then ours, which runs before it,
 # and before multiprocessing's (registered when it was imported, above), which ends every reader.
-assert multiprocessing.util._exit_function  # imported for its exit handler's place
 weakref.finalize(_mark_exiting, int).detach()
 atexit.register(_mark_exiting)
 

@@ -1369,3 +1369,35 @@ def test_a_removed_working_directory_is_named_where_readers_need_it(
     with pytest.raises(FileNotFoundError, match="a relative name, and the working directory was removed") as info:
         Streamer("data.h5")
     assert info.value.filename == "data.h5"
+
+
+_CTRL_C_IN_GET = r"""
+import json, os, signal, sys, threading
+import multitables
+
+queue = multitables.Streamer(sys.argv[1]).get_queue("/data", n_procs=1, cyclic=True)
+pids = queue.reader_pids
+threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+try:
+    while True:  # the established loop: no with, the queue closed by hand
+        guard = queue.get()
+        if guard is multitables.QueueClosed:
+            break
+        guard.release()
+except KeyboardInterrupt:
+    alive = [p for p in pids if os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"]
+    print(json.dumps({"alive": alive, "closed": queue.closed}), flush=True)
+queue.close()
+"""
+
+
+def test_ctrl_c_in_the_established_loops_get_closes_the_queue_before_it_reaches_the_caller(
+        make_array: Callable[..., Path]) -> None:
+    """The 2.x loop has no with: Ctrl-C in ``queue.get()`` reached the caller's except with the readers still
+    running (a cyclic stream's, for ever), until ``queue.close()``. The single reader decodes much longer than
+    the loop's body takes, so the interrupt lands in ``get()``."""
+    rng = np.random.default_rng(0)
+    path = make_array(rng.standard_normal((4000, 256)).astype("<f4"), complib="zlib", complevel=1, chunkshape=(1000, 256))
+    run = subprocess.run([sys.executable, "-c", _CTRL_C_IN_GET, str(path)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == {"alive": [], "closed": True}

@@ -141,7 +141,9 @@ class Queue:
         ``QueueClosed``). Raises ``RuntimeError`` where no thread could: every
         guard is the caller's, or no other thread runs; and
         :class:`multitables.ReaderError` (also an instance of the original
-        exception type) if a reader failed or died, waiting or not.
+        exception type) if a reader failed or died, waiting or not. Ctrl-C
+        while it waits closes the queue: the ``KeyboardInterrupt`` reaches
+        the caller once the readers are gone.
         """
         me = threading.current_thread()
         slot = None
@@ -161,6 +163,9 @@ class Queue:
         except StreamClosedError:
             if self._closed:  # by another thread while this one waited
                 return QueueClosed
+            raise
+        except KeyboardInterrupt:  # Ctrl-C ends the stream, as leaving its with does (a 2.x loop has none)
+            self.close()
             raise
         return Guard(self, slot, block)
 

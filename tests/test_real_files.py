@@ -19,6 +19,8 @@ import numpy as np
 import psutil
 import pytest
 import tables
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import multitables
 from _guards import hang_guard
@@ -106,6 +108,30 @@ def test_null_terminated_strings_end_at_the_first_nul(tmp_path: Path, no_leaks: 
     _string_dataset(path, h5py.h5t.STR_NULLTERM, [b"ab\0xyz\0", b"sweet\0\0", b"sevench", b"\0abcdef"])
     assert list(h5py_reference(path, "/data")) == [b"ab", b"sweet", b"sevench", b""]
     assert_reads_as_h5py(path, "/data")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 30), st.integers(1, 4), st.integers(1, 9), st.integers(0, 3), st.data())
+def test_null_terminated_strings_in_place_are_every_byte_zeroed_from_the_first_nul(
+        n: int, count: int, size: int, offset: int, data: st.DataObject) -> None:
+    """``deliver_strings`` on elements holding ``count`` strings of ``size`` bytes after ``offset`` other bytes:
+    what HDF5 delivers (each string zeroed from its first NUL), the other bytes untouched; with NULs and letters
+    drawn so that most strings are clean and some hold bytes after a NUL."""
+    from multitables._io.strings import deliver_strings
+
+    width = offset + count * size
+    raw = np.array(data.draw(st.lists(st.sampled_from([0, 0, 0, 97, 98]), min_size=n * width, max_size=n * width)),
+                   np.uint8).reshape(n, width)
+    want = raw.copy()
+    for row in want:
+        for k in range(count):
+            string = row[offset + k * size : offset + (k + 1) * size]
+            nul = np.flatnonzero(string == 0)
+            if len(nul):
+                string[nul[0]:] = 0
+    got = raw.copy()
+    deliver_strings(got.view(f"V{width}").reshape(n), ((offset, size, count, "nullterm"),))
+    np.testing.assert_array_equal(got, want)
 
 
 # -- 4. an undefined fill value -------------------------------------------------

@@ -34,8 +34,13 @@ def deliver_strings(rows: np.ndarray, pads: "tuple[StringPad, ...]", element_nby
     items = rows.reshape(-1).view(np.uint8).reshape(-1, element_nbytes or rows.dtype.itemsize)
     for offset, size, count, pad in pads:
         strings = items[:, offset : offset + size * count].reshape(len(items), count, size)
-        if pad == "nullterm":
-            strings[np.logical_or.accumulate(strings == 0, axis=2)] = 0
+        if pad == "nullterm":  # only elements with a byte after a NUL that is not one (most are padded with NULs)
+            nul = strings == 0
+            after = np.flatnonzero((nul[:, :, :-1] & ~nul[:, :, 1:]).any(axis=(1, 2)))
+            if len(after):  # an accumulate over every string cost 3-4x this check (1 M strings of 16 bytes)
+                some = strings[after]
+                some[np.logical_or.accumulate(some == 0, axis=2)] = 0
+                strings[after] = some
         else:  # spacepad: the run of spaces at the end
             strings[np.logical_and.accumulate((strings == 32)[:, :, ::-1], axis=2)[:, :, ::-1]] = 0
 

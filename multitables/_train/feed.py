@@ -12,6 +12,7 @@ the current one is read (:meth:`Feed.follow`), so the readers go straight on.
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
@@ -40,6 +41,15 @@ def plan_feed(
     engines = [options.resolve(n) for n in nodes]
     shapes = [DatasetShape.of(n, transformed=t is not None) for n, t in zip(nodes, transforms)]
     plan = plan_batches(shapes, engines, options.machine, n_rows=n_rows, **given)
+    if given.get("shuffle") and given.get("block_size") is not None:
+        for node in nodes:
+            split = node.chunk_rows or 0
+            if node.filter_ids and plan.block_size < split and not node.parts:
+                warnings.warn(
+                    f"block_size={plan.block_size} cuts each compressed chunk of {node.path!r} in {node.filename!r} "
+                    f"({split:,} rows) into {-(-split // plan.block_size)} blocks, which a shuffled epoch reads "
+                    f"apart: each decodes the whole chunk again. Give a multiple of {split:,} rows, or leave "
+                    f"block_size out (whole chunks)", stacklevel=4)
     return [options.engine_for_readers(n, e, k) for n, e, k in zip(nodes, engines, plan.n_procs)], plan
 
 

@@ -36,7 +36,8 @@ def plan_feed(
     """The engine of each dataset and the batches' plan (``plan_batches``, ``given`` its arguments as the user gave
     them): each dataset's engine as ``auto`` chooses it, then, where the plan gives it readers, the one faster there.
 
-    A transform's rows are priced as work for the readers (``DatasetShape.transformed``).
+    A transform's rows are priced as work for the readers (``DatasetShape.transformed``). Warns where a given
+    ``block_size`` cuts a compressed chunk of a shuffled epoch, whose blocks each decode the whole chunk again.
     """
     engines = [options.resolve(n) for n in nodes]
     shapes = [DatasetShape.of(n, transformed=t is not None) for n, t in zip(nodes, transforms)]

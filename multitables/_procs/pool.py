@@ -216,10 +216,11 @@ class ReaderPool:
 
     def start(self, loop: Callable[..., None], args: "list[tuple[Any, ...]]") -> None:
         """Start one reader per entry of ``args``, each running ``loop(reader, *args[i])``."""
-        if self.ctx.get_start_method() != "fork":
-            check_working_directory(self.ctx.get_start_method())
+        method = self.ctx.get_start_method()
+        if method != "fork":
+            check_working_directory(method)
         settle_releases()  # no unmapping on a thread while forking (NOTE [release off the path])
-        if self.ctx.get_start_method() == "fork":
+        if method == "fork":
             before_fork()  # no lock of a reading library held by another thread (NOTE [forking among threads])
         _POOLS.add(self)
         me = os.getpid()

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import multitables
+from multitables._io.chunks.decoded import DecodedChunks
 from multitables._io.chunks.source import ChunkSource
 from multitables._io.chunks.codecs.base import ChunkDecodeError
 from multitables._io.engines import open_source, resolve_engine
@@ -458,15 +459,70 @@ def test_a_chunk_of_other_filters_is_decoded_whole_wherever_the_read_starts(tmp_
     assert seen == ["whole"] * 3
 
 
+def _zlib_rows(tmp_path: Path) -> "tuple[Path, np.ndarray]":
+    """1,000 rows of 8 floats in zlib chunks of 64 rows (2 KiB decoded each)."""
+    data = np.arange(1000 * 8, dtype="<f4").reshape(1000, 8)
+    path = tmp_path / "zlib.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data", data=data, chunks=(64, 8), compression="gzip", shuffle=True)
+    return path, data
+
+
+def test_a_request_reader_decodes_a_chunk_once_while_its_decoded_chunks_fit(tmp_path: Path) -> None:
+    path, data = _zlib_rows(tmp_path)
+    src = ChunkSource(inspect_node(path, "/data"), decoded_bytes=1 << 20)
+    seen: "list[str]" = []
+    _counting(src, seen)
+    rows = np.random.default_rng(5).integers(0, 1000, 400)
+    try:
+        for r in rows.tolist():
+            out = np.empty((1, 8), "<f4")
+            src.read_into(r, r + 1, out)
+            np.testing.assert_array_equal(out, data[r : r + 1])
+    finally:
+        src.close()
+    assert len(seen) == len(np.unique(rows // 64))  # every chunk read once, however often its rows were asked for
+
+
+def test_the_least_recently_read_chunk_is_decoded_again_once_the_others_fill_the_bytes_kept(tmp_path: Path) -> None:
+    path, data = _zlib_rows(tmp_path)
+    src = ChunkSource(inspect_node(path, "/data"), decoded_bytes=2 * 64 * 8 * 4)  # two chunks
+    seen: "list[int]" = []
+    inner = src._pipeline.decode
+    src._pipeline.decode = lambda raw, mask, out: (seen.append(1), inner(raw, mask, out))[1]  # type: ignore[method-assign]
+    try:
+        for row, decodes in ((5, 1), (70, 1), (6, 0), (130, 1), (7, 0), (71, 1), (8, 0), (72, 0), (131, 1)):
+            before = len(seen)
+            out = np.empty((1, 8), "<f4")
+            src.read_into(row, row + 1, out)
+            np.testing.assert_array_equal(out, data[row : row + 1])
+            assert len(seen) - before == decodes, row
+    finally:
+        src.close()
+
+
+def test_decoded_chunks_keep_none_larger_than_their_bytes() -> None:
+    kept = DecodedChunks(100)
+    assert kept.takes(100) and not kept.takes(101) and not kept.takes(0)
+    a, b, c = (np.zeros(40, np.uint8) for _ in range(3))
+    assert kept.put((0,), a) == [] and kept.put((1,), b) == []
+    assert kept.get((0,)) is a  # now the most recently used: (1,) goes first
+    assert kept.put((2,), c) == [b]
+    assert kept.get((1,)) is None and kept.get((0,)) is a and kept.get((2,)) is c
+    assert kept.put((0,), np.zeros(40, np.uint8)) == [a]  # a chunk kept anew gives its old array back
+    assert len(kept) == 2
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(reads=st.lists(st.tuples(st.integers(0, 999), st.integers(1, 150)), min_size=1, max_size=12))
-def test_any_reads_in_any_order_give_h5pys_rows(tmp_path: Path, reads: "list[tuple[int, int]]") -> None:
+@given(reads=st.lists(st.tuples(st.integers(0, 999), st.integers(1, 150)), min_size=1, max_size=12),
+       decoded=st.sampled_from([0, 2 * 64 * 64 * 4, 1 << 20]))
+def test_any_reads_in_any_order_give_h5pys_rows(tmp_path: Path, reads: "list[tuple[int, int]]", decoded: int) -> None:
     path = tmp_path / "blosc.h5"
     if not path.exists():
         _blosc_rows(tmp_path)
     with h5py.File(path, "r") as f:
         data = f["data"][()]
-    src = ChunkSource(inspect_node(path, "/data"))
+    src = ChunkSource(inspect_node(path, "/data"), decoded_bytes=decoded)
     try:
         for a, n in reads:
             b = min(1000, a + n)

@@ -136,6 +136,32 @@ def test_h5py_reads_each_element_type_by_its_own_memory_type_one_after_another(t
             assert rows.dtype.kind == values.dtype.kind  # bools stay bools; floats come in this machine's order
 
 
+@pytest.mark.parametrize("engine", ["chunks", "h5py"])
+def test_request_readers_keep_decoded_chunks_as_h5py_does_by_default(make_array, engine: str) -> None:
+    """A request reader's rows come in any order: each engine keeps h5py's default 8 MiB of decoded chunks."""
+    from multitables._io.engines import open_rows
+    from multitables._io.scattered import ROWS_DECODED_BYTES
+
+    data = np.arange(1000 * 7, dtype="<f4").reshape(1000, 7)
+    node = inspect_node(make_array(data, complib="zlib", chunkshape=(32, 7)), "/data")
+    with h5py.File(node.filename, "r") as f:
+        default = f["data"].id.get_access_plist().get_chunk_cache()
+    assert ROWS_DECODED_BYTES == default[1]
+    rows = open_rows(engine, node, {})
+    try:
+        source = rows._source
+        if engine == "h5py":
+            assert source._dsid.get_access_plist().get_chunk_cache() == default
+        else:
+            assert source._decoded is not None and source._decoded.nbytes == default[1]
+        for r in (700, 5, 701, 6):
+            out = np.empty((1, 7), "<f4")
+            rows.read(np.array([r]), out, lambda: False)
+            np.testing.assert_array_equal(out, data[r : r + 1])
+    finally:
+        rows.close()
+
+
 @pytest.mark.parametrize("block_size, cache_bytes", [(64, 0), (48, 1 << 20)])
 def test_h5py_takes_over_the_checks_dataset_with_the_chunk_cache_its_plan_needs(
     make_array, fds_on, block_size: int, cache_bytes: int

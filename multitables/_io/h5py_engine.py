@@ -49,7 +49,7 @@ from .chunks.pread import resident, will_need
 from .chunks.storage import Layout, known_layout, learn_layout
 from .node import NodeInfo, Unsupported, close_dataset
 from .objects.hdf5 import file_object
-from .scattered import Stopped
+from .scattered import ROWS_DECODED_BYTES, Stopped
 
 
 @functools.cache
@@ -147,7 +147,8 @@ class H5pySource:
     """One dataset opened with h5py for reading rows (the :class:`~multitables._io.engines.Source` protocol).
 
     ``open_kwargs``: passed to ``h5py.File``. ``plan``: the blocks it will
-    read, which size its chunk cache (None: HDF5's default 1 MiB).
+    read, which size its chunk cache (None: HDF5's default 1 MiB), unless
+    ``chunk_cache`` gives its bytes.
     ``dataset``: the ``h5py.Dataset`` of ``node`` from
     :func:`~multitables._io.node.open_node`, whose file it takes over (and
     closes), sparing a second open.
@@ -155,11 +156,12 @@ class H5pySource:
 
     engine = "h5py"
 
-    def __init__(self, node: NodeInfo, open_kwargs: dict[str, Any], plan: Any = None, dataset: Any = None) -> None:
+    def __init__(self, node: NodeInfo, open_kwargs: dict[str, Any], plan: Any = None, dataset: Any = None,
+                 chunk_cache: "int | None" = None) -> None:
         import h5py
 
         _register_filters()
-        cache_bytes = _chunk_cache_bytes(node, plan)
+        cache_bytes = _chunk_cache_bytes(node, plan) if chunk_cache is None else chunk_cache
         # close() closes the file opened here, or else the dataset ids: the
         # checks' file closes with its last object (node.close_dataset).
         self._file = None
@@ -182,7 +184,10 @@ class H5pySource:
             # The chunk cache is set on this dataset's access list, not the file's,
             # so a file opened elsewhere gets the cache this plan wants.
             dapl = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
-            dapl.set_chunk_cache(521, cache_bytes, 1.0)
+            if chunk_cache is None:  # a plan's blocks: a chunk read whole is not read again
+                dapl.set_chunk_cache(521, cache_bytes, 1.0)
+            else:  # requests' rows, in any order: h5py's own default slots and policy
+                dapl.set_chunk_cache(8191, cache_bytes, 0.75)
             if dataset is None:
                 dsid = h5py.h5d.open(self._file.id, node.path.encode(), dapl)
             else:
@@ -437,7 +442,7 @@ class H5pyEngine:
         return H5pySource(node, open_kwargs, plan, dataset)
 
     def open_rows(self, node: NodeInfo, open_kwargs: "dict[str, Any]") -> "H5pyRows":
-        return H5pyRows(H5pySource(node, open_kwargs))
+        return H5pyRows(H5pySource(node, open_kwargs, chunk_cache=ROWS_DECODED_BYTES))
 
 
 #: The h5py engine.

@@ -19,6 +19,11 @@ from .._plan.requests import effective_chunk_rows, group_bounds
 from .node import NodeInfo
 
 
+#: Bytes of decoded chunks a request reader keeps for each dataset, so that a row of a chunk read before costs a copy:
+#: h5py's default chunk cache (random rows of a 4 MiB zlib dataset decoded their chunk on every request, 131x h5py).
+ROWS_DECODED_BYTES = 8 << 20
+
+
 class Stopped(Exception):
     """The consumer asked the readers to stop while one was reading."""
 

@@ -43,6 +43,7 @@ import numpy as np
 from ..._sys.spares import spare_bytes
 from .grid import ChunkPart, Extent, ReadGroup, chunk_parts, coalesce
 from .codecs.base import ChunkDecodeError
+from .decoded import DecodedChunks
 from .codecs.pipeline import Pipeline
 from .codecs.registry import build_pipeline
 from ..node import NodeInfo, close_dataset, reopen_dataset, select_field
@@ -66,6 +67,8 @@ class ChunkSource:
     an open ``h5py.Dataset`` of the node (its file is closed here), else
     from the file opened briefly. ``scratch``: the buffer for stored bytes,
     shared with the other sources of a set (this source's own when None).
+    ``decoded_bytes``: decoded chunks kept for reads of rows in them again
+    (a request reader's; :mod:`~multitables._io.chunks.decoded`), 0 for none.
     Raises :class:`~multitables._io.chunks.storage.Unsupported` for what the engine
     cannot read.
     """
@@ -73,12 +76,13 @@ class ChunkSource:
     engine = "chunks"
 
     def __init__(self, node: NodeInfo, cache: str = "page", dataset: Any = None, index_limit: int = INDEX_ALL_LIMIT,
-                 scratch: "ScratchBuffer | None" = None) -> None:
+                 scratch: "ScratchBuffer | None" = None, decoded_bytes: int = 0) -> None:
         if cache not in CACHES:
             raise ValueError(f"cache={cache!r} is not one of {CACHES}")
         self._node = node
         self._bytes: "Transport | None" = None
         self._h5file: Any = None
+        self._decoded: "DecodedChunks | None" = None
         layout = known_layout(node)
         if layout is not None and isinstance(layout.index, ChunkIndex) and layout.index.n_listed > index_limit:
             layout = None  # a caller that asks for HDF5's lookups gets them
@@ -94,12 +98,12 @@ class ChunkSource:
                 if layout.index is None or not layout.index.needs_handle:  # the file is no longer needed
                     self._h5file.close()
                     self._h5file = None
-            self._setup(layout, cache, scratch)
+            self._setup(layout, cache, scratch, decoded_bytes)
         except BaseException:
             self.close()
             raise
 
-    def _setup(self, layout: Layout, cache: str, scratch: "ScratchBuffer | None") -> None:
+    def _setup(self, layout: Layout, cache: str, scratch: "ScratchBuffer | None", decoded_bytes: int) -> None:
         node = self._node
         storage = layout.storage
         self._layout = layout
@@ -127,6 +131,9 @@ class ChunkSource:
         if storage.chunks is None:
             return
         self._chunk_nbytes = math.prod(storage.chunks) * self._dtype.itemsize
+        if decoded_bytes and layout.grid is not None:
+            decoded = DecodedChunks(decoded_bytes)
+            self._decoded = decoded if decoded.takes(self._chunk_nbytes) else None
         self._pipeline: Pipeline = build_pipeline(storage.filters, self._chunk_nbytes, self._dtype.itemsize)
         self._parts = layout.grid is not None and layout.grid.whole_rows and self._pipeline.decodes_parts
         self._fill = np.frombuffer(storage.fill, self._edtype)[0]
@@ -220,6 +227,10 @@ class ChunkSource:
             if chunk is not None:  # decoded for the previous block, which cut it
                 self._place(part, chunk, out, kept, stop)
                 continue
+            chunk = None if self._decoded is None else self._decoded.get(part.index)
+            if chunk is not None:  # decoded for an earlier read, and kept
+                self._copy_part(part, chunk, out)
+                continue
             found = index.peek(part.index)
             if found is UNREAD:
                 # The index reads a leaf next, which lies among the chunks from here on
@@ -267,6 +278,11 @@ class ChunkSource:
                 if part.whole:
                     a, b = part.rows
                     self._decode(part, raw, offset, mask, out_bytes[a * self._row_nbytes : b * self._row_nbytes])
+                elif self._decoded is not None:  # the whole chunk, kept for reads of its other rows
+                    chunk = self._take()
+                    self._decode(part, raw, offset, mask, chunk)
+                    self._copy_part(part, chunk, out)
+                    self._free.extend(self._decoded.put(part.index, chunk))
                 elif not (self._parts and self._decode_part(part, raw, offset, mask, out_bytes, stop)):
                     chunk = self._take()
                     self._decode(part, raw, offset, mask, chunk)
@@ -330,13 +346,16 @@ class ChunkSource:
 
     def _place(self, part: ChunkPart, chunk: np.ndarray, out: np.ndarray, kept: dict, stop: int) -> None:
         """Copy the part of a decoded chunk into ``out``; keep the chunk if the next block starts inside it."""
-        assert self._grid is not None and self._storage.chunks is not None
-        elements = chunk.view(self._edtype).reshape(self._storage.chunks)
-        np.copyto(out[part.out_sel], elements[part.chunk_sel])
+        self._copy_part(part, chunk, out)
         if self._keeps(part, stop):
             kept[part.index] = chunk
         else:
             self._free.append(chunk)
+
+    def _copy_part(self, part: ChunkPart, chunk: np.ndarray, out: np.ndarray) -> None:
+        assert self._storage.chunks is not None
+        elements = chunk.view(self._edtype).reshape(self._storage.chunks)
+        np.copyto(out[part.out_sel], elements[part.chunk_sel])
 
     def _take(self) -> np.ndarray:
         return self._free.pop() if self._free else spare_bytes(self._chunk_nbytes)  # NOTE [spare buffers]
@@ -394,3 +413,5 @@ class ChunkSource:
         self._kept = {}
         self._free = []
         self._fetched = []
+        if self._decoded is not None:
+            self._decoded.clear()

@@ -137,23 +137,30 @@ def test_h5py_reads_each_element_type_by_its_own_memory_type_one_after_another(t
 
 
 @pytest.mark.parametrize("engine", ["chunks", "h5py"])
-def test_request_readers_keep_decoded_chunks_as_h5py_does_by_default(make_array, engine: str) -> None:
-    """A request reader's rows come in any order: each engine keeps h5py's default 8 MiB of decoded chunks."""
+@pytest.mark.parametrize("reach", [True, False], ids=["within-reach", "too-large"])
+def test_request_readers_keep_decoded_chunks_as_h5py_does_by_default(make_array, monkeypatch, engine: str, reach: bool) -> None:
+    """A request reader's rows come in any order: each engine keeps h5py's default 8 MiB of decoded chunks, for
+    datasets of at most 8 times that (here made small: a dataset of 28,000 bytes is beyond 8 times 1,000)."""
+    from multitables._io import scattered
     from multitables._io.engines import open_rows
-    from multitables._io.scattered import ROWS_DECODED_BYTES
 
     data = np.arange(1000 * 7, dtype="<f4").reshape(1000, 7)
     node = inspect_node(make_array(data, complib="zlib", chunkshape=(32, 7)), "/data")
     with h5py.File(node.filename, "r") as f:
         default = f["data"].id.get_access_plist().get_chunk_cache()
-    assert ROWS_DECODED_BYTES == default[1]
+    assert scattered.ROWS_DECODED_BYTES == default[1]
+    if not reach:
+        monkeypatch.setattr(scattered, "ROWS_DECODED_BYTES", 1000)
     rows = open_rows(engine, node, {})
     try:
         source = rows._source
         if engine == "h5py":
-            assert source._dsid.get_access_plist().get_chunk_cache() == default
-        else:
+            kept = source._dsid.get_access_plist().get_chunk_cache()
+            assert kept == (default if reach else (521, 1 << 20, 1.0))  # else HDF5's own 1 MiB, as a stream's
+        elif reach:
             assert source._decoded is not None and source._decoded.nbytes == default[1]
+        else:
+            assert source._decoded is None
         for r in (700, 5, 701, 6):
             out = np.empty((1, 7), "<f4")
             rows.read(np.array([r]), out, lambda: False)

@@ -49,7 +49,7 @@ from .chunks.pread import resident, will_need
 from .chunks.storage import Layout, known_layout, learn_layout
 from .node import NodeInfo, Unsupported, close_dataset
 from .objects.hdf5 import file_object
-from .scattered import ROWS_DECODED_BYTES, Stopped
+from .scattered import Stopped, rows_decoded_bytes
 
 
 @functools.cache
@@ -442,7 +442,7 @@ class H5pyEngine:
         return H5pySource(node, open_kwargs, plan, dataset)
 
     def open_rows(self, node: NodeInfo, open_kwargs: "dict[str, Any]") -> "H5pyRows":
-        return H5pyRows(H5pySource(node, open_kwargs, chunk_cache=ROWS_DECODED_BYTES))
+        return H5pyRows(H5pySource(node, open_kwargs, chunk_cache=rows_decoded_bytes(node) or None))
 
 
 #: The h5py engine.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..node import NodeInfo
-from ..scattered import ROWS_DECODED_BYTES, GroupRows
+from ..scattered import GroupRows, rows_decoded_bytes
 from .pread import CACHES
 from .source import ChunkSource
 from .storage import chunks_problem
@@ -74,7 +74,7 @@ class ChunkEngine:
         return ChunkSource(node, cache, dataset, scratch=scratch)
 
     def open_rows(self, node: NodeInfo, open_kwargs: "dict[str, Any]") -> GroupRows:
-        return GroupRows(ChunkSource(node, decoded_bytes=ROWS_DECODED_BYTES), node)
+        return GroupRows(ChunkSource(node, decoded_bytes=rows_decoded_bytes(node)), node)
 
 
 #: The chunk engine.

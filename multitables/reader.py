@@ -204,9 +204,13 @@ class Reader:
             core.detach_dropped()
             req = next(core.req_ids)
             stage._map.write_request(req, plan, request._desc)
-            first = core.next_reader
-            readers = [(first + s) % pool.n_procs for s in range(len(shares))]
-            core.next_reader = (first + max(len(shares), 1)) % pool.n_procs
+            if len(shares) == 1 and core.idle_reader is not None:  # NOTE [waiting awake]: it is the one awake
+                readers = [core.idle_reader]
+            else:
+                first = core.next_reader
+                readers = [(first + s) % pool.n_procs for s in range(len(shares))]
+                core.next_reader = (first + max(len(shares), 1)) % pool.n_procs
+            core.last_req, core.idle_reader = req, None
             pushed = 0
             try:
                 for s, ((a, b), reader) in enumerate(zip(shares, readers)):

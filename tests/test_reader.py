@@ -409,6 +409,28 @@ def test_many_requests_in_flight_over_stage_pools_and_datasets(h5file: tuple, no
             pool.close()
 
 
+def test_requests_one_at_a_time_go_to_the_reader_that_answered_the_last_and_leave_no_wake_ups(
+    h5file: tuple, no_leaks: None
+) -> None:
+    """NOTE [waiting awake]: a request of one share made once the last is done goes to the last one's reader (the
+    one awake); requests in flight go round the readers; wake-ups of shares seen done without them are spent."""
+    path, contents = h5file
+    with Reader(path, n_procs=3) as reader:
+        ds = reader.get_dataset("/blosc1d")
+        stage = ds.create_stage(4)
+        futures = []
+        for i in range(60):
+            futures.append(reader.request(ds[i : i + 2], stage))
+            np.testing.assert_array_equal(futures[-1].get(), contents["/blosc1d"][i : i + 2])
+        assert {tuple(f._readers) for f in futures} == {tuple(futures[0]._readers)}
+        channel = reader._core.pool.channels[stage._stage_id]
+        assert channel.get_value() <= 1  # at most the last share's, if it came after its status
+        stages = [ds.create_stage(4) for _ in range(3)]
+        in_flight = [reader.request(ds[i], s) for i, s in enumerate(stages)]
+        assert sorted(f._readers[0] for f in in_flight) == [0, 1, 2]
+        assert [f.get() for f in in_flight] == list(contents["/blosc1d"][:3])
+
+
 def test_stage_pool_from_threads_and_timeout(h5file: tuple, no_leaks: None) -> None:
     path, contents = h5file
     data = contents["/zlib3d"]

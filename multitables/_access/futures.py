@@ -20,6 +20,7 @@ from ..errors import ReaderError, StreamClosedError
 from .request import Request
 from .stages import Stage
 from .readercore import not_pickled, quiet_at_exit
+from .._sys.awake import look
 if TYPE_CHECKING:
     from ..reader import Reader
 
@@ -55,6 +56,7 @@ class Future:
         self._stage: "Stage | None" = stage
         self._req = req
         self._readers = readers
+        self._asked = time.perf_counter()
         self._lock = threading.Lock()
         self._ready = False
         self._lent = False  # inside get_unsafe()'s with: the data is taken
@@ -106,6 +108,7 @@ class Future:
         deadline = None if timeout is None else time.monotonic() + timeout
         n = len(self._readers)
         channel = core.pool.channels[stage._stage_id]
+        awake = core.awake.eager and timeout != 0  # NOTE [waiting awake]
         try:
             while True:
                 if stage._freed:
@@ -113,6 +116,10 @@ class Future:
                     raise StreamClosedError("the stage of this future was closed before its data came")
                 if PENDING not in stage._status(n):
                     break
+                if awake:
+                    awake = False
+                    if look(lambda: PENDING not in stage._status(n)):
+                        continue
                 wait = TICK if deadline is None else max(0.0, min(TICK, deadline - time.monotonic()))
                 if channel.acquire(timeout=wait):
                     continue
@@ -125,6 +132,11 @@ class Future:
                 core.check_not_stopped()
                 if deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError(f"the data of {self.request!r} did not come within {timeout} s")
+            core.awake.saw(time.perf_counter() - self._asked)
+            while channel.acquire(False):  # the wake-ups of shares seen done without them: spent, not left for later
+                pass
+            if n == 1 and core.last_req == self._req:
+                core.idle_reader = self._readers[0]
             if FAILED in stage._status(n):
                 raise core.pool.failure(self._req)
         except (ReaderError, StreamClosedError) as exc:

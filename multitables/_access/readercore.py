@@ -17,6 +17,7 @@ from .._procs.serve import ServeReaders
 from .._shm.ring import TICK
 from .._shm.segment import interpreter_exiting
 from .._shm.stagemap import StageMap
+from .._sys.awake import Eagerness
 from ..errors import QueueClosed, StreamClosedError
 
 if TYPE_CHECKING:
@@ -80,6 +81,11 @@ class ReaderCore:
         self.dropped: "queue.SimpleQueue[int]" = queue.SimpleQueue()
         self.req_ids = itertools.count()
         self.next_reader = 0
+        # NOTE [waiting awake]: whether futures look for their data before sleeping; the reader that answered the
+        # last request, while it is idle and the last (a request of one share, seen done, none made since).
+        self.awake = Eagerness()
+        self.last_req = -1
+        self.idle_reader: "int | None" = None
         self.notifier = Notifier(notify) if notify is not None else None
 
     def inspect(self, path: str, field: "str | None" = None) -> NodeInfo:

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import pickle
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +59,7 @@ from .._io.node import NodeInfo
 from .._io.objects.config import Store
 from .._io.objects.http import ObjectIdentity
 from .._io.engines import open_rows
+from .._sys.awake import Eagerness, look
 from .._io.scattered import Stopped
 from .._shm.inbox import ATTACH, DETACH, READ, STOP, InboxSync, Inboxes, Item
 from .._shm.ring import TICK
@@ -115,11 +117,14 @@ class _Server:
     def serve(self, sync: InboxSync) -> None:
         me = self.reader.identity.index
         head = 0
+        awake = Eagerness()  # NOTE [waiting awake]
+        idle_since = time.perf_counter()
         while True:
-            if not sync.work.acquire(timeout=TICK):
+            if not (awake.eager and look(lambda: sync.work.acquire(False))) and not sync.work.acquire(timeout=TICK):
                 if self.stopped():
                     return
                 continue
+            awake.saw(time.perf_counter() - idle_since)
             item = self.inboxes.get(me, head)
             head += 1
             sync.space.release()
@@ -136,6 +141,7 @@ class _Server:
                 stage = self.stages.pop(item.stage_id, None)
                 if stage is not None:
                     stage.close()
+            idle_since = time.perf_counter()
 
     def _reader(self, desc: bytes) -> tuple[NodeInfo, Any]:
         got = self.readers.get(desc)

@@ -11,7 +11,8 @@ it, measured in the same run:
   format (where the ``streaming`` package is installed);
 * random access: rows/s for batches of 256 sorted random row indices, page
   cache warm, against h5py fancy indexing in one process and the
-  established ``Reader`` approach of one request at a time.
+  established ``Reader`` approach of one request at a time; and for rows
+  asked for one at a time, in order and at random, against h5py's ``ds[i]``.
 
 This module writes the files (the training file, its shards, its MDS copy),
 measures random access, and reports both sections.
@@ -143,6 +144,45 @@ def random_access_section(path: str, n_procs: int, repeats: int, n_batches: int,
     ]
 
 
+#: Rows read one request each by the one-row part of the random-access section.
+ONE_ROW_READS = 2000
+
+
+def one_row_section(path: str, n_procs: int, repeats: int, log: Callable[[str], None]) -> list[Figure]:
+    """Rows/s for ONE_ROW_READS rows of /X read one at a time (a map-style dataset's ``__getitem__``), in order and
+    at random: the fixed cost of a request, against h5py's ``ds[i]`` with its chunk cache."""
+    import multitables
+
+    read_through_cache(path)
+    with h5py_with_filters().File(path, "r") as f:
+        n_rows = len(f["X"])
+    orders = {"in order": np.arange(min(ONE_ROW_READS, n_rows)),
+              "at random": np.random.default_rng(SEED).integers(0, n_rows, ONE_ROW_READS)}
+    figures = []
+    for name, rows in orders.items():
+        section, picks = f"rows {name}", rows.tolist()
+
+        def h5py_rows() -> int:
+            with h5py_with_filters().File(path, "r") as f:
+                ds = f["X"]
+                for i in picks:
+                    ds[i]
+            return len(picks)
+
+        def reader_rows() -> int:
+            with multitables.Reader(path, n_procs=n_procs) as r:
+                ds = r.get_dataset("/X")
+                stage = ds.create_stage(1)
+                for i in picks:
+                    r.request(ds[i], stage).get()
+            return len(picks)
+
+        figures += [median_rate(section, f"h5py ds[i], 1 process, {name}", h5py_rows, repeats, log),
+                    median_rate(section, f"multitables Reader, one row a request, n_procs={n_procs}, {name}",
+                                reader_rows, repeats, log)]
+    return figures
+
+
 # ---------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------
@@ -221,6 +261,11 @@ def run_sections(sections: Sequence[str], workdir: str, n_rows: int, n_procs: in
             figures += fig
             out.append(f"### Random access: batches of {BATCH} sorted random rows of {n_rows:,} x {FEATURES} float32, "
                        f"zlib 3, page cache warm\n\n" + markdown(fig, "h5py", "rows/s"))
+            rows = one_row_section(path, n_procs, repeats, log=log)
+            figures += rows
+            out.append(f"### Random access, one row a request ({ONE_ROW_READS:,} rows, in order and at random), page cache "
+                       "warm\n\n" + "\n\n".join(markdown([f for f in rows if f.section == s], "h5py", "rows/s")
+                                                 for s in dict.fromkeys(f.section for f in rows)))
     finally:
         os.remove(path)
         for directory in (shards, mds):

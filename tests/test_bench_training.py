@@ -109,6 +109,23 @@ def test_the_section_runs_without_streaming_and_reports_the_skip(
     assert os.listdir(tmp_path) == []  # the file, its shards and its MDS copy are removed
 
 
+def test_the_random_section_reads_batches_and_rows_one_at_a_time_beside_h5py(tmp_path: Path) -> None:
+    log: list[str] = []
+    text, figures = sections.run_sections(["random"], str(tmp_path), 600, 2, 1, log.append)
+    by_section: "dict[str, list[str]]" = {}
+    for f in figures:
+        by_section.setdefault(f.section, []).append(f.label)
+    assert list(by_section) == ["random", "rows in order", "rows at random"]
+    for name in ("in order", "at random"):
+        labels = by_section[f"rows {name}"]
+        assert labels == [f"h5py ds[i], 1 process, {name}", f"multitables Reader, one row a request, n_procs=2, {name}"]
+        assert f"| {labels[0]} |" in text and f"| {labels[1]} |" in text
+    rows = {f.section: f.rows for f in figures if f.section != "random"}
+    assert rows == {"rows in order": 600, "rows at random": sections.ONE_ROW_READS}  # in order: as many as there are
+    assert "### Random access, one row a request" in text
+    assert os.listdir(tmp_path) == []
+
+
 def test_warm_reads_the_files_in_and_cold_drops_every_one(train_file: str, shard_glob: str) -> None:
     names = sorted(glob.glob(shard_glob))
     assert training.set_cache(names, "warm") > 0.99

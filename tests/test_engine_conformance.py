@@ -228,6 +228,34 @@ class TestEveryEngine:
             reader.close()
         assert _same(out, case.fancy(rows)), f"rows {rows}"
 
+    @pytest.mark.parametrize("name", CASES)
+    @EXAMPLES
+    @given(data=st.data())
+    def test_random_access_rows_given_as_a_range_equal_h5py_slicing(self, engine: Engine, cases: "dict[str, Case]", name: str,
+                                                                   data: st.DataObject) -> None:
+        """A slice's plan reaches the readers as a range (``StageMap.rows_of``), consecutive rows or not."""
+        case = cases[name]
+        node = case.node()
+        start = data.draw(st.integers(0, node.n_rows - 1))
+        rows = range(start, data.draw(st.integers(start + 1, node.n_rows)), data.draw(st.sampled_from([1, 1, 2, 7, 300])))
+        reader = engine.open_rows(node, {})
+        try:
+            out = np.empty((len(rows),) + node.row_shape, node.dtype)
+            reader.read(rows, out, lambda: False)
+        finally:
+            reader.close()
+        assert _same(out, case.fancy(list(rows))), f"rows {rows}"
+
+    @pytest.mark.parametrize("rows", [range(0, 300), range(0, 300, 3)])
+    def test_a_random_access_read_of_a_range_stops_when_asked(self, engine: Engine, cases: "dict[str, Case]", rows: range) -> None:
+        node = cases["zlib"].node()
+        reader = engine.open_rows(node, {})
+        try:
+            with pytest.raises(Stopped):
+                reader.read(rows, np.empty((len(rows),) + node.row_shape, node.dtype), lambda: True)
+        finally:
+            reader.close()
+
     def test_a_random_access_read_stops_when_asked(self, engine: Engine, cases: "dict[str, Case]") -> None:
         node = cases["zlib"].node()
         rows = np.arange(0, node.n_rows, 3, dtype=np.int64)  # one run per row: many reads

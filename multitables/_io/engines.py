@@ -76,8 +76,8 @@ class Source(Protocol):
 class Rows(Protocol):
     """One open node in one process, read at given rows (for random access)."""
 
-    def read(self, rows: np.ndarray, out: np.ndarray, stopped: Callable[[], bool]) -> None:
-        """Read rows ``rows`` (sorted integers) into ``out`` (C-contiguous, ``len(rows)`` rows, delivered dtype).
+    def read(self, rows: "np.ndarray | range", out: np.ndarray, stopped: Callable[[], bool]) -> None:
+        """Read rows ``rows`` (sorted integers: an array, or a range) into ``out`` (C-contiguous, ``len(rows)`` rows, delivered dtype).
 
         Calls ``stopped()`` between reads, and raises
         :class:`~multitables._io.scattered.Stopped` once it says so.

@@ -40,7 +40,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .._plan.requests import run_bounds
+from .._plan.requests import ReadRows, one_run, rows_array, run_bounds
 from .._sys.spares import spare_bytes
 from .chunks.codecs.base import BLOSC, ChunkDecodeError
 from .chunks.codecs.blosc import Blosc
@@ -389,10 +389,17 @@ class H5pyRows:
     def __init__(self, source: H5pySource) -> None:
         self._source = source
 
-    def read(self, rows: np.ndarray, out: np.ndarray, stopped: Callable[[], bool]) -> None:
+    def read(self, rows: ReadRows, out: np.ndarray, stopped: Callable[[], bool]) -> None:
         """Rows ``rows`` (sorted) into ``out``; :class:`~multitables._io.scattered.Stopped` where ``stopped()`` says so between reads."""
         if out.nbytes == 0:
             return
+        run = one_run(rows)
+        if run is not None:
+            self._source.read_runs([run[0]], [run[1] - 1], out)
+            if stopped():
+                raise Stopped
+            return
+        rows = rows_array(rows)
         bounds = run_bounds(rows)
         firsts = rows[bounds[:-1]].tolist()
         lasts = rows[bounds[1:] - 1].tolist()

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .._plan.requests import effective_chunk_rows, group_bounds
+from .._plan.requests import ReadRows, effective_chunk_rows, group_bounds, one_run, rows_array
 from .node import NodeInfo
 
 
@@ -51,10 +51,17 @@ class GroupRows:
         self._chunk = effective_chunk_rows(node.chunk_rows, node.row_nbytes)
         self._scratch: "np.ndarray | None" = None
 
-    def read(self, rows: np.ndarray, out: np.ndarray, stopped: Callable[[], bool]) -> None:
+    def read(self, rows: ReadRows, out: np.ndarray, stopped: Callable[[], bool]) -> None:
         """Rows ``rows`` (sorted) into ``out``; :class:`Stopped` where ``stopped()`` says so between reads."""
         if out.nbytes == 0:
             return
+        run = one_run(rows)
+        if run is not None:
+            self._source.read_into(run[0], run[1], out)
+            if stopped():
+                raise Stopped
+            return
+        rows = rows_array(rows)
         edges = group_bounds(rows, self._chunk)
         # The groups' first and last rows only: a Python int of every row costs a request of a million rows 30 MiB.
         los, his, bounds = rows[edges[:-1]].tolist(), (rows[edges[1:] - 1] + 1).tolist(), edges.tolist()

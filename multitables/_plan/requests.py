@@ -386,6 +386,24 @@ def effective_chunk_rows(chunk_rows: "int | None", row_nbytes: int) -> int:
     return max(1, CONTIGUOUS_GROUP_BYTES // max(row_nbytes, 1))
 
 
+#: The rows a reader reads (NOTE [request plan]): a sorted array, or a range where the plan is a progression.
+ReadRows = Union[np.ndarray, range]
+
+
+def one_run(rows: ReadRows) -> "tuple[int, int] | None":
+    """``(first, last + 1)`` where ``rows`` is a range of consecutive rows (read in one call, no row numbers made); else None."""
+    if isinstance(rows, range) and (rows.step == 1 or len(rows) == 1):
+        return rows[0], rows[-1] + 1
+    return None
+
+
+def rows_array(rows: ReadRows) -> np.ndarray:
+    """``rows`` as an int64 array: a range's rows made (8 bytes each, owned by the caller), an array as it is."""
+    if isinstance(rows, range):
+        return np.arange(rows.start, rows.stop, rows.step, dtype=np.int64)
+    return rows
+
+
 def run_bounds(rows: np.ndarray) -> np.ndarray:
     """Where the runs of consecutive values of sorted unique ``rows`` start, and ``len(rows)`` last."""
     m = len(rows)

@@ -61,6 +61,7 @@ from .._io.objects.http import ObjectIdentity
 from .._io.engines import open_rows
 from .._sys.awake import Eagerness, look
 from .._io.scattered import Stopped
+from .._plan.requests import ReadRows
 from .._shm.inbox import ATTACH, DETACH, READ, STOP, InboxSync, Inboxes, Item
 from .._shm.ring import TICK
 from .._shm.segment import Segment
@@ -156,7 +157,7 @@ class _Server:
         stage = self.stages[item.stage_id]
         status = FAILED
         node: "NodeInfo | None" = None
-        rows: "np.ndarray | None" = None
+        rows: "ReadRows | None" = None
         try:
             if stage.request_id != item.req:
                 raise RuntimeError(f"stage {item.stage_id} holds request {stage.request_id}, not {item.req}")

@@ -237,7 +237,7 @@ class TestEveryEngine:
         case = cases[name]
         node = case.node()
         start = data.draw(st.integers(0, node.n_rows - 1))
-        rows = range(start, data.draw(st.integers(start + 1, node.n_rows)), data.draw(st.sampled_from([1, 1, 2, 7, 300])))
+        rows = range(start, data.draw(st.integers(start + 1, node.n_rows)), data.draw(st.sampled_from([1, 1, 2, 7, 31, 32, 33, 300])))
         reader = engine.open_rows(node, {})
         try:
             out = np.empty((len(rows),) + node.row_shape, node.dtype)

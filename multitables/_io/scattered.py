@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .._plan.requests import ReadRows, effective_chunk_rows, group_bounds, one_run, rows_array
+from .._plan.requests import ReadRows, effective_chunk_rows, group_bounds, one_run
 from .node import NodeInfo
 
 
@@ -61,7 +61,9 @@ class GroupRows:
             if stopped():
                 raise Stopped
             return
-        rows = rows_array(rows)
+        if isinstance(rows, range):
+            self._read_progression(rows, out, stopped)
+            return
         edges = group_bounds(rows, self._chunk)
         # The groups' first and last rows only: a Python int of every row costs a request of a million rows 30 MiB.
         los, his, bounds = rows[edges[:-1]].tolist(), (rows[edges[1:] - 1] + 1).tolist(), edges.tolist()
@@ -69,13 +71,35 @@ class GroupRows:
             if hi - lo == i1 - i0:
                 self._source.read_into(lo, hi, out[i0:i1])
             else:  # runs within one chunk: read the span they cover once, then gather
-                if self._scratch is None or len(self._scratch) < hi - lo:
-                    self._scratch = np.empty((max(hi - lo, self._chunk),) + self._node.row_shape, self._node.dtype)
-                span = self._scratch[: hi - lo]
+                span = self._span(hi - lo)
                 self._source.read_into(lo, hi, span)
                 np.take(span, rows[i0:i1] - lo, axis=0, out=out[i0:i1])
             if stopped():
                 raise Stopped
+
+    def _read_progression(self, rows: range, out: np.ndarray, stopped: Callable[[], bool]) -> None:
+        """Rows ``rows`` (a range, step over 1) into ``out``: the groups :meth:`read` would make of them, found by
+        arithmetic, as making the rows (8 bytes each) and scanning them for runs cost more than reading them."""
+        c, step, n, i = self._chunk, rows.step, len(rows), 0
+        while i < n:
+            lo = rows[i]
+            j = min(n, i + (c - 1 - lo % c) // step + 1)  # rows[i:j]: those in lo's chunk
+            hi = rows[j - 1] + 1
+            if j - i == 1:
+                self._source.read_into(lo, hi, out[i:j])
+            else:  # the chunk's span read once, its rows picked by a strided view
+                span = self._span(hi - lo)
+                self._source.read_into(lo, hi, span)
+                out[i:j] = span[::step]
+            i = j
+            if stopped():
+                raise Stopped
+
+    def _span(self, n: int) -> np.ndarray:
+        """``n`` rows of this reader's scratch (owned by it, reused by the next read): a chunk's at least, made at the first."""
+        if self._scratch is None or len(self._scratch) < n:
+            self._scratch = np.empty((max(n, self._chunk),) + self._node.row_shape, self._node.dtype)
+        return self._scratch[:n]
 
     def close(self) -> None:
         self._source.close()

@@ -440,6 +440,8 @@ def split_shares(plan: RowPlan, chunk_rows: int, n: int) -> list[tuple[int, int]
     m = plan.n_read
     if m == 0:
         return []
+    if n == 1:  # nothing to cut: no pass over the rows
+        return [(0, m)]
     if plan.rows is None:
         first = plan.start // chunk_rows
         n_chunks = (plan.start + plan.step * (m - 1)) // chunk_rows - first + 1
@@ -450,10 +452,9 @@ def split_shares(plan: RowPlan, chunk_rows: int, n: int) -> list[tuple[int, int]
             cuts.append(min(m, max(0, -(-(row - plan.start) // plan.step))))
     else:
         chunk = plan.rows // chunk_rows
-        ordinal = np.concatenate(([0], np.cumsum(chunk[1:] != chunk[:-1])))
-        n_chunks = int(ordinal[-1]) + 1
+        starts = np.flatnonzero(chunk[1:] != chunk[:-1]) + 1  # where each chunk after the first starts
+        n_chunks = len(starts) + 1
         n = max(1, min(n, n_chunks))
-        targets = (np.arange(1, n) * n_chunks) // n
-        cuts = np.searchsorted(ordinal, targets, side="left").tolist()
+        cuts = starts[(np.arange(1, n) * n_chunks) // n - 1].tolist()
     edges = sorted(set([0, *cuts, m]))
     return [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]

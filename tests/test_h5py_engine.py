@@ -258,6 +258,29 @@ def test_scattered_rows_give_h5pys_and_runs_apart_read_their_own_chunks(tmp_path
         assert seen == []  # HDF5 read them
 
 
+@pytest.mark.parametrize("rows", [range(3, 40), range(3, 300, CHUNK + 5), range(1, N_ROWS, 2), range(390, 391, 9)])
+def test_a_range_of_rows_gives_h5pys_and_decodes_as_its_array(tmp_path_factory, rows: range) -> None:
+    """A slice's rows reach ``H5pyRows`` as a range (never made into an array where HDF5 decodes): where blosc chunks are
+    decoded by the engine, a range decodes what the same rows as an array do."""
+    path = tmp_path_factory.getbasetemp() / "blosc-rows.h5"
+    if not path.exists():
+        _write(path, fill=-1.0)
+    got = {}
+    for how in (rows, np.array(rows, np.int64)):
+        with _counting_decodes() as seen:
+            reader = h5py_engine.ENGINE.open_rows(inspect_node(path, "/d"), {})
+            try:
+                out = np.full((len(rows), WIDTH), np.nan, np.float32)
+                reader.read(how, out, lambda: False)
+            finally:
+                reader.close()
+        got[type(how)] = (out, list(seen))
+    with h5py.File(path, "r") as f:
+        np.testing.assert_array_equal(got[range][0], f["d"][rows.start : rows.stop : rows.step])
+    np.testing.assert_array_equal(got[range][0], got[np.ndarray][0])
+    assert got[range][1] == got[np.ndarray][1]
+
+
 @pytest.mark.parametrize("n_procs", [0, 1])
 def test_swmr_reading_as_h5py_opens_it(tmp_path: Path, n_procs: int, no_leaks: None) -> None:
     """``swmr=True`` is h5py's option for a file an SWMR writer may hold: HDF5 refuses to open a file twice with the

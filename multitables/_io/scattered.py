@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .._plan.requests import ReadRows, effective_chunk_rows, group_bounds, one_run
+from .._plan.requests import ReadRows, effective_chunk_rows, group_bounds
 from .node import NodeInfo
 
 
@@ -38,6 +38,21 @@ class Stopped(Exception):
     """The consumer asked the readers to stop while one was reading."""
 
 
+class Scratch:
+    """Spans of a node's rows (delivered dtype) for one reader to read into and pick rows from: its own, reused by its
+    next read; a chunk's rows at least, made at the first."""
+
+    def __init__(self, node: NodeInfo, chunk: int) -> None:
+        self._node, self._chunk = node, chunk
+        self._rows: "np.ndarray | None" = None
+
+    def __call__(self, n: int) -> np.ndarray:
+        """``n`` rows of it (valid until the next call)."""
+        if self._rows is None or len(self._rows) < n:
+            self._rows = np.empty((max(n, self._chunk),) + self._node.row_shape, self._node.dtype)
+        return self._rows[:n]
+
+
 class GroupRows:
     """Reads sorted rows through any engine's ``Source.read_into``, one call per group (NOTE [request plan]).
 
@@ -49,20 +64,14 @@ class GroupRows:
         self._source = source
         self._node = node
         self._chunk = effective_chunk_rows(node.chunk_rows, node.row_nbytes)
-        self._scratch: "np.ndarray | None" = None
+        self._span = Scratch(node, self._chunk)
 
     def read(self, rows: ReadRows, out: np.ndarray, stopped: Callable[[], bool]) -> None:
         """Rows ``rows`` (sorted) into ``out``; :class:`Stopped` where ``stopped()`` says so between reads."""
         if out.nbytes == 0:
             return
-        run = one_run(rows)
-        if run is not None:
-            self._source.read_into(run[0], run[1], out)
-            if stopped():
-                raise Stopped
-            return
         if isinstance(rows, range):
-            self._read_progression(rows, out, stopped)
+            read_progression(self._source.read_into, rows, out, self._chunk, self._span, stopped)
             return
         edges = group_bounds(rows, self._chunk)
         # The groups' first and last rows only: a Python int of every row costs a request of a million rows 30 MiB.
@@ -77,29 +86,37 @@ class GroupRows:
             if stopped():
                 raise Stopped
 
-    def _read_progression(self, rows: range, out: np.ndarray, stopped: Callable[[], bool]) -> None:
-        """Rows ``rows`` (a range, step over 1) into ``out``: the groups :meth:`read` would make of them, found by
-        arithmetic, as making the rows (8 bytes each) and scanning them for runs cost more than reading them."""
-        c, step, n, i = self._chunk, rows.step, len(rows), 0
-        while i < n:
-            lo = rows[i]
-            j = min(n, i + (c - 1 - lo % c) // step + 1)  # rows[i:j]: those in lo's chunk
-            hi = rows[j - 1] + 1
-            if j - i == 1:
-                self._source.read_into(lo, hi, out[i:j])
-            else:  # the chunk's span read once, its rows picked by a strided view
-                span = self._span(hi - lo)
-                self._source.read_into(lo, hi, span)
-                out[i:j] = span[::step]
-            i = j
-            if stopped():
-                raise Stopped
-
-    def _span(self, n: int) -> np.ndarray:
-        """``n`` rows of this reader's scratch (owned by it, reused by the next read): a chunk's at least, made at the first."""
-        if self._scratch is None or len(self._scratch) < n:
-            self._scratch = np.empty((max(n, self._chunk),) + self._node.row_shape, self._node.dtype)
-        return self._scratch[:n]
-
     def close(self) -> None:
         self._source.close()
+
+
+def read_progression(read_into: Callable[[int, int, np.ndarray], None], rows: range, out: np.ndarray, chunk: int,
+                     span: Callable[[int], np.ndarray], stopped: Callable[[], bool]) -> None:
+    """Rows ``rows`` (a range: a slice's rows, never made) into ``out`` through ``read_into(start, stop, out)``.
+
+    Consecutive rows are one read. Rows apart are read a chunk (``chunk``
+    rows) at a time, as :class:`GroupRows` groups them, found by arithmetic:
+    the span of a chunk's rows into ``span(n)`` (the reader's scratch), its
+    rows picked by a strided view. :class:`Stopped` where ``stopped()`` says
+    so between reads.
+    """
+    step, n = rows.step, len(rows)
+    if step == 1 or n == 1:
+        read_into(rows[0], rows[-1] + 1, out)
+        if stopped():
+            raise Stopped
+        return
+    i = 0
+    while i < n:
+        lo = rows[i]
+        j = min(n, i + (chunk - 1 - lo % chunk) // step + 1)  # rows[i:j]: those in lo's chunk
+        hi = rows[j - 1] + 1
+        if j - i == 1:
+            read_into(lo, hi, out[i:j])
+        else:  # the chunk's span read once
+            got = span(hi - lo)
+            read_into(lo, hi, got)
+            out[i:j] = got[::step]
+        i = j
+        if stopped():
+            raise Stopped

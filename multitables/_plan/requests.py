@@ -390,13 +390,6 @@ def effective_chunk_rows(chunk_rows: "int | None", row_nbytes: int) -> int:
 ReadRows = Union[np.ndarray, range]
 
 
-def one_run(rows: ReadRows) -> "tuple[int, int] | None":
-    """``(first, last + 1)`` where ``rows`` is a range of consecutive rows (read in one call, no row numbers made); else None."""
-    if isinstance(rows, range) and (rows.step == 1 or len(rows) == 1):
-        return rows[0], rows[-1] + 1
-    return None
-
-
 def rows_array(rows: ReadRows) -> np.ndarray:
     """``rows`` as an int64 array: a range's rows made (8 bytes each, owned by the caller), an array as it is."""
     if isinstance(rows, range):

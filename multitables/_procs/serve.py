@@ -59,7 +59,6 @@ from .._io.node import NodeInfo
 from .._io.objects.config import Store
 from .._io.objects.http import ObjectIdentity
 from .._io.engines import open_rows
-from .._sys.awake import Eagerness, look
 from .._io.scattered import Stopped
 from .._plan.requests import ReadRows
 from .._shm.inbox import ATTACH, DETACH, READ, STOP, InboxSync, Inboxes, Item
@@ -67,6 +66,7 @@ from .._shm.ring import TICK
 from .._shm.segment import Segment
 from .._shm.space import semaphores_for
 from .._shm.stagemap import DONE, FAILED, StageLayout, StageMap
+from .._sys.awake import Eagerness, look
 from ..errors import FileChangedError, ReaderError, SharedMemoryError, StreamClosedError
 from .failure import died_error
 from .pool import REPORT_TIMEOUT, ReaderPool

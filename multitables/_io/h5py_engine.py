@@ -49,7 +49,7 @@ from .chunks.pread import resident, will_need
 from .chunks.storage import Layout, known_layout, learn_layout
 from .node import NodeInfo, Unsupported, close_dataset
 from .objects.hdf5 import file_object
-from .scattered import Scratch, Stopped, read_progression, rows_decoded_bytes
+from .scattered import RowSpans, Stopped, read_progression, rows_decoded_bytes
 
 
 @functools.cache
@@ -407,7 +407,7 @@ class H5pyRows:
     def __init__(self, source: H5pySource, node: NodeInfo) -> None:
         self._source = source
         self._chunk = effective_chunk_rows(node.chunk_rows, node.row_nbytes)
-        self._span = Scratch(node, self._chunk)
+        self._span = RowSpans(node, self._chunk)
 
     def read(self, rows: ReadRows, out: np.ndarray, stopped: Callable[[], bool]) -> None:
         """Rows ``rows`` (sorted) into ``out``; :class:`~multitables._io.scattered.Stopped` where ``stopped()`` says so between reads."""

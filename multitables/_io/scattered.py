@@ -38,7 +38,7 @@ class Stopped(Exception):
     """The consumer asked the readers to stop while one was reading."""
 
 
-class Scratch:
+class RowSpans:
     """Spans of a node's rows (delivered dtype) for one reader to read into and pick rows from: its own, reused by its
     next read; a chunk's rows at least, made at the first."""
 
@@ -64,7 +64,7 @@ class GroupRows:
         self._source = source
         self._node = node
         self._chunk = effective_chunk_rows(node.chunk_rows, node.row_nbytes)
-        self._span = Scratch(node, self._chunk)
+        self._span = RowSpans(node, self._chunk)
 
     def read(self, rows: ReadRows, out: np.ndarray, stopped: Callable[[], bool]) -> None:
         """Rows ``rows`` (sorted) into ``out``; :class:`Stopped` where ``stopped()`` says so between reads."""

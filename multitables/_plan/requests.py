@@ -116,6 +116,9 @@ def normalize_key(key: Any, shape: Sequence[int]) -> tuple[Entry, ...]:
     """
     shape = tuple(int(d) for d in shape)
     ndim = len(shape)
+    if ndim and type(key) in (int, slice):  # one row or one slice of rows, the commonest: a third of a request's planning
+        first = _norm_int(key, shape[0], 0) if type(key) is int else _check_slice(key)
+        return (first,) + (slice(None),) * (ndim - 1)
     entries = list(key) if isinstance(key, tuple) else [key]
     kinds = [_entry_kind(e) for e in entries]
     if kinds.count("ellipsis") > 1:

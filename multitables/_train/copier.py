@@ -78,6 +78,10 @@ class Copier:
     def copy(self, out: np.ndarray, rows: np.ndarray) -> None:
         """``out[...] = rows`` (as many rows; cast as that assignment casts)."""
 
+        if self._pool is None or out.nbytes < 2 * self.PART:  # one part: no closure, no plan (a small batch's path)
+            np.copyto(out, rows, casting="unsafe")
+            return
+
         def one(a: int, b: int) -> None:
             np.copyto(out[a:b], rows[a:b], casting="unsafe")
 
@@ -86,8 +90,12 @@ class Copier:
     def take(self, rows: np.ndarray, index: np.ndarray, out: np.ndarray) -> None:
         """``out[i] = rows[index[i]]``; ``index`` is in range (it is not checked)."""
 
+        if self._pool is None or out.nbytes < 2 * self.PART:  # one part: no closure, no plan (a small batch's path)
+            rows.take(index, axis=0, out=out, mode="clip")  # "clip": "raise" copies twice; the method skips np.take's wrapper
+            return
+
         def one(a: int, b: int) -> None:
-            np.take(rows, index[a:b], axis=0, out=out[a:b], mode="clip")  # "clip": "raise" copies twice
+            np.take(rows, index[a:b], axis=0, out=out[a:b], mode="clip")
 
         self._run(self._parts(len(out), out.nbytes), one)
 

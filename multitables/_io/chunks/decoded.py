@@ -6,8 +6,9 @@ in whatever order its caller asks: a map-style dataset's random rows, one row
 at a time in order, a sample drawn again next epoch. h5py keeps the chunks it
 decoded in its chunk cache (8 MiB a dataset by default), so reading a row of a
 chunk read before costs it a copy; without a store of our own every such
-request decoded its whole chunk again (2,000 random rows of a 4 MiB zlib
-dataset: 131x h5py's time; BENCHMARKS.md).
+request decoded its whole chunk again (2,000 random rows of an 8 MB zlib
+dataset: 144x h5py's time; BENCHMARKS.md). How many bytes, and for which
+datasets, ``_io.scattered.rows_decoded_bytes`` decides.
 """
 
 from __future__ import annotations
@@ -15,9 +16,6 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import numpy as np
-
-#: Bytes of decoded chunks a request reader keeps for each dataset it reads: h5py's default chunk cache.
-DECODED_BYTES = 8 << 20
 
 
 class DecodedChunks:

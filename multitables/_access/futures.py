@@ -151,17 +151,22 @@ class Future:
         assert stage is not None
         request = self.request
         node, plan = request._node, request._plan
-        if plan is None:  # a query: as many rows as its reader wrote
-            data = stage._map.data(node.dtype, (stage._map.result_rows,) + node.row_shape)
-        else:
-            data = stage._map.data(node.dtype, (plan.n_read,) + node.row_shape)[plan.local_key]
-        for key in request._post:
-            data = select_field(data, key) if isinstance(key, str) else data[key]
-        if request._fields is not None:
-            data = data[request._fields]  # a view, as numpy's
-        if self.shape is None:
-            self.shape = np.shape(data)
-        return data
+        data = None
+        try:
+            if plan is None:  # a query: as many rows as its reader wrote
+                data = stage._map.data(node.dtype, (stage._map.result_rows,) + node.row_shape)
+            else:
+                data = stage._map.data(node.dtype, (plan.n_read,) + node.row_shape)[plan.local_key]
+            for key in request._post:
+                data = select_field(data, key) if isinstance(key, str) else data[key]
+            if request._fields is not None:
+                data = data[request._fields]  # a view, as numpy's
+            if self.shape is None:
+                self.shape = np.shape(data)
+            return data
+        except BaseException:
+            data = None  # a view on the stage kept by a traceback's frame (Ctrl-C) would keep the mapping
+            raise
 
     @contextmanager
     def get_unsafe(self, timeout: "float | None" = None) -> Iterator[Any]:
@@ -200,9 +205,12 @@ class Future:
     def get(self, timeout: "float | None" = None) -> Any:
         """Wait, and return a private copy of the data (a numpy scalar for a single element)."""
         with self.get_unsafe(timeout) as data:
-            if isinstance(data, (np.ndarray, np.void)) and self.request.zero_copy:
-                return data.copy()
-            return data  # gathered into private memory already, or an immutable scalar
+            try:
+                if isinstance(data, (np.ndarray, np.void)) and self.request.zero_copy:
+                    return data.copy()
+                return data  # gathered into private memory already, or an immutable scalar
+            finally:
+                del data  # as get_unsafe: no view on the stage left in a traceback's frame (Ctrl-C in the copy)
 
     def get_direct(self, action: Callable[[Any], Any], timeout: "float | None" = None) -> Any:
         """Wait, call ``action(data)`` on the zero-copy data, return what it returns; the stage is then given back."""

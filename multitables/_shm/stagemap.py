@@ -96,13 +96,17 @@ class StageMap:
     def status(self, n_shares: int) -> list[int]:
         """The status (PENDING, DONE, FAILED) of the first ``n_shares`` shares; ``StreamClosedError`` once closed.
 
-        A copy: a view on the stage kept in a frame (say, of a traceback)
-        would keep the mapping, and its file descriptor, alive.
+        A copy, and no view held in a local either: a view on the stage kept
+        in a frame (of a traceback: Ctrl-C lands here often while a future's
+        wait looks, NOTE [waiting awake]) would keep the mapping, and its file
+        descriptor, alive.
         """
-        words = self.words
-        if words is None:
-            raise StreamClosedError("the stage is closed")
-        return words[_H_STATUS : _H_STATUS + n_shares].tolist()
+        try:
+            return self.words[_H_STATUS : _H_STATUS + n_shares].tolist()  # type: ignore[index]
+        except TypeError:
+            if self.words is None:  # closed, maybe by another thread just now
+                raise StreamClosedError("the stage is closed") from None
+            raise
 
     @property
     def result_rows(self) -> int:

@@ -122,6 +122,26 @@ def test_the_check_before_readers_start_leaves_every_files_layout(tmp_path: Path
     assert all(storage.known_layout(part.node) is not None for part in node.parts)
 
 
+def test_a_second_stream_of_a_known_file_checks_it_without_learning_it_again(
+    make_array: Callable[..., Path], settled: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = rows(40, 5)
+    path = make_array(data, chunkshape=(8, 8), complib="zlib", complevel=3)
+    learned: list[str] = []
+    learn = storage.learn_layout
+
+    def counted(ds: Any, node: Any, *args: Any) -> Any:
+        learned.append(node.path)
+        return learn(ds, node, *args)
+
+    monkeypatch.setattr(storage, "learn_layout", counted)
+    monkeypatch.setattr(chunks_module, "learn_layout", counted)
+    for _ in range(3):
+        got = np.stack(list(multitables.Streamer(str(path)).get_generator("/data")))
+        assert np.array_equal(got, data)
+    assert learned == ["/data"]
+
+
 @pytest.mark.parametrize("n_procs", [0, 2])
 def test_shuffled_epochs_over_shards_with_layouts_known_deliver_every_row_once(
     tmp_path: Path, settled: None, no_leaks: None, n_procs: int

@@ -193,13 +193,13 @@ def chunks_problem(node: NodeInfo, dataset: Any = None) -> "str | None":
     """Why the chunk engine cannot read ``node`` (None: it can); opens the file briefly unless given its ``dataset``."""
     import h5py
 
+    if known_layout(node) is not None:
+        return None
     if dataset is not None:
         try:
             learn_layout(dataset, node)  # remembered for the readers (NOTE [layout cache])
         except Unsupported as exc:
             return str(exc)
-        return None
-    if known_layout(node) is not None:
         return None
     if node.remote is not None:
         dataset = reopen_dataset(node)

@@ -100,6 +100,7 @@ from .._plan.blocks import Piece
 from .layout import HEADER_WORDS, RingLayout, RingSync
 from .release import release_later
 from .segment import Segment, can_populate
+from .._sys.awake import Eagerness, acquire
 
 #: Seconds between liveness checks while a side waits.
 TICK = 0.05
@@ -141,6 +142,7 @@ class Ring:
         self._lent: "weakref.WeakValueDictionary[int, np.ndarray]" = weakref.WeakValueDictionary()  # slot -> lend()'s
         self._group = 0  # reader-local: the group whose free slots this reader claims
         self._closed = False
+        self._awake = Eagerness()  # this side's: whether it looks for a token before sleeping (NOTE [waiting awake])
         shape = (layout.block_size,) + layout.row_shape
         self.slots: list[np.ndarray] = []
         for s in range(n):
@@ -264,9 +266,10 @@ class Ring:
         bounds the claims, and :data:`WAIT` says none is published yet.
         """
         free = self.sync.free[self._group]
-        while not free.acquire(timeout=TICK):
-            if self.stopped or not keep_going():
-                return None
+        if not acquire(free, self._awake, TICK):  # NOTE [waiting awake]
+            while not free.acquire(timeout=TICK):
+                if self.stopped or not keep_going():
+                    return None
         try:
             return self._claim_slot(n_blocks, keep_going)
         except PeerGone:
@@ -388,7 +391,7 @@ class Ring:
         """Pop a filled slot, or None if none came within ``timeout`` s or a reader failed."""
         if self._closed:
             return None
-        if not self.sync.ready.acquire(timeout=timeout):
+        if not acquire(self.sync.ready, self._awake, timeout):  # NOTE [waiting awake]
             return None
         if self.failed:
             self.sync.ready.release()  # keep the wake-up for the next look

@@ -18,13 +18,19 @@ a look that failed costs at most :data:`AWAKE` of a core once. A look yields
 the CPU between looks (other threads take the GIL, other processes the core),
 and the request goes to the reader that answered the last one where that one
 is idle (``Reader._submit``), so the others sleep.
+
+A stream's ring is waited on the same way (:func:`acquire`, in ``Ring.take``
+and ``Ring.claim``): small blocks (4 KiB: 16-byte rows, ``block_size=256``)
+come every few tens of us, and each side slept on most of them (a reader
+busy 40 us of CPU a block, 30 us awake; BENCHMARKS.md). Blocks of
+megabytes keep both sides asleep as before: their waits are long.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Callable
+from typing import Any, Callable
 
 #: Seconds a side looks for the other's answer before it sleeps.
 AWAKE = 250e-6
@@ -49,3 +55,18 @@ class Eagerness:
     def saw(self, seconds: float) -> None:
         """A wait of ``seconds`` ended (counted from when the answer was asked for)."""
         self.eager = seconds < AWAKE
+
+
+def acquire(semaphore: Any, eagerness: Eagerness, timeout: float) -> bool:
+    """Take a token of ``semaphore`` (a ``multiprocessing`` one): at once where one is there, else after looking for
+    up to :data:`AWAKE` where ``eagerness`` says so, else asleep for up to ``timeout`` s; False if none came.
+
+    Only a wait that found no token at once tells ``eagerness`` how long it took: a side that always finds its
+    token has nothing to learn, and one whose waits are long does not start looking again after a token it found.
+    """
+    if semaphore.acquire(False):
+        return True
+    asked = time.perf_counter()
+    got = (eagerness.eager and look(lambda: semaphore.acquire(False))) or semaphore.acquire(timeout=timeout)
+    eagerness.saw(time.perf_counter() - asked)
+    return got

@@ -248,6 +248,7 @@ class Streamer:
         ordered: bool,
         field: "str | None",
         remainder: bool,
+        rows_only: bool = False,
     ) -> StreamSpec:
         """Check every argument and the node, and plan the stream; starts nothing."""
         n_procs = check_int("n_procs", n_procs, 0)
@@ -265,7 +266,7 @@ class Streamer:
                 shape = dataclasses.replace(shape, decode_rate=options.measure_rate(node, engine))
             plan = functools.partial(
                 plan_stream, shape, engine, machine, n_procs=n_procs, block_size=block_size, read_ahead=read_ahead,
-                cyclic=cyclic, remainder=remainder,
+                cyclic=cyclic, remainder=remainder, rows_only=rows_only,
             )  # fmt: skip
             read = plan()
             if read.n_procs and (block_size is None or read_ahead is None):  # a ring of defaults: fit it (NOTE [read plan])
@@ -353,10 +354,12 @@ class Streamer:
         more than a block or two (the slot returns to the readers once every
         row of it is gone), else of a private copy (NOTE [lent blocks]).
         Arguments as for :meth:`get_queue`; they are checked now, and the
-        readers start at the first ``next()``. Closing the generator (or
+        readers start at the first ``next()``. A ``block_size`` of less than
+        1 MiB of rows is read several blocks at a time (the rows, their order
+        and the remainder left out are the same). Closing the generator (or
         dropping it) stops them.
         """
-        spec = self._spec(path, n_procs, read_ahead, cyclic, block_size, ordered, field, remainder)
+        spec = self._spec(path, n_procs, read_ahead, cyclic, block_size, ordered, field, remainder, rows_only=True)
         active: "list[Iterator[np.ndarray]]" = []
         return _RowIterator.over(self._blocks(spec, active), active)
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from multitables._plan.blocks import BlockPlan, RangePlan, ahead
 from multitables._plan.readers import (
     READERS_PER_CPU, SHM_SHARE, DatasetShape, Machine, ReadPlan, cap_readers, default_block_size, default_read_ahead,
-    hint_distance, parallel_pays, plan_batches, plan_blocks, plan_stream, rate_decides,
+    hint_distance, parallel_pays, plan_batches, plan_blocks, plan_stream, rate_decides, ROWS_BLOCK_BYTES,
 )
 
 sizes = st.integers(1, 500).flatmap(lambda n: st.tuples(st.just(n), st.integers(1, n)))
@@ -256,6 +256,27 @@ def test_what_the_caller_gives_is_kept_and_the_rest_fitted_around_it() -> None:
     assert plan_stream(shape, "chunks", machine, read_ahead=18, block_size=1024, shm_free=free) == default
     sixteen = plan_stream(shape, "chunks", Machine(16, "fork"), shm_free=free)  # 136 MiB by default
     assert (sixteen.n_procs, sixteen.read_ahead, sixteen.block_size) == (16, 18, 7 * 64)  # 31.5 MiB: 18 of 1.75
+
+
+def test_a_stream_seen_as_rows_reads_small_blocks_several_at_a_time() -> None:
+    shape = DatasetShape(1 << 20, 16, 16384, ())  # 16 MiB of 16-byte rows
+    machine = Machine(2, "fork")
+    per_block = ROWS_BLOCK_BYTES // (256 * 16)
+    rows = plan_stream(shape, "h5py", machine, n_procs=2, block_size=256, read_ahead=8, remainder=True, rows_only=True)
+    assert rows.block_size == 256 * per_block and rows.block_size * 16 == ROWS_BLOCK_BYTES  # whole blocks asked for
+    assert rows.read_ahead == 3  # the bytes in flight asked for are 32 KiB: the fewest slots for 2 readers
+    assert plan_stream(shape, "h5py", machine, n_procs=0, block_size=256, read_ahead=8, remainder=True,
+                       rows_only=True).read_ahead == 1
+    same = dict(n_procs=2, block_size=256, read_ahead=8)
+    assert plan_stream(shape, "h5py", machine, **same, remainder=True).block_size == 256  # blocks seen: as asked
+    # Without the remainder the last rows to leave out are the caller's blocks' (len % 256): blocks stay as asked.
+    assert plan_stream(shape, "h5py", machine, **same, rows_only=True).block_size == 256
+    assert plan_stream(shape, "h5py", machine, n_procs=2, block_size=1 << 16, remainder=True, rows_only=True).block_size == 1 << 16
+    # Cyclic, any multiple cuts the endless sequence alike, within the dataset's rows.
+    small = DatasetShape(1000, 16, None, ())
+    cyclic = plan_stream(small, "h5py", machine, n_procs=2, block_size=7, cyclic=True, rows_only=True)
+    assert cyclic.block_size == 7 * (1000 // 7)
+    assert plan_stream(small, "h5py", machine, n_procs=2, block_size=7, remainder=True, rows_only=True).block_size == 1000
 
 
 def test_training_blocks_are_never_fitted_only_their_slots() -> None:

@@ -118,6 +118,11 @@ def check_stream(case: dict, start_method: "str | None" = None, change: bool = F
                 period = len(data) // math.gcd(len(data), bs)
                 valid = {data[(k * bs + np.arange(bs)) % len(data)].tobytes() for k in range(period)}
                 assert all(b.tobytes() in valid for b in got[0])
+            if case["ordered"]:  # the generator reads its rows in blocks of its own (NOTE [read plan]): the same rows
+                gen = stream.get_generator("/data", cyclic=True, **kwargs)
+                rows = [next(gen) for _ in range(2 * n_pass * bs + 1)]
+                gen.close()
+                np.testing.assert_array_equal(np.array(rows), data[np.arange(len(rows)) % len(data)])
         else:
             with stream.get_queue("/data", remainder=case["remainder"], **kwargs) as queue:
                 got = blocks_of(queue, change)
@@ -135,6 +140,12 @@ def check_stream(case: dict, start_method: "str | None" = None, change: bool = F
                 np.testing.assert_array_equal(np.array(rows).reshape(data.shape), data)
             else:
                 assert as_counter(rows) == as_counter(list(data))
+            rows = list(stream.get_generator("/data", remainder=False, **kwargs))
+            whole = data[: len(data) - len(data) % bs]
+            if case["ordered"]:
+                np.testing.assert_array_equal(np.array(rows).reshape(whole.shape), whole)
+            else:
+                assert as_counter(rows) == as_counter(list(whole))
         with h5py.File(path, "r") as f:  # nothing written into a block reached the file
             np.testing.assert_array_equal(f["data"][()], data)
 
@@ -803,8 +814,9 @@ def test_a_ctrl_c_between_the_rows_and_their_blocks_stops_the_readers_before_the
     next block for the rows: the only Python code between the rows' chain (C) and the blocks' generator. Wherever it
     lands, the readers are gone before the user's handler runs, though the traceback it handles holds that step. The
     loop is as users write it: nothing else holds the generator."""
-    rows = np.arange(1_000 * 4, dtype="<f4").reshape(1_000, 4)
-    stream = multitables.Streamer(make_array(rows, chunkshape=(250, 4)))
+    # Blocks of 1 MiB, as asked: the generator reads smaller ones several at a time (NOTE [read plan]).
+    rows = np.arange(1_000 * 1024, dtype="<f4").reshape(1_000, 1024)
+    stream = multitables.Streamer(make_array(rows, chunkshape=(250, 1024)))
     step = multitables.streamer._OneTaker.__next__.__code__
     landing = 0
     while True:

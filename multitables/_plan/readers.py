@@ -29,7 +29,9 @@ NOTE [read plan]
       blocks for one reader whatever the machine, because an epoch's order
       is a function of ``(seed, epoch)`` and the blocks alone (NOTE [epoch
       plan] in ``_plan.epoch``): a stream read with ``n_procs=1`` and
-      batches over the same dataset get the same blocks;
+      batches over the same dataset get the same blocks. A stream seen
+      only as rows (the generator) reads the blocks a caller asked for
+      several at a time where they are small (:func:`rows_blocks`);
     * hints (NOTE [prefetch] in ``_io.blockread``): a reader hints the
       block ``readers`` past the one it claimed where several read in turn
       (a strided pattern, which the kernel's own read-ahead does not
@@ -94,18 +96,15 @@ START_COST_S = {"fork": 0.05, "forkserver": 0.9, "spawn": 1.2}
 #: consumer where they saved 0.5x the cost at the rate measured (64 MiB of zlib 3, the chunk engine) to 1.17x
 #: where they saved 1.0x (128 MiB) (2026-11-26, files in fresh processes; BENCHMARKS.md, seventh session).
 MARGIN = {"table": 2.0, "measured": 0.9}
-#: Rough one-core decode rates (bytes/s) by engine and HDF5 filter id, to
-#: judge whether parallel reading can pay. h5py: deflate ~0.55 GB/s and blosc
-#: ~1.5-2 GB/s here, bzip2 far slower, no filter ~3.7 GB/s warm; the chunk
-#: engine decodes deflate + shuffle ~2.7x faster than h5py; PyTables decodes
-#: deflate ~1.8x and blosc ~2.3x slower (the benchmark's warm one-core
-#: figures, BENCHMARKS.md).
+#: Rough one-core decode rates (bytes/s) by engine and HDF5 filter id, to judge whether parallel reading can pay.
+#: h5py: deflate ~0.55 GB/s and blosc ~1.5-2 GB/s here, bzip2 far slower, no filter ~3.7 GB/s warm; the chunk engine
+#: decodes deflate + shuffle ~2.7x faster than h5py; PyTables decodes deflate ~1.8x and blosc ~2.3x slower (the
+#: benchmark's warm one-core figures, BENCHMARKS.md).
 _DECODE_RATE = {1: 0.55e9, 307: 0.03e9, 32001: 1.5e9, 32026: 1.5e9, 32004: 1.5e9, 32015: 0.8e9, 32008: 1.5e9}
 _ENGINE_SPEED = {"chunks": {1: 2.7}, "tables": {1: 1 / 1.8, 32001: 1 / 2.3}}
 _COPY_RATE = 3.5e9
-#: Memory a training shuffle window aims at, over all datasets, when ``window`` is
-#: not given (two such buffers are alive at once: NOTE [window pipelining] in
-#: ``_train.windows``).
+#: Memory a training shuffle window aims at, over all datasets, when ``window`` is not given (two such buffers are
+#: alive at once: NOTE [window pipelining] in ``_train.windows``).
 WINDOW_BYTES = 256 * MiB
 #: Uncompressed bytes a block aims at when the dataset is an object (a URL): see NOTE [read plan].
 REMOTE_BLOCK_BYTES = 16 * MiB
@@ -117,9 +116,8 @@ REMOTE_MIN_READERS = 8
 #: The share of the shared memory free at a stream's start that a ring of the defaults takes at most (NOTE [read
 #: plan]): the rest is left to others, and to the next ring.
 SHM_SHARE = 0.5
-#: Most readers per usable CPU: more only take turns on the same cores (each
-#: with its own ring slots and open file), while a few per CPU still help
-#: where reads wait on storage rather than decode.
+#: Most readers per usable CPU: more only take turns on the same cores (each with its own ring slots and open file),
+#: while a few per CPU still help where reads wait on storage rather than decode.
 READERS_PER_CPU = 4
 
 
@@ -331,16 +329,20 @@ def plan_stream(
     cyclic: bool = False,
     remainder: bool = False,
     shm_free: "int | None" = None,
+    rows_only: bool = False,
 ) -> ReadPlan:
     """How a stream reads ``shape`` (NOTE [read plan]); arguments as ``Streamer.get_queue``'s, already type-checked.
 
     ``shm_free``: the shared memory free for its ring (bytes; None: not
     known, or no readers). A ``block_size`` larger than the dataset is its
-    number of rows.
+    number of rows. ``rows_only``: the caller sees rows, not blocks (the
+    generator): small blocks are read several at a time (:func:`rows_blocks`).
     """
     if n_procs is None:
         n_procs = default_readers(shape, engine, machine)
     n_procs = cap_readers(n_procs, None, machine.cpus)  # first: the default block size depends on it
+    if rows_only and block_size is not None and (remainder or cyclic):
+        block_size, read_ahead = rows_blocks(shape, block_size, read_ahead, cyclic, n_procs)
     if block_size is None:
         most = None
         if n_procs and shm_free is not None:  # room for the slots asked, or the fewest the defaults allow
@@ -351,6 +353,25 @@ def plan_stream(
     blocks = BlockPlan(shape.n_rows, block_size, cyclic=cyclic, remainder=remainder)
     return plan_blocks(blocks, machine, n_procs=n_procs, read_ahead=read_ahead, remote=shape.remote,
                        slot_bytes=block_size * shape.row_nbytes, shm_free=shm_free)
+
+
+#: The fewest bytes a block of a stream seen as rows (the generator) holds: each block costs a hand-off and ~20 us
+#: of Python (over 16-byte rows, ``block_size=256`` read 2.4x h5py's time, the default's blocks 0.98x; BENCHMARKS.md).
+ROWS_BLOCK_BYTES = 1 * MiB
+
+
+def rows_blocks(shape: DatasetShape, block_size: int, read_ahead: "int | None", cyclic: bool, n_procs: int) -> "tuple[int, int | None]":
+    """``(block_size, read_ahead)`` for a stream seen as rows: whole multiples of the caller's blocks, of
+    :data:`ROWS_BLOCK_BYTES` at least (within the rows, cyclic), in as many fewer slots as keep the bytes in flight
+    asked for. The rows and their order are the same: every row of a pass, or the endless sequence from row 0."""
+    times = ROWS_BLOCK_BYTES // max(block_size * shape.row_nbytes, 1)
+    if cyclic:
+        times = min(times, shape.n_rows // block_size)
+    if times <= 1:
+        return block_size, read_ahead
+    if read_ahead is not None:
+        read_ahead = max(_fewest_slots(n_procs) if n_procs else 1, -(-read_ahead // times))
+    return block_size * times, read_ahead
 
 
 def plan_blocks(

@@ -269,7 +269,8 @@ class Streamer:
                 cyclic=cyclic, remainder=remainder, rows_only=rows_only,
             )  # fmt: skip
             read = plan()
-            if read.n_procs and (block_size is None or read_ahead is None):  # a ring of defaults: fit it (NOTE [read plan])
+            if read.n_procs and (block_size is None or read_ahead is None or read.blocks.block_size != block_size):
+                # A ring of defaults, or of blocks read together: fit it (NOTE [read plan]).
                 read = plan(shm_free=shared_memory_free())
             engine = options.engine_for_readers(node, engine, read.n_procs, dataset)
         except BaseException:
@@ -367,7 +368,7 @@ class Streamer:
         self, spec: StreamSpec, active: "list[Iterator[np.ndarray]]"
     ) -> "Generator[Iterator[np.ndarray], None, None]":
         """An iterator over the rows of each block in turn, also held in ``active`` while the caller walks it."""
-        with self._options.open_queue(spec) as queue:
+        with self._options.open_queue(spec, whole=True) as queue:
             if queue.n_procs == 0:
                 # Read in this process: the blocks are private already, and the
                 # backend never refills one whose rows someone holds. A copy

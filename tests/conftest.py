@@ -98,6 +98,15 @@ def _cmdline(pid: int) -> list[str]:
 
 
 @pytest.fixture
+def blocks_as_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream reads the blocks its caller asks for, none several at a time (NOTE [read plan]): for tests of what a
+    block read does (its slot, its buffer, its hints, a change of the file between two)."""
+    from multitables._plan import readers
+
+    monkeypatch.setattr(readers, "TOGETHER_BYTES", 1)
+
+
+@pytest.fixture
 def no_leaks() -> Iterator[None]:
     """Fail the test if it leaves segments, fds, child processes or threads behind (after a grace period)."""
     import multiprocessing.resource_tracker as rt

@@ -79,7 +79,7 @@ def block_addresses(path: Path, **kwargs: object) -> "tuple[set[int], np.ndarray
     return where, np.concatenate(rows)
 
 
-def test_a_stream_in_this_process_reads_into_the_buffers_of_the_one_before(tmp_path: Path) -> None:
+def test_a_stream_in_this_process_reads_into_the_buffers_of_the_one_before(tmp_path: Path, blocks_as_asked: None) -> None:
     data = np.arange(500 * 3, dtype="<i4").reshape(500, 3)
     path = write(tmp_path / "a.h5", data)
     first, rows = block_addresses(path, block_size=20)
@@ -162,3 +162,66 @@ def test_rows_kept_from_any_stream_are_never_overwritten_by_later_ones(data: st.
                     kept.append((row, np.full(3, -i, "<i4")))
     for row, expected in kept:
         np.testing.assert_array_equal(row, expected)
+
+
+class Blocks:
+    """A back end whose blocks read are given: ``take()`` hands them out in turn, each in its slot; records releases."""
+
+    def __init__(self, blocks: "list[np.ndarray]") -> None:
+        self._blocks = list(enumerate(blocks))
+        self.released: "list[int]" = []
+        self.pids: "list[int]" = []
+
+    def take(self) -> "tuple[int, np.ndarray]":
+        return self._blocks.pop(0)
+
+    def release(self, slot: int) -> None:
+        self.released.append(slot)
+
+
+def test_blocks_cut_from_a_block_read_come_in_order_and_its_slot_goes_back_after_the_last_is_released() -> None:
+    rows = np.arange(23 * 2).reshape(23, 2)
+    inner = Blocks([rows[:12], rows[12:]])  # blocks read of 12 rows, the last short; the caller's of 5
+    split = backends.SplitBackend(inner, 5, 3)
+    taken = [split.take() for _ in range(6)]
+    assert [len(block) for _, block in taken] == [5, 5, 2, 5, 5, 1]
+    np.testing.assert_array_equal(np.concatenate([block for _, block in taken]), rows)
+    assert all(np.shares_memory(block, rows) for _, block in taken)  # views: nothing copied
+    names = [name for name, _ in taken]
+    assert len(set(names)) == 6
+    for name in (names[1], names[0], names[4], names[3]):
+        split.release(name)
+    assert inner.released == []  # each slot still has a block out
+    split.release(names[5])
+    assert inner.released == [1]
+    split.release(names[2])
+    assert inner.released == [1, 0]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n_procs=st.sampled_from([0, 1, 2]), read_ahead=st.integers(1, 4), ordered=st.booleans(), data=st.data())
+def test_a_caller_holding_fewer_blocks_than_slots_always_gets_the_next(
+    n_procs: int, read_ahead: int, ordered: bool, data: st.DataObject
+) -> None:
+    rows = np.arange(2000 * 2, dtype="<i4").reshape(2000, 2)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write(Path(tmp) / "d.h5", rows, chunk_rows=50)
+        queue = multitables.Streamer(str(path)).get_queue(
+            "/data", n_procs=n_procs, read_ahead=read_ahead, block_size=7, ordered=ordered, remainder=True)
+        held: "list[tuple[multitables.Guard, np.ndarray]]" = []
+        got = []
+        with hang_guard(30, "a pass holding blocks"), queue:
+            for guard in queue.iter():
+                block = guard.__enter__()
+                got.append(block.copy())
+                held.append((guard, block))
+                # Keep blocks from anywhere in the pass, up to one less than the slots.
+                while len(held) >= read_ahead or (held and data.draw(st.booleans())):
+                    guard, _ = held.pop(data.draw(st.integers(0, len(held) - 1)))
+                    guard.release()
+        for guard, _ in held:
+            guard.release()
+    assert [len(block) for block in got].count(7) == 2000 // 7
+    np.testing.assert_array_equal(np.sort(np.concatenate(got), axis=0), rows)
+    if ordered:
+        np.testing.assert_array_equal(np.concatenate(got), rows)

@@ -65,7 +65,9 @@ def test_a_process_is_read_from_proc_and_a_gone_one_is_none() -> None:
     assert counters.proc_usage(child.pid) is None
 
 
-def test_fresh_pages_touched_in_the_window_are_counted_in_the_consumer(numbered: Path, no_leaks: None) -> None:
+def test_fresh_pages_touched_in_the_window_are_counted_in_the_consumer(
+    numbered: Path, no_leaks: None, blocks_as_asked: None
+) -> None:
     pages = 1000
     lap = 2 * 2 + 2  # the read-ahead, and the ring's slots
     touched: list[int] = []

@@ -621,7 +621,9 @@ def test_prefetch_does_nothing_past_the_page_cache(make_array: Callable[..., Pat
         src.close()
 
 
-def test_reading_in_process_prefetches_each_next_block(make_array: Callable[..., Path], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reading_in_process_prefetches_each_next_block(
+    make_array: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, blocks_as_asked: None
+) -> None:
     calls: list[tuple[int, int]] = []
     monkeypatch.setattr(ChunkSource, "prefetch", lambda self, a, b: calls.append((a, b)))
     data = np.arange(1000 * 8, dtype="<f4").reshape(1000, 8)

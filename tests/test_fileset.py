@@ -344,7 +344,7 @@ def test_readers_of_many_files_hold_few_open(tmp_path: Path, no_leaks: None) -> 
 @pytest.mark.parametrize("n_procs", [None, 2])
 @pytest.mark.parametrize("changed", [0, 3], ids=["a file being read", "a file not yet opened"])
 def test_a_file_changed_mid_stream_stops_the_stream_naming_it(
-    tmp_path: Path, no_leaks: None, n_procs: "int | None", changed: int
+    tmp_path: Path, no_leaks: None, n_procs: "int | None", changed: int, blocks_as_asked: None
 ) -> None:
     files, _ = write_shards(tmp_path, [80, 40, 40, 40])
     queue = multitables.Streamer(files).get_queue("/data", n_procs=n_procs, block_size=10, ordered=True, read_ahead=2)

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from multitables._plan.blocks import BlockPlan, RangePlan, ahead
 from multitables._plan.readers import (
     READERS_PER_CPU, SHM_SHARE, DatasetShape, Machine, ReadPlan, cap_readers, default_block_size, default_read_ahead,
-    hint_distance, parallel_pays, plan_batches, plan_blocks, plan_stream, rate_decides, ROWS_BLOCK_BYTES,
+    hint_distance, parallel_pays, plan_batches, plan_blocks, plan_stream, rate_decides, TOGETHER_BYTES,
+    TOGETHER_RING_BYTES,
 )
 
 sizes = st.integers(1, 500).flatmap(lambda n: st.tuples(st.just(n), st.integers(1, n)))
@@ -258,25 +259,40 @@ def test_what_the_caller_gives_is_kept_and_the_rest_fitted_around_it() -> None:
     assert (sixteen.n_procs, sixteen.read_ahead, sixteen.block_size) == (16, 18, 7 * 64)  # 31.5 MiB: 18 of 1.75
 
 
-def test_a_stream_seen_as_rows_reads_small_blocks_several_at_a_time() -> None:
+def test_small_blocks_asked_for_are_read_several_at_a_time() -> None:
     shape = DatasetShape(1 << 20, 16, 16384, ())  # 16 MiB of 16-byte rows
     machine = Machine(2, "fork")
-    per_block = ROWS_BLOCK_BYTES // (256 * 16)
+    times = TOGETHER_BYTES // (256 * 16)
+    queue = plan_stream(shape, "h5py", machine, n_procs=2, block_size=256, remainder=True)
+    assert (queue.block_size, queue.split_rows) == (256 * times, 256)  # a queue hands out the blocks asked for
+    assert queue.block_size * 16 == TOGETHER_BYTES and queue.blocks.n_rows == 1 << 20
     rows = plan_stream(shape, "h5py", machine, n_procs=2, block_size=256, read_ahead=8, remainder=True, rows_only=True)
-    assert rows.block_size == 256 * per_block and rows.block_size * 16 == ROWS_BLOCK_BYTES  # whole blocks asked for
-    assert rows.read_ahead == 3  # the bytes in flight asked for are 32 KiB: the fewest slots for 2 readers
-    assert plan_stream(shape, "h5py", machine, n_procs=0, block_size=256, read_ahead=8, remainder=True,
-                       rows_only=True).read_ahead == 1
-    same = dict(n_procs=2, block_size=256, read_ahead=8)
-    assert plan_stream(shape, "h5py", machine, **same, remainder=True).block_size == 256  # blocks seen: as asked
-    # Without the remainder the last rows to leave out are the caller's blocks' (len % 256): blocks stay as asked.
-    assert plan_stream(shape, "h5py", machine, **same, rows_only=True).block_size == 256
-    assert plan_stream(shape, "h5py", machine, n_procs=2, block_size=1 << 16, remainder=True, rows_only=True).block_size == 1 << 16
+    assert (rows.block_size, rows.split_rows) == (256 * times, 256)  # the generator walks the rows of the blocks read
+    assert rows.read_ahead == 3  # the 32 KiB in flight asked for: the fewest slots for 2 readers
+    inline = plan_stream(shape, "h5py", machine, n_procs=0, block_size=256, read_ahead=8, rows_only=True)
+    assert inline.read_ahead == 1
+    # Without the remainder, the rows of the last whole block asked for are the last read.
+    odd = DatasetShape(1000, 16, None, ())
+    cut = plan_stream(odd, "h5py", machine, n_procs=0, block_size=7)
+    assert (cut.blocks.n_rows, cut.block_size, cut.blocks.n_blocks, cut.split_rows) == (994, 994, 1, 7)
+    assert plan_stream(odd, "h5py", machine, n_procs=0, block_size=7, remainder=True).blocks.n_rows == 1000
     # Cyclic, any multiple cuts the endless sequence alike, within the dataset's rows.
-    small = DatasetShape(1000, 16, None, ())
-    cyclic = plan_stream(small, "h5py", machine, n_procs=2, block_size=7, cyclic=True, rows_only=True)
-    assert cyclic.block_size == 7 * (1000 // 7)
-    assert plan_stream(small, "h5py", machine, n_procs=2, block_size=7, remainder=True, rows_only=True).block_size == 1000
+    assert plan_stream(odd, "h5py", machine, n_procs=0, block_size=7, cyclic=True).block_size == 7 * (1000 // 7)
+
+
+def test_blocks_read_together_leave_every_reader_its_blocks_and_a_given_ring_its_bytes() -> None:
+    shape = DatasetShape(1 << 20, 16, 16384, ())
+    machine = Machine(2, "fork")
+    asked = plan_stream(shape, "h5py", machine, n_procs=2, block_size=1 << 16)  # 1 MiB: as asked
+    assert (asked.block_size, asked.split_rows) == (1 << 16, 0)
+    few = plan_stream(shape, "h5py", machine, n_procs=2, block_size=1 << 14)  # 64 blocks: 8 each at most
+    assert (few.block_size, few.split_rows, few.blocks.n_blocks) == (1 << 16, 1 << 14, 16)
+    slots = plan_stream(shape, "h5py", machine, n_procs=2, block_size=256, read_ahead=100)
+    assert slots.read_ahead == 100 and 100 * slots.block_size * 16 <= TOGETHER_RING_BYTES  # a queue's caller holds 100
+    assert slots.split_rows == 256 and slots.block_size > 256
+    tiny = DatasetShape(200, 8, None, ())
+    assert plan_stream(tiny, "h5py", machine, n_procs=2, block_size=20).split_rows == 0  # 10 blocks: 5 a reader
+    assert plan_stream(tiny, "h5py", machine, n_procs=2, block_size=7).block_size == 21  # 28: 3 a block read
 
 
 def test_training_blocks_are_never_fitted_only_their_slots() -> None:

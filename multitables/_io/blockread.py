@@ -73,6 +73,7 @@ def read_block(
     before_read: "Callable[[int, int], None] | None" = None,
     transform: "Transform | None" = None,
     scratch: "np.ndarray | None" = None,
+    cut: int = 0,
 ) -> np.ndarray:
     """Read block ``k`` of ``plan`` into ``out`` (the caller's slot); return the rows of it that the block fills.
 
@@ -83,7 +84,10 @@ def read_block(
     bytes: ``Source.fetch``).
     With a ``pacer`` the pieces are cut into timed reads (NOTE [orphans]);
     ``before_read(a, b)`` runs before each read of source rows ``a..b``
-    (to note them for a failure report, or to raise and stop).
+    (to note them for a failure report, or to raise and stop). ``cut``: the
+    rows of the caller's blocks where a block read holds several (NOTE [read
+    plan]): a read that fails is read again one of them at a time, so that
+    its error names the caller's block that fails, as it would have.
     """
     target = out if transform is None else scratch
     assert target is not None, "a transform needs a scratch buffer"
@@ -97,13 +101,30 @@ def read_block(
                 before_read(a, b)
             dst = piece.dst + a - piece.start
             t = time.perf_counter()
-            source.read_into(a, b, target[dst : dst + b - a])
+            try:
+                source.read_into(a, b, target[dst : dst + b - a])
+            except Exception:
+                if not cut or b - a <= cut:
+                    raise
+                _read_cut(source, a, b, target[dst : dst + b - a], dst, cut, before_read)  # raises where it fails
             if pacer is not None:
                 pacer.took(b - a, time.perf_counter() - t)
     n = plan.rows(k)
     if transform is not None:
         transform.apply(target[:n], out[:n])
     return out[:n]
+
+
+def _read_cut(source: Source, a: int, b: int, out: np.ndarray, at: int, cut: int,
+              before_read: "Callable[[int, int], None] | None") -> None:
+    """Rows ``a..b`` into ``out`` (slot rows from ``at`` on) again, one read for each of the caller's blocks of ``cut``
+    rows they meet; the read that fails raises, its rows noted by ``before_read`` first."""
+    while a < b:
+        stop = min(b, a + cut - at % cut)
+        if before_read is not None:
+            before_read(a, stop)
+        source.read_into(a, stop, out[: stop - a])
+        out, at, a = out[stop - a :], at + stop - a, stop
 
 
 class BlockReader:
@@ -121,8 +142,9 @@ class BlockReader:
         n_readers: int,
         transform: "Transform | None" = None,
         pacer: "Pacer | None" = None,
+        cut: int = 0,
     ) -> None:
-        self.source, self.plan, self._node = source, plan, node
+        self.source, self.plan, self._node, self._cut = source, plan, node, cut
         self._hints = hint_distance(n_readers, node.filter_ids)  # NOTE [read plan]
         self._transform, self._pacer = transform, pacer
         self._scratch: "np.ndarray | None" = None  # the rows as read, for a transform; made at its first block
@@ -132,7 +154,7 @@ class BlockReader:
         if self._transform is not None and self._scratch is None:
             self._scratch = np.empty((self.plan.block_size,) + self._node.row_shape, self._node.dtype)
         return read_block(
-            self.source, self.plan, k, out, self._hints, self._pacer, before_read, self._transform, self._scratch
+            self.source, self.plan, k, out, self._hints, self._pacer, before_read, self._transform, self._scratch, self._cut
         )
 
 

@@ -1,76 +1,56 @@
 """How to read a dataset: reader processes, rows per block and slots in the ring, decided once (pure, no I/O).
 
 NOTE [read plan]
-    Every face asks this module and nothing else how to read: a stream
-    (:func:`plan_stream`, for ``get_queue`` and the generator), training
-    batches (:func:`plan_batches`, several datasets of equal rows), the
-    training layer's queues over explicit blocks (:func:`plan_blocks`) and
-    a Reader (:func:`plan_requests`). The inputs are the dataset's numbers
-    (:class:`DatasetShape`), the engine that will read it (already
-    resolved: its decode rate decides whether readers pay) and the machine
-    (:class:`Machine`: usable CPUs, start method). The answer, a frozen
+    Every face asks this module and nothing else how to read: a stream (:func:`plan_stream`, for ``get_queue`` and
+    the generator), training batches (:func:`plan_batches`, several datasets of equal rows), the training layer's
+    queues over explicit blocks (:func:`plan_blocks`) and a Reader (:func:`plan_requests`). The inputs are the
+    dataset's numbers (:class:`DatasetShape`), the engine that will read it (already resolved: its decode rate
+    decides whether readers pay) and the machine (:class:`Machine`: usable CPUs, start method). The answer, a frozen
     :class:`ReadPlan`, travels whole to the readers.
 
     The rules, the same for every face:
 
-    * readers: by default, the usable CPUs where they pay (they save
-      what they cost with a :data:`MARGIN`, :func:`parallel_pays`; never on
-      stored bytes, whose reading is a copy either way, unless a transform
-      runs on them), else none. What they save is the one-core read time,
-      at the rate the chunk engine measured on the dataset's first chunks
-      in the consumer where the answer turns on it (a stream's default:
-      ``DatasetShape.decode_rate``, :func:`rate_decides`), else at a table's
-      rate; with none the blocks are read in the consumer; an explicit ``n_procs`` is taken
-      as asked (0 reads in the consumer); either way capped at
+    * readers: by default, the usable CPUs where they pay (they save what they cost with a :data:`MARGIN`,
+      :func:`parallel_pays`; never on stored bytes, whose reading is a copy either way, unless a transform runs on
+      them), else none. What they save is the one-core read time, at the rate the chunk engine measured on the
+      dataset's first chunks in the consumer where the answer turns on it (a stream's default:
+      ``DatasetShape.decode_rate``, :func:`rate_decides`), else at a table's rate; with none the blocks are read in
+      the consumer; an explicit ``n_procs`` is taken as asked (0 reads in the consumer); either way capped at
       ``READERS_PER_CPU`` per CPU and at the blocks of a pass;
-    * block size: whole chunks near :data:`TARGET_BLOCK_BYTES` (1 MiB for
-      contiguous datasets), smaller where there would be fewer than
-      ``MIN_BLOCKS_PER_READER`` blocks per reader. Training plans its
-      blocks for one reader whatever the machine, because an epoch's order
-      is a function of ``(seed, epoch)`` and the blocks alone (NOTE [epoch
-      plan] in ``_plan.epoch``): a stream read with ``n_procs=1`` and
-      batches over the same dataset get the same blocks. A stream seen
-      only as rows (the generator) reads the blocks a caller asked for
-      several at a time where they are small (:func:`rows_blocks`);
-    * hints (NOTE [prefetch] in ``_io.blockread``): a reader hints the
-      block ``readers`` past the one it claimed where several read in turn
-      (a strided pattern, which the kernel's own read-ahead does not
-      follow); one reader, or the consumer, hints the next block only where
-      it decodes (the disk reads on while it does), and nothing for stored
-      bytes, which the kernel reads ahead of one reader by itself
-      (:func:`hint_distance`);
-    * read-ahead: ``2 * readers + 2`` slots (one being filled per reader, as
-      many ready, the consumer's), 4 buffers when read in the consumer;
-    * shared memory: a ring the defaults make takes at most
-      :data:`SHM_SHARE` of the shared memory free when its readers start
-      (``shm_free``: /dev/shm's, or a memory cgroup's where less): fewer
-      slots, down to one per reader and the consumer's, and a stream's
-      default blocks smaller (whole chunks) where even those would not fit.
-      A container's /dev/shm is small (Docker's default: 64 MiB, where 8
-      readers' default ring of 4 MiB blocks needs 72), and others use it
-      too (another stream, DataLoader workers, NCCL). What the caller gives
-      is taken as given; a ring that still does not fit is refused before
-      any reader starts (``ShmSpaceError``). Training's blocks never shrink:
-      an epoch's order is made of them;
-    * an object (a URL, ``DatasetShape.remote``): each read waits a round
-      trip (tens of ms) and a reader cannot fetch ahead for blocks another
-      reader may claim, so blocks are larger (:data:`REMOTE_BLOCK_BYTES`: a
-      round trip per 16 MiB rather than per 4, the parts of each fetched in
-      parallel) and readers more (``REMOTE_READERS_PER_CPU`` per CPU, and at
-      least ``REMOTE_MIN_READERS`` within ``READERS_PER_CPU``: while some
-      wait, others decode), wherever it has a few such blocks; the ring holds
-      one slot per reader and two more. A reader has one block's request in
-      flight at a time, and a distant link needs several: on the emulated
-      bucket of 50 ms and 2 Gbit/s (BENCHMARKS.md, issue 31), zlib blocks of
-      16 MiB of rows are 2.8 MB stored, and 4 readers kept the link at half
-      its cap while using half of the 2 CPUs, 8 readers at 0.8 of it.
+    * block size: whole chunks near :data:`TARGET_BLOCK_BYTES` (1 MiB for contiguous datasets), smaller where there
+      would be fewer than ``MIN_BLOCKS_PER_READER`` blocks per reader. Training plans its blocks for one reader
+      whatever the machine, because an epoch's order is a function of ``(seed, epoch)`` and the blocks alone (NOTE
+      [epoch plan] in ``_plan.epoch``): a stream read with ``n_procs=1`` and batches over the same dataset get the
+      same blocks. Small blocks a stream's caller asks for are read several at a time (:func:`read_together`): a
+      queue hands them out one by one, and a read that fails is read again one of them at a time, to name it;
+    * hints (NOTE [prefetch] in ``_io.blockread``): a reader hints the block ``readers`` past the one it claimed
+      where several read in turn (a strided pattern, which the kernel's own read-ahead does not follow); one reader,
+      or the consumer, hints the next block only where it decodes (the disk reads on while it does), and nothing for
+      stored bytes, which the kernel reads ahead of one reader by itself (:func:`hint_distance`);
+    * read-ahead: ``2 * readers + 2`` slots (one being filled per reader, as many ready, the consumer's), 4 buffers
+      when read in the consumer;
+    * shared memory: a ring the defaults make takes at most :data:`SHM_SHARE` of the shared memory free when its
+      readers start (``shm_free``: /dev/shm's, or a memory cgroup's where less): fewer slots, down to one per reader
+      and the consumer's, and a stream's default blocks smaller (whole chunks) where even those would not fit. A
+      container's /dev/shm is small (Docker's default: 64 MiB, where 8 readers' default ring of 4 MiB blocks needs
+      72), and others use it too (another stream, DataLoader workers, NCCL). What the caller gives is taken as
+      given; a ring that still does not fit is refused before any reader starts (``ShmSpaceError``). Training's
+      blocks never shrink: an epoch's order is made of them;
+    * an object (a URL, ``DatasetShape.remote``): each read waits a round trip (tens of ms) and a reader cannot
+      fetch ahead for blocks another reader may claim, so blocks are larger (:data:`REMOTE_BLOCK_BYTES`: a round
+      trip per 16 MiB rather than per 4, the parts of each fetched in parallel) and readers more
+      (``REMOTE_READERS_PER_CPU`` per CPU, and at least ``REMOTE_MIN_READERS`` within ``READERS_PER_CPU``: while
+      some wait, others decode), wherever it has a few such blocks; the ring holds one slot per reader and two more.
+      A reader has one block's request in flight at a time, and a distant link needs several: on the emulated bucket
+      of 50 ms and 2 Gbit/s (BENCHMARKS.md, issue 31), zlib blocks of 16 MiB of rows are 2.8 MB stored, and 4
+      readers kept the link at half its cap while using half of the 2 CPUs, 8 readers at 0.8 of it.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from .blocks import MiB, BlockPlan, GrowingPlan, RangePlan
@@ -175,6 +155,9 @@ class ReadPlan:
     read_ahead: int
     #: Entries of the readers' block table for a stream whose blocks are published as it goes (0: fixed blocks).
     table: int = 0
+    #: Rows of the caller's blocks, where each block read holds several (:func:`read_together`), which a queue hands
+    #: out one by one; 0: the blocks read are the caller's.
+    split_rows: int = 0
 
     @property
     def block_size(self) -> int:
@@ -335,14 +318,14 @@ def plan_stream(
 
     ``shm_free``: the shared memory free for its ring (bytes; None: not
     known, or no readers). A ``block_size`` larger than the dataset is its
-    number of rows. ``rows_only``: the caller sees rows, not blocks (the
-    generator): small blocks are read several at a time (:func:`rows_blocks`).
+    number of rows. Small blocks asked for are read several at a time
+    (:func:`read_together`; ``ReadPlan.split_rows``); ``rows_only``: the
+    caller sees rows, not blocks (the generator), so the slots are fewer.
     """
     if n_procs is None:
         n_procs = default_readers(shape, engine, machine)
     n_procs = cap_readers(n_procs, None, machine.cpus)  # first: the default block size depends on it
-    if rows_only and block_size is not None and (remainder or cyclic):
-        block_size, read_ahead = rows_blocks(shape, block_size, read_ahead, cyclic, n_procs)
+    asked = block_size is not None
     if block_size is None:
         most = None
         if n_procs and shm_free is not None:  # room for the slots asked, or the fewest the defaults allow
@@ -350,28 +333,44 @@ def plan_stream(
         block_size = default_block_size(shape.n_rows, shape.row_nbytes, shape.chunk_rows, n_procs, shape.remote, most)
     elif block_size > shape.n_rows:
         block_size = shape.n_rows  # one block of every row, as the established API read it
-    blocks = BlockPlan(shape.n_rows, block_size, cyclic=cyclic, remainder=remainder)
-    return plan_blocks(blocks, machine, n_procs=n_procs, read_ahead=read_ahead, remote=shape.remote,
-                       slot_bytes=block_size * shape.row_nbytes, shm_free=shm_free)
+    times = read_together(shape, block_size, n_procs, cyclic, read_ahead, shm_free) if asked else 1
+    if times == 1:
+        blocks = BlockPlan(shape.n_rows, block_size, cyclic=cyclic, remainder=remainder)
+    else:  # the caller's rows: all of them, cyclic or with the remainder; else up to its last whole block
+        n_rows = shape.n_rows if cyclic or remainder else shape.n_rows - shape.n_rows % block_size
+        blocks = BlockPlan(n_rows, min(block_size * times, n_rows), cyclic=cyclic, remainder=True)
+        if rows_only and read_ahead is not None:  # the bytes in flight asked for (a queue's caller holds blocks)
+            read_ahead = max(_fewest_slots(n_procs) if n_procs else 1, -(-read_ahead // times))
+    read = plan_blocks(blocks, machine, n_procs=n_procs, read_ahead=read_ahead, remote=shape.remote,
+                       slot_bytes=blocks.block_size * shape.row_nbytes, shm_free=shm_free)
+    return read if times == 1 else replace(read, split_rows=block_size)
 
 
-#: The fewest bytes a block of a stream seen as rows (the generator) holds: each block costs a hand-off and ~20 us
-#: of Python (over 16-byte rows, ``block_size=256`` read 2.4x h5py's time, the default's blocks 0.98x; BENCHMARKS.md).
-ROWS_BLOCK_BYTES = 1 * MiB
+#: The fewest bytes a block read holds where a stream's caller asked for smaller blocks (NOTE [read plan]): each
+#: block read costs a hand-off and ~20 us of Python. Over 16-byte rows, ``block_size=256`` took 2.4x h5py's time
+#: in the generator (the default's blocks 0.98x) and 3.3x in a queue (BENCHMARKS.md).
+TOGETHER_BYTES = 1 * MiB
+#: The most bytes a ring of blocks read together takes (or half the shared memory free, if less): a queue's caller
+#: may hold as many blocks as there are slots, each in a slot of its own.
+TOGETHER_RING_BYTES = 16 * MiB
 
 
-def rows_blocks(shape: DatasetShape, block_size: int, read_ahead: "int | None", cyclic: bool, n_procs: int) -> "tuple[int, int | None]":
-    """``(block_size, read_ahead)`` for a stream seen as rows: whole multiples of the caller's blocks, of
-    :data:`ROWS_BLOCK_BYTES` at least (within the rows, cyclic), in as many fewer slots as keep the bytes in flight
-    asked for. The rows and their order are the same: every row of a pass, or the endless sequence from row 0."""
-    times = ROWS_BLOCK_BYTES // max(block_size * shape.row_nbytes, 1)
+def read_together(
+    shape: DatasetShape, block_size: int, n_procs: int, cyclic: bool, read_ahead: "int | None", shm_free: "int | None"
+) -> int:
+    """How many of the caller's blocks of ``block_size`` rows a block read holds (NOTE [read plan]): enough for
+    :data:`TOGETHER_BYTES`, as long as each reader still gets ``MIN_BLOCKS_PER_READER`` blocks, within the rows
+    (cyclic), and within :data:`TOGETHER_RING_BYTES` for the ring's slots. Any multiple gives the same rows in the
+    same order: every row of a pass, or the endless sequence from row 0. 1: the blocks asked for."""
+    block_nbytes = max(block_size * shape.row_nbytes, 1)
+    times = TOGETHER_BYTES // block_nbytes
+    if n_procs:
+        times = min(times, shape.n_rows // (block_size * n_procs * MIN_BLOCKS_PER_READER))
     if cyclic:
         times = min(times, shape.n_rows // block_size)
-    if times <= 1:
-        return block_size, read_ahead
-    if read_ahead is not None:
-        read_ahead = max(_fewest_slots(n_procs) if n_procs else 1, -(-read_ahead // times))
-    return block_size * times, read_ahead
+    ring = TOGETHER_RING_BYTES if shm_free is None or not n_procs else min(TOGETHER_RING_BYTES, int(SHM_SHARE * shm_free))
+    slots = read_ahead or default_read_ahead(n_procs, shape.remote)
+    return max(min(times, ring // (slots * block_nbytes)), 1)
 
 
 def plan_blocks(

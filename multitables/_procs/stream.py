@@ -100,7 +100,8 @@ class StreamSpec:
         ``plan``: where the blocks come from, if not :attr:`plan` (a reader's view of its ring's block table).
         """
         source = open_source(self.engine, self.node, open_kwargs, self.plan, self.dataset, cache=self.cache)
-        return BlockReader(source, self.plan if plan is None else plan, self.node, n_readers, self.transform, pacer)
+        return BlockReader(source, self.plan if plan is None else plan, self.node, n_readers, self.transform, pacer,
+                           self.read.split_rows)
 
 
 @dataclass(frozen=True)

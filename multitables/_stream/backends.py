@@ -8,7 +8,8 @@ read a block the same way (``_io.blockread.BlockReader``). A back end gives
 ``pids``; the ring's also ``lend``. A stream whose blocks are published as it
 goes (NOTE [readers across epochs] in ``_procs.stream``) also takes
 ``extend(starts, stops)`` and ``rewind()``, and says how many blocks are
-``published`` and which is ``next``.
+``published`` and which is ``next``. Where each block read holds several of
+the caller's (NOTE [read plan]), :class:`SplitBackend` hands them out.
 """
 
 from __future__ import annotations
@@ -215,3 +216,57 @@ class RingBackend:
 
     def close(self, background: bool = False) -> None:
         self._pool.close(background)
+
+
+class SplitBackend:
+    """The caller's blocks of ``rows`` rows, one by one, out of the larger blocks a back end reads (NOTE [read plan]).
+
+    A block's slot goes back to ``inner`` once every block cut from it is
+    released. Its blocks are named ``slot * per_slot + i`` (``per_slot``: the
+    most cut from one slot), unique while any is held. A caller holding fewer
+    blocks than slots holds fewer slots than there are: the readers always
+    have one to fill.
+    """
+
+    def __init__(self, inner: "InlineBackend | RingBackend", rows: int, per_slot: int) -> None:
+        self._inner, self._rows, self._per_slot = inner, rows, per_slot
+        self._cut: "tuple[int, np.ndarray, int] | None" = None  # the slot being cut, its rows, the next block in it
+        self._left: dict[int, int] = {}  # slot -> its blocks not yet given back
+        self._lock = threading.Lock()  # release() runs in any thread
+        self._pid = os.getpid()
+        self.pids = inner.pids
+
+    def take(self) -> tuple[int, np.ndarray]:
+        if self._cut is None or os.getpid() != self._pid:  # a fork's take is the inner's, which refuses it
+            self._cut = None
+            slot, rows = self._inner.take()
+            with self._lock:
+                self._left[slot] = -(-len(rows) // self._rows)
+            self._cut = (slot, rows, 0)
+        slot, rows, i = self._cut
+        n = self._rows
+        self._cut = (slot, rows, i + 1) if (i + 1) * n < len(rows) else None
+        return slot * self._per_slot + i, rows[i * n : (i + 1) * n]
+
+    def release(self, block: int) -> None:
+        slot = block // self._per_slot
+        with self._lock:
+            self._left[slot] -= 1
+            done = not self._left[slot]
+            if done:
+                del self._left[slot]
+        if done:
+            self._inner.release(slot)
+
+    def check(self) -> None:
+        self._inner.check()
+
+    def lend(self, slot: int, rows: int) -> np.ndarray:
+        raise TypeError("a queue whose blocks are cut from larger ones lends none (the generator reads whole ones)")
+
+    def slot_memory(self) -> "tuple[int, int] | None":
+        return self._inner.slot_memory()
+
+    def close(self, background: bool = False) -> None:
+        self._cut = None
+        self._inner.close(background)

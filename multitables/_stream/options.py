@@ -86,9 +86,10 @@ class StreamOptions:
         """The machine the plans are made for: this process's CPUs and the readers' start method."""
         return Machine.here(self.start_method)
 
-    def open_queue(self, spec: StreamSpec) -> Queue:
-        """Start reading ``spec``: its readers, or in this process."""
-        return Queue(spec, self.open_kwargs, self.start_method)
+    def open_queue(self, spec: StreamSpec, whole: bool = False) -> Queue:
+        """Start reading ``spec``: its readers, or in this process; ``whole``: its queue gives the blocks read, though
+        each holds several of the caller's (for rows: NOTE [read plan])."""
+        return Queue(spec, self.open_kwargs, self.start_method, whole)
 
     def read_rows(self, node: NodeInfo, start: int, stop: int) -> np.ndarray:
         """Rows ``[start, stop)`` of ``node``, read here into a fresh array (a source opened and closed for them)."""

@@ -16,10 +16,10 @@ from .._plan.blocks import GrowingPlan, RangePlan
 from .._procs.stream import StreamSpec
 from .._shm.ring import TICK
 from ..errors import QueueClosed, StreamClosedError
-from .backends import InlineBackend, RingBackend
+from .backends import InlineBackend, RingBackend, SplitBackend
 
 
-def _end(backend: "InlineBackend | RingBackend", before_unmap: "list[Callable[[], None]]", background: bool = False) -> None:
+def _end(backend: "InlineBackend | RingBackend | SplitBackend", before_unmap: "list[Callable[[], None]]", background: bool = False) -> None:
     """Close ``backend``; the hooks of ``Queue.at_close`` first, each once, all of them even where one fails (its
     error is raised once the backend is closed)."""
     error: "BaseException | None" = None
@@ -98,15 +98,21 @@ class Queue:
     release one.
     """
 
-    def __init__(self, spec: StreamSpec, open_kwargs: dict[str, Any], start_method: "str | None") -> None:
+    def __init__(
+        self, spec: StreamSpec, open_kwargs: dict[str, Any], start_method: "str | None", whole: bool = False
+    ) -> None:
+        # NOTE [read plan]: the caller's blocks cut from the larger ones read, unless ``whole`` (the generator's rows).
+        split = 0 if whole else spec.read.split_rows
         #: Rows per block (the last block of a pass may be shorter with ``remainder=True``).
-        self.block_size: int = spec.plan.block_size
+        self.block_size: int = split or spec.plan.block_size
         #: The engine reading the file: ``"chunks"``, ``"h5py"`` or ``"tables"`` (what ``auto`` chose).
         self.engine: str = spec.engine
         #: Reader processes (``n_procs``, capped); 0 when blocks are read in this process (asked, or too small to pay).
         self.n_procs: int = spec.n_procs
         self._growing = isinstance(spec.plan, GrowingPlan)  # NOTE [readers across epochs]
         self._n_blocks = None if self._growing else spec.plan.n_blocks
+        if split and self._n_blocks is not None:
+            self._n_blocks = -(-spec.plan.n_rows // split)
         self._delivered = 0
         #: Slots: the blocks the readers and the caller hold at once (``read_ahead``); a ``get()`` waits while the
         #: caller's guards hold them all.
@@ -118,11 +124,13 @@ class Queue:
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)  # a slot released, a take done, closed
         self._closed = False
-        backend: "InlineBackend | RingBackend"
+        backend: "InlineBackend | RingBackend | SplitBackend"
         if spec.n_procs == 0:
             backend = InlineBackend(spec, open_kwargs)
         else:
             backend = RingBackend(spec, open_kwargs, start_method)
+        if split:
+            backend = SplitBackend(backend, split, -(-spec.plan.block_size // split))
         self._backend = backend
         self._before_unmap: "list[Callable[[], None]]" = []  # see at_close
         self._finalizer = weakref.finalize(self, _end, backend, self._before_unmap)

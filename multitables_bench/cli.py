@@ -52,7 +52,7 @@ from multitables_bench.report import load_report, render_html, render_markdown, 
 from multitables_bench.scaling_report import scaling_markdown
 from multitables_bench.sections import run_sections
 
-SECTIONS = ("main", "training", "random", "scaling", "gpu")
+SECTIONS = ("main", "training", "random", "blocks", "scaling", "gpu")
 #: Rows of 1 KiB in the training / random-access file: 256 MiB (--quick: 16 MiB).
 SECTION_ROWS, QUICK_SECTION_ROWS = 1 << 18, 1 << 14
 CACHES = ("auto", "direct", "evict", "warm")
@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--plot", metavar="PATH.png", default=None, help="plot MB/s against n_procs (needs matplotlib)")
     add("--sections", nargs="+", default=["main"], choices=SECTIONS,
         help="what to measure: main (streaming, the default), training (batches vs DataLoader), random (Reader vs h5py), "
-             "scaling (n_procs 1, 2, 4 ... --max_procs beside plain h5py processes and DataLoader, with page-fault "
+             "blocks (block_size=256 in a queue and the generator vs h5py's slices), scaling (n_procs 1, 2, 4 ... --max_procs beside plain h5py processes and DataLoader, with page-fault "
              "counters; --file keeps its files for the next run to reuse), gpu (a training step on a GPU fed by "
              "multitables with and without device=, and by DataLoader with pinned memory; needs CUDA)")
     add("--data", nargs="+", default=[DEFAULT_DATA], choices=list(DATA),
@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
              "which compresses several times); with both, a file of each per codec")
     add("--report-from", metavar="JSON", default=None, help="measure nothing: report the results of an earlier --json run")
     add("--section-mib", type=int, default=None,
-        help=f"--sections training / random: MiB of 1 KiB rows in their file (default {SECTION_ROWS >> 10}; "
+        help=f"--sections training / random / blocks: MiB of 1 KiB rows in their file (default {SECTION_ROWS >> 10}; "
              f"--quick: {QUICK_SECTION_ROWS >> 10}); --sections scaling: MiB of 4 KiB rows in each of its two files "
              f"(default {scaling.DEFAULT_MIB}; --quick: {scaling.QUICK_MIB})")
     add("--gpu-step-ms", type=float, default=None,

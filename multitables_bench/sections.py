@@ -1,4 +1,4 @@
-"""The training and random-access sections of the benchmark (``multitables-benchmark --sections ...``).
+"""The training, blocks and random-access sections of the benchmark (``multitables-benchmark --sections ...``).
 
 Both read a zlib level 3 file of 1 KiB float32 rows (``/X``) and their int64
 labels (``/y``), and set multitables beside what a user would write without
@@ -9,6 +9,8 @@ it, measured in the same run:
   over the file and over the same rows in 64 shard files, PyTorch
   ``DataLoader`` over h5py, and MosaicML streaming over the rows in its MDS
   format (where the ``streaming`` package is installed);
+* blocks: rows/s of every row in blocks of 256 rows as code written for 2.x
+  asks for them (``block_size=256``), against h5py's slices;
 * random access: rows/s for batches of 256 sorted random row indices, page
   cache warm, against h5py fancy indexing in one process and the
   established ``Reader`` approach of one request at a time; and for rows
@@ -183,6 +185,52 @@ def one_row_section(path: str, n_procs: int, repeats: int, log: Callable[[str], 
     return figures
 
 
+#: Rows of the blocks the blocks section asks for: a batch's, as code written for 2.x passes ``block_size``.
+ASKED_BLOCK = 256
+
+
+def blocks_section(path: str, repeats: int, log: Callable[[str], None]) -> list[Figure]:
+    """Rows/s of every row of /y (8-byte labels) and of /X in blocks of ASKED_BLOCK rows, page cache warm, the readers
+    multitables chooses: a queue's blocks against h5py's slices of as many rows in one process, and the generator's
+    rows against each row of those slices; what a small ``block_size`` costs."""
+    import multitables
+
+    read_through_cache(path)
+    figures = []
+    for node in ("y", "X"):
+
+        def h5py_slices(each_row: bool) -> Callable[[], int]:
+            def run() -> int:
+                with h5py_with_filters().File(path, "r") as f:
+                    ds, rows = f[node], 0
+                    for i in range(0, len(ds), ASKED_BLOCK):
+                        block = ds[i:i + ASKED_BLOCK]
+                        rows += sum(1 for _ in block) if each_row else len(block)
+                return rows
+
+            return run
+
+        def queue_blocks() -> int:
+            with multitables.Streamer(path).get_queue(f"/{node}", block_size=ASKED_BLOCK, remainder=True) as q:
+                rows = 0
+                for guard in q.iter():
+                    with guard as block:
+                        rows += len(block)
+            return rows
+
+        def generator_rows() -> int:
+            return sum(1 for _ in multitables.Streamer(path).get_generator(f"/{node}", block_size=ASKED_BLOCK))
+
+        blocks, rows = f"blocks of /{node}", f"rows of /{node}"
+        figures += [
+            median_rate(blocks, f"h5py ds[i:i + {ASKED_BLOCK}], 1 process", h5py_slices(False), repeats, log),
+            median_rate(blocks, f"multitables get_queue(block_size={ASKED_BLOCK})", queue_blocks, repeats, log),
+            median_rate(rows, f"h5py each row of ds[i:i + {ASKED_BLOCK}], 1 process", h5py_slices(True), repeats, log),
+            median_rate(rows, f"multitables get_generator(block_size={ASKED_BLOCK})", generator_rows, repeats, log),
+        ]
+    return figures
+
+
 # ---------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------
@@ -266,6 +314,13 @@ def run_sections(sections: Sequence[str], workdir: str, n_rows: int, n_procs: in
             out.append(f"### Random access, one row a request ({ONE_ROW_READS:,} rows, in order and at random), page cache "
                        "warm\n\n" + "\n\n".join(markdown([f for f in rows if f.section == s], "h5py", "rows/s")
                                                  for s in dict.fromkeys(f.section for f in rows)))
+        if "blocks" in sections:
+            fig = blocks_section(path, repeats, log=log)
+            figures += fig
+            out.append(f"### Blocks of {ASKED_BLOCK} rows asked for ({n_rows:,} rows of /y, int64, and of /X, {FEATURES} "
+                       "float32), zlib 3, page cache warm\n\n" + "\n\n".join(
+                           markdown([f for f in fig if f.section == s], "h5py", "rows/s")
+                           for s in dict.fromkeys(f.section for f in fig)))
     finally:
         os.remove(path)
         for directory in (shards, mds):

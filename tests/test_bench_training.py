@@ -126,6 +126,23 @@ def test_the_random_section_reads_batches_and_rows_one_at_a_time_beside_h5py(tmp
     assert os.listdir(tmp_path) == []
 
 
+def test_the_blocks_section_reads_every_row_in_the_blocks_asked_for_beside_h5py(tmp_path: Path) -> None:
+    log: list[str] = []
+    text, figures = sections.run_sections(["blocks"], str(tmp_path), 600, 2, 1, log.append)
+    by_section: "dict[str, list[str]]" = {}
+    for f in figures:
+        by_section.setdefault(f.section, []).append(f.label)
+        assert f.rows == 600  # every row once, the short last block included
+    assert list(by_section) == ["blocks of /y", "rows of /y", "blocks of /X", "rows of /X"]
+    for name, labels in by_section.items():
+        assert labels == (["h5py ds[i:i + 256], 1 process", "multitables get_queue(block_size=256)"]
+                          if name.startswith("blocks") else
+                          ["h5py each row of ds[i:i + 256], 1 process", "multitables get_generator(block_size=256)"])
+        assert all(f"| {label} |" in text for label in labels)
+    assert "### Blocks of 256 rows asked for" in text
+    assert os.listdir(tmp_path) == []
+
+
 def test_warm_reads_the_files_in_and_cold_drops_every_one(train_file: str, shard_glob: str) -> None:
     names = sorted(glob.glob(shard_glob))
     assert training.set_cache(names, "warm") > 0.99

@@ -94,8 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--plot", metavar="PATH.png", default=None, help="plot MB/s against n_procs (needs matplotlib)")
     add("--sections", nargs="+", default=["main"], choices=SECTIONS,
         help="what to measure: main (streaming, the default), training (batches vs DataLoader), random (Reader vs h5py), "
-             "blocks (block_size=256 in a queue and the generator vs h5py's slices), scaling (n_procs 1, 2, 4 ... --max_procs beside plain h5py processes and DataLoader, with page-fault "
-             "counters; --file keeps its files for the next run to reuse), gpu (a training step on a GPU fed by "
+             "blocks (block_size=256 in a queue and the generator vs h5py's slices), scaling (n_procs 1, 2, 4 ... "
+             "--max_procs beside plain h5py processes and DataLoader, with page-fault counters; --file keeps its files for the next run to reuse), gpu (a training step on a GPU fed by "
              "multitables with and without device=, and by DataLoader with pinned memory; needs CUDA)")
     add("--data", nargs="+", default=[DEFAULT_DATA], choices=list(DATA),
         help="what the files hold: noise (random normal, the default) and/or smooth (a random walk in whole steps, "

@@ -97,10 +97,10 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .._plan.blocks import Piece
+from .._sys.awake import Eagerness, acquire
 from .layout import HEADER_WORDS, RingLayout, RingSync
 from .release import release_later
 from .segment import Segment, can_populate
-from .._sys.awake import Eagerness, acquire
 
 #: Seconds between liveness checks while a side waits.
 TICK = 0.05

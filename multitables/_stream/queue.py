@@ -19,7 +19,9 @@ from ..errors import QueueClosed, StreamClosedError
 from .backends import InlineBackend, RingBackend, SplitBackend
 
 
-def _end(backend: "InlineBackend | RingBackend | SplitBackend", before_unmap: "list[Callable[[], None]]", background: bool = False) -> None:
+def _end(
+    backend: "InlineBackend | RingBackend | SplitBackend", before_unmap: "list[Callable[[], None]]", background: bool = False
+) -> None:
     """Close ``backend``; the hooks of ``Queue.at_close`` first, each once, all of them even where one fails (its
     error is raised once the backend is closed)."""
     error: "BaseException | None" = None

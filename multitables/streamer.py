@@ -269,7 +269,7 @@ class Streamer:
                 cyclic=cyclic, remainder=remainder, rows_only=rows_only,
             )  # fmt: skip
             read = plan()
-            if read.n_procs and (block_size is None or read_ahead is None or read.blocks.block_size != block_size):
+            if read.n_procs and (block_size is None or read_ahead is None or read.split_rows):
                 # A ring of defaults, or of blocks read together: fit it (NOTE [read plan]).
                 read = plan(shm_free=shared_memory_free())
             engine = options.engine_for_readers(node, engine, read.n_procs, dataset)

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import pickle
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,7 +65,7 @@ from .._shm.ring import TICK
 from .._shm.segment import Segment
 from .._shm.space import semaphores_for
 from .._shm.stagemap import DONE, FAILED, StageLayout, StageMap
-from .._sys.awake import Eagerness, look
+from .._sys.awake import Eagerness, acquire
 from ..errors import FileChangedError, ReaderError, SharedMemoryError, StreamClosedError
 from .failure import died_error
 from .pool import REPORT_TIMEOUT, ReaderPool
@@ -119,13 +118,11 @@ class _Server:
         me = self.reader.identity.index
         head = 0
         awake = Eagerness()  # NOTE [waiting awake]
-        idle_since = time.perf_counter()
         while True:
-            if not (awake.eager and look(lambda: sync.work.acquire(False))) and not sync.work.acquire(timeout=TICK):
+            if not acquire(sync.work, awake, TICK):
                 if self.stopped():
                     return
                 continue
-            awake.saw(time.perf_counter() - idle_since)
             item = self.inboxes.get(me, head)
             head += 1
             sync.space.release()
@@ -142,7 +139,6 @@ class _Server:
                 stage = self.stages.pop(item.stage_id, None)
                 if stage is not None:
                     stage.close()
-            idle_since = time.perf_counter()
 
     def _reader(self, desc: bytes) -> tuple[NodeInfo, Any]:
         got = self.readers.get(desc)

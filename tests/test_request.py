@@ -178,6 +178,18 @@ def test_clear_errors() -> None:
         normalize_key(slice(None, None, 0), (10,))
 
 
+def test_index_arrays_that_select_nothing_are_not_bounds_checked_as_numpy_does() -> None:
+    # Found by the Reader's property test: ([], range(2, 3)) on two columns. numpy checks an index array's bounds
+    # only where the arrays broadcast to something; then the rows asked for are none.
+    data = np.arange(20).reshape(10, 2)
+    for key in [([], range(2, 3)), ([50], []), (np.zeros((0, 1), int), [7])]:
+        nkey = normalize_key(key, data.shape)
+        plan = plan_rows(nkey, data.shape)
+        assert plan.n_read == 0 and data[key].shape == result_shape(nkey, data.shape)
+    with pytest.raises(IndexError, match="index 7 is out of bounds for axis 1"):
+        normalize_key(([1], [7]), data.shape)
+
+
 sorted_rows = st.lists(st.integers(0, 400), min_size=0, max_size=60, unique=True).map(lambda v: np.array(sorted(v), dtype=np.int64))
 
 

@@ -33,6 +33,7 @@ NOTE [request plan]
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Sequence, Union
@@ -150,6 +151,7 @@ def normalize_key(key: Any, shape: Sequence[int]) -> tuple[Entry, ...]:
     if used > ndim:
         raise IndexError(f"too many indices: the data is {ndim}-dimensional, but {used} were indexed")
     out: list[Entry] = []
+    out_of_bounds: "IndexError | None" = None  # numpy checks an index array's bounds only where it selects something
     axis = 0
     for i, (e, kind) in enumerate(zip(entries, kinds)):
         if kind == "newaxis":
@@ -183,18 +185,28 @@ def normalize_key(key: Any, shape: Sequence[int]) -> tuple[Entry, ...]:
                 out.append(_norm_int(arr, shape[axis], axis))
                 axis += 1
             else:
-                out.append(_norm_int_array(arr, shape[axis], axis))
+                try:
+                    out.append(_norm_int_array(arr, shape[axis], axis))
+                except IndexError as exc:
+                    out_of_bounds = out_of_bounds or exc
+                    out.append(arr.astype(np.intp, copy=False))
                 axis += 1
     while axis < ndim:  # no Ellipsis: the remaining axes are taken whole
         out.append(slice(None))
         axis += 1
     advanced = [e.shape for e in out if isinstance(e, np.ndarray)]
+    selected = advanced[0] if advanced else ()
     if len(advanced) > 1:
         try:
-            np.broadcast_shapes(*advanced)
+            selected = np.broadcast_shapes(*advanced)
         except ValueError:
             shapes = " ".join(str(s) for s in advanced)
             raise IndexError(f"shape mismatch: indexing arrays could not be broadcast together with shapes {shapes}") from None
+    if out_of_bounds is not None:
+        if math.prod(selected):
+            raise out_of_bounds
+        # Nothing selected (an empty array broadcast with the others): numpy gives an empty result, as do we.
+        out = [np.zeros(selected, np.intp) if isinstance(e, np.ndarray) else e for e in out]
     return tuple(out)
 
 

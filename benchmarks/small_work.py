@@ -170,10 +170,11 @@ FUNCTIONS: dict[str, Callable[[list[str]], int]] = {
 
 
 def prepare(paths: list[str], cache: str) -> None:
-    """The cache for a pass, and a process that never read the files (no layout remembered: NOTE [layout cache])."""
-    from multitables._io.chunks.storage import forget_layouts
+    """The cache for a pass, and a process that never read the files (no node or layout remembered: NOTE [file
+    identity])."""
+    from multitables._io.fileset import forget_learned
 
-    forget_layouts()
+    forget_learned()
     for path in paths:
         prepare_cache(path, "warm" if cache == "warm" else "evict")
     gc.collect()

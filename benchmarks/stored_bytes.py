@@ -102,7 +102,7 @@ def main() -> None:
     p.add_argument("--cache", nargs="+", choices=("cold", "warm"), default=["cold", "warm"])
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args()
-    from multitables._io.chunks.storage import forget_layouts
+    from multitables._io.fileset import forget_learned
     from multitables_bench.cache_modes import prepare_cache
 
     if not os.path.exists(args.file):
@@ -116,7 +116,7 @@ def main() -> None:
         times: dict[str, list[float]] = {k: [] for k in functions}
         for _ in range(args.repeats):
             for name, fn in functions.items():
-                forget_layouts()  # every pass a first read of the file, as in a fresh process
+                forget_learned()  # every pass a first read of the file, as in a fresh process
                 prepare_cache(args.file, "evict" if cache == "cold" else "warm")
                 gc.collect()
                 t = time.perf_counter()

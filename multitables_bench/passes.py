@@ -39,11 +39,11 @@ class Job:
 
 def time_pass(job: Job, cache: str, repeat: int, cycle: int, log: Callable[[str], None]) -> Pass:
     """Set the cache up, measure residency, read the whole file once, timed with ``perf_counter``."""
-    from multitables._io.chunks.storage import forget_layouts
+    from multitables._io.fileset import forget_learned
 
     target, reader = job.target, job.reader
-    # Each pass reads the file as a process that never read it: the chunk index is read again.
-    forget_layouts()
+    # Each pass reads the file as a process that never read it: its node is described, its chunk index read again.
+    forget_learned()
     resident = prepare_cache(target.path, cache)
     # The garbage of the pass before (PyTables leaves many objects) is collected
     # now, not charged to whichever reader runs next, which on the small files

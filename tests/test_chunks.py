@@ -734,8 +734,7 @@ def test_a_learned_layout_is_sent_whole_to_readers_that_do_not_inherit_it(tmp_pa
 
     import h5py
 
-    from multitables._io.chunks import storage
-
+    from multitables._io import files
     from multitables._io.chunks.source import ChunkSource
     from multitables._io.chunks.storage import adopt_layout, chunks_problem, forget_layouts, known_layout, learned_layouts
     from multitables._io.node import close_dataset, open_node
@@ -744,7 +743,7 @@ def test_a_learned_layout_is_sent_whole_to_readers_that_do_not_inherit_it(tmp_pa
     rows = np.arange(64 * 64, dtype="<f4").reshape(64, 64)
     with h5py.File(path, "w") as f:
         f.create_dataset("data", data=rows, chunks=(8, 64), compression="gzip", shuffle=True)
-    monkeypatch.setattr(storage, "SETTLED_S", -1.0)  # layouts are kept only for files that have not changed lately
+    monkeypatch.setattr(files, "SETTLED_S", -1.0)  # layouts are kept only for files that have not changed lately
     node, ds = open_node(str(path), "/data")
     try:
         assert chunks_problem(node, ds) is None

@@ -4,7 +4,8 @@ A set is named by a list of files or a glob; its rows are the files' rows in
 order, in every mode (queue, generator, batches, the torch adapter, random
 access); a file that does not match the others is refused by name before
 any process starts; a reader keeps a few files open however many there are;
-each file's identity is checked where it is read.
+each file's identity is checked where it is read. A node described is kept
+while its files keep their identities, a set's or one file's.
 """
 
 from __future__ import annotations
@@ -421,17 +422,72 @@ def test_a_file_changed_before_the_readers_look_fails_the_request(tmp_path: Path
                 reader.request(ds[:], stage).get()
 
 
-def test_a_set_is_inspected_again_only_when_a_file_changed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def opened(monkeypatch: pytest.MonkeyPatch) -> "list[str]":
+    """The files ``_io.fileset`` describes (opens with HDF5), in order, from now on."""
     import multitables._io.fileset as fileset
 
+    seen: list[str] = []
+    real = fileset.open_node
+    monkeypatch.setattr(fileset, "open_node", lambda name, *a, **k: (seen.append(name), real(name, *a, **k))[1])
+    return seen
+
+
+@pytest.fixture
+def settled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files just written count as settled (NOTE [file identity]: what is learned of a file is kept only then)."""
+    from multitables._io import files
+
+    monkeypatch.setattr(files, "SETTLED_S", -1.0)
+
+
+def test_a_set_is_inspected_again_only_when_a_file_changed(tmp_path: Path, opened: "list[str]", settled: None) -> None:
     files, _ = write_shards(tmp_path, [10, 10, 10])
     names = tuple(map(str, files))
-    opened: list[str] = []
-    real = fileset.open_node
-    monkeypatch.setattr(fileset, "open_node", lambda name, *a, **k: (opened.append(name), real(name, *a, **k))[1])
     first = inspect_files(names, "/data")
     assert inspect_files(names, "/data") is first and opened == list(names)  # every epoch asks; nothing changed
     with h5py.File(files[1], "w") as f:
         f["data"] = np.zeros((10, 8), np.float32)
     with pytest.raises(ValueError, match=str(files[1])):
         inspect_files(names, "/data")
+
+
+def test_a_settled_files_node_is_described_once_while_the_file_keeps_its_identity(
+    tmp_path: Path, opened: "list[str]", settled: None
+) -> None:
+    """A loop over small files, epoch after epoch: each stream of a file seen before opens no HDF5 file to plan."""
+    (path,), rows = write_shards(tmp_path, [20])
+    for n_procs, engine in [(0, "auto"), (0, "auto"), (1, "auto"), (0, "h5py"), (0, "chunks")]:
+        streamer = multitables.Streamer(str(path), engine=engine)
+        assert np.array_equal(blocks_of(streamer.get_queue("/data", n_procs=n_procs, block_size=5)), rows)
+    assert np.array_equal(np.stack(list(multitables.Streamer(str(path)).get_generator("/data"))), rows)
+    with multitables.Reader(str(path)) as reader:
+        ds = reader.get_dataset("/data")
+        assert np.array_equal(reader.request(ds[3:9], ds.create_stage(6)).get(), rows[3:9])
+    assert opened == [str(path)]
+    os.utime(path)  # its identity changes (the times): described again, once
+    assert np.array_equal(blocks_of(multitables.Streamer(str(path)).get_queue("/data", n_procs=0)), rows)
+    assert np.array_equal(blocks_of(multitables.Streamer(str(path)).get_queue("/data", n_procs=0)), rows)
+    assert opened == [str(path)] * 2
+    (path,), longer = write_shards(tmp_path, [30])  # rewritten in place, more rows: what is read is the new file
+    assert np.array_equal(blocks_of(multitables.Streamer(str(path)).get_queue("/data", n_procs=0, remainder=True)), longer)
+    assert opened == [str(path)] * 3
+
+
+def test_a_file_just_written_is_described_at_every_open(tmp_path: Path, opened: "list[str]") -> None:
+    """Its identity cannot show a write in the same tick of the clock: nothing learned of it is kept."""
+    (path,), rows = write_shards(tmp_path, [20])
+    for _ in range(2):
+        assert np.array_equal(blocks_of(multitables.Streamer(str(path)).get_queue("/data", n_procs=0)), rows)
+    assert opened == [str(path)] * 2
+
+
+def test_a_node_linked_from_another_file_is_described_at_every_open(tmp_path: Path, opened: "list[str]", settled: None) -> None:
+    """The identity taken is the linking file's; the rows lie in the other, which may change alone."""
+    (target,), rows = write_shards(tmp_path, [20])
+    link = tmp_path / "link.h5"
+    with h5py.File(link, "w") as f:
+        f["data"] = h5py.ExternalLink(target.name, "/data")
+    for _ in range(2):
+        assert np.array_equal(blocks_of(multitables.Streamer(str(link)).get_queue("/data", n_procs=0)), rows)
+    assert opened == [str(link)] * 2

@@ -12,6 +12,7 @@ import tables
 from _diskmodel import run_under
 
 import multitables
+from multitables._io import files
 from multitables._io.chunks import source as chunks_module
 from multitables._io.chunks import storage
 from multitables._io.chunks.source import ChunkSource
@@ -31,7 +32,7 @@ def no_layouts() -> Iterator[None]:
 @pytest.fixture
 def settled(monkeypatch: pytest.MonkeyPatch) -> None:
     """Files just written count as settled (the tests write them a moment before reading)."""
-    monkeypatch.setattr(storage, "SETTLED_S", -1.0)
+    monkeypatch.setattr(files, "SETTLED_S", -1.0)
 
 
 def read_all(node: Any, **kwargs: Any) -> np.ndarray:

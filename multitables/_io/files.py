@@ -18,6 +18,14 @@ NOTE [file identity]
     time can show. An object in a bucket or on an HTTP server has no
     ``stat``: its identity is its ETag (NOTE [object identity] in
     ``_io.objects.reader``), which every request checks itself.
+
+    What a process learns of a file (its node's description, its chunk
+    layout) it keeps and uses again while the file keeps its identity, with
+    no HDF5 open. That gap of the identity, a rewrite of the same size within
+    one tick of the clock, is closed as git closes its "racy" index entries:
+    only what was learned of a *settled* file is kept (:func:`settled`: its
+    last change ``SETTLED_S`` before the learning), so that any later write
+    shows in its times. Files just written are learned again at each open.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import time
 from typing import Any
 
 from ..errors import FileChangedError, NotHDF5Error
@@ -33,11 +42,21 @@ from .objects.http import ObjectIdentity
 #: ``(st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)`` of a file; see NOTE [file identity].
 FileSignature = tuple[int, int, int, int, int]
 
+#: Seconds a file must have gone unchanged for what is learned of it to be kept (NOTE [file identity]): more than
+#: any filesystem's clock tick (FAT's is 2 s).
+SETTLED_S = 3.0
+
 
 def file_signature(filename: "str | int") -> FileSignature:
     """The identity of ``filename`` now (a path, or an open file descriptor); see NOTE [file identity]."""
     st = os.stat(filename)
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def settled(signature: FileSignature) -> bool:
+    """Whether the file whose identity was ``signature`` (taken just now) had gone unchanged for ``SETTLED_S``: what is
+    learned of it may be kept while it keeps that identity (NOTE [file identity])."""
+    return time.time() - max(signature[3], signature[4]) / 1e9 > SETTLED_S
 
 
 def check_file_unchanged(filename: str, expected: "FileSignature | ObjectIdentity | None") -> None:

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 from ..errors import EmptyDatasetError, FileChangedError
 from .._sys.forks import renew_lock_in_children
-from .files import FileSignature, as_filename, check_file_unchanged, file_signature, from_root
+from .files import FileSignature, as_filename, check_file_unchanged, file_signature, from_root, settled
 from .node import NodeInfo, Part, check_file, close_dataset, open_node
 from .objects.hdf5 import check_hdf5
 from .objects.config import Store, make_store
@@ -67,13 +67,63 @@ from .objects.urls import is_url, shown
 #: Files a :class:`SetSource` keeps open at once in one process.
 MAX_OPEN = 4
 
-#: Sets inspected lately, each with every file's identity then: a training loop asks for its
-#: node every epoch, and inspecting a thousand files takes ~0.4 s where checking them takes ~3 ms.
-_INSPECTED: "OrderedDict[tuple[Any, ...], tuple[tuple[FileSignature | ObjectIdentity, ...], NodeInfo]]" = OrderedDict()
-_INSPECTED_KEPT = 16
-_INSPECTED_LOCK = threading.Lock()
+class _Described:
+    """Nodes described lately, each with its files' identities then: used again while every file keeps its
+    identity, with no HDF5 open (kept only where every file was settled: NOTE [file identity] in ``files``).
 
-renew_lock_in_children(globals(), "_INSPECTED_LOCK")  # a reader resolves a set's node through it (``SetRef``)
+    A training loop asks for its node every epoch: inspecting a set of a thousand files takes ~0.4 s, checking
+    their identities ~3 ms. A loop over small files, each a stream, describes each file anew: an HDF5 open and
+    ~90 us, more than h5py's whole read of a file of a few KiB; a stat is 1-2 us.
+    """
+
+    def __init__(self, kept: int) -> None:
+        self._kept = kept
+        self._nodes: "OrderedDict[tuple[Any, ...], tuple[tuple[FileSignature | ObjectIdentity, ...], NodeInfo]]" = OrderedDict()
+        self._lock = threading.Lock()
+        renew_lock_in_children(self.__dict__, "_lock")  # a reader resolves a set's node through it (``SetRef``)
+
+    def recall(self, key: "tuple[Any, ...]", identities: "tuple[FileSignature | ObjectIdentity, ...] | None") -> "NodeInfo | None":
+        """The node kept under ``key`` if its files still have ``identities`` (their identities now), else None."""
+        if identities is None:
+            return None
+        with self._lock:
+            seen = self._nodes.get(key)
+            if seen is None or seen[0] != identities:
+                return None
+            self._nodes.move_to_end(key)
+        return seen[1]
+
+    def remember(self, key: "tuple[Any, ...]", identities: "tuple[FileSignature | ObjectIdentity, ...] | None",
+                 node: NodeInfo) -> None:
+        """Keep ``node``, described from files whose identities were ``identities`` (taken before it was), if every
+        file was settled then (an object's identity is checked by every request for it)."""
+        if identities is None or not all(isinstance(i, ObjectIdentity) or settled(i) for i in identities):
+            return
+        with self._lock:
+            self._nodes[key] = (identities, node)
+            self._nodes.move_to_end(key)
+            while len(self._nodes) > self._kept:
+                self._nodes.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._nodes.clear()
+
+
+#: Sets inspected lately (a set's node lists every file's).
+_SETS = _Described(16)
+#: Single files' nodes described lately: a loop over thousands of files, epoch after epoch, finds them here.
+_FILES = _Described(4096)
+
+
+def forget_learned() -> None:
+    """Forget what this process learned of files, their nodes and chunk layouts, as a process that never read them:
+    the benchmark times each pass as a first read of its file."""
+    from .chunks.storage import forget_layouts
+
+    _SETS.clear()
+    _FILES.clear()
+    forget_layouts()
 
 _GLOB_CHARS = frozenset("*?[")
 
@@ -128,6 +178,9 @@ def open_files(
 ) -> "tuple[NodeInfo, Any]":
     """The node at ``path`` of one file (with its open ``h5py.Dataset``, as :func:`~.node.open_node`) or of a set (None).
 
+    The dataset is None too where the node was described before and its files kept their identities (no open at all:
+    ``_Described``).
+
     For a set, every file is checked in turn (NOTE [file sets]): ``KeyError``
     naming the file that lacks the node, ``ValueError`` naming the file whose
     rows differ from the first file's, :class:`EmptyDatasetError` if no
@@ -135,20 +188,28 @@ def open_files(
     SWMR reading, as h5py's ``swmr=True`` (HDF5 refuses a second open of a file with the other flag).
     """
     if isinstance(files, str):
-        return open_node(files, path, field, store=store, swmr=swmr)
+        if is_url(files) or swmr:  # an object is looked at by the open; a file open for SWMR grows
+            return open_node(files, path, field, store=store, swmr=swmr)
+        key = (files, path, field)
+        try:
+            identity: "tuple[FileSignature, ...] | None" = (file_signature(files),)
+        except OSError:
+            identity = None  # the open says what is wrong
+        node = _FILES.recall(key, identity)
+        if node is not None:
+            return node, None  # an engine opens the file only where it needs HDF5 (NOTE [layout cache])
+        node, dataset = open_node(files, path, field)
+        if node.linked_file is None:  # its data lies in another file, whose identity is not the one taken here
+            _FILES.remember(key, identity, node)
+        return node, dataset
     if any(is_url(name) for name in files):
         store = store or make_store(None)
     key = (files, path, field, store, swmr)
-    with _INSPECTED_LOCK:
-        seen = _INSPECTED.get(key)
-    if seen is not None and seen[0] == _identities(files, store):
-        return seen[1], None
+    node = _SETS.recall(key, _identities(files, store))
+    if node is not None:
+        return node, None
     signatures, node = _inspect_set(files, path, field, store, swmr)
-    with _INSPECTED_LOCK:
-        _INSPECTED[key] = (signatures, node)
-        _INSPECTED.move_to_end(key)
-        while len(_INSPECTED) > _INSPECTED_KEPT:
-            _INSPECTED.popitem(last=False)
+    _SETS.remember(key, signatures, node)
     return node, None
 
 

@@ -47,7 +47,7 @@ from .chunks.codecs.blosc import Blosc
 from .chunks.hdf5lib import leaves_edge_chunks_unfiltered
 from .chunks.pread import resident, will_need
 from .chunks.storage import Layout, known_layout, learn_layout
-from .node import NodeInfo, Unsupported, close_dataset
+from .node import NodeInfo, Unsupported, close_dataset, reopen_dataset
 from .objects.hdf5 import file_object
 from .scattered import RowSpans, Stopped, read_progression, rows_decoded_bytes
 
@@ -146,7 +146,8 @@ def whole_chunks(plan: Any, n_rows: int, chunk_rows: int) -> bool:
 class H5pySource:
     """One dataset opened with h5py for reading rows (the :class:`~multitables._io.engines.Source` protocol).
 
-    ``open_kwargs``: passed to ``h5py.File``. ``plan``: the blocks it will
+    ``open_kwargs``: passed to ``h5py.File`` (without any, the file is opened as the checks open it,
+    :func:`~multitables._io.node.reopen_dataset`). ``plan``: the blocks it will
     read, which size its chunk cache (None: HDF5's default 1 MiB), unless
     ``chunk_cache`` gives its bytes.
     ``dataset``: the ``h5py.Dataset`` of ``node`` from
@@ -169,6 +170,8 @@ class H5pySource:
         if dataset is not None and open_kwargs:  # the checks' open had none of the caller's options
             close_dataset(dataset)
             dataset = None
+        if dataset is None and not open_kwargs and node.remote is None:
+            dataset = reopen_dataset(node)  # as the checks open it: ~0.1 ms less than h5py.File and f[path]
         if dataset is None:
             # An object is read through a file object over its bytes: slower than the chunk engine, but right.
             self._fileobj = None if node.remote is None else file_object(node.remote)

@@ -21,13 +21,10 @@ NOTE [layout cache]
     default) are sent the layout of a single file's node with their settings
     (``learned_layouts``): each reopened the file with HDF5 and learned it
     again, 2 ms before its first block here.
-    A file rewritten has another identity, so a stale layout is never used,
-    with one gap the identity check alone has (NOTE [file identity]): a
-    rewrite of the same size within one tick of the filesystem's clock. A
-    layout is used until the file's identity changes, so that gap is closed
-    here as git closes its "racy" index entries: a layout is kept only if the
-    file's last change is ``SETTLED_S`` older than the learning, so that any
-    later write shows in its times. Files just written are learned again.
+    A file rewritten has another identity, so a stale layout is never used;
+    a layout is kept only where the file was settled when it was learned
+    (``_io.files.settled``: the gap the identity alone leaves, NOTE [file
+    identity]). Files just written are learned again.
     Nor is a layout kept whose file changed while it was learned, or an index
     not listed (more than ``INDEX_ALL_LIMIT`` chunks; it needs its handle).
     An object's identity is its ETag, size and version as the consumer saw
@@ -39,7 +36,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Container
@@ -51,7 +47,7 @@ from .btree import UNREAD, BTreeIndex, open_btree_index
 from .codecs.base import FilterSpec, UnsupportedFilter, filters_of
 from .codecs.registry import build_pipeline
 from .hdf5lib import header_address, leaves_edge_chunks_unfiltered
-from ..files import FileSignature, file_signature
+from ..files import FileSignature, file_signature, settled
 from ..node import NodeInfo, Unsupported, close_dataset, reopen_dataset
 from ..._sys.forks import renew_lock_in_children
 
@@ -191,8 +187,6 @@ def inspect_storage(ds: Any, node: NodeInfo) -> Storage:
 
 def chunks_problem(node: NodeInfo, dataset: Any = None) -> "str | None":
     """Why the chunk engine cannot read ``node`` (None: it can); opens the file briefly unless given its ``dataset``."""
-    import h5py
-
     if known_layout(node) is not None:
         return None
     if dataset is not None:
@@ -201,14 +195,11 @@ def chunks_problem(node: NodeInfo, dataset: Any = None) -> "str | None":
         except Unsupported as exc:
             return str(exc)
         return None
-    if node.remote is not None:
-        dataset = reopen_dataset(node)
-        try:
-            return chunks_problem(node, dataset)
-        finally:
-            close_dataset(dataset)
-    with h5py.File(node.filename, "r") as f:
-        return chunks_problem(node, f[node.path])
+    dataset = reopen_dataset(node)
+    try:
+        return chunks_problem(node, dataset)
+    finally:
+        close_dataset(dataset)
 
 
 # ---------------------------------------------------------------------------
@@ -282,10 +273,6 @@ class ChunkIndex:
 
 #: Chunk entries of the layouts a process keeps (a listed entry is ~150 bytes).
 LAYOUT_ENTRIES_KEPT = 1 << 18
-
-#: Seconds a file must have gone unchanged for its layout to be kept: more than any
-#: filesystem's clock tick (FAT's is 2 s).
-SETTLED_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -438,8 +425,8 @@ def learn_layout(ds: Any, node: NodeInfo, index_limit: int = INDEX_ALL_LIMIT) ->
         elif node.remote is not None and index.n_leaves <= REMOTE_LEAVES_AT_OPEN:
             index.load_all()  # a few round trips here, none in the readers this process forks
     layout = Layout(storage, grid, index)
-    settled = before is not None and (node.remote is not None or time.time() - max(before[3], before[4]) / 1e9 > SETTLED_S)
-    if (index is None or not index.needs_handle) and settled and before == _identity(node):
+    keep = before is not None and (node.remote is not None or settled(before))  # type: ignore[arg-type]
+    if (index is None or not index.needs_handle) and keep and before == _identity(node):
         if index is not None:
             index.release()
         _remember((before, node.path), layout)

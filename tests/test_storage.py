@@ -87,6 +87,17 @@ def test_a_file_rewritten_is_read_as_it_is_now(tmp_path: Path, settled: None) ->
     assert storage.known_layout(node).storage.chunks == (5, 8)
 
 
+def test_a_few_chunks_are_listed_by_hdf5_more_are_found_in_the_btree(make_array: Callable[..., Path], settled: None) -> None:
+    """Reading the B-tree costs more at open than HDF5's listing of a few chunks (``LIST_CHUNKS_UP_TO``)."""
+    from multitables._io.chunks.btree import BTreeIndex
+
+    few, many = rows(10 * storage.LIST_CHUNKS_UP_TO, 5), rows(10 * storage.LIST_CHUNKS_UP_TO + 1, 6)
+    for data, kind in [(few, storage.ChunkIndex), (many, BTreeIndex)]:
+        node = inspect_node(make_array(data, chunkshape=(10, 8)), "/data")
+        assert np.array_equal(read_all(node), data)
+        assert type(storage.known_layout(node).index) is kind
+
+
 def test_an_index_too_long_to_list_is_not_remembered(
     make_array: Callable[..., Path], settled: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

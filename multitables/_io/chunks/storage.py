@@ -62,6 +62,10 @@ REMOTE_LEAVES_AT_OPEN = 1024
 #: Read the chunk index from the dataset's B-tree ourselves where its format allows
 #: (NOTE [chunk index in file order] in ``btree``); tests turn it off to reach ``ChunkIndex``.
 READ_BTREE = True
+#: Chunks up to which a local dataset's index is listed by HDF5 at open instead: ~5 us and ~0.8 us a chunk, where
+#: reading the B-tree costs ~150 us (its inner nodes, and a check against HDF5), a first read of a small file's whole
+#: cost. A leaf holds ~57 chunks, so the listing reads at most three leaves, those the rows' first reads reach.
+LIST_CHUNKS_UP_TO = 128
 
 
 @dataclass(frozen=True)
@@ -418,7 +422,8 @@ def learn_layout(ds: Any, node: NodeInfo, index_limit: int = INDEX_ALL_LIMIT) ->
     grid = None if storage.chunks is None else ChunkGrid(storage.shape, storage.chunks)
     index: "ChunkIndex | BTreeIndex | None" = None
     if grid is not None:
-        header = header_address(ds.id) if READ_BTREE else None
+        listed = node.remote is None and math.prod(grid.counts) <= LIST_CHUNKS_UP_TO
+        header = header_address(ds.id) if READ_BTREE and not listed else None
         index = None if header is None else open_btree_index(ds, grid, node.data_file, header, node.remote)
         if index is None:
             index = ChunkIndex(ds.id, grid, index_limit)

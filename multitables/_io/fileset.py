@@ -125,6 +125,7 @@ def forget_learned() -> None:
     _FILES.clear()
     forget_layouts()
 
+
 _GLOB_CHARS = frozenset("*?[")
 
 def as_files(filename: Any, store: "Store | None" = None) -> "str | tuple[str, ...]":

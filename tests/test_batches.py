@@ -218,6 +218,30 @@ def test_resume_in_a_fresh_streamer_neither_repeats_nor_skips(data_file) -> None
     assert fresh.epoch == 2
 
 
+@pytest.mark.parametrize("draw", ["indices", "weights"])
+def test_a_subset_or_a_draw_resumed_late_in_an_epoch_goes_on_into_the_next(data_file, draw: str) -> None:
+    """A resume a few batches before an epoch's end: the loop reads the next epoch's first window meanwhile (a
+    carry, partly pulled), whose pieces' selections the next epoch must find where they were."""
+    path = data_file(2000, 50)
+    kwargs = dict(batch_size=24, seed=3, indices=np.arange(0, 2000, 2)) if draw == "indices" else dict(
+        batch_size=24, seed=3, weights=np.ones(2000))
+    reference = multitables.Streamer(path).get_batches(["/X", "/y"], **kwargs)
+    epochs = [epoch_rows(reference) for _ in range(3)]
+    per_epoch = len(epochs[0])
+    for stop in range(per_epoch - 6, per_epoch):
+        b = multitables.Streamer(path).get_batches(["/X", "/y"], **kwargs)
+        first = list(iter_n(b, stop))
+        fresh = multitables.Streamer(path).get_batches(["/X", "/y"], **kwargs)
+        fresh.load_state_dict(json.loads(json.dumps(b.state_dict())))
+        b.close()
+        got = [first, [], []]
+        for epoch in range(fresh.epoch, 3):
+            fresh.set_epoch(epoch)
+            got[epoch] += [y.tolist() for y in epoch_rows(fresh)]
+        fresh.close()
+        assert got == [[y.tolist() for y in e] for e in epochs], f"resumed after batch {stop} of {per_epoch}"
+
+
 def test_a_state_saved_at_an_epochs_last_batch_resumes_at_the_next_epoch(data_file) -> None:
     # The loop of the docs, for epoch in range(batches.epoch, n), must not run an empty epoch first.
     path = data_file(500)
@@ -656,6 +680,8 @@ def test_a_subset_is_planned_as_a_dataset_of_its_rows_and_resumes_anywhere(
             assert again.epoch == (1 if k == len(planned) else 0)  # saved at the epoch's end: on at the next
             rest = [y.tolist() for y in epoch_rows(again)] if k < len(planned) else []
             assert first + rest == planned
+            following = [rows[p].tolist() for p in settings_of(b).rank_epoch(1, rank).batches()]
+            assert [y.tolist() for y in epoch_rows(again)] == following  # read ahead while the first one ended
             seen.extend(r for batch in planned for r in batch)
         assert sorted(seen) == rows.tolist()  # every row of the subset once an epoch, and no other
 
@@ -689,6 +715,7 @@ def test_a_state_only_loads_into_batches_over_the_same_subset(data_file) -> None
         (np.zeros(299, bool), ValueError, "one value per row"),
         (np.zeros(300, bool), ValueError, "select none"),
         (slice(5, 5), ValueError, "select none"),
+        ([], ValueError, "select none"),  # numpy makes an empty list float: still no row, not a type error
         (np.array([1.5]), TypeError, "integer array, a slice or a boolean mask"),
         ("rows", TypeError, "integer array, a slice or a boolean mask"),
     ],

@@ -52,6 +52,8 @@ def subset_rows(indices: Any, n_rows: int) -> np.ndarray:
             rows = rows[::-1].copy()
     else:
         arr = np.asarray(indices)
+        if arr.size == 0 and arr.ndim == 1 and not isinstance(indices, np.ndarray):
+            arr = arr.astype(np.int64)  # [] or (): numpy makes them float, but they name no row
         if arr.dtype == np.bool_:
             if arr.shape != (n_rows,):
                 raise ValueError(f"a boolean mask of indices needs one value per row ({n_rows}), not shape {arr.shape}")

@@ -259,7 +259,11 @@ class ShuffledWindows(Windows):
     def _fill(plan: RankEpoch, w: int, pieces: "EpochPieces", buffer: int) -> _Fill:
         lo, hi = plan.bounds[w], plan.bounds[w + 1]
         rows = [b - a for a, b in zip(plan.starts[lo:hi], plan.stops[lo:hi])]
-        selections = [None] * len(rows) if pieces.selections is None else list(pieces.selections[lo - pieces.first : hi - pieces.first])
+        if pieces.selections is None:
+            selections: "list[np.ndarray | None]" = [None] * len(rows)
+        else:  # a carry's pieces (before ``pieces.first``) were pulled last epoch, and are not pulled again
+            carried = max(0, pieces.first - lo)
+            selections = [None] * carried + list(pieces.selections[lo + carried - pieces.first : hi - pieces.first])
         return _Fill(plan, w, rows, selections, buffer)
 
     def _pace(self, j: int, rows: int) -> None:

@@ -1,9 +1,14 @@
-"""The in-process back end's buffers: a closed stream's go to the next stream as spares (NOTE [spare buffers] in
-``_sys.spares``), never while a row or a guard of them is alive."""
+"""A queue's back ends (``_stream.backends``): the in-process one's buffers, which a closed stream's leaves to the next
+stream as spares (NOTE [spare buffers] in ``_sys.spares``), never while a row or a guard of them is alive; the
+caller's blocks cut from larger ones read (NOTE [read plan]), in threads and forks; a guard after its queue closed."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import tempfile
+import textwrap
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +23,7 @@ import multitables
 from multitables._stream import backends
 from multitables._sys import spares
 
-from _guards import hang_guard
+from _guards import hang_guard, is_gone, wait_until
 
 
 @pytest.fixture(autouse=True)
@@ -225,3 +230,81 @@ def test_a_caller_holding_fewer_blocks_than_slots_always_gets_the_next(
     np.testing.assert_array_equal(np.sort(np.concatenate(got), axis=0), rows)
     if ordered:
         np.testing.assert_array_equal(np.concatenate(got), rows)
+
+
+def small_rows(path: Path) -> np.ndarray:
+    """388 blocks of 256 rows of 16 bytes, zlib: one reader reads them 97 at a time (NOTE [read plan])."""
+    import h5py
+
+    rows = np.arange(256 * 388 * 4, dtype="<f4").reshape(-1, 4)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("d", data=rows, chunks=(1000, 4), compression="gzip")
+    return rows
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_a_get_waiting_for_another_threads_slot_outlives_readers_that_are_done(tmp_path: Path, ordered: bool) -> None:
+    """Every slot held by guards of other threads, and the readers done and gone: the rows left are cut from a block
+    this process holds, so a get() waits for a release, as while they run; no "never came" failure."""
+    rows = small_rows(tmp_path / "d.h5")
+    with hang_guard(60, "a get waiting for a slot"):
+        q = multitables.Streamer(str(tmp_path / "d.h5")).get_queue(
+            "/d", n_procs=1, read_ahead=2, block_size=256, ordered=ordered)
+        with q:
+            for _ in range(291):
+                q.get().release()
+            elsewhere: "list[multitables.Guard]" = []
+            taker = threading.Thread(target=lambda: elsewhere.append(q.get()))
+            taker.start()
+            taker.join()  # the last block read is in its slot: the reader has nothing left to read
+            pids = q.reader_pids
+            wait_until(lambda: all(is_gone(pid) for pid in pids), 30, "the reader to exit")
+            mine = q.get()
+            threading.Timer(0.3, elsewhere[0].release).start()
+            with mine as block:  # both slots are held now: the next get() waits for the timer's release
+                got = [block.copy()]
+                for guard in q:
+                    with guard as block:
+                        got.append(block.copy())
+    np.testing.assert_array_equal(np.concatenate(got), rows[292 * 256 :])  # one reader: in order either way
+
+
+def test_a_fork_goes_on_with_its_own_copy_of_a_stream_read_here(tmp_path: Path) -> None:
+    """A forked child that takes blocks from a queue read in this process reads on from where the parent was, in its
+    own memory, as a queue whose blocks are read as asked does; the parent's stream is untouched."""
+    rows = small_rows(tmp_path / "d.h5")
+    q = multitables.Streamer(str(tmp_path / "d.h5")).get_queue("/d", n_procs=0, block_size=256)
+    with q:
+        with q.get() as block:
+            np.testing.assert_array_equal(block, rows[:256])
+        pid = os.fork()
+        if pid == 0:  # the child: exit 0 only if its next two blocks are the parent's next two
+            try:
+                ok = all(np.array_equal(guard.block, rows[k * 256 : (k + 1) * 256]) for k, guard in
+                         ((k, q.get()) for k in (1, 2)))
+            except BaseException:
+                ok = False
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        with q.get() as block:
+            np.testing.assert_array_equal(block, rows[256:512])
+
+
+def test_a_guard_entered_after_its_queue_closed_is_refused(tmp_path: Path) -> None:
+    """The ring is unmapped at close: its block is gone, and entering its guard says so (in a child: were it to
+    hand the block out, touching it would kill the process)."""
+    small_rows(tmp_path / "d.h5")
+    code = textwrap.dedent(f"""
+        import multitables
+        q = multitables.Streamer({str(tmp_path / "d.h5")!r}).get_queue("/d", n_procs=1, block_size=256)
+        guard = q.get()
+        q.close()
+        try:
+            with guard as block:
+                block.sum()
+        except multitables.StreamClosedError as exc:
+            print("refused:", exc)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "refused: the queue was closed" in done.stdout, (done.returncode, done.stderr)

@@ -1149,6 +1149,84 @@ def test_a_file_changed_under_a_read_in_this_process_is_a_file_changed_error(
     assert isinstance(err, ReaderError) and str(path) in str(err) and "this process" in str(err)
 
 
+def _small_rows_file(path: Path) -> np.ndarray:
+    """100,000 rows of 16 bytes, zlib, chunks of 1,000 rows: blocks of 256 rows are read many at a time (NOTE
+    [read plan])."""
+    import h5py
+
+    rows = np.arange(400_000, dtype="<f4").reshape(100_000, 4)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data", data=rows, chunks=(1000, 4), compression="gzip")
+    return rows
+
+
+@pytest.mark.parametrize("n_procs", [0, 1])
+def test_a_file_changed_under_a_read_of_several_blocks_names_one_of_the_callers(
+    no_leaks: None, tmp_path: Path, n_procs: int
+) -> None:
+    path = tmp_path / "small-rows.h5"
+    rows = _small_rows_file(path)
+    time.sleep(0.05)  # the change must land on a later tick of the filesystem clock than the writing
+    with Streamer(path).get_queue("/data", n_procs=n_procs, read_ahead=2, block_size=256, ordered=True) as q:
+        with pytest.raises(FileChangedError) as info:
+            for k, guard in enumerate(q):
+                with guard as block:
+                    np.testing.assert_array_equal(block, rows[k * 256 : (k + 1) * 256])
+                if k == 2:
+                    with open(path, "r+b") as f:  # the same size, other bytes
+                        f.seek(5000)
+                        f.write(bytes(100))
+    start, stop = info.value.rows
+    assert stop - start == 256 and start % 256 == 0, info.value.rows
+
+
+@pytest.mark.parametrize("n_procs", [0, 1, 2])
+def test_a_chunk_that_fails_inside_a_read_of_several_blocks_names_the_callers_block_it_is_in(
+    no_leaks: None, tmp_path: Path, n_procs: int
+) -> None:
+    """However a reader times its reads (from a chunk's start, NOTE [orphans]), the error names the whole caller's
+    block: chunk 37 (rows 37,000-38,000) first fails in the caller's block of rows 36,864-37,120."""
+    good = tmp_path / "good.h5"
+    rows = _small_rows_file(good)
+    assert corrupt_chunk(good, tmp_path / "bad.h5", 37) == (37000, 38000)
+    with Streamer(tmp_path / "bad.h5").get_queue("/data", n_procs=n_procs, block_size=256, ordered=True) as q:
+        with pytest.raises(ReaderError) as info:
+            for k, guard in enumerate(q):
+                with guard as block:
+                    np.testing.assert_array_equal(block, rows[k * 256 : (k + 1) * 256])
+    assert info.value.rows == (36864, 37120)
+
+
+@pytest.mark.parametrize("block_size", [256, 1000, 4096])
+def test_a_stream_read_here_gives_every_block_before_a_failed_one_then_the_error_every_time(
+    no_leaks: None, tmp_path: Path, block_size: int
+) -> None:
+    """In this process, blocks read several at a time (NOTE [read plan]) fail as blocks read one by one did: the
+    blocks before the one that fails, in order, then its error; and the stream is over: later gets raise it again."""
+    good = tmp_path / "good.h5"
+    rows = _small_rows_file(good)
+    corrupt_chunk(good, tmp_path / "bad.h5", 37)  # rows 37,000-38,000
+    failed = (37000 // block_size * block_size, 37000 // block_size * block_size + block_size)
+    got = []
+    with Streamer(tmp_path / "bad.h5").get_queue("/data", n_procs=0, block_size=block_size) as q:
+        with pytest.raises(ReaderError) as info:
+            for guard in q:
+                with guard as block:
+                    got.append(block.copy())
+        assert info.value.rows == failed
+        for _ in range(2):
+            with pytest.raises(ReaderError) as again:
+                q.get()
+            assert again.value.rows == failed
+    np.testing.assert_array_equal(np.concatenate(got), rows[: failed[0]])
+    seen = []
+    with pytest.raises(ReaderError) as info:
+        for row in Streamer(tmp_path / "bad.h5").get_generator("/data", n_procs=0, block_size=block_size):
+            seen.append(row.copy())
+    assert info.value.rows == failed and len(seen) == failed[0]
+    np.testing.assert_array_equal(np.array(seen), rows[: failed[0]])
+
+
 # -- fuzz: corrupted copies of a real file -------------------------------------
 
 

@@ -106,7 +106,7 @@ def read_block(
             except Exception:
                 if not cut or b - a <= cut:
                     raise
-                _read_cut(source, a, b, target[dst : dst + b - a], dst, cut, before_read)  # raises where it fails
+                _read_cut(source, a, b, target, dst, cut, piece.start, before_read)  # raises where it fails
             if pacer is not None:
                 pacer.took(b - a, time.perf_counter() - t)
     n = plan.rows(k)
@@ -115,16 +115,19 @@ def read_block(
     return out[:n]
 
 
-def _read_cut(source: Source, a: int, b: int, out: np.ndarray, at: int, cut: int,
+def _read_cut(source: Source, a: int, b: int, slot: np.ndarray, at: int, cut: int, first: int,
               before_read: "Callable[[int, int], None] | None") -> None:
-    """Rows ``a..b`` into ``out`` (slot rows from ``at`` on) again, one read for each of the caller's blocks of ``cut``
-    rows they meet; the read that fails raises, its rows noted by ``before_read`` first."""
+    """Rows ``a..b`` into ``slot`` (from its row ``at`` on) again, one read for each of the caller's blocks of ``cut``
+    rows they meet, from the start of the first (a timed read may begin inside one; not before ``first``, where the
+    piece of source rows begins); the read that fails raises, its rows noted by ``before_read`` first."""
+    back = min(at % cut, a - first)
+    a, at = a - back, at - back
     while a < b:
         stop = min(b, a + cut - at % cut)
         if before_read is not None:
             before_read(a, stop)
-        source.read_into(a, stop, out[: stop - a])
-        out, at, a = out[stop - a :], at + stop - a, stop
+        source.read_into(a, stop, slot[at : at + stop - a])
+        at, a = at + stop - a, stop
 
 
 class BlockReader:
@@ -148,6 +151,24 @@ class BlockReader:
         self._hints = hint_distance(n_readers, node.filter_ids)  # NOTE [read plan]
         self._transform, self._pacer = transform, pacer
         self._scratch: "np.ndarray | None" = None  # the rows as read, for a transform; made at its first block
+
+    def named(self, k: int) -> "tuple[int, int] | None":
+        """The source rows an error about block ``k`` as a whole names (its file changed under the read): the caller's
+        first block of it, where it holds several (NOTE [read plan]); else its first piece of rows. None: no rows."""
+        piece = next(iter(self.plan.pieces(k)), None)
+        if piece is None:
+            return None
+        return piece.start, piece.stop if not self._cut else min(piece.stop, piece.start + self._cut)
+
+    def whole_before(self, k: int, row: int) -> int:
+        """Rows of block ``k`` (from its first) before source row ``row`` that make whole caller's blocks, where it
+        holds several (NOTE [read plan]; else 0): after a read that failed at ``row``, those were read whole."""
+        if not self._cut:
+            return 0
+        for piece in self.plan.pieces(k):
+            if piece.start <= row < piece.stop:
+                return (piece.dst + row - piece.start) // self._cut * self._cut
+        return 0
 
     def read(self, k: int, out: np.ndarray, before_read: "Callable[[int, int], None] | None" = None) -> np.ndarray:
         """Block ``k`` into ``out`` (see :func:`read_block`); return the rows of ``out`` it fills."""

@@ -157,6 +157,7 @@ def stream_loop(reader: ReaderProcess, settings: StreamSettings, sync: RingSync)
                 continue
             k, slot = claimed  # type: ignore[misc]
             blocks.read(k, ring.slots[slot], before_read)
+            reader.rows = blocks.named(k)  # what a change of the file found now names
             check_file_unchanged(filename, settings.file_signature)
             reader.rows = None
             ring.publish(slot, k, plan.rows(k), keep_going)
@@ -224,9 +225,11 @@ class StreamReaders:
         """Withdraw the blocks published and not claimed, drop the claimed ones once read; the next block's number."""
         return self.ring.rewind(self.check)
 
-    def check(self) -> bool:
+    def check(self, taking: bool = True) -> bool:
         """Raise the error of a reader that failed or died; True otherwise. Cheap enough to call per block.
 
+        ``taking``: the consumer waits for a block from the ring, which no reader will bring once every reader has
+        exited with none ready (else it waits for its own thread's slots: readers done by then are no failure).
         See NOTE [failure reports] in ``pool``. Every call after a failure
         raises a new instance of the same error: an instance kept here would
         keep, through its traceback, every frame it went up through (the
@@ -237,15 +240,15 @@ class StreamReaders:
             raise self._fault()
         if self.pool.closed:  # closed from another thread while this one waited for a block
             raise StreamClosedError(f"the stream of {self.path!r} in {self.filename!r} was closed")
-        fault = self._look()
+        fault = self._look(taking)
         if fault is not None:
             self._fault = fault
             self._tell_stop()  # raise first: close() joins the others (NOTE [shutdown])
             raise fault()
         return True
 
-    def _look(self) -> "Callable[[], ReaderError] | None":
-        """What makes the error of a reader that failed or died, if one did."""
+    def _look(self, taking: bool) -> "Callable[[], ReaderError] | None":
+        """What makes the error of a reader that failed or died, if one did (``taking``: as :meth:`check`)."""
         pool, ring, where = self.pool, self.ring, f"{self.path!r} in {self.filename!r}"  # no self in what is kept
         if ring.failed:
             report = pool.own_report(REPORT_TIMEOUT)
@@ -256,7 +259,7 @@ class StreamReaders:
         for i in sorted(pool.ended):
             if pool.end_error(i) is not None:
                 return functools.partial(pool.end_error, i)
-        if not pool.running and not ring.stopped and ring.ready_count() == 0:
+        if taking and not pool.running and not ring.stopped and ring.ready_count() == 0:
             return lambda: ReaderError(f"every reader of {where} has exited, but the block the consumer waits for never came")
         return None
 

@@ -66,8 +66,11 @@ class InlineBackend:
         self._free = list(range(spec.read.read_ahead))  # given back last at the end (see _pick)
         self._next = 0
         self.pids: list[int] = []
+        self._failure: "FailureReport | None" = None  # the read that ended the stream
 
     def take(self) -> tuple[int, np.ndarray]:
+        if self._failure is not None:  # every later take raises it again, as a failed reader's stream does
+            raise self._failure.to_exception()
         slot, k = self._pick(), self._next
         self._free.remove(slot)
         self._next += 1
@@ -82,6 +85,9 @@ class InlineBackend:
         span: list[tuple[int, int]] = []
         try:
             rows = self._blocks.read(k, as_block(memory, self._spec), lambda a, b: span.append((a, b)))
+            named = self._blocks.named(k)  # what a change of the file found now names
+            if named is not None:
+                span.append(named)
             check_file_unchanged(self._spec.node.filename, self._signature)  # as the readers do
         except Exception as exc:  # the form a reader's failure takes: a ReaderError of the original type, in context
             node, cause = self._spec.node, exc
@@ -89,8 +95,14 @@ class InlineBackend:
                 check_file_unchanged(node.filename, self._signature)
             except FileChangedError as changed:  # its context: the read's error
                 cause = changed
-            raise FailureReport.from_exception(cause, -1, os.getpid(), node.filename, node.path,
-                                               span[-1] if span else None).to_exception() from cause
+            self._failure = FailureReport.from_exception(cause, -1, os.getpid(), node.filename, node.path,
+                                                         span[-1] if span else None)
+            # The caller's blocks a read of several read whole before the one that failed come first, as when each
+            # was a read of its own; the error at the next take (a growing plan's reader wants whole blocks).
+            whole = 0 if cause is not exc or not span else self._blocks.whole_before(k, span[-1][0])
+            if whole and not isinstance(self._spec.plan, GrowingPlan):
+                return slot, as_block(memory, self._spec)[:whole]
+            raise self._failure.to_exception() from cause
         if isinstance(self._spec.plan, GrowingPlan):
             self._spec.plan.forget(k)
         return slot, rows  # every row is read again for the next block of this slot
@@ -126,7 +138,7 @@ class InlineBackend:
         """Nothing is read ahead here: withdraw what was published and not taken."""
         self._spec.plan.truncate(self._next)  # type: ignore[union-attr]
 
-    def check(self) -> None:
+    def check(self, taking: bool = True) -> None:
         """Nothing to watch: no reader processes."""
 
     def release(self, slot: int) -> None:
@@ -176,10 +188,11 @@ class RingBackend:
         self._next += 1
         return slot, ring.slots[slot][:rows]
 
-    def check(self) -> bool:
-        """Raise the error of a reader that failed or died (NOTE [failure reports] in ``_procs.pool``)."""
+    def check(self, taking: bool = True) -> bool:
+        """Raise the error of a reader that failed or died (NOTE [failure reports] in ``_procs.pool``); ``taking``: a
+        block is waited for (``StreamReaders.check``)."""
         with self._checking:
-            return self._pool.check()
+            return self._pool.check(taking)
 
     @property
     def next(self) -> int:
@@ -237,7 +250,8 @@ class SplitBackend:
         self.pids = inner.pids
 
     def take(self) -> tuple[int, np.ndarray]:
-        if self._cut is None or os.getpid() != self._pid:  # a fork's take is the inner's, which refuses it
+        # A fork's take from readers' slots is the inner's, which refuses it; blocks read here are the fork's own copy.
+        if self._cut is None or (self._inner.pids and os.getpid() != self._pid):
             self._cut = None
             slot, rows = self._inner.take()
             with self._lock:
@@ -258,8 +272,8 @@ class SplitBackend:
         if done:
             self._inner.release(slot)
 
-    def check(self) -> None:
-        self._inner.check()
+    def check(self, taking: bool = True) -> None:
+        self._inner.check(taking)
 
     def lend(self, slot: int, rows: int) -> np.ndarray:
         raise TypeError("a queue whose blocks are cut from larger ones lends none (the generator reads whole ones)")

@@ -73,6 +73,8 @@ class Guard:
             raise StreamClosedError("this guard's block was released already: a guard gives its block once")
         if self._entered:  # the inner with's end would give the slot back under the outer one
             raise RuntimeError("this guard's with is open already: a guard gives its block once, to one with")
+        if self._queue.closed and self._queue.n_procs:  # type: ignore[union-attr]
+            raise StreamClosedError("the queue was closed: its ring is unmapped, and this guard's block with it")
         self._entered = True
         self._queue._hold(self._slot)  # type: ignore[union-attr]
         return self.block
@@ -198,7 +200,7 @@ class Queue:
                     )
                 self._changed.wait(TICK)
             if starved and not self._closed:
-                self._backend.check()  # a reader failing ends the wait too
+                self._backend.check(taking=False)  # a reader failing ends the wait too; readers done do not
 
     def iter(self) -> Iterator[Guard]:
         """Iterate over guards until ``QueueClosed``."""

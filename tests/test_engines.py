@@ -265,3 +265,34 @@ def test_auto_reads_one_blosc_file_with_h5py_in_the_consumer_and_the_chunk_engin
         np.testing.assert_array_equal(np.concatenate([b for b in batches]), data)
     finally:
         batches.close()
+
+
+def test_auto_leaves_a_small_chunked_dataset_at_a_first_look_to_h5py_and_reads_it_next_with_the_chunk_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At a first look, in the consumer, h5py reads it through the open that described it, where the chunk engine
+    would learn its layout first (``FIRST_LOOK_BYTES``); the next stream finds the file described, and the chunk
+    engine learns the layout once, to read no HDF5 after. Larger datasets, and readers, take the chunk engine."""
+    from multitables._io import files
+    from multitables._io.chunks import storage
+    from multitables._io.chunks.engine import FIRST_LOOK_BYTES
+    from multitables._io.fileset import forget_learned
+
+    monkeypatch.setattr(files, "SETTLED_S", -1.0)  # files just written are remembered
+    forget_learned()
+    small_rows = FIRST_LOOK_BYTES // 64
+    for name, rows, first in [("small", small_rows, "h5py"), ("large", small_rows + 1, "chunks")]:
+        path = tmp_path / f"{name}.h5"
+        data = np.arange(rows * 16, dtype=np.float32).reshape(rows, 16)
+        with h5py.File(path, "w") as f:
+            f.create_dataset("data", data=data, chunks=(100, 16), compression="gzip")
+        stream = multitables.Streamer(path)
+        for expected in (first, "chunks", "chunks"):
+            with stream.get_queue("/data", n_procs=0, ordered=True, remainder=True) as q:
+                assert q.engine == expected, name
+                np.testing.assert_array_equal(np.concatenate([g.__enter__().copy() for g in q.iter()]), data)
+        assert storage.known_layout(multitables.Streamer(path).options.inspect("/data")) is not None
+    forget_learned()
+    with multitables.Streamer(tmp_path / "small.h5").get_queue("/data", n_procs=2) as q:
+        assert q.engine == "chunks"
+    forget_learned()

@@ -107,9 +107,10 @@ class Engine(Protocol):
     #: Named, it reads what it can and leaves the rest to ``auto``'s walk (True), or it reads the node or refuses (False).
     falls_back: bool
 
-    def preferred(self, node: NodeInfo, in_set: bool = False, readers: bool = False) -> bool:
+    def preferred(self, node: NodeInfo, in_set: bool = False, readers: bool = False, opened: bool = False) -> bool:
         """Whether ``auto`` takes it ahead of the engines that are not (measured faster), for ``node`` (``in_set``: a file
-        of a set; ``readers``: read by reader processes, not in the consumer)."""
+        of a set; ``readers``: read by reader processes, not in the consumer; ``opened``: its dataset was opened here
+        just now to describe it, a first look at the file in this process)."""
 
     def problem(self, node: NodeInfo, open_kwargs: "dict[str, Any]", dataset: Any = None) -> "str | None":
         """Why it cannot read ``node`` as h5py delivers it (None: it can, and its opens work); starts nothing.
@@ -257,22 +258,24 @@ def _refuse(node: NodeInfo, problems: "dict[str, str]", open_kwargs: "dict[str, 
     return NodeTypeError(message)
 
 
-def _auto_walk(node: NodeInfo, open_kwargs: "dict[str, Any]", in_set: bool = False, readers: bool = False) -> "list[Engine]":
+def _auto_walk(node: NodeInfo, open_kwargs: "dict[str, Any]", in_set: bool = False, readers: bool = False,
+               opened: bool = False) -> "list[Engine]":
     """The engines ``auto`` tries for ``node``, in order: those it prefers, then the others, each in :data:`REGISTRY`'s order.
 
     Given open options, only the engines that take the established API's (:data:`AUTO_OPTIONS`).
     """
-    walk = [e for e in REGISTRY if e.preferred(node, in_set, readers)]
+    walk = [e for e in REGISTRY if e.preferred(node, in_set, readers, opened)]
     walk += [e for e in REGISTRY if e not in walk]
     if open_kwargs:
         walk = [e for e in walk if e.options == AUTO_OPTIONS]
     return walk
 
 
-def _walk(engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]", in_set: bool = False, readers: bool = False) -> "list[Engine]":
+def _walk(engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]", in_set: bool = False, readers: bool = False,
+          opened: bool = False) -> "list[Engine]":
     """The engines to try, in order, for ``engine`` on ``node``: ``auto``'s walk, a named engine alone, or first where it falls back."""
     if engine == "auto":
-        return _auto_walk(node, open_kwargs, in_set, readers)
+        return _auto_walk(node, open_kwargs, in_set, readers, opened)
     named = registered(engine)
     if open_kwargs and named.options is None:
         raise ValueError(
@@ -307,10 +310,12 @@ def resolve_engine(engine: str, node: NodeInfo, open_kwargs: dict[str, Any], dat
     return _resolve(engine, node, open_kwargs, dataset, readers=readers)
 
 
-def readers_may_change(engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]") -> bool:
+def readers_may_change(engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]", opened: bool = False) -> bool:
     """Whether :func:`resolve_engine` with ``readers`` may answer otherwise than without for ``engine`` on ``node``: the
-    engines' order changes (pure; no engine's check runs, which for an object reads its chunk index again)."""
-    return not node.parts and _walk(engine, node, open_kwargs) != _walk(engine, node, open_kwargs, readers=True)
+    engines' order changes (pure; no engine's check runs, which for an object reads its chunk index again).
+    ``opened``: as :meth:`Engine.preferred`."""
+    return not node.parts and (_walk(engine, node, open_kwargs, opened=opened)
+                               != _walk(engine, node, open_kwargs, readers=True, opened=opened))
 
 
 def _resolve(
@@ -318,7 +323,7 @@ def _resolve(
 ) -> str:
     """:func:`resolve_engine` for one file's ``node``."""
     problems: dict[str, str] = {}
-    for candidate in _walk(engine, node, open_kwargs, in_set, readers):
+    for candidate in _walk(engine, node, open_kwargs, in_set, readers, opened=dataset is not None):
         why = candidate.problem(node, open_kwargs, dataset)
         if why is None:
             return candidate.name

@@ -71,7 +71,7 @@ class StreamOptions:
 
         The plan made for ``engine`` stands: it prices the two engines alike on the filters where readers change
         ``auto``'s choice (``READER_WIN_FILTERS``: the plan's decode rates tell engines apart on deflate only)."""
-        if not readers or not readers_may_change(self._asked, node, self.open_kwargs):
+        if not readers or not readers_may_change(self._asked, node, self.open_kwargs, opened=dataset is not None):
             return engine
         return self.resolve(node, dataset, readers=True)
 

@@ -8,7 +8,7 @@ from ..node import NodeInfo
 from ..scattered import GroupRows, rows_decoded_bytes
 from .pread import CACHES
 from .source import ChunkSource
-from .storage import chunks_problem
+from .storage import chunks_problem, known_layout
 from .transport import ScratchBuffer
 
 #: Filters whose pipelines the chunk engine decodes clearly faster than h5py
@@ -25,6 +25,11 @@ WIN_FILTERS = frozenset({1, 32000})
 #: and 1.41x, BENCHMARKS.md), and in the consumer the h5py engine is ahead
 #: (0.98x against 0.92x of one h5py process, 256 MiB).
 READER_WIN_FILTERS = frozenset({32001})
+#: Decoded bytes up to which a chunked dataset described just now, in the consumer, is left to h5py: it reads through
+#: the open that described it, where this engine would first learn the layout (~50 us) and set up its pipeline. First
+#: reads of zlib-3 files (scratch, 40 files a size): 1 KiB 1.62x h5py's time, 6 KiB 1.58x, 62 KiB 1.28x, 250 KiB
+#: 0.89x, 1 MiB 0.62x. The next stream of the file finds it described, learns the layout, and reads no HDF5 again.
+FIRST_LOOK_BYTES = 64 << 10
 
 
 class ChunkEngine:
@@ -40,7 +45,7 @@ class ChunkEngine:
     options = None  # it reads the file itself
     falls_back = True
 
-    def preferred(self, node: NodeInfo, in_set: bool = False, readers: bool = False) -> bool:
+    def preferred(self, node: NodeInfo, in_set: bool = False, readers: bool = False, opened: bool = False) -> bool:
         """Where ``auto`` should take it ahead of h5py (when it reads ``node``): measured faster there.
 
         Contiguous data is one read into the block (1.37x h5py); a file of a
@@ -51,10 +56,13 @@ class ChunkEngine:
         An object (a URL) it reads with merged ranged requests in flight, where
         h5py asks for a chunk at a time through a file object: many times faster
         whatever the filters (BENCHMARKS.md, object storage). Read by reader
-        processes, also blosc (:data:`READER_WIN_FILTERS`).
+        processes, also blosc (:data:`READER_WIN_FILTERS`). Not a small chunked dataset at a first look
+        (:data:`FIRST_LOOK_BYTES`).
         """
         if in_set or node.chunk_rows is None or node.remote is not None:
             return True
+        if opened and not readers and node.n_rows * node.row_nbytes <= FIRST_LOOK_BYTES and known_layout(node) is None:
+            return False
         return bool((WIN_FILTERS | READER_WIN_FILTERS if readers else WIN_FILTERS).intersection(node.filter_ids))
 
     def problem(self, node: NodeInfo, open_kwargs: "dict[str, Any]", dataset: Any = None) -> "str | None":

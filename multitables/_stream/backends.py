@@ -67,10 +67,12 @@ class InlineBackend:
         self._next = 0
         self.pids: list[int] = []
         self._failure: "FailureReport | None" = None  # the read that ended the stream
+        self._cause: "BaseException | None" = None  # its error, until the take that raises it (then dropped: a cycle)
 
     def take(self) -> tuple[int, np.ndarray]:
         if self._failure is not None:  # every later take raises it again, as a failed reader's stream does
-            raise self._failure.to_exception()
+            cause, self._cause = self._cause, None
+            raise self._failure.to_exception() from cause
         slot, k = self._pick(), self._next
         self._free.remove(slot)
         self._next += 1
@@ -101,6 +103,7 @@ class InlineBackend:
             # was a read of its own; the error at the next take (a growing plan's reader wants whole blocks).
             whole = 0 if cause is not exc or not span else self._blocks.whole_before(k, span[-1][0])
             if whole and not isinstance(self._spec.plan, GrowingPlan):
+                self._cause = cause
                 return slot, as_block(memory, self._spec)[:whole]
             raise self._failure.to_exception() from cause
         if isinstance(self._spec.plan, GrowingPlan):
@@ -152,6 +155,7 @@ class InlineBackend:
         buffers] in ``_sys.spares``), though the caller keep this closed queue. A take in another thread finds none
         from now on."""
         self._buffers = [None] * len(self._buffers)
+        self._cause = None
         self._blocks.source.close()
 
 

@@ -350,7 +350,9 @@ class Dataset:
         """Rows ``start:stop:step`` of a table in the order of column ``sortby``: PyTables' ``Table.read_sorted``.
 
         ``sortby`` needs a completely sorted index (``Column.create_csindex``);
-        the reader runs the read.
+        the reader runs the read. How many rows a range gives is PyTables' to say (its negative steps and
+        bounds are not Python's): the future's ``shape`` is known before the read for the whole table only,
+        else once the reader has run it, as :meth:`where`'s.
         """
         self._need_table("read_sorted")
         if not isinstance(sortby, str):
@@ -360,7 +362,7 @@ class Dataset:
             if dtype.names is None or part not in dtype.names:
                 raise KeyError(f"{self.path!r} has no column {sortby!r} to sort by; its columns are {list(self.dtype.names)}")
             dtype = dtype[part]
-        n = len(range(*slice(start, stop, step).indices(len(self))))
+        n = len(self) if start is None and stop is None and step in (None, 1) else None
         kwargs = dict(sortby=sortby, checkCSI=bool(checkCSI), field=field, start=start, stop=stop, step=step)
         return Request._query(self, field, "read_sorted", kwargs, n, op="SortOp")
 
@@ -400,7 +402,8 @@ class Dataset:
         missing (or -1, None) axes are the dataset's, as in the established
         API. The stage holds ``prod(shape) * itemsize`` bytes: any request
         whose result (and rows read) fit, of this dataset, a column, or
-        another dataset.
+        another dataset; rows read at scattered positions, as many as rows of
+        8 bytes would fill it (or ``shape``'s rows, if more).
         """
         rows, nbytes = self._stage_nbytes(shape)
         return Stage(self._reader, rows, nbytes)

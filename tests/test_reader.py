@@ -737,3 +737,67 @@ def test_n_procs_is_capped_at_four_readers_per_usable_cpu(
         assert reader.reader_pids == reader.reader_pids  # the older name still answers
         ds = reader.get_dataset("/zlib3d")
         np.testing.assert_array_equal(reader.request(ds[::7], ds.create_stage(300)).get(), contents["/zlib3d"][::7])
+
+
+def test_keys_at_numpys_edges_and_a_stopped_readers_pids(tmp_path: Path, no_leaks: None) -> None:
+    """An empty float index array is refused and an empty list taken, as numpy does; a step past every axis selects
+    one row, as numpy's; a reader stopped still names its readers' pids."""
+    path = tmp_path / "a.h5"
+    data = np.arange(20, dtype=np.int32)
+    with h5py.File(path, "w") as f:
+        f["a"] = data
+    reader = Reader(path, n_procs=1)
+    pids = reader.reader_pids
+    with reader:
+        ds = reader.get_dataset("a")
+        with ds.create_stage(20) as stage:
+            with pytest.raises(IndexError, match="integer \\(or boolean\\) type"):
+                ds[np.array([], dtype=float)]
+            assert reader.request(ds[[]], stage).get().shape == data[[]].shape == (0,)
+            for key in (slice(None, None, 2**64), slice(None, None, -(2**70))):
+                np.testing.assert_array_equal(reader.request(ds[key], stage).get(), data[key])
+    assert reader.reader_pids == pids and len(pids) == 1
+
+
+def test_a_table_pytables_alone_reads_is_found_by_a_relative_path_and_a_query_on_an_open_column_says_why_not(
+    tmp_path: Path, no_leaks: None
+) -> None:
+    path = tmp_path / "t.h5"
+
+    class Row(tables.IsDescription):
+        t = tables.Time64Col()  # h5py has no numpy type for it: PyTables maps it
+        k = tables.Int32Col()
+
+    with tables.open_file(path, "w") as f:
+        table = f.create_table("/", "tt", Row)
+        table.append([(float(i), i) for i in range(100)])
+    with Reader(path, n_procs=1) as reader, tables.open_file(path) as f:
+        for name in ("/tt", "tt"):
+            ds = reader.get_dataset(name)
+            with ds.create_stage(100) as stage:
+                np.testing.assert_array_equal(reader.request(ds["k"][5:9], stage).get(), np.arange(5, 9))
+        with pytest.raises(TypeError, match="condvars must be plain values or arrays"):
+            reader.get_dataset("/tt").where("x > 3", condvars={"x": f.root.tt.cols.k})
+
+
+def test_read_sorted_gives_pytables_rows_and_shapes_for_any_range(tmp_path: Path, no_leaks: None) -> None:
+    """PyTables' ranges of a sorted read are not Python's (negative steps, negative bounds): the shape is known
+    before the read for the whole table only, and the future's shape is the result's."""
+    path = tmp_path / "sorted.h5"
+    with tables.open_file(path, "w") as f:
+        table = f.create_table("/", "g", {"c": tables.Int32Col(), "v": tables.Float64Col()})
+        table.append([(int(x), float(i)) for i, x in enumerate(np.random.default_rng(1).permutation(100))])
+        table.cols.c.create_csindex()
+    ranges = [{}, dict(start=5, stop=50, step=-1), dict(start=50, stop=5, step=-3), dict(stop=-90, step=2),
+              dict(start=3, stop=40, step=4)]
+    with Reader(path, n_procs=1) as reader, tables.open_file(path) as f:
+        ds = reader.get_dataset("/g")
+        with ds.create_stage(100) as stage:
+            for kw in ranges:
+                req = ds.read_sorted("c", **kw)
+                want = f.root.g.read_sorted("c", **kw)
+                assert req.shape == ((100,) if not kw else None)
+                fut = reader.request(req, stage)
+                got = fut.get()
+                np.testing.assert_array_equal(got, want)
+                assert fut.shape == got.shape == want.shape, kw

@@ -387,7 +387,7 @@ def _describe(filename: str, path: str, field: "str | None", ds: Any, allow_empt
             raise NodeTypeError(f"{where} cannot be read: {h5py_problem}, and PyTables, which maps them, reads "
                                 f"local files only") from None
         try:
-            dt = _tables_dtype(filename, path)
+            dt = _tables_dtype(filename, path if path.startswith("/") else "/" + path)  # PyTables' paths are absolute
         except NodeTypeError:
             raise
         except Exception as texc:

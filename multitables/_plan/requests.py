@@ -71,11 +71,16 @@ def _as_index_array(entry: Any) -> np.ndarray:
     arr = np.asarray(entry)
     if arr.dtype == np.bool_:
         return arr
-    if arr.size == 0 and arr.dtype.kind not in "iu":
-        return arr.astype(np.intp)  # [] is a valid (empty) index list
+    if arr.size == 0 and arr.dtype.kind not in "iu" and not isinstance(entry, np.ndarray):
+        return arr.astype(np.intp)  # [] is a valid (empty) index list; an empty float array is not, as in numpy
     if arr.dtype.kind not in "iu":
         raise IndexError("arrays used as indices must be of integer (or boolean) type")
     return arr
+
+
+#: The largest slice step planned: a larger one selects as much (one element of any axis), and a stage's header holds
+#: int64.
+_STEP_MAX = 1 << 62
 
 
 def _check_slice(s: slice) -> slice:
@@ -87,6 +92,8 @@ def _check_slice(s: slice) -> slice:
                 raise TypeError("slice indices must be integers or None or have an __index__ method") from None
     if s.step is not None and operator.index(s.step) == 0:
         raise ValueError("slice step cannot be zero")
+    if s.step is not None and abs(operator.index(s.step)) > _STEP_MAX:  # past any axis: one element, as numpy's
+        return slice(s.start, s.stop, _STEP_MAX if operator.index(s.step) > 0 else -_STEP_MAX)
     return s
 
 

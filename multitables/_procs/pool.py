@@ -203,6 +203,7 @@ class ReaderPool:
             self.attached = self.ctx.Semaphore(0)
         self.closed = False
         self._procs: list[Any] = []
+        self._pids: list[int] = []  # kept: a closed process object no longer says its pid
         self._conns: list[Any] = []
         self._listening: dict[Any, int] = {}  # report pipe -> reader, until EOF
         self._watched: dict[Any, int] = {}  # sentinel -> reader, until it ends
@@ -240,6 +241,7 @@ class ReaderPool:
             finally:
                 send.close()
             self._procs.append(proc)
+            self._pids.append(proc.pid)
             self._watched[proc.sentinel] = i
 
     @property
@@ -248,8 +250,8 @@ class ReaderPool:
 
     @property
     def pids(self) -> list[int]:
-        """Process ids of the readers."""
-        return [p.pid for p in self._procs]
+        """Process ids of the readers (also once they are gone)."""
+        return list(self._pids)
 
     @property
     def running(self) -> int:

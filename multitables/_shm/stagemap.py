@@ -177,7 +177,14 @@ def describe(engine: str, node: NodeInfo) -> bytes:
 
 def describe_query(node: NodeInfo, method: str, kwargs: dict[str, Any]) -> bytes:
     """The bytes that tell a reader which PyTables call to run on which node (a query)."""
-    desc = pickle.dumps((node, method, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+    try:
+        desc = pickle.dumps((node, method, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise TypeError(
+            f"the query on {node.path!r} cannot be handed to the readers, which run it in their own processes: "
+            f"condvars must be plain values or arrays (not a PyTables column or another open object; name a column "
+            f"of the table in the condition instead): {exc}"
+        ) from exc
     if len(desc) > MAX_DESC:
         raise ValueError(
             f"the query on {node.path!r} is too large to hand to the readers ({len(desc)} bytes pickled, at most "

@@ -491,3 +491,79 @@ def test_a_node_linked_from_another_file_is_described_at_every_open(tmp_path: Pa
     for _ in range(2):
         assert np.array_equal(blocks_of(multitables.Streamer(str(link)).get_queue("/data", n_procs=0)), rows)
     assert opened == [str(link)] * 2
+
+
+def _growing(path: Path, values: np.ndarray) -> Path:
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data", data=values, chunks=(10,), maxshape=(None,))
+    return path
+
+
+def _grow(path: Path, more: np.ndarray) -> np.ndarray:
+    with h5py.File(path, "a") as f:
+        ds = f["data"]
+        ds.resize((len(ds) + len(more),))
+        ds[-len(more) :] = more
+        return ds[()]
+
+
+def _virtual_over(folder: Path, source: Path) -> Path:
+    """A virtual dataset /data whose rows are all of ``source``'s /data (1-D), however many it comes to have."""
+    unlimited = h5py.h5s.UNLIMITED
+    spaces = []
+    for _ in range(2):
+        space = h5py.h5s.create_simple((1,), (unlimited,))
+        space.select_hyperslab((0,), (unlimited,), block=(1,))
+        spaces.append(space)
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_virtual(spaces[0], os.fsencode(source.name), b"data", spaces[1])
+    path = folder / "virtual.h5"
+    with h5py.File(path, "w", libver="latest") as f:
+        h5py.h5d.create(f.id, b"data", h5py.h5t.NATIVE_INT64, spaces[0], dcpl=dcpl)
+    return path
+
+
+def test_a_node_whose_rows_lie_in_other_files_is_described_at_every_open(
+    tmp_path: Path, opened: "list[str]", settled: None
+) -> None:
+    """A virtual dataset takes its rows from other files, and a set's file may link into one: their identities are
+    not taken, so a description of such a node is not kept. The rows read are those of the files as they are now."""
+    source = _growing(tmp_path / "source.h5", np.arange(20))
+    virtual = _virtual_over(tmp_path, source)
+    for _ in range(2):
+        assert np.array_equal(np.array(list(multitables.Streamer(str(virtual)).get_generator("/data"))), np.arange(20))
+    assert opened == [str(virtual)] * 2
+    grown = _grow(source, np.arange(100, 105))
+    assert np.array_equal(np.array(list(multitables.Streamer(str(virtual)).get_generator("/data"))), grown)
+    other = _growing(tmp_path / "other.h5", np.arange(-10, 0))
+    link = tmp_path / "link.h5"
+    with h5py.File(link, "w") as f:
+        f["data"] = h5py.ExternalLink(source.name, "/data")
+    names = [str(other), str(link)]
+    for more in (None, np.arange(200, 203)):
+        now = grown if more is None else _grow(source, more)
+        got = blocks_of(multitables.Streamer(names).get_queue("/data", n_procs=0, remainder=True))
+        assert np.array_equal(got, np.concatenate([np.arange(-10, 0), now]))
+
+
+@pytest.mark.parametrize("n_procs", [0, 1])
+def test_a_file_replaced_after_its_description_is_not_read_as_described(tmp_path: Path, n_procs: int) -> None:
+    """The stream checks the file against the identity it was described under, not one taken later: a file replaced
+    in between (here, once the node is known) is an error, not the old node's rows of the new file."""
+    import multitables._io.fileset as fileset
+
+    (path,), rows = write_shards(tmp_path, [20])
+    (newer,), _ = write_shards(tmp_path, [30], name="newer")
+    real = fileset.open_node
+
+    def replaced_after(name: str, *a: Any, **k: Any) -> Any:
+        described = real(name, *a, **k)
+        os.replace(newer, path)  # a writer's atomic replace, just after the description
+        return described
+
+    fileset.open_node = replaced_after
+    try:
+        with pytest.raises(multitables.FileChangedError):
+            blocks_of(multitables.Streamer(str(path)).get_queue("/data", n_procs=n_procs))
+    finally:
+        fileset.open_node = real

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -96,6 +97,26 @@ def test_a_few_chunks_are_listed_by_hdf5_more_are_found_in_the_btree(make_array:
         node = inspect_node(make_array(data, chunkshape=(10, 8)), "/data")
         assert np.array_equal(read_all(node), data)
         assert type(storage.known_layout(node).index) is kind
+
+
+def test_a_file_changed_while_its_chunks_are_listed_is_a_file_changed_error(
+    make_array: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HDF5 lists chunks past the extent it gave where a writer rewrites the file meanwhile (an IndexError here): the
+    change is the error, as for every read of a file that changed."""
+    path = make_array(rows(100, 7), chunkshape=(10, 8))
+    node = inspect_node(path, "/data")
+
+    def rewritten_meanwhile(*args: Any) -> Any:
+        os.utime(path, ns=(0, 0))
+        raise IndexError("list assignment index out of range")
+
+    monkeypatch.setattr(storage, "ChunkIndex", rewritten_meanwhile)
+    with pytest.raises(multitables.FileChangedError, match="changed while the chunk index of '/data' was listed"):
+        read_all(node)
+    monkeypatch.setattr(storage, "ChunkIndex", lambda *args: (_ for _ in ()).throw(IndexError("a bug of ours")))
+    with pytest.raises(IndexError, match="a bug of ours"):  # the file unchanged: the error is what it is
+        read_all(inspect_node(path, "/data"))
 
 
 def test_an_index_too_long_to_list_is_not_remembered(

@@ -199,8 +199,8 @@ def open_files(
         node = _FILES.recall(key, identity)
         if node is not None:
             return node, None  # an engine opens the file only where it needs HDF5 (NOTE [layout cache])
-        node, dataset = open_node(files, path, field)
-        if node.linked_file is None:  # its data lies in another file, whose identity is not the one taken here
+        node, dataset = open_node(files, path, field, identity=None if identity is None else identity[0])
+        if not _elsewhere(node):
             _FILES.remember(key, identity, node)
         return node, dataset
     if any(is_url(name) for name in files):
@@ -210,8 +210,15 @@ def open_files(
     if node is not None:
         return node, None
     signatures, node = _inspect_set(files, path, field, store, swmr)
-    _SETS.remember(key, signatures, node)
+    if not any(_elsewhere(part.node) for part in node.parts):
+        _SETS.remember(key, signatures, node)
     return node, None
+
+
+def _elsewhere(node: NodeInfo) -> bool:
+    """Whether ``node``'s rows lie in a file other than its own, whose identity was not taken (an external link, a
+    virtual dataset): a description of it is not kept."""
+    return node.linked_file is not None or node.virtual
 
 
 def _identities(files: "tuple[str, ...]", store: "Store | None") -> "tuple[FileSignature | ObjectIdentity, ...] | None":
@@ -363,10 +370,13 @@ def _fingerprint(node: NodeInfo) -> str:
 
 
 def node_signature(node: NodeInfo) -> "FileSignature | ObjectIdentity | None":
-    """The identity to check a one-file node's reads against; None for a set, whose source checks each file."""
+    """The identity to check a one-file node's reads against: the one it was described under, where known; None for a
+    set, whose source checks each file."""
     if node.parts:
         return None
-    return node.remote.identity if node.remote is not None else file_signature(node.filename)
+    if node.remote is not None:
+        return node.remote.identity
+    return node.identity if node.identity is not None else file_signature(node.filename)
 
 
 class SetSource:

@@ -77,6 +77,11 @@ class NodeInfo:
     chunk_shape: "tuple[int, ...] | None" = None
     #: The file that holds the data where ``path`` is an external link into it (None: ``filename`` does).
     linked_file: "str | None" = None
+    #: A virtual dataset: its rows, and how many, come from other files (whose identities are not this file's).
+    virtual: bool = False
+    #: One local file's identity taken before it was described: what a stream checks the file against, so that a
+    #: file replaced after its description is not read as described (None: taken when the stream starts).
+    identity: "FileSignature | None" = None
 
     @property
     def data_file(self) -> str:
@@ -206,6 +211,7 @@ def check_file(filename: str, store: "Store | None" = None) -> "FileSignature | 
 def open_node(
     filename: "str | os.PathLike[str]", path: str, field: "str | None" = None, *, allow_empty: bool = False,
     store: "Store | None" = None, reader: "ObjectReader | None" = None, swmr: bool = False,
+    identity: "FileSignature | None" = None,
 ) -> "tuple[NodeInfo, Any]":
     """As :func:`inspect_node`, but also return the open ``h5py.Dataset``: the caller closes it with :func:`close_dataset`.
 
@@ -216,7 +222,8 @@ def open_node(
     no file id is kept: the dataset holds the file open. A URL is read through
     a file object over its bytes (``_io.objects.fileobj``), with ``store``'s
     settings (None: the environment's); ``reader``: the object already
-    looked at (a set looks at its objects together); ``swmr``: a local file opened for SWMR reading.
+    looked at (a set looks at its objects together); ``swmr``: a local file opened for SWMR reading; ``identity``: the
+    local file's, taken just before (:attr:`NodeInfo.identity`).
     """
     import h5py
 
@@ -262,7 +269,7 @@ def open_node(
                 f"and Tables can be streamed"
             )
         node = h5py.Dataset(oid)
-        info = _describe(filename, path, field, node, allow_empty, remote is not None)
+        info = _describe(filename, path, field, node, allow_empty, remote is not None, identity)
         # Another file's where path is an external link. fileno, not a file id of its own: closing that cost 25 us.
         linked = None if oid.fileno == fid.fileno else os.path.abspath(os.fsdecode(h5py.h5f.get_name(oid)))
         if linked is not None and remote is not None:
@@ -372,7 +379,8 @@ def _fill_may_leave_holes(dsid: Any, plist: Any) -> bool:
     return False
 
 
-def _describe(filename: str, path: str, field: "str | None", ds: Any, allow_empty: bool = False, remote: bool = False) -> NodeInfo:
+def _describe(filename: str, path: str, field: "str | None", ds: Any, allow_empty: bool = False, remote: bool = False,
+              identity: "FileSignature | None" = None) -> NodeInfo:
     import h5py
 
     where = f"{path!r} in {filename!r}"
@@ -432,7 +440,8 @@ def _describe(filename: str, path: str, field: "str | None", ds: Any, allow_empt
     filter_ids = tuple(int(f[0]) for f in filters)
     filter_names = tuple(f[3].decode("utf-8", "replace") if isinstance(f[3], bytes) else str(f[3]) for f in filters)
     pads = () if h5py_problem else tuple(find_string_pads(tid))
-    chunks = plist.get_chunk() if plist.get_layout() == h5py.h5d.CHUNKED else None
+    layout = plist.get_layout()
+    chunks = plist.get_chunk() if layout == h5py.h5d.CHUNKED else None
     return NodeInfo(
         filename=filename,
         path=path if path.startswith("/") else "/" + path,
@@ -449,4 +458,6 @@ def _describe(filename: str, path: str, field: "str | None", ds: Any, allow_empt
         string_pads=pads,
         zero_first=_fill_may_leave_holes(dsid, plist),
         h5py_problem=h5py_problem,
+        virtual=layout == getattr(h5py.h5d, "VIRTUAL", None),
+        identity=identity,
     )

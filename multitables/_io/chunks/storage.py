@@ -48,6 +48,7 @@ from .codecs.base import FilterSpec, UnsupportedFilter, filters_of
 from .codecs.registry import build_pipeline
 from .hdf5lib import header_address, leaves_edge_chunks_unfiltered
 from ..files import FileSignature, file_signature, settled
+from ...errors import FileChangedError
 from ..node import NodeInfo, Unsupported, close_dataset, reopen_dataset
 from ..._sys.forks import renew_lock_in_children
 
@@ -426,7 +427,7 @@ def learn_layout(ds: Any, node: NodeInfo, index_limit: int = INDEX_ALL_LIMIT) ->
         header = header_address(ds.id) if READ_BTREE and not listed else None
         index = None if header is None else open_btree_index(ds, grid, node.data_file, header, node.remote)
         if index is None:
-            index = ChunkIndex(ds.id, grid, index_limit)
+            index = _listed(ds, grid, index_limit, node, before)
         elif node.remote is not None and index.n_leaves <= REMOTE_LEAVES_AT_OPEN:
             index.load_all()  # a few round trips here, none in the readers this process forks
     layout = Layout(storage, grid, index)
@@ -436,6 +437,20 @@ def learn_layout(ds: Any, node: NodeInfo, index_limit: int = INDEX_ALL_LIMIT) ->
             index.release()
         _remember((before, node.path), layout)
     return layout
+
+
+def _listed(ds: Any, grid: ChunkGrid, index_limit: int, node: NodeInfo, before: Any) -> "ChunkIndex":
+    """HDF5's listing of ``ds``'s chunks (:class:`ChunkIndex`); a file that changed while it was listed (HDF5 then
+    lists chunks past the extent it gave) is a :class:`~multitables.errors.FileChangedError`, not the listing's error."""
+    try:
+        return ChunkIndex(ds.id, grid, index_limit)
+    except Exception as exc:
+        if before is None or _identity(node) == before:
+            raise
+        raise FileChangedError(
+            f"{node.data_file!r} changed while the chunk index of {node.path!r} was listed; read it again once it is "
+            f"written"
+        ) from exc
 
 
 def forget_layouts() -> None:

@@ -124,12 +124,14 @@ _NOT_REGULAR = (
 )
 
 
-def check_regular(filename: str) -> None:
-    """Raise unless ``filename`` is a regular file, before anything opens it: opening a FIFO waits for a writer."""
+def check_regular(filename: str) -> FileSignature:
+    """Raise unless ``filename`` is a regular file, before anything opens it: opening a FIFO waits for a writer.
+    Returns its identity, from the same ``stat`` (NOTE [file identity])."""
     try:
-        mode = os.stat(filename).st_mode
+        st = os.stat(filename)
     except FileNotFoundError:
         raise FileNotFoundError(errno.ENOENT, "No such HDF5 file", filename) from None
+    mode = st.st_mode
     if stat.S_ISDIR(mode):
         raise IsADirectoryError(errno.EISDIR, "Expected an HDF5 file, got a directory", filename)
     if not stat.S_ISREG(mode):
@@ -138,3 +140,4 @@ def check_regular(filename: str) -> None:
             f"{filename!r} is {kind}, not a regular file: HDF5 files are read at offsets, which only a regular "
             f"file allows"
         )
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)

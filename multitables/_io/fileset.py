@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 from ..errors import EmptyDatasetError, FileChangedError
 from .._sys.forks import renew_lock_in_children
-from .files import FileSignature, as_filename, check_file_unchanged, file_signature, from_root, settled
+from .files import FileSignature, as_filename, check_file_unchanged, check_regular, file_signature, from_root, settled
 from .node import NodeInfo, Part, check_file, close_dataset, open_node
 from .objects.hdf5 import check_hdf5
 from .objects.config import Store, make_store
@@ -192,14 +192,11 @@ def open_files(
         if is_url(files) or swmr:  # an object is looked at by the open; a file open for SWMR grows
             return open_node(files, path, field, store=store, swmr=swmr)
         key = (files, path, field)
-        try:
-            identity: "tuple[FileSignature, ...] | None" = (file_signature(files),)
-        except OSError:
-            identity = None  # the open says what is wrong
+        identity = (check_regular(files),)  # missing, a directory, a FIFO: said here, as the open would
         node = _FILES.recall(key, identity)
         if node is not None:
             return node, None  # an engine opens the file only where it needs HDF5 (NOTE [layout cache])
-        node, dataset = open_node(files, path, field, identity=None if identity is None else identity[0])
+        node, dataset = open_node(files, path, field, identity=identity[0])
         if not _elsewhere(node):
             _FILES.remember(key, identity, node)
         return node, dataset

@@ -241,7 +241,8 @@ def open_node(
         filename = remote.shown  # what messages call it: a presigned URL's query is never shown
         fid = open_file_id(reader, check=True)
     else:
-        check_regular(filename)
+        if identity is None:
+            check_regular(filename)  # else the caller's identity came from this check (``_io.fileset.open_files``)
         try:
             flags = h5py.h5f.ACC_RDONLY | (h5py.h5f.ACC_SWMR_READ if swmr else 0)
             fid = h5py.h5f.open(os.fsencode(filename), flags, _file_access())

@@ -281,21 +281,26 @@ def test_a_range_of_rows_gives_h5pys_and_decodes_as_its_array(tmp_path_factory, 
     assert got[range][1] == got[np.ndarray][1]
 
 
+@pytest.mark.parametrize("engine", ["h5py", "auto"])
 @pytest.mark.parametrize("n_procs", [0, 1])
-def test_swmr_reading_as_h5py_opens_it(tmp_path: Path, n_procs: int, no_leaks: None) -> None:
+def test_swmr_reading_as_h5py_opens_it(tmp_path: Path, n_procs: int, engine: str, no_leaks: None) -> None:
     """``swmr=True`` is h5py's option for a file an SWMR writer may hold: HDF5 refuses to open a file twice with the
-    SWMR flag and without, so the library's own look at the file takes it too (it failed for any file)."""
+    SWMR flag and without, so the library's own look at the file takes it too (it failed for any file); ``auto``
+    takes h5py for it (PyTables, which takes the established API's options, has no such option)."""
     path = tmp_path / "swmr.h5"
     rows = np.arange(4000 * 4, dtype="<f4").reshape(4000, 4)
     with h5py.File(path, "w", libver="latest") as f:
         f.create_dataset("data", data=rows, maxshape=(None, 4), chunks=(500, 4), compression="gzip")
-    stream = multitables.Streamer(path, engine="h5py", swmr=True)
+    stream = multitables.Streamer(path, engine=engine, swmr=True)
     got = []
-    with stream.get_queue("/data", n_procs=n_procs, block_size=500, ordered=True) as queue:
-        for guard in queue.iter():
-            with guard as block:
-                got.append(block.copy())
+    with h5py.File(path, "a", libver="latest") as writer:
+        writer.swmr_mode = True  # a writer holds it as it would while appending
+        with stream.get_queue("/data", n_procs=n_procs, block_size=500, ordered=True) as queue:
+            assert queue.engine == "h5py"
+            for guard in queue.iter():
+                with guard as block:
+                    got.append(block.copy())
     np.testing.assert_array_equal(np.concatenate(got), rows)
-    with multitables.Reader(path, engine="h5py", swmr=True, n_procs=1) as reader:
+    with multitables.Reader(path, engine=engine, swmr=True, n_procs=1) as reader:
         ds = reader.get_dataset("/data")
         np.testing.assert_array_equal(reader.request(ds[[7, 3]], ds.create_stage(2)).get(), rows[[7, 3]])

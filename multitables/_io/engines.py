@@ -144,6 +144,8 @@ CACHES = tuple(dict.fromkeys(c for e in REGISTRY for c in e.caches))
 #: Whose open options the established API passes on (``DRIVER=...``): with any given,
 #: ``auto`` walks only the engines that take these.
 AUTO_OPTIONS = "PyTables'"
+#: Open options only h5py takes (``swmr=True``: a file an SWMR writer holds): given them, ``auto`` takes h5py.
+H5PY_ONLY_OPTIONS = frozenset({"swmr"})
 _BY_NAME = {e.name: e for e in REGISTRY}
 
 
@@ -262,12 +264,14 @@ def _auto_walk(node: NodeInfo, open_kwargs: "dict[str, Any]", in_set: bool = Fal
                opened: bool = False) -> "list[Engine]":
     """The engines ``auto`` tries for ``node``, in order: those it prefers, then the others, each in :data:`REGISTRY`'s order.
 
-    Given open options, only the engines that take the established API's (:data:`AUTO_OPTIONS`).
+    Given open options, only the engines that take the established API's (:data:`AUTO_OPTIONS`), or h5py's where only
+    h5py takes them (:data:`H5PY_ONLY_OPTIONS`).
     """
     walk = [e for e in REGISTRY if e.preferred(node, in_set, readers, opened)]
     walk += [e for e in REGISTRY if e not in walk]
     if open_kwargs:
-        walk = [e for e in walk if e.options == AUTO_OPTIONS]
+        taking = H5PY.options if open_kwargs.keys() <= H5PY_ONLY_OPTIONS else AUTO_OPTIONS
+        walk = [e for e in walk if e.options == taking]
     return walk
 
 

@@ -71,13 +71,14 @@ def obj_files(tmp_path_factory: pytest.TempPathFactory) -> "dict[str, Any]":
                 part = arrays[name][cuts[i] : cuts[i + 1]]
                 f.create_carray("/", name, obj=part, filters=zlib, chunkshape=(512,) + part.shape[1:])
     (folder / "not-hdf5.h5").write_bytes(b"just some bytes, not HDF5" * 100)
+    (folder / "empty.h5").write_bytes(b"")
     return {"folder": folder, "x": arrays["x"], "y": arrays["y"], "t": table}
 
 
 @pytest.fixture(scope="session")
 def moto_url(obj_files: "dict[str, Any]") -> Iterator[str]:
     """moto's S3 server on 127.0.0.1, with the bucket and its objects: ``data.h5``, ``shards/shard-{0,1,2}.h5``,
-    ``not-hdf5.h5``, ``public/data.h5`` (readable anonymously)."""
+    ``not-hdf5.h5``, ``empty.h5``, ``public/data.h5`` (readable anonymously)."""
     from moto.server import ThreadedMotoServer
 
     port = free_port()
@@ -89,6 +90,7 @@ def moto_url(obj_files: "dict[str, Any]") -> Iterator[str]:
     folder = obj_files["folder"]
     s3.upload_file(str(folder / "data.h5"), BUCKET, "data.h5")
     s3.upload_file(str(folder / "not-hdf5.h5"), BUCKET, "not-hdf5.h5")
+    s3.upload_file(str(folder / "empty.h5"), BUCKET, "empty.h5")
     for i in range(3):
         s3.upload_file(str(folder / f"shard-{i}.h5"), BUCKET, f"shards/shard-{i}.h5")
     s3.upload_file(str(folder / "shard-0.h5"), BUCKET, "shards/old/shard-9.h5")  # not matched by shards/shard-*.h5

@@ -149,6 +149,9 @@ def test_bad_urls_missing_objects_and_credentials_fail_before_any_reader(moto_ur
         multitables.Streamer(f"{rangesrv.url}/missing.h5").get_generator("/x")
     with pytest.raises(NotHDF5Error, match="is not an HDF5 file"):
         multitables.Streamer(f"s3://{BUCKET}/not-hdf5.h5", storage_options=options).get_queue("/x")
+    for empty in (f"s3://{BUCKET}/empty.h5", f"{rangesrv.url}/empty.h5"):  # a range of it is refused (416), unversioned
+        with pytest.raises(NotHDF5Error, match="empty.h5' is not an HDF5 file"):
+            multitables.Streamer(empty, storage_options=options if empty.startswith("s3") else None).get_queue("/x")
     with pytest.raises(ValueError, match="no AWS credentials found"):
         multitables.Streamer(DATA, storage_options={"endpoint_url": moto_url}).get_queue("/x")
     with pytest.raises(KeyError, match="no node '/nope'"):

@@ -40,7 +40,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ...errors import ObjectStorageError
+from ...errors import NotHDF5Error, ObjectStorageError
 from ..._sys.forks import renew_lock_in_children
 from .cache import DiskCache
 from .config import Store
@@ -228,6 +228,8 @@ class ObjectReader:
         return self._usable(identity)
 
     def _usable(self, identity: ObjectIdentity) -> ObjectIdentity:
+        if identity.size == 0:  # as an empty local file: S3's answer to a range of one (416) names no version either
+            raise NotHDF5Error(f"{self.shown!r} is not an HDF5 file")
         if not identity.etag and not identity.last_modified:
             raise ObjectStorageError(f"{self.shown}: the server sends neither an ETag nor a Last-Modified, so a change "
                                      f"of the object during a stream could not be seen; it is not read")

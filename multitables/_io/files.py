@@ -49,7 +49,10 @@ SETTLED_S = 3.0
 
 def file_signature(filename: "str | int") -> FileSignature:
     """The identity of ``filename`` now (a path, or an open file descriptor); see NOTE [file identity]."""
-    st = os.stat(filename)
+    return _signature_of(os.stat(filename))
+
+
+def _signature_of(st: os.stat_result) -> FileSignature:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
@@ -140,4 +143,4 @@ def check_regular(filename: str) -> FileSignature:
             f"{filename!r} is {kind}, not a regular file: HDF5 files are read at offsets, which only a regular "
             f"file allows"
         )
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return _signature_of(st)

@@ -143,6 +143,20 @@ def whole_chunks(plan: Any, n_rows: int, chunk_rows: int) -> bool:
     return plan.block_size % chunk_rows == 0
 
 
+def _dataset_access(cache_bytes: int, chunk_cache: "int | None") -> Any:
+    """A dataset access list with a chunk cache of ``cache_bytes``: set on the dataset, not the file, so that a file
+    opened elsewhere gets the cache this source wants. ``chunk_cache`` given: requests' rows, in any order (h5py's
+    own default slots and policy); else a plan's blocks, where a chunk read whole is not read again."""
+    import h5py
+
+    dapl = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
+    if chunk_cache is None:
+        dapl.set_chunk_cache(521, cache_bytes, 1.0)
+    else:
+        dapl.set_chunk_cache(8191, cache_bytes, 0.75)
+    return dapl
+
+
 class H5pySource:
     """One dataset opened with h5py for reading rows (the :class:`~multitables._io.engines.Source` protocol).
 
@@ -171,8 +185,9 @@ class H5pySource:
             close_dataset(dataset)
             dataset = None
         if dataset is None and not open_kwargs and node.remote is None:
-            dataset = reopen_dataset(node)  # as the checks open it: ~0.1 ms less than h5py.File and f[path]
-        if dataset is None:
+            # As the checks open it (~0.1 ms less than h5py.File and f[path]), with this plan's chunk cache.
+            dsid = reopen_dataset(node, _dataset_access(cache_bytes, chunk_cache) if cache_bytes else None).id
+        elif dataset is None:
             # An object is read through a file object over its bytes: slower than the chunk engine, but right.
             self._fileobj = None if node.remote is None else file_object(node.remote)
             try:
@@ -181,29 +196,20 @@ class H5pySource:
                 if self._fileobj is not None:
                     self._fileobj.close()
                 raise
-        if dataset is not None and cache_bytes == 0:
+            dsid = h5py.h5d.open(self._file.id, node.path.encode(), _dataset_access(cache_bytes, chunk_cache))
+        elif cache_bytes == 0:
             dsid = dataset.id  # reuse the checks' open: a second open costs ~10% of reading a 4 MiB file
         else:
-            # The chunk cache is set on this dataset's access list, not the file's,
-            # so a file opened elsewhere gets the cache this plan wants.
-            dapl = h5py.h5p.create(h5py.h5p.DATASET_ACCESS)
-            if chunk_cache is None:  # a plan's blocks: a chunk read whole is not read again
-                dapl.set_chunk_cache(521, cache_bytes, 1.0)
-            else:  # requests' rows, in any order: h5py's own default slots and policy
-                dapl.set_chunk_cache(8191, cache_bytes, 0.75)
-            if dataset is None:
-                dsid = h5py.h5d.open(self._file.id, node.path.encode(), dapl)
-            else:
-                # Opening a dataset that is open already gives the first open's
-                # chunk cache (none, from open_node): close it first, holding
-                # the file by an id meanwhile.
-                fid = h5py.h5i.get_file_id(dataset.id)
-                name = h5py.h5i.get_name(dataset.id)  # its path in fid: not node.path where that links to fid
-                try:
-                    close_dataset(dataset)
-                    dsid = h5py.h5d.open(fid, name, dapl)
-                finally:
-                    fid.close()  # the new dataset holds the file now
+            # Opening a dataset that is open already gives the first open's
+            # chunk cache (none, from open_node): close it first, holding
+            # the file by an id meanwhile.
+            fid = h5py.h5i.get_file_id(dataset.id)
+            name = h5py.h5i.get_name(dataset.id)  # its path in fid: not node.path where that links to fid
+            try:
+                close_dataset(dataset)
+                dsid = h5py.h5d.open(fid, name, _dataset_access(cache_bytes, chunk_cache))
+            finally:
+                fid.close()  # the new dataset holds the file now
         self._h5s = h5py.h5s
         self._dsid = dsid
         self._fspace = dsid.get_space()

@@ -299,12 +299,13 @@ def _link_out(path: str, filename: str, target: str) -> NodeTypeError:
                          f"not followed; read that file itself")
 
 
-def reopen_dataset(node: NodeInfo) -> Any:
+def reopen_dataset(node: NodeInfo, access: Any = None) -> Any:
     """The ``h5py.Dataset`` of an inspected one-file ``node``, opened as :func:`open_node` opens it; close with :func:`close_dataset`.
 
     A reader's open of a file already checked: two library calls, no chunk
-    cache, no checks (``h5py.File`` then ``f[path]`` costs ~0.15 ms more,
-    which a set of many small files pays per file).
+    cache (``access``: the dataset access list that gives one), no checks
+    (``h5py.File`` then ``f[path]`` costs ~0.15 ms more, which a set of many
+    small files pays per file).
     """
     import h5py
 
@@ -313,7 +314,8 @@ def reopen_dataset(node: NodeInfo) -> Any:
     else:
         fid = h5py.h5f.open(os.fsencode(node.filename), h5py.h5f.ACC_RDONLY, _file_access())
     try:
-        return h5py.Dataset(h5py.h5o.open(fid, node.path.encode()))
+        path = node.path.encode()
+        return h5py.Dataset(h5py.h5o.open(fid, path) if access is None else h5py.h5d.open(fid, path, access))
     except BaseException:
         h5py.File(fid).close()
         raise

@@ -177,6 +177,7 @@ def test_results_equal_numpy_and_pytables(shared_reader: tuple, h5file: tuple, d
     expected = target[key]
     np.testing.assert_array_equal(got, expected)
     assert np.shape(got) == np.shape(expected) and np.asarray(got).dtype == np.asarray(expected).dtype
+    assert isinstance(got, np.ndarray) == isinstance(expected, np.ndarray), f"{key!r}: a scalar where numpy's is not"
     if field is None and _pytables_numpy_like(key, full.ndim):
         with tables.open_file(path) as f:
             try:
@@ -206,7 +207,26 @@ def test_several_fields_select_as_numpy_does_before_or_after_any_key(shared_read
     assert req.shape == np.shape(expected) and req.dtype == np.asarray(expected).dtype
     got = reader.request(req, stage).get()
     assert np.shape(got) == np.shape(expected) and np.asarray(got).dtype == np.asarray(expected).dtype
+    assert isinstance(got, np.ndarray) == isinstance(expected, np.ndarray), f"{key!r}: a scalar where numpy's is not"
     np.testing.assert_array_equal(got, expected)
+
+
+def test_one_element_with_an_ellipsis_is_a_0d_array_as_numpys(shared_reader: tuple, h5file: tuple) -> None:
+    """``d[i, ...]`` is a 0-d array in numpy, ``d[i]`` a scalar; so are requests, chained or of a column."""
+    reader, stages = shared_reader
+    contents = h5file[1]
+    one_d = next(n for n in sorted(contents) if contents[n].ndim == 1 and contents[n].dtype.names is None)
+    ds, stage = stages[one_d]
+    rows = contents[one_d]
+    table, tstage = stages["/table"]
+    records = contents["/table"]
+    cases = [(ds[3, ...], rows[3, ...], stage), (ds[3], rows[3], stage), (ds[3][...], rows[3][...], stage),
+             (ds[..., -1], rows[..., -1], stage), (table[2, ...]["a"], records[2, ...]["a"], tstage),
+             (table[2]["a"], records[2]["a"], tstage)]
+    for req, expected, st_ in cases:
+        got = reader.request(req, st_).get()
+        assert type(got) is type(expected) and np.shape(got) == np.shape(expected) == req.shape, (req, type(got))
+        np.testing.assert_array_equal(got, expected)
 
 
 def test_torch_tensors_index_as_numpy_takes_them(shared_reader: tuple, h5file: tuple) -> None:

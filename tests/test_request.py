@@ -15,6 +15,7 @@ from multitables._plan.requests import (
     result_shape,
     run_bounds,
     split_shares,
+    zero_d,
 )
 
 
@@ -104,13 +105,14 @@ def test_plan_reads_then_indexes_like_numpy(case: tuple) -> None:
         assert isinstance(expected, type) or empty_ok, f"numpy accepts {key!r} on {shape} but the plan rejects it: {exc}"
         return
     assert not isinstance(expected, type), f"numpy rejects {key!r} on {shape} ({expected.__name__}) but the plan accepts it"
-    plan = plan_rows(nkey, shape)
+    plan = plan_rows(nkey, shape, keep_0d=zero_d(key, nkey))
     rows = plan.rows_between(0, plan.n_read)
     assert len(rows) == plan.n_read
     assert (np.diff(rows) > 0).all(), "rows read are sorted, each once"
     got = data[rows][plan.local_key]
     assert np.shape(got) == np.shape(expected) == plan.shape == result_shape(nkey, shape)
     np.testing.assert_array_equal(got, expected)
+    assert type(got) is type(expected), f"{key!r} on {shape}: numpy gives {type(expected).__name__}, the plan {type(got).__name__}"
     if plan.view:
         read = data[rows]
         assert isinstance(read[plan.local_key], np.generic) or np.shares_memory(read[plan.local_key], read) or read[plan.local_key].size == 0

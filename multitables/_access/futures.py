@@ -203,7 +203,7 @@ class Future:
                 lease.root = None
 
     def get(self, timeout: "float | None" = None) -> Any:
-        """Wait, and return a private copy of the data (a numpy scalar for a single element)."""
+        """Wait, and return a private copy of the data (a numpy scalar for a single element, as numpy gives it)."""
         with self.get_unsafe(timeout) as data:
             try:
                 if isinstance(data, (np.ndarray, np.void)) and self.request.zero_copy:

@@ -10,7 +10,7 @@ import numpy as np
 
 from .compat2x import next_op
 from .._io.node import field_of, field_path
-from .._plan.requests import RowPlan, compose_keys, normalize_key, plan_rows
+from .._plan.requests import RowPlan, compose_keys, normalize_key, plan_rows, zero_d
 from .._shm.stagemap import describe_query
 from .readercore import not_pickled
 
@@ -102,7 +102,7 @@ class Request:
             self._nkey = normalize_key(key, shape[:1]) + (slice(None),) * sub
         else:
             self._nkey = normalize_key(key, shape)
-        self._plan: "RowPlan | None" = plan_rows(self._nkey, shape)
+        self._plan: "RowPlan | None" = plan_rows(self._nkey, shape, keep_0d=zero_d(key, self._nkey))
         self._n_read: "int | None" = self._plan.n_read
         self.shape: "tuple[int, ...] | None" = self._plan.shape
         self.dtype: np.dtype = node.dtype
@@ -174,7 +174,10 @@ class Request:
             if isinstance(key, str):
                 if self.field is None and len(self._nkey) == 1 and self._nkey[0] is not None:
                     # records[k]['col'] reads only that column
-                    return Request(self.dataset, key, self._nkey[0], op=op, field_last=True)
+                    first = self._nkey[0]
+                    if self._plan is not None and self._plan.local_key[-1] is Ellipsis:
+                        first = (first, Ellipsis)  # records[i, ...]['col'] is 0-d, as numpy's
+                    return Request(self.dataset, key, first, op=op, field_last=True)
                 if self.dtype.names is None:
                     raise KeyError(f"this request reads column {self.field!r}, which has no field {key!r}")
             else:

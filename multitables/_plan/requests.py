@@ -282,8 +282,9 @@ def compose_keys(nkey: tuple[Entry, ...], shape: Sequence[int], key: Any) -> "tu
     if e0 is None or any(e is None for e in nkey) or not all(_full(e, d) for e, d in zip(nkey[1:], shape[1:])):
         return None
     if isinstance(e0, int):
-        # data[i][k] is data[i, *k] only when k is basic (an int joins advanced indices and can move axes).
-        return (e0,) + nk2 if is_basic(nk2) else None
+        # data[i][k] is data[i, *k] only when k is basic (an int joins advanced indices and can move axes), and
+        # not when k makes a scalar a 0-d array.
+        return (e0,) + nk2 if is_basic(nk2) and not zero_d(key, (e0,) + nk2) else None
     if isinstance(e0, np.ndarray) and e0.ndim != 1:
         return None
     p = next(i for i, e in enumerate(nk2) if e is not None)
@@ -326,7 +327,7 @@ class RowPlan:
     start: int
     step: int
     rows: "np.ndarray | None"
-    local_key: tuple[Entry, ...]
+    local_key: tuple[Any, ...]  # Entry, and a last Ellipsis where a 0-d array is kept (plan_rows' keep_0d)
     shape: tuple[int, ...]
     _cache: dict = field(default_factory=dict, repr=False)
 
@@ -362,15 +363,25 @@ def _progression(rows: np.ndarray) -> "tuple[int, int] | None":
     return None
 
 
-def plan_rows(nkey: tuple[Entry, ...], shape: Sequence[int]) -> RowPlan:
-    """Plan a normalized key on ``shape``: the rows to read and the local key; see NOTE [request plan]."""
+def zero_d(key: Any, nkey: tuple[Entry, ...]) -> bool:
+    """Whether numpy gives a 0-d array for ``key``, not a scalar: an int on every axis, and an Ellipsis."""
+    entries = key if isinstance(key, tuple) else (key,)
+    return any(e is Ellipsis for e in entries) and all(type(e) is int for e in nkey)
+
+
+def plan_rows(nkey: tuple[Entry, ...], shape: Sequence[int], *, keep_0d: bool = False) -> RowPlan:
+    """Plan a normalized key on ``shape``: the rows to read and the local key; see NOTE [request plan].
+
+    ``keep_0d``: the key picks one element and held an Ellipsis (:func:`zero_d`), so the local key ends with one,
+    which makes numpy give a 0-d view of the stage, as it gives for that key, instead of a scalar.
+    """
     shape = tuple(int(d) for d in shape)
     pos0 = next(i for i, e in enumerate(nkey) if e is not None)
     e0 = nkey[pos0]
     out_shape = result_shape(nkey, shape)
 
     def plan(n: int, start: int, step: int, local0: Entry, rows: "np.ndarray | None" = None) -> RowPlan:
-        local = nkey[:pos0] + (local0,) + nkey[pos0 + 1 :]
+        local = nkey[:pos0] + (local0,) + nkey[pos0 + 1 :] + ((Ellipsis,) if keep_0d else ())
         return RowPlan(n_read=n, start=start, step=step, rows=rows, local_key=local, shape=out_shape)
 
     def plan_array(rows: np.ndarray, local0: Entry) -> RowPlan:

@@ -43,6 +43,18 @@ def test_a_file_that_is_not_hdf5_is_refused(tmp_path: Path) -> None:
         inspect_node(bad, "/data")
 
 
+def test_a_file_cut_short_is_named_with_how_much_it_holds(tmp_path: Path) -> None:
+    """HDF5's words for a truncated file name no file; ours do, keep its type and HDF5's words as the cause."""
+    whole = tmp_path / "whole.h5"
+    with h5py.File(whole, "w") as f:
+        f.create_dataset("data", data=np.arange(40_000, dtype="f4"), chunks=(1000,), compression="gzip")
+    cut = tmp_path / "cut.h5"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    with pytest.raises(OSError, match=r"cut.h5' is cut short: it holds [\d,]+ bytes of the [\d,]+") as info:
+        inspect_node(cut, "/data")
+    assert isinstance(info.value.__cause__, OSError) and "truncated file" in str(info.value.__cause__)
+
+
 def test_a_missing_path_is_a_key_error_naming_it(make_array) -> None:
     path = make_array(np.zeros(10))
     with pytest.raises(KeyError, match="/nothing"):

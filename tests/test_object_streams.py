@@ -152,6 +152,13 @@ def test_bad_urls_missing_objects_and_credentials_fail_before_any_reader(moto_ur
     for empty in (f"s3://{BUCKET}/empty.h5", f"{rangesrv.url}/empty.h5"):  # a range of it is refused (416), unversioned
         with pytest.raises(NotHDF5Error, match="empty.h5' is not an HDF5 file"):
             multitables.Streamer(empty, storage_options=options if empty.startswith("s3") else None).get_queue("/x")
+    whole = (rangesrv.root / "data.h5").read_bytes()
+    (rangesrv.root / "cut.h5").write_bytes(whole[: len(whole) // 2])  # a download that did not finish
+    try:
+        with pytest.raises(OSError, match="cut.h5' is cut short"):
+            multitables.Streamer(f"{rangesrv.url}/cut.h5").get_queue("/x")
+    finally:
+        (rangesrv.root / "cut.h5").unlink()
     with pytest.raises(ValueError, match="no AWS credentials found"):
         multitables.Streamer(DATA, storage_options={"endpoint_url": moto_url}).get_queue("/x")
     with pytest.raises(KeyError, match="no node '/nope'"):

@@ -20,12 +20,13 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from ..errors import EmptyDatasetError, NodeTypeError, NotHDF5Error
+from ..errors import EmptyDatasetError, MultitablesError, NodeTypeError, NotHDF5Error
 from .files import FileSignature, as_filename, check_regular, file_signature
 from .objects.config import Store, make_store
 from .objects.hdf5 import check_hdf5, open_file_id
@@ -239,16 +240,19 @@ def open_node(
         reader = reader or ObjectReader(filename, store or make_store(None))  # missing, forbidden: says so
         remote = reader.remote
         filename = remote.shown  # what messages call it: a presigned URL's query is never shown
-        fid = open_file_id(reader, check=True)
+        try:
+            fid = open_file_id(reader, check=True)
+        except OSError as exc:
+            _raise_named(exc, filename)
     else:
         if identity is None:
             check_regular(filename)  # else the caller's identity came from this check (``_io.fileset.open_files``)
         try:
             flags = h5py.h5f.ACC_RDONLY | (h5py.h5f.ACC_SWMR_READ if swmr else 0)
             fid = h5py.h5f.open(os.fsencode(filename), flags, _file_access())
-        except OSError:
+        except OSError as exc:
             check_file(filename)  # the error a user expects: missing, a directory, not HDF5
-            raise  # something else (permissions, a damaged superblock): HDF5's own words
+            _raise_named(exc, filename)  # else permissions, a damaged file: HDF5's words, named
     try:
         try:
             oid = h5py.h5o.open(fid, path.encode())
@@ -281,6 +285,29 @@ def open_node(
     except BaseException:
         h5py.File(fid).close()  # closes what is open in it too, which a bare H5Fclose (weak) leaves to the collector
         raise
+
+
+_CUT_SHORT = re.compile(r"truncated file: eof = (\d+), .*stored_eof = (\d+)")
+
+
+def _raise_named(exc: OSError, filename: str) -> None:
+    """Raise ``exc`` naming ``filename``, as errors here do (HDF5's open errors, a damaged or cut-short file's, name
+    none): the same type, errno and words, ``exc`` its cause; ``exc`` itself where it names the file already."""
+    text = str(exc)
+    if filename in text or isinstance(exc, MultitablesError):
+        raise exc
+    cut = _CUT_SHORT.search(text)
+    if cut is not None:
+        words = (f"{filename!r} is cut short: it holds {int(cut[1]):,} bytes of the {int(cut[2]):,} its superblock "
+                 f"names (a copy or download that did not finish, or a writer that did not close it): {exc}")
+    else:
+        words = f"cannot open {filename!r} as HDF5 (the file may be damaged): {exc}"
+    try:
+        named = type(exc)(words)
+    except Exception:  # noqa: BLE001 - an OSError subclass with other arguments: keep it as it came
+        raise exc
+    named.errno = exc.errno
+    raise named from exc
 
 
 def _external_link(fid: Any, path: str) -> "tuple[str, str] | None":

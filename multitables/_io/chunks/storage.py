@@ -165,6 +165,11 @@ def inspect_storage(ds: Any, node: NodeInfo) -> Storage:
         raise Unsupported("its data lives in external files")
     layout = dcpl.get_layout()
     shape = tuple(int(s) for s in dsid.shape)
+    if layout == h5py.h5d.CONTIGUOUS:  # no filters, and every byte is in its storage once written: no fill read
+        offset = dsid.get_offset()
+        if offset is None:
+            raise Unsupported("its storage was never written (it reads as fill values)")
+        return Storage(shape, None, (), int(offset), bytes(node.file_dtype.itemsize))
     # Where HDF5 writes no fill value (undefined, or never written), h5py's reads give zeros.
     fill = np.zeros(1, node.file_dtype)
     if dcpl.fill_value_defined() != h5py.h5d.FILL_VALUE_UNDEFINED and dcpl.get_fill_time() != h5py.h5d.FILL_TIME_NEVER:
@@ -173,11 +178,6 @@ def inspect_storage(ds: Any, node: NodeInfo) -> Storage:
         except (TypeError, ValueError, RuntimeError) as exc:  # e.g. array elements, which h5py converts
             raise Unsupported(f"its fill value cannot be read as {node.file_dtype} ({exc})") from None
     filters = filters_of(dcpl)
-    if layout == h5py.h5d.CONTIGUOUS:
-        offset = dsid.get_offset()
-        if offset is None:
-            raise Unsupported("its storage was never written (it reads as fill values)")
-        return Storage(shape, None, filters, int(offset), fill.tobytes())
     if layout != h5py.h5d.CHUNKED:
         raise Unsupported("its layout is compact or virtual")
     chunks = tuple(int(c) for c in ds.chunks)

@@ -401,8 +401,8 @@ class Batches:
     def _deliver(self, arrays: list[np.ndarray]) -> Batch:
         """A batch as the caller asked for it: one array, a tuple of them, or a dict of columns."""
         if self._columns is not None:
-            # A column of a record array is a strided view: each gets memory of its own.
-            return {name: np.ascontiguousarray(select_field(arrays[0], name)) for name in self._columns}
+            # Each column memory of its own: a copy, as ascontiguousarray keeps a one-row view's strides (torch refuses).
+            return {name: select_field(arrays[0], name).copy() for name in self._columns}
         return arrays[0] if self._single else tuple(arrays)
 
     # -- iteration -----------------------------------------------------------

@@ -435,6 +435,23 @@ def test_tables_work_too(table_file) -> None:
     np.testing.assert_array_equal(got["b"], got["a"] * 0.5)
 
 
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_columns_of_a_one_row_batch_are_each_their_own_memory(table_file, shuffle: bool) -> None:
+    """numpy calls a view of one element contiguous whatever its strides: the last batch of one row (or batches of
+    one) still gets columns of their own memory, with their own strides, as torch.from_numpy takes them."""
+    path, rows = table_file
+    stream = multitables.Streamer(path)
+    for size in (len(rows) - 1, 1):
+        batches = list(stream.get_batches("/table", batch_size=size, fields=["a", "v"], shuffle=shuffle, seed=2,
+                                          n_procs=0))
+        assert len(batches[-1]["a"]) == 1
+        for batch in batches[-2:]:
+            for name, array in batch.items():
+                assert array.base is None and array.strides == np.empty_like(array).strides, (size, name)
+        got = np.concatenate([b["a"] for b in batches])
+        np.testing.assert_array_equal(np.sort(got), np.sort(rows["a"]))
+
+
 @pytest.mark.parametrize("n_procs", [0, 2], ids=["in-process", "readers"])
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_a_column_or_columns_of_a_table_come_in_the_order_of_its_rows(table_file, n_procs: int, shuffle: bool) -> None:

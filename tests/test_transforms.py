@@ -65,12 +65,16 @@ def test_a_transform_runs_where_the_rows_are_read_and_its_rows_stay_aligned(h5: 
         assert pids == {os.getpid()}
 
 
-def test_an_error_in_a_transform_comes_back_with_its_traceback(h5: Path, no_leaks) -> None:
-    b = multitables.Streamer(h5).get_batches("/X", batch_size=50, shuffle=False, n_procs=2, transform=fails_on_row_300)
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_an_error_in_a_transform_comes_back_with_its_traceback(h5: Path, shuffle: bool, no_leaks) -> None:
+    """It names the rows the transform was given: a block of 256, which a reader reads a chunk at a time at first."""
+    b = multitables.Streamer(h5).get_batches("/X", batch_size=50, shuffle=shuffle, n_procs=2, block_size=256,
+                                             transform=fails_on_row_300)
     with pytest.raises(ReaderError) as info:
         list(b)
     assert isinstance(info.value, ValueError) and "row 300 is cursed" in str(info.value)
     assert "fails_on_row_300" in info.value.remote_traceback
+    assert info.value.rows == (256, 512) and "rows 256:512 of '/X'" in str(info.value)
 
 
 def test_a_transform_that_changes_its_output_is_stopped_with_a_reason(h5: Path) -> None:

@@ -111,6 +111,9 @@ def read_block(
                 pacer.took(b - a, time.perf_counter() - t)
     n = plan.rows(k)
     if transform is not None:
+        if before_read is not None and n:
+            first = plan.pieces(k)[0]
+            before_read(first.start, first.stop)  # its failure names the block it was given, not the last read's rows
         transform.apply(target[:n], out[:n])
     return out[:n]
 

@@ -431,8 +431,13 @@ class Streamer:
         """
         return Batches(self, paths, batch_size, **kwargs)
 
-    def get_remainder(self, path: str, block_size: int, field: "str | None" = None) -> np.ndarray:
-        """The last ``len % block_size`` rows of ``path`` (empty when ``block_size`` divides the length), read here."""
-        block_size = check_int("block_size", block_size, 1, allow_none=False)  # type: ignore[assignment]
+    def get_remainder(self, path: str, block_size: "int | None" = None, field: "str | None" = None) -> np.ndarray:
+        """The last ``len % block_size`` rows of ``path`` (empty when ``block_size`` divides the length), read here.
+        ``block_size`` None: the one ``get_queue(path, field=field)`` takes by default (2.x's default too)."""
+        block_size = check_int("block_size", block_size, 1)
+        if block_size is None:
+            spec = self._spec(path, None, None, False, None, False, field, False)
+            close_dataset(spec.dataset)
+            block_size = spec.read.block_size
         node = self._options.inspect(path, field)
         return self._options.read_rows(node, block_size * (node.n_rows // block_size), node.n_rows)

@@ -222,6 +222,19 @@ def test_table_fields_stream_one_column(table_file) -> None:
         np.testing.assert_array_equal(np.concatenate(blocks_of(q)), rows)
 
 
+def test_the_remainder_of_the_default_block_size(make_array) -> None:
+    """``get_remainder(path, None)`` (2.x's default) is what a queue of default blocks leaves."""
+    data = np.arange(1_200_007, dtype="<i8")
+    stream = multitables.Streamer(make_array(data, chunkshape=(1000,)))
+    with stream.get_queue("/data") as queue:
+        got = blocks_of(queue)
+        block_size = queue.block_size
+    assert block_size < len(data)
+    for rest in (stream.get_remainder("/data", None), stream.get_remainder("/data")):
+        assert len(rest) == len(data) % block_size > 0
+        np.testing.assert_array_equal(np.sort(np.concatenate(got + [rest])), data)
+
+
 def test_the_established_api_runs_unchanged(make_array) -> None:
     data = np.arange(1000 * 8, dtype="<i8").reshape(1000, 8)
     stream = multitables.Streamer(filename=str(make_array(data, chunkshape=(32, 8))))

@@ -89,8 +89,9 @@ class ReaderCore:
         self.notifier = Notifier(notify) if notify is not None else None
 
     def inspect(self, path: str, field: "str | None" = None) -> NodeInfo:
-        """The node at ``path`` (``field``: one column) of the Reader's files, checked now."""
-        return inspect_files(self.filename, path, field, self.store, swmr=asks_swmr(self.open_kwargs))
+        """The node at ``path`` (``field``: one column) of the Reader's files, checked now; one of 0 rows too (2.x's
+        ``get_dataset`` took it: its requests select nothing, or are out of range)."""
+        return inspect_files(self.filename, path, field, self.store, swmr=asks_swmr(self.open_kwargs), allow_empty=True)
 
     def check_open(self) -> None:
         """Raise unless new requests can be made: open, not stopped, and no reader dead (looked at now)."""

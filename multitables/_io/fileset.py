@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from ..errors import EmptyDatasetError, FileChangedError
 from .._sys.forks import renew_lock_in_children
 from .files import FileSignature, as_filename, check_file_unchanged, check_regular, file_signature, from_root, settled
-from .node import NodeInfo, Part, check_file, close_dataset, open_node
+from .node import NodeInfo, Part, check_file, close_dataset, open_node, refuse_empty
 from .objects.hdf5 import check_hdf5
 from .objects.config import Store, make_store
 from .objects.http import ObjectIdentity
@@ -175,7 +175,7 @@ def asks_swmr(open_kwargs: "dict[str, Any]") -> bool:
 
 def open_files(
     files: "str | tuple[str, ...]", path: str, field: "str | None" = None, store: "Store | None" = None,
-    swmr: bool = False,
+    swmr: bool = False, allow_empty: bool = False,
 ) -> "tuple[NodeInfo, Any]":
     """The node at ``path`` of one file (with its open ``h5py.Dataset``, as :func:`~.node.open_node`) or of a set (None).
 
@@ -187,18 +187,22 @@ def open_files(
     rows differ from the first file's, :class:`EmptyDatasetError` if no
     file has rows. ``store``: how URLs are read (None: the environment's settings). ``swmr``: open local files for
     SWMR reading, as h5py's ``swmr=True`` (HDF5 refuses a second open of a file with the other flag).
+    ``allow_empty``: one file's node of 0 rows is described, not refused (random access takes it, as 2.x did).
     """
     if isinstance(files, str):
         if is_url(files) or swmr:  # an object is looked at by the open; a file open for SWMR grows
-            return open_node(files, path, field, store=store, swmr=swmr)
+            return open_node(files, path, field, store=store, swmr=swmr, allow_empty=allow_empty)
         key = (files, path, field)
         identity = (check_regular(files),)  # missing, a directory, a FIFO: said here, as the open would
         node = _FILES.recall(key, identity)
-        if node is not None:
-            return node, None  # an engine opens the file only where it needs HDF5 (NOTE [layout cache])
-        node, dataset = open_node(files, path, field, identity=identity[0])
-        if not _elsewhere(node):
-            _FILES.remember(key, identity, node)
+        dataset = None  # an engine opens the file only where it needs HDF5 (NOTE [layout cache])
+        if node is None:
+            node, dataset = open_node(files, path, field, identity=identity[0], allow_empty=True)
+            if not _elsewhere(node):
+                _FILES.remember(key, identity, node)
+        if not allow_empty and not node.n_rows:
+            close_dataset(dataset)
+            refuse_empty(node)
         return node, dataset
     if any(is_url(name) for name in files):
         store = store or make_store(None)
@@ -272,10 +276,10 @@ def _inspect_set(
 
 def inspect_files(
     files: "str | tuple[str, ...]", path: str, field: "str | None" = None, store: "Store | None" = None,
-    swmr: bool = False,
+    swmr: bool = False, allow_empty: bool = False,
 ) -> NodeInfo:
     """As :func:`open_files`, without the open dataset."""
-    node, dataset = open_files(files, path, field, store, swmr)
+    node, dataset = open_files(files, path, field, store, swmr, allow_empty)
     if dataset is not None:
         close_dataset(dataset)
     return node

@@ -291,23 +291,30 @@ _CUT_SHORT = re.compile(r"truncated file: eof = (\d+), .*stored_eof = (\d+)")
 
 
 def _raise_named(exc: OSError, filename: str) -> None:
-    """Raise ``exc`` naming ``filename``, as errors here do (HDF5's open errors, a damaged or cut-short file's, name
-    none): the same type, errno and words, ``exc`` its cause; ``exc`` itself where it names the file already."""
-    text = str(exc)
-    if filename in text or isinstance(exc, MultitablesError):
+    """Raise ``exc`` naming ``filename`` (HDF5's open errors name none): the same type, errno and words, ``exc`` its
+    cause; ``exc`` itself where it names the file already."""
+    if filename in str(exc) or isinstance(exc, MultitablesError):
         raise exc
-    cut = _CUT_SHORT.search(text)
+    cut = _CUT_SHORT.search(str(exc))
+    words = f"cannot open {filename!r} as HDF5 (the file may be damaged): {exc}"
     if cut is not None:
         words = (f"{filename!r} is cut short: it holds {int(cut[1]):,} bytes of the {int(cut[2]):,} its superblock "
                  f"names (a copy or download that did not finish, or a writer that did not close it): {exc}")
-    else:
-        words = f"cannot open {filename!r} as HDF5 (the file may be damaged): {exc}"
     try:
         named = type(exc)(words)
     except Exception:  # noqa: BLE001 - an OSError subclass with other arguments: keep it as it came
         raise exc
     named.errno = exc.errno
     raise named from exc
+
+
+_EMPTY = "{} is empty (0 rows); there is nothing to stream"
+
+
+def refuse_empty(node: NodeInfo) -> None:
+    """Raise :class:`EmptyDatasetError` for a node of no rows (described with ``allow_empty``), as a stream does."""
+    if node.n_rows == 0:
+        raise EmptyDatasetError(_EMPTY.format(f"{node.path!r} in {node.filename!r}"))
 
 
 def _external_link(fid: Any, path: str) -> "tuple[str, str] | None":
@@ -450,7 +457,7 @@ def _describe(filename: str, path: str, field: "str | None", ds: Any, allow_empt
         )
     n_rows = int(shape[0])
     if n_rows == 0 and not allow_empty:
-        raise EmptyDatasetError(f"{where} is empty (0 rows); there is nothing to stream")
+        raise EmptyDatasetError(_EMPTY.format(where))
     row_shape = tuple(int(s) for s in shape[1:])
     out_dtype = dt
     if dt.subdtype is not None:  # HDF5 array elements: h5py delivers their axes after the dataset's

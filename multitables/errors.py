@@ -7,12 +7,14 @@ would already catch (``KeyError``, ``ValueError``, ...), so existing
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 __all__ = [
     "QueueClosed",
     "MultitablesError",
     "NotHDF5Error",
+    "NoSuchNodeError",
     "NodeTypeError",
     "EmptyDatasetError",
     "MissingFilterError",
@@ -63,6 +65,33 @@ class MultitablesError(Exception):
 
 class NotHDF5Error(MultitablesError, ValueError):
     """The file exists but is not an HDF5 file."""
+
+
+class NoSuchNodeError(MultitablesError, KeyError):
+    """No node at that path in the file (the file exists and is HDF5).
+
+    Raised as an instance of PyTables' ``tables.NoSuchNodeError`` too (an
+    ``AttributeError`` and ``LookupError``): what the established (2.x) API
+    raised for it.
+    """
+
+    def __reduce__(self) -> Any:
+        return no_such_node, self.args
+
+
+@functools.lru_cache(maxsize=None)
+def _as_pytables() -> type:
+    # Made at the first missing node: importing PyTables costs a tenth of a second, which `import multitables` spares.
+    try:
+        import tables
+    except ImportError:  # pragma: no cover - PyTables is a dependency
+        return NoSuchNodeError
+    return type("NoSuchNodeError", (NoSuchNodeError, tables.NoSuchNodeError), {"__module__": __name__})
+
+
+def no_such_node(message: str) -> NoSuchNodeError:
+    """A :class:`NoSuchNodeError` that PyTables' ``except tables.NoSuchNodeError`` catches too."""
+    return _as_pytables()(message)
 
 
 class NodeTypeError(MultitablesError, TypeError, RuntimeError):

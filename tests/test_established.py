@@ -9,6 +9,7 @@ specified in ``test_streamer``.
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import threading
 import time
@@ -134,6 +135,16 @@ def test_the_established_keyword_names(reader: multitables.Reader, h5file: tuple
     with ds.create_stage_pool(shape=2, num_stages=3) as pool:
         assert len(pool) == 3
         np.testing.assert_array_equal(reader.request(key=ds[5:7], stage=pool).get(), arr[5:7])
+
+
+def test_a_missing_node_is_pytables_error_as_in_2x_and_a_key_error(reader: multitables.Reader, h5file: tuple) -> None:
+    path, _, _ = h5file
+    for ask in (lambda: multitables.Streamer(path).get_queue("/nope"), lambda: reader.get_dataset("/nope")):
+        with pytest.raises(tables.NoSuchNodeError, match="no node '/nope'") as info:
+            ask()
+        assert isinstance(info.value, (KeyError, multitables.NoSuchNodeError))
+        again = pickle.loads(pickle.dumps(info.value))
+        assert type(again) is type(info.value) and again.args == info.value.args
 
 
 def test_random_access_takes_an_empty_dataset_as_2x_did(reader: multitables.Reader, h5file: tuple) -> None:

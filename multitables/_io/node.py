@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import EmptyDatasetError, MultitablesError, NodeTypeError, NotHDF5Error
+from ..errors import EmptyDatasetError, MultitablesError, NodeTypeError, NotHDF5Error, no_such_node
 from .files import FileSignature, as_filename, check_regular, file_signature
 from .objects.config import Store, make_store
 from .objects.hdf5 import check_hdf5, open_file_id
@@ -265,7 +265,7 @@ def open_node(
                                f"HDF5 cannot open: {exc}") from None
             # h5py says KeyError for a damaged file too; only these messages mean "no such node".
             if "doesn't exist" in str(exc) or "not found" in str(exc):
-                raise KeyError(f"no node {path!r} in {filename!r}") from None
+                raise no_such_node(f"no node {path!r} in {filename!r}") from None
             raise OSError(f"cannot open {path!r} in {filename!r}; the file may be damaged: {exc}") from exc
         if not isinstance(oid, h5py.h5d.DatasetID):
             kind = "a Group" if isinstance(oid, h5py.h5g.GroupID) else "a named Datatype"

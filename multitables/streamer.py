@@ -252,7 +252,7 @@ class Streamer:
     ) -> StreamSpec:
         """Check every argument and the node, and plan the stream; starts nothing."""
         n_procs = check_int("n_procs", n_procs, 0)
-        read_ahead = check_int("read_ahead", read_ahead, 1)
+        read_ahead = check_int("read_ahead", read_ahead, 1, established=True)
         block_size = check_int("block_size", block_size, 1)
         cyclic = check_bool("cyclic", cyclic)
         ordered = check_bool("ordered", ordered)

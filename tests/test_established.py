@@ -169,6 +169,9 @@ def test_what_2x_raised_as_runtime_error_is_still_one(reader: multitables.Reader
         reader.get_dataset("/grp")  # 2.x: "Selected dataset is not an array or table."
     with pytest.raises(RuntimeError, match="empty"):
         multitables.Streamer(path).get_queue("/empty")  # 2.x: "Cannot read from empty dataset."
+    for bad in (0, -1):  # 2.x: "The read_ahead parameter should be a strictly positive number or None."
+        with pytest.raises(RuntimeError, match="read_ahead must be at least 1"):
+            multitables.Streamer(path).get_queue("/arr", read_ahead=bad)
     a = reader.get_dataset("/arr")
     stage = a.create_stage(1)
     fut = reader.request(a[0], stage)

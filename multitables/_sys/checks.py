@@ -8,14 +8,19 @@ from typing import Any
 import numpy as np
 
 
-def check_int(name: str, value: Any, minimum: int, allow_none: bool = True) -> "int | None":
-    """``value`` as an int of at least ``minimum`` (None passes where allowed); ``TypeError``/``ValueError`` naming ``name``."""
+class EstablishedValueError(ValueError, RuntimeError):
+    """A bad value that the established (2.x) API refused with ``RuntimeError``: both, so either ``except`` holds."""
+
+
+def check_int(name: str, value: Any, minimum: int, allow_none: bool = True, established: bool = False) -> "int | None":
+    """``value`` as an int of at least ``minimum`` (None passes where allowed); ``TypeError``/``ValueError`` naming
+    ``name`` (``established``: a value too small is also a ``RuntimeError``, as 2.x raised it)."""
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int{' or None' if allow_none else ''}, not {type(value).__name__}")
     if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+        raise (EstablishedValueError if established else ValueError)(f"{name} must be at least {minimum}, got {value}")
     return int(value)
 
 

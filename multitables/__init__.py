@@ -32,7 +32,8 @@ from ._access import compat2x as _compat2x
 
 __version__ = "0.1.0"
 
-# The established (2.x) module names: multitables.dataset, .dataset_ops, .request, .stage, .signals, .shared_mem.
+# The established (2.x) module names: multitables.dataset, .dataset_ops, .request, .stage, .signals, .shared_mem,
+# .resource_wrapper.
 _compat2x.install(sys.modules[__name__])
 
 __all__ = [

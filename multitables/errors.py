@@ -20,6 +20,7 @@ __all__ = [
     "MissingFilterError",
     "ReaderError",
     "StreamClosedError",
+    "ReleasedResourceError",
     "ShmSpaceError",
     "SharedMemoryError",
     "FileChangedError",
@@ -129,6 +130,11 @@ class StreamClosedError(MultitablesError, RuntimeError):
 
 #: The established (2.x) name of :class:`StreamClosedError`.
 QueueClosedException = StreamClosedError
+
+
+class ReleasedResourceError(StreamClosedError):
+    """Data lent by ``future.get_proxy()`` was used after its ``with`` ended (2.x's name, in
+    ``multitables.resource_wrapper`` too)."""
 
 
 class ShmSpaceError(MultitablesError, MemoryError):

@@ -376,11 +376,16 @@ def test_data_is_taken_once_and_proxies_raise_after_release(h5file: tuple, no_le
                 np.testing.assert_array_equal(proxy + 1, data[10:20] + 1)
                 np.testing.assert_array_equal(np.sqrt(np.abs(proxy)), np.sqrt(np.abs(data[10:20])))
                 part = proxy[2:5]
-                assert isinstance(part, DataProxy)
+                assert isinstance(part, DataProxy) and isinstance(part, np.ndarray) and isinstance(proxy, np.ndarray)
+                assert bytes(proxy) == data[10:20].tobytes()  # as 2.x's proxy (a wrapt ObjectProxy) passed
                 assert proxy.sum() == data[10:20].sum()
-            for use in (lambda: proxy[0], lambda: proxy.sum(), lambda: proxy + 1, lambda: np.asarray(proxy), lambda: part[0], lambda: len(proxy)):
-                with pytest.raises(multitables.StreamClosedError, match="released"):
+            assert not isinstance(proxy, np.ndarray) and isinstance(proxy, DataProxy)
+            from multitables.resource_wrapper import ReleasedResourceError  # 2.x's name
+            for use in (lambda: proxy[0], lambda: proxy.sum(), lambda: proxy + 1, lambda: np.asarray(proxy), lambda: part[0],
+                        lambda: len(proxy), lambda: bytes(proxy)):
+                with pytest.raises(ReleasedResourceError, match="released") as info:
                     use()
+                assert isinstance(info.value, multitables.StreamClosedError)
             assert "released" in repr(proxy)
             with pytest.raises(multitables.StreamClosedError, match="already released"):
                 fut.get()

@@ -101,7 +101,8 @@ def _module(name: str, doc: str, **members: Any) -> types.ModuleType:
 
 
 def install(package: types.ModuleType) -> None:
-    """Make ``multitables.dataset``, ``dataset_ops``, ``request``, ``stage``, ``signals`` and ``shared_mem`` resolve.
+    """Make ``multitables.dataset``, ``dataset_ops``, ``request``, ``stage``, ``signals``, ``shared_mem`` and
+    ``resource_wrapper`` resolve.
 
     ``package`` is ``multitables`` itself, once it has imported its public names.
     """
@@ -130,10 +131,17 @@ def install(package: types.ModuleType) -> None:
             "signals",
             "2.x names of the end-of-stream sentinel and the errors.",
             QueueClosed=errors.QueueClosed,
+            QueueClosedType=type(errors.QueueClosed),
             QueueClosedException=errors.QueueClosedException,
             SubprocessException=errors.SubprocessException,
         ),
         "shared_mem": _module("shared_mem", "2.x name of the stage-size error.", SharedMemoryError=errors.SharedMemoryError),
+        "resource_wrapper": _module(
+            "resource_wrapper",
+            "2.x names of get_proxy()'s proxy and of the error its use after release raises.",
+            ResourceWrapper=package.DataProxy,
+            ReleasedResourceError=errors.ReleasedResourceError,
+        ),
     }
     for name, module in modules.items():
         sys.modules.setdefault(module.__name__, module)

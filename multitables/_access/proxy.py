@@ -6,7 +6,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ..errors import StreamClosedError
+from ..errors import ReleasedResourceError
 
 __all__ = ["DataProxy"]
 
@@ -31,9 +31,19 @@ class DataProxy:
     Indexing, attributes, methods, arithmetic and numpy functions go to the
     array; results that are views of the stage are proxies too. Only
     ``numpy.asarray(proxy)`` gives the bare view, which is then yours to drop.
+    As 2.x's proxy, it passes for its data in ``isinstance`` (``__class__``), and ``bytes(proxy)`` gives the data's.
     """
 
     __slots__ = ("_lease", "_data")
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        if not object.__getattribute__(self, "_lease").alive:
+            return DataProxy
+        return type(object.__getattribute__(self, "_data"))
+
+    def __bytes__(self) -> bytes:
+        return np.asarray(self._get()).tobytes()
 
     def __init__(self, lease: Lease, data: Any) -> None:
         object.__setattr__(self, "_lease", lease)
@@ -42,7 +52,7 @@ class DataProxy:
     def _get(self) -> Any:
         lease = object.__getattribute__(self, "_lease")
         if not lease.alive:
-            raise StreamClosedError(
+            raise ReleasedResourceError(
                 "this data was released when its `with future.get_proxy()` block ended (its stage may already "
                 "hold another request); copy what you keep inside the block"
             )

@@ -522,6 +522,23 @@ def test_a_filter_pytables_lacks_behind_a_first_chunk_stored_unfiltered(tmp_path
     _refused_by_tables_read_by_auto(path, "/x", "lzf")
 
 
+def test_a_filter_pytables_lacks_behind_many_chunks_unfiltered_or_never_written(tmp_path: Path, no_leaks: None) -> None:
+    """However many chunks lead unfiltered (data that did not shrink) or unwritten (a dataset written in parts), the
+    first filtered one is what PyTables is tried on: else it was taken, and failed mid-stream."""
+    import hdf5plugin
+
+    path = tmp_path / "late.h5"
+    data = np.zeros((1000, 4), "u1")
+    data[:700] = np.random.default_rng(0).integers(0, 256, (700, 4))  # 70 chunks that do not shrink
+    with h5py.File(path, "w") as f:
+        f.create_dataset("skipped", data=data, chunks=(10, 4), compression="lzf")
+        assert [f["skipped"].id.get_chunk_info(i).filter_mask for i in (0, 69, 70)] == [1, 1, 0]
+        late = f.create_dataset("late", shape=(200, 4), dtype="<f8", chunks=(1, 4), **hdf5plugin.LZ4())
+        late[150:160] = np.arange(40.0).reshape(10, 4)  # the first 150 chunks never written
+    _refused_by_tables_read_by_auto(path, "/skipped", "lzf")
+    _refused_by_tables_read_by_auto(path, "/late", "lz4")
+
+
 # -- 11. an external link into another file -------------------------------------
 
 

@@ -42,12 +42,13 @@ REMOTE = "PyTables reads local files only (it cannot read through a file object)
 PROBE_TIMEOUT = 60.0
 
 
-#: Chunks looked at for one that went through every filter (see :func:`_filtered_row`).
+#: Chunks looked at for one that went through every filter where HDF5 cannot list them (see :func:`_filtered_row`).
 FILTERED_LOOKS = 64
 
 
 def _filtered_row(node: NodeInfo) -> int:
-    """A row of the first chunk stored through every filter, among the first :data:`FILTERED_LOOKS` (else 0).
+    """A row of the first chunk stored through every filter (else 0; where HDF5 cannot list chunks, among the first
+    :data:`FILTERED_LOOKS`).
 
     A filter that may be skipped (lzf, deflate) leaves a chunk that did not
     shrink stored as it was: a first row read from there would not show that
@@ -59,6 +60,11 @@ def _filtered_row(node: NodeInfo) -> int:
 
     with h5py.File(node.filename, "r") as f:
         dsid = f[node.path].id
+        if hasattr(dsid, "chunk_iter"):
+            # Every stored chunk in the index's order, up to the first one filtered: chunks never written, or
+            # stored unfiltered, may lead by any number (a dataset written in parts, data that did not shrink).
+            found = dsid.chunk_iter(lambda info: info.chunk_offset[0] if info.filter_mask == 0 else None)
+            return 0 if found is None else int(found)
         tail = (0,) * (len(dsid.shape) - 1)
         for row in range(0, min(node.n_rows, FILTERED_LOOKS * node.chunk_rows), node.chunk_rows):
             info = dsid.get_chunk_info_by_coord((row,) + tail)

@@ -277,11 +277,14 @@ class Table:
         self.lines[engine, mode] = describe(got, problem)
 
     def failures(self, auto_rule: bool = True) -> list[str]:
-        """Wrong reads and errors; with ``auto_rule``, an ``auto`` refusal where some engine reads, or refuses otherwise."""
+        """Wrong reads and errors; with ``auto_rule``, an ``auto`` refusal where some engine reads, or refuses otherwise,
+        in the same mode (a stream refuses a node of no rows, which random access takes)."""
         out = self._grouped([key for key, problem in self.problems.items() if problem])
-        if auto_rule and any(e == "auto" and g.refusal is not None for (e, _), g in self.gots.items()):
-            kinds = {type(g.refusal).__name__ if g.refusal is not None else "a read" for g in self.gots.values()}
-            if len(kinds) > 1:
+        refused = {m for (e, m), g in self.gots.items() if e == "auto" and g.refusal is not None}
+        if auto_rule and refused:
+            kinds = {(m, type(g.refusal).__name__ if g.refusal is not None else "a read")
+                     for (_, m), g in self.gots.items() if m in refused}
+            if len(kinds) > len(refused):
                 out.append(f"{self.label}: auto refuses, but not every engine refuses the same way:")
                 out += ["    " + line for line in self._grouped(list(self.gots), label=False)]
         return out

@@ -187,7 +187,8 @@ def open_files(
     rows differ from the first file's, :class:`EmptyDatasetError` if no
     file has rows. ``store``: how URLs are read (None: the environment's settings). ``swmr``: open local files for
     SWMR reading, as h5py's ``swmr=True`` (HDF5 refuses a second open of a file with the other flag).
-    ``allow_empty``: one file's node of 0 rows is described, not refused (random access takes it, as 2.x did).
+    ``allow_empty``: a node of 0 rows is given, not refused (random access takes it, as 2.x did); for a set, the first
+    file's.
     """
     if isinstance(files, str):
         if is_url(files) or swmr:  # an object is looked at by the open; a file open for SWMR grows
@@ -208,11 +209,13 @@ def open_files(
         store = store or make_store(None)
     key = (files, path, field, store, swmr)
     node = _SETS.recall(key, _identities(files, store))
-    if node is not None:
-        return node, None
-    signatures, node = _inspect_set(files, path, field, store, swmr)
-    if not any(_elsewhere(part.node) for part in node.parts):
-        _SETS.remember(key, signatures, node)
+    if node is None:
+        signatures, node = _inspect_set(files, path, field, store, swmr)
+        if not _elsewhere(node) and not any(_elsewhere(part.node) for part in node.parts):
+            _SETS.remember(key, signatures, node)
+    if not allow_empty and not node.n_rows:
+        where = describe_files(files)
+        raise EmptyDatasetError(f"{node.path!r} has no rows in any of the {where}; there is nothing to stream")
     return node, None
 
 
@@ -268,10 +271,9 @@ def _inspect_set(
         for reader in readers.values():  # those not reached (a file before them failed)
             reader.close()
     assert first is not None
-    where = describe_files(files)
-    if not parts:
-        raise EmptyDatasetError(f"{first.path!r} has no rows in any of the {where}; there is nothing to stream")
-    return signatures, _set_node(where, first, parts, offset)
+    if not parts:  # the first file's node stands for a set of no rows (random access takes it; streams refuse it)
+        return signatures, first
+    return signatures, _set_node(describe_files(files), first, parts, offset)
 
 
 def inspect_files(

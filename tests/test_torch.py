@@ -187,6 +187,34 @@ def test_dataloader_workers_are_refused_before_any_batch(
         pickle.dumps(batches)
 
 
+class _Over(torch.utils.data.IterableDataset):
+    """A user's own dataset over batches made in the main process."""
+
+    def __init__(self, batches: multitables.Batches) -> None:
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+def test_batches_copied_into_several_workers_are_refused_not_read_twice(
+    h5: Path, no_leaks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each worker of a DataLoader iterates its copy of what the main process made: every row twice with two workers.
+    One worker reads each row once."""
+    import gc
+
+    monkeypatch.setattr(torch.utils.data._utils, "MP_STATUS_CHECK_INTERVAL", 0.2)
+    batches = multitables.Streamer(h5).get_batches("/y", batch_size=100, seed=3, n_procs=0)
+    loader = torch.utils.data.DataLoader(_Over(batches), batch_size=None, num_workers=2)
+    with pytest.raises(RuntimeError, match="every worker would give every row, 2 times each") as info:
+        next(iter(loader))
+    del info, loader
+    gc.collect()
+    rows = [t.numpy() for t in torch.utils.data.DataLoader(_Over(batches), batch_size=None, num_workers=1)]
+    assert sorted(np.concatenate(rows).tolist()) == list(range(1003))
+
+
 def test_fields_give_a_dict_of_tensors(table_file: "tuple[Path, np.ndarray]") -> None:
     path, rows = table_file
     batches = mtt.get_batches(multitables.Streamer(path), "/table", 100, fields=["a", "v"], n_procs=0)

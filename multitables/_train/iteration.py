@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import os
+import sys
 import weakref
 from typing import Any, Iterator
 
@@ -77,13 +79,20 @@ class Current:
     until then.
     """
 
-    __slots__ = ("_ref",)
+    __slots__ = ("_ref", "_made_in")
 
     def __init__(self) -> None:
         self._ref: "weakref.ref[Iteration] | None" = None
+        self._made_in = os.getpid()
 
     def start(self, it: Iterator[Any]) -> Iteration:
-        """``it``'s batches as the iteration in progress (:meth:`end` the one before first)."""
+        """``it``'s batches as the iteration in progress (:meth:`end` the one before first).
+
+        ``RuntimeError`` in one of several DataLoader workers that iterates a copy of batches made in another
+        process: every worker would give every row (a user's ``IterableDataset`` over them, ``num_workers=2``).
+        """
+        if os.getpid() != self._made_in:
+            _refuse_copies_in_workers(self._made_in)
         iteration = Iteration.over(it)
         self._ref = weakref.ref(iteration)
         return iteration
@@ -95,3 +104,17 @@ class Current:
         if active is not None:
             active.superseded = newer
             active.close()
+
+
+def _refuse_copies_in_workers(made_in: int) -> None:
+    data = sys.modules.get("torch.utils.data")  # a DataLoader's worker has imported it
+    info = None if data is None else data.get_worker_info()
+    if info is None or info.num_workers < 2:
+        return  # a fork of its own goes on with its copy (NOTE [forked children]); one worker gives each row once
+    raise RuntimeError(
+        f"these batches were made in process {made_in} and are iterated by a copy of them in DataLoader worker "
+        f"{info.id} of {info.num_workers}: every worker would give every row, {info.num_workers} times each. Iterate "
+        f"them in the main process (num_workers=0: the readers are the parallel work; multitables.torch.get_batches "
+        f"wraps them for a DataLoader), or make them in each worker with rank=info.id and world_size=info.num_workers "
+        f"(torch.utils.data.get_worker_info())"
+    )

@@ -1197,16 +1197,20 @@ def test_a_chunk_that_fails_inside_a_read_of_several_blocks_names_the_callers_bl
     assert info.value.rows == (36864, 37120)
 
 
+@pytest.mark.parametrize("chunk", [37, 97], ids=["mid-pass", "in-the-last-read"])
 @pytest.mark.parametrize("block_size", [256, 1000, 4096])
 def test_a_stream_read_here_gives_every_block_before_a_failed_one_then_the_error_every_time(
-    no_leaks: None, tmp_path: Path, block_size: int
+    no_leaks: None, tmp_path: Path, block_size: int, chunk: int
 ) -> None:
     """In this process, blocks read several at a time (NOTE [read plan]) fail as blocks read one by one did: the
-    blocks before the one that fails, in order, then its error; and the stream is over: later gets raise it again."""
+    blocks before the one that fails, in order, then its error; and the stream is over: later gets raise it again.
+    In the pass's last read too, where the rows before the failure are the generator's last block (they ended it,
+    silently, short of rows)."""
     good = tmp_path / "good.h5"
     rows = _small_rows_file(good)
-    corrupt_chunk(good, tmp_path / "bad.h5", 37)  # rows 37,000-38,000
-    failed = (37000 // block_size * block_size, 37000 // block_size * block_size + block_size)
+    corrupt_chunk(good, tmp_path / "bad.h5", chunk)  # rows chunk * 1000 to the next 1,000
+    first = chunk * 1000
+    failed = (first // block_size * block_size, min(first // block_size * block_size + block_size, len(rows)))
     got = []
     with Streamer(tmp_path / "bad.h5").get_queue("/data", n_procs=0, block_size=block_size) as q:
         with pytest.raises(ReaderError) as info:

@@ -110,6 +110,11 @@ class InlineBackend:
             self._spec.plan.forget(k)
         return slot, rows  # every row is read again for the next block of this slot
 
+    @property
+    def failure_held(self) -> bool:
+        """Whether a read failed, its error kept for the next :meth:`take` (the blocks before it were given first)."""
+        return self._failure is not None
+
     def _pick(self) -> int:
         """The free slot to read the next block into.
 
@@ -161,6 +166,9 @@ class InlineBackend:
 
 class RingBackend:
     """Blocks from reader processes through the shared-memory ring."""
+
+    #: A failed block is never published (its reader reports it): the pass cannot seem over before it is raised.
+    failure_held = False
 
     def __init__(self, spec: StreamSpec, open_kwargs: dict[str, Any], start_method: "str | None") -> None:
         self._plan = spec.plan
@@ -278,6 +286,10 @@ class SplitBackend:
 
     def check(self, taking: bool = True) -> None:
         self._inner.check(taking)
+
+    @property
+    def failure_held(self) -> bool:
+        return self._inner.failure_held
 
     def lend(self, slot: int, rows: int) -> np.ndarray:
         raise TypeError("a queue whose blocks are cut from larger ones lends none (the generator reads whole ones)")

@@ -221,7 +221,8 @@ class Queue:
         """
         if self._growing:
             return self._backend.next >= self._backend.published
-        return self._n_blocks is not None and self._delivered >= self._n_blocks
+        # Not while a failure waits: the rows before it came as a block of their own, the last one if it was last.
+        return self._n_blocks is not None and self._delivered >= self._n_blocks and not self._backend.failure_held
 
     def extend(self, blocks: RangePlan) -> None:
         """Publish more blocks, read after those published (a stream that grows: NOTE [readers across epochs])."""

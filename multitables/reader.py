@@ -279,6 +279,7 @@ class Dataset:
 
     @property
     def ndim(self) -> int:
+        """The number of axes of :attr:`shape` (rows first), as numpy's ``ndim``."""
         return len(self.shape)
 
     @property

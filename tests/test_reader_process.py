@@ -289,3 +289,46 @@ def test_a_reader_that_cannot_start_its_watch_thread_says_why(
             for guard in q.iter():
                 guard.release()
     assert isinstance(err.value, RuntimeError) and "died unexpectedly" not in str(err.value)
+
+
+def test_a_reader_whose_fd_table_is_full_still_sees_its_consumer_alive(make_array: Callable[..., Path], no_leaks: None) -> None:
+    """A forked reader inherits its consumer's fds: near ``ulimit -n`` it cannot open ``/proc/<pid>/stat``. Not knowing
+    the consumer's start time is not its death: the reader asks the kernel whether the pid lives (else it unlinked the
+    ring and left, and the stream hung or failed with another error)."""
+    script = (
+        "import os, resource; from multitables._procs.process import ParentWatch, process_start_time\n"
+        "me = os.getpid(); watch, gone = ParentWatch(me, process_start_time(me)), ParentWatch(2 ** 22 + 1, '5')\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)); held = []\n"
+        "try:\n    while True: held.append(os.open(os.devnull, os.O_RDONLY))\nexcept OSError: pass\n"
+        "print(process_start_time(me), watch(), gone())\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["?", "True", "False"]
+
+
+def test_readers_that_leave_before_they_map_the_ring_are_an_error_at_once(
+    make_array: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, no_leaks: None
+) -> None:
+    """Readers that end with nothing to report before they map the ring (as one that found its consumer gone does),
+    while another runs on, are an error within a tick, not after the 120 s the consumer waits for them to map it."""
+    import multitables._procs.stream as stream
+
+    path = make_array(np.arange(N_ROWS * 4, dtype="<f4").reshape(N_ROWS, 4), chunkshape=(BLOCK, 4))
+    attach = stream.Ring.attach
+
+    def leave_first(*args: object, **kwargs: object) -> object:  # forked readers inherit it: two leave, one maps
+        for i in range(2):
+            try:
+                os.close(os.open(tmp_path / f"left-{i}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                continue
+            os._exit(0)
+        return attach(*args, **kwargs)
+
+    monkeypatch.setattr(stream.Ring, "attach", leave_first)
+    t0 = time.monotonic()
+    with hang_guard(GUARD, "readers gone before mapping"), pytest.raises(multitables.ReaderError, match="reader processes "
+                                                                            ".* ended before they could start"):
+        multitables.Streamer(path, start_method="fork").get_queue("/data", n_procs=3, block_size=BLOCK)
+    assert time.monotonic() - t0 < 30

@@ -377,11 +377,20 @@ class ReaderPool:
         return died_error(i, pid, exitcode, self.filename, self.path if path is None else path)
 
     def wait_attached(self, what: str, check: Callable[[], None]) -> None:
-        """Wait until every reader has mapped one more segment, calling ``check`` every tick."""
+        """Wait until every reader has mapped one more segment, calling ``check`` every tick; a reader that ended
+        first with no report (one that found its consumer gone: exit 0) is an error at once, not after the timeout."""
         deadline = time.monotonic() + ATTACH_TIMEOUT
-        for _ in range(self.n_readers):
+        for got in range(self.n_readers):
             while not self.attached.acquire(timeout=TICK):
                 check()
+                self.look()
+                if len(self.ended) > got:  # more ended than mapped, unless one mapped just before it ended
+                    if self.attached.acquire(False):
+                        break
+                    raise ReaderError(
+                        f"{self._name} processes of {self.filename!r} ended before they could {what}, with no error to "
+                        f"report ({len(self.ended)} of {self.n_readers} ended; {got} could {what})"
+                    )
                 if time.monotonic() > deadline:
                     raise ReaderError(
                         f"the {self._name} processes of {self.filename!r} did not {what} within {ATTACH_TIMEOUT:.0f} s"

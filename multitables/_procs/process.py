@@ -43,7 +43,7 @@ def process_start_time(pid: int) -> "str | None":
             stat = f.read()
     except FileNotFoundError:
         return None
-    except OSError:  # pragma: no cover - no procfs
+    except OSError:  # no procfs, or no fd free (EMFILE: a reader inherits a consumer's table near its limit)
         return "?"
     fields = stat[stat.rindex(b")") + 2 :].split()
     if fields[0] == b"Z":  # a zombie: dead, not yet reaped
@@ -63,13 +63,14 @@ class ParentWatch:
         now = time.monotonic()
         if now >= self._next:
             self._next = now + PARENT_CHECK_INTERVAL
-            if self._start is None or self._start == "?":
+            start = "?" if self._start in (None, "?") else process_start_time(self._pid)
+            if start == "?":  # no start time, then or now (no procfs; no fd free): does the pid live, says the kernel
                 try:
                     os.kill(self._pid, 0)
                 except ProcessLookupError:
                     self._alive = False
             else:
-                self._alive = process_start_time(self._pid) == self._start
+                self._alive = start == self._start  # None: gone, or a zombie; another: the pid reused
         return self._alive
 
 

@@ -332,3 +332,22 @@ def test_readers_that_leave_before_they_map_the_ring_are_an_error_at_once(
                                                                             ".* ended before they could start"):
         multitables.Streamer(path, start_method="fork").get_queue("/data", n_procs=3, block_size=BLOCK)
     assert time.monotonic() - t0 < 30
+
+
+def test_a_reader_the_system_cannot_start_is_named_in_the_error(
+    make_array: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, no_leaks: None
+) -> None:
+    """Past ``ulimit -u`` fork fails with EAGAIN, whose words name no reader: the error says what could not start,
+    keeps its type and errno, and nothing of the stream is left."""
+    import errno
+    import multiprocessing.process
+
+    path = make_array(np.arange(N_ROWS * 4, dtype="<f4").reshape(N_ROWS, 4), chunkshape=(BLOCK, 4))
+
+    def refuse(self: object) -> None:
+        raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+    with pytest.raises(BlockingIOError, match="could not start reader process 0 of 2 for .*a limit of processes") as err:
+        multitables.Streamer(path, start_method="fork").get_queue("/data", n_procs=2, block_size=BLOCK)
+    assert err.value.errno == errno.EAGAIN

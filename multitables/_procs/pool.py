@@ -238,6 +238,9 @@ class ReaderPool:
                 )
                 with sigint_held_for_children():
                     proc.start()
+            except OSError as exc:  # EAGAIN: past ulimit -u; EMFILE: past ulimit -n
+                raise type(exc)(exc.errno, f"could not start {self._name} process {i} of {n} for {self.filename!r}: "
+                                           f"{exc.strerror} (a limit of processes or of open files?)") from exc
             finally:
                 send.close()
             self._procs.append(proc)

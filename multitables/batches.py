@@ -276,7 +276,7 @@ class Batches:
 
     @property
     def epoch(self) -> int:
-        """The epoch the next batch comes from."""
+        """The epoch of the position: the next batch's, or that of an epoch's last batch taken (as state_dict()'s)."""
         return self._epoch
 
     @property

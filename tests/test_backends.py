@@ -291,13 +291,14 @@ def test_a_fork_goes_on_with_its_own_copy_of_a_stream_read_here(tmp_path: Path) 
             np.testing.assert_array_equal(block, rows[256:512])
 
 
-def test_a_guard_entered_after_its_queue_closed_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("n_procs", [0, 1], ids=["in-process", "readers"])
+def test_a_guard_entered_after_its_queue_closed_is_refused(tmp_path: Path, n_procs: int) -> None:
     """The ring is unmapped at close: its block is gone, and entering its guard says so (in a child: were it to
-    hand the block out, touching it would kill the process)."""
+    hand the block out, touching it would kill the process); in this process too, as the defaults may read there."""
     small_rows(tmp_path / "d.h5")
     code = textwrap.dedent(f"""
         import multitables
-        q = multitables.Streamer({str(tmp_path / "d.h5")!r}).get_queue("/d", n_procs=1, block_size=256)
+        q = multitables.Streamer({str(tmp_path / "d.h5")!r}).get_queue("/d", n_procs={n_procs}, block_size=256)
         guard = q.get()
         q.close()
         try:

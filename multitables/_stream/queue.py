@@ -73,7 +73,8 @@ class Guard:
             raise StreamClosedError("this guard's block was released already: a guard gives its block once")
         if self._entered:  # the inner with's end would give the slot back under the outer one
             raise RuntimeError("this guard's with is open already: a guard gives its block once, to one with")
-        if self._queue.closed and self._queue.n_procs:  # type: ignore[union-attr]
+        if self._queue.closed:  # type: ignore[union-attr]
+            # Read here or by readers alike (which n_procs the defaults chose is not the caller's to know).
             raise StreamClosedError("the queue was closed: its ring is unmapped, and this guard's block with it")
         self._entered = True
         self._queue._hold(self._slot)  # type: ignore[union-attr]

@@ -273,8 +273,13 @@ def test_a_reader_killed_in_a_later_epoch_is_raised_and_the_next_iteration_start
     next(it)  # epoch 1, on the same readers
     victim = min(readers)
     os.kill(victim, signal.SIGKILL)
-    # A dying process can take a while to be gone (its memory unmapped); the loop raises once it is,
-    # whatever epoch that falls in, and never delivers a wrong row meanwhile.
+    # A dying process can take a while to be gone (its memory unmapped: on a loaded machine, longer than three
+    # epochs of these small batches take); the loop raises once it is, whatever epoch that falls in.
+    from multitables._procs.process import process_start_time
+
+    deadline = time.monotonic() + 30
+    while process_start_time(victim) is not None and time.monotonic() < deadline:  # None: a zombie, or reaped
+        time.sleep(0.01)
     with pytest.raises(multitables.ReaderError, match=str(victim)):
         for _ in itertools.islice(it, 3 * len(b)):
             pass

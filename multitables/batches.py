@@ -159,19 +159,19 @@ class Batches:
         epochs: "int | None" = 1,
         transform: Any = None,
     ) -> None:
+        from .streamer import Streamer  # here: streamer.py imports this module
+        if not isinstance(stream, Streamer):
+            raise TypeError(f"stream must be a multitables.Streamer (for a file: Streamer(path)), not {type(stream).__name__}")
         self._single = isinstance(paths, (str, os.PathLike))
         path_list = [os.fspath(paths)] if self._single else [os.fspath(p) for p in paths]  # type: ignore[arg-type]
         if not path_list:
             raise ValueError("paths is empty; give at least one dataset")
         self._field, self._columns = check_fields(path_list, self._single, field, fields)
         batch_size = check_int("batch_size", batch_size, 1, allow_none=False)  # type: ignore[assignment]
-        shuffle = check_bool("shuffle", shuffle)
-        drop_last = check_bool("drop_last", drop_last)
+        shuffle, drop_last = check_bool("shuffle", shuffle), check_bool("drop_last", drop_last)
         seed = check_int("seed", seed, 0, allow_none=False)  # type: ignore[assignment]
-        n_procs = check_int("n_procs", n_procs, 0)
-        block_size = check_int("block_size", block_size, 1)
-        window = check_int("window", window, 1)
-        read_ahead = check_int("read_ahead", read_ahead, 1)
+        n_procs, block_size = check_int("n_procs", n_procs, 0), check_int("block_size", block_size, 1)
+        window, read_ahead = check_int("window", window, 1), check_int("read_ahead", read_ahead, 1)
         self._epochs = check_int("epochs", epochs, 1)
         self._rank, world = rank_and_world(rank, world_size)
 

@@ -128,7 +128,8 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
     device, copied there without holding up the training stream; with
     ``pin_memory=True`` they are CPU tensors in page-locked memory (see
     :func:`get_batches`). Where PyTorch has no CUDA, ``device="cuda"`` is
-    refused with ``RuntimeError`` before any reader starts, and
+    refused with ``RuntimeError`` before any reader starts (as is a device
+    it cannot make tensors on, or a CUDA index past the machine's), and
     ``pin_memory=True`` warns and gives ordinary CPU tensors, as
     ``DataLoader`` does.
 
@@ -155,6 +156,8 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
                 f"device={str(self.device)!r} needs CUDA, which this PyTorch cannot use (torch.cuda.is_available() is "
                 f"False); leave it out for CPU tensors"
             )
+        if self.device is not None:
+            _check_device(self.device)
         if pin_memory and not torch.cuda.is_available():
             # As DataLoader(pin_memory=True) does without an accelerator: code written for a GPU node runs on a laptop.
             warnings.warn(
@@ -265,6 +268,22 @@ def _caller_level() -> int:
     while frame is not None and frame.f_globals.get("__name__") == __name__:
         level, frame = level + 1, frame.f_back  # type: ignore[assignment]
     return level
+
+
+def _check_device(device: torch.device) -> None:
+    """Refuse, before any reader starts, a device this PyTorch cannot put tensors on (one it has no support for, an
+    index past its devices) or one whose tensors hold no data (``meta``)."""
+    if device.type == "meta":
+        raise ValueError("device='meta' gives tensors without data; name a device the batches can be copied to")
+    if device.type == "cuda":  # no tensor made: CUDA's context is made by the first batch, after the readers start
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise RuntimeError(f"device={str(device)!r}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+        return
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as exc:  # "not compiled with XPU enabled" is an AssertionError
+        raise RuntimeError(f"device={str(device)!r} cannot be used by this PyTorch: {exc}") from exc
 
 
 def _as_tensors(batch: Any, paths: Sequence[str]) -> TensorBatch:

@@ -495,6 +495,30 @@ def test_without_cuda_a_cuda_device_is_refused_before_any_reader(data_file: Path
         mt.get_batches(multitables.Streamer(data_file), "/X", 64, n_procs=2, device="cuda")
 
 
+@pytest.mark.parametrize(
+    "device, error, match",
+    [
+        ("xpu", RuntimeError, r"device='xpu' cannot be used by this PyTorch"),
+        ("meta", ValueError, "tensors without data"),
+        ("cuda:99", RuntimeError, "needs CUDA" if not CUDA else "CUDA device"),
+    ],
+)
+def test_a_device_this_pytorch_cannot_fill_is_refused_before_any_reader(
+    data_file: Path, device: str, error: type, match: str, no_leaks: None
+) -> None:
+    """Not at the first batch, after the readers started (an ``mps`` on Linux failed there, as ``xpu`` did)."""
+    if device == "xpu" and getattr(torch, "xpu", None) is not None and torch.xpu.is_available():
+        pytest.skip("this machine has an XPU")
+    stream = multitables.Streamer(data_file)
+    with pytest.raises(error, match=match):
+        mt.get_batches(stream, "/X", 64, n_procs=2, device=device)
+
+
+def test_a_path_in_place_of_a_streamer_is_refused_saying_so(data_file: Path) -> None:
+    with pytest.raises(TypeError, match=r"stream must be a multitables.Streamer \(for a file: Streamer\(path\)\), not str"):
+        mt.get_batches(str(data_file), "/X", 64)
+
+
 @pytest.mark.skipif(CUDA, reason="this machine has CUDA: the batches would be page-locked")
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_without_cuda_pinned_memory_warns_and_gives_the_plain_batches(data_file: Path, shuffle: bool, no_leaks: None) -> None:

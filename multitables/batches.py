@@ -21,6 +21,7 @@ from ._io.blockread import delivered
 from ._io.node import check_columns, select_field
 from ._plan.epoch import EpochSettings, remaining_after
 from ._plan.subset import EpochRows, epoch_rows
+from ._stream.options import StreamOptions
 from ._sys.checks import check_bool, check_fields, check_int, rank_and_world
 from ._train.mix import NOT_COPIED, MixedBatches, mix_batches
 from ._train.transforms import infer_transforms
@@ -159,8 +160,7 @@ class Batches:
         epochs: "int | None" = 1,
         transform: Any = None,
     ) -> None:
-        from .streamer import Streamer  # here: streamer.py imports this module
-        if not isinstance(stream, Streamer):
+        if not isinstance(getattr(stream, "options", None), StreamOptions):  # a Streamer: what batches read through
             raise TypeError(f"stream must be a multitables.Streamer (for a file: Streamer(path)), not {type(stream).__name__}")
         self._single = isinstance(paths, (str, os.PathLike))
         path_list = [os.fspath(paths)] if self._single else [os.fspath(p) for p in paths]  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, Union
 import numpy as np
 
 from ._io.blockread import delivered
-from ._io.node import check_columns, select_field
+from ._io.fields import check_columns, select_field
 from ._plan.epoch import EpochSettings, remaining_after
 from ._plan.subset import EpochRows, epoch_rows
 from ._stream.options import StreamOptions

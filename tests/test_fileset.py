@@ -567,3 +567,98 @@ def test_a_file_replaced_after_its_description_is_not_read_as_described(tmp_path
             blocks_of(multitables.Streamer(str(path)).get_queue("/data", n_procs=n_procs))
     finally:
         fileset.open_node = real
+
+
+# -- a name that comes to mean another file (a symlink switched: ``ln -sfn v2.h5 current.h5``) ---------------------
+
+
+def _versions(folder: Path, shuffled: bool = False) -> "tuple[Path, np.ndarray, np.ndarray]":
+    """``current.h5``, a symlink to ``v1.h5`` (3,000 rows) beside ``v2.h5`` (2,000 rows, other values); with
+    ``shuffled``, both 200,000 rows in chunks of 1,000 with the shuffle filter (a filter: a stream hints its reads), v2's
+    chunks written last to first (the same shape, other places)."""
+    n, chunk = (200_000, 1000) if shuffled else (3000, 100)
+    v1_rows = np.arange(n * 4, dtype="f8").reshape(n, 4)
+    v2_rows = -v1_rows if shuffled else v1_rows[:2000] + 1e6
+    for name, rows in (("v1.h5", v1_rows), ("v2.h5", v2_rows)):
+        with h5py.File(folder / name, "w") as f:
+            ds = f.create_dataset("data", shape=rows.shape, dtype=rows.dtype, chunks=(chunk, 4), shuffle=shuffled)
+            starts = range(0, len(rows), chunk)
+            for k in reversed(starts) if name == "v2.h5" else starts:
+                ds[k : k + chunk] = rows[k : k + chunk]
+    (folder / "current.h5").symlink_to(folder / "v1.h5")
+    return folder / "current.h5", v1_rows, v2_rows
+
+
+def _switch(link: Path, to: str) -> None:
+    (link.parent / "next.h5").symlink_to(link.parent / to)
+    os.replace(link.parent / "next.h5", link)
+
+
+def _rows(path: Path, engine: str, n_procs: int = 0) -> np.ndarray:
+    return blocks_of(multitables.Streamer(str(path), engine=engine).get_queue("/data", n_procs=n_procs, remainder=True,
+                                                                                    ordered=True))
+
+
+def test_a_description_is_kept_under_the_file_described_not_the_one_its_name_meant_a_moment_before(
+    tmp_path: Path, settled: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The name is looked at (a stat), then HDF5 opens it: switched in between, the description is v2's, and it
+    was kept under v1's identity, so that every later stream of v1 read 2,000 of its 3,000 rows, without a word."""
+    import multitables._io.fileset as fileset
+
+    link, v1_rows, v2_rows = _versions(tmp_path)
+    real = fileset.open_node
+
+    def switched_first(name: str, *a: Any, **k: Any) -> Any:
+        _switch(link, "v2.h5")  # lost the race with a deploy: the name means v2 when HDF5 opens it
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(fileset, "open_node", switched_first)
+    assert np.array_equal(_rows(link, "h5py"), v2_rows)  # v2 described, v2 read: one file, whichever
+    monkeypatch.setattr(fileset, "open_node", real)
+    _switch(link, "v1.h5")
+    for engine in ("h5py", "chunks", "tables", "auto"):
+        assert np.array_equal(_rows(link, engine), v1_rows), engine
+
+
+@pytest.mark.parametrize("n_procs", [0, 2])
+def test_a_chunk_layout_is_kept_under_the_file_it_was_read_from(tmp_path: Path, settled: None, n_procs: int) -> None:
+    """A stream made while the name meant v1 learned v1's layout for its hints; the name switched to v2 before its
+    first block. The layout was kept under the identity the name had then, v2's, and every later stream of v2 read
+    v1's chunk places: every row wrong, no error."""
+    link, _, v2_rows = _versions(tmp_path, shuffled=True)
+    queue = multitables.Streamer(str(link), engine="h5py").get_queue("/data", n_procs=0, block_size=40_000)
+    _switch(link, "v2.h5")
+    with pytest.raises(multitables.FileChangedError):
+        blocks_of(queue)
+    assert np.array_equal(_rows(link, "chunks", n_procs), v2_rows)
+
+
+def test_an_open_of_another_file_than_the_one_described_is_refused(tmp_path: Path) -> None:
+    """Each engine checks the file it opened (its descriptor) against the description's identity: a name switched
+    between a stream's look at it and an engine's open reads nothing of the other file."""
+    from multitables._io.chunks.source import ChunkSource
+    from multitables._io.fileset import inspect_files
+    from multitables._io.node import reopen_dataset
+    from multitables._io.tables_engine import TablesSource
+
+    link, _, _ = _versions(tmp_path, shuffled=True)
+    node = inspect_files(str(link), "/data")
+    _switch(link, "v2.h5")
+    for opens in (lambda: reopen_dataset(node), lambda: ChunkSource(node), lambda: TablesSource(node, {})):
+        with pytest.raises(multitables.FileChangedError, match="after it was described"):
+            opens()
+    _switch(link, "v1.h5")
+    ChunkSource(node).close()
+
+
+def test_a_readers_dataset_of_a_file_changed_since_the_reader_was_made_is_refused(tmp_path: Path, no_leaks: None) -> None:
+    """Its readers check every request against the file the Reader was made on: a dataset described from the file
+    that replaced it had the new shape, and none of its requests could be read."""
+    (path,), rows = write_shards(tmp_path, [20])
+    (newer,), _ = write_shards(tmp_path, [30], name="newer")
+    with multitables.Reader(str(path), n_procs=1) as reader:
+        assert reader.get_dataset("/data").shape == rows.shape
+        os.replace(newer, path)
+        with pytest.raises(multitables.FileChangedError, match="since the Reader was made"):
+            reader.get_dataset("/data")

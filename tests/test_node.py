@@ -55,6 +55,24 @@ def test_a_file_cut_short_is_named_with_how_much_it_holds(tmp_path: Path) -> Non
     assert isinstance(info.value.__cause__, OSError) and "truncated file" in str(info.value.__cause__)
 
 
+def test_hdf5s_word_for_a_name_switched_while_it_opened_is_a_file_changed_error(tmp_path: Path, monkeypatch) -> None:
+    """HDF5 finds the file it opened is not the one it looked at (a symlink switched meanwhile): "files' st_ino or
+    st_dev fields changed!", no file named. A race to set up, so HDF5's error is made to come."""
+    import h5py as h5
+
+    path = tmp_path / "x.h5"
+    with h5py.File(path, "w") as f:
+        f["data"] = np.zeros(4)
+
+    def lost_the_race(*args: object, **kwargs: object) -> None:
+        raise OSError("Unable to synchronously open file (files' st_ino or st_dev fields changed!)")
+
+    monkeypatch.setattr(h5.h5f, "open", lost_the_race)
+    with pytest.raises(multitables.FileChangedError, match=r"x.h5' was replaced by another file while it was opened") as info:
+        inspect_node(path, "/data")
+    assert "st_ino" in str(info.value.__cause__)
+
+
 def test_a_missing_path_is_a_key_error_naming_it(make_array) -> None:
     path = make_array(np.zeros(10))
     with pytest.raises(KeyError, match="/nothing"):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
-from .._io.node import select_field
+from .._io.fields import select_field
 from .._shm.stagemap import FAILED, PENDING
 from .proxy import DataProxy, Lease
 from .._shm.ring import TICK

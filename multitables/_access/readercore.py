@@ -10,6 +10,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from .._io.files import check_same_file
 from .._io.fileset import asks_swmr, inspect_files
 from .._io.node import NodeInfo
 from .._io.objects.config import Store
@@ -91,7 +92,12 @@ class ReaderCore:
     def inspect(self, path: str, field: "str | None" = None) -> NodeInfo:
         """The node at ``path`` (``field``: one column) of the Reader's files, checked now; one of 0 rows too (2.x's
         ``get_dataset`` took it: its requests select nothing, or are out of range)."""
-        return inspect_files(self.filename, path, field, self.store, swmr=asks_swmr(self.open_kwargs), allow_empty=True)
+        node = inspect_files(self.filename, path, field, self.store, swmr=asks_swmr(self.open_kwargs), allow_empty=True)
+        made = self.pool.file_signature
+        if node.identity is not None and isinstance(made, tuple):  # a dataset of the file the readers read, not of its successor
+            check_same_file(node.filename, node.identity, made, "since the Reader was made, whose readers read the file "
+                            "as it was then; make a new Reader to read it as it is now")
+        return node
 
     def check_open(self) -> None:
         """Raise unless new requests can be made: open, not stopped, and no reader dead (looked at now)."""

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .compat2x import next_op
-from .._io.node import field_of, field_path
+from .._io.fields import field_of, field_path
 from .._plan.requests import RowPlan, compose_keys, normalize_key, plan_rows, zero_d
 from .._shm.stagemap import describe_query
 from .readercore import not_pickled

@@ -2,12 +2,14 @@
 
 NOTE [file identity]
     A file rewritten, truncated or replaced while readers stream it would give
-    blocks of another file's bytes, silently. So the consumer records the
-    file's identity (``st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns``)
-    when the pool starts, and each reader compares it with a fresh ``os.stat`` of the path
-    after opening the file and after reading each block, before publishing
-    it: a block is only handed over if the file was still the same when its
-    read had finished. Any change (or the path gone: deleted or renamed) is a
+    blocks of another file's bytes, silently. So the file's identity
+    (``st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns``) is taken from the
+    descriptor HDF5 described it through, each engine's open of the file is
+    checked against it by its own descriptor (:func:`check_opened`: the name
+    may mean another file by then, a symlink switched), and each reader
+    compares it with a fresh ``os.stat`` of the path after reading each
+    block, before publishing it: a block is only handed over if the file was
+    still the same when its read had finished. Any change (or the path gone: deleted or renamed) is a
     :class:`~multitables.errors.FileChangedError` naming the path. A stat costs
     ~1-2 us against milliseconds per block. The change time (ctime) is there
     because the modification time can be set back (``cp -p``, ``rsync -t``
@@ -20,8 +22,9 @@ NOTE [file identity]
     ``_io.objects.reader``), which every request checks itself.
 
     What a process learns of a file (its node's description, its chunk
-    layout) it keeps and uses again while the file keeps its identity, with
-    no HDF5 open. That gap of the identity, a rewrite of the same size within
+    layout) it keeps under the identity of the file it learned it from (its
+    descriptor's, never the name's of a moment before or after) and uses
+    again while the name means a file of that identity, with no HDF5 open. That gap of the identity, a rewrite of the same size within
     one tick of the clock, is closed as git closes its "racy" index entries:
     only what was learned of a *settled* file is kept (:func:`settled`: its
     last change ``SETTLED_S`` before the learning), so that any later write
@@ -76,6 +79,26 @@ def check_file_unchanged(filename: str, expected: "FileSignature | ObjectIdentit
             f"{filename!r} was deleted or renamed while it was being streamed; the stream stops "
             f"rather than read a file that may be rewritten"
         ) from None
+    check_same_file(filename, now, expected)
+
+
+def check_opened(filename: str, opened: "int | FileSignature", expected: "FileSignature | ObjectIdentity | None") -> None:
+    """Raise :class:`FileChangedError` unless the file opened by the name ``filename`` (``opened``: its descriptor,
+    or its identity from that) is the file ``expected`` describes: a name can come to mean another file between a
+    ``stat`` and an ``open`` (a symlink switched, a file replaced), and what was learned of one file must not be read
+    out of the other."""
+    if expected is not None and not isinstance(expected, ObjectIdentity):
+        check_same_file(filename, file_signature(opened) if isinstance(opened, int) else opened, expected, _DESCRIBED)
+
+
+_STREAMED = "while it was being streamed; blocks read from it now could hold other data, so the stream stops"
+_DESCRIBED = ("after it was described (its rows, where its chunks lie): that description is not read out of another "
+              "file; read it again once it is written")
+
+
+def check_same_file(filename: str, now: FileSignature, expected: FileSignature, since: str = _STREAMED) -> None:
+    """Raise :class:`FileChangedError` saying how ``filename`` changed if its identity ``now`` is not ``expected``
+    (``since``: when, and what that stops)."""
     if now == expected:
         return
     if now[:2] != expected[:2]:
@@ -86,10 +109,7 @@ def check_file_unchanged(filename: str, expected: "FileSignature | ObjectIdentit
         what = "modified (its modification time changed)"
     else:
         what = "changed (its change time moved: a write with the modification time set back, or a chmod)"
-    raise FileChangedError(
-        f"{filename!r} was {what} while it was being streamed; blocks read from it now could hold "
-        f"other data, so the stream stops"
-    )
+    raise FileChangedError(f"{filename!r} was {what} {since}")
 
 
 def as_filename(filename: Any) -> str:

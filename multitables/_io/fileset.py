@@ -199,8 +199,8 @@ def open_files(
         dataset = None  # an engine opens the file only where it needs HDF5 (NOTE [layout cache])
         if node is None:
             node, dataset = open_node(files, path, field, identity=identity[0], allow_empty=True)
-            if not _elsewhere(node):
-                _FILES.remember(key, identity, node)
+            if not _elsewhere(node):  # kept under the file described: the name may mean another since the stat
+                _FILES.remember(key, (node.identity,), node)
         if not allow_empty and not node.n_rows:
             close_dataset(dataset)
             refuse_empty(node)
@@ -244,18 +244,20 @@ def _identities(files: "tuple[str, ...]", store: "Store | None") -> "tuple[FileS
 def _inspect_set(
     files: "tuple[str, ...]", path: str, field: "str | None", store: "Store | None", swmr: bool = False
 ) -> "tuple[tuple[FileSignature | ObjectIdentity, ...], NodeInfo]":
-    """Check every file of a set in turn (NOTE [file sets]); every file's identity, taken first, and the set's node."""
+    """Check every file of a set in turn (NOTE [file sets]); every file's identity (of the file described, or an
+    object's as looked at first), and the set's node."""
     urls = [name for name in files if is_url(name)]
     readers = dict(zip(urls, look_all(urls, store))) if urls and store is not None else {}
     try:
-        signatures = tuple(readers[name].identity if name in readers else _signature(name) for name in files)
+        looked = [readers[name].identity if name in readers else _signature(name) for name in files]
         parts: list[Part] = []
         first: "NodeInfo | None" = None
         offset = 0
-        for name, signature in zip(files, signatures):
+        for i, name in enumerate(files):
             node, dataset = open_node(name, path, field, allow_empty=True, store=store, reader=readers.pop(name, None),
                                       swmr=swmr)
             close_dataset(dataset)
+            signature = looked[i] = node.identity or looked[i]  # the file described (a name may mean another since)
             if first is None:
                 first = node
             elif (node.dtype, node.row_shape) != (first.dtype, first.row_shape):
@@ -271,6 +273,7 @@ def _inspect_set(
         for reader in readers.values():  # those not reached (a file before them failed)
             reader.close()
     assert first is not None
+    signatures = tuple(looked)
     if not parts:  # the first file's node stands for a set of no rows (random access takes it; streams refuse it)
         return signatures, first
     return signatures, _set_node(describe_files(files), first, parts, offset)

@@ -26,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import EmptyDatasetError, MultitablesError, NodeTypeError, NotHDF5Error, no_such_node
-from .files import FileSignature, as_filename, check_regular, file_signature
+from ..errors import EmptyDatasetError, FileChangedError, MultitablesError, NodeTypeError, NotHDF5Error, no_such_node
+from .fields import field_of, field_path
+from .files import FileSignature, as_filename, check_opened, check_regular, file_signature
 from .objects.config import Store, make_store
 from .objects.hdf5 import check_hdf5, open_file_id
 from .objects.http import ObjectIdentity
@@ -80,8 +81,10 @@ class NodeInfo:
     linked_file: "str | None" = None
     #: A virtual dataset: its rows, and how many, come from other files (whose identities are not this file's).
     virtual: bool = False
-    #: One local file's identity taken before it was described: what a stream checks the file against, so that a
-    #: file replaced after its description is not read as described (None: taken when the stream starts).
+    #: The identity of the local file that was described, from the descriptor HDF5 read it through (not the name,
+    #: which can mean another file a moment later): what a stream checks the file against, and what is learned of
+    #: it is kept under, so that a file replaced after its description is not read as described (None: an object,
+    #: or a file open for SWMR reading, whose stream takes it when it starts).
     identity: "FileSignature | None" = None
 
     @property
@@ -138,55 +141,6 @@ def _has_object(dt: np.dtype) -> bool:
     return dt.kind in "OV" or dt.hasobject
 
 
-def field_path(dt: np.dtype, field: str) -> list[str]:
-    """The names that lead to column ``field`` of rows of ``dt``: ``field`` itself where a column has that name
-    (h5py may name one ``'a/b'``), else its parts (PyTables' path into nested columns, ``'outer/inner'``)."""
-    return [field] if field in (dt.names or ()) else field.split("/")
-
-
-def field_of(dt: np.dtype, field: str, where: str = "the rows") -> "tuple[np.dtype, int]":
-    """The dtype of column ``field`` of rows of ``dt``, and its offset in a row (bytes).
-
-    ``field`` is a column's name, or, in a nested compound, PyTables' path to
-    one (``'outer/inner'``, as ``Table.col`` takes it; :func:`field_path`); a
-    name that is not there is a ``KeyError`` naming what is.
-    """
-    parts, offset = field_path(dt, field), 0
-    if "" in parts:
-        raise KeyError(f"{where} has no field {field!r}: a path names a column at each step, 'outer/inner', none empty")
-    for depth, name in enumerate(parts):
-        names = dt.names or ()
-        if name not in names:
-            at = "/".join(parts[:depth])
-            there = f"its fields are {list(names)}" if not at else \
-                f"the fields of {at!r} are {list(names)}" if names else f"{at!r} has no fields"
-            if at and dt.subdtype is not None and dt.subdtype[0].names:
-                there = f"{at!r} is an array of records (shape {dt.subdtype[1]}): read {at!r}, then take {name!r} of it"
-            raise KeyError(f"{where} has no field {field!r}; {there}")
-        dt, at_offset = dt.fields[name][:2]
-        offset += at_offset
-    return dt, offset
-
-
-def check_columns(node: NodeInfo, columns: list[str]) -> None:
-    """``KeyError`` naming the table's columns unless each of ``columns`` is one (:func:`field_of`'s paths too)."""
-    where, names = f"{node.path!r} in {node.filename!r}", node.dtype.names
-    if names is None:
-        raise KeyError(f"fields={columns!r} given, but {where} is not a table (its rows have no fields)")
-    missing = [c for c in columns if field_path(node.dtype, c)[0] not in names]
-    if missing:
-        raise KeyError(f"{where} has no column {', '.join(map(repr, missing))}; its columns: {list(names)}")
-    for column in columns:  # a path into a nested column
-        field_of(node.dtype, column, where)
-
-
-def select_field(rows: np.ndarray, field: str) -> np.ndarray:
-    """Column ``field`` of ``rows`` (a view), a path through nested compounds as :func:`field_of` takes it."""
-    for name in field_path(rows.dtype, field):
-        rows = rows[name]
-    return rows
-
-
 def inspect_node(filename: "str | os.PathLike[str]", path: str, field: "str | None" = None, store: "Store | None" = None) -> NodeInfo:
     """Open ``filename`` read-only, check ``path`` (and ``field``) can be streamed, describe it."""
     node, dataset = open_node(filename, path, field, store=store)
@@ -224,7 +178,8 @@ def open_node(
     a file object over its bytes (``_io.objects.fileobj``), with ``store``'s
     settings (None: the environment's); ``reader``: the object already
     looked at (a set looks at its objects together); ``swmr``: a local file opened for SWMR reading; ``identity``: the
-    local file's, taken just before (:attr:`NodeInfo.identity`).
+    local file's, taken just before by the caller's check of the name (the node's is that of the file HDF5 opened:
+    :attr:`NodeInfo.identity`).
     """
     import h5py
 
@@ -235,7 +190,7 @@ def open_node(
         raise ValueError(f"path is empty: name the node to read in {shown(filename)!r}, such as '/data'")
     if field is not None and not isinstance(field, str):
         raise TypeError(f"field must be a str naming a table column, not {type(field).__name__}")
-    remote = None
+    remote, held = None, None
     if is_url(filename):
         reader = reader or ObjectReader(filename, store or make_store(None))  # missing, forbidden: says so
         remote = reader.remote
@@ -253,6 +208,7 @@ def open_node(
         except OSError as exc:
             check_file(filename)  # the error a user expects: missing, a directory, not HDF5
             _raise_named(exc, filename)  # else permissions, a damaged file: HDF5's words, named
+        held = None if swmr else file_signature(fid.get_vfd_handle())  # the file opened, whatever the name means now
     try:
         try:
             oid = h5py.h5o.open(fid, path.encode())
@@ -274,7 +230,7 @@ def open_node(
                 f"and Tables can be streamed"
             )
         node = h5py.Dataset(oid)
-        info = _describe(filename, path, field, node, allow_empty, remote is not None, identity)
+        info = _describe(filename, path, field, node, allow_empty, remote is not None, held)
         # Another file's where path is an external link. fileno, not a file id of its own: closing that cost 25 us.
         linked = None if oid.fileno == fid.fileno else os.path.abspath(os.fsdecode(h5py.h5f.get_name(oid)))
         if linked is not None and remote is not None:
@@ -287,6 +243,12 @@ def open_node(
         raise
 
 
+def raise_if_switched(exc: Exception, filename: str) -> None:
+    """:class:`FileChangedError` where HDF5 saw the name come to mean another file while it opened it."""
+    if "st_ino or st_dev fields changed" in str(exc):
+        raise FileChangedError(f"{filename!r} was replaced by another file while it was opened: {exc}") from exc
+
+
 _CUT_SHORT = re.compile(r"truncated file: eof = (\d+), .*stored_eof = (\d+)")
 
 
@@ -295,6 +257,7 @@ def _raise_named(exc: OSError, filename: str) -> None:
     cause; ``exc`` itself where it names the file already."""
     if filename in str(exc) or isinstance(exc, MultitablesError):
         raise exc
+    raise_if_switched(exc, filename)
     cut = _CUT_SHORT.search(str(exc))
     words = f"cannot open {filename!r} as HDF5 (the file may be damaged): {exc}"
     if cut is not None:
@@ -346,8 +309,14 @@ def reopen_dataset(node: NodeInfo, access: Any = None) -> Any:
     if node.remote is not None:
         fid = open_file_id(node.remote.open())
     else:
-        fid = h5py.h5f.open(os.fsencode(node.filename), h5py.h5f.ACC_RDONLY, _file_access())
+        try:
+            fid = h5py.h5f.open(os.fsencode(node.filename), h5py.h5f.ACC_RDONLY, _file_access())
+        except OSError as exc:
+            raise_if_switched(exc, node.filename)
+            raise
     try:
+        if node.remote is None:
+            check_opened(node.filename, fid.get_vfd_handle(), node.identity)  # the file described, not one named so now
         path = node.path.encode()
         return h5py.Dataset(h5py.h5o.open(fid, path) if access is None else h5py.h5d.open(fid, path, access))
     except BaseException:

@@ -12,7 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from .node import NodeInfo, close_dataset, field_of, select_field
+from .fields import field_of, select_field
+from ..errors import FileChangedError
+from .files import check_opened
+from .node import NodeInfo, close_dataset, raise_if_switched
 from .strings import deliver_strings
 from .scattered import GroupRows
 
@@ -82,7 +85,10 @@ def _first_row_problem(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "str | 
         source = TablesSource(node, open_kwargs)
         if node.n_rows:  # a Reader takes a node of no rows: its open is the whole check
             source.read_into(row, row + 1, np.empty((1,) + node.row_shape, node.dtype))
+    except FileChangedError:
+        raise  # no fault of PyTables': the name came to mean another file
     except Exception as exc:
+        raise_if_switched(exc, node.filename)  # PyTables' words for it: an HDF5ExtError
         return f"PyTables fails on it ({type(exc).__name__}: {_gist(str(exc))})"
     finally:
         if source is not None:
@@ -94,7 +100,10 @@ def _probe_child(conn: Any, node: NodeInfo, open_kwargs: "dict[str, Any]") -> No
     from .._sys.signals import ignore_sigint
 
     ignore_sigint()
-    conn.send(_first_row_problem(node, open_kwargs))
+    try:
+        conn.send(_first_row_problem(node, open_kwargs))
+    except FileChangedError as exc:  # the caller's to raise
+        conn.send(exc)
     conn.close()
 
 
@@ -120,7 +129,10 @@ def _first_row_problem_apart(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "
         answered = recv.poll(PROBE_TIMEOUT)
         try:
             if answered:
-                return recv.recv()
+                said = recv.recv()
+                if isinstance(said, FileChangedError):
+                    raise said
+                return said
         except EOFError:
             pass  # it died before answering
         proc.join(PROBE_TIMEOUT if answered else 0)
@@ -191,8 +203,14 @@ class TablesSource:
         import tables
 
         tables.set_blosc_max_threads(1)
-        self._file = tables.open_file(node.filename, "r", **open_kwargs)
         try:
+            self._file = tables.open_file(node.filename, "r", **open_kwargs)
+        except Exception as exc:
+            raise_if_switched(exc, node.filename)
+            raise
+        try:
+            if self._file.params.get("DRIVER") in (None, "H5FD_SEC2"):  # a descriptor of its own (as open_file chose)
+                check_opened(node.filename, self._file.fileno(), node.identity)  # the file described, not one named so now
             leaf = self._file.get_node(node.path)
             if not isinstance(leaf, tables.Leaf) or isinstance(leaf, tables.VLArray):
                 raise TypeError(f"PyTables opens it as a {type(leaf).__name__}, not a leaf of fixed-size rows")

@@ -237,6 +237,8 @@ class ServeReaders:
     ) -> None:
         self.filename = filename
         self.n_procs = n_procs
+        #: The file's identity when the Reader was made, which its readers check the file against (None: a set).
+        self.file_signature = file_signature
         self.finishing = False  # told to stop once their inboxes are served (finish())
         self._tails = [0] * n_procs
         self._push_lock = threading.Lock()

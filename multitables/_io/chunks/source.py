@@ -46,7 +46,9 @@ from .codecs.base import ChunkDecodeError
 from .decoded import DecodedChunks
 from .codecs.pipeline import Pipeline
 from .codecs.registry import build_pipeline
-from ..node import NodeInfo, close_dataset, reopen_dataset, select_field
+from ..fields import select_field
+from ..files import check_opened
+from ..node import NodeInfo, close_dataset, reopen_dataset
 from ..strings import deliver_strings
 from .btree import UNREAD
 from .pread import CACHES
@@ -120,6 +122,8 @@ class ChunkSource:
         self._own_scratch = scratch is None
         self._scratch = ScratchBuffer() if scratch is None else scratch
         self._bytes = open_transport(node.data_file, cache, remote=node.remote)
+        if node.remote is None and node.linked_file is None:  # the file whose layout this is, not one named so now
+            check_opened(node.data_file, self._bytes.identity(), node.identity)
         self._kept: dict[tuple[int, ...], np.ndarray] = {}
         self._free: list[np.ndarray] = []
         self._fetched: "list[tuple[int, np.ndarray]]" = []  # (file offset, bytes) of the last fetch

@@ -374,12 +374,35 @@ renew_lock_in_children(globals(), "_LAYOUTS_LOCK")
 
 
 def _identity(node: NodeInfo) -> "FileSignature | tuple[str, str, str] | None":
+    """The identity ``node``'s layout is kept under: the file it was described from, which the chunk engine checks
+    its own open against (a linked file's, as its name means it now)."""
     if node.remote is not None:  # no request: every read checks it (NOTE [object identity])
         return (node.remote.url, node.remote.store.endpoint or "", node.remote.identity.key)
+    if node.identity is not None and node.linked_file is None:
+        return node.identity
     try:
         return file_signature(node.data_file)
     except OSError:
         return None  # the open that follows says what is wrong
+
+
+def _held(ds: Any, node: NodeInfo) -> "FileSignature | tuple[str, str, str] | None":
+    """The identity of the file the open ``ds`` reads: what is learned of it is kept under that, not under whatever
+    file its name means a moment later (a symlink switched, a file replaced)."""
+    import h5py
+
+    if node.remote is not None:
+        return _identity(node)
+    fid = h5py.h5i.get_file_id(ds.id)
+    try:
+        if fid.get_access_plist().get_driver() == h5py.h5fd.SEC2:  # a descriptor of its own (a user's driver: none)
+            return file_signature(fid.get_vfd_handle())
+    finally:
+        fid.close()  # the dataset holds the file
+    try:
+        return file_signature(node.data_file)
+    except OSError:
+        return None
 
 
 def known_layout(node: NodeInfo) -> "Layout | None":
@@ -418,7 +441,7 @@ def learn_layout(ds: Any, node: NodeInfo, index_limit: int = INDEX_ALL_LIMIT) ->
     that needs its handle keeps ``ds``'s id for its lookups: the caller keeps ``ds`` open
     while it uses the layout.
     """
-    before = _identity(node)
+    before = _held(ds, node)
     storage = inspect_storage(ds, node)
     grid = None if storage.chunks is None else ChunkGrid(storage.shape, storage.chunks)
     index: "ChunkIndex | BTreeIndex | None" = None
@@ -432,7 +455,7 @@ def learn_layout(ds: Any, node: NodeInfo, index_limit: int = INDEX_ALL_LIMIT) ->
             index.load_all()  # a few round trips here, none in the readers this process forks
     layout = Layout(storage, grid, index)
     keep = before is not None and (node.remote is not None or settled(before))  # type: ignore[arg-type]
-    if (index is None or not index.needs_handle) and keep and before == _identity(node):
+    if (index is None or not index.needs_handle) and keep and before == _held(ds, node):
         if index is not None:
             index.release()
         _remember((before, node.path), layout)
@@ -445,7 +468,7 @@ def _listed(ds: Any, grid: ChunkGrid, index_limit: int, node: NodeInfo, before: 
     try:
         return ChunkIndex(ds.id, grid, index_limit)
     except Exception as exc:
-        if before is None or _identity(node) == before:
+        if before is None or _held(ds, node) == before:
             raise
         raise FileChangedError(
             f"{node.data_file!r} changed while the chunk index of {node.path!r} was listed; read it again once it is "

@@ -1,0 +1,59 @@
+"""A table's columns: named, nested, selected (PyTables' ``'outer/inner'`` paths, h5py's names with a ``/``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .node import NodeInfo
+
+
+def field_path(dt: np.dtype, field: str) -> list[str]:
+    """The names that lead to column ``field`` of rows of ``dt``: ``field`` itself where a column has that name
+    (h5py may name one ``'a/b'``), else its parts (PyTables' path into nested columns, ``'outer/inner'``)."""
+    return [field] if field in (dt.names or ()) else field.split("/")
+
+
+def field_of(dt: np.dtype, field: str, where: str = "the rows") -> "tuple[np.dtype, int]":
+    """The dtype of column ``field`` of rows of ``dt``, and its offset in a row (bytes).
+
+    ``field`` is a column's name, or, in a nested compound, PyTables' path to
+    one (``'outer/inner'``, as ``Table.col`` takes it; :func:`field_path`); a
+    name that is not there is a ``KeyError`` naming what is.
+    """
+    parts, offset = field_path(dt, field), 0
+    if "" in parts:
+        raise KeyError(f"{where} has no field {field!r}: a path names a column at each step, 'outer/inner', none empty")
+    for depth, name in enumerate(parts):
+        names = dt.names or ()
+        if name not in names:
+            at = "/".join(parts[:depth])
+            there = f"its fields are {list(names)}" if not at else \
+                f"the fields of {at!r} are {list(names)}" if names else f"{at!r} has no fields"
+            if at and dt.subdtype is not None and dt.subdtype[0].names:
+                there = f"{at!r} is an array of records (shape {dt.subdtype[1]}): read {at!r}, then take {name!r} of it"
+            raise KeyError(f"{where} has no field {field!r}; {there}")
+        dt, at_offset = dt.fields[name][:2]
+        offset += at_offset
+    return dt, offset
+
+
+def check_columns(node: NodeInfo, columns: list[str]) -> None:
+    """``KeyError`` naming the table's columns unless each of ``columns`` is one (:func:`field_of`'s paths too)."""
+    where, names = f"{node.path!r} in {node.filename!r}", node.dtype.names
+    if names is None:
+        raise KeyError(f"fields={columns!r} given, but {where} is not a table (its rows have no fields)")
+    missing = [c for c in columns if field_path(node.dtype, c)[0] not in names]
+    if missing:
+        raise KeyError(f"{where} has no column {', '.join(map(repr, missing))}; its columns: {list(names)}")
+    for column in columns:  # a path into a nested column
+        field_of(node.dtype, column, where)
+
+
+def select_field(rows: np.ndarray, field: str) -> np.ndarray:
+    """Column ``field`` of ``rows`` (a view), a path through nested compounds as :func:`field_of` takes it."""
+    for name in field_path(rows.dtype, field):
+        rows = rows[name]
+    return rows

@@ -415,14 +415,28 @@ def test_stopping_early_leaves_nothing_behind(data_file, no_leaks) -> None:
 
 
 def test_a_reader_error_reaches_the_loop(data_file) -> None:
+    """A chunk that cannot be decoded (the file wrecked before the batches were made: wrecked after, it is a file
+    changed since its description, FileChangedError at the next open)."""
     path = data_file(2000)
-    b = multitables.Streamer(path).get_batches(["/X", "/y"], batch_size=64, n_procs=1, block_size=128)
     with h5py.File(path, "r") as f:
         info = f["X"].id.get_chunk_info(5)
     with open(path, "r+b") as f:  # wreck one compressed chunk of /X
         f.seek(info.byte_offset)
         f.write(b"\xff" * info.size)
+    b = multitables.Streamer(path).get_batches(["/X", "/y"], batch_size=64, n_procs=1, block_size=128)
     with pytest.raises(multitables.ReaderError, match="/X"):
+        list(b)
+
+
+def test_a_file_wrecked_after_the_batches_were_made_stops_them(data_file) -> None:
+    path = data_file(2000)
+    b = multitables.Streamer(path).get_batches(["/X", "/y"], batch_size=64, n_procs=1, block_size=128)
+    with h5py.File(path, "r") as f:
+        info = f["X"].id.get_chunk_info(5)
+    with open(path, "r+b") as f:
+        f.seek(info.byte_offset)
+        f.write(b"\xff" * info.size)
+    with pytest.raises(multitables.FileChangedError, match="d2000"):
         list(b)
 
 

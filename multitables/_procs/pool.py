@@ -238,14 +238,15 @@ class ReaderPool:
                 )
                 with sigint_held_for_children():
                     proc.start()
+                    # Recorded before a Ctrl-C held meanwhile is let through: closing the pool then stops it too.
+                    self._procs.append(proc)
+                    self._pids.append(proc.pid)
+                    self._watched[proc.sentinel] = i
             except OSError as exc:  # EAGAIN: past ulimit -u; EMFILE: past ulimit -n
                 raise type(exc)(exc.errno, f"could not start {self._name} process {i} of {n} for {self.filename!r}: "
                                            f"{exc.strerror} (a limit of processes or of open files?)") from exc
             finally:
                 send.close()
-            self._procs.append(proc)
-            self._pids.append(proc.pid)
-            self._watched[proc.sentinel] = i
 
     @property
     def n_readers(self) -> int:

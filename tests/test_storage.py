@@ -137,11 +137,25 @@ def test_layouts_kept_are_bounded_least_recent_forgotten(
     make_array: Callable[..., Path], settled: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(storage, "LAYOUT_ENTRIES_KEPT", 10)
+    monkeypatch.setattr(storage, "LAYOUT_MIN_ENTRIES", 1)  # a layout counts its chunks only
     nodes = [inspect_node(make_array(rows(16, k), chunkshape=(4, 8)), "/data") for k in range(4)]  # 4 chunks each
     for k, node in enumerate(nodes):
         assert np.array_equal(read_all(node), rows(16, k))
     assert storage._layout_entries <= 10
     assert [storage.known_layout(n) is not None for n in nodes] == [False, False, True, True]
+
+
+def test_layouts_of_few_chunks_are_bounded_too(tmp_path: Path, settled: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A contiguous dataset's layout counted as one entry: a loop over 40,000 small files kept all 40,000 layouts
+    (90 MB), where the descriptions stopped at 4,096. Each counts as LAYOUT_MIN_ENTRIES at least."""
+    monkeypatch.setattr(storage, "LAYOUT_ENTRIES_KEPT", 4 * storage.LAYOUT_MIN_ENTRIES)
+    nodes = []
+    for k in range(6):
+        with h5py.File(tmp_path / f"c{k}.h5", "w") as f:
+            f["data"] = rows(3, k)  # contiguous
+        nodes.append(inspect_node(tmp_path / f"c{k}.h5", "/data"))
+        assert np.array_equal(read_all(nodes[-1]), rows(3, k))
+    assert [storage.known_layout(n) is not None for n in nodes] == [False, False, True, True, True, True]
 
 
 def test_the_check_before_readers_start_leaves_every_files_layout(tmp_path: Path, settled: None) -> None:

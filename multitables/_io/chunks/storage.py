@@ -276,8 +276,10 @@ class ChunkIndex:
 # Layouts learned (NOTE [layout cache])
 # ---------------------------------------------------------------------------
 
-#: Chunk entries of the layouts a process keeps (a listed entry is ~150 bytes).
+#: Chunk entries of the layouts a process keeps (a listed entry is ~150 bytes): about 40 MB.
 LAYOUT_ENTRIES_KEPT = 1 << 18
+#: A layout's least count of entries: its own objects (~0.8 KB a contiguous one, over 40,000 files); 32,768 at most.
+LAYOUT_MIN_ENTRIES = 8
 
 
 @dataclass(frozen=True)
@@ -290,7 +292,7 @@ class Layout:
 
     @property
     def entries(self) -> int:
-        return 1 if self.index is None else max(1, self.index.n_listed)
+        return LAYOUT_MIN_ENTRIES if self.index is None else max(LAYOUT_MIN_ENTRIES, self.index.n_listed)
 
     def chunks(self, start: int, stop: int) -> "list[tuple[int, ...]]":
         """The grid indices of the chunks that hold rows ``[start, stop)``, in C order."""

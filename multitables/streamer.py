@@ -353,7 +353,8 @@ class Streamer:
         them while any row of their block is alive. They are views of the
         block they came from: of the readers' slot itself while you hold no
         more than a block or two (the slot returns to the readers once every
-        row of it is gone), else of a private copy (NOTE [lent blocks]).
+        row of it is gone), else of a private copy (NOTE [lent blocks]); a
+        row kept keeps its whole block alive, so keep ``row.copy()`` of a few.
         Arguments as for :meth:`get_queue`; they are checked now, and the
         readers start at the first ``next()``. A ``block_size`` of less than
         1 MiB of rows is read several blocks at a time (the rows, their order

@@ -47,6 +47,7 @@ from .chunks.codecs.blosc import Blosc
 from .chunks.hdf5lib import leaves_edge_chunks_unfiltered
 from .chunks.pread import resident, will_need
 from .chunks.storage import Layout, known_layout, learn_layout
+from .files import check_opened
 from .node import NodeInfo, Unsupported, close_dataset, reopen_dataset
 from .objects.hdf5 import file_object
 from .scattered import RowSpans, Stopped, read_progression, rows_decoded_bytes
@@ -192,7 +193,11 @@ class H5pySource:
             self._fileobj = None if node.remote is None else file_object(node.remote)
             try:
                 self._file = h5py.File(self._fileobj or node.filename, "r", **open_kwargs)
+                if self._fileobj is None and self._file.driver == "sec2":  # the file described, not one named so now
+                    check_opened(node.filename, self._file.id.get_vfd_handle(), node.identity)
             except BaseException:
+                if self._file is not None:
+                    self._file.close()
                 if self._fileobj is not None:
                     self._fileobj.close()
                 raise

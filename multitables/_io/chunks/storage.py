@@ -376,33 +376,33 @@ renew_lock_in_children(globals(), "_LAYOUTS_LOCK")
 
 
 def _identity(node: NodeInfo) -> "FileSignature | tuple[str, str, str] | None":
-    """The identity ``node``'s layout is kept under: the file it was described from, which the chunk engine checks
-    its own open against (a linked file's, as its name means it now)."""
+    """The identity ``node``'s layout is kept under: the file described, which each open is checked against."""
     if node.remote is not None:  # no request: every read checks it (NOTE [object identity])
         return (node.remote.url, node.remote.store.endpoint or "", node.remote.identity.key)
     if node.identity is not None and node.linked_file is None:
         return node.identity
-    try:
-        return file_signature(node.data_file)
-    except OSError:
-        return None  # the open that follows says what is wrong
+    return _named(node)
 
 
 def _held(ds: Any, node: NodeInfo) -> "FileSignature | tuple[str, str, str] | None":
-    """The identity of the file the open ``ds`` reads: what is learned of it is kept under that, not under whatever
-    file its name means a moment later (a symlink switched, a file replaced)."""
+    """The identity of the file the open ``ds`` reads, not of what its name means a moment later (a symlink switched):
+    every open of a described file is checked against its node's (``files.check_opened``); a linked one's is HDF5's."""
     import h5py
-
-    if node.remote is not None:
+    if node.remote is not None or (node.identity is not None and node.linked_file is None):
         return _identity(node)
-    fid = h5py.h5i.get_file_id(ds.id)
+    fid = h5py.h5i.get_file_id(ds.id)  # ~20 us with its close: not for every file
     try:
         if fid.get_access_plist().get_driver() == h5py.h5fd.SEC2:  # a descriptor of its own (a user's driver: none)
             return file_signature(fid.get_vfd_handle())
     finally:
         fid.close()  # the dataset holds the file
+    return _named(node)
+
+
+def _named(node: NodeInfo) -> "FileSignature | tuple[str, str, str] | None":
+    """The identity of the file ``node``'s name means now (an object's: its own; None: the next open says why)."""
     try:
-        return file_signature(node.data_file)
+        return _identity(node) if node.remote is not None else file_signature(node.data_file)
     except OSError:
         return None
 
@@ -457,7 +457,7 @@ def learn_layout(ds: Any, node: NodeInfo, index_limit: int = INDEX_ALL_LIMIT) ->
             index.load_all()  # a few round trips here, none in the readers this process forks
     layout = Layout(storage, grid, index)
     keep = before is not None and (node.remote is not None or settled(before))  # type: ignore[arg-type]
-    if (index is None or not index.needs_handle) and keep and before == _held(ds, node):
+    if (index is None or not index.needs_handle) and keep and before == _named(node):  # unchanged while listed
         if index is not None:
             index.release()
         _remember((before, node.path), layout)
@@ -470,7 +470,7 @@ def _listed(ds: Any, grid: ChunkGrid, index_limit: int, node: NodeInfo, before: 
     try:
         return ChunkIndex(ds.id, grid, index_limit)
     except Exception as exc:
-        if before is None or _held(ds, node) == before:
+        if before is None or _named(node) == before:
             raise
         raise FileChangedError(
             f"{node.data_file!r} changed while the chunk index of {node.path!r} was listed; read it again once it is "

@@ -20,7 +20,8 @@ from .node import NodeInfo
 
 
 #: Bytes of decoded chunks a request reader keeps for each dataset, so that a row of a chunk read before costs a copy:
-#: h5py's default chunk cache since 3.16, whatever h5py is installed (random rows of an 8 MB zlib dataset decoded their chunk on every request, 144x h5py).
+#: h5py's default chunk cache since 3.16, whatever h5py is installed (random rows of an 8 MB zlib dataset decoded
+#: their chunk on every request, 144x h5py).
 ROWS_DECODED_BYTES = 8 << 20
 #: Kept only for datasets of at most this many times those bytes, where rows asked for at random find their chunk
 #: kept at least one time in this many. Each chunk kept is decoded into a buffer out of the CPU's caches, where one

@@ -616,12 +616,14 @@ def test_early_stop_ends_readers_and_frees_memory(
 
 
 @pytest.mark.parametrize("which", [0, 1])
+@pytest.mark.parametrize("how", ["held", "handled-at-once"])
 def test_a_ctrl_c_while_a_reader_starts_stops_that_reader_too(
-    h5file: Path, which: int, monkeypatch: pytest.MonkeyPatch, no_leaks: None
+    h5file: Path, which: int, how: str, monkeypatch: pytest.MonkeyPatch, no_leaks: None
 ) -> None:
-    """Ctrl-C is held while a reader forks and let through right after: it came before the reader was counted, so
-    the stream's close missed it (a zombie reader and two pipes, until the next stream started a process). The Ctrl-C
-    is sent from inside the start, as one pressed during the fork is held."""
+    """A Ctrl-C during a reader's start came before the reader was counted, so the stream's close missed it (a
+    zombie reader and two pipes, until the next stream started a process). ``held``: sent from inside the start, as
+    one pressed during the fork is held in this thread; ``handled-at-once``: another thread took the signal, and
+    Python runs its handler in the main thread at its next instruction, mid-start (the full suite's threads)."""
     import multiprocessing.context as mpc
 
     real, started = mpc.ForkProcess.start, []
@@ -629,7 +631,10 @@ def test_a_ctrl_c_while_a_reader_starts_stops_that_reader_too(
     def start(proc: Any) -> None:
         real(proc)
         if len(started) == which:
-            os.kill(os.getpid(), signal.SIGINT)
+            if how == "held":  # to this thread: another one would take a signal sent to the process
+                signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+            else:
+                signal.getsignal(signal.SIGINT)(signal.SIGINT, None)
         started.append(proc.pid)
 
     monkeypatch.setattr(mpc.ForkProcess, "start", start)

@@ -87,7 +87,7 @@ from .._io.engines import READING_LIBRARIES, before_fork
 from .._shm.release import settle_releases
 from .._shm.ring import TICK
 from .._shm.space import semaphores_for
-from .._sys.signals import sigint_held_for_children
+from .._sys.signals import sigint_deferred, sigint_held_for_children
 from ..errors import ReaderError
 from .failure import FailureReport, died_error
 from .process import ReaderIdentity, process_start_time, reader_main
@@ -236,7 +236,9 @@ class ReaderPool:
                 proc = self.ctx.Process(
                     target=reader_main, args=(loop, identity, reader_args, send), name=f"multitables-{self._name}-{i}", daemon=True
                 )
-                with sigint_held_for_children():
+                # Held in this thread (for the child's sake) and, in Python, until the reader is recorded: a Ctrl-C
+                # another thread takes runs Python's handler here at once, between any two instructions.
+                with sigint_deferred(), sigint_held_for_children():
                     proc.start()
                     # Recorded before a Ctrl-C held meanwhile is let through: closing the pool then stops it too.
                     self._procs.append(proc)

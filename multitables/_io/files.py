@@ -2,33 +2,34 @@
 
 NOTE [file identity]
     A file rewritten, truncated or replaced while readers stream it would give
-    blocks of another file's bytes, silently. So the file's identity
-    (``st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns``) is taken from the
-    descriptor HDF5 described it through, each engine's open of the file is
-    checked against it by its own descriptor (:func:`check_opened`: the name
-    may mean another file by then, a symlink switched), and each reader
-    compares it with a fresh ``os.stat`` of the path after reading each
-    block, before publishing it: a block is only handed over if the file was
-    still the same when its read had finished. Any change (or the path gone: deleted or renamed) is a
+    blocks of another file's bytes, silently. So the file's identity (``st_dev,
+    st_ino, st_size, st_mtime_ns, st_ctime_ns``) is taken from the descriptor
+    HDF5 described it through, each engine's open of the file is checked against
+    it by its own descriptor (:func:`check_opened`: the name may mean another
+    file by then, a symlink switched), and each reader compares it with a fresh
+    ``os.stat`` of the path after reading each block, before publishing it: a
+    block is only handed over if the file was still the same when its read had
+    finished. Any change (or the path gone: deleted or renamed) is a
     :class:`~multitables.errors.FileChangedError` naming the path. A stat costs
     ~1-2 us against milliseconds per block. The change time (ctime) is there
     because the modification time can be set back (``cp -p``, ``rsync -t``
-    writing in place, ``touch -r``): only the kernel sets ctime, at every
-    write and every change of the inode (also chmod or a new hard link,
-    which stop the stream too: better than a wrong row). Writes within one
-    tick of the filesystem's clock that keep the size are below what either
-    time can show. An object in a bucket or on an HTTP server has no
-    ``stat``: its identity is its ETag (NOTE [object identity] in
-    ``_io.objects.reader``), which every request checks itself.
+    writing in place, ``touch -r``): only the kernel sets ctime, at every write
+    and every change of the inode (also chmod or a new hard link, which stop the
+    stream too: better than a wrong row). Writes within one tick of the
+    filesystem's clock that keep the size are below what either time can show.
+    An object in a bucket or on an HTTP server has no ``stat``: its identity is
+    its ETag (NOTE [object identity] in ``_io.objects.reader``), which every
+    request checks itself.
 
-    What a process learns of a file (its node's description, its chunk
-    layout) it keeps under the identity of the file it learned it from (its
-    descriptor's, never the name's of a moment before or after) and uses
-    again while the name means a file of that identity, with no HDF5 open. That gap of the identity, a rewrite of the same size within
-    one tick of the clock, is closed as git closes its "racy" index entries:
-    only what was learned of a *settled* file is kept (:func:`settled`: its
-    last change ``SETTLED_S`` before the learning), so that any later write
-    shows in its times. Files just written are learned again at each open.
+    What a process learns of a file (its node's description, its chunk layout)
+    it keeps under the identity of the file it learned it from (its
+    descriptor's, never the name's of a moment before or after) and uses again
+    while the name means a file of that identity, with no HDF5 open. That gap of
+    the identity, a rewrite of the same size within one tick of the clock, is
+    closed as git closes its "racy" index entries: only what was learned of a
+    *settled* file is kept (:func:`settled`: its last change ``SETTLED_S``
+    before the learning), so that any later write shows in its times. Files just
+    written are learned again at each open.
 """
 
 from __future__ import annotations

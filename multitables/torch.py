@@ -151,11 +151,6 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
         #: shuffled, its window).
         self.pin_memory = pin_memory
         self._staging: Any = None  # NOTE [windows on a device]: made by the first shuffled iteration for a GPU
-        if self.device is not None and self.device.type == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError(
-                f"device={str(self.device)!r} needs CUDA, which this PyTorch cannot use (torch.cuda.is_available() is "
-                f"False); leave it out for CPU tensors"
-            )
         if self.device is not None:
             _check_device(self.device)
         if pin_memory and not torch.cuda.is_available():
@@ -276,6 +271,9 @@ def _check_device(device: torch.device) -> None:
     if device.type == "meta":
         raise ValueError("device='meta' gives tensors without data; name a device the batches can be copied to")
     if device.type == "cuda":  # no tensor made: CUDA's context is made by the first batch, after the readers start
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"device={str(device)!r} needs CUDA, which this PyTorch cannot use "
+                               f"(torch.cuda.is_available() is False); leave it out for CPU tensors")
         count = torch.cuda.device_count()
         if device.index is not None and device.index >= count:
             raise RuntimeError(f"device={str(device)!r}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")

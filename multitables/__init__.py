@@ -10,6 +10,7 @@ import sys
 
 from .errors import (
     EmptyDatasetError,
+    FileBusyError,
     FileChangedError,
     MissingFilterError,
     MultitablesError,
@@ -57,6 +58,7 @@ __all__ = [
     "EmptyDatasetError",
     "MissingFilterError",
     "FileChangedError",
+    "FileBusyError",
     "NodeTypeError",
     "NoSuchNodeError",
     "NotHDF5Error",

@@ -24,6 +24,7 @@ __all__ = [
     "ShmSpaceError",
     "SharedMemoryError",
     "FileChangedError",
+    "FileBusyError",
     "ObjectStorageError",
     "SubprocessException",
     "QueueClosedException",
@@ -156,6 +157,18 @@ class FileChangedError(MultitablesError, OSError):
 
     Blocks read after the change could hold another file's bytes, so the
     stream stops instead (see NOTE [file identity] in ``_io.files``).
+    """
+
+
+class FileBusyError(MultitablesError, BlockingIOError):
+    """The file is open for writing: by this process (an ``h5py.File`` or PyTables file not in mode ``"r"``) or by
+    another program (HDF5's file lock, or the mark a writer leaves in the file).
+
+    A file written while it is read gives no whole version of its rows, and
+    a writable open in this process is shared with every other open of the
+    file here, reader processes forked from it included (NOTE [files written
+    here] in ``_io.handles``). The message says how to read it: close the
+    writer, or read a SWMR writer's file with ``swmr=True``.
     """
 
 

@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from .._io.files import check_same_file
-from .._io.fileset import asks_swmr, inspect_files
+from .._io.fileset import inspect_files, own_flags
 from .._io.node import NodeInfo
 from .._io.objects.config import Store
 from .._procs.serve import ServeReaders
@@ -92,7 +92,7 @@ class ReaderCore:
     def inspect(self, path: str, field: "str | None" = None) -> NodeInfo:
         """The node at ``path`` (``field``: one column) of the Reader's files, checked now; one of 0 rows too (2.x's
         ``get_dataset`` took it: its requests select nothing, or are out of range)."""
-        node = inspect_files(self.filename, path, field, self.store, swmr=asks_swmr(self.open_kwargs), allow_empty=True)
+        node = inspect_files(self.filename, path, field, self.store, allow_empty=True, **own_flags(self.open_kwargs))
         made = self.pool.file_signature
         if node.identity is not None and isinstance(made, tuple):  # a dataset of the file the readers read, not of its successor
             check_same_file(node.filename, node.identity, made, "since the Reader was made, whose readers read the file "

@@ -144,8 +144,9 @@ CACHES = tuple(dict.fromkeys(c for e in REGISTRY for c in e.caches))
 #: Whose open options the established API passes on (``DRIVER=...``): with any given,
 #: ``auto`` walks only the engines that take these.
 AUTO_OPTIONS = "PyTables'"
-#: Open options only h5py takes (``swmr=True``: a file an SWMR writer holds): given them, ``auto`` takes h5py.
-H5PY_ONLY_OPTIONS = frozenset({"swmr"})
+#: Open options only h5py takes (``swmr=True``: a file an SWMR writer holds; ``locking=``, HDF5's file locking):
+#: given them, ``auto`` takes h5py.
+H5PY_ONLY_OPTIONS = frozenset({"swmr", "locking"})
 _BY_NAME = {e.name: e for e in REGISTRY}
 
 
@@ -283,7 +284,7 @@ def _walk(engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]", in_set: bo
     named = registered(engine)
     if open_kwargs and named.options is None:
         raise ValueError(
-            f"engine={engine!r} reads the file itself and takes no open options (PyTables'), got {sorted(open_kwargs)}"
+            f"engine={engine!r} reads the file itself and takes no open options (the 'h5py' and 'tables' engines do), got {sorted(open_kwargs)}"
         )
     if not named.falls_back:
         return [named]

@@ -167,15 +167,15 @@ def describe_files(files: "Sequence[str]") -> str:
     return f"{len(files)} files: {shown(files[0])} .. {shown(files[-1])}"
 
 
-def asks_swmr(open_kwargs: "dict[str, Any]") -> bool:
-    """Whether h5py's open options ask for SWMR reading (``swmr=True``): the library's own opens of the file must
-    then ask for it too (:func:`open_files`)."""
-    return bool(open_kwargs.get("swmr"))
+def own_flags(open_kwargs: "dict[str, Any]") -> "dict[str, Any]":
+    """What h5py's open options in ``open_kwargs`` ask of the library's own opens of the file too (:func:`open_files`):
+    SWMR reading (``swmr=True``), and HDF5's file locking (``locking=``, as h5py takes it)."""
+    return {"swmr": bool(open_kwargs.get("swmr")), "locking": open_kwargs.get("locking")}
 
 
 def open_files(
     files: "str | tuple[str, ...]", path: str, field: "str | None" = None, store: "Store | None" = None,
-    swmr: bool = False, allow_empty: bool = False,
+    swmr: bool = False, allow_empty: bool = False, locking: Any = None,
 ) -> "tuple[NodeInfo, Any]":
     """The node at ``path`` of one file (with its open ``h5py.Dataset``, as :func:`~.node.open_node`) or of a set (None).
 
@@ -186,19 +186,20 @@ def open_files(
     naming the file that lacks the node, ``ValueError`` naming the file whose
     rows differ from the first file's, :class:`EmptyDatasetError` if no
     file has rows. ``store``: how URLs are read (None: the environment's settings). ``swmr``: open local files for
-    SWMR reading, as h5py's ``swmr=True`` (HDF5 refuses a second open of a file with the other flag).
+    SWMR reading, as h5py's ``swmr=True`` (HDF5 refuses a second open of a file with the other flag); ``locking``:
+    HDF5's file locking, as h5py's ``locking=`` (None: HDF5's default).
     ``allow_empty``: a node of 0 rows is given, not refused (random access takes it, as 2.x did); for a set, the first
     file's.
     """
     if isinstance(files, str):
         if is_url(files) or swmr:  # an object is looked at by the open; a file open for SWMR grows
-            return open_node(files, path, field, store=store, swmr=swmr, allow_empty=allow_empty)
+            return open_node(files, path, field, store=store, swmr=swmr, allow_empty=allow_empty, locking=locking)
         key = (files, path, field)
         identity = (check_regular(files),)  # missing, a directory, a FIFO: said here, as the open would
         node = _FILES.recall(key, identity)
         dataset = None  # an engine opens the file only where it needs HDF5 (NOTE [layout cache])
         if node is None:
-            node, dataset = open_node(files, path, field, identity=identity[0], allow_empty=True)
+            node, dataset = open_node(files, path, field, identity=identity[0], allow_empty=True, locking=locking)
             if not _elsewhere(node):  # kept under the file described: the name may mean another since the stat
                 _FILES.remember(key, (node.identity,), node)
         if not allow_empty and not node.n_rows:
@@ -210,7 +211,7 @@ def open_files(
     key = (files, path, field, store, swmr)
     node = _SETS.recall(key, _identities(files, store))
     if node is None:
-        signatures, node = _inspect_set(files, path, field, store, swmr)
+        signatures, node = _inspect_set(files, path, field, store, swmr, locking)
         if not _elsewhere(node) and not any(_elsewhere(part.node) for part in node.parts):
             _SETS.remember(key, signatures, node)
     if not allow_empty and not node.n_rows:
@@ -242,7 +243,8 @@ def _identities(files: "tuple[str, ...]", store: "Store | None") -> "tuple[FileS
 
 
 def _inspect_set(
-    files: "tuple[str, ...]", path: str, field: "str | None", store: "Store | None", swmr: bool = False
+    files: "tuple[str, ...]", path: str, field: "str | None", store: "Store | None", swmr: bool = False,
+    locking: Any = None,
 ) -> "tuple[tuple[FileSignature | ObjectIdentity, ...], NodeInfo]":
     """Check every file of a set in turn (NOTE [file sets]); every file's identity (of the file described, or an
     object's as looked at first), and the set's node."""
@@ -255,7 +257,7 @@ def _inspect_set(
         offset = 0
         for i, name in enumerate(files):
             node, dataset = open_node(name, path, field, allow_empty=True, store=store, reader=readers.pop(name, None),
-                                      swmr=swmr)
+                                      swmr=swmr, locking=locking)
             close_dataset(dataset)
             signature = looked[i] = node.identity or looked[i]  # the file described (a name may mean another since)
             if first is None:
@@ -281,10 +283,10 @@ def _inspect_set(
 
 def inspect_files(
     files: "str | tuple[str, ...]", path: str, field: "str | None" = None, store: "Store | None" = None,
-    swmr: bool = False, allow_empty: bool = False,
+    swmr: bool = False, allow_empty: bool = False, locking: Any = None,
 ) -> NodeInfo:
     """As :func:`open_files`, without the open dataset."""
-    node, dataset = open_files(files, path, field, store, swmr, allow_empty)
+    node, dataset = open_files(files, path, field, store, swmr, allow_empty, locking)
     if dataset is not None:
         close_dataset(dataset)
     return node

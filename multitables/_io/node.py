@@ -29,6 +29,7 @@ import numpy as np
 from ..errors import EmptyDatasetError, FileChangedError, MultitablesError, NodeTypeError, NotHDF5Error, no_such_node
 from .fields import field_of, field_path
 from .files import FileSignature, as_filename, check_opened, check_regular, file_signature
+from .handles import busy_error, check_intent
 from .objects.config import Store, make_store
 from .objects.hdf5 import check_hdf5, open_file_id
 from .objects.http import ObjectIdentity
@@ -166,7 +167,7 @@ def check_file(filename: str, store: "Store | None" = None) -> "FileSignature | 
 def open_node(
     filename: "str | os.PathLike[str]", path: str, field: "str | None" = None, *, allow_empty: bool = False,
     store: "Store | None" = None, reader: "ObjectReader | None" = None, swmr: bool = False,
-    identity: "FileSignature | None" = None,
+    identity: "FileSignature | None" = None, locking: Any = None,
 ) -> "tuple[NodeInfo, Any]":
     """As :func:`inspect_node`, but also return the open ``h5py.Dataset``: the caller closes it with :func:`close_dataset`.
 
@@ -179,7 +180,7 @@ def open_node(
     settings (None: the environment's); ``reader``: the object already
     looked at (a set looks at its objects together); ``swmr``: a local file opened for SWMR reading; ``identity``: the
     local file's, taken just before by the caller's check of the name (the node's is that of the file HDF5 opened:
-    :attr:`NodeInfo.identity`).
+    :attr:`NodeInfo.identity`); ``locking``: HDF5's file locking as h5py's ``locking=`` takes it (None: HDF5's).
     """
     import h5py
 
@@ -204,12 +205,14 @@ def open_node(
             check_regular(filename)  # else the caller's identity came from this check (``_io.fileset.open_files``)
         try:
             flags = h5py.h5f.ACC_RDONLY | (h5py.h5f.ACC_SWMR_READ if swmr else 0)
-            fid = h5py.h5f.open(os.fsencode(filename), flags, _file_access())
+            fid = h5py.h5f.open(os.fsencode(filename), flags, _file_access(locking))
         except OSError as exc:
             check_file(filename)  # the error a user expects: missing, a directory, not HDF5
             _raise_named(exc, filename)  # else permissions, a damaged file: HDF5's words, named
         held = None if swmr else file_signature(fid.get_vfd_handle())  # the file opened, whatever the name means now
     try:
+        if remote is None:
+            check_intent(fid, filename)  # not a file this process writes (NOTE [files written here] in ``handles``)
         try:
             oid = h5py.h5o.open(fid, path.encode())
         except KeyError as exc:
@@ -254,7 +257,10 @@ _CUT_SHORT = re.compile(r"truncated file: eof = (\d+), .*stored_eof = (\d+)")
 
 def _raise_named(exc: OSError, filename: str) -> None:
     """Raise ``exc`` naming ``filename`` (HDF5's open errors name none): the same type, errno and words, ``exc`` its
-    cause; ``exc`` itself where it names the file already."""
+    cause; ``exc`` itself where it names the file already. A file open for writing is a :class:`FileBusyError`."""
+    busy = None if isinstance(exc, MultitablesError) else busy_error(exc, filename)
+    if busy is not None:
+        raise busy from exc
     if filename in str(exc) or isinstance(exc, MultitablesError):
         raise exc
     raise_if_switched(exc, filename)
@@ -313,6 +319,9 @@ def reopen_dataset(node: NodeInfo, access: Any = None) -> Any:
             fid = h5py.h5f.open(os.fsencode(node.filename), h5py.h5f.ACC_RDONLY, _file_access())
         except OSError as exc:
             raise_if_switched(exc, node.filename)
+            busy = busy_error(exc, node.filename)
+            if busy is not None:
+                raise busy from exc
             raise
     try:
         if node.remote is None:
@@ -337,8 +346,8 @@ def close_dataset(dataset: Any) -> None:
         dataset.id.close()
 
 
-@functools.lru_cache(maxsize=1)
-def _file_access() -> Any:
+@functools.lru_cache(maxsize=4)
+def _file_access(locking: Any = None) -> Any:
     """The file-access list of :func:`open_node`: no chunk cache.
 
     HDF5's high-level open (``h5py.File``, then ``f[path]``) costs ~0.2 ms
@@ -352,6 +361,9 @@ def _file_access() -> Any:
     fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
     _mdc, slots, _nbytes, w0 = fapl.get_cache()
     fapl.set_cache(0, slots, 0, w0)
+    if locking is not None:  # as h5py.File's locking= (its values checked by h5py's own open, in the engine's check)
+        on = locking in (True, "true", "best-effort")
+        fapl.set_file_locking(on, ignore_when_disabled=locking == "best-effort")
     return fapl
 
 

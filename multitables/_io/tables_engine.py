@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 
 from .fields import field_of, select_field
-from ..errors import FileChangedError
+from ..errors import FileBusyError, FileChangedError
 from .files import check_opened
+from .handles import busy_error
 from .node import NodeInfo, close_dataset, raise_if_switched
 from .strings import deliver_strings
 from .scattered import GroupRows
@@ -85,8 +86,8 @@ def _first_row_problem(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "str | 
         source = TablesSource(node, open_kwargs)
         if node.n_rows:  # a Reader takes a node of no rows: its open is the whole check
             source.read_into(row, row + 1, np.empty((1,) + node.row_shape, node.dtype))
-    except FileChangedError:
-        raise  # no fault of PyTables': the name came to mean another file
+    except (FileChangedError, FileBusyError):
+        raise  # no fault of PyTables': the name came to mean another file, or a program writes it
     except Exception as exc:
         raise_if_switched(exc, node.filename)  # PyTables' words for it: an HDF5ExtError
         return f"PyTables fails on it ({type(exc).__name__}: {_gist(str(exc))})"
@@ -102,7 +103,7 @@ def _probe_child(conn: Any, node: NodeInfo, open_kwargs: "dict[str, Any]") -> No
     ignore_sigint()
     try:
         conn.send(_first_row_problem(node, open_kwargs))
-    except FileChangedError as exc:  # the caller's to raise
+    except (FileChangedError, FileBusyError) as exc:  # the caller's to raise
         conn.send(exc)
     conn.close()
 
@@ -130,7 +131,7 @@ def _first_row_problem_apart(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "
         try:
             if answered:
                 said = recv.recv()
-                if isinstance(said, FileChangedError):
+                if isinstance(said, (FileChangedError, FileBusyError)):
                     raise said
                 return said
         except EOFError:
@@ -207,6 +208,9 @@ class TablesSource:
             self._file = tables.open_file(node.filename, "r", **open_kwargs)
         except Exception as exc:
             raise_if_switched(exc, node.filename)
+            busy = busy_error(exc, node.filename)  # "already opened" too where this process writes it in PyTables
+            if busy is not None:
+                raise busy from exc
             raise
         try:
             if self._file.params.get("DRIVER") in (None, "H5FD_SEC2"):  # a descriptor of its own (as open_file chose)

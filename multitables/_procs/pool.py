@@ -84,6 +84,7 @@ import weakref
 from typing import Any, Callable
 
 from .._io.engines import READING_LIBRARIES, before_fork
+from .._io.handles import refuse_written_here
 from .._shm.release import settle_releases
 from .._shm.ring import TICK
 from .._shm.space import semaphores_for
@@ -215,11 +216,14 @@ class ReaderPool:
         self._poller: Any = None
         self._poll_fds: frozenset[int] = frozenset()  # what _poller watches (see _quiet)
 
-    def start(self, loop: Callable[..., None], args: "list[tuple[Any, ...]]") -> None:
-        """Start one reader per entry of ``args``, each running ``loop(reader, *args[i])``."""
+    def start(self, loop: Callable[..., None], args: "list[tuple[Any, ...]]", files: "str | tuple[str, ...]" = ()) -> None:
+        """Start one reader per entry of ``args``, each running ``loop(reader, *args[i])``; ``files``: those they read,
+        refused if this process writes one of them and the readers are forked from it (NOTE [files written here])."""
         method = self.ctx.get_start_method()
         if method != "fork":
             check_working_directory(method)
+        else:
+            refuse_written_here((files,) if isinstance(files, str) else files)
         settle_releases()  # no unmapping on a thread while forking (NOTE [release off the path])
         if method == "fork":
             before_fork()  # no lock of a reading library held by another thread (NOTE [forking among threads])

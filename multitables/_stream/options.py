@@ -10,7 +10,7 @@ import numpy as np
 
 from .._io.blockread import Transform, delivered
 from .._io.engines import open_source, readers_may_change, resolve_engine
-from .._io.fileset import asks_swmr, inspect_files, open_files
+from .._io.fileset import inspect_files, open_files, own_flags
 from .._io.node import NodeInfo
 from .._io.objects.config import Store
 from .._io.objects.urls import shown
@@ -48,11 +48,11 @@ class StreamOptions:
 
     def open_files(self, path: str, field: "str | None" = None) -> "tuple[NodeInfo, Any]":
         """The node at ``path`` of the files, and its open ``h5py.Dataset`` (None for a set): ``_io.fileset.open_files``."""
-        return open_files(self.files, path, field, self.store, swmr=asks_swmr(self.open_kwargs))
+        return open_files(self.files, path, field, self.store, **own_flags(self.open_kwargs))
 
     def inspect(self, path: str, field: "str | None" = None) -> NodeInfo:
         """The node at ``path`` of the files, checked (every file of a set; NOTE [file sets] in ``_io.fileset``)."""
-        return inspect_files(self.files, path, field, self.store, swmr=asks_swmr(self.open_kwargs))
+        return inspect_files(self.files, path, field, self.store, **own_flags(self.open_kwargs))
 
     def resolve(self, node: NodeInfo, dataset: Any = None, readers: bool = False) -> str:
         """The engine that will read ``node`` (``readers``: by reader processes); refuses ``cache='direct'`` where the

@@ -73,7 +73,7 @@ class ChunkEngine:
         readers (NOTE [layout cache]).
         """
         if open_kwargs:
-            return f"it takes no open options (PyTables'), got {sorted(open_kwargs)}"
+            return f"it takes no open options (the 'h5py' and 'tables' engines do), got {sorted(open_kwargs)}"
         return chunks_problem(node, dataset)
 
     def open(self, node: NodeInfo, open_kwargs: "dict[str, Any]", plan: Any = None, dataset: Any = None, *,

@@ -1,0 +1,146 @@
+"""Files open for writing, in this process or by another program: found, and said as :class:`FileBusyError`.
+
+NOTE [files written here]
+    HDF5 shares one open of a file among every open of it in a process (it
+    knows the file by device and inode, whatever the name). A file that this
+    process holds open for writing (an ``h5py.File`` in mode ``"r+"``, ``"a"``,
+    ``"w"`` or ``"x"``, a PyTables file in ``"a"`` or ``"w"``) is therefore not
+    read as the disk holds it: the describing open sees that handle's unwritten
+    changes and writes them when it closes (so the file changes under the stream
+    that described it), and a reader forked from here inherits the handle, writes
+    its metadata into the file from another process at its own open and close
+    (HDF5 allows one writer), and keeps its descriptor, with HDF5's exclusive
+    lock, after the caller closes it. So such a file is refused, with what to
+    do, where the file is described (:func:`check_intent`: one call on the open
+    that describes it) and again before readers are forked (:func:`refuse_written_here`:
+    a handle may be opened between the two). A SWMR writer (``swmr_mode =
+    True``) is HDF5's own way to read a file while it is written: allowed (its
+    readers neither write nor lock). A handle on another file is left alone:
+    a reader never opens it, and ends with ``os._exit``, which flushes nothing.
+
+    Another program's write shows as HDF5's "unable to lock file" (its lock) or
+    "file is already open for write" (the mark a writer leaves in the
+    superblock, there also after a writer died): :func:`busy_error` says each as
+    a :class:`FileBusyError` with the ways out.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+from ..errors import FileBusyError
+from .objects.urls import is_url
+
+_HERE = ("HDF5 shares that open with every other open of the file in this process, reader processes forked from here "
+         "included: what is read would be the handle's unwritten state, and readers would write it into the file. "
+         "Close it, or open it with mode 'r', before reading the file with multitables (a SWMR writer, "
+         "swmr_mode = True, may stay open)")
+_LOCKED = ("is locked: a program has it open for writing (HDF5's file lock). Close it there; a file written with "
+           "SWMR is read with swmr=True (Streamer(filename, swmr=True)); HDF5_USE_FILE_LOCKING=FALSE in the "
+           "environment (or locking=False, engine='h5py') reads it anyway, which is safe only if nothing writes it "
+           "meanwhile")
+_MARKED = ("is marked as open for writing (HDF5's consistency flags in its superblock): a SWMR writer has it open "
+           "(read it with swmr=True), or its writer did not close it (`h5clear -s` clears the mark once no program "
+           "writes the file)")
+
+
+def _identities(filenames: Iterable[str]) -> "set[tuple[int, int]]":
+    """``(st_dev, st_ino)`` of each local file named (URLs and names that are not there now are skipped)."""
+    found = set()
+    for name in filenames:
+        if is_url(name):
+            continue
+        try:
+            st = os.stat(name)
+        except OSError:
+            continue
+        found.add((st.st_dev, st.st_ino))
+    return found
+
+
+def _h5py_writers(wanted: "set[tuple[int, int]]") -> "str | None":
+    h5py = sys.modules.get("h5py")
+    if h5py is None:
+        return None
+    h5f = h5py.h5f
+    for fid in h5f.get_obj_ids(types=h5f.OBJ_FILE):
+        try:
+            intent = fid.get_intent()
+            if not intent & h5f.ACC_RDWR or intent & h5f.ACC_SWMR_WRITE:
+                continue
+            st = os.fstat(fid.get_vfd_handle())
+        except (OSError, ValueError, RuntimeError):  # a driver with no descriptor (core, family): not a local file
+            continue
+        if (st.st_dev, st.st_ino) in wanted:
+            return "an h5py.File open for writing: mode 'r+', 'a', 'w' or 'x'"
+    return None
+
+
+def _tables_writers(filenames: Iterable[str], wanted: "set[tuple[int, int]] | None" = None) -> "str | None":
+    # PyTables' registry of the files it has open: its own (private) name, looked up with care; its handles are
+    # another copy of HDF5's, which h5py's list does not show. Files are looked at only if a handle writes.
+    registry = getattr(getattr(sys.modules.get("tables"), "file", None), "_open_files", None)
+    for handle in list(getattr(registry, "handlers", ())):
+        mode = getattr(handle, "mode", "r")
+        if mode == "r" or not getattr(handle, "isopen", False):
+            continue
+        wanted = _identities(filenames) if wanted is None else wanted
+        if _identities([getattr(handle, "filename", "")]) & wanted:
+            return f"a PyTables file in mode {mode!r}"
+    return None
+
+
+def written_here(filenames: Iterable[str]) -> "str | None":
+    """The handle of this process that holds one of ``filenames`` open for writing, in words (None: none does)."""
+    filenames = list(filenames)
+    wanted = _identities(filenames)
+    if not wanted:
+        return None
+    return _h5py_writers(wanted) or _tables_writers(filenames, wanted)
+
+
+def _here_error(filename: str, holder: str) -> FileBusyError:
+    return FileBusyError(f"{filename!r} is open for writing in this process ({holder}): {_HERE}")
+
+
+def refuse_written_here(filenames: Iterable[str]) -> None:
+    """Raise :class:`FileBusyError` if this process holds one of ``filenames`` open for writing (before a fork)."""
+    names = list(filenames)
+    holder = written_here(names)
+    if holder is not None:
+        raise _here_error(", ".join(names) if len(names) < 4 else f"{names[0]!r} (one of {len(names)} files)", holder)
+
+
+def check_intent(fid: Any, filename: str) -> None:
+    """Raise :class:`FileBusyError` if this process holds ``filename`` open for writing, ``fid`` being this library's
+    read-only open of it: h5py's handle shows in ``fid``'s intent (the shared file's), PyTables' (another copy of
+    HDF5) in its registry. A library call and a look at a set: this runs at every description."""
+    import h5py
+
+    intent = fid.get_intent()
+    holder = None
+    if intent & h5py.h5f.ACC_RDWR and not intent & h5py.h5f.ACC_SWMR_WRITE:
+        holder = written_here([filename]) or "an h5py.File open for writing"
+    else:
+        holder = _tables_writers([filename])
+    if holder is not None:
+        raise _here_error(filename, holder)
+
+
+def busy_error(exc: BaseException, filename: str) -> "FileBusyError | None":
+    """``exc`` (HDF5's or PyTables' error opening ``filename``) as a :class:`FileBusyError` where it says the file is
+    open for writing (locked, or marked so); None otherwise. The caller raises it from ``exc``."""
+    words = str(exc)
+    if "already opened, but not in read-only mode" in words:  # PyTables' own registry: this process writes it
+        return _here_error(filename, written_here([filename]) or "a PyTables file not in mode 'r'")
+    if "unable to lock file" in words:
+        holder = written_here([filename])
+        if holder is not None:
+            return _here_error(filename, holder)
+        return FileBusyError(f"{filename!r} {_LOCKED}: {exc}")
+    if "file is already open for write" in words:
+        return FileBusyError(f"{filename!r} {_MARKED}: {exc}")
+    return None

@@ -38,6 +38,31 @@ def make_rows(rng: np.random.Generator, n: int, data: str) -> np.ndarray:
     return np.cumsum(steps, axis=1, dtype=np.int16).astype(np.float32)
 
 
+#: The root attribute that marks a file this demo wrote.
+EXAMPLE_MARK = "multitables_demo_example"
+
+
+def target_problem(filename: str) -> "str | None":
+    """Why ``--file filename`` may not be written (None: it may): a folder, a missing folder, or a file that this
+    demo did not write (the user's data is never written over)."""
+    if os.path.isdir(filename):
+        return f"--file {filename!r} is a folder: name a file in it"
+    folder = os.path.dirname(os.path.abspath(filename))
+    if not os.path.isdir(folder):
+        return f"--file {filename!r}: there is no folder {folder!r}"
+    if not os.path.lexists(filename):
+        return None
+    import h5py
+
+    try:
+        with h5py.File(filename, "r") as f:
+            if f.attrs.get(EXAMPLE_MARK, False):
+                return None
+    except OSError:
+        pass
+    return f"--file {filename!r} exists and this demo did not write it: give a new path (it is never written over)"
+
+
 def write_example(filename: str, n_rows: int, complib: str, complevel: int, data: str = "smooth") -> None:
     """``n_rows`` rows of ``data``, written with PyTables (shuffle on, its default chunking)."""
     import tables
@@ -46,6 +71,7 @@ def write_example(filename: str, n_rows: int, complib: str, complevel: int, data
     filters = tables.Filters(complevel=complevel, complib=complib, shuffle=True)
     rng = np.random.default_rng(0)
     with tables.open_file(filename, "w") as f:
+        f.root._v_attrs[EXAMPLE_MARK] = True  # a later --file may write over this file, and over no other
         arr = f.create_earray("/", "data", tables.Float32Atom(), (0, ROW_VALUES), filters=filters, expectedrows=n_rows)
         step = 4096
         for start in tqdm(range(0, n_rows, step), desc=f"writing {filename}", unit="block", leave=False):
@@ -140,12 +166,15 @@ def main(argv: "list[str] | None" = None) -> None:
     parser.add_argument("--data", choices=sorted(DATA), default="smooth",
                         help="; ".join(f"{name}: {text}" for name, text in sorted(DATA.items())) + " (default smooth)")
     parser.add_argument("--n-procs", type=int, default=None, help="reader processes (default: multitables' choice)")
-    parser.add_argument("--file", default=None, help="write the example here and keep it")
+    parser.add_argument("--file", default=None, help="write the example here and keep it (a new path, or one this demo wrote before)")
     args = parser.parse_args(argv)
     if args.rows < 1:
         parser.error(f"--rows must be at least 1, got {args.rows}")
     if args.n_procs is not None and args.n_procs < 0:
         parser.error(f"--n-procs must be 0 or more, got {args.n_procs}")
+    problem = None if args.file is None else target_problem(args.file)
+    if problem is not None:
+        parser.error(problem)
 
     tmpdir = None
     filename = args.file

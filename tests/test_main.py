@@ -88,3 +88,24 @@ def test_the_file_is_described_as_written_and_n_procs_0_as_asked(tmp_path: Path,
     out = " ".join(capsys.readouterr().out.split())
     assert "uncompressed, chunks of" in out and "zlib level 0" not in out  # PyTables stores level 0 unfiltered
     assert "in this process, as asked" in out and "too small" not in out
+
+
+def test_a_file_the_demo_did_not_write_is_never_written_over(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--file`` named the user's own file: it was written over without a word."""
+    import h5py
+    import numpy as np
+
+    mine = tmp_path / "mine.h5"
+    with h5py.File(mine, "w") as f:
+        f["precious"] = np.arange(10)
+    for target, complaint in [(mine, "exists and this demo did not write it"), (tmp_path, "is a folder"),
+                              (tmp_path / "no" / "x.h5", "there is no folder")]:
+        with pytest.raises(SystemExit) as ended:
+            main(["--rows", "256", "--file", str(target)])
+        assert ended.value.code == 2 and complaint in capsys.readouterr().err
+    with h5py.File(mine, "r") as f:
+        assert list(f) == ["precious"]
+    demo = tmp_path / "demo.h5"
+    main(["--rows", "256", "--n-procs", "0", "--file", str(demo)])
+    main(["--rows", "512", "--n-procs", "0", "--file", str(demo)])  # its own example: written again
+    assert "512 rows of 1024 float32" in capsys.readouterr().out

@@ -202,17 +202,24 @@ def check_settings(s: Settings) -> "str | None":
         for path in (data_path(s.file, data, s.data) for data in s.data):
             if os.path.exists(path):
                 return f"--file {path} exists: the benchmark writes and then removes this file, so give a new path"
-        if not os.path.isdir(os.path.dirname(os.path.abspath(s.file))):
-            return f"--file {s.file}: no such directory"
-    if s.plot and not _matplotlib_available():
+    if s.file and not s.report_from and not os.path.isdir(os.path.dirname(os.path.abspath(s.file))):
+        return f"--file {s.file}: no such directory (make it first: mkdir -p {os.path.dirname(s.file) or '.'})"
+    bad_libs = [lib for lib in s.complibs if tables.which_lib_version(lib.split(":")[0]) is None]
+    if bad_libs and "main" in s.sections:
+        return (f"complib {bad_libs} is not in this PyTables build (it would write zlib instead and the report would "
+                f"say {bad_libs[0]})")
+    needs_torch = [name for name in s.sections if name in ("training", "gpu")]
+    if needs_torch and not _available("torch"):
+        return f"--sections {' '.join(needs_torch)} needs PyTorch, which is not installed (pip install torch)"
+    if s.plot and not _available("matplotlib"):
         return "--plot needs matplotlib, which is not installed (pip install matplotlib)"
     return None
 
 
-def _matplotlib_available() -> bool:
+def _available(module: str) -> bool:
     import importlib.util
 
-    return importlib.util.find_spec("matplotlib") is not None
+    return importlib.util.find_spec(module) is not None
 
 
 # ---------------------------------------------------------------------------
@@ -274,6 +281,7 @@ def main(argv: "Sequence[str] | None" = None) -> None:
 
         tqdm.write(msg, file=sys.stderr)
 
+    interrupted = False
     try:
         _check_space(workdir, settings)
         if model is not None:
@@ -290,6 +298,7 @@ def main(argv: "Sequence[str] | None" = None) -> None:
         try:
             measure(settings, workdir, main_path, cache, notes, log, passes)
         except KeyboardInterrupt:
+            interrupted = True
             notes.append(f"interrupted after {len(passes)} passes: the figures are partial")
             log(notes[-1])
     finally:
@@ -297,6 +306,8 @@ def main(argv: "Sequence[str] | None" = None) -> None:
     machine["file"]["path"] = main_path
     ctx = Context(settings, cache, cache_note, machine, versions(), tuple(notes))
     emit(passes, ctx)
+    if interrupted:  # the partial figures are written and marked; a script's `&&` must not take them as a run
+        raise SystemExit(130)
 
 
 def model_cache_note(model: diskmodel.DiskModel) -> str:

@@ -108,10 +108,39 @@ def test_file_must_be_new_and_its_directory_exist(tmp_path: Path) -> None:
 
 
 def test_plot_without_matplotlib_says_so(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(cli, "_matplotlib_available", lambda: False)
+    monkeypatch.setattr(cli, "_available", lambda module: module != "matplotlib")
     with pytest.raises(SystemExit):
         cli.parse_args(["--plot", "p.png"])
     assert "pip install matplotlib" in capsys.readouterr().err
+
+
+def test_sections_that_need_torch_say_so_before_anything_runs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without torch, --sections training ended in ModuleNotFoundError after the other sections' work."""
+    monkeypatch.setattr(cli, "_available", lambda module: module != "torch")
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--sections", "random", "training"])
+    assert "--sections training needs PyTorch" in capsys.readouterr().err
+    assert cli.parse_args(["--sections", "random"]).sections == ("random",)
+
+
+def test_a_complib_pytables_lacks_is_refused_not_written_as_zlib(capsys: pytest.CaptureFixture[str]) -> None:
+    """PyTables writes zlib where it lacks the complib asked for (lzo in the stock wheels): the report called it lzo."""
+    import tables
+
+    missing = [lib for lib in tables.filters.all_complibs if tables.which_lib_version(lib.split(":")[0]) is None]
+    if not missing:
+        pytest.skip("this PyTables has every complib it knows")
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--complibs", missing[0]])
+    assert "not in this PyTables build" in capsys.readouterr().err
+
+
+def test_sections_file_needs_its_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--sections", "training", "--file", str(tmp_path / "bench" / "sec.h5")])
+    assert "no such directory (make it first: mkdir -p" in capsys.readouterr().err
 
 
 def test_data_defaults_to_noise_and_takes_a_list() -> None:
@@ -748,7 +777,9 @@ def test_interrupted_run_reports_what_it_measured(
 
     monkeypatch.setattr(cli, "measure", measure_then_stop)
     report = tmp_path / "r.json"
-    cli.main(["--quick", "--file", str(tmp_path / "bench.h5"), "--json", str(report)])
+    with pytest.raises(SystemExit) as ended:  # partial figures are written, and the exit says they are partial
+        cli.main(["--quick", "--file", str(tmp_path / "bench.h5"), "--json", str(report)])
+    assert ended.value.code == 130
     doc = json.loads(report.read_text())
     assert len(doc["passes"]) == 1 and any("interrupted" in n for n in doc["notes"])
     assert "500 MB/s" in capsys.readouterr().out

@@ -678,6 +678,43 @@ def test_sigint_reaches_the_user_and_cleans_up(
     assert not own_segments(c.proc.pid)
 
 
+_DROPPED = """
+import json, multiprocessing, signal, sys, threading, time
+import multitables
+
+queue = multitables.Streamer(sys.argv[1]).get_queue("/data", n_procs=2)
+with queue.get() as block:
+    pass
+pids = [p.pid for p in multiprocessing.active_children()]
+
+def ctrl_c_mid_clean_up():  # as a Ctrl-C pressed while the dropped queue's finalizer runs
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    time.sleep(0.05)  # Python runs its handler here, inside the finalizer
+
+queue.at_close(ctrl_c_mid_clean_up)
+try:
+    del queue, block  # the last reference: the queue is closed by its finalizer
+    for _ in range(500):  # the caller's own code goes on
+        time.sleep(0.01)
+    print(json.dumps({"interrupted": False, "pids": pids}))
+except KeyboardInterrupt:
+    print(json.dumps({"interrupted": True, "pids": pids, "alive": [p.pid for p in multiprocessing.active_children()]}))
+"""
+
+
+def test_a_ctrl_c_during_a_dropped_queues_clean_up_reaches_the_caller(h5file: Path, tmp_path: Path) -> None:
+    """A Ctrl-C that lands while a finalizer closes a dropped queue (or a generator left by ``break``) was raised
+    inside the finalizer, where Python prints it as "Exception ignored" and goes on: the program ran on, and the
+    clean-up was cut short. It is held until the clean-up is done, then raised in the caller's code."""
+    path = tmp_path / "dropped.py"
+    path.write_text(_DROPPED)
+    run = subprocess.run([sys.executable, str(path), str(h5file)], capture_output=True, text=True, timeout=GUARD * 2)
+    report = json.loads(run.stdout.splitlines()[-1])
+    assert report["interrupted"], run.stderr
+    assert report["alive"] == [] and "Exception ignored" not in run.stderr, run.stderr
+    assert all(is_gone(p) for p in report["pids"])
+
+
 @pytest.mark.parametrize(
     "mode, start_method",
     [

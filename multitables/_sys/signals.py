@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -44,13 +45,20 @@ def ignore_sigint() -> None:
 
 
 @contextmanager
-def sigint_deferred() -> Iterator[None]:
+def sigint_deferred(later: bool = False) -> Iterator[None]:
     """Hold a Ctrl-C that comes during the ``with`` until its end (NOTE [creation span]).
 
     Python raises ``KeyboardInterrupt`` in the main thread only, between any
     two instructions; elsewhere there is nothing to hold. Where Python's
     handler is not the one installed (``getsignal`` says None), nothing is
     changed.
+
+    ``later``: for a clean-up that may run as a finalizer (a queue or a
+    generator dropped), where Python prints an exception and drops it
+    ("Exception ignored in"): a Ctrl-C raised there was lost, and cut the
+    clean-up short (readers and names left until exit). The Ctrl-C held is
+    sent again from a thread of its own once the ``with`` ends, so that Python
+    raises it in the main thread's own code, after the finalizer.
     """
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
         yield
@@ -61,8 +69,19 @@ def sigint_deferred() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, old)
-        if caught:
+        if caught and later:
+            threading.Thread(target=_send_sigint, name="multitables-sigint", daemon=True).start()
+        elif caught:
             if callable(old):
                 old(signal.SIGINT, caught[0])
             elif old == signal.SIG_DFL:
                 os.kill(os.getpid(), signal.SIGINT)
+
+
+#: Seconds a Ctrl-C held over a clean-up waits to be sent again: the finalizer around it returns in microseconds.
+REDELIVER_S = 0.01
+
+
+def _send_sigint() -> None:
+    time.sleep(REDELIVER_S)
+    signal.raise_signal(signal.SIGINT)  # whatever handles SIGINT then: Python's raises it in the main thread

@@ -188,6 +188,11 @@ def check_settings(s: Settings) -> "str | None":
     for name, value in (("--cycles", s.cycles), ("--max_procs", s.max_procs), ("--repeats", s.repeats)):
         if value < 1:
             return f"{name} must be at least 1, got {value}"
+    from multitables._plan.readers import READERS_PER_CPU
+
+    if s.max_procs > READERS_PER_CPU * usable_cpus():  # multitables starts no more: a column would be mislabelled
+        return (f"--max_procs {s.max_procs} is more than the {READERS_PER_CPU * usable_cpus()} readers multitables "
+                f"starts on this machine ({READERS_PER_CPU} per usable CPU)")
     bad_levels = [lvl for lvl in s.complevels if not 0 <= lvl <= 9]
     if bad_levels:
         return f"--complevels must be within 0-9, got {bad_levels}"

@@ -955,3 +955,13 @@ def test_placement_compares_h5py_with_the_default_readers_and_the_consumer(small
     # Readers used in each of the two passes: a small file is read in the consumer by default.
     assert [row[3].rstrip(" |") for row in rows[1:]] == ["0 0", f"{cpus} {cpus}", "0 0"] * 2
     assert planner.parallel_pays is pays  # put back
+
+
+def test_max_procs_beyond_what_multitables_starts_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """Columns past the readers' cap were headed with the n_procs asked for, though fewer readers ran."""
+    from multitables._plan.readers import READERS_PER_CPU
+
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--max_procs", str(READERS_PER_CPU * cli.usable_cpus() + 1)])
+    assert "readers multitables starts on this machine" in capsys.readouterr().err
+    assert cli.parse_args(["--max_procs", str(READERS_PER_CPU * cli.usable_cpus())]).max_procs > 0

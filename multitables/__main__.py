@@ -142,6 +142,10 @@ def why(info: dict, ratios: dict, n_cpus: int, asked: "int | None") -> "list[str
         how += " in this process, as asked."
     elif procs == 0:
         how += " in this process: the file is too small for reader processes to pay (try more --rows)."
+    elif "one" in ratios and procs > 1 and ratios["one"] >= ratio:  # measured so: say it, credit nothing else
+        how += (f" straight into shared memory; here one reader process alone read it at {ratios['one']:.2f}x h5py's "
+                f"rate, as fast as {procs} readers: more readers added nothing in this run (cores busy with other "
+                f"work, or a limit other than decoding; `multitables-benchmark` measures each number of readers).")
     elif "one" in ratios:
         how += (f" straight into shared memory (one reader process alone: {ratios['one']:.2f}x h5py's rate), "
                 f"and {procs} readers decode on {plural(min(procs, n_cpus), 'core')} at once.")

@@ -69,6 +69,10 @@ def test_why_reports_a_slower_ratio_as_measured() -> None:
     assert "(the default on 2 CPUs)" in lines and "one reader process alone: 0.50x" in lines
     lines = " ".join(why({"procs": 0, "engine": "chunks"}, {"h5py": 1.0, "direct": 2.5, "one": 1.0}, 2, None))
     assert "2.50x as fast as plain h5py" in lines and "too small for reader processes to pay" in lines
+    # One reader measured faster than the default's two: the two are not credited with the speed.
+    lines = " ".join(why({"procs": 2, "engine": "chunks"}, {"h5py": 1.0, "direct": 3.3, "one": 3.6}, 2, None))
+    assert "one reader process alone read it at 3.60x" in lines and "more readers added nothing" in lines
+    assert "decode on 2 cores at once" not in lines
 
 
 @pytest.mark.parametrize(

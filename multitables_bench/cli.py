@@ -382,7 +382,10 @@ def measure_scaling(settings: Settings, mib: "int | None", workdir: str) -> None
 
 def report(settings: Settings) -> None:
     """Report an earlier run's JSON, to the outputs asked for now."""
-    passes, ctx = load_report(settings.report_from or "")
+    try:
+        passes, ctx = load_report(settings.report_from or "")
+    except ValueError as exc:
+        raise SystemExit(f"multitables-benchmark: --report-from {exc}") from None
     outputs = {k: getattr(settings, k) for k in ("json", "markdown", "html", "plot")}
     emit(passes, replace(ctx, settings=replace(ctx.settings, **outputs)))
 

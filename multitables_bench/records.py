@@ -200,6 +200,7 @@ class Context:
     machine: dict[str, Any]
     versions: dict[str, str]
     notes: tuple[str, ...] = ()
+    created: str = ""  #: when the passes were measured (a report rendered again keeps its run's time); "": now
 
 
 @dataclass(frozen=True)

@@ -367,7 +367,7 @@ def report_json(passes: Sequence[Pass], results: Sequence[Result], ctx: Context)
     return {
         "benchmark": "multitables",
         "format": 1,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "created": ctx.created or time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "settings": asdict(ctx.settings),
         "cache": ctx.cache,
         "cache_note": ctx.cache_note,
@@ -383,9 +383,14 @@ def report_json(passes: Sequence[Pass], results: Sequence[Result], ctx: Context)
 
 
 def load_report(path: str) -> tuple[list[Pass], Context]:
-    """The passes and context of a JSON report written by ``--json``."""
-    with open(path) as f:
-        d = json.load(f)
+    """The passes and context of a JSON report written by ``--json``; ``ValueError`` for a file that is not one."""
+    try:
+        with open(path) as f:
+            d = json.load(f)
+        if not isinstance(d, dict) or d.get("benchmark") != "multitables":
+            raise ValueError("no 'benchmark': 'multitables' in it")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is not a report that --json wrote ({exc})") from exc
     saved: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in d["settings"].items()}
     settings = Settings(**saved)
     derived = ("warm_start", "mb_per_s")
@@ -393,4 +398,5 @@ def load_report(path: str) -> tuple[list[Pass], Context]:
     for p in d["passes"]:
         fields = {k: v for k, v in p.items() if k not in derived}
         passes.append(Pass(**{**fields, "codec": Codec(**p["codec"]), "reader": Reader(**p["reader"])}))
-    return passes, Context(settings, d["cache"], d["cache_note"], d["machine"], d["versions"], tuple(d["notes"]))
+    return passes, Context(settings, d["cache"], d["cache_note"], d["machine"], d["versions"], tuple(d["notes"]),
+                           d.get("created", ""))

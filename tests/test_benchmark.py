@@ -752,6 +752,22 @@ def test_report_from_json_measures_nothing(ctx: Context, tmp_path: Path, capsys:
     assert "Small files" in out and md.read_text().count("\n### ") == len(reporting.report_tables(reporting.summarize(passes), ctx))
 
 
+def test_report_from_keeps_the_runs_time_and_refuses_what_is_not_a_report(
+    ctx: Context, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A report rendered again was dated when it was rendered; a file of other JSON (or none) was a traceback."""
+    passes = synthetic_passes()
+    saved, again = tmp_path / "r.json", tmp_path / "again.json"
+    doc = reporting.report_json(passes, reporting.summarize(passes), ctx)
+    saved.write_text(json.dumps({**doc, "created": "2020-01-02T03:04:05+0000"}))
+    cli.main(["--report-from", str(saved), "--json", str(again)])
+    assert json.loads(again.read_text())["created"] == "2020-01-02T03:04:05+0000"
+    for text in ("not json", json.dumps({"some": "other"})):
+        saved.write_text(text)
+        with pytest.raises(SystemExit, match="is not a report that --json wrote"):
+            cli.main(["--report-from", str(saved)])
+
+
 def test_machine_names_the_device_and_filesystem(tmp_path: Path) -> None:
     m = machine.machine_info(str(tmp_path))
     assert m["cpus"] >= 1 and m["usable_cpus"] >= 1 and m["cpu_model"]

@@ -122,11 +122,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: What only the main section measures or writes (``argparse`` dests): refused with ``--sections`` without main.
+MAIN_ONLY = frozenset({"size", "cycles", "complib", "complibs", "complevels", "engines", "modes", "cache", "direct_off",
+                       "small_files", "markdown", "html", "plot", "data"})
+
+
 def parse_args(argv: "Sequence[str] | None" = None) -> Settings:
     """Parse and check the command line; ``--quick`` fills in small defaults that explicit options override."""
     parser = build_parser()
     a = parser.parse_args(argv)
     quick = a.quick
+    if "main" not in a.sections:  # the sections take --file, --repeats, --max_procs, --quick, --json: no other
+        given = [action.option_strings[0] for action in parser._actions
+                 if action.dest in MAIN_ONLY and getattr(a, action.dest) != action.default]
+        if given:
+            parser.error(f"{', '.join(given)} apply to the main section only: add main to --sections, or leave them out")
     complibs = tuple(dict.fromkeys(([a.complib] if a.complib else []) + (a.complibs or [])))
     settings = Settings(
         size_gib=a.size if a.size is not None else (QUICK_SIZE_GIB if quick else 1.0),

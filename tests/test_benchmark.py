@@ -137,6 +137,15 @@ def test_a_complib_pytables_lacks_is_refused_not_written_as_zlib(capsys: pytest.
     assert "not in this PyTables build" in capsys.readouterr().err
 
 
+def test_options_of_the_main_section_alone_are_refused_with_other_sections(capsys: pytest.CaptureFixture[str]) -> None:
+    """--markdown, --cache, --complibs ... were dropped without a word where main was not among the sections."""
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--sections", "blocks", "--markdown", "x.md", "--cache", "evict", "--complibs", "blosc"])
+    assert "--complibs, --cache, --markdown apply to the main section only" in capsys.readouterr().err
+    assert cli.parse_args(["--sections", "blocks", "main", "--markdown", "x.md"]).markdown == "x.md"
+    assert cli.parse_args(["--sections", "scaling", "--repeats", "2", "--max_procs", "1", "--quick"]).repeats == 2
+
+
 def test_sections_file_needs_its_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         cli.parse_args(["--sections", "training", "--file", str(tmp_path / "bench" / "sec.h5")])

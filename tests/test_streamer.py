@@ -780,10 +780,21 @@ def test_closing_the_queue_ends_a_get_waiting_for_a_slot(make_array, no_leaks, n
 
 
 @pytest.mark.parametrize("n_procs", [0, 2])
-def test_a_generator_shared_by_threads_loses_no_row(make_array, n_procs: int, no_leaks: None) -> None:
+def test_a_generator_shared_by_threads_loses_no_row(
+    make_array, n_procs: int, no_leaks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Python's generators serve one thread at a time: a ``next`` in a second thread while the first is inside raises
     ValueError there, and the generator goes on. Here a thread that asked while another took the next block ended
     the chain for every thread, silently, after a row or two."""
+    from multitables._stream.queue import Queue
+
+    real_get = Queue.get
+
+    def slow_get(queue: Queue, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.002)  # the GIL let go while a block is taken: the other threads reach the generator meanwhile
+        return real_get(queue, *args, **kwargs)
+
+    monkeypatch.setattr(Queue, "get", slow_get)
     rows = np.arange(20_000 * 4, dtype="<f4").reshape(20_000, 4)
     path = make_array(rows, chunkshape=(250, 4))
     gen = multitables.Streamer(path).get_generator("/data", n_procs=n_procs, block_size=250)

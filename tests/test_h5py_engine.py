@@ -304,3 +304,23 @@ def test_swmr_reading_as_h5py_opens_it(tmp_path: Path, n_procs: int, engine: str
     with multitables.Reader(path, engine=engine, swmr=True, n_procs=1) as reader:
         ds = reader.get_dataset("/data")
         np.testing.assert_array_equal(reader.request(ds[[7, 3]], ds.create_stage(2)).get(), rows[[7, 3]])
+
+
+@pytest.mark.parametrize("chunks, cached", [((1000, 8), False), ((1000, 1), True), ((250, 2), True)])
+def test_chunks_narrower_than_a_row_keep_a_chunk_cache(tmp_path: Path, chunks: tuple, cached: bool) -> None:
+    """Without a chunk cache HDF5 moves a chunk narrower than a row (a column's) into the caller's rows an element at
+    a time: a column-chunked 64 MB took 30 s against h5py's 0.08 s. Only chunks that span whole rows go without."""
+    from multitables._plan.blocks import BlockPlan
+
+    data = np.arange(1000 * 8, dtype="<f4").reshape(1000, 8)
+    path = tmp_path / "c.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data", data=data, chunks=chunks)
+    node = inspect_node(str(path), "/data")
+    assert (h5py_engine._chunk_cache_bytes(node, BlockPlan(1000, 1000)) > 0) == cached  # one block: no chunk shared
+    with multitables.Streamer(str(path), engine="h5py").get_queue("/data", n_procs=0, ordered=True, remainder=True) as q:
+        rows = []
+        for guard in q.iter():
+            with guard as block:
+                rows.append(block.copy())
+    np.testing.assert_array_equal(np.concatenate(rows), data)

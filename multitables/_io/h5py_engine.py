@@ -84,10 +84,8 @@ def _chunk_cache_bytes(node: NodeInfo, plan: Any) -> int:
     uncompressed data and 1.2x on blosc than with the default 1 MiB cache,
     the same on zlib. Blocks that cut chunks need the cache, or the chunk
     they share with the next block is decoded twice: keep two chunk-rows.
-    Chunks narrower than a row (a column's, a channel's) are scattered
-    over the caller's buffer: without a cache HDF5 moves an uncompressed
-    one an element at a time (a column-chunked 64 MB took 30 s against
-    0.08 s with h5py's default cache), so they keep one too.
+    Chunks narrower than a row are scattered over the caller's rows: with no
+    cache HDF5 moves an uncompressed one an element at a time (BENCHMARKS.md).
     """
     if node.chunk_rows is None or plan is None:
         return 1 << 20

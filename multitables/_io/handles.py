@@ -130,6 +130,13 @@ def check_intent(fid: Any, filename: str) -> None:
         raise _here_error(filename, holder)
 
 
+def raise_if_busy(exc: BaseException, filename: str) -> None:
+    """Raise :func:`busy_error`'s error from ``exc`` where it has one (as ``node.raise_if_switched`` does its own)."""
+    busy = busy_error(exc, filename)
+    if busy is not None:
+        raise busy from exc
+
+
 def busy_error(exc: BaseException, filename: str) -> "FileBusyError | None":
     """``exc`` (HDF5's or PyTables' error opening ``filename``) as a :class:`FileBusyError` where it says the file is
     open for writing (locked, or marked so); None otherwise. The caller raises it from ``exc``."""

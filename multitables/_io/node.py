@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import EmptyDatasetError, FileChangedError, MultitablesError, NodeTypeError, NotHDF5Error, no_such_node
 from .fields import field_of, field_path
 from .files import FileSignature, as_filename, check_opened, check_regular, file_signature
-from .handles import busy_error, check_intent
+from .handles import check_intent, raise_if_busy
 from .objects.config import Store, make_store
 from .objects.hdf5 import check_hdf5, open_file_id
 from .objects.http import ObjectIdentity
@@ -258,9 +258,8 @@ _CUT_SHORT = re.compile(r"truncated file: eof = (\d+), .*stored_eof = (\d+)")
 def _raise_named(exc: OSError, filename: str) -> None:
     """Raise ``exc`` naming ``filename`` (HDF5's open errors name none): the same type, errno and words, ``exc`` its
     cause; ``exc`` itself where it names the file already. A file open for writing is a :class:`FileBusyError`."""
-    busy = None if isinstance(exc, MultitablesError) else busy_error(exc, filename)
-    if busy is not None:
-        raise busy from exc
+    if not isinstance(exc, MultitablesError):
+        raise_if_busy(exc, filename)
     if filename in str(exc) or isinstance(exc, MultitablesError):
         raise exc
     raise_if_switched(exc, filename)
@@ -319,9 +318,7 @@ def reopen_dataset(node: NodeInfo, access: Any = None) -> Any:
             fid = h5py.h5f.open(os.fsencode(node.filename), h5py.h5f.ACC_RDONLY, _file_access())
         except OSError as exc:
             raise_if_switched(exc, node.filename)
-            busy = busy_error(exc, node.filename)
-            if busy is not None:
-                raise busy from exc
+            raise_if_busy(exc, node.filename)
             raise
     try:
         if node.remote is None:

@@ -15,7 +15,7 @@ import numpy as np
 from .fields import field_of, select_field
 from ..errors import FileBusyError, FileChangedError
 from .files import check_opened
-from .handles import busy_error
+from .handles import raise_if_busy
 from .node import NodeInfo, close_dataset, raise_if_switched
 from .strings import deliver_strings
 from .scattered import GroupRows
@@ -208,9 +208,7 @@ class TablesSource:
             self._file = tables.open_file(node.filename, "r", **open_kwargs)
         except Exception as exc:
             raise_if_switched(exc, node.filename)
-            busy = busy_error(exc, node.filename)  # "already opened" too where this process writes it in PyTables
-            if busy is not None:
-                raise busy from exc
+            raise_if_busy(exc, node.filename)  # "already opened" too where this process writes it in PyTables
             raise
         try:
             if self._file.params.get("DRIVER") in (None, "H5FD_SEC2"):  # a descriptor of its own (as open_file chose)

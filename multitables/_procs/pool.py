@@ -222,10 +222,9 @@ class ReaderPool:
         method = self.ctx.get_start_method()
         if method != "fork":
             check_working_directory(method)
-        else:
-            refuse_written_here((files,) if isinstance(files, str) else files)
         settle_releases()  # no unmapping on a thread while forking (NOTE [release off the path])
         if method == "fork":
+            refuse_written_here((files,) if isinstance(files, str) else files)
             before_fork()  # no lock of a reading library held by another thread (NOTE [forking among threads])
         _POOLS.add(self)
         me = os.getpid()

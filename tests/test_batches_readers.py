@@ -274,12 +274,11 @@ def test_a_reader_killed_in_a_later_epoch_is_raised_and_the_next_iteration_start
     victim = min(readers)
     os.kill(victim, signal.SIGKILL)
     # A dying process can take a while to be gone (its memory unmapped: on a loaded machine, longer than three
-    # epochs of these small batches take); the loop raises once it is, whatever epoch that falls in.
-    from multitables._procs.process import process_start_time
-
-    deadline = time.monotonic() + 30
-    while process_start_time(victim) is not None and time.monotonic() < deadline:  # None: a zombie, or reaped
-        time.sleep(0.01)
+    # epochs of these small batches take); the loop raises once it is, whatever epoch that falls in. Gone is when
+    # waitid sees it: /proc shows a reader's main thread as a zombie while its other thread still holds the
+    # pipes whose closing tells the pool (waitid waits for the whole thread group; WNOWAIT leaves it to the pool).
+    waited = os.waitid(os.P_PID, victim, os.WEXITED | os.WNOWAIT)
+    assert waited is not None and waited.si_pid == victim
     with pytest.raises(multitables.ReaderError, match=str(victim)):
         for _ in itertools.islice(it, 3 * len(b)):
             pass

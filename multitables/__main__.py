@@ -116,15 +116,20 @@ def describe_file(filename: str, args: argparse.Namespace) -> str:
     stored = (f"{filters.complib} level {filters.complevel}" if filters.complevel else "uncompressed") + (
         " + shuffle" if filters.shuffle else "")
     return (
-        f"file: {args.rows:,} rows of {ROW_VALUES} float32 ({row_nbytes:,} B a row, {raw / 2**20:,.0f} MiB), "
-        f"{stored}, chunks of {chunk_rows} rows;\n"
+        f"file: {plural(args.rows, 'row')} of {ROW_VALUES} float32 ({row_nbytes:,} B a row, {size(raw)}), "
+        f"{stored}, chunks of {plural(chunk_rows, 'row')};\n"
         f"      {args.data} data: {DATA[args.data]};\n"
-        f"      {disk / 2**20:,.1f} MiB on disk ({raw / disk:.1f}x compressed)"
+        f"      {size(disk)} on disk ({raw / disk:.1f}x compressed)"
     )
 
 
 def plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}es" if word.endswith("s") else f"{n} {word}s"
+    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}es" if word.endswith("s") else f"{n:,} {word}s"
+
+
+def size(nbytes: int) -> str:
+    """``nbytes`` in MiB, or KiB under one MiB (a tiny file is not "0 MiB")."""
+    return f"{nbytes / 2**20:,.1f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:,.1f} KiB"
 
 
 def why(info: dict, ratios: dict, n_cpus: int, asked: "int | None") -> "list[str]":

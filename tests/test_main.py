@@ -92,6 +92,14 @@ def test_the_file_is_described_as_written_and_n_procs_0_as_asked(tmp_path: Path,
     out = " ".join(capsys.readouterr().out.split())
     assert "uncompressed, chunks of" in out and "zlib level 0" not in out  # PyTables stores level 0 unfiltered
     assert "in this process, as asked" in out and "too small" not in out
+    assert "(4,096 B a row, 1.0 MiB)" in out
+
+
+def test_a_tiny_file_is_described_in_its_own_units(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    main(["--rows", "1", "--n-procs", "0", "--file", str(tmp_path / "one.h5")])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "file: 1 row of 1024 float32 (4,096 B a row, 4.0 KiB)" in out
+    assert re.search(r"\d\.\d KiB on disk", out), out
 
 
 def test_a_file_the_demo_did_not_write_is_never_written_over(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

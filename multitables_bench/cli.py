@@ -1,33 +1,33 @@
 """multitables-benchmark: how fast multitables reads HDF5 from the disk, beside the disk itself and plain single-process reads.
 
-For every codec (``--complibs`` x ``--complevels``) it writes a file of random
-normal float32 rows of 1024 values (``--size`` GiB; incompressible noise, so
-the figures show decompression overhead only; ``--data smooth``: a random
-walk in whole steps along each row, which compresses several times; ``--data
-noise smooth``: a file of each) and times, in the same run:
+For every codec (--complibs x --complevels) it writes a file of random
+normal float32 rows of 1024 values (--size GiB; incompressible noise, so
+the figures show decompression overhead only; --data smooth: a random
+walk in whole steps along each row, which compresses several times;
+'--data noise smooth': a file of each) and times, in the same run:
 
-* the raw read rate of the file with ``O_DIRECT`` (the disk ceiling);
+* the raw read rate of the file with O_DIRECT (the disk ceiling);
 * one process reading it in order with each engine, as a user without this
-  library would (h5py ``read_direct``, PyTables ``read(out=)``), in blocks of
+  library would (h5py read_direct, PyTables read(out=)), in blocks of
   the size multitables uses;
-* multitables for ``n_procs`` = 1 .. ``--max_procs`` and the default
-  (``n_procs=None``), direct access and generator, with each engine;
+* multitables for n_procs = 1 .. --max_procs and the default
+  (n_procs=None), direct access and generator, with each engine;
 
-then a "small files" section: three tiny files read by default-``n_procs``
+then a "small files" section: three tiny files read by default-n_procs
 multitables against the best single-process reader.
 
 Every pass reads the whole file once. Before it, the page cache is set up
-(``--cache``: ``direct`` = past the page cache: the chunk engine with
-``O_DIRECT``, the HDF5 readers with HDF5's direct driver where the installed
-HDF5 has it, else with their pages dropped; ``evict`` = drop the file's
-pages; ``warm`` = read the file into the cache; ``auto`` = direct where the
+(--cache: direct = past the page cache: the chunk engine with
+O_DIRECT, the HDF5 readers with HDF5's direct driver where the installed
+HDF5 has it, else with their pages dropped; evict = drop the file's
+pages; warm = read the file into the cache; auto = direct where the
 installed HDF5 has the direct driver, else evict) and the file's resident fraction is
-measured (``mincore``) and printed; a pass meant to be cold that starts with
+measured (mincore) and printed; a pass meant to be cold that starts with
 more than 1% of the file resident is marked in every output. A figure is the
-median over ``--repeats`` of ``--cycles`` passes.
+median over --repeats of --cycles passes.
 
-Run ``multitables-benchmark --quick`` (small file, well under a minute) or
-``multitables-benchmark --file /disk/under/test/bench.h5`` (1 GiB).
+Run 'multitables-benchmark --quick' (small file, well under a minute) or
+'multitables-benchmark --file /disk/under/test/bench.h5' (1 GiB).
 Progress goes to stderr, the report to stdout.
 """
 

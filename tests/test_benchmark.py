@@ -990,3 +990,10 @@ def test_max_procs_beyond_what_multitables_starts_is_refused(capsys: pytest.Capt
         cli.parse_args(["--max_procs", str(READERS_PER_CPU * cli.usable_cpus() + 1)])
     assert "readers multitables starts on this machine" in capsys.readouterr().err
     assert cli.parse_args(["--max_procs", str(READERS_PER_CPU * cli.usable_cpus())]).max_procs > 0
+
+
+def test_the_help_is_plain_text() -> None:
+    """``--help`` is read in a terminal: no reST markup from the module's docstring."""
+    text = cli.build_parser().format_help()
+    assert "--complibs x --complevels" in text
+    assert "``" not in text and ":ref:" not in text

@@ -32,9 +32,14 @@ def plot(results: Sequence[Result], ctx: Context, path: str) -> None:
         Line2D([], [], marker="*", linestyle="", color="grey", markersize=10, label="default n_procs"),
         Line2D([], [], marker="x", linestyle="", color="red", markersize=8, label="started warm (>1% cached)"),
     ]
-    axes[0][0].legend(handles=handles, fontsize=7, loc="best")
+    # Below the panels, where it hides no line (inside one, "best" still sat on the lines of a small panel).
+    ncol = min(4, len(handles))
+    legend_inches = 0.22 * -(-len(handles) // ncol) + 0.15
+    fig.set_figheight(fig.get_figheight() + legend_inches)
+    fig.legend(handles=handles, fontsize=7, loc="lower center", ncol=ncol, frameon=False)
     fig.suptitle(f"multitables: MB/s against n_procs (cache: {ctx.cache})", fontsize=10)
-    fig.tight_layout()
+    height = fig.get_figheight()
+    fig.tight_layout(rect=(0.0, legend_inches / height, 1.0, 1.0 - 0.3 / height))  # the title's line kept clear
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -46,6 +51,7 @@ def _plot_panel(ax: Any, results: Sequence[Result], codec: Codec, s: Settings, x
         ax.axhline(odirect.mb_per_s, color="black", linestyle="--", linewidth=1, label="disk (O_DIRECT)")
     if best is not None:
         ax.axhline(best.mb_per_s, color="grey", linestyle=":", linewidth=1.5, label=f"best 1 process ({best.reader.engine})")
+    in_process = False
     for engine in s.engines:
         for mode in s.modes:
             found = [find_result(results, "main", codec, Reader("multitables", engine, mode, n)) for n in xs]
@@ -57,12 +63,14 @@ def _plot_panel(ax: Any, results: Sequence[Result], codec: Codec, s: Settings, x
             if warm:
                 ax.scatter(*zip(*warm), marker="x", s=80, color="red", zorder=3)
             default = find_result(results, "main", codec, Reader("multitables", engine, mode, None))
-            if default is not None and default.n_procs_used:
+            if default is not None and default.n_procs_used is not None:
+                in_process = in_process or default.n_procs_used == 0
                 ax.scatter([default.n_procs_used], [default.mb_per_s], marker="*", s=120, color=line.get_color(), zorder=3)
     ax.set_title("uncompressed" if codec.complevel == 0 else f"{codec.complib} level {codec.complevel}", fontsize=9)
     ax.set_xlabel("n_procs")
     ax.set_ylabel("MB/s")
-    ax.set_xticks(xs)
+    # The default may read in this process (n_procs 0, NOTE [read plan]): its star goes at 0.
+    ax.set_xticks(([0] if in_process else []) + xs, (["0 (in-process)"] if in_process else []) + [str(x) for x in xs])
     ax.set_ylim(bottom=0)
 
 

@@ -792,6 +792,26 @@ def test_plot_writes_a_png(ctx: Context, tmp_path: Path) -> None:
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plot_draws_an_in_process_default_at_0_and_its_legend_outside_the_panels(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    drawn: list[Figure] = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: drawn.append(fig))
+    in_process = [replace(p, n_procs_used=0) if p.reader.n_procs is None else p for p in synthetic_passes(small=False)]
+    plotting.plot(reporting.summarize(in_process), ctx, str(tmp_path / "p.png"))
+    (fig,) = drawn
+    for ax in fig.axes:
+        assert ax.get_legend() is None
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["0 (in-process)", "1", "2"]
+        stars = [c for c in ax.collections if c.get_sizes()[0] == 120]  # the warm starts' crosses are 80
+        assert len(stars) == len(ENGINES) * len(MODES)
+        assert {float(c.get_offsets()[0][0]) for c in stars} == {0.0}
+    assert len(fig.legends) == 1
+
+
 def test_interrupted_run_reports_what_it_measured(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -260,7 +260,7 @@ def summarize(raw_path: str) -> str:
     total = sum(counts.values())
     if not total:
         raise SystemExit(f"{raw_path}: no samples of reader processes (record with --subprocesses)")
-    lines = [f"| reader activity | samples | share |", "|---|---:|---:|"]
+    lines = ["| reader activity | samples | share |", "|---|---:|---:|"]
     for name, n in counts.most_common():
         lines.append(f"| {name} | {n:,} | {n / total:.0%} |")
     return "\n".join(lines)

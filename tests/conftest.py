@@ -174,7 +174,7 @@ def make_array(tmp_path: Path) -> Callable[..., Path]:
             if kind == "array":
                 f.create_array("/", "data", data)
             elif kind == "earray":
-                arr = f.create_earray(
+                f.create_earray(
                     "/", "data", obj=data, filters=filters, chunkshape=chunkshape, expectedrows=max(len(data), 1)
                 )
             else:

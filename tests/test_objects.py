@@ -7,11 +7,11 @@ from __future__ import annotations
 import functools
 import logging
 import multiprocessing
-import os
 import pickle
 import threading
 import time
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings

@@ -90,9 +90,12 @@ def semaphores_for(what: str) -> Iterator[None]:
         yield
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
+            where = f"(while making {what[0].lower()}{what[1:]} in {SHM_DIR})"
             if hasattr(exc, "add_note"):  # Python 3.11: the error as it came, with where it came from
-                exc.add_note(f"(while making {what[0].lower()}{what[1:]} in {SHM_DIR})")
-            raise
+                exc.add_note(where)
+                raise
+            # Python 3.10 has no notes: the same kind of error, saying where, with the one that came as its cause.
+            raise OSError(exc.errno, f"{exc.strerror} {where}", exc.filename) from exc
         page, free = os.sysconf("SC_PAGE_SIZE"), shm_free_bytes()  # a semaphore takes a page
         if free is not None and free >= page:  # space enough: the inodes ran out (the count may be back meanwhile)
             raise inode_error(what) from exc

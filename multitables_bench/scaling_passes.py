@@ -91,7 +91,7 @@ class PassResult:
 
 #: A multitables pass's parts: the Streamer and get_queue (plan, ring, readers started), the wait for the
 #: first block, the other blocks, and closing (readers joined; the ring's unmapping only starts there after a
-#: whole pass, NOTE [release off the path] in ``multitables._shm.release``).
+#: whole pass, NOTE [release off the path] in ``multitables._sys.release``).
 PHASES = ("get_queue", "first_block", "rest", "close")
 
 

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 import multitables
-from multitables._shm import release, ring
-from multitables._shm.release import release_later, settle_releases
+from multitables._shm import ring
+from multitables._sys import release
+from multitables._sys.release import release_later, settle_releases
 
 ROWS, WIDTH = 4096, 64
 
@@ -81,6 +82,21 @@ def test_no_reader_is_forked_while_an_unmapping_runs(path: Path, no_leaks: None)
         for guard in queue.iter():
             with guard:
                 pass
+
+
+def test_the_pytables_probe_is_not_forked_while_an_unmapping_runs(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import multiprocessing.context
+
+    from multitables._io.node import inspect_node
+    from multitables._io.tables_engine import _first_row_problem_apart
+
+    forked: "list[float]" = []
+    start = multiprocessing.context.ForkProcess.start
+    monkeypatch.setattr(multiprocessing.context.ForkProcess, "start", lambda p: (forked.append(time.monotonic()), start(p))[1])
+    ended: "list[float]" = []
+    release_later(lambda: (time.sleep(0.3), ended.append(time.monotonic())))
+    assert _first_row_problem_apart(inspect_node(path, "/data"), {}) is None
+    assert forked and ended and ended[0] <= forked[0]
 
 
 def test_settle_waits_for_every_unmapping_and_a_child_inherits_none() -> None:

@@ -85,7 +85,7 @@ from typing import Any, Callable
 
 from .._io.engines import READING_LIBRARIES, before_fork
 from .._io.handles import refuse_written_here
-from .._shm.release import settle_releases
+from .._sys.release import settle_releases
 from .._shm.ring import TICK
 from .._shm.space import semaphores_for
 from .._sys.signals import sigint_deferred, sigint_held_for_children

@@ -271,7 +271,7 @@ class StreamReaders:
 
     def close(self, background: bool = False) -> None:
         """Stop every reader and free everything; see NOTE [shutdown]. Idempotent. ``background``: the ring's
-        pages are given back after this returns (NOTE [release off the path] in ``_shm.release``)."""
+        pages are given back after this returns (NOTE [release off the path] in ``_sys.release``)."""
         if self.pool.closed:
             return
         self.pool.close(self._tell_stop)

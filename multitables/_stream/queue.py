@@ -282,7 +282,7 @@ class Queue:
         """Stop the readers and free the ring (idempotent). Blocks still held become invalid.
 
         After a pass's last block (not cyclic, not growing), the ring's memory is given back after this returns
-        (NOTE [release off the path] in ``_shm.release``); otherwise (an early stop, an error, an interrupt) before.
+        (NOTE [release off the path] in ``_sys.release``); otherwise (an early stop, an error, an interrupt) before.
         """
         self._closed = True
         with self._changed:

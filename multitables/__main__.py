@@ -68,6 +68,7 @@ def write_example(filename: str, n_rows: int, complib: str, complevel: int, data
     import tables
     from tqdm import tqdm
 
+    tqdm.monitor_interval = 0  # no monitor thread left running when the readers fork (Python 3.12 warns of it)
     filters = tables.Filters(complevel=complevel, complib=complib, shuffle=True)
     rng = np.random.default_rng(0)
     with tables.open_file(filename, "w") as f:

@@ -251,9 +251,13 @@ def _write(path: str, text: str) -> None:
 
 
 def _limit_threads() -> None:
-    """One decompression thread, so that "one process" means one core (multitables' readers do the same)."""
+    """One decompression thread, so that "one process" means one core (multitables' readers do the same); no
+    progress bars' monitor thread, which would be running at every fork of readers (Python 3.12 warns of those)."""
     for var in ("BLOSC_NTHREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
         os.environ[var] = "1"
+    from tqdm import tqdm
+
+    tqdm.monitor_interval = 0
 
 
 def _workdir(settings: Settings) -> tuple[str, str]:

@@ -63,6 +63,21 @@ def test_as_a_module(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_no_thread_of_the_demo_runs_when_its_readers_fork(tmp_path: Path) -> None:
+    """Python 3.12 warns at a fork among threads: the progress bar's monitor thread is not left running."""
+    script = (
+        "import os, runpy, sys, threading\n"
+        "seen = []\n"
+        "os.register_at_fork(before=lambda: seen.extend(type(t).__name__ for t in threading.enumerate()))\n"
+        f"sys.argv = ['multitables', '--rows', '4096', '--n-procs', '2', '--file', {str(tmp_path / 'd.h5')!r}]\n"
+        "runpy.run_module('multitables', run_name='__main__')\n"
+        "print('forks:', len(seen) > 0, sorted(set(seen)))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[-1] == "forks: True ['_MainThread']"
+
+
 def test_why_reports_a_slower_ratio_as_measured() -> None:
     lines = " ".join(why({"procs": 2, "engine": "h5py"}, {"h5py": 1.0, "direct": 0.8, "one": 0.5}, 2, None))
     assert "at 0.80x plain h5py's rate: slower here" in lines

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from .fields import field_of, select_field
 from ..errors import FileBusyError, FileChangedError
 from .._sys.release import settle_releases
+from .fields import field_of, select_field
 from .files import check_opened
 from .handles import raise_if_busy
 from .node import NodeInfo, close_dataset, raise_if_switched

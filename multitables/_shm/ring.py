@@ -98,8 +98,8 @@ import numpy as np
 
 from .._plan.blocks import Piece
 from .._sys.awake import Eagerness, acquire
-from .layout import HEADER_WORDS, RingLayout, RingSync
 from .._sys.release import release_later
+from .layout import HEADER_WORDS, RingLayout, RingSync
 from .segment import Segment, can_populate
 
 #: Seconds between liveness checks while a side waits.

@@ -157,3 +157,12 @@ def test_planning_starts_no_thread(path: Path) -> None:
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level}
     assert not imported & {"threading", "concurrent", "_thread"}, f"{_module_name(path)} imports {imported & {'threading', 'concurrent', '_thread'}}"
+
+
+def test_the_package_says_it_is_typed() -> None:
+    """PEP 561: without ``py.typed`` in the installed package, a user's mypy or pyright sees every name as ``Any``."""
+    root = PACKAGE
+    assert (root / "py.typed").is_file()
+    pyproject = (root.parent / "pyproject.toml").read_text()
+    data = pyproject.split("[tool.setuptools.package-data]", 1)[1].split("\n[", 1)[0]
+    assert 'multitables = ["py.typed"]' in data  # shipped in the wheel, not only present in the checkout

@@ -29,7 +29,7 @@ import os
 import sys
 import threading
 import weakref
-from typing import Any, Generator, Iterator
+from typing import Any, Generator, Iterator, TypeAlias
 
 import numpy as np
 
@@ -38,6 +38,7 @@ from ._sys.refs import held_elsewhere
 from .batches import Batches
 from ._stream.backends import empty_block
 from ._stream.options import StreamOptions
+from ._stream import queue as _queue
 from ._stream.queue import Guard, Queue
 from ._procs.stream import StreamSpec
 from ._io.chunks.source import CACHES
@@ -203,7 +204,9 @@ class Streamer:
         PyTables: e.g. ``DRIVER='H5FD_CORE'``).
     """
 
-    Queue = Queue  # the established API had the queue class here
+    # The established API had the queue class here. Named through its module: ``Queue = Queue`` reads to a type
+    # checker as an alias of itself, and every ``-> Queue`` below as no type at all.
+    Queue: TypeAlias = _queue.Queue
 
     def __init__(
         self,

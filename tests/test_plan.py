@@ -10,9 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from multitables._plan.blocks import BlockPlan, RangePlan, ahead
+from multitables._plan.costs import RATE_SAMPLE_BYTES, RATE_SAMPLE_SHARE, parallel_cpus, parallel_pays, rate_sample_rows
 from multitables._plan.readers import (
     READERS_PER_CPU, SHM_SHARE, DatasetShape, Machine, ReadPlan, cap_readers, default_block_size, default_read_ahead,
-    hint_distance, parallel_pays, plan_batches, plan_blocks, plan_stream, rate_decides, TOGETHER_BYTES,
+    hint_distance, plan_batches, plan_blocks, plan_stream, rate_decides, TOGETHER_BYTES,
     TOGETHER_RING_BYTES,
 )
 
@@ -111,6 +112,34 @@ def test_the_rate_is_measured_only_where_it_can_change_the_answer() -> None:
     # The plan takes the measured rate where the shape carries one.
     slow, fast = (plan_stream(dataclasses.replace(zlib(128), decode_rate=r), "chunks", two).n_procs for r in (0.3e9, 20e9))
     assert (slow, fast) == (2, 0)
+
+
+def test_readers_pay_only_for_the_chunks_of_rows_that_can_be_decoded_at_once() -> None:
+    """A block is whole chunks of rows: a dataset in k of them keeps at most k readers busy, whatever the CPUs."""
+    assert [parallel_cpus(16, 1000, c) for c in (None, 1000, 250, 300, 1)] == [16, 1, 4, 4, 16]
+    sixteen = Machine(cpus=16, start_method="fork")
+    one_chunk = DatasetShape(n_rows=1 << 23, row_nbytes=8, chunk_rows=1 << 23, filter_ids=(1,))  # 64 MiB, one chunk
+    for rate in (None, 1e6):  # however slowly it decodes: one reader would decode what the consumer would
+        shape = dataclasses.replace(one_chunk, decode_rate=rate)
+        assert plan_stream(shape, "chunks", sixteen).n_procs == 0 and not rate_decides(shape, "chunks", sixteen)
+    four = dataclasses.replace(one_chunk, n_rows=4 << 23, decode_rate=1e6)  # 256 MiB in four chunks, decoded slowly
+    assert plan_stream(four, "chunks", sixteen).n_procs == 4
+
+
+def test_the_rate_is_measured_on_a_sample_small_beside_the_dataset() -> None:
+    """Whole chunks of RATE_SAMPLE_BYTES, or of the dataset's RATE_SAMPLE_SHARE where less; none where a chunk is more
+    (the sample is read twice before the pass: it must cost little of it)."""
+    assert RATE_SAMPLE_SHARE == 1 / 32
+    assert rate_sample_rows(1 << 20, 1024, 16) * 1024 == RATE_SAMPLE_BYTES  # 1 GiB in 16 KiB chunks
+    assert rate_sample_rows(1 << 20, 1024, 100) == 600  # rounded up to whole chunks
+    assert rate_sample_rows(1 << 20, 1024, None) * 1024 == RATE_SAMPLE_BYTES  # contiguous: rows
+    assert rate_sample_rows(64 * 1024, 16, 64) * 16 == 32 * 1024  # 1 MiB: a 32nd of it
+    assert rate_sample_rows(1 << 20, 64, 1 << 15) == 1 << 15  # 64 MiB in 32 chunks: one
+    assert rate_sample_rows(1 << 20, 64, 1 << 16) == 0  # in 16: none
+    two = Machine(cpus=2, start_method="fork")
+    small = DatasetShape(n_rows=128 * 256, row_nbytes=4096, chunk_rows=16, filter_ids=(1,))  # 128 MiB in 64 KiB chunks
+    assert rate_decides(small, "chunks", two)
+    assert not rate_decides(dataclasses.replace(small, chunk_rows=2048), "chunks", two)  # in 16 chunks of 8 MiB
 
 
 def test_a_daemonic_process_plans_no_readers_by_default() -> None:

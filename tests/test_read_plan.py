@@ -11,6 +11,7 @@ import pytest
 import multitables
 from multitables._io.fileset import inspect_files
 from multitables._io.node import close_dataset
+from multitables._plan import costs
 from multitables._plan import readers as planner
 from multitables._plan.readers import DatasetShape, Machine, plan_batches, plan_requests, plan_stream
 from multitables._stream.options import StreamOptions
@@ -30,7 +31,7 @@ def rows_file(tmp_path: Path) -> Path:
 def pays(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
     """Make starting readers free (they always pay) or dear (they never do), and the machine three CPUs."""
     cost = 0.0 if request.param == "readers pay" else 1e9
-    monkeypatch.setattr(planner, "START_COST_S", {"fork": cost, "forkserver": cost, "spawn": cost})
+    monkeypatch.setattr(costs, "START_COST_S", {"fork": cost, "forkserver": cost, "spawn": cost})
     monkeypatch.setattr(planner, "available_cpus", lambda: 3)
     return request.param == "readers pay"
 
@@ -61,8 +62,8 @@ def test_a_streams_default_readers_follow_the_rate_measured_on_its_file(
     stream = multitables.Streamer(rows_file, engine="chunks")
     shape = DatasetShape.of(inspect_files(stream.filename, "/x"))
     # Readers' cost set to what the table's rate says they save: the file lies where the rate is measured.
-    cost = shape.nbytes / planner.table_rate(shape.filter_ids, "chunks") * (1 - 1 / 3)
-    monkeypatch.setattr(planner, "START_COST_S", {"fork": cost, "forkserver": cost, "spawn": cost})
+    cost = shape.nbytes / costs.table_rate(shape.filter_ids, "chunks") * (1 - 1 / 3)
+    monkeypatch.setattr(costs, "START_COST_S", {"fork": cost, "forkserver": cost, "spawn": cost})
     asked: "list[str]" = []
     for rate, readers in ((1e3, 3), (1e15, 0)):  # this machine decodes it slowly, then fast
 
@@ -76,6 +77,32 @@ def test_a_streams_default_readers_follow_the_rate_measured_on_its_file(
     assert asked == ["chunks", "chunks"]
     with stream.get_queue("/x", n_procs=1) as queue:  # readers asked for: nothing to decide, nothing measured
         assert queue.n_procs == 1 and len(asked) == 2
+
+
+def test_no_rate_is_measured_where_a_chunk_is_large_beside_the_dataset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_leaks: None
+) -> None:
+    """The sample is whole chunks, read twice before the pass: in three chunks, that is most of the pass."""
+    path = tmp_path / "three_chunks.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=np.arange(480_000, dtype="<f4").reshape(60_000, 8), chunks=(20_000, 8), compression="gzip")
+    monkeypatch.setattr(planner, "available_cpus", lambda: 3)
+    stream = multitables.Streamer(path, engine="chunks")
+    node, dataset = stream.options.open_files("/x")
+    close_dataset(dataset)
+    assert stream.options.measure_rate(node, "chunks") is None
+    shape = DatasetShape.of(node)
+    cost = shape.nbytes / costs.table_rate(shape.filter_ids, "chunks") * (1 - 1 / 3)  # where a rate would decide
+    monkeypatch.setattr(costs, "START_COST_S", {"fork": cost, "forkserver": cost, "spawn": cost})
+    asked: "list[str]" = []
+    monkeypatch.setattr(StreamOptions, "measure_rate", lambda self, node, used: asked.append(used))
+    blocks = []
+    with stream.get_queue("/x", ordered=True, remainder=True) as queue:
+        for guard in queue.iter():
+            with guard as block:
+                blocks.append(block.copy())
+    assert asked == [] and queue.n_procs == 0
+    assert np.array_equal(np.concatenate(blocks), np.arange(480_000, dtype="<f4").reshape(60_000, 8))
 
 
 @pytest.mark.parametrize("engine", ENGINES)

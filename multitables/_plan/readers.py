@@ -10,11 +10,13 @@ NOTE [read plan]
 
     The rules, the same for every face:
 
-    * readers: by default, the usable CPUs where they pay (they save what they cost with a :data:`MARGIN`,
-      :func:`parallel_pays`; never on stored bytes, whose reading is a copy either way, unless a transform runs on
-      them), else none. What they save is the one-core read time, at the rate the chunk engine measured on the
-      dataset's first chunks in the consumer where the answer turns on it (a stream's default:
-      ``DatasetShape.decode_rate``, :func:`rate_decides`), else at a table's rate; with none the blocks are read in
+    * readers: by default, the usable CPUs where they pay (they save what they cost with a margin,
+      ``_plan.costs``; never on stored bytes, whose reading is a copy either way, unless a transform runs on
+      them), else none. What they save is the one-core read time, less what one of as many readers as can decode at
+      once takes (the CPUs, or the chunks of rows where fewer), at the rate the chunk engine measured on the
+      dataset's first chunks in the consumer where the answer turns on it and the sample is small beside the
+      dataset (a stream's default: ``DatasetShape.decode_rate``, :func:`rate_decides`), else at a table's rate; with
+      none the blocks are read in
       the consumer; an explicit ``n_procs`` is taken as asked (0 reads in the consumer); either way capped at
       ``READERS_PER_CPU`` per CPU and at the blocks of a pass;
     * block size: whole chunks near :data:`TARGET_BLOCK_BYTES` (1 MiB for contiguous datasets), smaller where there
@@ -54,6 +56,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from .blocks import MiB, BlockPlan, GrowingPlan, RangePlan
+from .costs import (
+    MARGIN, RATE_SPREAD, parallel_cpus, parallel_pays, rate_sample_rows, saved_s, start_cost, table_rate,
+)
 from .subset import default_subset_block
 
 #: Uncompressed bytes a block aims at when the dataset is chunked, and the
@@ -66,23 +71,6 @@ CONTIGUOUS_BLOCK_BYTES = 1 * MiB
 #: Aim for at least this many blocks per reader, so the readers share the
 #: work evenly; blocks shrink (down to one chunk) for smaller datasets.
 MIN_BLOCKS_PER_READER = 4
-#: What it costs to start the readers and see the first block (s), by start
-#: method. Measured with 2 readers on a 4 MiB file, median of 5, on the
-#: 2-core development machine while busy: fork 0.043, forkserver 0.84,
-#: spawn 1.2 (each spawned reader imports numpy, h5py and PyTables).
-START_COST_S = {"fork": 0.05, "forkserver": 0.9, "spawn": 1.2}
-#: How many times that cost readers must save: twice with the table's one-core rate, which may be off by
-#: :data:`RATE_SPREAD`; 0.9 times with the rate measured on the dataset: two readers here went from 0.93x the
-#: consumer where they saved 0.5x the cost at the rate measured (64 MiB of zlib 3, the chunk engine) to 1.17x
-#: where they saved 1.0x (128 MiB) (2026-11-26, files in fresh processes; BENCHMARKS.md, seventh session).
-MARGIN = {"table": 2.0, "measured": 0.9}
-#: Rough one-core decode rates (bytes/s) by engine and HDF5 filter id, to judge whether parallel reading can pay.
-#: h5py: deflate ~0.55 GB/s and blosc ~1.5-2 GB/s here, bzip2 far slower, no filter ~3.7 GB/s warm; the chunk engine
-#: decodes deflate + shuffle ~2.7x faster than h5py; PyTables decodes deflate ~1.8x and blosc ~2.3x slower (the
-#: benchmark's warm one-core figures, BENCHMARKS.md).
-_DECODE_RATE = {1: 0.55e9, 307: 0.03e9, 32001: 1.5e9, 32026: 1.5e9, 32004: 1.5e9, 32015: 0.8e9, 32008: 1.5e9}
-_ENGINE_SPEED = {"chunks": {1: 2.7}, "tables": {1: 1 / 1.8, 32001: 1 / 2.3}}
-_COPY_RATE = 3.5e9
 #: Memory a training shuffle window aims at, over all datasets, when ``window`` is not given (two such buffers are
 #: alive at once: NOTE [window pipelining] in ``_train.windows``).
 WINDOW_BYTES = 256 * MiB
@@ -232,55 +220,16 @@ def hint_distance(n_readers: int, filter_ids: "tuple[int, ...]") -> int:
     return 1 if filter_ids else 0
 
 
-def parallel_pays(
-    nbytes: int, filter_ids: "tuple[int, ...]", start_method: str, n_cpus: int, engine: str, transformed: bool = False,
-    rate: "float | None" = None,
-) -> bool:
-    """Whether ``n_cpus`` reader processes can beat ``engine`` reading ``nbytes`` (uncompressed) in the consumer.
-
-    Readers save at most ``(1 - 1/n_cpus)`` of the one-core read time and
-    cost :data:`START_COST_S` to start; they must save :data:`MARGIN` times what they cost.
-    Stored bytes (no filter) they never save: a reader's work is the one copy
-    the consumer makes itself, reading into its block (1 GiB of float32 rows
-    in 512 KiB chunks, medians of 5, ``benchmarks/stored_bytes.py``: two
-    readers 0.77-0.87x one h5py process, the consumer alone 0.99-1.26x, pages
-    dropped and cached, direct and generator), unless a transform runs on them (``transformed``): work
-    whose cost is unknown here, priced as a copy. ``rate``: the one-core rate (bytes/s) measured on the
-    dataset; None: :func:`table_rate`.
-    """
-    if n_cpus < 2 or not (filter_ids or transformed):
-        return False
-    margin = MARGIN["measured" if rate else "table"]
-    return _saved_s(nbytes, rate or table_rate(filter_ids, engine), n_cpus) > margin * _start_cost(start_method)
-
-
-def table_rate(filter_ids: "tuple[int, ...]", engine: str) -> float:
-    """The table's one-core rate (bytes/s) for ``engine`` decoding ``filter_ids``: the slowest filter's."""
-    speed = _ENGINE_SPEED.get(engine, {})
-    return min((_DECODE_RATE.get(f, _COPY_RATE) * speed.get(f, 1.0) for f in filter_ids), default=_COPY_RATE)
-
-
-def _saved_s(nbytes: int, rate: float, n_cpus: int) -> float:
-    return nbytes / rate * (1 - 1 / n_cpus)
-
-
-def _start_cost(start_method: str) -> float:
-    return START_COST_S.get(start_method, max(START_COST_S.values()))
-
-
-#: How far the table's rates are from a machine's: h5py decodes smooth blosc 3 at 2.9-3.3 GB/s on this 2-core
-#: machine and 1.3-1.8 on a lent 16-core Xeon, the chunk engine zlib 3 at 1.0-1.2 and 0.53-0.69 (BENCHMARKS.md,
-#: 2026-11-26, seventh session); beyond it either way, the table's answer stands.
-RATE_SPREAD = 2.5
-
-
 def rate_decides(shape: DatasetShape, engine: str, machine: Machine) -> bool:
     """Whether the default readers for ``shape`` turn on the decode rate: the table's rate off by
     :data:`RATE_SPREAD` either way would change the answer. Only then is the rate worth measuring."""
-    if shape.remote or machine.cpus < 2 or machine.daemon or not shape.filter_ids or shape.transformed:
+    cpus = parallel_cpus(machine.cpus, shape.n_rows, shape.chunk_rows)
+    if shape.remote or cpus < 2 or machine.daemon or not shape.filter_ids or shape.transformed:
         return False
-    saved = _saved_s(shape.nbytes, table_rate(shape.filter_ids, engine), machine.cpus)
-    cost = _start_cost(machine.start_method)
+    if not rate_sample_rows(shape.n_rows, shape.row_nbytes, shape.chunk_rows):  # chunks too large to sample: the table
+        return False
+    saved = saved_s(shape.nbytes, table_rate(shape.filter_ids, engine), cpus)
+    cost = start_cost(machine.start_method)
     return MARGIN["measured"] * cost / RATE_SPREAD < saved < MARGIN["table"] * cost * RATE_SPREAD
 
 
@@ -296,7 +245,8 @@ def default_readers(shape: DatasetShape, engine: str, machine: Machine) -> int:
     if shape.remote:
         many = max(REMOTE_READERS_PER_CPU * machine.cpus, REMOTE_MIN_READERS)
         return many if shape.nbytes > 2 * REMOTE_BLOCK_BYTES else 0
-    pays = parallel_pays(shape.nbytes, shape.filter_ids, machine.start_method, machine.cpus, engine, shape.transformed,
+    cpus = parallel_cpus(machine.cpus, shape.n_rows, shape.chunk_rows)
+    pays = parallel_pays(shape.nbytes, shape.filter_ids, machine.start_method, cpus, engine, shape.transformed,
                          shape.decode_rate)
     return machine.cpus if pays else 0
 

@@ -15,15 +15,11 @@ from .._io.node import NodeInfo
 from .._io.objects.config import Store
 from .._io.objects.urls import shown
 from .._plan.blocks import GrowingPlan, RangePlan
+from .._plan.costs import rate_sample_rows
 from .._plan.readers import DatasetShape, Machine, plan_blocks
 from .._procs.stream import StreamSpec
 from .._shm.space import shared_memory_free
 from .queue import Queue
-
-
-#: Uncompressed bytes (whole chunks, at least) that :meth:`StreamOptions.measure_rate` reads twice: 0.8 ms in all
-#: here on zlib 3 (2.1 ms for 1 MiB, the same rate within 3%), against passes of 0.05-0.7 s where it is measured.
-RATE_SAMPLE_BYTES = 512 << 10
 
 
 @dataclass(frozen=True)
@@ -100,15 +96,14 @@ class StreamOptions:
 
     def measure_rate(self, node: NodeInfo, engine: str) -> "float | None":
         """The rate (uncompressed bytes a second) at which ``engine`` reads ``node`` in this process: its first whole
-        chunks of at least :data:`RATE_SAMPLE_BYTES`, read twice and the second read timed, so that the disk is out of
+        chunks (``_plan.costs.rate_sample_rows``), read twice and the second read timed, so that the disk is out of
         it (``DatasetShape.decode_rate``; the plan asks for it only where its answer turns on it). None where the read
-        took no measurable time, and for other engines than the chunk engine: h5py and PyTables keep decoded chunks in
-        HDF5's chunk cache, so that the second read decodes nothing (h5py "read" smooth blosc 3 at 25-36 GB/s so)."""
-        if engine != "chunks":
+        took no measurable time, where the chunks are too large to sample, and for other engines than the chunk
+        engine: h5py and PyTables keep decoded chunks in HDF5's chunk cache, so that the second read decodes nothing
+        (h5py "read" smooth blosc 3 at 25-36 GB/s so)."""
+        rows = rate_sample_rows(node.n_rows, node.row_nbytes, node.chunk_rows)
+        if engine != "chunks" or not rows:
             return None
-        chunk = node.chunk_rows or 1
-        per_chunk = max(1, chunk * node.row_nbytes)
-        rows = min(node.n_rows, chunk * -(-RATE_SAMPLE_BYTES // per_chunk))
         out = np.empty((rows,) + node.row_shape, node.dtype)
         seconds = self._read(engine, node, 0, out, times=2)  # the first: the disk's part, and the pages of ``out``
         return out.nbytes / seconds if seconds > 0 else None

@@ -1,0 +1,101 @@
+"""Whether reader processes pay, and where that is worth measuring: the cost model of NOTE [read plan] (pure).
+
+Readers cost what starting them costs (:data:`START_COST_S`, by start method) and save at most ``1 - 1/n`` of a
+one-core read, ``n`` being the readers that can work at once: the CPUs, or the dataset's chunks of rows where they
+are fewer (a block is whole chunks: :func:`parallel_cpus`). The one-core read time comes from a table of rates by
+filter and engine, or from a rate the chunk engine measured on the dataset's first chunks where the answer turns on
+it; such a sample is small beside the dataset or not taken (:func:`rate_sample_rows`).
+"""
+
+from __future__ import annotations
+
+#: What it costs to start the readers and see the first block (s), by start
+#: method. Measured with 2 readers on a 4 MiB file, median of 5, on the
+#: 2-core development machine while busy: fork 0.043, forkserver 0.84,
+#: spawn 1.2 (each spawned reader imports numpy, h5py and PyTables).
+START_COST_S = {"fork": 0.05, "forkserver": 0.9, "spawn": 1.2}
+#: How many times that cost readers must save: twice with the table's one-core rate, which may be off by
+#: :data:`RATE_SPREAD`; 0.9 times with the rate measured on the dataset: two readers here went from 0.93x the
+#: consumer where they saved 0.5x the cost at the rate measured (64 MiB of zlib 3, the chunk engine) to 1.17x
+#: where they saved 1.0x (128 MiB) (2026-11-26, files in fresh processes; BENCHMARKS.md, seventh session).
+MARGIN = {"table": 2.0, "measured": 0.9}
+#: Rough one-core decode rates (bytes/s) by engine and HDF5 filter id, to judge whether parallel reading can pay.
+#: h5py: deflate ~0.55 GB/s and blosc ~1.5-2 GB/s here, bzip2 far slower, no filter ~3.7 GB/s warm; the chunk engine
+#: decodes deflate + shuffle ~2.7x faster than h5py; PyTables decodes deflate ~1.8x and blosc ~2.3x slower (the
+#: benchmark's warm one-core figures, BENCHMARKS.md).
+_DECODE_RATE = {1: 0.55e9, 307: 0.03e9, 32001: 1.5e9, 32026: 1.5e9, 32004: 1.5e9, 32015: 0.8e9, 32008: 1.5e9}
+_ENGINE_SPEED = {"chunks": {1: 2.7}, "tables": {1: 1 / 1.8, 32001: 1 / 2.3}}
+_COPY_RATE = 3.5e9
+
+
+def parallel_pays(
+    nbytes: int, filter_ids: "tuple[int, ...]", start_method: str, n_cpus: int, engine: str, transformed: bool = False,
+    rate: "float | None" = None,
+) -> bool:
+    """Whether ``n_cpus`` reader processes can beat ``engine`` reading ``nbytes`` (uncompressed) in the consumer.
+
+    Readers save at most ``(1 - 1/n_cpus)`` of the one-core read time and
+    cost :data:`START_COST_S` to start; they must save :data:`MARGIN` times what they cost.
+    Stored bytes (no filter) they never save: a reader's work is the one copy
+    the consumer makes itself, reading into its block (1 GiB of float32 rows
+    in 512 KiB chunks, medians of 5, ``benchmarks/stored_bytes.py``: two
+    readers 0.77-0.87x one h5py process, the consumer alone 0.99-1.26x, pages
+    dropped and cached, direct and generator), unless a transform runs on them (``transformed``): work
+    whose cost is unknown here, priced as a copy. ``rate``: the one-core rate (bytes/s) measured on the
+    dataset; None: :func:`table_rate`.
+    """
+    if n_cpus < 2 or not (filter_ids or transformed):
+        return False
+    margin = MARGIN["measured" if rate else "table"]
+    return saved_s(nbytes, rate or table_rate(filter_ids, engine), n_cpus) > margin * start_cost(start_method)
+
+
+def table_rate(filter_ids: "tuple[int, ...]", engine: str) -> float:
+    """The table's one-core rate (bytes/s) for ``engine`` decoding ``filter_ids``: the slowest filter's."""
+    speed = _ENGINE_SPEED.get(engine, {})
+    return min((_DECODE_RATE.get(f, _COPY_RATE) * speed.get(f, 1.0) for f in filter_ids), default=_COPY_RATE)
+
+
+def saved_s(nbytes: int, rate: float, n_cpus: int) -> float:
+    """Seconds ``n_cpus`` readers save at most of a one-core read of ``nbytes`` at ``rate`` (bytes/s)."""
+    return nbytes / rate * (1 - 1 / n_cpus)
+
+
+def start_cost(start_method: str) -> float:
+    """Seconds readers started by ``start_method`` cost (:data:`START_COST_S`; an unknown method: the dearest)."""
+    return START_COST_S.get(start_method, max(START_COST_S.values()))
+
+
+#: How far the table's rates are from a machine's: h5py decodes smooth blosc 3 at 2.9-3.3 GB/s on this 2-core
+#: machine and 1.3-1.8 on a lent 16-core Xeon, the chunk engine zlib 3 at 1.0-1.2 and 0.53-0.69 (BENCHMARKS.md,
+#: 2026-11-26, seventh session); beyond it either way, the table's answer stands.
+RATE_SPREAD = 2.5
+
+
+#: Uncompressed bytes (whole chunks, at least) that the rate is measured on, read twice (``StreamOptions.
+#: measure_rate``): 0.8 ms in all here on zlib 3 (2.1 ms for 1 MiB, the same rate within 3%), against passes of
+#: 0.05-0.7 s where it is measured.
+RATE_SAMPLE_BYTES = 512 << 10
+#: The sample is at most this share of the dataset: where one chunk is more, nothing is measured and the table
+#: decides. A 64 MiB dataset of zlib 1 in one chunk took 2.2x its in-process read when its one chunk was decoded
+#: twice more to measure; in four chunks, 1.4x (the speed screen of the twenty-ninth session, BENCHMARKS.md).
+RATE_SAMPLE_SHARE = 1 / 32
+
+
+def parallel_cpus(cpus: int, n_rows: int, chunk_rows: "int | None") -> int:
+    """How many of ``cpus`` readers can decode at once: one per chunk of rows at most (a block is whole chunks)."""
+    if not chunk_rows:
+        return cpus
+    return max(1, min(cpus, -(-n_rows // chunk_rows)))
+
+
+def rate_sample_rows(n_rows: int, row_nbytes: int, chunk_rows: "int | None") -> int:
+    """Rows the rate is measured on, from row 0: whole chunks of :data:`RATE_SAMPLE_BYTES`, or of the dataset's
+    :data:`RATE_SAMPLE_SHARE` if less, at least one; 0 where one chunk is more than that share (nothing measured)."""
+    unit = chunk_rows or 1
+    unit_nbytes = max(1, unit * row_nbytes)
+    nbytes = n_rows * row_nbytes
+    if unit_nbytes > nbytes * RATE_SAMPLE_SHARE:
+        return 0
+    want = min(RATE_SAMPLE_BYTES, int(nbytes * RATE_SAMPLE_SHARE))
+    return min(n_rows, unit * -(-want // unit_nbytes))

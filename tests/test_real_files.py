@@ -111,7 +111,7 @@ def test_null_terminated_strings_end_at_the_first_nul(tmp_path: Path, no_leaks: 
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(0, 30), st.integers(1, 4), st.integers(1, 9), st.integers(0, 3), st.data())
+@given(st.integers(0, 30), st.integers(1, 4), st.integers(1, 20), st.integers(0, 3), st.data())
 def test_null_terminated_strings_in_place_are_every_byte_zeroed_from_the_first_nul(
         n: int, count: int, size: int, offset: int, data: st.DataObject) -> None:
     """``deliver_strings`` on elements holding ``count`` strings of ``size`` bytes after ``offset`` other bytes:

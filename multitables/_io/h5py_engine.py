@@ -9,26 +9,19 @@ Both go through the low-level ``DatasetID.read``: h5py's ``read_direct``
 adds ~0.1 ms a call.
 
 NOTE [blosc chunks as stored]
-    HDF5 decodes a filtered chunk into a buffer of its own and then copies
-    it into the caller's. Where a node's chunks hold whole rows of plain
-    numbers stored as the very type h5py reads them into (so HDF5
-    converts nothing) and blosc is their only filter,
-    :meth:`H5pySource.read_into` takes chunks of at least
-    :data:`STORED_CHUNK_MIN_BYTES` as stored (``H5Dread_chunk``, h5py's
-    ``read_direct_chunk``) and decodes them straight into the block with
-    the chunk engine's blosc codec: blosc's header names its own shuffle
-    and codec, so nothing more about the node is looked up. Of a chunk
-    the block needs only part of, only the blosc blocks that hold those
-    rows are decoded (``blosc2_getitem``; 256 KiB each in the
-    benchmark's files), where HDF5 decodes the whole chunk. Any chunk HDF5
-    will not hand over as stored or the codec cannot decode, and every row
-    after it, HDF5 reads as before (its own error, where the chunk is
-    damaged). Random access reads each run of rows so where no two runs
-    share a chunk (a row of a 1 MiB chunk: one 256 KiB blosc block, not the
-    chunk); runs that share one HDF5 reads, decoding the chunk once for
-    all. Smaller chunks lose what they save to a call per chunk: three
-    files of 64 KiB chunks read 1.19x h5py's time this way against 1.33x
-    through HDF5's pipeline (BENCHMARKS.md, issue 29).
+    HDF5 decodes a filtered chunk into a buffer of its own and then copies it into the caller's. Where a node's
+    chunks hold whole rows of plain numbers stored as the very type h5py reads them into (so HDF5 converts nothing)
+    and blosc is their only filter, :meth:`H5pySource.read_into` takes chunks of at least
+    :data:`STORED_CHUNK_MIN_BYTES` as stored (``H5Dread_chunk``, h5py's ``read_direct_chunk``) and decodes them
+    straight into the block with the chunk engine's blosc codec: blosc's header names its own shuffle and codec, so
+    nothing more about the node is looked up. Of a chunk the block needs only part of, only the blosc blocks that
+    hold those rows are decoded (``blosc2_getitem``; 256 KiB each in the benchmark's files), where HDF5 decodes the
+    whole chunk. Any chunk HDF5 will not hand over as stored or the codec cannot decode, and every row after it,
+    HDF5 reads as before (its own error, where the chunk is damaged). Random access reads each run of rows so where
+    no two runs share a chunk (a row of a 1 MiB chunk: one 256 KiB blosc block, not the chunk); runs that share one
+    HDF5 reads, decoding the chunk once for all. Smaller chunks lose what they save to a call per chunk: three files
+    of 64 KiB chunks read 1.19x h5py's time this way against 1.33x through HDF5's pipeline (BENCHMARKS.md, issue
+    29).
 """
 
 from __future__ import annotations
@@ -51,6 +44,7 @@ from .files import check_opened
 from .node import NodeInfo, Unsupported, close_dataset, reopen_dataset
 from .objects.hdf5 import file_object
 from .scattered import RowSpans, Stopped, read_progression, rows_decoded_bytes
+from .strings import deliver_strings, stored_strings_type
 
 
 @functools.cache
@@ -237,6 +231,9 @@ class H5pySource:
         self._chunk_nbytes = stored_chunk_bytes(node)  # NOTE [blosc chunks as stored]; 0: HDF5 decodes
         if self._chunk_nbytes and not dsid.get_type().equal(self._mtype):
             self._chunk_nbytes = 0  # HDF5 converts the stored numbers (a precision or offset of their own)
+        # Strings read as stored and converted here where HDF5 would convert them member by member (4x slower).
+        stored = stored_strings_type(dsid.get_type(), self._mtype) if node.string_pads and self._field_dtype is None else None
+        self._mtype, self._pads = (self._mtype, ()) if stored is None or self._chunk_nbytes else (stored, node.string_pads)
         self._stored: "np.ndarray | None" = None  # one stored chunk, made at the first
         self._edge_filtered: "bool | None" = None  # see _edge_chunks_filtered
 
@@ -344,6 +341,8 @@ class H5pySource:
         if shape != self._mshape:  # made anew, a memory space is a third of a small block's read (2-3 us)
             self._mspace, self._mshape = self._h5s.create_simple(shape), shape
         self._dsid.read(self._mspace, self._fspace, dest, self._mtype)
+        if self._pads:
+            deliver_strings(dest, self._pads)
 
     def prefetch(self, start: int, stop: int) -> None:
         """Hint the stored bytes of rows ``[start, stop)`` to the kernel (:func:`~multitables._io.chunks.pread.will_need`); returns at once.

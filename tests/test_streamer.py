@@ -196,7 +196,7 @@ def test_the_fork_server_imports_the_reader_and_its_libraries_once_keeping_its_o
     import multiprocessing
     from multiprocessing import forkserver
 
-    from multitables._io.engines import READING_LIBRARIES
+    from multitables._io.prefork import READING_LIBRARIES
     from multitables._procs.pool import preload_in_forkserver
     from multitables._procs.process import reader_main
 

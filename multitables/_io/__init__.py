@@ -6,5 +6,6 @@ registry, its protocols (``Engine``, ``Source``, ``Rows``), choosing an engine
 and opening it; ``h5py_engine`` and ``tables_engine``: the h5py and PyTables
 engines; ``chunks``: the chunk engine, a folder of its own; ``blockread``: the
 one loop that reads a block of a stream; ``scattered``: sorted scattered rows,
-for random access.
+for random access; ``prefork``: what the consumer does before it forks a
+process that reads.
 """

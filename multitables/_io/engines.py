@@ -40,9 +40,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from .._sys.forks import finish_imports
 from ..errors import MissingFilterError, NodeTypeError
-from .chunks.codecs.libraries import load_codec_functions
 from .chunks.engine import ENGINE as CHUNKS
 from .chunks.transport import ScratchBuffer
 from .fileset import SetSource
@@ -179,17 +177,6 @@ def limit_threads() -> None:
         sys.modules["tables"].set_blosc_max_threads(1)
     if "blosc2" in sys.modules:
         sys.modules["blosc2"].set_nthreads(1)
-
-
-#: What readers import to read: h5py (and its filters), the chunk engine's codecs, PyTables.
-READING_LIBRARIES = ("h5py", "hdf5plugin", "imagecodecs", "blosc2", "tables")
-
-
-def before_fork() -> None:
-    """In the consumer, just before it forks readers: finish the reading libraries' imports that other threads have
-    in flight, and load every codec function the chunk engine takes (NOTE [forking among threads])."""
-    finish_imports(READING_LIBRARIES)
-    load_codec_functions()
 
 
 #: What provides HDF5 filters that are not always installed, by filter id.

@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import FileBusyError, FileChangedError
-from .._sys.release import settle_releases
 from .fields import field_of, select_field
 from .files import check_opened
 from .handles import raise_if_busy
 from .node import NodeInfo, close_dataset, raise_if_switched
+from .prefork import before_fork
 from .strings import deliver_strings
 from .scattered import GroupRows
 
@@ -123,7 +123,7 @@ def _first_row_problem_apart(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "
     if "fork" not in multiprocessing.get_all_start_methods() or multiprocessing.current_process().daemon:
         return _first_row_problem(node, open_kwargs)  # not Linux, or a daemonic process, which may start none
     ctx = multiprocessing.get_context("fork")
-    settle_releases()  # as before a reader's fork (NOTE [release off the path])
+    before_fork()  # as a reader's fork
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_probe_child, args=(send, node, open_kwargs), name="multitables-probe", daemon=True)
     try:

@@ -83,7 +83,7 @@ import time
 import weakref
 from typing import Any, Callable
 
-from .._io.engines import READING_LIBRARIES, before_fork
+from .._io.prefork import READING_LIBRARIES, before_fork
 from .._io.handles import refuse_written_here
 from .._sys.release import settle_releases
 from .._shm.ring import TICK

@@ -15,7 +15,7 @@ NOTE [forking among threads]
       codec would wait on that lock for ever. So before it forks readers,
       the consumer waits for the reading libraries' imports in flight
       (:func:`finish_imports`) and loads every codec function the chunk
-      engine takes (``_io.engines.before_fork``): no reader loads one of
+      engine takes (``_io.prefork.before_fork``): no reader loads one of
       those itself; each finds them loaded.
 """
 

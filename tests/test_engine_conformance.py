@@ -62,8 +62,9 @@ def _write_cases(d: Path) -> "dict[str, Case]":
         f.create_carray("/", "zlib", obj=rng.integers(-1000, 1000, (301, 5, 3)).astype("<i4"),
                         filters=tables.Filters(3, "zlib", shuffle=True), chunkshape=(32, 5, 3))
         f.create_array("/", "contiguous", rng.standard_normal((300, 4)))
-        rows = np.zeros(700, [("a", "<i4"), ("b", "<f8"), ("v", "<f4", (3,))])
+        rows = np.zeros(700, [("a", "<i4"), ("b", "<f8"), ("v", "<f4", (3,)), ("s", "S5")])
         rows["a"], rows["b"], rows["v"] = np.arange(700), np.arange(700) / 3, np.arange(2100).reshape(700, 3)
+        rows["s"] = [b"ab", b"ab\0cd", b"abcde", b"", b"\0\0x"] * 140  # null-terminated: h5py ends each at its first NUL
         f.create_table("/", "table", rows, filters=tables.Filters(5, "blosc"), chunkshape=(64,))
     cases |= {name: ("pt.h5", "/" + name, None) for name in ("zlib", "contiguous", "table")}
     cases["field"] = ("pt.h5", "/table", "v")

@@ -235,8 +235,10 @@ class TablesSource:
                 read = np.dtype(leaf.atom.dtype)
             base = read.subdtype[0] if read.subdtype is not None else read
             # PyTables sizes ``out=`` of a nested column by the whole row: such a column is copied in.
+            # A table's whole rows, where PyTables' row type is the delivered one member for member, read in too.
+            whole_rows = node.field is None and base.names is not None and base.names == node.dtype.names
             self._into_out = (getattr(leaf, "maindim", 0) == 0 and leaf.flavor == "numpy" and base == node.dtype
-                              and base.names is None and not self._inner)
+                              and (base.names is None or whole_rows) and not self._inner)
         except BaseException:
             self._file.close()
             raise

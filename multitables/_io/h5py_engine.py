@@ -20,8 +20,7 @@ NOTE [blosc chunks as stored]
     HDF5 reads as before (its own error, where the chunk is damaged). Random access reads each run of rows so where
     no two runs share a chunk (a row of a 1 MiB chunk: one 256 KiB blosc block, not the chunk); runs that share one
     HDF5 reads, decoding the chunk once for all. Smaller chunks lose what they save to a call per chunk: three files
-    of 64 KiB chunks read 1.19x h5py's time this way against 1.33x through HDF5's pipeline (BENCHMARKS.md, issue
-    29).
+    of 64 KiB chunks read 1.19x h5py's time this way against 1.33x through HDF5's pipeline (BENCHMARKS.md, issue 29).
 """
 
 from __future__ import annotations

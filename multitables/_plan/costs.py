@@ -77,8 +77,8 @@ RATE_SPREAD = 2.5
 #: 0.05-0.7 s where it is measured.
 RATE_SAMPLE_BYTES = 512 << 10
 #: The sample is at most this share of the dataset: where one chunk is more, nothing is measured and the table
-#: decides. A 64 MiB dataset of zlib 1 in one chunk took 2.2x its in-process read when its one chunk was decoded
-#: twice more to measure; in four chunks, 1.4x (the speed screen of the twenty-ninth session, BENCHMARKS.md).
+#: decides. A 64 MiB dataset of gzip 1 in one chunk took 2.2x its in-process read when its one chunk was decoded
+#: twice more to measure; in four chunks, 1.5x (``benchmarks/large_chunks.py``, BENCHMARKS.md, twenty-ninth session).
 RATE_SAMPLE_SHARE = 1 / 32
 
 

@@ -251,7 +251,7 @@ class Reader:
     __reduce__ = not_pickled  # its readers and shared memory are this process's
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else f"{self.n_procs} readers"
+        state = "closed" if self.closed else f"{self.n_procs} reader{'' if self.n_procs == 1 else 's'}"
         return f"<multitables.Reader {self._core.pool.filename if self._core else '?'!r} ({state})>"
 
 

@@ -826,3 +826,11 @@ def test_read_sorted_gives_pytables_rows_and_shapes_for_any_range(tmp_path: Path
                 got = fut.get()
                 np.testing.assert_array_equal(got, want)
                 assert fut.shape == got.shape == want.shape, kw
+
+
+def test_a_reader_says_how_many_readers_it_has(h5file: tuple, no_leaks: None) -> None:
+    path = h5file[0]
+    for n, said in ((1, "1 reader"), (2, "2 readers")):
+        with multitables.Reader(path, n_procs=n) as reader:
+            assert repr(reader) == f"<multitables.Reader {str(path)!r} ({said})>"
+        assert repr(reader) == f"<multitables.Reader {str(path)!r} (closed)>"

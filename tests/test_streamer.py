@@ -884,3 +884,17 @@ def test_a_ctrl_c_between_the_rows_and_their_blocks_stops_the_readers_before_the
         break
     assert landing > 5, "the interrupts landed on every line of the step, and then the step ran through"
     assert got == rows[:, 0].tolist()
+
+
+def test_a_queue_and_its_guards_say_what_they_are(make_array) -> None:
+    path = make_array(np.arange(1000, dtype="<f4"), chunkshape=(100,))
+    stream = multitables.Streamer(path)
+    with stream.get_queue("/data", n_procs=1, block_size=200) as queue:
+        assert repr(queue) == f"<multitables.Queue '/data' of {str(path)!r}: 1 reader, blocks of 200 rows, 'chunks' engine>"
+        guard = queue.get()
+        assert repr(guard) == "<multitables.Guard (a block of 200 rows)>"
+        guard.release()
+        assert repr(guard) == "<multitables.Guard (released)>"
+    assert repr(queue).endswith("'chunks' engine, closed>")
+    with stream.get_queue("/data", n_procs=0) as queue:
+        assert "read in this process, blocks of 1000 rows" in repr(queue)

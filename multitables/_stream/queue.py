@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from .._io.objects.urls import shown
 from .._plan.blocks import GrowingPlan, RangePlan
 from .._procs.stream import StreamSpec
 from .._shm.ring import TICK
@@ -92,6 +93,10 @@ class Guard:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
+    def __repr__(self) -> str:
+        held = "released" if self._released else f"a block of {len(self.block)} rows"
+        return f"<multitables.Guard ({held})>"
+
     def release(self) -> None:
         """Give the slot back (idempotent). The block must not be used afterwards."""
         if not self._released:
@@ -123,6 +128,7 @@ class Queue:
         self.engine: str = spec.engine
         #: Reader processes (``n_procs``, capped); 0 when blocks are read in this process (asked, or too small to pay).
         self.n_procs: int = spec.n_procs
+        self._source = f"{spec.node.path!r} of {shown(spec.node.filename)!r}"  # for repr: a URL without its secrets
         self._growing = isinstance(spec.plan, GrowingPlan)  # NOTE [readers across epochs]
         self._n_blocks = None if self._growing else spec.plan.n_blocks
         if split and self._n_blocks is not None:
@@ -307,6 +313,11 @@ class Queue:
 
     def __enter__(self) -> "Queue":
         return self
+
+    def __repr__(self) -> str:
+        readers = f"{self.n_procs} reader{'' if self.n_procs == 1 else 's'}" if self.n_procs else "read in this process"
+        state = ", closed" if self._closed else ""
+        return f"<multitables.Queue {self._source}: {readers}, blocks of {self.block_size} rows, {self.engine!r} engine{state}>"
 
     def __exit__(self, *exc: object) -> None:
         self.close()

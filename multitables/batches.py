@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, Union
 
 import numpy as np
 
 from ._io.blockread import delivered
 from ._io.fields import check_columns, select_field
-from ._plan.epoch import EpochSettings, remaining_after
+from ._plan.epoch import ORDER_KEYS, EpochSettings, read_state, rest_of_epoch
 from ._plan.subset import EpochRows, epoch_rows
 from ._stream.options import StreamOptions
 from ._sys.checks import check_bool, check_fields, check_int, rank_and_world
@@ -38,9 +37,6 @@ __all__ = ["Batches", "MixedBatches", "mix_batches"]
 
 #: A batch: one array per dataset (a single one when one path was given), or a dict of columns with ``fields``.
 Batch = Union[np.ndarray, tuple[np.ndarray, ...], dict[str, np.ndarray]]
-
-#: Keys of :meth:`Batches.state_dict` that fix the order of an epoch: a state only loads into batches that agree on all.
-_ORDER_KEYS = ("seed", "world_size", "batch_size", "n_rows", "shuffle", "drop_last", "block_size", "window")
 
 
 class Batches:
@@ -316,7 +312,7 @@ class Batches:
             "rank": self.rank,
             "subset": self._rows.rows.key(),
             "elastic": [list(segment) for segment in self._elastic],
-            **{key: getattr(s, key) for key in _ORDER_KEYS},
+            **{key: getattr(s, key) for key in ORDER_KEYS},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -328,23 +324,7 @@ class Batches:
         epoch no rank delivered yet, shared among this world's ranks (NOTE
         [elastic resume] in ``multitables._plan.epoch``).
         """
-        missing = [k for k in ("epoch", "batch", *_ORDER_KEYS) if k not in state]
-        if missing:
-            raise ValueError(f"not a state of Batches: missing {missing}")
-        mine = self.state_dict()
-        # A state saved at another world size goes on with what no rank delivered yet (NOTE [elastic resume]).
-        keys = tuple(k for k in _ORDER_KEYS if k != "world_size") + ("subset",)
-        differ = [f"{k}={state.get(k)!r} (here {mine[k]!r})" for k in keys if state.get(k) != mine[k]]
-        if differ:
-            raise ValueError("the state was saved with a different order: " + ", ".join(differ))
-        epoch = check_int("epoch", state["epoch"], 0, allow_none=False)
-        batch = check_int("batch", state["batch"], 0, allow_none=False)
-        world = check_int("world_size", state["world_size"], 1, allow_none=False)
-        assert epoch is not None and batch is not None and world is not None
-        # A state without a step (written by hand): the one it would have recorded.
-        saved_batches = replace(self._settings, world_size=world).n_batches
-        step = check_int("step", state.get("step", epoch * saved_batches + batch), 0, allow_none=False)
-        elastic = [(int(w), int(b)) for w, b in state.get("elastic", [])]
+        epoch, batch, world, step, elastic = read_state(state, self._settings, self._rows.rows.key())
         if world != self.world_size:
             elastic, batch = elastic + [(world, batch)], 0
         self._current.end()
@@ -390,13 +370,7 @@ class Batches:
     def _epoch_plan(self, epoch: int) -> "tuple[EpochSettings | None, np.ndarray | None]":
         """How ``epoch`` is planned, and the file rows of its positions (None: every row, in order); after an
         elastic resume, the rest of the current epoch (NOTE [elastic resume]): settings None when nothing is left."""
-        s, rows = self._settings, self._rows.of(epoch)
-        if not self._elastic or epoch != self._epoch:
-            return s, rows
-        left = remaining_after(s, epoch, self._elastic)
-        if not len(left):
-            return None, None
-        return replace(s, n_rows=len(left), block_size=min(s.block_size, len(left))), left if rows is None else rows[left]
+        return rest_of_epoch(self._settings, epoch, self._elastic if epoch == self._epoch else [], self._rows.of(epoch))
 
     def _deliver(self, arrays: list[np.ndarray]) -> Batch:
         """A batch as the caller asked for it: one array, a tuple of them, or a dict of columns."""

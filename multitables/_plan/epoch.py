@@ -53,12 +53,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
+from .._sys.checks import check_int
+
 #: Spawn-key tags that keep the block-order and window generators independent.
 _BLOCKS, _WINDOW = 0, 1
+#: Keys of a Batches' ``state_dict`` that fix the order of an epoch: a state only loads into batches that agree on all.
+ORDER_KEYS = ("seed", "world_size", "batch_size", "n_rows", "shuffle", "drop_last", "block_size", "window")
 
 
 def rng(seed: int, epoch: int, *key: int) -> np.random.Generator:
@@ -248,3 +252,43 @@ def remaining_after(settings: EpochSettings, epoch: int, segments: "list[tuple[i
         part = replace(settings, n_rows=len(left), block_size=min(settings.block_size, len(left)), world_size=world_size)
         left = left[~consumed(part, epoch, n_batches)]
     return left
+
+
+def rest_of_epoch(
+    settings: EpochSettings, epoch: int, segments: "list[tuple[int, int]]", rows: "np.ndarray | None"
+) -> "tuple[EpochSettings | None, np.ndarray | None]":
+    """How ``epoch`` is planned after ``segments`` (NOTE [elastic resume]; none: as ``settings`` say), and the file
+    rows of its positions (``rows``' part of them; None: every row, in order); settings None when nothing is left."""
+    if not segments:
+        return settings, rows
+    left = remaining_after(settings, epoch, segments)
+    if not len(left):
+        return None, None
+    rest = replace(settings, n_rows=len(left), block_size=min(settings.block_size, len(left)))
+    return rest, left if rows is None else rows[left]
+
+
+def read_state(
+    state: "dict[str, Any]", settings: EpochSettings, subset: Any
+) -> "tuple[int, int, int, int, list[tuple[int, int]]]":
+    """``(epoch, batch, world_size, step, elastic segments)`` of a Batches' saved ``state``; ``ValueError`` unless
+    it was saved with the order of ``settings`` (and of ``subset``, its key) at any world size (NOTE [elastic resume])."""
+    missing = [k for k in ("epoch", "batch", *ORDER_KEYS) if k not in state]
+    if missing:
+        raise ValueError(f"not a state of Batches: missing {missing}")
+    mine = {"subset": subset, **{key: getattr(settings, key) for key in ORDER_KEYS}}
+    # A state saved at another world size goes on with what no rank delivered yet (NOTE [elastic resume]).
+    keys = tuple(k for k in ORDER_KEYS if k != "world_size") + ("subset",)
+    differ = [f"{k}={state.get(k)!r} (here {mine[k]!r})" for k in keys if state.get(k) != mine[k]]
+    if differ:
+        raise ValueError("the state was saved with a different order: " + ", ".join(differ))
+    epoch = check_int("epoch", state["epoch"], 0, allow_none=False)
+    batch = check_int("batch", state["batch"], 0, allow_none=False)
+    world = check_int("world_size", state["world_size"], 1, allow_none=False)
+    assert epoch is not None and batch is not None and world is not None
+    # A state without a step (written by hand): the one it would have recorded.
+    saved_batches = replace(settings, world_size=world).n_batches
+    step = check_int("step", state.get("step", epoch * saved_batches + batch), 0, allow_none=False)
+    assert step is not None
+    elastic = [(int(w), int(b)) for w, b in state.get("elastic", [])]
+    return epoch, batch, world, step, elastic

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, Sequence, overload
 
 import numpy as np
 
 from ._io.blockread import delivered
-from ._io.fields import check_columns, select_field
+from ._io.fields import check_columns
 from ._plan.epoch import ORDER_KEYS, EpochSettings, read_state, rest_of_epoch
 from ._plan.subset import EpochRows, epoch_rows
 from ._stream.options import StreamOptions
 from ._sys.checks import check_bool, check_fields, check_int, rank_and_world
+from ._train.batch import Batch, BatchT, as_batch
 from ._train.mix import NOT_COPIED, MixedBatches, mix_batches
 from ._train.transforms import infer_transforms
 from ._train.feed import EpochPieces, Feed, plan_feed
@@ -35,19 +36,19 @@ if TYPE_CHECKING:
 
 __all__ = ["Batches", "MixedBatches", "mix_batches"]
 
-#: A batch: one array per dataset (a single one when one path was given), or a dict of columns with ``fields``.
-Batch = Union[np.ndarray, tuple[np.ndarray, ...], dict[str, np.ndarray]]
 
-
-class Batches:
+class Batches(Generic[BatchT]):
     """Batches of rows of one or more datasets of equal length, for training loops.
 
     Get one with :meth:`Streamer.get_batches <multitables.Streamer.get_batches>`.
     Iterating gives the batches of one epoch: a tuple with one numpy array per
     path (the same rows of each), or a single array when ``paths`` is one
-    string. The arrays are fresh copies that belong to you (safe to keep,
-    write to, or hand to ``torch.from_numpy``). Every batch holds
-    ``batch_size`` rows except, with ``drop_last=False``, a rank's last one.
+    string (a dict of columns with ``fields``): a type checker sees a
+    ``Batches[tuple[np.ndarray, ...]]``, ``Batches[np.ndarray]`` or
+    ``Batches[dict[str, np.ndarray]]``. The arrays are fresh copies that
+    belong to you (safe to keep, write to, or hand to ``torch.from_numpy``).
+    Every batch holds ``batch_size`` rows except, with ``drop_last=False``, a
+    rank's last one.
 
     An iteration goes on from where the last one stopped, and finishing an
     epoch moves to the next; :meth:`set_epoch` moves to the start of another
@@ -132,6 +133,37 @@ class Batches:
         order, until the loop stops; :meth:`state_dict` records the epoch,
         the batch in it, and the ``step`` (batches since epoch 0 began).
     """
+
+    # What a type checker sees: the kind of batch follows from the arguments. (The keywords are __init__'s below.)
+    # fmt: off
+    @overload
+    def __init__(self: Batches[np.ndarray], stream: Streamer, paths: str, batch_size: int, *, shuffle: bool = True,
+                 seed: int = 0, drop_last: bool = False, n_procs: int | None = None, rank: int | None = None,
+                 world_size: int | None = None, block_size: int | None = None, window: int | None = None,
+                 read_ahead: int | None = None, field: str | None = None, fields: None = None, indices: Any = None,
+                 weights: Any = None, num_samples: int | None = None, epochs: int | None = 1, transform: Any = None) -> None: ...
+    @overload
+    def __init__(self: Batches[dict[str, np.ndarray]], stream: Streamer, paths: str, batch_size: int, *,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, n_procs: int | None = None,
+                 rank: int | None = None, world_size: int | None = None, block_size: int | None = None,
+                 window: int | None = None, read_ahead: int | None = None, field: None = None, fields: Sequence[str],
+                 indices: Any = None, weights: Any = None, num_samples: int | None = None, epochs: int | None = 1,
+                 transform: Any = None) -> None: ...
+    @overload
+    def __init__(self: Batches[tuple[np.ndarray, ...]], stream: Streamer, paths: Sequence[str], batch_size: int, *,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, n_procs: int | None = None,
+                 rank: int | None = None, world_size: int | None = None, block_size: int | None = None,
+                 window: int | None = None, read_ahead: int | None = None, field: None = None, fields: None = None,
+                 indices: Any = None, weights: Any = None, num_samples: int | None = None, epochs: int | None = 1,
+                 transform: Any = None) -> None: ...
+    @overload
+    def __init__(self: Batches[Batch], stream: Streamer, paths: str | Sequence[str], batch_size: int, *,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, n_procs: int | None = None,
+                 rank: int | None = None, world_size: int | None = None, block_size: int | None = None,
+                 window: int | None = None, read_ahead: int | None = None, field: None = None,
+                 fields: Sequence[str] | None = None, indices: Any = None, weights: Any = None,
+                 num_samples: int | None = None, epochs: int | None = 1, transform: Any = None) -> None: ...
+    # fmt: on
 
     def __init__(
         self,
@@ -372,20 +404,13 @@ class Batches:
         elastic resume, the rest of the current epoch (NOTE [elastic resume]): settings None when nothing is left."""
         return rest_of_epoch(self._settings, epoch, self._elastic if epoch == self._epoch else [], self._rows.of(epoch))
 
-    def _deliver(self, arrays: list[np.ndarray]) -> Batch:
-        """A batch as the caller asked for it: one array, a tuple of them, or a dict of columns."""
-        if self._columns is not None:
-            # Each column memory of its own: a copy, as ascontiguousarray keeps a one-row view's strides (torch refuses).
-            return {name: select_field(arrays[0], name).copy() for name in self._columns}
-        return arrays[0] if self._single else tuple(arrays)
-
     # -- iteration -----------------------------------------------------------
 
-    def __iter__(self) -> Iterator[Batch]:
+    def __iter__(self) -> Iterator[BatchT]:
         """The batches left in the current epoch (and ``epochs - 1`` more, or endless); each epoch's end moves the position on."""
         return self.iter_into(lambda n: [np.empty((n,) + shape, dtype) for dtype, shape in self._row_types])
 
-    def iter_into(self, alloc: "Callable[[int], Sequence[Any]]", staging: "Staging | None" = None) -> Iterator[Batch]:
+    def iter_into(self, alloc: "Callable[[int], Sequence[Any]]", staging: "Staging | None" = None) -> Iterator[BatchT]:
         """As ``iter(batches)``, each batch's rows written straight into ``alloc(rows)``'s arrays.
 
         ``alloc(n)`` gives one C-contiguous array of ``n`` rows per path, of the rows' dtype and shape (see
@@ -448,7 +473,7 @@ class Batches:
             for arrays in cut(source, skip, s.batch_size, alloc):
                 k += 1
                 self._batch, self._step = k, self._step + 1
-                yield self._deliver(arrays)
+                yield as_batch(arrays, self._single, self._columns)
                 if ahead:  # NOTE [readers across epochs]: once the first batch is out, the next epoch is planned
                     self._rows.draw_ahead(epoch + 1)  # a weighted draw: on a thread, taken once drawn
                     if not self._rows.ready(epoch + 1) and k < last:
@@ -461,7 +486,7 @@ class Batches:
             while k < s.n_batches:  # see NOTE [epoch plan]: empty last batches
                 k += 1
                 self._batch, self._step = k, self._step + 1
-                yield self._deliver(alloc(0))
+                yield as_batch(alloc(0), self._single, self._columns)
             self._epoch, self._batch, self._elastic = epoch + 1, 0, []
             self._carry = getattr(source, "carry", None)
             self._looping = True

@@ -29,13 +29,14 @@ import os
 import sys
 import threading
 import weakref
-from typing import Any, Generator, Iterator, TypeAlias
+from typing import Any, Generator, Iterator, Sequence, TypeAlias, overload
 
 import numpy as np
 
 from ._sys.checks import check_bool, check_int
 from ._sys.refs import held_elsewhere
 from .batches import Batches
+from ._train.batch import Batch
 from ._stream.backends import empty_block
 from ._stream.options import StreamOptions
 from ._stream import queue as _queue
@@ -428,10 +429,45 @@ class Streamer:
                 queue.close()
                 del guards, lent
 
-    def get_batches(self, paths: "str | list[str]", batch_size: int, **kwargs: Any) -> "Batches":
+    # The keywords, and the kind of batch each call gives, as Batches.__init__'s overloads say (a type checker's view).
+    # A str is also a Sequence[str]: the first overload takes it, as Batches does.
+    # fmt: off
+    @overload
+    def get_batches(self, paths: str, batch_size: int, *, shuffle: bool = True,  # type: ignore[overload-overlap]
+                    seed: int = 0, drop_last: bool = False, n_procs: int | None = None, rank: int | None = None,
+                    world_size: int | None = None, block_size: int | None = None, window: int | None = None,
+                    read_ahead: int | None = None, field: str | None = None, fields: None = None, indices: Any = None,
+                    weights: Any = None, num_samples: int | None = None, epochs: int | None = 1,
+                    transform: Any = None) -> Batches[np.ndarray]: ...
+    @overload
+    def get_batches(self, paths: str, batch_size: int, *, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
+                    n_procs: int | None = None, rank: int | None = None, world_size: int | None = None,
+                    block_size: int | None = None, window: int | None = None, read_ahead: int | None = None,
+                    field: None = None, fields: Sequence[str], indices: Any = None, weights: Any = None,
+                    num_samples: int | None = None, epochs: int | None = 1,
+                    transform: Any = None) -> Batches[dict[str, np.ndarray]]: ...
+    @overload
+    def get_batches(self, paths: Sequence[str], batch_size: int, *, shuffle: bool = True, seed: int = 0,
+                    drop_last: bool = False, n_procs: int | None = None, rank: int | None = None,
+                    world_size: int | None = None, block_size: int | None = None, window: int | None = None,
+                    read_ahead: int | None = None, field: None = None, fields: None = None, indices: Any = None,
+                    weights: Any = None, num_samples: int | None = None, epochs: int | None = 1,
+                    transform: Any = None) -> Batches[tuple[np.ndarray, ...]]: ...
+    @overload
+    def get_batches(self, paths: str | Sequence[str], batch_size: int, *, shuffle: bool = True, seed: int = 0,
+                    drop_last: bool = False, n_procs: int | None = None, rank: int | None = None,
+                    world_size: int | None = None, block_size: int | None = None, window: int | None = None,
+                    read_ahead: int | None = None, field: None = None, fields: Sequence[str] | None = None,
+                    indices: Any = None, weights: Any = None, num_samples: int | None = None, epochs: int | None = 1,
+                    transform: Any = None) -> Batches[Batch]: ...
+    # fmt: on
+
+    def get_batches(self, paths: "str | Sequence[str]", batch_size: int, **kwargs: Any) -> "Batches[Any]":
         """Batches of rows of ``paths`` (equal lengths) for training loops: shuffled, sharded, resumable.
 
-        See :class:`multitables.Batches` for the arguments.
+        See :class:`multitables.Batches` for the arguments. A single array per
+        batch for one path (a string), a tuple of them for a sequence of paths,
+        a dict of columns with ``fields``.
         """
         return Batches(self, paths, batch_size, **kwargs)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -10,9 +11,10 @@ import tempfile
 import textwrap
 import threading
 import traceback
+import typing
 import warnings
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import h5py
 import numpy as np
@@ -23,6 +25,7 @@ from hypothesis import strategies as st
 import multitables
 from multitables._plan.epoch import EpochSettings
 from multitables._plan.readers import split_readers
+from multitables._train.batch import Batch
 from multitables.batches import Batches
 
 
@@ -1013,3 +1016,58 @@ def test_a_block_size_that_cuts_compressed_chunks_of_a_shuffled_epoch_warns(data
         for kw in ({"block_size": 128}, {}, {"block_size": 16, "shuffle": False}):
             stream.get_batches(["/X", "/y"], batch_size=10, n_procs=0, **kw)
         stream.get_batches("/y", batch_size=10, block_size=16, n_procs=0)
+
+
+# -- what a user's type checker sees (read here from the annotations: the tests run no type checker) ------------
+
+#: typing.get_overloads is Python 3.11's; on 3.10 the overloads are the same, only not listed.
+needs_overloads = pytest.mark.skipif(not hasattr(typing, "get_overloads"), reason="typing.get_overloads is Python 3.11's")
+
+
+def keywords(function: Callable[..., object]) -> dict[str, object]:
+    """``function``'s keyword-only parameters in order, with their defaults (``inspect.Parameter.empty``: required)."""
+    return {p.name: p.default for p in inspect.signature(function).parameters.values() if p.kind is p.KEYWORD_ONLY}
+
+
+def test_batches_are_generic_in_the_kind_of_batch_they_yield() -> None:
+    """``Batches[np.ndarray]`` in an annotation: batches of one array each; a mix yields what its sources yield."""
+    assert typing.get_origin(Batches[np.ndarray]) is Batches
+    assert typing.get_origin(multitables.MixedBatches[np.ndarray]) is multitables.MixedBatches
+    (kind,) = Batches.__parameters__
+    assert typing.get_type_hints(Batches.__iter__)["return"] == typing.Iterator[kind]
+    hints = typing.get_type_hints(multitables.mix_batches, localns={"Batches": Batches})
+    assert typing.get_args(hints["sources"]) == (Batches[kind],)
+    assert hints["return"] == multitables.MixedBatches[kind]
+
+
+@needs_overloads
+@pytest.mark.parametrize("function", [Batches.__init__, multitables.Streamer.get_batches], ids=["Batches", "get_batches"])
+def test_the_overloads_spell_out_every_keyword_of_batches_with_its_default(function: Callable[..., object]) -> None:
+    """A type checker sees each keyword as ``Batches`` takes it (a typo is an error, not ``**kwargs: Any``);
+    ``fields`` is required where it makes the batches dicts of columns."""
+    expected = keywords(Batches.__init__)
+    overloads = typing.get_overloads(function)
+    assert len(overloads) == 4
+    for overload in overloads:
+        given = keywords(overload)
+        assert list(given) == list(expected)
+        assert {k: v for k, v in given.items() if k != "fields"} == {k: v for k, v in expected.items() if k != "fields"}
+    fields = [keywords(overload)["fields"] for overload in overloads]
+    assert fields.count(inspect.Parameter.empty) == 1 and fields.count(None) == 3
+
+
+@needs_overloads
+@pytest.mark.parametrize("function", [Batches.__init__, multitables.Streamer.get_batches], ids=["Batches", "get_batches"])
+def test_the_arguments_decide_the_kind_of_batch_a_type_checker_sees(function: Callable[..., object]) -> None:
+    """One path (a string): arrays; a sequence of paths: tuples of arrays; ``fields=``: dicts of columns; arguments
+    whose kind a type checker cannot tell (``str | list[str]``, fields that may be None): any of the three."""
+    kinds = {}
+    for overload in typing.get_overloads(function):
+        hints = typing.get_type_hints(overload, localns={"Streamer": multitables.Streamer})
+        kinds[hints["paths"], hints["fields"]] = hints["self" if function is Batches.__init__ else "return"]
+    assert kinds == {
+        (str, type(None)): Batches[np.ndarray],
+        (str, Sequence[str]): Batches[dict[str, np.ndarray]],
+        (Sequence[str], type(None)): Batches[tuple[np.ndarray, ...]],
+        (str | Sequence[str], Sequence[str] | None): Batches[Batch],
+    }

@@ -24,15 +24,16 @@ NOTE [mixing]
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Generic, Iterator, Sequence, cast
 
 import numpy as np
 
 from .._plan.epoch import rng
 from .._sys.checks import check_int
+from .batch import BatchT
 
 if TYPE_CHECKING:
-    from ..batches import Batch, Batches
+    from ..batches import Batches
 
 #: Steps whose sources are drawn at once (one generator each): the unit of the schedule.
 SCHEDULE_STEPS = 1024
@@ -65,7 +66,7 @@ def schedule(proportions: np.ndarray, seed: int, first: int, n: int) -> np.ndarr
     return out
 
 
-class MixedBatches:
+class MixedBatches(Generic[BatchT]):
     """Batches drawn from several :class:`~multitables.batches.Batches` in given proportions (NOTE [mixing]).
 
     Get one with :func:`multitables.mix_batches`. Iterating is endless (stop
@@ -77,7 +78,8 @@ class MixedBatches:
     """
 
     def __init__(
-        self, sources: "Sequence[Batches]", proportions: Sequence[float], seed: int = 0, steps: "int | None" = None, per: str = "batch"
+        self, sources: "Sequence[Batches[BatchT]]", proportions: Sequence[float], seed: int = 0, steps: "int | None" = None,
+        per: str = "batch",
     ) -> None:
         self._sources = list(sources)
         if len(self._sources) < 2:
@@ -114,7 +116,7 @@ class MixedBatches:
         self._iters: "list[Iterator[Any] | None]" = [None] * len(self._sources)
 
     @property
-    def sources(self) -> "tuple[Batches, ...]":
+    def sources(self) -> "tuple[Batches[BatchT], ...]":
         """The batches mixed, in the order of :attr:`proportions`."""
         return tuple(self._sources)
 
@@ -133,7 +135,7 @@ class MixedBatches:
         """Batches delivered so far."""
         return self._step
 
-    def _next_of(self, i: int) -> "Batch":
+    def _next_of(self, i: int) -> BatchT:
         """Source ``i``'s next batch; at the end of its epoch, the first of its next."""
         for _ in range(2):
             it = self._iters[i]
@@ -168,13 +170,13 @@ class MixedBatches:
             n -= take
         return pieces
 
-    def _mixed(self, step: int) -> "Batch":
+    def _mixed(self, step: int) -> BatchT:
         counts = row_counts(self._proportions, self._batch_size, self._seed, step)
         pieces = [piece for i, n in enumerate(counts.tolist()) for piece in self._rows_of(i, n)]
         order = rng(self._seed, step, _MIX_ORDER).permutation(self._batch_size)
-        return _join(pieces, order)
+        return cast(BatchT, _join(pieces, order))
 
-    def __iter__(self) -> "Iterator[Batch]":
+    def __iter__(self) -> Iterator[BatchT]:
         """The batches from the current step on; leaving the loop early (``break``) keeps the position, and every
         source's readers wait, idle, for the next iteration (as a source's own do): :meth:`close` stops them."""
         try:
@@ -280,8 +282,9 @@ def _join(pieces: "list[Any]", order: np.ndarray) -> Any:
 
 
 def mix_batches(
-    sources: "Sequence[Batches]", proportions: Sequence[float], *, seed: int = 0, steps: "int | None" = None, per: str = "batch"
-) -> "MixedBatches":
+    sources: "Sequence[Batches[BatchT]]", proportions: Sequence[float], *, seed: int = 0, steps: "int | None" = None,
+    per: str = "batch",
+) -> "MixedBatches[BatchT]":
     """Batches from several sources in ``proportions``, drawn by a seeded schedule.
 
     ``sources``: :class:`Batches` (of any files and datasets; each keeps its

@@ -37,7 +37,7 @@ from __future__ import annotations
 import sys
 import warnings
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union, cast, overload
 
 import numpy as np
 
@@ -48,6 +48,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError("multitables.torch needs PyTorch: pip install 'multitables[torch]'") from exc
 
 from .batches import Batches, MixedBatches
+from ._train.batch import BatchT
 
 if TYPE_CHECKING:
     from .streamer import Streamer
@@ -57,6 +58,17 @@ __all__ = ["TorchBatches", "get_batches", "to_tensor"]
 #: A batch as tensors: one per dataset, a single one when one path was given,
 #: or one per column (a dict) with ``fields``.
 TensorBatch = Union[torch.Tensor, tuple[torch.Tensor, ...], dict[str, torch.Tensor]]
+
+# The kind of batch a TorchBatches yields; a bare ``TorchBatches`` means ``TorchBatches[TensorBatch]`` (as BatchT in
+# ``_train.batch``: typing's TypeVar takes a default from Python 3.13, typing_extensions' is for type checkers only).
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar
+
+    TensorBatchT = TypeVar("TensorBatchT", covariant=True, default=TensorBatch)
+else:
+    from typing import TypeVar
+
+    TensorBatchT = TypeVar("TensorBatchT", covariant=True)
 
 #: Frames above ``__iter__`` searched for PyTorch's fetcher: it calls
 #: ``iter(dataset)`` itself (one frame up); the rest is room for a wrapper.
@@ -114,7 +126,7 @@ def to_tensor(array: np.ndarray, path: str = "") -> torch.Tensor:
         ) from exc
 
 
-class TorchBatches(IterableDataset):  # type: ignore[type-arg]
+class TorchBatches(IterableDataset[TensorBatchT]):
     """The batches of a :class:`~multitables.batches.Batches`, or of a mix of them (:func:`multitables.mix_batches`), as tensors.
 
     Iterate over it directly in a training loop, or give it to
@@ -139,7 +151,27 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
     was given ``steps``).
     """
 
-    def __init__(self, batches: "Batches | MixedBatches", device: "str | torch.device | None" = None, pin_memory: bool = False) -> None:
+    # What a type checker sees: the tensors follow the arrays of the batches wrapped.
+    # fmt: off
+    @overload
+    def __init__(self: TorchBatches[torch.Tensor], batches: Batches[np.ndarray] | MixedBatches[np.ndarray],
+                 device: str | torch.device | None = None, pin_memory: bool = False) -> None: ...
+    @overload
+    def __init__(self: TorchBatches[tuple[torch.Tensor, ...]],
+                 batches: Batches[tuple[np.ndarray, ...]] | MixedBatches[tuple[np.ndarray, ...]],
+                 device: str | torch.device | None = None, pin_memory: bool = False) -> None: ...
+    @overload
+    def __init__(self: TorchBatches[dict[str, torch.Tensor]],
+                 batches: Batches[dict[str, np.ndarray]] | MixedBatches[dict[str, np.ndarray]],
+                 device: str | torch.device | None = None, pin_memory: bool = False) -> None: ...
+    @overload  # generic: mypy would make TorchBatches(Batches[np.ndarray]) Any, ndarray's parameters being Any
+    def __init__(self: TorchBatches[TensorBatch], batches: Batches[BatchT] | MixedBatches[BatchT],
+                 device: str | torch.device | None = None, pin_memory: bool = False) -> None: ...
+    # fmt: on
+
+    def __init__(
+        self, batches: "Batches[Any] | MixedBatches[Any]", device: "str | torch.device | None" = None, pin_memory: bool = False
+    ) -> None:
         if not isinstance(batches, (Batches, MixedBatches)):
             raise TypeError(f"TorchBatches wraps multitables Batches (or a mix of them), not {type(batches).__name__}")
         if not isinstance(pin_memory, bool):
@@ -162,7 +194,7 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
             )
             self.pin_memory = False
 
-    def __iter__(self) -> Iterator[TensorBatch]:
+    def __iter__(self) -> Iterator[TensorBatchT]:
         if get_worker_info() is not None:
             raise RuntimeError(_NO_WORKERS)
         if _auto_batching(self, sys._getframe(1)):
@@ -173,7 +205,7 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
                 f"batches, already of {n} rows each (get_batches' batch_size), into batches of batches, of shape "
                 f"(batch_size, {n}, ...). Write DataLoader(dataset, batch_size=None), or iterate over the dataset itself"
             )
-        return self._tensors()
+        return cast("Iterator[TensorBatchT]", self._tensors())
 
     def _tensors(self) -> Iterator[TensorBatch]:
         if self.pin_memory or (self.device is not None and self.device.type != "cpu"):
@@ -212,7 +244,7 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
             self._staging = DeviceStaging(ops(), self.batches.row_types)
         staging = self._staging
         try:
-            yield from self.batches.iter_into(staging.alloc, staging)  # type: ignore[misc]
+            yield from self.batches.iter_into(staging.alloc, staging)
         finally:
             staging.settle()  # the next iteration may write the window buffers with any staging
 
@@ -238,7 +270,7 @@ class TorchBatches(IterableDataset):  # type: ignore[type-arg]
         """As :meth:`Batches.set_epoch <multitables.batches.Batches.set_epoch>`."""
         self._epochs().set_epoch(epoch)
 
-    def _epochs(self) -> Batches:
+    def _epochs(self) -> "Batches[Any]":
         if isinstance(self.batches, MixedBatches):
             raise AttributeError("a mix of batches has no epochs of its own (each source keeps its own); it counts steps")
         return self.batches
@@ -293,6 +325,44 @@ def _as_tensors(batch: Any, paths: Sequence[str]) -> TensorBatch:
     return tuple(to_tensor(a, p) for a, p in zip(batch, paths))
 
 
+# The keywords, and the tensors each call gives, as Batches.__init__'s overloads say (a type checker's view).
+# A str is also a Sequence[str]: the first overload takes it, as Batches does.
+# fmt: off
+@overload
+def get_batches(stream: Streamer, paths: str, batch_size: int, *,  # type: ignore[overload-overlap]
+                device: str | torch.device | None = None, pin_memory: bool = False, shuffle: bool = True, seed: int = 0,
+                drop_last: bool = False, n_procs: int | None = None, rank: int | None = None,
+                world_size: int | None = None, block_size: int | None = None, window: int | None = None,
+                read_ahead: int | None = None, field: str | None = None, fields: None = None, indices: Any = None,
+                weights: Any = None, num_samples: int | None = None, epochs: int | None = 1,
+                transform: Any = None) -> TorchBatches[torch.Tensor]: ...
+@overload
+def get_batches(stream: Streamer, paths: str, batch_size: int, *,
+                device: str | torch.device | None = None, pin_memory: bool = False, shuffle: bool = True, seed: int = 0,
+                drop_last: bool = False, n_procs: int | None = None, rank: int | None = None,
+                world_size: int | None = None, block_size: int | None = None, window: int | None = None,
+                read_ahead: int | None = None, field: None = None, fields: Sequence[str], indices: Any = None,
+                weights: Any = None, num_samples: int | None = None, epochs: int | None = 1,
+                transform: Any = None) -> TorchBatches[dict[str, torch.Tensor]]: ...
+@overload
+def get_batches(stream: Streamer, paths: Sequence[str], batch_size: int, *,
+                device: str | torch.device | None = None, pin_memory: bool = False, shuffle: bool = True, seed: int = 0,
+                drop_last: bool = False, n_procs: int | None = None, rank: int | None = None,
+                world_size: int | None = None, block_size: int | None = None, window: int | None = None,
+                read_ahead: int | None = None, field: None = None, fields: None = None, indices: Any = None,
+                weights: Any = None, num_samples: int | None = None, epochs: int | None = 1,
+                transform: Any = None) -> TorchBatches[tuple[torch.Tensor, ...]]: ...
+@overload
+def get_batches(stream: Streamer, paths: str | Sequence[str], batch_size: int, *,
+                device: str | torch.device | None = None, pin_memory: bool = False, shuffle: bool = True, seed: int = 0,
+                drop_last: bool = False, n_procs: int | None = None, rank: int | None = None,
+                world_size: int | None = None, block_size: int | None = None, window: int | None = None,
+                read_ahead: int | None = None, field: None = None, fields: Sequence[str] | None = None,
+                indices: Any = None, weights: Any = None, num_samples: int | None = None, epochs: int | None = 1,
+                transform: Any = None) -> TorchBatches[TensorBatch]: ...
+# fmt: on
+
+
 def get_batches(
     stream: "Streamer",
     paths: "str | Sequence[str]",
@@ -301,7 +371,7 @@ def get_batches(
     device: "str | torch.device | None" = None,
     pin_memory: bool = False,
     **kwargs: Any,
-) -> TorchBatches:
+) -> "TorchBatches[Any]":
     """``TorchBatches(stream.get_batches(paths, batch_size, **kwargs), device, pin_memory)``.
 
     ``device``: where the tensors go, e.g. ``"cuda"``: each batch is gathered
@@ -310,6 +380,9 @@ def get_batches(
     ``multitables._train.device``). ``pin_memory=True``: CPU tensors in
     page-locked memory, as ``DataLoader(pin_memory=True)`` gives (without
     CUDA: a warning, and ordinary CPU tensors). Other arguments as for
-    :class:`~multitables.batches.Batches`.
+    :class:`~multitables.batches.Batches`; the tensors follow its arrays: a
+    type checker sees ``TorchBatches[torch.Tensor]`` for one path,
+    ``TorchBatches[tuple[torch.Tensor, ...]]`` for a sequence of paths and
+    ``TorchBatches[dict[str, torch.Tensor]]`` with ``fields``.
     """
     return TorchBatches(Batches(stream, paths, batch_size, **kwargs), device=device, pin_memory=pin_memory)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import pickle
 import subprocess
 import sys
+import typing
 import warnings
 from pathlib import Path
+from typing import Callable, Sequence
 
 import numpy as np
 import pytest
@@ -326,3 +329,63 @@ def test_a_mix_of_batches_as_tensors(tmp_path: Path) -> None:
         iter(torch.utils.data.DataLoader(wrapped))
     with pytest.raises(TypeError, match="endless"):
         len(mtt.TorchBatches(mix(None)))
+
+
+# -- what a user's type checker sees (read here from the annotations: the tests run no type checker) ------------
+
+#: typing.get_overloads is Python 3.11's; on 3.10 the overloads are the same, only not listed.
+needs_overloads = pytest.mark.skipif(not hasattr(typing, "get_overloads"), reason="typing.get_overloads is Python 3.11's")
+
+
+def keywords(function: Callable[..., object]) -> dict[str, object]:
+    """``function``'s keyword-only parameters in order, with their defaults (``inspect.Parameter.empty``: required)."""
+    return {p.name: p.default for p in inspect.signature(function).parameters.values() if p.kind is p.KEYWORD_ONLY}
+
+
+def test_torch_batches_are_generic_in_the_tensors_they_yield() -> None:
+    """``TorchBatches[torch.Tensor]`` in an annotation: batches of one tensor each, what iterating it gives."""
+    assert typing.get_origin(mtt.TorchBatches[torch.Tensor]) is mtt.TorchBatches
+    (kind,) = mtt.TorchBatches.__parameters__
+    assert typing.get_type_hints(mtt.TorchBatches.__iter__)["return"] == typing.Iterator[kind]
+
+
+@needs_overloads
+def test_get_batches_spells_out_its_own_keywords_then_every_keyword_of_batches() -> None:
+    """``device`` and ``pin_memory``, then each keyword as ``Batches`` takes it: a typo is a type checker's error."""
+    batches = keywords(multitables.Batches.__init__)
+    overloads = typing.get_overloads(mtt.get_batches)
+    assert len(overloads) == 4
+    for overload in overloads:
+        given = keywords(overload)
+        assert list(given) == ["device", "pin_memory", *batches]
+        assert given["device"] is None and given["pin_memory"] is False
+        assert {k: given[k] for k in batches if k != "fields"} == {k: v for k, v in batches.items() if k != "fields"}
+    fields = [keywords(overload)["fields"] for overload in overloads]
+    assert fields.count(inspect.Parameter.empty) == 1 and fields.count(None) == 3
+
+
+@needs_overloads
+def test_the_tensors_a_type_checker_sees_follow_the_arrays_of_the_batches() -> None:
+    """As ``Streamer.get_batches``' kinds (tests/test_batches.py), in tensors; wrapping batches (or a mix) keeps them."""
+    TorchBatches, Batches, MixedBatches = mtt.TorchBatches, multitables.Batches, multitables.MixedBatches
+    made = {}
+    for overload in typing.get_overloads(mtt.get_batches):
+        hints = typing.get_type_hints(overload, localns={"Streamer": multitables.Streamer})
+        made[hints["paths"], hints["fields"]] = hints["return"]
+    assert made == {
+        (str, type(None)): TorchBatches[torch.Tensor],
+        (str, Sequence[str]): TorchBatches[dict[str, torch.Tensor]],
+        (Sequence[str], type(None)): TorchBatches[tuple[torch.Tensor, ...]],
+        (str | Sequence[str], Sequence[str] | None): TorchBatches[mtt.TensorBatch],
+    }
+    wrapped = {}
+    for overload in typing.get_overloads(TorchBatches.__init__):
+        hints = typing.get_type_hints(overload)
+        wrapped[hints["batches"]] = hints["self"]
+    (kind,) = Batches.__parameters__  # any other kind of batches: any kind of tensors
+    assert wrapped == {
+        Batches[np.ndarray] | MixedBatches[np.ndarray]: TorchBatches[torch.Tensor],
+        Batches[tuple[np.ndarray, ...]] | MixedBatches[tuple[np.ndarray, ...]]: TorchBatches[tuple[torch.Tensor, ...]],
+        Batches[dict[str, np.ndarray]] | MixedBatches[dict[str, np.ndarray]]: TorchBatches[dict[str, torch.Tensor]],
+        Batches[kind] | MixedBatches[kind]: TorchBatches[mtt.TensorBatch],
+    }

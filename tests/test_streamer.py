@@ -11,6 +11,7 @@ import sys
 import tempfile
 import threading
 import time
+import typing
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -496,6 +497,18 @@ def test_a_generator_closed_mid_block_gives_no_more_rows_and_lets_the_ring_go(
         next(gen)
     gen.close()  # again: nothing to do
     assert list(gen) == []
+
+
+def test_the_generator_is_annotated_as_what_it_is_rows_and_a_close(make_array) -> None:
+    """A user's type checker sees the ``close()`` the docs promise (a bare ``Iterator`` has none) and rows that are
+    arrays; not a ``Generator``, whose ``send`` and ``throw`` it lacks."""
+    hint = typing.get_type_hints(multitables.Streamer.get_generator)["return"]
+    assert isinstance(hint, type), f"get_generator is annotated {hint}, not the class of what it returns"
+    assert [typing.get_args(base) for base in hint.__orig_bases__] == [(np.ndarray,)]
+    assert callable(hint.close) and not hasattr(hint, "send") and not hasattr(hint, "throw")
+    gen = multitables.Streamer(make_array(np.arange(10.0))).get_generator("/data", n_procs=0)
+    assert isinstance(gen, hint)
+    gen.close()
 
 
 def test_the_default_ring_fits_a_small_shared_memory_and_every_row_comes(

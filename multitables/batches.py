@@ -254,7 +254,7 @@ class Batches(Generic[BatchT]):
 
     @property
     def n_rows(self) -> int:
-        """Rows an epoch holds: each dataset's, or the subset's with ``indices``."""
+        """Rows an epoch holds, each dataset's (or the subset's, with ``indices``)."""
         return self._settings.n_rows
 
     @property
@@ -294,7 +294,7 @@ class Batches(Generic[BatchT]):
 
     @property
     def engines(self) -> list[str]:
-        """The engine reading each dataset (``"chunks"``, ``"h5py"`` or ``"tables"``: what ``auto`` chose, as ``Queue.engine``)."""
+        """The engine reading each dataset, ``"chunks"``, ``"h5py"`` or ``"tables"`` (what ``auto`` chose, as ``Queue.engine``)."""
         return list(self._engines)
 
     @property
@@ -304,12 +304,12 @@ class Batches(Generic[BatchT]):
 
     @property
     def epoch(self) -> int:
-        """The epoch of the position: the next batch's, or that of an epoch's last batch taken (as state_dict()'s)."""
+        """The epoch of the position, the next batch's (or that of an epoch's last batch taken), as in state_dict()."""
         return self._epoch
 
     @property
     def epochs(self) -> "int | None":
-        """Epochs one iteration runs through (None: endless)."""
+        """Epochs one iteration runs through, or None for endless ones."""
         return self._epochs
 
     def __len__(self) -> int:

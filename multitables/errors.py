@@ -187,12 +187,16 @@ class ReaderError(MultitablesError):
     When the reader raised an exception, the error raised in the consumer is
     also an instance of that exception's type (a ``ReaderOSError`` is a
     ``ReaderError`` and an ``OSError``), so ``except OSError`` still catches
-    an I/O error that happened in a reader.
+    an I/O error that happened in a reader. ``SubprocessException``, the
+    established (2.x) name for an error carried home from a subprocess, is
+    this class.
 
     Attributes
     ----------
-    reader_index, pid : int
-        Which reader failed.
+    reader_index : int
+        Which reader failed, by its place among the readers.
+    pid : int
+        Its process id.
     filename : str
         The file it was reading.
     path : str
@@ -203,9 +207,6 @@ class ReaderError(MultitablesError):
         The process exit code, when the reader died without reporting.
     remote_traceback : str
         The reader's formatted traceback (empty when it died by a signal).
-
-    ``SubprocessException``, the established (2.x) name for an error carried
-    home from a subprocess, is this class.
     """
 
     reader_index: int = -1

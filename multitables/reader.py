@@ -134,7 +134,7 @@ class Reader:
 
     @property
     def closed(self) -> bool:
-        """Whether :meth:`close` or :meth:`stop` was called: no more requests can be made."""
+        """Whether :meth:`close` or :meth:`stop` was called (no more requests can be made)."""
         return self._core is None or self._core.closed
 
     def _live(self) -> ReaderCore:
@@ -284,7 +284,7 @@ class Dataset:
 
     @property
     def is_table(self) -> bool:
-        """Whether the rows are records (a PyTables Table, a compound dataset): columns can be selected."""
+        """Whether the rows are records (a PyTables Table, a compound dataset), whose columns can be selected."""
         return self.dtype.names is not None
 
     def __len__(self) -> int:

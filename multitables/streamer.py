@@ -242,7 +242,7 @@ class Streamer:
 
     @property
     def options(self) -> StreamOptions:
-        """How this streamer opens its files (engine, cache, start method, open options): what its streams share."""
+        """How this streamer opens its files (engine, cache, start method, open options), which its streams share."""
         return self._options
 
     def _spec(

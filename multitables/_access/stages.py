@@ -36,7 +36,7 @@ class Stage:
         self._reader = reader
         #: Rows of the dataset it was made for that it holds.
         self.n_rows: int = n_rows
-        #: Bytes of data it holds: a request fits if its result (and the rows it reads) fit.
+        #: Bytes of data it holds; a request fits if its result (and the rows it reads) fit.
         self.nbytes: int = nbytes
         self._pool: "StagePool | None" = None
         self._hold = threading.Lock()  # held from request to release

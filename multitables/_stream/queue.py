@@ -124,7 +124,7 @@ class Queue:
         split = 0 if whole else spec.read.split_rows
         #: Rows per block (the last block of a pass may be shorter with ``remainder=True``).
         self.block_size: int = split or spec.plan.block_size
-        #: The engine reading the file: ``"chunks"``, ``"h5py"`` or ``"tables"`` (what ``auto`` chose).
+        #: The engine reading the file, ``"chunks"``, ``"h5py"`` or ``"tables"`` (what ``auto`` chose).
         self.engine: str = spec.engine
         #: Reader processes (``n_procs``, capped); 0 when blocks are read in this process (asked, or too small to pay).
         self.n_procs: int = spec.n_procs
@@ -134,7 +134,7 @@ class Queue:
         if split and self._n_blocks is not None:
             self._n_blocks = -(-spec.plan.n_rows // split)
         self._delivered = 0
-        #: Slots: the blocks the readers and the caller hold at once (``read_ahead``); a ``get()`` waits while the
+        #: Slots, the blocks the readers and the caller hold at once (``read_ahead``); a ``get()`` waits while the
         #: caller's guards hold them all.
         self.read_ahead: int = spec.read.read_ahead
         self._held = 0  # guards handed out and not yet released

@@ -127,7 +127,7 @@ class MixedBatches(Generic[BatchT]):
 
     @property
     def steps(self) -> "int | None":
-        """Steps a pass over the mix gives (None: endless)."""
+        """Steps a pass over the mix gives, or None when it is endless."""
         return self._steps
 
     @property
@@ -149,7 +149,7 @@ class MixedBatches(Generic[BatchT]):
 
     @property
     def per(self) -> str:
-        """``"batch"``: each batch from one source; ``"row"``: rows of every source in each batch."""
+        """How a batch is made, ``"batch"`` (whole, from one source) or ``"row"`` (of rows of every source)."""
         return self._per
 
     def _rows_of(self, i: int, n: int) -> "list[Any]":
@@ -294,7 +294,7 @@ def mix_batches(
     must have one batch size, and rows of one dtype and shape). The schedule
     depends on ``seed`` and the step only, not on ``n_procs``; iteration is
     endless unless ``steps`` is given. See
-    :class:`~multitables.batches.MixedBatches` and NOTE [mixing] in
+    :class:`~multitables.MixedBatches` and NOTE [mixing] in
     ``multitables._train.mix``.
     """
     return MixedBatches(sources, proportions, seed=seed, steps=steps, per=per)

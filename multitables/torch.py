@@ -48,10 +48,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError("multitables.torch needs PyTorch: pip install 'multitables[torch]'") from exc
 
 from .batches import Batches, MixedBatches
+from .streamer import Streamer  # for the annotations only, but at run time: typing.get_type_hints resolves them
 from ._train.batch import BatchT
-
-if TYPE_CHECKING:
-    from .streamer import Streamer
 
 __all__ = ["TorchBatches", "get_batches", "to_tensor"]
 

@@ -370,7 +370,7 @@ def test_the_tensors_a_type_checker_sees_follow_the_arrays_of_the_batches() -> N
     TorchBatches, Batches, MixedBatches = mtt.TorchBatches, multitables.Batches, multitables.MixedBatches
     made = {}
     for overload in typing.get_overloads(mtt.get_batches):
-        hints = typing.get_type_hints(overload, localns={"Streamer": multitables.Streamer})
+        hints = typing.get_type_hints(overload)
         made[hints["paths"], hints["fields"]] = hints["return"]
     assert made == {
         (str, type(None)): TorchBatches[torch.Tensor],
@@ -389,3 +389,10 @@ def test_the_tensors_a_type_checker_sees_follow_the_arrays_of_the_batches() -> N
         Batches[dict[str, np.ndarray]] | MixedBatches[dict[str, np.ndarray]]: TorchBatches[dict[str, torch.Tensor]],
         Batches[kind] | MixedBatches[kind]: TorchBatches[mtt.TensorBatch],
     }
+
+
+@pytest.mark.parametrize("function", [mtt.get_batches, mtt.TorchBatches.__init__, mtt.to_tensor])
+def test_the_adapters_annotations_resolve_at_run_time(function: Callable[..., object]) -> None:
+    """``typing.get_type_hints`` (what run-time checkers and IDEs' introspection call) finds every name they use."""
+    for each in [function, *getattr(typing, "get_overloads", lambda _: [])(function)]:
+        typing.get_type_hints(each)

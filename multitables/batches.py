@@ -166,26 +166,11 @@ class Batches(Generic[BatchT]):
     # fmt: on
 
     def __init__(
-        self,
-        stream: "Streamer",
-        paths: "str | Sequence[str]",
-        batch_size: int,
-        *,
-        shuffle: bool = True,
-        seed: int = 0,
-        drop_last: bool = False,
-        n_procs: "int | None" = None,
-        rank: "int | None" = None,
-        world_size: "int | None" = None,
-        block_size: "int | None" = None,
-        window: "int | None" = None,
-        read_ahead: "int | None" = None,
-        field: "str | None" = None,
-        fields: "Sequence[str] | None" = None,
-        indices: Any = None,
-        weights: Any = None,
-        num_samples: "int | None" = None,
-        epochs: "int | None" = 1,
+        self, stream: "Streamer", paths: "str | Sequence[str]", batch_size: int, *, shuffle: bool = True, seed: int = 0,
+        drop_last: bool = False, n_procs: "int | None" = None, rank: "int | None" = None,
+        world_size: "int | None" = None, block_size: "int | None" = None, window: "int | None" = None,
+        read_ahead: "int | None" = None, field: "str | None" = None, fields: "Sequence[str] | None" = None,
+        indices: Any = None, weights: Any = None, num_samples: "int | None" = None, epochs: "int | None" = 1,
         transform: Any = None,
     ) -> None:
         if not isinstance(getattr(stream, "options", None), StreamOptions):  # a Streamer: what batches read through
@@ -315,6 +300,12 @@ class Batches(Generic[BatchT]):
     def __len__(self) -> int:
         """Batches per epoch (the same on every rank)."""
         return self._settings.n_batches
+
+    def __repr__(self) -> str:
+        paths = ", ".join(repr(p) for p in self._paths)
+        return (f"<multitables.Batches {paths} of {self._stream.options.named!r}: {len(self)} batches of "
+                f"{self._settings.batch_size} rows an epoch (rank {self._rank} of {self._settings.world_size}), "
+                f"epoch {self._epoch}>")
 
     # -- position ------------------------------------------------------------
 

@@ -234,6 +234,12 @@ class Streamer:
             raise ValueError(f"cache='direct' needs the chunk engine (engine='auto' or 'chunks'), not engine={engine!r}")
         check_start_method(start_method)
 
+    def __repr__(self) -> str:
+        o = self._options
+        settings = (("engine", o.engine, "auto"), ("cache", o.cache, "page"), ("start_method", o.start_method, None))
+        asked = [f"{name}={value!r}" for name, value, default in settings if value != default]
+        return f"<multitables.Streamer {', '.join([repr(o.named)] + asked)}>"
+
     @property
     def filename(self) -> "str | tuple[str, ...]":
         """The HDF5 file's name, from the root for a local file (as the working directory was when the Streamer was

@@ -192,6 +192,10 @@ class TorchBatches(IterableDataset[TensorBatchT]):
             )
             self.pin_memory = False
 
+    def __repr__(self) -> str:
+        where = f", device={str(self.device)!r}" if self.device is not None else ", pin_memory=True" if self.pin_memory else ""
+        return f"<multitables.torch.TorchBatches of {self.batches!r}{where}>"
+
     def __iter__(self) -> Iterator[TensorBatchT]:
         if get_worker_info() is not None:
             raise RuntimeError(_NO_WORKERS)

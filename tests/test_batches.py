@@ -1071,3 +1071,14 @@ def test_the_arguments_decide_the_kind_of_batch_a_type_checker_sees(function: Ca
         (Sequence[str], type(None)): Batches[tuple[np.ndarray, ...]],
         (str | Sequence[str], Sequence[str] | None): Batches[Batch],
     }
+
+
+def test_batches_and_their_mix_say_what_they_are(data_file: Callable[[int], Path]) -> None:
+    path = data_file(1000)
+    stream = multitables.Streamer(path)
+    batches = stream.get_batches(["/X", "/y"], 100, rank=1, world_size=2, n_procs=0)
+    assert repr(batches) == f"<multitables.Batches '/X', '/y' of {str(path)!r}: 5 batches of 100 rows an epoch (rank 1 of 2), epoch 0>"
+    batches.set_epoch(3)
+    assert repr(batches).endswith("epoch 3>")
+    mixed = multitables.mix_batches([stream.get_batches("/y", 10), stream.get_batches("/y", 10, seed=1)], [3, 1])
+    assert repr(mixed) == "<multitables.MixedBatches of 2 sources (0.75, 0.25, per batch) at step 0>"

@@ -902,6 +902,9 @@ def test_a_ctrl_c_between_the_rows_and_their_blocks_stops_the_readers_before_the
 def test_a_queue_and_its_guards_say_what_they_are(make_array) -> None:
     path = make_array(np.arange(1000, dtype="<f4"), chunkshape=(100,))
     stream = multitables.Streamer(path)
+    assert repr(stream) == f"<multitables.Streamer {str(path)!r}>"
+    asked = multitables.Streamer([path, path], engine="h5py", start_method="spawn")
+    assert repr(asked) == f"<multitables.Streamer '2 files: {path} .. {path}', engine='h5py', start_method='spawn'>"
     with stream.get_queue("/data", n_procs=1, block_size=200) as queue:
         assert repr(queue) == f"<multitables.Queue '/data' of {str(path)!r}: 1 reader, blocks of 200 rows, 'chunks' engine>"
         guard = queue.get()

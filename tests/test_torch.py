@@ -396,3 +396,10 @@ def test_the_adapters_annotations_resolve_at_run_time(function: Callable[..., ob
     """``typing.get_type_hints`` (what run-time checkers and IDEs' introspection call) finds every name they use."""
     for each in [function, *getattr(typing, "get_overloads", lambda _: [])(function)]:
         typing.get_type_hints(each)
+
+
+def test_the_adapter_says_what_it_wraps(h5: Path) -> None:
+    stream = multitables.Streamer(h5)
+    batches = stream.get_batches("/y", 100)
+    assert repr(mtt.TorchBatches(batches)) == f"<multitables.torch.TorchBatches of {batches!r}>"
+    assert repr(mtt.TorchBatches(batches, device="cpu")) == f"<multitables.torch.TorchBatches of {batches!r}, device='cpu'>"

@@ -10,7 +10,7 @@ import numpy as np
 
 from .._io.blockread import Transform, delivered
 from .._io.engines import open_source, readers_may_change, resolve_engine
-from .._io.fileset import inspect_files, open_files, own_flags
+from .._io.fileset import describe_files, inspect_files, open_files, own_flags
 from .._io.node import NodeInfo
 from .._io.objects.config import Store
 from .._io.objects.urls import shown
@@ -41,6 +41,11 @@ class StreamOptions:
                 f"start_method={self.start_method!r}, open_kwargs={self.open_kwargs!r}, store={self.store!r})")
 
     __str__ = __repr__
+
+    @property
+    def named(self) -> str:
+        """The files as reprs name them: the file (a URL as shown: no secret), or a set's size, first and last file."""
+        return shown(self.files) if isinstance(self.files, str) else describe_files(self.files)
 
     def open_files(self, path: str, field: "str | None" = None) -> "tuple[NodeInfo, Any]":
         """The node at ``path`` of the files, and its open ``h5py.Dataset`` (None for a set): ``_io.fileset.open_files``."""

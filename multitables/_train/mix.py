@@ -245,7 +245,7 @@ class MixedBatches(Generic[BatchT]):
 
     def __repr__(self) -> str:
         shares = ", ".join(f"{p:.3g}" for p in self._proportions)
-        return f"<MixedBatches of {len(self._sources)} sources ({shares}, per {self._per}) at step {self._step}>"
+        return f"<multitables.MixedBatches of {len(self._sources)} sources ({shares}, per {self._per}) at step {self._step}>"
 
 
 def _length(batch: Any) -> int:

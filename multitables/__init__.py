@@ -27,7 +27,7 @@ from .errors import (
     StreamClosedError,
     SubprocessException,
 )
-from .streamer import Guard, Queue, Streamer
+from .streamer import Guard, Queue, RowIterator, Streamer
 from .batches import Batches, MixedBatches, mix_batches
 from .reader import DataProxy, Dataset, Future, Reader, Request, RequestPool, Stage, StagePool
 from ._access import compat2x as _compat2x
@@ -53,6 +53,7 @@ __all__ = [
     "RequestPool",
     "Queue",
     "Guard",
+    "RowIterator",
     "QueueClosed",
     "MultitablesError",
     "EmptyDatasetError",

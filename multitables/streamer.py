@@ -108,7 +108,7 @@ class _OneTaker:
     __slots__ = ("_blocks", "_lock")
 
     def __init__(self, blocks: "Generator[Iterator[np.ndarray], None, None]") -> None:
-        # Weak: the rows' iterator (:class:`_RowIterator`) owns the blocks. A Ctrl-C that lands as this method starts
+        # Weak: the rows' iterator (:class:`RowIterator`) owns the blocks. A Ctrl-C that lands as this method starts
         # leaves its frame, and so this object, in the traceback the user is handling; the blocks (and the readers)
         # must not live on through it once the user's loop dropped the rows.
         self._blocks = weakref.ref(blocks)
@@ -127,16 +127,16 @@ class _OneTaker:
             self._lock.release()
 
 
-class _RowIterator(itertools.chain[np.ndarray]):
-    """What :meth:`Streamer.get_generator` returns: the rows of its blocks, one ``next`` each, closed as a generator is.
-
-    get_generator's annotation is this class, not ``Generator``: it has a generator's ``close()`` but no ``send`` or
-    ``throw``, so a user's type checker takes ``gen.close()`` and refuses what would fail.
-
-    A row is a step of ``itertools.chain`` over the blocks' row iterators, taken in C: a Python generator resumed
-    for every row cost 1.4x a plain loop over the same rows, which a dataset of short rows pays on every row
-    (BENCHMARKS.md). The blocks come from a generator (:meth:`Streamer._blocks`), resumed once a block.
+class RowIterator(itertools.chain[np.ndarray]):
+    """What :meth:`Streamer.get_generator` returns: an iterator over the rows, one numpy row a ``next``, which
+    :meth:`close` ends as a generator's ``close()`` does (dropping it or leaving a ``for`` loop early does the same).
     """
+
+    # Annotated as this class, not Generator: it has a generator's close() but no send() or throw(), so a user's
+    # type checker takes gen.close() and refuses what would fail. A row is a step of itertools.chain over the
+    # blocks' row iterators, taken in C: a Python generator resumed for every row cost 1.4x a plain loop over the
+    # same rows, which a dataset of short rows pays on every row (BENCHMARKS.md). The blocks come from a generator
+    # (Streamer._blocks), resumed once a block.
 
     _blocks: "Generator[Iterator[np.ndarray], None, None]"
     _active: "list[Iterator[np.ndarray]]"
@@ -144,7 +144,7 @@ class _RowIterator(itertools.chain[np.ndarray]):
     @classmethod
     def over(
         cls, blocks: "Generator[Iterator[np.ndarray], None, None]", active: "list[Iterator[np.ndarray]]"
-    ) -> "_RowIterator":
+    ) -> "RowIterator":
         """The rows of ``blocks``; ``active`` holds the row iterator being walked (none between blocks)."""
         rows = cls.from_iterable(_OneTaker(blocks))
         rows._blocks, rows._active = blocks, active
@@ -359,7 +359,7 @@ class Streamer:
         ordered: bool = False,
         field: "str | None" = None,
         remainder: bool = True,
-    ) -> _RowIterator:
+    ) -> RowIterator:
         """Iterate over the rows of ``path``: every row once per pass, remainder included.
 
         Rows are yours: safe to keep and to change, and nothing overwrites
@@ -376,7 +376,7 @@ class Streamer:
         """
         spec = self._spec(path, n_procs, read_ahead, cyclic, block_size, ordered, field, remainder, rows_only=True)
         active: "list[Iterator[np.ndarray]]" = []
-        return _RowIterator.over(self._blocks(spec, active), active)
+        return RowIterator.over(self._blocks(spec, active), active)
 
     def _blocks(
         self, spec: StreamSpec, active: "list[Iterator[np.ndarray]]"

@@ -503,7 +503,7 @@ def test_the_generator_is_annotated_as_what_it_is_rows_and_a_close(make_array) -
     """A user's type checker sees the ``close()`` the docs promise (a bare ``Iterator`` has none) and rows that are
     arrays; not a ``Generator``, whose ``send`` and ``throw`` it lacks."""
     hint = typing.get_type_hints(multitables.Streamer.get_generator)["return"]
-    assert isinstance(hint, type), f"get_generator is annotated {hint}, not the class of what it returns"
+    assert hint is multitables.RowIterator, f"get_generator is annotated {hint}, not the public class it returns"
     assert [typing.get_args(base) for base in hint.__orig_bases__] == [(np.ndarray,)]
     assert callable(hint.close) and not hasattr(hint, "send") and not hasattr(hint, "throw")
     gen = multitables.Streamer(make_array(np.arange(10.0))).get_generator("/data", n_procs=0)

@@ -91,6 +91,9 @@ def data_of(shape: tuple[int, ...]) -> np.ndarray:
 @example(case=((1, 0, 1), (0, Ellipsis, np.array([], dtype=bool))))
 @example(case=((4, 3), (slice(None), np.array([], dtype=bool))))
 @example(case=((4, 3), np.zeros((0, 3), dtype=bool)))
+# An Ellipsis of no axis between index arrays still parts them: numpy puts their axes first (found by hypothesis).
+@example(case=((1, 0, 0), (slice(None), np.array([], dtype=np.int64), Ellipsis, [])))
+@example(case=((2, 3, 4), (slice(None), [0], Ellipsis, [1])))
 def test_plan_reads_then_indexes_like_numpy(case: tuple) -> None:
     """Reading the planned rows, then applying the local key, is ``data[key]``; bad keys fail as in numpy."""
     shape, key = case

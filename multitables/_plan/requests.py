@@ -4,9 +4,10 @@ NOTE [request plan]
     A request is an index ``key`` on a node of shape ``(n_rows, *row_shape)``
     (for a table column: the column's shape). :func:`normalize_key` checks it
     the way numpy would and writes it out in full: one entry per axis (the
-    Ellipsis expanded), ``None`` kept, negative positions made positive,
-    lists made arrays, boolean arrays replaced by their ``nonzero()`` integer
-    arrays (which is what numpy does with them).
+    Ellipsis expanded; one that spans no axis between advanced entries is
+    kept, since numpy then moves their axes first), ``None`` kept, negative
+    positions made positive, lists made arrays, boolean arrays replaced by
+    their ``nonzero()`` integer arrays (which is what numpy does with them).
 
     :func:`plan_rows` then splits the work in two:
 
@@ -36,12 +37,14 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass, field
+from types import EllipsisType
 from typing import Any, Sequence, Union
 
 import numpy as np
 
-#: One entry of a normalized key: an int, a slice, an integer array, or None (a new axis).
-Entry = Union[int, slice, np.ndarray, None]
+#: One entry of a normalized key: an int, a slice, an integer array, None (a new axis), or an Ellipsis that takes no
+#: axis between advanced entries, which numpy's rule of where their axes go still counts (NOTE [request plan]).
+Entry = Union[int, slice, np.ndarray, None, "EllipsisType"]
 
 #: Rows per "chunk" assumed for contiguous (unchunked) datasets: runs closer than this are read together.
 CONTIGUOUS_GROUP_BYTES = 64 * 1024
@@ -164,6 +167,9 @@ def normalize_key(key: Any, shape: Sequence[int]) -> tuple[Entry, ...]:
         if kind == "newaxis":
             out.append(None)
         elif kind == "ellipsis":
+            advanced = [j for j, k in enumerate(kinds) if k in ("array", "int")]
+            if used == ndim and "array" in kinds and advanced and advanced[0] < i < advanced[-1]:
+                out.append(Ellipsis)  # no axis, but it parts the advanced entries: numpy puts their axes first
             for _ in range(ndim - used):
                 out.append(slice(None))
                 axis += 1
@@ -237,12 +243,14 @@ def result_shape(nkey: Sequence[Entry], shape: Sequence[int]) -> tuple[int, ...]
         return tuple(out)
     # Advanced indexing: ints join the arrays; their broadcast shape goes where the
     # first of them is when they are all next to each other, else first.
-    advanced = [i for i, e in enumerate(nkey) if e is not None and not isinstance(e, slice)]
+    advanced = [i for i, e in enumerate(nkey) if e is not None and e is not Ellipsis and not isinstance(e, slice)]
     contiguous = advanced == list(range(advanced[0], advanced[-1] + 1))
     broadcast = np.broadcast_shapes(*(np.shape(nkey[i]) for i in advanced))
     for i, e in enumerate(nkey):
         if e is None:
             out.append(1)
+            continue
+        if e is Ellipsis:
             continue
         d = next(dims)
         if isinstance(e, slice):
@@ -398,7 +406,7 @@ def plan_rows(nkey: tuple[Entry, ...], shape: Sequence[int], *, keep_0d: bool = 
             return plan(len(r), r.start, r.step, slice(None))
         return plan(len(r), r[-1] if len(r) else 0, -r.step, slice(None, None, -1))
     arr: np.ndarray = e0  # type: ignore[assignment]
-    others = [e for i, e in enumerate(nkey) if i != pos0 and e is not None and not isinstance(e, slice)]
+    others = [e for i, e in enumerate(nkey) if i != pos0 and e is not None and e is not Ellipsis and not isinstance(e, slice)]
     # Replacing the array by a slice keeps numpy's semantics only when no other
     # advanced entry could change where its axis goes.
     alone = not any(isinstance(e, np.ndarray) for e in others) and (not others or pos0 == 0)

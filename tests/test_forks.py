@@ -186,3 +186,36 @@ def test_a_daemonic_worker_reads_in_itself_and_is_told_why_it_cannot_start_reade
         assert "being daemonic" in got["inherited"] and "n_procs=0" in got["inherited"], got
     else:
         assert got["inherited"] == "not inherited", got
+
+
+def test_streams_leave_multiprocessings_start_method_to_the_user(tmp_path: Path) -> None:
+    """Streams, batches and a Reader with the default start method use multiprocessing's default without fixing it:
+    the user's later ``set_start_method`` still works, as in a notebook whose cells run in any order."""
+    path = tmp_path / "d.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=np.arange(4000.0).reshape(1000, 4), chunks=(100, 4), compression="gzip")
+    script = textwrap.dedent(
+        """
+        import multiprocessing, sys, multitables
+        stream = multitables.Streamer(sys.argv[1])
+        with stream.get_queue("/x", n_procs=2) as queue:
+            for guard in queue.iter():
+                guard.release()
+        batches = stream.get_batches("/x", 100, n_procs=1)
+        next(iter(batches))
+        batches.close()
+        with multitables.Reader(sys.argv[1], n_procs=1) as reader:
+            reader.get_dataset("/x")
+        print(multiprocessing.get_start_method(allow_none=True))
+        multiprocessing.set_start_method("spawn")
+        rows = 0
+        with stream.get_queue("/x", n_procs=1) as queue:
+            for guard in queue.iter():
+                with guard as block:
+                    rows += len(block)
+        print(rows, multiprocessing.get_start_method())
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["None", "1000", "spawn"]

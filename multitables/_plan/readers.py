@@ -55,6 +55,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
+from .._sys.forks import start_method as default_start_method
 from .blocks import MiB, BlockPlan, GrowingPlan, RangePlan
 from .costs import (
     MARGIN, RATE_SPREAD, parallel_cpus, parallel_pays, rate_sample_rows, saved_s, start_cost, table_rate,
@@ -101,9 +102,7 @@ class Machine:
     @classmethod
     def here(cls, start_method: "str | None" = None) -> "Machine":
         """This process's machine; ``start_method`` None: multiprocessing's default."""
-        if start_method is None:
-            start_method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
-        return cls(available_cpus(), start_method, bool(multiprocessing.current_process().daemon))
+        return cls(available_cpus(), default_start_method(start_method), bool(multiprocessing.current_process().daemon))
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,7 @@ from typing import Any, Callable
 
 from .._io.prefork import READING_LIBRARIES, before_fork
 from .._io.handles import refuse_written_here
+from .._sys.forks import start_method as default_start_method
 from .._sys.release import settle_releases
 from .._shm.ring import TICK
 from .._shm.space import semaphores_for
@@ -195,7 +196,7 @@ class ReaderPool:
                 f"{where} needs reader processes, but this process is daemonic (a multiprocessing.Pool or DataLoader "
                 f"worker, say), and multiprocessing lets a daemonic process start none: {instead}."
             )
-        self.ctx = multiprocessing.get_context(start_method)
+        self.ctx = multiprocessing.get_context(default_start_method(start_method))  # the default's, not fixing it
         preload_in_forkserver(self.ctx)
         self.filename, self.path, self._name = filename, path, name
         #: The process that started the readers, the one that may use and stop them (NOTE [forked children]).

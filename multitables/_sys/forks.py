@@ -37,6 +37,14 @@ def renew_lock_in_children(scope: "dict[str, Any]", name: str) -> None:
     os.register_at_fork(after_in_child=renew)
 
 
+def start_method(asked: "str | None" = None) -> str:
+    """The start method readers get: ``asked``, else multiprocessing's default, found without fixing it (as
+    ``multiprocessing.get_start_method()`` does): a user's later ``set_start_method`` still works."""
+    import multiprocessing
+
+    return asked or multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+
+
 def finish_imports(names: "Iterable[str]") -> None:
     """Wait until no thread is importing any module of ``names`` (one begun is in ``sys.modules``, and importing it
     again waits for the first to end), so that none is left half-imported in a child forked after this returns."""

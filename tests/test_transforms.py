@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
@@ -119,6 +121,58 @@ def test_a_transform_spawned_readers_cannot_get_is_refused_up_front(h5: Path) ->
     stream = multitables.Streamer(h5, start_method="spawn")
     with pytest.raises(TypeError, match="picklable for the spawn start method"):
         stream.get_batches("/X", batch_size=10, transform=lambda rows: rows)
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver", "fork"])
+def test_a_transform_of_an_interactive_session_is_refused_up_front_where_readers_cannot_import_it(
+    h5: Path, start_method: str
+) -> None:
+    """A notebook's functions live in a __main__ without a file: they pickle by name, and a spawned or forkserver
+    reader cannot import them (it died with exit code 1, its AttributeError on stderr only). A forked one has them."""
+    script = (
+        "import sys, multitables\n"
+        "def halve(rows):\n"
+        "    return rows / 2\n"
+        f"stream = multitables.Streamer(sys.argv[1], start_method={start_method!r})\n"
+        "try:\n"
+        "    batches = stream.get_batches('/X', batch_size=10, transform=halve, n_procs=1)\n"
+        "except TypeError as exc:\n"
+        "    print('refused:', exc)\n"
+        "else:\n"
+        "    print('rows:', len(next(iter(batches))))\n"
+        "    batches.close()\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script, str(h5)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    if start_method == "fork":
+        assert run.stdout.strip() == "rows: 10"
+    else:
+        assert run.stdout.startswith("refused: transform for '/X' is defined in an interactive session (halve in a ")
+        assert "define it in a module (a .py file) and import it, or use start_method='fork'" in run.stdout
+
+
+def test_a_spawned_reader_that_cannot_get_its_transform_says_where_its_error_went(h5: Path, tmp_path: Path) -> None:
+    """A function defined under ``if __name__ == "__main__":`` pickles by name, but a spawned reader imports the
+    script as another module, without it: the reader dies before it can report (exit code 1), and Python prints why
+    on the consumer's stderr. The error says so, not only that the reader "died unexpectedly"."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys, multitables\n"
+        "if __name__ == '__main__':\n"
+        "    def halve(rows):\n"
+        "        return rows / 2\n"
+        "    batches = multitables.Streamer(sys.argv[1], start_method='spawn').get_batches(\n"
+        "        '/X', batch_size=10, transform=halve, n_procs=1)\n"
+        "    try:\n"
+        "        next(iter(batches))\n"
+        "    except multitables.ReaderError as exc:\n"
+        "        print('said:', exc)\n"
+    )
+    run = subprocess.run([sys.executable, str(script), str(h5)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "died unexpectedly with exit code 1 before it could report an error" in run.stdout
+    assert "printed that error on this process's stderr" in run.stdout
+    assert "AttributeError" in run.stderr and "halve" in run.stderr  # where it went
 
 
 def test_transform_and_fields_do_not_go_together(tmp_path: Path) -> None:

@@ -97,6 +97,9 @@ def died_error(reader_index: int, pid: int, exitcode: "int | None", filename: st
         except ValueError:
             pass
     what = f"reading {path!r} in {filename!r}" if path else f"of {filename!r}"
+    if exitcode == 1:  # Python's own exit for an error no code of the reader's caught: before it could report
+        how += (" before it could report an error: Python printed that error on this process's stderr (under spawn "
+                "or forkserver, often what the reader could not unpickle or import, such as a function of __main__)")
     exc = ReaderError(f"Reader {reader_index} (pid {pid}) {what} died unexpectedly with {how}." if not interpreter_exiting()
                       else f"Reader {reader_index} (pid {pid}) {what} ended with {how}: the interpreter is exiting, and its "
                            f"exit handlers end every reader (a daemon thread that still uses them sees this).")

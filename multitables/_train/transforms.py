@@ -5,12 +5,13 @@ See NOTE [transforms] in ``_io.blockread``.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import pickle
+import sys
 from typing import Any, Protocol
 
 from .._io.blockread import Transform
+from .._sys.forks import start_method
 from .._stream.options import StreamOptions
 
 
@@ -51,13 +52,27 @@ def infer_transforms(stream: "StreamerLike", paths: list[str], nodes: list[Any],
             continue
         sample = options.read_rows(node, 0, min(_SAMPLE_ROWS, node.n_rows))
         found = Transform.infer(function, sample, repr(path))
-        if (options.start_method or multiprocessing.get_start_method()) != "fork":
+        method = start_method(options.start_method)
+        if method != "fork":
             try:  # spawned readers get it pickled: say so now rather than in a reader
                 pickle.dumps(function)
             except Exception as exc:
                 raise TypeError(
-                    f"transform for {path!r} must be picklable for the {options.start_method or 'default'} start "
-                    f"method (a module-level function, not a lambda or a local function): {exc}"
+                    f"transform for {path!r} must be picklable for the {method} start method (a module-level "
+                    f"function, not a lambda or a local function): {exc}"
                 ) from exc
+            if _interactive(function):
+                raise TypeError(
+                    f"transform for {path!r} is defined in an interactive session ({function.__qualname__} in a "
+                    f"notebook or at the prompt), which readers started by {method} cannot import: define it in a "
+                    f"module (a .py file) and import it, or use start_method='fork'"
+                )
         out.append(found)
     return out
+
+
+def _interactive(function: Any) -> bool:
+    """Whether ``function`` lives in a ``__main__`` without a file (a notebook's kernel, the prompt, ``python -c``):
+    pickled by name, it unpickles in a spawned process only where that process can import its module."""
+    main = sys.modules.get("__main__")
+    return getattr(function, "__module__", None) == "__main__" and getattr(main, "__file__", None) is None

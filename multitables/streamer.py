@@ -24,11 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import os
-import sys
-import threading
-import weakref
 from typing import Any, Generator, Iterator, Sequence, TypeAlias, overload
 
 import numpy as np
@@ -41,6 +37,7 @@ from ._stream.backends import empty_block
 from ._stream.options import StreamOptions
 from ._stream import queue as _queue
 from ._stream.queue import Guard, Queue
+from ._stream.rows import RowIterator
 from ._procs.stream import StreamSpec
 from ._io.chunks.source import CACHES
 from ._io.engines import check_engine
@@ -81,86 +78,6 @@ def _give_back_unused(lent: "list[tuple[Guard, np.ndarray]]") -> "list[tuple[Gua
         else:
             entry[0].release()
     return kept
-
-
-def _another_thread_takes(_: object) -> None:
-    raise ValueError(
-        "generator already executing: another thread is taking its next block. A generator serves one thread at a "
-        "time, as Python's do (try again, or share a queue, get_queue, between threads)"
-    )
-
-
-#: What a thread walks that asks for a row while another takes the next block (:class:`_OneTaker`): one object, since
-#: the chain drops it without a decref when the other thread sets the block it took (the chain assumes one thread).
-_TAKING = map(_another_thread_takes, itertools.repeat(None))
-
-
-class _OneTaker:
-    """The blocks a generator's chain walks, taken by one thread at a time.
-
-    ``itertools.chain`` ends for good on any error of its source, so a second thread's "generator already executing"
-    from the blocks' generator would end the rows for every thread, silently. That thread walks :data:`_TAKING`
-    instead, which raises in it and leaves the chain going, as Python's own generators behave. (The chain is not
-    made for threads: a switch of the GIL just after the failed ``acquire``, while the other thread finishes its
-    block, could still set :data:`_TAKING` over that block. So the docs say to share a queue, not a generator.)
-    """
-
-    __slots__ = ("_blocks", "_lock")
-
-    def __init__(self, blocks: "Generator[Iterator[np.ndarray], None, None]") -> None:
-        # Weak: the rows' iterator (:class:`RowIterator`) owns the blocks. A Ctrl-C that lands as this method starts
-        # leaves its frame, and so this object, in the traceback the user is handling; the blocks (and the readers)
-        # must not live on through it once the user's loop dropped the rows.
-        self._blocks = weakref.ref(blocks)
-        self._lock = threading.Lock()
-
-    def __iter__(self) -> "_OneTaker":
-        return self
-
-    def __next__(self) -> "Iterator[np.ndarray]":
-        if not self._lock.acquire(blocking=False):
-            return _TAKING  # type: ignore[return-value]
-        try:
-            # No local: the frame must not hold the blocks (see __init__). Dropped, they have no more.
-            return next(iter(self._blocks() or ()))
-        finally:
-            self._lock.release()
-
-
-class RowIterator(itertools.chain[np.ndarray]):
-    """What :meth:`Streamer.get_generator` returns: an iterator over the rows, one numpy row a ``next``, which
-    :meth:`close` ends as a generator's ``close()`` does (dropping it or leaving a ``for`` loop early does the same).
-    """
-
-    # Annotated as this class, not Generator: it has a generator's close() but no send() or throw(), so a user's
-    # type checker takes gen.close() and refuses what would fail. A row is a step of itertools.chain over the
-    # blocks' row iterators, taken in C: a Python generator resumed for every row cost 1.4x a plain loop over the
-    # same rows, which a dataset of short rows pays on every row (BENCHMARKS.md). The blocks come from a generator
-    # (Streamer._blocks), resumed once a block.
-
-    _blocks: "Generator[Iterator[np.ndarray], None, None]"
-    _active: "list[Iterator[np.ndarray]]"
-
-    @classmethod
-    def over(
-        cls, blocks: "Generator[Iterator[np.ndarray], None, None]", active: "list[Iterator[np.ndarray]]"
-    ) -> "RowIterator":
-        """The rows of ``blocks``; ``active`` holds the row iterator being walked (none between blocks)."""
-        rows = cls.from_iterable(_OneTaker(blocks))
-        rows._blocks, rows._active = blocks, active
-        return rows
-
-    def close(self) -> None:
-        """Stop the readers and give the memory back; no row comes after it (rows you hold stay yours, NOTE [lent
-        blocks]). Idempotent, as ``generator.close``."""
-        for rows in self._active:
-            # A chain goes on with the block it holds: end that block's iterator (an ndarray's is a sequence
-            # iterator, which takes a position), so that no row comes after and the ring need not copy the block.
-            move = getattr(rows, "__setstate__", None)
-            if move is not None:
-                move(sys.maxsize - 1)
-                next(rows, None)  # past the end: it lets the block go
-        self._blocks.close()
 
 
 class Streamer:
@@ -376,7 +293,7 @@ class Streamer:
         """
         spec = self._spec(path, n_procs, read_ahead, cyclic, block_size, ordered, field, remainder, rows_only=True)
         active: "list[Iterator[np.ndarray]]" = []
-        return RowIterator.over(self._blocks(spec, active), active)
+        return RowIterator.over(self._blocks(spec, active), active, f"{path!r} of {self._options.named!r}")
 
     def _blocks(
         self, spec: StreamSpec, active: "list[Iterator[np.ndarray]]"

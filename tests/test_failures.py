@@ -88,8 +88,10 @@ def own_segments(pid: "int | None" = None) -> set[str]:
 
 
 def stream_readers() -> set[int]:
-    """The reader pids of the one live queue (a generator's is out of reach otherwise)."""
-    queues = [o for o in gc.get_objects() if type(o) is multitables.Queue and not o.closed]
+    """The reader pids of the one live queue with readers (a generator's is out of reach otherwise); earlier tests'
+    queues read in their process may wait for a collection, and have none."""
+    gc.collect()
+    queues = [o for o in gc.get_objects() if type(o) is multitables.Queue and not o.closed and o.n_procs]
     assert len(queues) == 1, queues
     return set(queues[0].reader_pids)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import math
+import multiprocessing
 import os
 import signal
 import sys
@@ -857,7 +858,9 @@ def test_a_ctrl_c_between_the_rows_and_their_blocks_stops_the_readers_before_the
     # Blocks of 1 MiB, as asked: the generator reads smaller ones several at a time (NOTE [read plan]).
     rows = np.arange(1_000 * 1024, dtype="<f4").reshape(1_000, 1024)
     stream = multitables.Streamer(make_array(rows, chunkshape=(250, 1024)))
-    step = multitables.streamer._OneTaker.__next__.__code__
+    from multitables._stream import rows as row_iteration
+
+    step = row_iteration._OneTaker.__next__.__code__
     landing = 0
     while True:
         events: "list[str]" = []
@@ -914,3 +917,14 @@ def test_a_queue_and_its_guards_say_what_they_are(make_array) -> None:
     assert repr(queue).endswith("'chunks' engine, closed>")
     with stream.get_queue("/data", n_procs=0) as queue:
         assert "read in this process, blocks of 1000 rows" in repr(queue)
+
+
+def test_the_generator_is_a_with_block_whose_end_stops_its_readers(make_array, no_leaks: None) -> None:
+    """In a notebook, a traceback or ``Out[]`` keeps a generator alive after its loop: a ``with`` ends it anyway."""
+    path = make_array(np.arange(4000.0).reshape(1000, 4), chunkshape=(100, 4))
+    with multitables.Streamer(path).get_generator("/data", n_procs=2, block_size=100) as rows:
+        assert repr(rows) == f"<multitables.RowIterator over '/data' of {str(path)!r}>"
+        first = next(rows)
+        held = rows  # as a traceback or Out[] would hold it
+    assert not multiprocessing.active_children()  # gone, though the iterator is held
+    assert list(held) == [] and first.shape == (4,)

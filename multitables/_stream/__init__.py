@@ -1,2 +1,2 @@
 """The streaming face's parts (:class:`~multitables.Streamer`'s queues and generator): the queue and its guards,
-and the two back ends a queue reads through, reader processes or this process."""
+the generator's row iterator, and the two back ends a queue reads through, reader processes or this process."""

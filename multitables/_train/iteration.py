@@ -20,7 +20,7 @@ class Iteration(itertools.chain):  # type: ignore[type-arg]
     without a word.
 
     The loop steps a chain (C) over :class:`_Step`, as the generator's rows
-    do (``streamer.RowIterator``): a Ctrl-C can land in any Python frame
+    do (``_stream.rows.RowIterator``): a Ctrl-C can land in any Python frame
     between the loop and the batches, and that frame stays in the traceback
     the user handles. The step holds the batches weakly, so that they (and
     their readers) go with the loop, not with the traceback.

@@ -231,8 +231,9 @@ class H5pySource:
         if self._chunk_nbytes and not dsid.get_type().equal(self._mtype):
             self._chunk_nbytes = 0  # HDF5 converts the stored numbers (a precision or offset of their own)
         # Strings read as stored and converted here where HDF5 would convert them member by member (4x slower).
+        # (Never with blosc chunks as stored: a string to convert makes the file's type differ from the memory type.)
         stored = stored_strings_type(dsid.get_type(), self._mtype) if node.string_pads and self._field_dtype is None else None
-        self._mtype, self._pads = (self._mtype, ()) if stored is None or self._chunk_nbytes else (stored, node.string_pads)
+        self._mtype, self._pads = (self._mtype, ()) if stored is None else (stored, node.string_pads)
         self._stored: "np.ndarray | None" = None  # one stored chunk, made at the first
         self._edge_filtered: "bool | None" = None  # see _edge_chunks_filtered
 

@@ -221,12 +221,12 @@ class ReaderPool:
         """Start one reader per entry of ``args``, each running ``loop(reader, *args[i])``; ``files``: those they read,
         refused if this process writes one of them and the readers are forked from it (NOTE [files written here])."""
         method = self.ctx.get_start_method()
-        if method != "fork":
-            check_working_directory(method)
-        settle_releases()  # no unmapping on a thread while forking (NOTE [release off the path])
         if method == "fork":
             refuse_written_here((files,) if isinstance(files, str) else files)
-            before_fork()  # no lock of a reading library held by another thread (NOTE [forking among threads])
+            before_fork()  # no unmapping on a thread, no reading library's lock held by one (NOTE [forking among threads])
+        else:
+            check_working_directory(method)
+            settle_releases()  # no unmapping on a thread while a process starts (NOTE [release off the path])
         _POOLS.add(self)
         me = os.getpid()
         me_start = process_start_time(me)

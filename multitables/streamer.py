@@ -30,6 +30,7 @@ from typing import Any, Generator, Iterator, Sequence, TypeAlias, overload
 import numpy as np
 
 from ._sys.checks import check_bool, check_int
+from ._sys.forks import note_forgone
 from ._sys.refs import held_elsewhere
 from .batches import Batches
 from ._train.batch import Batch
@@ -45,7 +46,7 @@ from ._io.fileset import as_files
 from ._io.node import close_dataset
 from ._io.objects.config import make_store
 from ._io.objects.urls import is_url
-from ._plan.readers import DatasetShape, plan_stream, rate_decides
+from ._plan.readers import DatasetShape, plan_stream, rate_decides, would_save_s
 from ._procs.pool import check_start_method
 from ._shm.space import shared_memory_free
 
@@ -199,6 +200,8 @@ class Streamer:
                 cyclic=cyclic, remainder=remainder, rows_only=rows_only,
             )  # fmt: skip
             read = plan()
+            if n_procs is None:
+                note_forgone(would_save_s(shape, engine, machine))  # NOTE [fork server] in _sys.forks
             if read.n_procs and (block_size is None or read_ahead is None or read.split_rows):
                 # A ring of defaults, or of blocks read together: fit it (NOTE [read plan]).
                 read = plan(shm_free=shared_memory_free())
@@ -231,8 +234,10 @@ class Streamer:
         n_procs : int, optional
             Reader processes; 0 reads the blocks in this process. Default: the
             CPUs this process may use, or none at all when starting them would
-            cost more than they save: small datasets, one CPU (NOTE [read
-            plan] in ``multitables._plan.readers``). Capped at 4 per usable CPU
+            cost more than they save: small datasets, one CPU, the fork
+            server's first start (NOTE [read plan] in
+            ``multitables._plan.readers``, NOTE [fork server] in
+            ``multitables._sys.forks``). Capped at 4 per usable CPU
             and at the blocks of a pass (not cyclic); :attr:`Queue.n_procs`
             says how many run.
         read_ahead : int, optional

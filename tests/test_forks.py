@@ -219,3 +219,51 @@ def test_streams_leave_multiprocessings_start_method_to_the_user(tmp_path: Path)
     run = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split() == ["None", "1000", "spawn"]
+
+
+_SERVER_SCRIPT = textwrap.dedent(
+    """
+    import json, multiprocessing, os, sys
+    import multitables
+    from multitables._plan import costs, readers
+    from multitables._sys import forks
+
+    multiprocessing.set_start_method("forkserver")
+    readers.available_cpus = lambda: 2
+    costs._DECODE_RATE[1] /= 1024  # this 256 KiB file priced as 256 MiB of it would be
+    if sys.argv[2] == "theirs":  # a fork server this library did not start: without the readers' modules
+        first = multiprocessing.Process(target=os.getpid)
+        first.start()
+        first.join()
+    stream = multitables.Streamer(sys.argv[1], engine="h5py")
+    seen = []
+    for _ in range(4):
+        with stream.get_queue("/x") as queue:
+            rows = 0
+            for guard in queue.iter():
+                with guard as block:
+                    rows += len(block)
+            seen.append([queue.n_procs, rows, forks.server_ready()])
+    print(json.dumps(seen))
+    """
+)
+
+
+@pytest.mark.parametrize("server", ["none", "theirs"])
+def test_the_fork_servers_first_start_is_bought_once_streams_forwent_its_price(tmp_path: Path, server: str) -> None:
+    """NOTE [fork server] in ``multitables._sys.forks``: under ``forkserver`` a stream too small to pay for the
+    server's first start reads in the consumer; once such streams have forgone that price, the next starts readers,
+    and the server it starts, with the readers' modules loaded, makes every later start cheap. A server someone else
+    started never gets cheap: each start from it imports the readers' modules."""
+    path = tmp_path / "d.h5"
+    with h5py.File(path, "w") as f:
+        data = np.random.default_rng(0).random((64, 1024), "f4")
+        f.create_dataset("x", data=data, chunks=(8, 1024), compression="gzip")
+    run = subprocess.run([sys.executable, "-c", _SERVER_SCRIPT, str(path), server], capture_output=True, text=True,
+                         timeout=GUARD)
+    assert run.returncode == 0, run.stderr[-2000:]
+    seen = json.loads(run.stdout)
+    if server == "none":
+        assert seen == [[0, 64, False], [0, 64, False], [2, 64, True], [2, 64, True]]
+    else:
+        assert seen == [[0, 64, False]] * 4

@@ -10,14 +10,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from multitables._plan.blocks import BlockPlan, RangePlan, ahead
-from multitables._plan.costs import RATE_SAMPLE_BYTES, RATE_SAMPLE_SHARE, parallel_cpus, parallel_pays, rate_sample_rows
+from multitables._plan.costs import (
+    RATE_SAMPLE_BYTES, RATE_SAMPLE_SHARE, parallel_cpus, parallel_pays, rate_sample_rows, start_cost,
+)
 from multitables._plan.readers import (
     READERS_PER_CPU, SHM_SHARE, DatasetShape, Machine, ReadPlan, cap_readers, default_block_size, default_read_ahead,
-    hint_distance, plan_batches, plan_blocks, plan_stream, rate_decides, TOGETHER_BYTES,
+    hint_distance, plan_batches, plan_blocks, plan_stream, rate_decides, would_save_s, TOGETHER_BYTES,
     TOGETHER_RING_BYTES,
 )
 
 sizes = st.integers(1, 500).flatmap(lambda n: st.tuples(st.just(n), st.integers(1, n)))
+FORK, SPAWN = start_cost("fork"), start_cost("spawn")
 
 
 def gather(plan: BlockPlan, k: int) -> np.ndarray:
@@ -76,23 +79,44 @@ def test_defaults_for_a_pytables_float_array() -> None:
 
 def test_parallel_reading_pays_only_for_enough_work_and_more_than_one_cpu() -> None:
     zlib, blosc = (1,), (32001,)
-    assert not parallel_pays(4 << 20, zlib, "fork", 2, "h5py")  # a 4 MiB file: start-up costs more
-    assert parallel_pays(256 << 20, zlib, "fork", 2, "h5py")
-    assert not parallel_pays(1 << 40, zlib, "fork", 1, "h5py")  # one CPU: never
+    assert not parallel_pays(4 << 20, zlib, FORK, 2, "h5py")  # a 4 MiB file: start-up costs more
+    assert parallel_pays(256 << 20, zlib, FORK, 2, "h5py")
+    assert not parallel_pays(1 << 40, zlib, FORK, 1, "h5py")  # one CPU: never
     # Fast codecs and slow start methods need more data before processes pay.
-    assert parallel_pays(128 << 20, zlib, "fork", 2, "h5py") and not parallel_pays(128 << 20, blosc, "fork", 2, "h5py")
-    assert parallel_pays(256 << 20, zlib, "fork", 2, "h5py") and not parallel_pays(256 << 20, zlib, "spawn", 2, "h5py")
+    assert parallel_pays(128 << 20, zlib, FORK, 2, "h5py") and not parallel_pays(128 << 20, blosc, FORK, 2, "h5py")
+    assert parallel_pays(256 << 20, zlib, FORK, 2, "h5py") and not parallel_pays(256 << 20, zlib, SPAWN, 2, "h5py")
     # Stored bytes: a reader's work is the copy the consumer would make, however much there is.
-    assert not parallel_pays(1 << 40, (), "fork", 64, "chunks") and not parallel_pays(1 << 40, (), "fork", 64, "h5py")
+    assert not parallel_pays(1 << 40, (), FORK, 64, "chunks") and not parallel_pays(1 << 40, (), FORK, 64, "h5py")
 
 
 def test_a_measured_rate_decides_in_place_of_the_table() -> None:
     zlib, blosc = (1,), (32001,)
-    assert not parallel_pays(128 << 20, blosc, "fork", 2, "h5py")  # the table: blosc decodes fast
-    assert parallel_pays(128 << 20, blosc, "fork", 2, "h5py", rate=0.3e9)  # this machine says otherwise
-    assert parallel_pays(256 << 20, zlib, "fork", 2, "h5py") and not parallel_pays(256 << 20, zlib, "fork", 2, "h5py",
+    assert not parallel_pays(128 << 20, blosc, FORK, 2, "h5py")  # the table: blosc decodes fast
+    assert parallel_pays(128 << 20, blosc, FORK, 2, "h5py", rate=0.3e9)  # this machine says otherwise
+    assert parallel_pays(256 << 20, zlib, FORK, 2, "h5py") and not parallel_pays(256 << 20, zlib, FORK, 2, "h5py",
                                                                                     rate=20e9)
-    assert not parallel_pays(1 << 40, (), "fork", 64, "h5py", rate=1e3)  # stored bytes: never, whatever the rate
+    assert not parallel_pays(1 << 40, (), FORK, 64, "h5py", rate=1e3)  # stored bytes: never, whatever the rate
+
+
+def test_a_fork_server_costs_its_first_start_until_one_of_ours_runs_or_streams_forwent_as_much() -> None:
+    """NOTE [fork server]: the server's first start is dear, a start from our running server costs a fork's, and
+    what streams read in the consumer forgo meanwhile is taken off the first start's price (rent, then buy)."""
+    zlib = DatasetShape(n_rows=65536, row_nbytes=4096, chunk_rows=64, filter_ids=(1,))  # 256 MiB
+    cold = Machine(cpus=2, start_method="forkserver")
+    ready = dataclasses.replace(cold, server_ready=True)
+    assert cold.start_cost() == start_cost("forkserver") > ready.start_cost() == FORK
+    assert plan_stream(zlib, "h5py", cold).n_procs == 0 and plan_stream(zlib, "h5py", ready).n_procs == 2
+    assert plan_stream(zlib, "h5py", Machine(2, "fork")).n_procs == 2
+    forgone = would_save_s(zlib, "h5py", cold)
+    assert forgone > 0  # readers from a ready server would have paid: what this stream forgoes
+    assert would_save_s(zlib, "h5py", ready) == would_save_s(zlib, "h5py", Machine(2, "fork")) == 0
+    # The streams forgo it again and again: once they have forgone the first start's price, readers start.
+    after = [dataclasses.replace(cold, forgone_s=k * forgone) for k in range(100)]
+    streams = next(k for k, machine in enumerate(after) if plan_stream(zlib, "h5py", machine).n_procs)
+    assert 1 < streams <= -(-(start_cost("forkserver") - FORK) // forgone)
+    assert Machine(2, "forkserver", forgone_s=1e9).start_cost() == FORK  # never below a start from a ready server
+    tiny = DatasetShape(n_rows=64, row_nbytes=4096, chunk_rows=64, filter_ids=(1,))
+    assert would_save_s(tiny, "h5py", cold) == 0  # readers would not pay even from a ready server: nothing forgone
 
 
 def test_the_rate_is_measured_only_where_it_can_change_the_answer() -> None:

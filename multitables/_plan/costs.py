@@ -9,11 +9,15 @@ it; such a sample is small beside the dataset or not taken (:func:`rate_sample_r
 
 from __future__ import annotations
 
-#: What it costs to start the readers and see the first block (s), by start
-#: method. Measured with 2 readers on a 4 MiB file, median of 5, on the
-#: 2-core development machine while busy: fork 0.043, forkserver 0.84,
-#: spawn 1.2 (each spawned reader imports numpy, h5py and PyTables).
-START_COST_S = {"fork": 0.05, "forkserver": 0.9, "spawn": 1.2}
+#: What it costs to start the readers and see the first block (s), by start method: 2 readers on a 4 MiB file, a
+#: fresh process's first stream, on the 2-core development machine idle and beside two busy processes: fork
+#: 0.04-0.05 and 0.05-0.09; forkserver 0.28-0.32 and 0.42-0.43 (the server's start: a new interpreter importing
+#: numpy, h5py, PyTables and this library); spawn 0.32-0.34 and 0.59-0.62 (each reader imports them, every stream).
+#: The fork server's later streams: :data:`READY_SERVER_COST_S` (BENCHMARKS.md, thirtieth session).
+START_COST_S = {"fork": 0.05, "forkserver": 0.5, "spawn": 0.55}
+#: What starting readers costs where a fork server this library started runs, its modules preloaded: 0.015-0.02
+#: and 0.03 s, idle and busy as above; priced as a fork (NOTE [fork server] in ``_sys.forks``).
+READY_SERVER_COST_S = START_COST_S["fork"]
 #: How many times that cost readers must save: twice with the table's one-core rate, which may be off by
 #: :data:`RATE_SPREAD`; 0.9 times with the rate measured on the dataset: two readers here went from 0.93x the
 #: consumer where they saved 0.5x the cost at the rate measured (64 MiB of zlib 3, the chunk engine) to 1.17x
@@ -29,13 +33,13 @@ _COPY_RATE = 3.5e9
 
 
 def parallel_pays(
-    nbytes: int, filter_ids: "tuple[int, ...]", start_method: str, n_cpus: int, engine: str, transformed: bool = False,
+    nbytes: int, filter_ids: "tuple[int, ...]", start_s: float, n_cpus: int, engine: str, transformed: bool = False,
     rate: "float | None" = None,
 ) -> bool:
     """Whether ``n_cpus`` reader processes can beat ``engine`` reading ``nbytes`` (uncompressed) in the consumer.
 
     Readers save at most ``(1 - 1/n_cpus)`` of the one-core read time and
-    cost :data:`START_COST_S` to start; they must save :data:`MARGIN` times what they cost.
+    cost ``start_s`` to start (:func:`start_cost`); they must save :data:`MARGIN` times what they cost.
     Stored bytes (no filter) they never save: a reader's work is the one copy
     the consumer makes itself, reading into its block (1 GiB of float32 rows
     in 512 KiB chunks, medians of 5, ``benchmarks/stored_bytes.py``: two
@@ -47,7 +51,7 @@ def parallel_pays(
     if n_cpus < 2 or not (filter_ids or transformed):
         return False
     margin = MARGIN["measured" if rate else "table"]
-    return saved_s(nbytes, rate or table_rate(filter_ids, engine), n_cpus) > margin * start_cost(start_method)
+    return saved_s(nbytes, rate or table_rate(filter_ids, engine), n_cpus) > margin * start_s
 
 
 def table_rate(filter_ids: "tuple[int, ...]", engine: str) -> float:
@@ -61,8 +65,14 @@ def saved_s(nbytes: int, rate: float, n_cpus: int) -> float:
     return nbytes / rate * (1 - 1 / n_cpus)
 
 
-def start_cost(start_method: str) -> float:
-    """Seconds readers started by ``start_method`` cost (:data:`START_COST_S`; an unknown method: the dearest)."""
+def start_cost(start_method: str, server_ready: bool = False, forgone_s: float = 0.0) -> float:
+    """Seconds readers started by ``start_method`` cost (:data:`START_COST_S`; an unknown method: the dearest).
+
+    The fork server's: :data:`READY_SERVER_COST_S` where one this library started runs (``server_ready``), else its
+    first start's less what streams have forgone meanwhile (``forgone_s``; NOTE [fork server] in ``_sys.forks``).
+    """
+    if start_method == "forkserver":
+        return READY_SERVER_COST_S if server_ready else max(READY_SERVER_COST_S, START_COST_S[start_method] - forgone_s)
     return START_COST_S.get(start_method, max(START_COST_S.values()))
 
 

@@ -55,7 +55,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
-from .._sys.forks import start_method as default_start_method
+from .._sys.forks import forgone_so_far, running_forkserver, server_ready, start_method as default_start_method
 from .blocks import MiB, BlockPlan, GrowingPlan, RangePlan
 from .costs import (
     MARGIN, RATE_SPREAD, parallel_cpus, parallel_pays, rate_sample_rows, saved_s, start_cost, table_rate,
@@ -98,11 +98,26 @@ class Machine:
     start_method: str
     #: Whether this process is daemonic (a Pool's or a DataLoader's worker): multiprocessing lets it start no reader.
     daemon: bool = False
+    #: The fork server's state, where it starts readers (NOTE [fork server] in ``_sys.forks``): whether one this
+    #: library started runs, and the seconds streams forwent while none ran (0 where another's runs).
+    server_ready: bool = False
+    forgone_s: float = 0.0
 
     @classmethod
     def here(cls, start_method: "str | None" = None) -> "Machine":
         """This process's machine; ``start_method`` None: multiprocessing's default."""
-        return cls(available_cpus(), default_start_method(start_method), bool(multiprocessing.current_process().daemon))
+        method = default_start_method(start_method)
+        daemon = bool(multiprocessing.current_process().daemon)
+        if method != "forkserver":
+            return cls(available_cpus(), method, daemon)
+        # What streams forwent buys a server of ours only where none runs: one started elsewhere lacks the readers'
+        # modules, and each start from it imports them (0.26 s a stream here, against a fork's 0.011).
+        forgone = forgone_so_far() if running_forkserver() is None else 0.0
+        return cls(available_cpus(), method, daemon, server_ready(), forgone)
+
+    def start_cost(self) -> float:
+        """Seconds starting readers costs here (``_plan.costs.start_cost``)."""
+        return start_cost(self.start_method, self.server_ready, self.forgone_s)
 
 
 @dataclass(frozen=True)
@@ -221,15 +236,16 @@ def hint_distance(n_readers: int, filter_ids: "tuple[int, ...]") -> int:
 
 def rate_decides(shape: DatasetShape, engine: str, machine: Machine) -> bool:
     """Whether the default readers for ``shape`` turn on the decode rate: the table's rate off by
-    :data:`RATE_SPREAD` either way would change the answer. Only then is the rate worth measuring."""
+    :data:`RATE_SPREAD` either way would change the answer, or what a stream forgoes while the fork server is yet to
+    start (:func:`would_save_s`). Only then is the rate worth measuring."""
     cpus = parallel_cpus(machine.cpus, shape.n_rows, shape.chunk_rows)
     if shape.remote or cpus < 2 or machine.daemon or not shape.filter_ids or shape.transformed:
         return False
     if not rate_sample_rows(shape.n_rows, shape.row_nbytes, shape.chunk_rows):  # chunks too large to sample: the table
         return False
     saved = saved_s(shape.nbytes, table_rate(shape.filter_ids, engine), cpus)
-    cost = start_cost(machine.start_method)
-    return MARGIN["measured"] * cost / RATE_SPREAD < saved < MARGIN["table"] * cost * RATE_SPREAD
+    costs = {machine.start_cost(), replace(machine, server_ready=machine.start_method == "forkserver").start_cost()}
+    return any(MARGIN["measured"] * cost / RATE_SPREAD < saved < MARGIN["table"] * cost * RATE_SPREAD for cost in costs)
 
 
 def default_readers(shape: DatasetShape, engine: str, machine: Machine) -> int:
@@ -245,9 +261,21 @@ def default_readers(shape: DatasetShape, engine: str, machine: Machine) -> int:
         many = max(REMOTE_READERS_PER_CPU * machine.cpus, REMOTE_MIN_READERS)
         return many if shape.nbytes > 2 * REMOTE_BLOCK_BYTES else 0
     cpus = parallel_cpus(machine.cpus, shape.n_rows, shape.chunk_rows)
-    pays = parallel_pays(shape.nbytes, shape.filter_ids, machine.start_method, cpus, engine, shape.transformed,
+    pays = parallel_pays(shape.nbytes, shape.filter_ids, machine.start_cost(), cpus, engine, shape.transformed,
                          shape.decode_rate)
     return machine.cpus if pays else 0
+
+
+def would_save_s(shape: DatasetShape, engine: str, machine: Machine) -> float:
+    """Seconds the default's readers would have saved, less their start, had a ready fork server run, where the
+    default reads ``shape`` in the consumer for want of one; else 0 (NOTE [fork server] in ``_sys.forks``)."""
+    if machine.start_method != "forkserver" or machine.server_ready or default_readers(shape, engine, machine):
+        return 0.0
+    ready = replace(machine, server_ready=True)
+    if not default_readers(shape, engine, ready):
+        return 0.0
+    cpus = parallel_cpus(machine.cpus, shape.n_rows, shape.chunk_rows)
+    return saved_s(shape.nbytes, shape.decode_rate or table_rate(shape.filter_ids, engine), cpus) - ready.start_cost()
 
 
 def plan_stream(

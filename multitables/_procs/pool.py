@@ -85,7 +85,7 @@ from typing import Any, Callable
 
 from .._io.prefork import READING_LIBRARIES, before_fork
 from .._io.handles import refuse_written_here
-from .._sys.forks import start_method as default_start_method
+from .._sys.forks import note_ready_server, running_forkserver, start_method as default_start_method
 from .._sys.release import settle_releases
 from .._shm.ring import TICK
 from .._shm.space import semaphores_for
@@ -122,9 +122,10 @@ def end_processes(procs: "list[Any]", timeout: float = JOIN_TIMEOUT) -> None:
             proc.join(1.0)
 
 
-def preload_in_forkserver(ctx: Any) -> None:
+def preload_in_forkserver(ctx: Any) -> bool:
     """Under the ``forkserver`` start method (Python 3.14's default on Linux), have the server import the
-    reader's modules once, so that each reader forked from it need not.
+    reader's modules once, so that each reader forked from it need not; whether the server is yet to start (then
+    with them: NOTE [fork server] in ``_sys.forks``).
 
     Each reader imported numpy and the library itself: 0.2 s more per pool start than ``fork`` (a shuffled
     epoch of 256 MiB: 0.50 s against 0.27; with the preload 0.30 s). Then each still imported h5py and the
@@ -136,7 +137,7 @@ def preload_in_forkserver(ctx: Any) -> None:
     started with.
     """
     if ctx.get_start_method() != "forkserver":
-        return
+        return False
     from multiprocessing import forkserver
 
     current = list(getattr(getattr(forkserver, "_forkserver", None), "_preload_modules", None) or ["__main__"])
@@ -144,6 +145,7 @@ def preload_in_forkserver(ctx: Any) -> None:
     missing = [name for name in wanted if name not in current]
     if missing:
         ctx.set_forkserver_preload(current + missing)
+    return running_forkserver() is None
 
 
 #: Every pool that started readers, for the fork hook below.
@@ -197,7 +199,7 @@ class ReaderPool:
                 f"worker, say), and multiprocessing lets a daemonic process start none: {instead}."
             )
         self.ctx = multiprocessing.get_context(default_start_method(start_method))  # the default's, not fixing it
-        preload_in_forkserver(self.ctx)
+        self._new_server = preload_in_forkserver(self.ctx)  # the readers' start starts it
         self.filename, self.path, self._name = filename, path, name
         #: The process that started the readers, the one that may use and stop them (NOTE [forked children]).
         self.owner = os.getpid()
@@ -253,6 +255,8 @@ class ReaderPool:
                                            f"{exc.strerror} (a limit of processes or of open files?)") from exc
             finally:
                 send.close()
+        if self._new_server:
+            note_ready_server(running_forkserver())
 
     @property
     def n_readers(self) -> int:

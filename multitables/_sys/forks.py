@@ -1,4 +1,4 @@
-"""Locks in a forked child: a lock another thread of the parent held at the fork stays held there for ever.
+"""Forks: the locks a forked child inherits held, and what a start from the fork server costs this process.
 
 NOTE [forking among threads]
     A reader forked while another thread of the consumer held a lock would
@@ -17,6 +17,23 @@ NOTE [forking among threads]
       (:func:`finish_imports`) and loads every codec function the chunk
       engine takes (``_io.prefork.before_fork``): no reader loads one of
       those itself; each finds them loaded.
+
+NOTE [fork server]
+    Where multiprocessing's fork server starts readers (``forkserver``,
+    Python 3.14's default on Linux), what a start costs depends on that
+    server, which only this process knows of. Its first start is a new
+    interpreter importing the readers' modules (0.28-0.32 s here idle,
+    0.42 s beside two busy processes); from a server this library started,
+    which preloads them, each later start is about a fork's (0.02-0.03 s); from a
+    server started elsewhere, each reader imports them itself. So until a
+    server of ours runs, the default reads in the consumer where readers
+    would not pay for that first start, and adds up what such streams forgo
+    (what readers from a ready server would have saved, less their start:
+    ``_plan.readers.would_save_s``); the first start's price is lowered by
+    that sum, so that once the streams have forgone it, the next one that
+    readers would pay for starts the server, and every later one is cheap:
+    rent, then buy, never more than twice the better of the two choices
+    in hindsight. The price is ``_plan.costs.start_cost``.
 """
 
 from __future__ import annotations
@@ -51,3 +68,45 @@ def finish_imports(names: "Iterable[str]") -> None:
     for name in names:
         if name in sys.modules:
             importlib.import_module(name)
+
+
+#: Fork servers this library started, with the readers' modules preloaded, and what streams forwent meanwhile.
+_READY_SERVERS: "set[int]" = set()
+_forgone_s = [0.0]
+
+
+def running_forkserver() -> "int | None":
+    """The pid of multiprocessing's fork server where one was started in this process, else None (read where
+    multiprocessing keeps it: it has no getter)."""
+    from multiprocessing import forkserver
+
+    return getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+
+
+def note_ready_server(pid: "int | None") -> None:
+    """``pid``'s fork server was started by this library with the readers' modules preloaded."""
+    if pid is not None:
+        _READY_SERVERS.add(pid)
+
+
+def server_ready() -> bool:
+    """Whether the running fork server is one this library started with the readers' modules preloaded."""
+    return running_forkserver() in _READY_SERVERS
+
+
+def note_forgone(seconds: float) -> None:
+    """A stream read in the consumer where readers from a ready server would have saved ``seconds``."""
+    _forgone_s[0] += max(0.0, seconds)
+
+
+def forgone_so_far() -> float:
+    """Seconds this process's streams forwent while no ready fork server ran (:func:`note_forgone`)."""
+    return _forgone_s[0]
+
+
+def _forget_servers() -> None:
+    _READY_SERVERS.clear()  # a forked child cannot ask its parent's server for processes
+    _forgone_s[0] = 0.0
+
+
+os.register_at_fork(after_in_child=_forget_servers)

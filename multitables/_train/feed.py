@@ -21,8 +21,9 @@ import numpy as np
 
 from .._plan.blocks import GrowingPlan, RangePlan
 from .._plan.epoch import RankEpoch
-from .._plan.readers import BatchPlan, DatasetShape, plan_batches
+from .._plan.readers import BatchPlan, DatasetShape, plan_batches, would_save_s
 from .._plan.subset import piece_spans
+from .._sys.forks import note_forgone
 from ..errors import QueueClosed
 
 if TYPE_CHECKING:
@@ -41,7 +42,10 @@ def plan_feed(
     """
     engines = [options.resolve(n) for n in nodes]
     shapes = [DatasetShape.of(n, transformed=t is not None) for n, t in zip(nodes, transforms)]
-    plan = plan_batches(shapes, engines, options.machine, n_rows=n_rows, **given)
+    machine = options.machine
+    plan = plan_batches(shapes, engines, machine, n_rows=n_rows, **given)
+    if given.get("n_procs") is None:  # NOTE [fork server] in _sys.forks
+        note_forgone(sum(would_save_s(s, e, machine) for s, e in zip(shapes, engines)))
     if given.get("shuffle") and given.get("block_size") is not None:
         for node in nodes:
             split = node.chunk_rows or 0

@@ -298,7 +298,8 @@ class Streamer:
         """
         spec = self._spec(path, n_procs, read_ahead, cyclic, block_size, ordered, field, remainder, rows_only=True)
         active: "list[Iterator[np.ndarray]]" = []
-        return RowIterator.over(self._blocks(spec, active), active, f"{path!r} of {self._options.named!r}")
+        n_rows = spec.read.blocks.pass_rows  # type: ignore[union-attr]  # a stream's plan is a BlockPlan
+        return RowIterator.over(self._blocks(spec, active), active, f"{path!r} of {self._options.named!r}", n_rows)
 
     def _blocks(
         self, spec: StreamSpec, active: "list[Iterator[np.ndarray]]"

@@ -537,6 +537,40 @@ def test_the_default_ring_fits_a_small_shared_memory_and_every_row_comes(
         stream.get_queue("/data", n_procs=2, read_ahead=6, block_size=512)
 
 
+@pytest.mark.parametrize("n_procs", [0, 2])
+@pytest.mark.parametrize("block_size,remainder", [(7, True), (7, False), (30, False), (None, True), (4000, False)])
+def test_len_is_what_a_pass_gives_so_tqdm_shows_a_total(
+    make_array, n_procs: int, block_size: "int | None", remainder: bool
+) -> None:
+    """``len()`` of the generator is the rows of a pass and of a queue its blocks, as ``len()`` of batches is the
+    batches of an epoch: the same before, during and after the pass; blocks read several at a time (7 rows here)
+    count as the caller's. A cyclic stream has none, and is true all the same."""
+    from tqdm import tqdm
+
+    data = np.arange(1000 * 3, dtype="<f4").reshape(1000, 3)
+    stream = multitables.Streamer(make_array(data, chunkshape=(10, 3)))
+    kwargs = dict(n_procs=n_procs, block_size=block_size, remainder=remainder, ordered=True)
+    with stream.get_generator("/data", **kwargs) as rows:
+        total = len(rows)
+        with tqdm(rows, disable=True) as bar:
+            assert bar.total == total
+            got = [row for row in bar]
+        assert len(got) == total == len(rows) and rows
+    with stream.get_queue("/data", **kwargs) as queue:
+        blocks = len(queue)
+        assert sum(1 for guard in queue if guard.release() is None) == blocks == len(queue)
+        assert blocks == -(-total // queue.block_size)
+        assert queue.block_size == min(block_size or queue.block_size, len(data))  # more than every row: every row
+    assert total == (len(data) if remainder or block_size is None else len(data) - len(data) % min(block_size, 1000))
+    if n_procs:
+        with stream.get_generator("/data", n_procs=n_procs, cyclic=True) as rows, pytest.raises(TypeError, match="cyclic"):
+            len(rows)
+        assert rows and tqdm(rows, disable=True).total is None
+        with stream.get_queue("/data", n_procs=n_procs, cyclic=True) as queue, pytest.raises(TypeError, match="cyclic"):
+            len(queue)
+        assert queue
+
+
 def test_cyclic_generator_wraps(make_array) -> None:
     data = np.arange(30, dtype="<i2")
     stream = multitables.Streamer(make_array(data, chunkshape=(4,)))

@@ -44,6 +44,13 @@ class BlockPlan:
         full, rest = divmod(self.n_rows, self.block_size)
         return full + (1 if self.remainder and rest else 0)
 
+    @property
+    def pass_rows(self) -> "int | None":
+        """Rows in one pass; None when cyclic (endless)."""
+        if self.cyclic:
+            return None
+        return self.n_rows if self.remainder else self.n_rows - self.n_rows % self.block_size
+
     def start(self, k: int) -> int:
         """First source row of block ``k``."""
         return (k * self.block_size) % self.n_rows if self.cyclic else k * self.block_size

@@ -114,7 +114,8 @@ class Queue:
     :class:`Guard` per block, or :data:`multitables.QueueClosed` once the pass
     is over. Safe to share between threads: each block reaches exactly one,
     and a ``get()`` that finds every slot held waits for another thread to
-    release one.
+    release one. ``len(queue)`` is the blocks of a pass (a cyclic queue has
+    none), so ``tqdm(queue)`` shows a total.
     """
 
     def __init__(
@@ -228,6 +229,16 @@ class Queue:
 
     def __iter__(self) -> Iterator[Guard]:
         return self.iter()
+
+    def __len__(self) -> int:
+        """Blocks of the pass, wherever it stands: what ``tqdm(queue)`` shows as the total. ``TypeError`` for a
+        cyclic queue, which never ends."""
+        if self._n_blocks is None:
+            raise TypeError(f"a cyclic queue over {self._source} has no length: it never ends")
+        return self._n_blocks
+
+    def __bool__(self) -> bool:
+        return True  # a queue, whatever len() says (and a cyclic one has none)
 
     @property
     def at_end(self) -> bool:

@@ -59,6 +59,7 @@ class _OneTaker:
 class RowIterator(itertools.chain[np.ndarray]):
     """What :meth:`Streamer.get_generator` returns: an iterator over the rows, one numpy row a ``next``, which
     :meth:`close` ends as a generator's ``close()`` does (dropping it or leaving a ``for`` loop early does the same).
+    ``len()`` is the rows of the pass (a cyclic one has none), so ``tqdm`` shows a total.
     """
 
     # Annotated as this class, not Generator: it has a generator's close() but no send() or throw(), so a user's
@@ -70,16 +71,28 @@ class RowIterator(itertools.chain[np.ndarray]):
     _blocks: "Generator[Iterator[np.ndarray], None, None]"
     _active: "list[Iterator[np.ndarray]]"
     _source: str
+    _n_rows: "int | None"
 
     @classmethod
     def over(
-        cls, blocks: "Generator[Iterator[np.ndarray], None, None]", active: "list[Iterator[np.ndarray]]", source: str
+        cls, blocks: "Generator[Iterator[np.ndarray], None, None]", active: "list[Iterator[np.ndarray]]", source: str,
+        n_rows: "int | None",
     ) -> "RowIterator":
         """The rows of ``blocks``; ``active`` holds the row iterator being walked (none between blocks); ``source``:
-        the dataset and file, for the repr."""
+        the dataset and file, for the repr; ``n_rows``: the rows of the pass (None: cyclic, endless)."""
         rows = cls.from_iterable(_OneTaker(blocks))
-        rows._blocks, rows._active, rows._source = blocks, active, source
+        rows._blocks, rows._active, rows._source, rows._n_rows = blocks, active, source, n_rows
         return rows
+
+    def __len__(self) -> int:
+        """Rows of the pass, wherever the iteration stands (as ``len()`` of batches counts an epoch's): what
+        ``tqdm`` shows as the total. ``TypeError`` for a cyclic generator, which never ends."""
+        if self._n_rows is None:
+            raise TypeError(f"a cyclic generator over {self._source} has no length: it never ends")
+        return self._n_rows
+
+    def __bool__(self) -> bool:
+        return True  # an iterator, whatever len() says (and a cyclic one has none)
 
     def __enter__(self) -> "RowIterator":
         return self

@@ -198,13 +198,15 @@ class Batches(Generic[BatchT]):
             raise ValueError(f"datasets read together need the same number of rows: {listing}")
         subset, row_weights, n_rows = epoch_rows(nodes[0].n_rows, indices, weights, num_samples)
         self._transforms = infer_transforms(stream, path_list, nodes, transform, self._columns is not None)
-        self._engines, self._plan = plan_feed(
+        # The readers, kept from epoch to epoch (NOTE [readers across epochs] in ``_procs.stream``). It holds
+        # nothing of this object, so dropping the batches drops it, and its queues stop their readers.
+        self._feed = Feed(plan_feed(
             stream.options, nodes, self._transforms, n_rows=n_rows, n_procs=n_procs, block_size=block_size,
             read_ahead=read_ahead, window=window, shuffle=shuffle,
-        )  # fmt: skip
+        ), self._transforms)  # fmt: skip
         self._settings = EpochSettings(
-            n_rows=n_rows, block_size=self._plan.block_size, batch_size=batch_size, world_size=world,
-            shuffle=shuffle, seed=seed, drop_last=drop_last, window=self._plan.window,
+            n_rows=n_rows, block_size=self._feed.reading.block_size, batch_size=batch_size, world_size=world,
+            shuffle=shuffle, seed=seed, drop_last=drop_last, window=self._feed.reading.window,
         )  # fmt: skip
         self._rows = DrawsAhead(EpochRows(subset, row_weights, n_rows, self._settings.seed))  # each epoch's file rows
         if self._settings.empty_last_batch:
@@ -224,9 +226,6 @@ class Batches(Generic[BatchT]):
         self._elastic: list[tuple[int, int]] = []
         self._current = Current()  # the iteration in progress
         self._memory: "WindowMemory | None" = None  # see _window_memory
-        # The readers, kept from epoch to epoch (NOTE [readers across epochs] in ``_procs.stream``). It holds
-        # nothing of this object, so dropping the batches drops it, and its queues stop their readers.
-        self._feed = Feed(stream.options, nodes, self._engines, self._plan, self._transforms)
         self._carry: "Carry | None" = None  # the next epoch's first window, pulled already (NOTE [window pipelining])
         self._looping = False  # a loop of epochs (set_epoch called, or an epoch delivered to its end): read ahead
 
@@ -274,13 +273,14 @@ class Batches(Generic[BatchT]):
 
     @property
     def n_procs(self) -> list[int]:
-        """Reader processes per dataset, 0 where a dataset is read in this process."""
-        return list(self._plan.n_procs)
+        """Reader processes per dataset, 0 where a dataset is read in this process (by default, until the epochs
+        read so far would have paid for readers: NOTE [readers bought] in ``multitables._train.feed``)."""
+        return list(self._feed.reading.n_procs)
 
     @property
     def engines(self) -> list[str]:
         """The engine reading each dataset, ``"chunks"``, ``"h5py"`` or ``"tables"`` (what ``auto`` chose, as ``Queue.engine``)."""
-        return list(self._engines)
+        return self._feed.engines
 
     @property
     def reader_pids(self) -> list[int]:
@@ -481,6 +481,9 @@ class Batches(Generic[BatchT]):
             self._epoch, self._batch, self._elastic = epoch + 1, 0, []
             self._carry = getattr(source, "carry", None)
             self._looping = True
+            if self._feed.epoch_read():  # NOTE [readers bought] in _train.feed: the next epoch starts readers
+                self._carry = None
+                self._close_feed()
         except GeneratorExit:
             if k == s.n_batches:  # left after the epoch's last batch: the epoch is done, the next comes next
                 self._epoch, self._batch, self._elastic, self._looping = epoch + 1, 0, [], True

@@ -447,3 +447,52 @@ def test_a_ctrl_c_as_the_loop_takes_a_batch_lets_the_readers_stop_with_the_batch
     assert landing > 3, "the interrupts landed on every line of the step, and then the step ran through"
     assert alive(readers) == readers  # a break: they wait for the next iteration
     b.close()
+
+
+@pytest.mark.parametrize("looped", ["epochs=None", "set_epoch"])
+def test_readers_start_once_the_epochs_read_here_would_have_paid_for_them_and_the_rows_stay(
+    rows_file, no_cycle_collector, no_leaks, monkeypatch: pytest.MonkeyPatch, looped: str
+) -> None:
+    """NOTE [readers bought]: a dataset the default reads in this process gets readers from the epoch at which the
+    epochs read so far would have paid for them, and keeps them; every epoch gives the rows it gives in-process."""
+    from multitables._plan import costs, readers as planner
+    from multitables._stream.options import StreamOptions
+
+    monkeypatch.setattr(planner, "available_cpus", lambda: 2)
+    nbytes = 4000 * 8  # /y: 4,000 int64
+    # An epoch read here forgoes a third of what starting readers costs (with the margin): three epochs pay for them.
+    per_epoch = costs.MARGIN["measured"] * costs.start_cost("fork") / 2.5
+    monkeypatch.setattr(StreamOptions, "measure_rate", lambda self, node, engine: nbytes * (1 - 1 / 2) / per_epoch)
+    reference = batches(rows_file, n_procs=0)
+    expected = []
+    for epoch in range(6):
+        reference.set_epoch(epoch)
+        expected.append([y.copy() for y in reference])
+    b = batches(rows_file, n_procs=None, epochs=None if looped == "epochs=None" else 1)
+    before, got, procs, pids = children(), [[] for _ in range(6)], [], []
+    if looped == "epochs=None":
+        for y in b:
+            got[b.epoch].append(y.copy())
+            if b.epoch == 5 and len(got[5]) == len(expected[5]):
+                break
+            if len(got[b.epoch]) == 1:
+                procs.append(b.n_procs), pids.append(frozenset(children() - before))
+    else:
+        for epoch in range(6):
+            b.set_epoch(epoch)
+            for y in b:
+                got[epoch].append(y.copy())
+                if len(got[epoch]) == 1:
+                    procs.append(b.n_procs), pids.append(frozenset(children() - before))
+    for epoch, (mine, theirs) in enumerate(zip(got, expected, strict=True)):
+        assert len(mine) == len(theirs), epoch
+        for a, c in zip(mine, theirs):
+            np.testing.assert_array_equal(a, c)
+    assert procs == [[0], [0], [0], [2], [2], [2]]  # three epochs here, then readers
+    assert pids[:3] == [frozenset()] * 3 and len(pids[3]) == 2 and pids[3] == pids[4] == pids[5]  # kept
+    explicit = batches(rows_file, n_procs=0)
+    for epoch in range(5):
+        explicit.set_epoch(epoch)
+        assert sum(1 for _ in explicit) and explicit.n_procs == [0]  # asked for: never bought
+    b.close()
+    assert wait_gone(set(pids[3])) == set()

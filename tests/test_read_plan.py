@@ -55,7 +55,7 @@ def test_every_face_chooses_the_same_readers_and_blocks(rows_file: Path, pays: b
             assert reader.n_procs == plan_requests(None, machine) == 3
 
 
-def test_a_streams_default_readers_follow_the_rate_measured_on_its_file(
+def test_the_default_readers_of_a_stream_and_of_batches_follow_the_rate_measured_on_its_file(
     rows_file: Path, monkeypatch: pytest.MonkeyPatch, no_leaks: None
 ) -> None:
     monkeypatch.setattr(planner, "available_cpus", lambda: 3)
@@ -74,9 +74,14 @@ def test_a_streams_default_readers_follow_the_rate_measured_on_its_file(
         monkeypatch.setattr(StreamOptions, "measure_rate", measured)
         with stream.get_queue("/x") as queue:
             assert queue.n_procs == readers
-    assert asked == ["chunks", "chunks"]
+        batches = stream.get_batches("/x", 100)
+        assert batches.n_procs == [readers]
+        batches.close()
+    assert asked == ["chunks"] * 4
     with stream.get_queue("/x", n_procs=1) as queue:  # readers asked for: nothing to decide, nothing measured
-        assert queue.n_procs == 1 and len(asked) == 2
+        assert queue.n_procs == 1 and len(asked) == 4
+    stream.get_batches("/x", 100, n_procs=1).close()
+    assert len(asked) == 4
 
 
 def test_no_rate_is_measured_where_a_chunk_is_large_beside_the_dataset(

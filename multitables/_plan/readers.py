@@ -15,10 +15,9 @@ NOTE [read plan]
       them), else none. What they save is the one-core read time, less what one of as many readers as can decode at
       once takes (the CPUs, or the chunks of rows where fewer), at the rate the chunk engine measured on the
       dataset's first chunks in the consumer where the answer turns on it and the sample is small beside the
-      dataset (a stream's default: ``DatasetShape.decode_rate``, :func:`rate_decides`), else at a table's rate; with
-      none the blocks are read in
-      the consumer; an explicit ``n_procs`` is taken as asked (0 reads in the consumer); either way capped at
-      ``READERS_PER_CPU`` per CPU and at the blocks of a pass;
+      dataset (the default of a stream or of batches: ``DatasetShape.decode_rate``, :func:`rate_decides`), else at a
+      table's rate; with none the blocks are read in the consumer; an explicit ``n_procs`` is taken as asked (0
+      reads in the consumer); either way capped at ``READERS_PER_CPU`` per CPU and at the blocks of a pass;
     * block size: whole chunks near :data:`TARGET_BLOCK_BYTES` (1 MiB for contiguous datasets), smaller where there
       would be fewer than ``MIN_BLOCKS_PER_READER`` blocks per reader. Training plans its blocks for one reader
       whatever the machine, because an epoch's order is a function of ``(seed, epoch)`` and the blocks alone (NOTE
@@ -234,23 +233,26 @@ def hint_distance(n_readers: int, filter_ids: "tuple[int, ...]") -> int:
     return 1 if filter_ids else 0
 
 
-def rate_decides(shape: DatasetShape, engine: str, machine: Machine) -> bool:
+def rate_decides(shape: DatasetShape, engine: str, machine: Machine, passes: "int | None" = 1) -> bool:
     """Whether the default readers for ``shape`` turn on the decode rate: the table's rate off by
     :data:`RATE_SPREAD` either way would change the answer, or what a stream forgoes while the fork server is yet to
-    start (:func:`would_save_s`). Only then is the rate worth measuring."""
+    start (:func:`would_save_s`). Only then is the rate worth measuring. ``passes`` None: as many as a loop runs
+    (batches' epochs: NOTE [readers bought] in ``_train.feed``), so that it may turn on the rate at any size."""
     cpus = parallel_cpus(machine.cpus, shape.n_rows, shape.chunk_rows)
     if shape.remote or cpus < 2 or machine.daemon or not shape.filter_ids or shape.transformed:
         return False
     if not rate_sample_rows(shape.n_rows, shape.row_nbytes, shape.chunk_rows):  # chunks too large to sample: the table
         return False
+    if passes is None:
+        return True
     saved = saved_s(shape.nbytes, table_rate(shape.filter_ids, engine), cpus)
     costs = {machine.start_cost(), replace(machine, server_ready=machine.start_method == "forkserver").start_cost()}
     return any(MARGIN["measured"] * cost / RATE_SPREAD < saved < MARGIN["table"] * cost * RATE_SPREAD for cost in costs)
 
 
-def default_readers(shape: DatasetShape, engine: str, machine: Machine) -> int:
-    """Readers for ``shape`` when none are asked for: every usable CPU where they pay, else 0 (read in the consumer;
-    always in a daemonic process).
+def default_readers(shape: DatasetShape, engine: str, machine: Machine, passes: int = 1) -> int:
+    """Readers for ``shape`` when none are asked for: every usable CPU where they pay over ``passes`` passes (a
+    start of readers kept across them), else 0 (read in the consumer; always in a daemonic process).
 
     An object's: ``REMOTE_READERS_PER_CPU`` per CPU, at least ``REMOTE_MIN_READERS``, where it has more than two
     blocks (NOTE [read plan]; ``plan_stream`` caps them at ``READERS_PER_CPU`` per CPU).
@@ -261,8 +263,8 @@ def default_readers(shape: DatasetShape, engine: str, machine: Machine) -> int:
         many = max(REMOTE_READERS_PER_CPU * machine.cpus, REMOTE_MIN_READERS)
         return many if shape.nbytes > 2 * REMOTE_BLOCK_BYTES else 0
     cpus = parallel_cpus(machine.cpus, shape.n_rows, shape.chunk_rows)
-    pays = parallel_pays(shape.nbytes, shape.filter_ids, machine.start_cost(), cpus, engine, shape.transformed,
-                         shape.decode_rate)
+    pays = parallel_pays(shape.nbytes * passes, shape.filter_ids, machine.start_cost(), cpus, engine,
+                         shape.transformed, shape.decode_rate)
     return machine.cpus if pays else 0
 
 
@@ -407,8 +409,10 @@ def plan_batches(
     read_ahead: "int | None" = None,
     window: "int | None" = None,
     shuffle: bool = True,
+    passes: int = 1,
 ) -> BatchPlan:
-    """How batches read datasets of equal rows (NOTE [read plan]): blocks planned for one reader, the readers shared.
+    """How batches read datasets of equal rows (NOTE [read plan]): blocks planned for one reader, the readers shared;
+    by default, readers priced over ``passes`` epochs (NOTE [readers bought] in ``_train.feed``).
 
     ``window``: blocks shuffled together; default, as many as
     :data:`WINDOW_BYTES` holds of every dataset's rows, at most the epoch's.
@@ -428,7 +432,7 @@ def plan_batches(
         what = "the datasets, which have" if n_rows == file_rows else "an epoch, which has"
         raise ValueError(f"block_size={block_size} is larger than {what} {n_rows} rows")
     nbytes = [s.nbytes for s in shapes]
-    pays = [default_readers(s, e, machine) > 0 for s, e in zip(shapes, engines)]
+    pays = [default_readers(s, e, machine, passes) > 0 for s, e in zip(shapes, engines)]
     n_blocks = -(-n_rows // block_size)
     cpus = machine.cpus * (REMOTE_READERS_PER_CPU if any(s.remote for s in shapes) else 1)
     readers = [cap_readers(n, n_blocks, machine.cpus) for n in split_readers(nbytes, pays, n_procs, cpus)]

@@ -8,20 +8,33 @@ pieces from some window on (:meth:`Feed.provide`): what is already published
 in that order is kept, the rest is published after it, and where the two part
 the queues are rewound first. The next epoch's pieces can be published while
 the current one is read (:meth:`Feed.follow`), so the readers go straight on.
+
+NOTE [readers bought]
+    By default a dataset is read in the training process where one epoch of
+    it would not pay for starting readers (NOTE [read plan]). But readers
+    kept across epochs start once for all the epochs a loop runs, and how
+    many it runs is not known (``epochs=1``, iterated in the caller's loop).
+    So after each epoch read to its end with such a dataset, the readers are
+    priced again over the epochs read so far (``plan_batches``' ``passes``):
+    once those would have paid for them, the next epoch starts them (rent,
+    then buy: never more than twice the better choice's time, in
+    hindsight). The rows of an epoch do not depend on its readers (NOTE
+    [epoch plan]). Only where ``n_procs`` is left out, and only where no
+    dataset would lose readers (their plan shares the CPUs).
 """
 
 from __future__ import annotations
 
 import warnings
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from .._plan.blocks import GrowingPlan, RangePlan
 from .._plan.epoch import RankEpoch
-from .._plan.readers import BatchPlan, DatasetShape, plan_batches, would_save_s
+from .._plan.readers import BatchPlan, DatasetShape, Machine, plan_batches, rate_decides, would_save_s
 from .._plan.subset import piece_spans
 from .._sys.forks import note_forgone
 from ..errors import QueueClosed
@@ -31,11 +44,30 @@ if TYPE_CHECKING:
     from .._stream.options import StreamOptions
     from .._stream.queue import Guard, Queue
 
+@dataclass(frozen=True)
+class FeedPlan:
+    """What a batches' reading is planned from (:func:`plan_feed`), kept to plan it again (NOTE [readers bought])."""
+
+    options: "StreamOptions"
+    nodes: "tuple[NodeInfo, ...]"
+    shapes: "tuple[DatasetShape, ...]"
+    engines: "tuple[str, ...]"  # as ``auto`` chose them, before the readers' (``engine_for_readers``)
+    machine: Machine
+    n_rows: int
+    given: "dict[str, Any]"  # plan_batches' arguments as the user gave them
+
+    def at(self, passes: int = 1) -> "tuple[list[str], BatchPlan]":
+        """Each dataset's engine and the plan, default readers priced over ``passes`` epochs."""
+        plan = plan_batches(self.shapes, self.engines, self.machine, n_rows=self.n_rows, passes=passes, **self.given)
+        return [self.options.engine_for_readers(n, e, k) for n, e, k in zip(self.nodes, self.engines, plan.n_procs)], plan
+
+
 def plan_feed(
     options: "StreamOptions", nodes: "Sequence[NodeInfo]", transforms: Sequence[Any], *, n_rows: int, **given: Any
-) -> "tuple[list[str], BatchPlan]":
-    """The engine of each dataset and the batches' plan (``plan_batches``, ``given`` its arguments as the user gave
-    them): each dataset's engine as ``auto`` chooses it, then, where the plan gives it readers, the one faster there.
+) -> FeedPlan:
+    """What the batches' reading is planned from (``plan_batches``, ``given`` its arguments as the user gave them):
+    each dataset's engine as ``auto`` chooses it (:meth:`FeedPlan.at` then takes, where the plan gives a dataset
+    readers, the one faster there), its shape, at the rate measured where that decides, and the machine.
 
     A transform's rows are priced as work for the readers (``DatasetShape.transformed``). Warns where a given
     ``block_size`` cuts a compressed chunk of a shuffled epoch, whose blocks each decode the whole chunk again.
@@ -43,7 +75,11 @@ def plan_feed(
     engines = [options.resolve(n) for n in nodes]
     shapes = [DatasetShape.of(n, transformed=t is not None) for n, t in zip(nodes, transforms)]
     machine = options.machine
-    plan = plan_batches(shapes, engines, machine, n_rows=n_rows, **given)
+    if given.get("n_procs") is None:  # NOTE [read plan]: measured where the answer turns on it, as for a stream
+        shapes = [replace(s, decode_rate=options.measure_rate(n, e)) if rate_decides(s, e, machine, None) else s
+                  for s, n, e in zip(shapes, nodes, engines)]
+    planning = FeedPlan(options, tuple(nodes), tuple(shapes), tuple(engines), machine, n_rows, dict(given))
+    plan = planning.at()[1]  # the arguments checked here, before anything starts
     if given.get("n_procs") is None:  # NOTE [fork server] in _sys.forks
         note_forgone(sum(would_save_s(s, e, machine) for s, e in zip(shapes, engines)))
     if given.get("shuffle") and given.get("block_size") is not None:
@@ -55,7 +91,7 @@ def plan_feed(
                     f"({split:,} rows) into {-(-split // plan.block_size)} blocks, which a shuffled epoch reads "
                     f"apart: each decodes the whole chunk again. Give a multiple of {split:,} rows, or leave "
                     f"block_size out (whole chunks)", stacklevel=4)
-    return [options.engine_for_readers(n, e, k) for n, e, k in zip(nodes, engines, plan.n_procs)], plan
+    return planning
 
 
 #: Room for what a block table may hold unclaimed, over two epochs' pieces: a few pieces more or less per epoch.
@@ -100,21 +136,15 @@ class EpochPieces:
 class Feed:
     """One growing queue per dataset, made when first needed and kept until :meth:`close` (or until it is dropped).
 
-    ``reading``: readers per dataset, block size and read-ahead
-    (``_plan.readers.plan_batches``); a slot holds a block, or the largest
-    piece asked for.
+    ``planning``: what :attr:`reading` is planned from; a slot holds a
+    block, or the largest piece asked for.
     """
 
-    def __init__(
-        self,
-        options: "StreamOptions",
-        nodes: "Sequence[NodeInfo]",
-        engines: Sequence[str],
-        reading: BatchPlan,
-        transforms: Sequence[Any],
-    ) -> None:
-        self._options, self._nodes, self._engines = options, list(nodes), list(engines)
-        self._reading, self._transforms = reading, list(transforms)
+    def __init__(self, planning: FeedPlan, transforms: Sequence[Any]) -> None:
+        self._planning, self._options, self._nodes = planning, planning.options, list(planning.nodes)
+        self._engines, self._reading = planning.at()
+        self._transforms = list(transforms)
+        self._epochs_here = 0  # epochs read to their end with a dataset the default reads here (NOTE [readers bought])
         self._queues: "list[Queue] | None" = None
         self._pending: "deque[tuple[int, int]]" = deque()  # published, not yet taken: the same on every queue
         self._slot_rows = 0
@@ -124,6 +154,30 @@ class Feed:
     def queues(self) -> "list[Queue]":
         """The queues, one per dataset (empty before the first :meth:`provide`)."""
         return list(self._queues or [])
+
+    @property
+    def reading(self) -> BatchPlan:
+        """Readers per dataset, block size and read-ahead (``_plan.readers.plan_batches``)."""
+        return self._reading
+
+    @property
+    def engines(self) -> "list[str]":
+        """The engine reading each dataset."""
+        return list(self._engines)
+
+    def epoch_read(self) -> bool:
+        """An epoch was read to its end. Where the default reads a dataset in this process, the readers are priced
+        over the epochs so read (NOTE [readers bought]); whether they pay now: then the caller :meth:`close` s the
+        feed (giving back what it holds first), and the next :meth:`provide` starts them."""
+        if self._planning.given.get("n_procs") is not None or all(self._reading.n_procs):
+            return False
+        self._epochs_here += 1
+        engines, reading = self._planning.at(self._epochs_here)
+        if reading.n_procs == self._reading.n_procs or any(k < n for k, n in zip(reading.n_procs, self._reading.n_procs)):
+            return False
+        assert (reading.block_size, reading.window) == (self._reading.block_size, self._reading.window), "rows moved"
+        self._engines, self._reading = engines, reading
+        return True
 
     def provide(self, pieces: EpochPieces) -> None:
         """Make :meth:`get` give ``pieces`` next, in order; readers start here the first time."""

@@ -173,7 +173,7 @@ SCRIPT = textwrap.dedent(
             from multitables._procs import stream as _stream
             rt.register = lambda name, rtype: None
             def hold(self, what, check):
-                while self.attached.get_value() < self.n_readers:
+                while sum(mapped.get_value() for mapped in self.attached) < self.n_readers:
                     time.sleep(0.01)
                 mine = f"{SHM_PREFIX}{os.getpid()}_"
                 say(readers=self.pids, segment=[n for n in os.listdir("/dev/shm") if n.startswith(mine)][0])

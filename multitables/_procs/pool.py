@@ -183,9 +183,10 @@ class ReaderPool:
 
     def __init__(
         self, start_method: "str | None", filename: str, path: str = "", name: str = "reader",
-        semaphores: str = "The readers' semaphores",
+        semaphores: str = "The readers' semaphores", *, n_readers: int,
     ) -> None:
-        """``semaphores``: what a /dev/shm too full for the pool's semaphore calls them (``semaphores_for``).
+        """For ``n_readers`` readers; ``semaphores``: what a /dev/shm too full for the pool's semaphores calls them
+        (``semaphores_for``).
 
         ``RuntimeError`` in a daemonic process (a ``multiprocessing.Pool``'s or a DataLoader's worker), which
         multiprocessing allows no child: before anything is made, where its assert would come at the first start.
@@ -204,7 +205,8 @@ class ReaderPool:
         #: The process that started the readers, the one that may use and stop them (NOTE [forked children]).
         self.owner = os.getpid()
         with semaphores_for(semaphores):
-            self.attached = self.ctx.Semaphore(0)
+            #: One a reader, released by it once per segment it maps: the attach barrier, which tells who mapped.
+            self.attached = tuple(self.ctx.Semaphore(0) for _ in range(n_readers))
         self.closed = False
         self._procs: list[Any] = []
         self._pids: list[int] = []  # kept: a closed process object no longer says its pid
@@ -229,12 +231,14 @@ class ReaderPool:
         else:
             check_working_directory(method)
             settle_releases()  # no unmapping on a thread while a process starts (NOTE [release off the path])
+        if len(args) != len(self.attached):
+            raise ValueError(f"{len(args)} readers to start in a pool made for {len(self.attached)}")
         _POOLS.add(self)
         me = os.getpid()
         me_start = process_start_time(me)
         n = len(args)
         for i, reader_args in enumerate(args):
-            identity = ReaderIdentity(i, n, self.filename, me, me_start, self.attached)
+            identity = ReaderIdentity(i, n, self.filename, me, me_start, self.attached[i])
             recv, send = self.ctx.Pipe(duplex=False)
             self._conns.append(recv)
             self._listening[recv] = i
@@ -391,24 +395,37 @@ class ReaderPool:
         return died_error(i, pid, exitcode, self.filename, self.path if path is None else path)
 
     def wait_attached(self, what: str, check: Callable[[], None]) -> None:
-        """Wait until every reader has mapped one more segment, calling ``check`` every tick; a reader that ended
-        first with no report (one that found its consumer gone: exit 0) is an error at once, not after the timeout."""
+        """Wait until every reader has mapped one more segment, calling ``check`` every tick. A reader that ended
+        first is an error at once, not after the timeout: its own (``check``'s), or, with no report (one that found
+        its consumer gone, or whose code called ``os._exit(0)``: exit 0), one naming it."""
         deadline = time.monotonic() + ATTACH_TIMEOUT
-        for got in range(self.n_readers):
-            while not self.attached.acquire(timeout=TICK):
-                check()
-                self.look()
-                if len(self.ended) > got:  # more ended than mapped, unless one mapped just before it ended
-                    if self.attached.acquire(False):
-                        break
-                    raise ReaderError(
-                        f"{self._name} processes of {self.filename!r} ended before they could {what}, with no error to "
-                        f"report ({len(self.ended)} of {self.n_readers} ended; {got} could {what})"
-                    )
-                if time.monotonic() > deadline:
-                    raise ReaderError(
-                        f"the {self._name} processes of {self.filename!r} did not {what} within {ATTACH_TIMEOUT:.0f} s"
-                    )
+        waiting = list(range(self.n_readers))
+        while waiting:
+            if self.attached[waiting[0]].acquire(timeout=TICK):
+                del waiting[0]
+                continue
+            check()
+            self.look()
+            for i in [i for i in waiting if i in self.ended]:
+                if self.attached[i].acquire(False):  # it mapped just before it ended
+                    waiting.remove(i)
+                    continue
+                check()  # a failure, as the front end tells it
+                raise self.end_error(i) or self._unmapped_error(i, what, self.n_readers - len(waiting))
+            if time.monotonic() > deadline:
+                raise ReaderError(
+                    f"the {self._name} processes of {self.filename!r} did not {what} within {ATTACH_TIMEOUT:.0f} s"
+                )
+
+    def _unmapped_error(self, i: int, what: str, done: int) -> ReaderError:
+        """The error for reader ``i``, which ended with nothing to report before it could ``what``."""
+        pid, exitcode, _ = self.ended[i]
+        exc = ReaderError(
+            f"{self._name} process {i} (pid {pid}) of {self.filename!r} ended with exit code {exitcode} before it could "
+            f"{what}, with no error to report ({len(self.ended)} of {self.n_readers} ended; {done} could {what})"
+        )
+        exc.reader_index, exc.pid, exc.filename, exc.path, exc.exitcode = i, pid, self.filename, self.path, exitcode
+        return exc
 
     def wait_any(self, timeout: float) -> None:
         """Wait up to ``timeout`` s for a reader to end."""

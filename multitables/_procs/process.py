@@ -83,7 +83,7 @@ class ReaderIdentity:
     filename: str
     parent_pid: int
     parent_start: "str | None"
-    attached: Any  # the pool's semaphore: released once per segment mapped (the attach barrier)
+    attached: Any  # this reader's semaphore in the pool: released once per segment it maps (the attach barrier)
 
 
 @dataclass

@@ -243,7 +243,7 @@ class ServeReaders:
         self._tails = [0] * n_procs
         self._push_lock = threading.Lock()
         self._attach_lock = threading.Lock()
-        self.pool = ReaderPool(start_method, filename, name="request", semaphores=SEMAPHORES)
+        self.pool = ReaderPool(start_method, filename, name="request", semaphores=SEMAPHORES, n_readers=n_procs)
         ctx = self.pool.ctx
         with semaphores_for(SEMAPHORES):
             self._syncs = [InboxSync.create(ctx) for _ in range(n_procs)]

@@ -188,7 +188,7 @@ class StreamReaders:
         self.filename, self.path = node.filename, node.path
         layout = RingLayout(spec.read.read_ahead, spec.plan.block_size, spec.row_shape, spec.dtype, spec.read.table)
         check_space(layout.nbytes)  # before anything is created (semaphores too); Ring.create checks again
-        self.pool = ReaderPool(start_method, node.filename, node.path, name="reader")
+        self.pool = ReaderPool(start_method, node.filename, node.path, name="reader", n_readers=spec.n_procs)
         with semaphores_for("The ring's semaphores"):
             sync = RingSync.create(self.pool.ctx, spec.read.read_ahead, spec.n_procs)
         self.ring = Ring.create(layout, sync)  # may raise ShmSpaceError; nothing started yet

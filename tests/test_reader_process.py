@@ -328,10 +328,41 @@ def test_readers_that_leave_before_they_map_the_ring_are_an_error_at_once(
 
     monkeypatch.setattr(stream.Ring, "attach", leave_first)
     t0 = time.monotonic()
-    with hang_guard(GUARD, "readers gone before mapping"), pytest.raises(multitables.ReaderError, match="reader processes "
-                                                                            ".* ended before they could start"):
+    with hang_guard(GUARD, "readers gone before mapping"), pytest.raises(multitables.ReaderError, match=r"reader process "
+                                                                            r"\d \(pid \d+\) of .* ended with exit code 0 before it could start"):
         multitables.Streamer(path, start_method="fork").get_queue("/data", n_procs=3, block_size=BLOCK)
     assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_one_reader_that_leaves_before_it_maps_the_ring_while_the_others_map_it_is_named_at_once(
+    make_array: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, no_leaks: None, start_method: str
+) -> None:
+    """One reader that ends with exit code 0 and nothing to report before it maps the ring, after the others mapped it
+    (so fewer readers ended than mapped), is an error naming it, its pid, exit code and file, within a tick: the
+    consumer waited the whole 120 s for it, then said only that the readers did not start."""
+    import _leave_early
+
+    path = make_array(np.arange(N_ROWS * 4, dtype="<f4").reshape(N_ROWS, 4), chunkshape=(BLOCK, 4))
+    marks = tmp_path / "mapped"
+    marks.mkdir()
+    if start_method == "fork":  # the readers inherit the patch
+        _leave_early.install(monkeypatch.setattr, 3, marks)
+    else:  # each imports it with the transform, and patches itself
+        monkeypatch.setenv(_leave_early.ENV, f"3:{marks}")
+    batches = multitables.Streamer(path, start_method=start_method).get_batches(
+        "/data", 100, shuffle=False, n_procs=3, block_size=BLOCK, transform=_leave_early.keep
+    )
+    try:
+        with hang_guard(GUARD, "one reader gone before mapping"), pytest.raises(
+            multitables.ReaderError,
+            match=r"reader process 0 \(pid \d+\) of .* ended with exit code 0 before it could start, with no error to report",
+        ) as err:
+            next(iter(batches))
+    finally:
+        batches.close()
+    assert (err.value.reader_index, err.value.exitcode, err.value.filename) == (0, 0, str(path))
+    assert err.value.pid > 0 and sorted(p.name for p in marks.iterdir()) == ["1", "2"]
 
 
 def test_a_reader_the_system_cannot_start_is_named_in_the_error(

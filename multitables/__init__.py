@@ -38,6 +38,40 @@ __version__ = "0.1.0"
 # .resource_wrapper.
 _compat2x.install(sys.modules[__name__])
 
+
+def _bind_annotation_names() -> None:
+    """Bind, in the modules below the public faces, the names their annotations take from the faces.
+
+    NOTE [annotations from above]
+        A module may annotate with a class of a module that imports it:
+        ``_train.mix`` with ``batches.Batches``, ``batches`` with
+        ``streamer.Streamer``, ``_access`` with ``reader.Reader`` and
+        ``reader.Dataset``. It imports that class under ``TYPE_CHECKING``
+        only, as an import at run time would close an import cycle (and go
+        up the layers). ``typing.get_type_hints``, which pydantic,
+        typeguard, beartype, Sphinx's ``autodoc_typehints`` and IDEs call,
+        evaluates annotations in the module's globals, so the package binds
+        those names there once every module is loaded. A module that adds
+        such an import adds its name here;
+        ``tests/test_references.py`` resolves every public annotation.
+    """
+    from . import batches
+    from ._access import futures, request, stages
+    from ._train import mix
+
+    for module, names in (
+        (batches, {"Streamer": Streamer}),
+        (mix, {"Batches": Batches}),
+        (request, {"Dataset": Dataset}),
+        (stages, {"Reader": Reader}),
+        (futures, {"Reader": Reader}),
+    ):
+        for name, value in names.items():
+            setattr(module, name, value)
+
+
+_bind_annotation_names()
+
 __all__ = [
     "Streamer",
     "Batches",

@@ -32,7 +32,8 @@ from ._train.iteration import Current
 from ._train.windows import Alloc, Carry, NoWindows, Staging, Windows, cut, epoch_windows
 
 if TYPE_CHECKING:
-    from .streamer import Streamer  # type only: the streamer makes batches
+    # The streamer makes batches; bound at run time: NOTE [annotations from above] in ``multitables/__init__.py``.
+    from .streamer import Streamer
 
 __all__ = ["Batches", "MixedBatches", "mix_batches"]
 

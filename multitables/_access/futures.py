@@ -22,7 +22,7 @@ from .stages import Stage
 from .readercore import not_pickled, quiet_at_exit
 from .._sys.awake import look
 if TYPE_CHECKING:
-    from ..reader import Reader
+    from ..reader import Reader  # bound at run time: NOTE [annotations from above] in ``multitables/__init__.py``
 
 class Future:
     """The result of :meth:`Reader.request`, to come: wait for it and take the data.

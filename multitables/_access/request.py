@@ -15,7 +15,7 @@ from .._shm.stagemap import describe_query
 from .readercore import not_pickled
 
 if TYPE_CHECKING:
-    from ..reader import Dataset
+    from ..reader import Dataset  # bound at run time: NOTE [annotations from above] in ``multitables/__init__.py``
 
 def field_list(key: Any) -> bool:
     """Whether ``key`` selects several fields of records, as numpy's ``records[['a', 'b']]``."""

@@ -18,7 +18,7 @@ from ..errors import SharedMemoryError, StreamClosedError
 from .readercore import ReaderCore, not_pickled
 from .request import Request
 if TYPE_CHECKING:
-    from ..reader import Reader
+    from ..reader import Reader  # bound at run time: NOTE [annotations from above] in ``multitables/__init__.py``
 
 class Stage:
     """Shared memory that holds the result of one request at a time; make one with :meth:`Dataset.create_stage`.

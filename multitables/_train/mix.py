@@ -33,7 +33,7 @@ from .._sys.checks import check_int
 from .batch import BatchT
 
 if TYPE_CHECKING:
-    from ..batches import Batches
+    from ..batches import Batches  # bound at run time: NOTE [annotations from above] in ``multitables/__init__.py``
 
 #: Steps whose sources are drawn at once (one generator each): the unit of the schedule.
 SCHEDULE_STEPS = 1024

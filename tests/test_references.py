@@ -173,3 +173,52 @@ def test_the_design_page_names_every_module() -> None:
             missing.append(rel)
     assert "``_io/chunks/codecs/``" in table
     assert not missing, f"docs/design.rst does not name: {missing}"
+
+
+def _annotated(module: object) -> "list[tuple[str, object]]":
+    """Each public class of ``module.__all__``, the functions and properties it defines (public ones and dunders,
+    inherited ones included), and each public function: what a tool that reads annotations at run time asks."""
+    import inspect
+
+    found: list[tuple[str, object]] = []
+    for name in module.__all__:  # type: ignore[attr-defined]
+        obj = getattr(module, name)
+        if inspect.isfunction(obj):
+            found.append((name, obj))
+        if not inspect.isclass(obj):
+            continue
+        found.append((name, obj))
+        for klass in obj.__mro__:
+            if not klass.__module__.startswith("multitables"):
+                continue
+            for attr, member in vars(klass).items():
+                if attr.startswith("_") and not (attr.startswith("__") and attr.endswith("__")):
+                    continue
+                member = member.fget if isinstance(member, property) else getattr(member, "__func__", member)
+                if inspect.isfunction(member):
+                    found.append((f"{name}.{attr}", member))
+    return found
+
+
+@pytest.mark.parametrize("module_name", ["multitables", "multitables.torch"])
+def test_every_public_annotation_resolves_at_run_time(module_name: str) -> None:
+    """``typing.get_type_hints`` resolves the annotations of every public class, method and function.
+
+    pydantic, typeguard, beartype, Sphinx's ``autodoc_typehints`` and IDEs evaluate them; a name imported only
+    under ``TYPE_CHECKING`` (one from a module above, which imports this one) must be bound at run time too
+    (NOTE [annotations from above] in ``multitables/__init__.py``).
+    """
+    import typing
+
+    if module_name == "multitables.torch":
+        pytest.importorskip("torch")
+    module = importlib.import_module(module_name)
+    found = _annotated(module)
+    assert len(found) > len(module.__all__)  # the walk found the methods too
+    broken = []
+    for label, obj in found:
+        try:
+            typing.get_type_hints(obj)
+        except Exception as exc:  # NameError for an unbound name; anything else is as bad
+            broken.append(f"{module_name}.{label}: {type(exc).__name__}: {exc}")
+    assert not broken, "annotations that do not resolve:\n" + "\n".join(broken)

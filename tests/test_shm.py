@@ -147,6 +147,7 @@ def test_a_ring_past_the_containers_memory_limit_is_a_space_error_not_an_oom_kil
     """Shared memory counts against the memory cgroup; past its limit the kernel kills instead of failing."""
     import multitables
     import multitables._shm.space as shm
+    from multitables._sys import cgroups
 
     mib = 1 << 20
     if version == "v1":
@@ -164,8 +165,8 @@ def test_a_ring_past_the_containers_memory_limit_is_a_space_error_not_an_oom_kil
         (group / fname).write_text(f"{value}\n")
     (group / "memory.stat").write_text(stat)
     (tmp_path / "self_cgroup").write_text(cgroup_line)
-    monkeypatch.setattr(shm, "_CGROUP_ROOT", str(tmp_path))
-    monkeypatch.setattr(shm, "_PROC_SELF_CGROUP", str(tmp_path / "self_cgroup"))
+    monkeypatch.setattr(cgroups, "CGROUP_ROOT", str(tmp_path))
+    monkeypatch.setattr(cgroups, "PROC_SELF_CGROUP", str(tmp_path / "self_cgroup"))
     # 200 MiB limit, 150 MiB used of which 15 MiB is file cache the kernel reclaims: 65 MiB free.
     assert shm.cgroup_free_bytes() == (65 * mib, 200 * mib, 135 * mib)
     with pytest.raises(multitables.ShmSpaceError, match=r"memory cgroup.*limit is 200\.0 MiB.*bytes short") as info:

@@ -49,11 +49,13 @@ NOTE [read plan]
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
+from .._sys.cgroups import cpu_quota, cpuset_size
 from .._sys.forks import forgone_so_far, running_forkserver, server_ready, start_method as default_start_method
 from .blocks import MiB, BlockPlan, GrowingPlan, RangePlan
 from .costs import (
@@ -166,11 +168,24 @@ class ReadPlan:
 
 
 def available_cpus() -> int:
-    """CPUs this process may run on."""
+    """CPUs this process may use for readers, at least one: those it may run on (its affinity), at most its CPU
+    quota's worth, rounded up (``_sys.cgroups``: a container's ``--cpus``, a pod's CPU limit), and its share of
+    them where torchrun started several ranks on this machine (``LOCAL_WORLD_SIZE``): of the quota always, of
+    the CPUs unless its affinity was narrowed to its own (fewer than its cpuset allows)."""
     try:
-        return len(os.sched_getaffinity(0))
+        cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
+    try:
+        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        ranks = 1
+    if ranks > 1 and cpus >= (cpuset_size() or os.cpu_count() or cpus):  # not pinned: the ranks share them
+        cpus //= ranks
+    quota = cpu_quota()
+    if quota is not None:
+        cpus = min(cpus, math.ceil(quota / ranks))
+    return max(1, cpus)
 
 
 def cap_readers(n_procs: int, n_blocks: "int | None", cpus: int) -> int:

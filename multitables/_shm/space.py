@@ -16,6 +16,7 @@ import os
 from contextlib import contextmanager
 from typing import Iterator
 
+from .._sys.cgroups import cgroup_dirs
 from ..errors import ShmSpaceError
 
 SHM_DIR = "/dev/shm"
@@ -102,9 +103,6 @@ def semaphores_for(what: str) -> Iterator[None]:
         raise space_error(page, free, what) from exc
 
 
-#: Where this process's control groups are described and mounted (tests point these elsewhere).
-_PROC_SELF_CGROUP = "/proc/self/cgroup"
-_CGROUP_ROOT = "/sys/fs/cgroup"
 #: A memory limit at or above this is "no limit" (cgroup v1 writes 2**63 rounded down to a page).
 _NO_LIMIT = 1 << 62
 
@@ -133,33 +131,6 @@ def _reclaimable(directory: str) -> int:
     return stat.get(prefix + "active_file", 0) + stat.get(prefix + "inactive_file", 0)
 
 
-def _cgroup_dirs() -> "list[tuple[str, str, str]]":
-    """``(directory, limit file, usage file)`` of this process's memory cgroup and its ancestors, leaf first."""
-    try:
-        with open(_PROC_SELF_CGROUP) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
-    for line in lines:  # v1: "N:memory:/path" (a hybrid machine may have both; the memory controller is v1 then)
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            mount = os.path.join(_CGROUP_ROOT, "memory")
-            return _ancestors(mount, path, "memory.limit_in_bytes", "memory.usage_in_bytes")
-    for line in lines:  # v2: "0::/path"
-        if line.startswith("0::"):
-            return _ancestors(_CGROUP_ROOT, line[3:], "memory.max", "memory.current")
-    return []
-
-
-def _ancestors(mount: str, path: str, limit: str, usage: str) -> "list[tuple[str, str, str]]":
-    # Inside a container the path may be the host's: then the mount itself is this process's cgroup.
-    parts = [p for p in path.split("/") if p]
-    while parts and not os.path.isdir(os.path.join(mount, *parts)):
-        parts.pop(0)
-    dirs = [os.path.join(mount, *parts[:i]) for i in range(len(parts), -1, -1)]
-    return [(d, limit, usage) for d in dirs if os.path.exists(os.path.join(d, limit))]
-
-
 def cgroup_free_bytes() -> "tuple[int, int, int] | None":
     """``(free, limit, used)`` of the tightest memory cgroup this process is in, or None where none limits it.
 
@@ -168,7 +139,8 @@ def cgroup_free_bytes() -> "tuple[int, int, int] | None":
     error. ``used`` leaves out the file cache the kernel would reclaim.
     """
     tightest = None
-    for directory, limit_file, usage_file in _cgroup_dirs():
+    for directory, limit_file in cgroup_dirs("memory", "memory.limit_in_bytes", "memory.max"):
+        usage_file = "memory.current" if limit_file == "memory.max" else "memory.usage_in_bytes"
         limit = _read_int(os.path.join(directory, limit_file))
         used = _read_int(os.path.join(directory, usage_file))
         if limit is None or used is None or limit >= _NO_LIMIT:

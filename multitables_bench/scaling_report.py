@@ -82,6 +82,8 @@ def facts_rows(facts: dict[str, Any], memcpy_mib: int) -> list[tuple[str, str]]:
     """The machine's facts as (what, value) rows."""
     mem = facts["memory_bytes"]
     rows = [("cores this process may use (sched_getaffinity)", f"{facts['cores']} (of {facts['cpus']} CPUs)"),
+            ("CPU quota of its control groups (what the default's readers are capped at)",
+             "none" if facts.get("cpu_quota") is None else f"{facts['cpu_quota']:g} CPUs"),
             ("threads per core", str(facts["threads_per_core"] or "unknown")), ("CPU", facts["cpu"]),
             ("memory", f"{mem / GiB:.0f} GiB" if mem else "unknown")]
     for n, rate in sorted(facts["memcpy_gb_per_s"].items()):

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import multitables
+from multitables._sys import cgroups
 from multitables_bench import counters, scaling, scaling_report
 from multitables_bench.counters import PAGE_SIZE, Snapshot, Usage
 from multitables_bench.records import NODE, ROW_VALUES, Codec
@@ -328,6 +329,8 @@ def test_the_section_runs_end_to_end_on_a_tiny_file(tmp_path: Path) -> None:
         assert all(len(r) == len(rows[0]) for r in rows)
     facts = dict(_md_rows(proc.stdout, "#### The machine")[1:])  # type: ignore[arg-type]
     assert any(k.startswith("memory copy, 2 processes") for k in facts) and "threads per core" in facts
+    quota = next(v for k, v in facts.items() if k.startswith("CPU quota"))
+    assert quota == ("none" if cgroups.cpu_quota() is None else f"{cgroups.cpu_quota():g} CPUs")
     doc = json.loads((tmp_path / "report.json.scaling.json").read_text())
     assert doc["section"] == "scaling" and doc["pages_per_gib"] == counters.pages_per_gib()
     per_codec = 1 + 3 + 2 + (2 if torch else 0)

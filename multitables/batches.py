@@ -199,8 +199,7 @@ class Batches(Generic[BatchT]):
             raise ValueError(f"datasets read together need the same number of rows: {listing}")
         subset, row_weights, n_rows = epoch_rows(nodes[0].n_rows, indices, weights, num_samples)
         self._transforms = infer_transforms(stream, path_list, nodes, transform, self._columns is not None)
-        # The readers, kept from epoch to epoch (NOTE [readers across epochs] in ``_procs.stream``). It holds
-        # nothing of this object, so dropping the batches drops it, and its queues stop their readers.
+        # The readers, across epochs (NOTE [readers across epochs]); holding nothing of this object, dropped with it.
         self._feed = Feed(plan_feed(
             stream.options, nodes, self._transforms, n_rows=n_rows, n_procs=n_procs, block_size=block_size,
             read_ahead=read_ahead, window=window, shuffle=shuffle,
@@ -462,7 +461,7 @@ class Batches(Generic[BatchT]):
                 source = epoch_windows(plan, w0, self._feed, pieces, self._window_memory(), carry, staging)
             k = start
             last = int(plan.window_offsets[max(0, plan.n_windows - 1)]) // s.batch_size  # the last window's first batch
-            for arrays in cut(source, skip, s.batch_size, alloc):
+            for arrays in (made := cut(source, skip, s.batch_size, alloc)):
                 k += 1
                 self._batch, self._step = k, self._step + 1
                 yield as_batch(arrays, self._single, self._columns)
@@ -482,13 +481,20 @@ class Batches(Generic[BatchT]):
             self._epoch, self._batch, self._elastic = epoch + 1, 0, []
             self._carry = getattr(source, "carry", None)
             self._looping = True
-            if self._feed.epoch_read():  # NOTE [readers bought] in _train.feed: the next epoch starts readers
-                self._carry = None
-                self._close_feed()
+            self._epoch_read()
         except GeneratorExit:
             if k == s.n_batches:  # left after the epoch's last batch: the epoch is done, the next comes next
                 self._epoch, self._batch, self._elastic, self._looping = epoch + 1, 0, [], True
+                made.close()  # read to its end all the same (islice(batches, len(batches))): the windows let go,
+                self._epoch_read()  # and the epoch counts towards readers
             raise  # the loop was left: the readers stay for the next iteration
         except BaseException:
             self._close_feed()  # a reader failed, or the loop body raised: start afresh next time
             raise
+
+    def _epoch_read(self) -> None:
+        """An epoch was read to its end: where readers pay now, the feed closes, with what the carry pulled, and the
+        next epoch starts them (NOTE [readers bought] in ``_train.feed``)."""
+        if self._feed.epoch_read():
+            self._carry = None
+            self._close_feed()

@@ -496,3 +496,42 @@ def test_readers_start_once_the_epochs_read_here_would_have_paid_for_them_and_th
         assert sum(1 for _ in explicit) and explicit.n_procs == [0]  # asked for: never bought
     b.close()
     assert wait_gone(set(pids[3])) == set()
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("taken", ["islice", "next"])
+def test_an_epoch_taken_to_its_last_batch_and_no_further_counts_towards_readers(
+    rows_file, no_cycle_collector, no_leaks, monkeypatch: pytest.MonkeyPatch, taken: str, shuffle: bool
+) -> None:
+    """NOTE [readers bought]: a loop that takes exactly len(batches) batches an epoch and never asks for one more
+    (itertools.islice, next() len(batches) times, zip with a range) reads each epoch to its end all the same: the
+    epochs count, and readers start once they would have paid for them, with the rows of the epochs in-process."""
+    import itertools
+
+    from multitables._plan import costs, readers as planner
+    from multitables._stream.options import StreamOptions
+
+    monkeypatch.setattr(planner, "available_cpus", lambda: 2)
+    nbytes = 4000 * 8
+    per_epoch = costs.MARGIN["measured"] * costs.start_cost("fork") / 2.5  # three epochs pay, as above
+    monkeypatch.setattr(StreamOptions, "measure_rate", lambda self, node, engine: nbytes * (1 - 1 / 2) / per_epoch)
+    reference = batches(rows_file, n_procs=0, shuffle=shuffle)
+    expected = []
+    for epoch in range(5):
+        reference.set_epoch(epoch)
+        expected.append([y.copy() for y in reference])
+    b = batches(rows_file, n_procs=None, shuffle=shuffle)
+    before, procs, pids = children(), [], []
+    for epoch in range(5):
+        b.set_epoch(epoch)
+        it = itertools.islice(b, len(b)) if taken == "islice" else iter(b)
+        got = [next(it)]
+        procs.append(b.n_procs), pids.append(frozenset(children() - before))  # this epoch's, from its first batch
+        got += [next(it) for _ in range(len(b) - 1)]
+        assert len(got) == len(expected[epoch])
+        for mine, theirs in zip(got, expected[epoch]):
+            np.testing.assert_array_equal(mine, theirs)
+    assert procs == [[0], [0], [0], [2], [2]]  # counted although the loop never asked past the last batch
+    assert pids[:3] == [frozenset()] * 3 and len(pids[3]) == 2 and pids[3] == pids[4]
+    b.close()
+    assert wait_gone(set(pids[3])) == set()

@@ -611,3 +611,32 @@ def test_pinned_cpu_batches_and_a_mix_and_columns(data_file: Path, no_leaks: Non
     got = list(mixed)
     assert len(got) == 20 and all(t.device.type == "cuda" and t.shape == (64,) for t in got)
     mixed.close()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])  # on the CPU too, so CI runs it
+def test_readers_bought_after_some_epochs_on_a_device_keep_every_batch(
+    data_file: Path, device: str, monkeypatch: pytest.MonkeyPatch, no_leaks: None
+) -> None:
+    """NOTE [readers bought] where batches go to a device (on a GPU the staging holds the readers' slots, NOTE
+    [slots on a device]): the epochs before the readers start, the one that starts them, and those after give the
+    batches of ``n_procs=0``."""
+    from multitables._plan import costs, readers as planner
+    from multitables._stream.options import StreamOptions
+
+    monkeypatch.setattr(planner, "available_cpus", lambda: 2)
+    per_epoch = costs.MARGIN["measured"] * costs.start_cost("fork") / 2.5  # three epochs read here pay for readers
+    monkeypatch.setattr(StreamOptions, "measure_rate", lambda self, node, engine: 3000 * 2 * 4 * (1 - 1 / 2) / per_epoch)
+    stream, kw = multitables.Streamer(data_file), dict(block_size=100, window=4, seed=1)
+    plain = mt.get_batches(stream, "/X", 64, n_procs=0, **kw)
+    moved = mt.get_batches(stream, "/X", 64, device=device, **kw)
+    procs = []
+    for epoch in range(5):
+        plain.set_epoch(epoch)
+        moved.set_epoch(epoch)
+        want = [b.clone() for b in plain]
+        got = [b.cpu() for b in moved]
+        procs.append(moved.batches.n_procs)
+        assert len(got) == len(want) and all(torch.equal(m, t) for m, t in zip(got, want)), f"epoch {epoch}"
+    assert procs == [[0], [0], [2], [2], [2]]
+    moved.close()
+    plain.close()

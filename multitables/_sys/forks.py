@@ -19,21 +19,21 @@ NOTE [forking among threads]
       those itself; each finds them loaded.
 
 NOTE [fork server]
-    Where multiprocessing's fork server starts readers (``forkserver``,
-    Python 3.14's default on Linux), what a start costs depends on that
-    server, which only this process knows of. Its first start is a new
-    interpreter importing the readers' modules (0.28-0.32 s here idle,
-    0.42 s beside two busy processes); from a server this library started,
-    which preloads them, each later start is about a fork's (0.02-0.03 s); from a
-    server started elsewhere, each reader imports them itself. So until a
-    server of ours runs, the default reads in the consumer where readers
-    would not pay for that first start, and adds up what such streams forgo
-    (what readers from a ready server would have saved, less their start:
+    Where multiprocessing's fork server starts readers (``forkserver``, Python
+    3.14's default on Linux), what a start costs depends on that server, which
+    only this process knows of. Its first start is a new interpreter importing
+    the readers' modules (0.28-0.32 s here idle, 0.42 s beside two busy
+    processes); from a server this library started, which preloads them, each
+    later start is about a fork's (0.02-0.03 s); from a server started
+    elsewhere, each reader imports them itself. So until a server of ours
+    runs, the default reads in the consumer where readers would not pay for
+    that first start, and adds up what such streams forgo (what readers from a
+    ready server would have saved, less their start:
     ``_plan.readers.would_save_s``); the first start's price is lowered by
     that sum, so that once the streams have forgone it, the next one that
     readers would pay for starts the server, and every later one is cheap:
-    rent, then buy, never more than twice the better of the two choices
-    in hindsight. The price is ``_plan.costs.start_cost``.
+    rent, then buy, never more than twice the better of the two choices in
+    hindsight. The price is ``_plan.costs.start_cost``.
 """
 
 from __future__ import annotations

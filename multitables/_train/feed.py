@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from .._stream.options import StreamOptions
     from .._stream.queue import Guard, Queue
 
+
 @dataclass(frozen=True)
 class FeedPlan:
     """What a batches' reading is planned from (:func:`plan_feed`), kept to plan it again (NOTE [readers bought])."""
@@ -167,8 +168,8 @@ class Feed:
 
     def epoch_read(self) -> bool:
         """An epoch was read to its end. Where the default reads a dataset in this process, the readers are priced
-        over the epochs so read (NOTE [readers bought]); whether they pay now: then the caller :meth:`close` s the
-        feed (giving back what it holds first), and the next :meth:`provide` starts them."""
+        over the epochs so read (NOTE [readers bought]); whether they pay now: then the caller closes the feed
+        (:meth:`close`, having given back what it holds), and the next :meth:`provide` starts them."""
         if self._planning.given.get("n_procs") is not None or all(self._reading.n_procs):
             return False
         self._epochs_here += 1

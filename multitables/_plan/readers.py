@@ -248,17 +248,17 @@ def hint_distance(n_readers: int, filter_ids: "tuple[int, ...]") -> int:
     return 1 if filter_ids else 0
 
 
-def rate_decides(shape: DatasetShape, engine: str, machine: Machine, passes: "int | None" = 1) -> bool:
+def rate_decides(shape: DatasetShape, engine: str, machine: Machine, looped: bool = False) -> bool:
     """Whether the default readers for ``shape`` turn on the decode rate: the table's rate off by
     :data:`RATE_SPREAD` either way would change the answer, or what a stream forgoes while the fork server is yet to
-    start (:func:`would_save_s`). Only then is the rate worth measuring. ``passes`` None: as many as a loop runs
-    (batches' epochs: NOTE [readers bought] in ``_train.feed``), so that it may turn on the rate at any size."""
+    start (:func:`would_save_s`). Only then is the rate worth measuring. ``looped``: read as many times as a loop
+    runs (batches' epochs: NOTE [readers bought] in ``_train.feed``), so that it may turn on the rate at any size."""
     cpus = parallel_cpus(machine.cpus, shape.n_rows, shape.chunk_rows)
     if shape.remote or cpus < 2 or machine.daemon or not shape.filter_ids or shape.transformed:
         return False
     if not rate_sample_rows(shape.n_rows, shape.row_nbytes, shape.chunk_rows):  # chunks too large to sample: the table
         return False
-    if passes is None:
+    if looped:
         return True
     saved = saved_s(shape.nbytes, table_rate(shape.filter_ids, engine), cpus)
     costs = {machine.start_cost(), replace(machine, server_ready=machine.start_method == "forkserver").start_cost()}

@@ -57,6 +57,11 @@ class FeedPlan:
     n_rows: int
     given: "dict[str, Any]"  # plan_batches' arguments as the user gave them
 
+    @property
+    def by_default(self) -> bool:
+        """Whether the readers are the default's (``n_procs`` left out)."""
+        return self.given.get("n_procs") is None
+
     def at(self, passes: int = 1) -> "tuple[list[str], BatchPlan]":
         """Each dataset's engine and the plan, default readers priced over ``passes`` epochs."""
         plan = plan_batches(self.shapes, self.engines, self.machine, n_rows=self.n_rows, passes=passes, **self.given)
@@ -77,11 +82,11 @@ def plan_feed(
     shapes = [DatasetShape.of(n, transformed=t is not None) for n, t in zip(nodes, transforms)]
     machine = options.machine
     if given.get("n_procs") is None:  # NOTE [read plan]: measured where the answer turns on it, as for a stream
-        shapes = [replace(s, decode_rate=options.measure_rate(n, e)) if rate_decides(s, e, machine, None) else s
+        shapes = [replace(s, decode_rate=options.measure_rate(n, e)) if rate_decides(s, e, machine, looped=True) else s
                   for s, n, e in zip(shapes, nodes, engines)]
     planning = FeedPlan(options, tuple(nodes), tuple(shapes), tuple(engines), machine, n_rows, dict(given))
     plan = planning.at()[1]  # the arguments checked here, before anything starts
-    if given.get("n_procs") is None:  # NOTE [fork server] in _sys.forks
+    if planning.by_default:  # NOTE [fork server] in _sys.forks
         note_forgone(sum(would_save_s(s, e, machine) for s, e in zip(shapes, engines)))
     if given.get("shuffle") and given.get("block_size") is not None:
         for node in nodes:
@@ -170,7 +175,7 @@ class Feed:
         """An epoch was read to its end. Where the default reads a dataset in this process, the readers are priced
         over the epochs so read (NOTE [readers bought]); whether they pay now: then the caller closes the feed
         (:meth:`close`, having given back what it holds), and the next :meth:`provide` starts them."""
-        if self._planning.given.get("n_procs") is not None or all(self._reading.n_procs):
+        if not self._planning.by_default or all(self._reading.n_procs):
             return False
         self._epochs_here += 1
         engines, reading = self._planning.at(self._epochs_here)

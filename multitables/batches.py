@@ -215,9 +215,7 @@ class Batches(Generic[BatchT]):
                 f"is empty each epoch (see Batches in the docs); use drop_last=True or another batch_size",
                 stacklevel=3,
             )
-        self._stream = stream
-        self._paths = path_list
-        self._nodes = nodes
+        self._stream, self._paths = stream, path_list
         #: (dtype, row shape) of each dataset's delivered rows: the transform's output where there is one.
         self._row_types = [delivered(n, t) for n, t in zip(nodes, self._transforms)]
         self._epoch, self._batch = 0, 0  # the epoch, and batches delivered in it
@@ -310,11 +308,8 @@ class Batches(Generic[BatchT]):
     # -- position ------------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
-        """Go to the start of ``epoch``; nothing changes when already in it.
-
-        So the usual ``set_epoch(epoch)`` at the top of the epoch loop keeps
-        a position restored by :meth:`load_state_dict` in the middle of it.
-        """
+        """Go to the start of ``epoch``; nothing changes when already in it, so the usual ``set_epoch(epoch)`` at the
+        top of the epoch loop keeps a position restored by :meth:`load_state_dict` in the middle of it."""
         epoch = check_int("epoch", epoch, 0, allow_none=False)  # type: ignore[assignment]
         self._looping = True  # set_epoch is what an epoch loop calls: read ahead into the next one
         if epoch != self._epoch:
@@ -323,7 +318,9 @@ class Batches(Generic[BatchT]):
             self._step = epoch * self._settings.n_batches  # as if every epoch before ran at this world size
 
     def state_dict(self) -> dict[str, Any]:
-        """The position (epoch, batches delivered in it) and what fixes the order; small, picklable, JSON-able.
+        """The position (epoch, batches delivered in it), what fixes the order, and the epochs read in this process
+        (``epochs_here``: a restored loop buys readers as this one would, NOTE [readers bought] in ``_train.feed``);
+        small, picklable, JSON-able.
 
         All ranks are at the same position after the same number of steps, so rank 0's state loads on every rank.
         """
@@ -335,6 +332,7 @@ class Batches(Generic[BatchT]):
             "rank": self.rank,
             "subset": self._rows.rows.key(),
             "elastic": [list(segment) for segment in self._elastic],
+            "epochs_here": self._feed.epochs_here,
             **{key: getattr(s, key) for key in ORDER_KEYS},
         }
 
@@ -347,7 +345,7 @@ class Batches(Generic[BatchT]):
         epoch no rank delivered yet, shared among this world's ranks (NOTE
         [elastic resume] in ``multitables._plan.epoch``).
         """
-        epoch, batch, world, step, elastic = read_state(state, self._settings, self._rows.rows.key())
+        epoch, batch, world, step, elastic, epochs_here = read_state(state, self._settings, self._rows.rows.key())
         if world != self.world_size:
             elastic, batch = elastic + [(world, batch)], 0
         self._current.end()
@@ -361,6 +359,7 @@ class Batches(Generic[BatchT]):
             raise ValueError(f"batch={batch} is beyond the {settings.n_batches} batches of that epoch")
         else:
             self._batch = batch
+        self._buy_readers(self._feed.resume(epochs_here))
 
     def __reduce__(self) -> Any:  # a copy would share the feed and position; pickle would fail on a weakref
         raise TypeError(NOT_COPIED.format(type(self).__name__))
@@ -481,20 +480,20 @@ class Batches(Generic[BatchT]):
             self._epoch, self._batch, self._elastic = epoch + 1, 0, []
             self._carry = getattr(source, "carry", None)
             self._looping = True
-            self._epoch_read()
+            self._buy_readers(self._feed.epoch_read())
         except GeneratorExit:
             if k == s.n_batches:  # left after the epoch's last batch: the epoch is done, the next comes next
                 self._epoch, self._batch, self._elastic, self._looping = epoch + 1, 0, [], True
                 made.close()  # read to its end all the same (islice(batches, len(batches))): the windows let go,
-                self._epoch_read()  # and the epoch counts towards readers
+                self._buy_readers(self._feed.epoch_read())  # and the epoch counts towards readers
             raise  # the loop was left: the readers stay for the next iteration
         except BaseException:
             self._close_feed()  # a reader failed, or the loop body raised: start afresh next time
             raise
 
-    def _epoch_read(self) -> None:
-        """An epoch was read to its end: where readers pay now, the feed closes, with what the carry pulled, and the
-        next epoch starts them (NOTE [readers bought] in ``_train.feed``)."""
-        if self._feed.epoch_read():
+    def _buy_readers(self, pay: bool) -> None:
+        """Where readers pay now (an epoch read to its end, or a restored loop's: NOTE [readers bought] in
+        ``_train.feed``), the feed closes, with what the carry pulled, and the next epoch starts them."""
+        if pay:
             self._carry = None
             self._close_feed()

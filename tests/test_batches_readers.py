@@ -449,20 +449,25 @@ def test_a_ctrl_c_as_the_loop_takes_a_batch_lets_the_readers_stop_with_the_batch
     b.close()
 
 
-@pytest.mark.parametrize("looped", ["epochs=None", "set_epoch"])
-def test_readers_start_once_the_epochs_read_here_would_have_paid_for_them_and_the_rows_stay(
-    rows_file, no_cycle_collector, no_leaks, monkeypatch: pytest.MonkeyPatch, looped: str
-) -> None:
-    """NOTE [readers bought]: a dataset the default reads in this process gets readers from the epoch at which the
-    epochs read so far would have paid for them, and keeps them; every epoch gives the rows it gives in-process."""
+@pytest.fixture
+def three_epochs_pay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two CPUs, and /y (4,000 int64) measured at a rate where an epoch read here forgoes a third of what starting
+    readers costs (with the margin): three epochs read here pay for them (NOTE [readers bought])."""
     from multitables._plan import costs, readers as planner
     from multitables._stream.options import StreamOptions
 
     monkeypatch.setattr(planner, "available_cpus", lambda: 2)
-    nbytes = 4000 * 8  # /y: 4,000 int64
-    # An epoch read here forgoes a third of what starting readers costs (with the margin): three epochs pay for them.
+    nbytes = 4000 * 8
     per_epoch = costs.MARGIN["measured"] * costs.start_cost("fork") / 2.5
     monkeypatch.setattr(StreamOptions, "measure_rate", lambda self, node, engine: nbytes * (1 - 1 / 2) / per_epoch)
+
+
+@pytest.mark.parametrize("looped", ["epochs=None", "set_epoch"])
+def test_readers_start_once_the_epochs_read_here_would_have_paid_for_them_and_the_rows_stay(
+    rows_file, no_cycle_collector, no_leaks, three_epochs_pay, looped: str
+) -> None:
+    """NOTE [readers bought]: a dataset the default reads in this process gets readers from the epoch at which the
+    epochs read so far would have paid for them, and keeps them; every epoch gives the rows it gives in-process."""
     reference = batches(rows_file, n_procs=0)
     expected = []
     for epoch in range(6):
@@ -501,20 +506,13 @@ def test_readers_start_once_the_epochs_read_here_would_have_paid_for_them_and_th
 @pytest.mark.parametrize("shuffle", [True, False])
 @pytest.mark.parametrize("taken", ["islice", "next"])
 def test_an_epoch_taken_to_its_last_batch_and_no_further_counts_towards_readers(
-    rows_file, no_cycle_collector, no_leaks, monkeypatch: pytest.MonkeyPatch, taken: str, shuffle: bool
+    rows_file, no_cycle_collector, no_leaks, three_epochs_pay, taken: str, shuffle: bool
 ) -> None:
     """NOTE [readers bought]: a loop that takes exactly len(batches) batches an epoch and never asks for one more
     (itertools.islice, next() len(batches) times, zip with a range) reads each epoch to its end all the same: the
     epochs count, and readers start once they would have paid for them, with the rows of the epochs in-process."""
     import itertools
 
-    from multitables._plan import costs, readers as planner
-    from multitables._stream.options import StreamOptions
-
-    monkeypatch.setattr(planner, "available_cpus", lambda: 2)
-    nbytes = 4000 * 8
-    per_epoch = costs.MARGIN["measured"] * costs.start_cost("fork") / 2.5  # three epochs pay, as above
-    monkeypatch.setattr(StreamOptions, "measure_rate", lambda self, node, engine: nbytes * (1 - 1 / 2) / per_epoch)
     reference = batches(rows_file, n_procs=0, shuffle=shuffle)
     expected = []
     for epoch in range(5):
@@ -535,3 +533,46 @@ def test_an_epoch_taken_to_its_last_batch_and_no_further_counts_towards_readers(
     assert pids[:3] == [frozenset()] * 3 and len(pids[3]) == 2 and pids[3] == pids[4]
     b.close()
     assert wait_gone(set(pids[3])) == set()
+
+
+@pytest.mark.parametrize("saved", ["mid-epoch", "after the switch", "without the count"])
+def test_a_restored_loop_counts_the_epochs_its_state_read_here(
+    rows_file, no_cycle_collector, no_leaks, three_epochs_pay, saved: str
+) -> None:
+    """NOTE [readers bought]: state_dict() records the epochs the loop read in its training process, and batches
+    loading it count them as read here: a restored job starts readers at the epoch the saved one would have (a state
+    written before the count, or by hand, counts none). The rows are those of the run that was never stopped."""
+    reference = batches(rows_file, n_procs=0)
+    expected = []
+    for epoch in range(6):
+        reference.set_epoch(epoch)
+        expected.append([y.copy() for y in reference])
+    first = batches(rows_file, n_procs=None)
+    stop_at = (2, 5) if saved != "after the switch" else (4, 5)  # (epoch, batches taken in it)
+    for epoch in range(stop_at[0] + 1):
+        first.set_epoch(epoch)
+        for k, y in enumerate(first):
+            np.testing.assert_array_equal(y, expected[epoch][k])
+            if (epoch, k + 1) == stop_at:
+                break
+    state = first.state_dict()
+    first.close()
+    assert state["epochs_here"] == min(stop_at[0], 3)  # readers from the fourth epoch on: three read here
+    if saved == "without the count":
+        del state["epochs_here"]
+    again = batches(rows_file, n_procs=None)
+    again.load_state_dict(state)
+    procs = []
+    for epoch in range(again.epoch, 6):
+        again.set_epoch(epoch)
+        procs.append(again.n_procs)  # as this epoch reads
+        got = [y.copy() for y in again]
+        start = stop_at[1] if epoch == stop_at[0] else 0
+        assert len(got) == len(expected[epoch]) - start
+        for mine, theirs in zip(got, expected[epoch][start:]):
+            np.testing.assert_array_equal(mine, theirs)
+    # epochs 2..5 (4..5): the saved run bought readers for its fourth epoch, 3; without the count, 3 epochs from here
+    assert procs == {"mid-epoch": [[0], [2], [2], [2]], "after the switch": [[2], [2]],
+                     "without the count": [[0], [0], [0], [2]]}[saved]
+    assert again.state_dict()["epochs_here"] == 3
+    again.close()

@@ -270,9 +270,10 @@ def rest_of_epoch(
 
 def read_state(
     state: "dict[str, Any]", settings: EpochSettings, subset: Any
-) -> "tuple[int, int, int, int, list[tuple[int, int]]]":
-    """``(epoch, batch, world_size, step, elastic segments)`` of a Batches' saved ``state``; ``ValueError`` unless
-    it was saved with the order of ``settings`` (and of ``subset``, its key) at any world size (NOTE [elastic resume])."""
+) -> "tuple[int, int, int, int, list[tuple[int, int]], int]":
+    """``(epoch, batch, world_size, step, elastic segments, epochs_here)`` of a Batches' saved ``state``;
+    ``ValueError`` unless it was saved with the order of ``settings`` (and of ``subset``, its key) at any world size
+    (NOTE [elastic resume]). ``epochs_here`` (0 in a state without it) does not touch the order."""
     missing = [k for k in ("epoch", "batch", *ORDER_KEYS) if k not in state]
     if missing:
         raise ValueError(f"not a state of Batches: missing {missing}")
@@ -291,4 +292,6 @@ def read_state(
     step = check_int("step", state.get("step", epoch * saved_batches + batch), 0, allow_none=False)
     assert step is not None
     elastic = [(int(w), int(b)) for w, b in state.get("elastic", [])]
-    return epoch, batch, world, step, elastic
+    epochs_here = check_int("epochs_here", state.get("epochs_here", 0), 0, allow_none=False)
+    assert epochs_here is not None
+    return epoch, batch, world, step, elastic, epochs_here

@@ -20,7 +20,10 @@ NOTE [readers bought]
     then buy: never more than twice the better choice's time, in
     hindsight). The rows of an epoch do not depend on its readers (NOTE
     [epoch plan]). Only where ``n_procs`` is left out, and only where no
-    dataset would lose readers (their plan shares the CPUs).
+    dataset would lose readers (their plan shares the CPUs). A checkpoint
+    records the count (``state_dict``'s ``epochs_here``) and a restored
+    loop goes on counting from it: a job restarted every few epochs would
+    otherwise read in the training process for ever.
 """
 
 from __future__ import annotations
@@ -171,14 +174,30 @@ class Feed:
         """The engine reading each dataset."""
         return list(self._engines)
 
+    @property
+    def epochs_here(self) -> int:
+        """Epochs read to their end with a dataset the default reads in this process (a ``state_dict`` records it)."""
+        return self._epochs_here
+
     def epoch_read(self) -> bool:
         """An epoch was read to its end. Where the default reads a dataset in this process, the readers are priced
         over the epochs so read (NOTE [readers bought]); whether they pay now: then the caller closes the feed
         (:meth:`close`, having given back what it holds), and the next :meth:`provide` starts them."""
         if not self._planning.by_default or all(self._reading.n_procs):
             return False
-        self._epochs_here += 1
-        engines, reading = self._planning.at(self._epochs_here)
+        return self._price(self._epochs_here + 1)
+
+    def resume(self, epochs_here: int) -> bool:
+        """A run restored from a state whose loop had read ``epochs_here`` epochs in its training process: they count
+        as if read here (what the loop paid is evidence of how long it runs), and whether readers pay now, as for
+        :meth:`epoch_read`. A count below this feed's own changes nothing: readers bought stay."""
+        if not self._planning.by_default or all(self._reading.n_procs) or epochs_here <= self._epochs_here:
+            return False
+        return self._price(epochs_here)
+
+    def _price(self, epochs_here: int) -> bool:
+        self._epochs_here = epochs_here
+        engines, reading = self._planning.at(epochs_here)
         if reading.n_procs == self._reading.n_procs or any(k < n for k, n in zip(reading.n_procs, self._reading.n_procs)):
             return False
         assert (reading.block_size, reading.window) == (self._reading.block_size, self._reading.window), "rows moved"

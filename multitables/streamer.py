@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import sys
 from typing import Any, Generator, Iterator, Sequence, TypeAlias, overload
 
 import numpy as np
@@ -63,6 +64,27 @@ def _names_url(filename: Any) -> bool:
 #: Blocks the generator lends at most at once (NOTE [lent blocks]): the one it yields and the one
 #: before, whose last row a ``for`` loop's name still holds when the next block's first row comes.
 _LENT_BLOCKS = 2
+
+
+#: The row iterators of the blocks being walked of every generator whose rows come from readers (a ring), by id:
+#: a forked child must not go on walking them (NOTE [forked children] in ``_procs.pool``).
+_WALKED_FROM_READERS: "dict[int, list[Iterator[np.ndarray]]]" = {}
+
+
+def _end_walks_in_child() -> None:
+    """In a forked child: end the block each ring-backed generator is walking, so that its next ``next()`` asks the
+    queue, which raises the ``RuntimeError`` of a fork. The block's rows are the parent's slot (``Ring.lend``), which
+    the parent gives back to its readers once it moves on: rows walked here from then on would be another block's,
+    silently."""
+    for active in list(_WALKED_FROM_READERS.values()):
+        for rows in active:
+            move = getattr(rows, "__setstate__", None)
+            if move is not None:
+                move(sys.maxsize - 1)
+                next(rows, None)
+
+
+os.register_at_fork(after_in_child=_end_walks_in_child)
 
 
 def _rows_alive(entry: "tuple[Guard, np.ndarray]") -> bool:
@@ -332,6 +354,7 @@ class Streamer:
             # one's last row.)
             copies: "list[np.ndarray | None]" = [None, None]
             turn = 0
+            _WALKED_FROM_READERS[id(active)] = active
             try:
                 for guard in queue.iter():
                     lent = _give_back_unused(lent)
@@ -357,6 +380,7 @@ class Streamer:
                 # those with no row alive: closing moves only the others to private
                 # memory (NOTE [lent blocks]). Releasing the guards after the close
                 # is a no-op.
+                _WALKED_FROM_READERS.pop(id(active), None)
                 active.clear()
                 guards = [entry[0] for entry in lent]
                 lent = [entry for entry in lent if _rows_alive(entry)]

@@ -117,6 +117,44 @@ def test_a_forked_child_neither_uses_nor_stops_its_parents_readers(ids_file: Pat
     assert "Exception ignored" not in run.stderr and "Traceback" not in run.stderr, run.stderr[-3000:]
 
 
+_GENERATOR = textwrap.dedent(
+    r"""
+    import json, os, sys
+    import multitables
+
+    rows = multitables.Streamer(sys.argv[1]).get_generator("/x", n_procs=2, block_size=100, ordered=True)
+    first = [int(next(rows)[0]) for _ in range(3)]  # the parent is inside a block lent from its readers' slot
+    recv, send = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(recv)
+        try:
+            seen = f"a row: {int(next(rows)[0])}"
+        except RuntimeError as exc:
+            seen = "refused" if "is a fork of it" in str(exc) else repr(exc)
+        except Exception as exc:
+            seen = repr(exc)
+        os.write(send, seen.encode())
+        os._exit(0)
+    os.close(send)
+    seen = os.read(recv, 4096).decode()
+    os.waitpid(child, 0)
+    print(json.dumps({"seen": seen, "parent": first + [int(r[0]) for r in rows] == list(range(1000))}))
+    """
+)
+
+
+def test_a_forked_child_walking_its_parents_generator_is_refused_at_its_first_row(ids_file: Path, no_leaks: None) -> None:
+    """The rows of the block the parent was walking are its readers' slot, which the parent gives back as it moves
+    on: a child that went on walking them got rows of other blocks, silently, once the readers refilled it."""
+    run = subprocess.run([sys.executable, "-c", _GENERATOR, str(ids_file)], capture_output=True, text=True, timeout=GUARD)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["seen"] == "refused", "a fork's next row from its parent's readers is refused, saying why"
+    assert got["parent"], "the parent's rows go on, whole"
+    assert "Traceback" not in run.stderr, run.stderr[-3000:]
+
+
 _DAEMONIC = textwrap.dedent(
     r"""
     import json, multiprocessing, sys

@@ -46,9 +46,28 @@ def test_a_closed_streams_ring_is_unmapped_off_the_path_and_gone_once_settled(
         for guard in queue.iter():
             with guard as block:
                 assert block.shape[1] == WIDTH
+            del block
         assert shm_mappings()  # the ring, mapped while the stream lives
     assert len(handed_off) == 1  # the close gave its unmapping away
     settle_releases()
+    assert shm_mappings() == []
+
+
+def test_a_block_kept_past_its_queue_keeps_its_bytes_and_its_slot_alone(
+    path: Path, handed_off: "list[Callable[[], None]]", shm_mappings: Callable[[], list[str]], no_leaks: None
+) -> None:
+    """NOTE [segment lifetime]: ``with guard as block`` leaves ``block`` bound after the loop; a use of it after the
+    close breaks the guard's contract, but reads its last block rather than crash the process (the slot was
+    unmapped under it). The ring's other pages go at the close, off the path, and the slot's with the block."""
+    with multitables.Streamer(str(path)).get_queue("/data", n_procs=2, block_size=256, ordered=True) as queue:
+        for guard in queue.iter():
+            with guard as block:
+                pass
+    assert len(handed_off) == 1
+    settle_releases()
+    assert len(shm_mappings()) == 1  # the slot under block, nothing else
+    np.testing.assert_array_equal(block, np.arange((ROWS - 256) * WIDTH, ROWS * WIDTH, dtype=np.float32).reshape(256, WIDTH))
+    del block  # the last array on the slot: the closed queue does not hold its mapping
     assert shm_mappings() == []
 
 

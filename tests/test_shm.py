@@ -64,6 +64,39 @@ def test_close_without_keep_leaves_a_used_mapping_alone(shm_mappings: Callable[[
     assert not any(name in m for m in shm_mappings())
 
 
+
+def _shm_kib(name: str) -> int:
+    """KiB of the segment ``name`` this process has in memory (its mapping's Rss in /proc/self/smaps)."""
+    with open("/proc/self/smaps") as f:
+        lines = f.read().splitlines()
+    starts = [i for i, line in enumerate(lines) if name in line]
+    assert len(starts) == 1, starts
+    for line in lines[starts[0] + 1:]:
+        if line.startswith("Rss:"):
+            return int(line.split()[1])
+    raise AssertionError("no Rss")
+
+
+def test_held_ranges_outlive_close_in_place_and_every_other_page_is_freed(shm_mappings: Callable[[], list[str]]) -> None:
+    """An array made with ``buffer=`` holds the mapping object and no export (a guard's block): close keeps the
+    ranges held where they are, frees the segment's other pages, and the mapping goes with the last such array."""
+    seg = Segment.create(64 * 4096, "test")
+    seg.unlink()
+    name = seg.name
+    everything = np.ndarray(64 * 4096, np.uint8, buffer=seg.buf)
+    everything[:] = 5  # every page in memory
+    kept = np.ndarray((2 * 4096 - 100,), np.uint8, buffer=seg.buf, offset=8 * 4096)
+    kept[:] = np.arange(kept.size) % 251
+    del everything
+    before = _shm_kib(name)
+    seg.close(held=[(8 * 4096, kept.nbytes)])
+    del seg
+    after = _shm_kib(name)  # mapped still: the view's bytes are there
+    assert before >= 64 * 4 and after <= 2 * 4, (before, after)  # the two pages held, no more
+    np.testing.assert_array_equal(kept, np.arange(kept.size) % 251)
+    del kept
+    assert not any(name in m for m in shm_mappings())
+
 # -- the creation span (NOTE [creation span]) and containers ------------------------------------------------
 
 _CREATE_THEN = r"""

@@ -962,3 +962,35 @@ def test_the_generator_is_a_with_block_whose_end_stops_its_readers(make_array, n
         held = rows  # as a traceback or Out[] would hold it
     assert not multiprocessing.active_children()  # gone, though the iterator is held
     assert list(held) == [] and first.shape == (4,)
+
+
+_USED_AFTER_CLOSE = r"""
+import gc, sys
+import numpy as np
+import multitables
+
+stream = multitables.Streamer(sys.argv[1])
+queue = stream.get_queue("/data", n_procs=2, block_size=100, ordered=True)
+with queue.get() as inside:
+    queue.close()  # under the with: the guard's block outlives its ring
+    print("inside", int(inside[:, 0].sum()))
+with stream.get_queue("/data", n_procs=2, block_size=100, ordered=True) as queue:
+    for guard in queue.iter():
+        with guard as block:
+            kept = block  # past its with: another block's by the next get, and past the close
+del queue, guard, block
+gc.collect()
+print("kept", int(kept[:, 0].sum()))
+"""
+
+
+def test_a_block_used_after_its_queue_closed_reads_its_last_bytes_rather_than_crash(make_array) -> None:
+    """A block is only valid inside its guard's with, and the queue's close ends every guard: a use after it breaks
+    that contract. It reads the bytes the slot last held (NOTE [segment lifetime]); it crashed the interpreter."""
+    import subprocess
+
+    data = np.arange(1000 * 3, dtype="<i4").reshape(1000, 3)
+    path = make_array(data, chunkshape=(10, 3))
+    run = subprocess.run([sys.executable, "-c", _USED_AFTER_CLOSE, str(path)], capture_output=True, text=True, timeout=GUARD)
+    assert run.returncode == 0, (run.returncode, run.stderr[-3000:])
+    assert run.stdout.split() == ["inside", str(int(data[:100, 0].sum())), "kept", str(int(data[900:, 0].sum()))]

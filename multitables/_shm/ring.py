@@ -98,6 +98,7 @@ import numpy as np
 
 from .._plan.blocks import Piece
 from .._sys.awake import Eagerness, acquire
+from .._sys.refs import held_elsewhere
 from .._sys.release import release_later
 from .layout import HEADER_WORDS, RingLayout, RingSync
 from .segment import Segment, can_populate
@@ -146,8 +147,8 @@ class Ring:
         shape = (layout.block_size,) + layout.row_shape
         self.slots: list[np.ndarray] = []
         for s in range(n):
-            # No buffer export (unlike lend()): close() unmaps even while a
-            # guard's view is alive, which the Guard's contract forbids using.
+            # No buffer export (unlike lend()): close() counts the references
+            # to each slot's array instead (a guard's view holds one).
             # Writable on both sides: a slot is the consumer's until released,
             # and a reader writes every row of a block before publishing it,
             # so nothing the consumer writes outlives the block.
@@ -217,13 +218,17 @@ class Ring:
         if self._closed:
             return
         self._closed = True
+        # A slot whose array something still references (a block kept past its with, a guard held) keeps its
+        # pages, and its last block, until that goes (NOTE [segment lifetime]).
+        held = [(self.layout.slot_offset(slot), self.slots[slot].nbytes)
+                for slot in range(len(self.slots)) if self.segment.owner and held_elsewhere(self.slots, slot)]
         self.slots = []
         self._hdr = self._free_stack = self._ready_ring = self._meta = self._table = None  # type: ignore[assignment]
         still_lent = [(self.layout.slot_offset(slot), flat.nbytes) for slot, flat in list(self._lent.items())]
         if background and not still_lent and self.segment.owner:
-            release_later(functools.partial(self.segment.close, keep=still_lent))
+            release_later(functools.partial(self.segment.close, keep=still_lent, held=held))
         else:
-            self.segment.close(keep=still_lent)
+            self.segment.close(keep=still_lent, held=held)
 
     # -- flags ----------------------------------------------------------------
     @property

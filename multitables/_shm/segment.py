@@ -23,7 +23,15 @@ NOTE [segment lifetime]
     segment whose memory the caller still holds (rows lent by the
     generator), the ranges still in use are moved to private memory at the
     same addresses (mremap over the old mapping, one atomic step), so the
-    caller's arrays stay valid while the segment is released at once.
+    caller's arrays stay valid while the segment is released at once. A
+    block a guard gave that outlives its queue (a loop's ``with guard as
+    block`` leaves ``block`` bound: a use after the close breaks the
+    guard's contract, but a crash is no way to say so) is no buffer export:
+    the ring counts the references to its slot's array instead, the pages
+    of every other slot are freed at the close, and the slot's stay mapped,
+    with its last block's bytes, until the last array on it goes (copying
+    it, as for lent rows, would cost every such loop 0.5 ms a MiB of
+    block; beside lent rows, or in a fork of the owner, it is copied).
 
     The space is checked against statvfs, and against the memory cgroup's
     limit (shared memory is charged to it, and past it the OOM killer ends
@@ -93,7 +101,7 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 def _load_libc() -> "ctypes.CDLL | None":
-    """libc with mmap/mremap/munmap typed, on Linux; None elsewhere (plain mmap.mmap is used then)."""
+    """libc with mmap/mremap/munmap/madvise typed, on Linux; None elsewhere (plain mmap.mmap is used then)."""
     if not sys.platform.startswith("linux"):  # pragma: no cover
         return None
     try:
@@ -104,6 +112,8 @@ def _load_libc() -> "ctypes.CDLL | None":
         libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
         libc.munmap.restype = ctypes.c_int
         libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.madvise.restype = ctypes.c_int
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     except (OSError, AttributeError):  # pragma: no cover
         return None
     return libc
@@ -185,6 +195,21 @@ def _move_to_private(buf: mmap.mmap, nbytes: int, keep: Sequence[tuple[int, int]
         _libc.munmap(new, nbytes)
 
 
+def _free_all_but(buf: mmap.mmap, nbytes: int, keep: Sequence[tuple[int, int]]) -> None:
+    """Free the pages of ``buf``'s segment outside ``keep`` (offset, length) in place (MADV_REMOVE: the shared
+    memory's own pages, whoever maps them); the mapping stays. Where that cannot be done nothing changes, which is
+    safe (the segment goes with the mapping). Through libc, which lets other threads run meanwhile, as an unmapping
+    does (NOTE [release off the path])."""
+    if _libc is None:  # pragma: no cover
+        return
+    page, addr, start = mmap.PAGESIZE, _address(buf), 0
+    for offset, length in sorted(keep) + [(nbytes, 0)]:
+        stop = offset // page * page
+        if stop > start and _libc.madvise(addr + start, stop - start, mmap.MADV_REMOVE) != 0:
+            return  # a kernel or file system without it
+        start = max(start, -(-(offset + length) // page) * page)
+
+
 def _reserve(fd: int, nbytes: int, what: str) -> None:
     """Give the segment its size with every page reserved, so touching it can never SIGBUS."""
     try:
@@ -209,6 +234,7 @@ class Segment:
         self.nbytes = nbytes
         self.buf = buf
         self.owner = owner
+        self._made_in = os.getpid()  # a fork's copy shares the pages: only its own mapping is its to change
         # The owner's name goes with the object at the latest: dropped by an exception anywhere after creation.
         self._unlinker = weakref.finalize(self, _unlink, name) if owner else None
 
@@ -295,15 +321,29 @@ class Segment:
         if self._unlinker is not None:
             self._unlinker()
 
-    def close(self, keep: "Sequence[tuple[int, int]] | None" = None) -> None:
+    def close(
+        self, keep: "Sequence[tuple[int, int]] | None" = None, held: "Sequence[tuple[int, int]]" = ()
+    ) -> None:
         """Unmap; where exported views still use the mapping, the last of them unmaps it.
 
         ``keep`` (the owner's side): the byte ranges (offset, length) those
         views may use. They are moved to private memory first, so the
-        segment is released now and the views keep their bytes. At interpreter exit nothing is unmapped (NOTE
-        [segment lifetime]).
+        segment is released now and the views keep their bytes. ``held``:
+        ranges that arrays made with ``buffer=`` (no export: they hold the
+        mapping object itself) may still use. Where there are no others,
+        they stay where they are and every other page of the segment is
+        freed now; else they are moved with ``keep``'s. Either way the
+        mapping goes with the last of those arrays (NOTE [segment
+        lifetime]). At interpreter exit nothing is unmapped.
         """
         if _exiting:
+            return
+        if held and self.owner:
+            if os.getpid() == self._made_in and not keep:  # its readers are gone: the pages are its alone
+                _free_all_but(self.buf, self.nbytes, held)
+            else:  # exported views too, or a fork of the owner (which shares the pages with it): copies
+                _move_to_private(self.buf, self.nbytes, [*held, *(keep or ())])
+            del self.buf  # the arrays on it hold the mapping object: it goes with the last of them, not with this
             return
         try:
             self.buf.close()

@@ -94,7 +94,7 @@ class Guard:
         self.release()
 
     def __repr__(self) -> str:
-        held = "released" if self._released else f"a block of {len(self.block)} rows"
+        held = "released" if self._released else "lent" if self.block is None else f"a block of {len(self.block)} rows"
         return f"<multitables.Guard ({held})>"
 
     def release(self) -> None:
@@ -269,7 +269,9 @@ class Queue:
 
     def lend(self, guard: Guard) -> np.ndarray:
         """A new writable array on ``guard``'s slot (ring streams only): NOTE [lent blocks]."""
-        return self._backend.lend(guard._slot, len(guard.block))  # type: ignore[union-attr]
+        rows = self._backend.lend(guard._slot, len(guard.block))  # type: ignore[union-attr]
+        guard.block = None  # type: ignore[assignment]  # the rows are the block now: the slot's array goes unheld
+        return rows
 
     def slot_memory(self) -> "tuple[int, int] | None":
         """Where every block of this queue lies in this process: the address and size in bytes of the ring's slots,
@@ -296,7 +298,8 @@ class Queue:
                 self._changed.notify_all()
 
     def close(self) -> None:
-        """Stop the readers and free the ring (idempotent). Blocks still held become invalid.
+        """Stop the readers and free the ring (idempotent). Blocks still held become invalid (a block used after the
+        close reads the bytes its slot last held, kept until the block goes: NOTE [segment lifetime]).
 
         After a pass's last block (not cyclic, not growing), the ring's memory is given back after this returns
         (NOTE [release off the path] in ``_sys.release``); otherwise (an early stop, an error, an interrupt) before.

@@ -30,6 +30,23 @@ def test_auto_prefers_chunks_and_takes_tables_for_pytables_open_options(make_arr
         resolve_engine("chunks", node, {"DRIVER": "H5FD_CORE"})
 
 
+@pytest.mark.parametrize("engine", ["auto", "tables"])
+def test_a_node_pytables_cannot_open_given_its_open_options_is_refused_naming_what_reads_it(
+    tmp_path: Path, no_leaks: None, engine: str
+) -> None:
+    # Given PyTables options, the node was opened by PyTables outside the check, so PyTables' own error
+    # ("opens it as a SoftLink") came out as it was; and naming another engine gave it the options: h5py's
+    # TypeError for DRIVER=. Without options it is a refusal (a NodeTypeError); with them, the same.
+    path = tmp_path / "soft.h5"
+    with h5py.File(path, "w") as f:
+        f["data"] = np.arange(10.0)
+        f["soft"] = h5py.SoftLink("/data")
+    stream = multitables.Streamer(path, engine=engine, DRIVER="H5FD_CORE")
+    with pytest.raises(multitables.NodeTypeError, match=r"'/soft'.*SoftLink.*reads it without the open options \['DRIVER'\]"):
+        stream.get_queue("/soft")
+    np.testing.assert_array_equal(np.array(list(stream.get_generator("/data"))), np.arange(10.0))
+
+
 @pytest.mark.parametrize("n_procs", [0, 2])
 def test_h5py_open_options_are_checked_up_front_and_used_in_every_process(make_array, monkeypatch, n_procs: int) -> None:
     import psutil

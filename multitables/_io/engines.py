@@ -223,7 +223,10 @@ def _refuse(node: NodeInfo, problems: "dict[str, str]", open_kwargs: "dict[str, 
     cannot decode makes it a :class:`~multitables.MissingFilterError`.
     """
     where = f"{node.path!r} in {node.filename!r}"
-    other = next((e.name for e in REGISTRY if e.name not in problems and e.problem(node, open_kwargs, dataset) is None), None)
+    other = next((e.name for e in REGISTRY if e.name not in problems and _reads(e, node, open_kwargs, dataset)), None)
+    plain = None
+    if other is None and open_kwargs:  # the options may be what stops the others (PyTables' DRIVER= is no h5py option)
+        plain = next((e.name for e in REGISTRY if e.name not in problems and _reads(e, node, {}, dataset)), None)
     if len(problems) == 1:
         reasons = "{}: {}".format(*next(iter(problems.items())))
     else:
@@ -232,6 +235,9 @@ def _refuse(node: NodeInfo, problems: "dict[str, str]", open_kwargs: "dict[str, 
     lacking = h5py_lacks(node) if not node.h5py_problem else []
     if other is not None:
         message = f"engine={'/'.join(problems)!r} cannot read {where} ({reasons}); engine={other!r} (or 'auto') reads it"
+    elif plain is not None:
+        message = (f"engine={'/'.join(problems)!r} cannot read {where} ({reasons}); engine={plain!r} (or 'auto') reads "
+                   f"it without the open options {sorted(open_kwargs)}")
     elif lacking:
         named = ", ".join(filter_label(node, fid) for fid in lacking)
         provide = "; ".join(f"{filter_label(node, fid)}: {_FILTER_PROVIDERS.get(fid, 'an HDF5 plugin for it')}" for fid in lacking)
@@ -246,6 +252,15 @@ def _refuse(node: NodeInfo, problems: "dict[str, str]", open_kwargs: "dict[str, 
         err.filter_ids = tuple(lacking)
         return err
     return NodeTypeError(message)
+
+
+def _reads(engine: "Engine", node: NodeInfo, open_kwargs: "dict[str, Any]", dataset: Any) -> bool:
+    """Whether ``engine`` reads ``node`` with ``open_kwargs``: options it does not take (PyTables' ``DRIVER=`` given
+    to h5py) are a no."""
+    try:
+        return engine.problem(node, open_kwargs, dataset) is None
+    except (TypeError, ValueError):
+        return False
 
 
 def _auto_walk(node: NodeInfo, open_kwargs: "dict[str, Any]", in_set: bool = False, readers: bool = False,

@@ -34,8 +34,8 @@ def tables_problem(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "str | None
         return "PyTables misreads compounds with gaps between their members that are nested or hold nested ones"
     if _big_endian_complex_arrays(node.file_dtype):
         return "PyTables misreads big-endian complex sub-arrays in a compound (wrong values)"
-    if open_kwargs:  # the user's PyTables options: a bad one raises PyTables' own error
-        TablesSource(node, open_kwargs).close()
+    if open_kwargs:  # the user's PyTables options: a bad one raises PyTables' own error (the file's open only: a
+        _open_file(node, open_kwargs).close()  # node PyTables fails on is a problem, as without options)
     return _first_row_problem_apart(node, open_kwargs)
 
 
@@ -205,13 +205,7 @@ class TablesSource:
     def __init__(self, node: NodeInfo, open_kwargs: dict[str, Any], plan: Any = None) -> None:
         import tables
 
-        tables.set_blosc_max_threads(1)
-        try:
-            self._file = tables.open_file(node.filename, "r", **open_kwargs)
-        except Exception as exc:
-            raise_if_switched(exc, node.filename)
-            raise_if_busy(exc, node.filename)  # "already opened" too where this process writes it in PyTables
-            raise
+        self._file = _open_file(node, open_kwargs)
         try:
             if self._file.params.get("DRIVER") in (None, "H5FD_SEC2"):  # a descriptor of its own (as open_file chose)
                 check_opened(node.filename, self._file.fileno(), node.identity)  # the file described, not one named so now
@@ -269,6 +263,20 @@ class TablesSource:
 
     def close(self) -> None:
         self._file.close()
+
+
+def _open_file(node: NodeInfo, open_kwargs: "dict[str, Any]") -> Any:
+    """``node``'s file opened by PyTables with ``open_kwargs``; a file that changed, or that a program writes, is
+    said so."""
+    import tables
+
+    tables.set_blosc_max_threads(1)
+    try:
+        return tables.open_file(node.filename, "r", **open_kwargs)
+    except Exception as exc:
+        raise_if_switched(exc, node.filename)
+        raise_if_busy(exc, node.filename)  # "already opened" too where this process writes it in PyTables
+        raise
 
 
 def _copy_by_name(dst: np.ndarray, src: np.ndarray) -> None:

@@ -551,6 +551,29 @@ def test_a_reader_nobody_closed_is_stopped_when_collected(
     wait_until(lambda: all_gone(pids) and not own_mappings(), GONE_WITHIN, "readers end, stages unmapped")
 
 
+def test_a_reader_dropped_with_its_stage_pool_is_stopped_by_reference_counting_alone(
+    no_leaks: None, h5file: Path, data: np.ndarray
+) -> None:
+    # A pool's stages pointed back at the pool: a cycle that kept the Reader and its reader processes alive until
+    # the cycle collector ran (Readers made and dropped in a loop piled up their processes meanwhile).
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        reader = Reader(h5file, n_procs=2)
+        ds = reader.get_dataset("/data")
+        pool = ds.create_stage_pool(500, 2)
+        pids = reader.reader_pids
+        np.testing.assert_array_equal(reader.request(ds[:500], pool).get(timeout=GONE_WITHIN), data[:500])
+        future = reader.request(ds[500:1000], pool)
+        del reader, ds, pool
+        np.testing.assert_array_equal(future.get(timeout=GONE_WITHIN), data[500:1000])  # its stage outlives the pool
+        del future
+        wait_until(lambda: all_gone(pids) and not own_mappings(), GONE_WITHIN, "readers end, stages unmapped")
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def test_a_future_keeps_its_reader_alive_until_it_is_dropped(no_leaks: None, h5file: Path, data: np.ndarray) -> None:
     reader = Reader(h5file, n_procs=2)
     ds = reader.get_dataset("/data")

@@ -38,7 +38,9 @@ class Stage:
         self.n_rows: int = n_rows
         #: Bytes of data it holds; a request fits if its result (and the rows it reads) fit.
         self.nbytes: int = nbytes
-        self._pool: "StagePool | None" = None
+        # Its pool, weakly: the pool holds its stages, and a stage holding the pool back would make a cycle that keeps
+        # the reader (and its reader processes) alive until the cycle collector runs.
+        self._pool: "weakref.ref[StagePool] | None" = None
         self._hold = threading.Lock()  # held from request to release
         self._last: "tuple[int, list[int], bool] | None" = None  # (request, readers, collected)
         # Room for the positions of as many scattered rows as 8-byte rows would fill the data
@@ -140,8 +142,9 @@ class Stage:
         core = self._reader._core
         if core is not None:
             core.give_back(self._stage_id)
-        if self._pool is not None:
-            self._pool._free.put(self)
+        pool = self._pool() if self._pool is not None else None
+        if pool is not None:  # a pool dropped meanwhile hands out no stage again
+            pool._free.put(self)
 
     def close(self) -> None:
         """Free the shared memory (idempotent). Data still held from it stays readable until dropped."""
@@ -184,7 +187,7 @@ class StagePool:
         self._reader = stages[0]._reader
         self._free: "queue.SimpleQueue[Stage]" = queue.SimpleQueue()
         for stage in stages:
-            stage._pool = self
+            stage._pool = weakref.ref(self)
             self._free.put(stage)
         #: Most rows a request may read into a stage of the pool.
         self.n_rows: int = stages[0].n_rows

@@ -407,6 +407,29 @@ def test_a_column_named_with_a_slash_is_that_column_not_a_path(tmp_path: Path, n
 # -- 7. an old PyTables flavor --------------------------------------------------
 
 
+def _bitfield_dataset(f: h5py.File, name: str, tid: "h5py.h5t.TypeID", data: np.ndarray) -> None:
+    h5py.h5d.create(f.id, name.encode(), tid, h5py.h5s.create_simple(data.shape))
+    f[name][...] = data
+
+
+def test_hdf5_bitfields_read_as_their_bytes_or_are_refused(tmp_path: Path, no_leaks: None) -> None:
+    # PyTables reads an HDF5 bitfield of any size as 1-byte bools: a 16-bit one filled twice its buffer (heap
+    # corruption, "corrupted size vs. prev_size"), an 8-bit one came out as truth values (2 read as 1).
+    path = tmp_path / "bitfields.h5"
+    with h5py.File(path, "w") as f:
+        _bitfield_dataset(f, "b8", h5py.h5t.STD_B8LE.copy(), np.arange(300, dtype="u2").astype("u1"))
+        _bitfield_dataset(f, "b16", h5py.h5t.STD_B16LE.copy(), np.arange(0, 3000, 10, dtype="u2"))
+        member = h5py.h5t.create(h5py.h5t.COMPOUND, 4)
+        member.insert(b"a", 0, h5py.h5t.STD_I16LE)
+        member.insert(b"bits", 2, h5py.h5t.STD_B16LE)
+        records = np.zeros(300, [("a", "<i2"), ("bits", "<u2")])
+        records["a"], records["bits"] = np.arange(300), np.arange(300) * 7
+        _bitfield_dataset(f, "records", member, records)
+    assert_reads_as_h5py(path, "/b8")
+    assert_reads_as_h5py(path, "/b16", may_refuse=("tables",))
+    assert_reads_as_h5py(path, "/records", fields=("a",), may_refuse=("tables",))
+
+
 def test_python_flavor_array(tmp_path: Path, no_leaks: None) -> None:
     path = tmp_path / "flavor.h5"
     with tables.open_file(path, "w") as f:

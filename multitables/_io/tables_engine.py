@@ -228,6 +228,10 @@ class TablesSource:
             else:
                 read = np.dtype(leaf.atom.dtype)
             base = read.subdtype[0] if read.subdtype is not None else read
+            whole = np.dtype(leaf.dtype) if isinstance(leaf, tables.Table) else np.dtype(leaf.atom.dtype)
+            wrong = _element_size_problem(whole, node.file_dtype)  # a column is read through the whole record type
+            if wrong is not None:  # reading it would write past PyTables' buffer (an HDF5 bitfield read as its bools)
+                raise TypeError(f"PyTables reads {wrong}")
             # PyTables sizes ``out=`` of a nested column by the whole row: such a column is copied in.
             # A table's whole rows, where PyTables' row type is the delivered one member for member, read in too.
             whole_rows = node.field is None and base.names is not None and base.names == node.dtype.names
@@ -279,9 +283,37 @@ def _open_file(node: NodeInfo, open_kwargs: "dict[str, Any]") -> Any:
         raise
 
 
+def _element_size_problem(pytables: np.dtype, delivered: np.dtype, where: str = "") -> "str | None":
+    """Where PyTables' element type for a node holds elements of another size than h5py's (None: nowhere): PyTables
+    reads HDF5 bitfields of any size as 1-byte bools, so a 16-bit one fills twice its buffer."""
+    if pytables.subdtype is not None:
+        pytables = pytables.subdtype[0]
+    if delivered.subdtype is not None:
+        delivered = delivered.subdtype[0]
+    if delivered.names is not None or pytables.names is not None:
+        if delivered.names is None or pytables.names is None:
+            return None  # a flavor or layout of PyTables' own: copied member by member, checked there
+        for name in delivered.names:
+            if name in pytables.names:
+                problem = _element_size_problem(pytables[name], delivered[name], f"{where}{name}/")
+                if problem is not None:
+                    return problem
+        return None
+    if pytables.itemsize != delivered.itemsize and pytables.kind == "b":
+        at = f" in column {where[:-1]!r}" if where else ""
+        return f"the {delivered.itemsize}-byte elements{at} (h5py: {delivered}) as 1-byte bools"
+    return None
+
+
 def _copy_by_name(dst: np.ndarray, src: np.ndarray) -> None:
-    """``dst[...] = src``, compound members matched by name (numpy matches them by position, and PyTables may reorder them)."""
+    """``dst[...] = src``, compound members matched by name (numpy matches them by position, and PyTables may reorder them).
+
+    PyTables' bools (an HDF5 8-bit bitfield) where h5py delivers the bitfield's bytes (``uint8``) are copied as the
+    bytes they hold, as h5py gives them, not as truth values (a stored 2 stays 2).
+    """
     if dst.dtype.names is None or src.dtype.names is None:
+        if src.dtype.kind == "b" and dst.dtype.kind == "u" and dst.dtype.itemsize == 1:
+            src = src.view(np.uint8)
         dst[...] = src
         return
     for name in dst.dtype.names:

@@ -49,7 +49,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
 
 from .batches import Batches, MixedBatches
 from .streamer import Streamer  # for the annotations only, but at run time: typing.get_type_hints resolves them
-from ._train.batch import BatchT
+from ._train.batch import BatchT, as_batch
 
 __all__ = ["TorchBatches", "get_batches", "to_tensor"]
 
@@ -117,11 +117,15 @@ def to_tensor(array: np.ndarray, path: str = "") -> torch.Tensor:
     try:
         return torch.from_numpy(array)
     except TypeError as exc:
-        where = f" of {path!r}" if path else ""
-        raise TypeError(
-            f"rows{where} have dtype {array.dtype}, which PyTorch cannot hold in a tensor; "
-            f"stream numeric datasets, or numeric columns of a table (get_batches' field= or fields=), to get tensors"
-        ) from exc
+        raise _not_held(array.dtype, path) from exc
+
+
+def _not_held(dtype: np.dtype, path: str) -> TypeError:
+    where = f" of {path!r}" if path else ""
+    return TypeError(
+        f"rows{where} have dtype {dtype}, which PyTorch cannot hold in a tensor; "
+        f"stream numeric datasets, or numeric columns of a table (get_batches' field= or fields=), to get tensors"
+    )
 
 
 class TorchBatches(IterableDataset[TensorBatchT]):
@@ -141,7 +145,9 @@ class TorchBatches(IterableDataset[TensorBatchT]):
     refused with ``RuntimeError`` before any reader starts (as is a device
     it cannot make tensors on, or a CUDA index past the machine's), and
     ``pin_memory=True`` warns and gives ordinary CPU tensors, as
-    ``DataLoader`` does.
+    ``DataLoader`` does. Rows a tensor cannot hold (strings, a table's
+    records without ``fields``) are refused with ``TypeError`` naming the
+    path when the adapter is made, not at the first batch.
 
     :meth:`set_epoch`, :meth:`state_dict` and :meth:`load_state_dict` are
     those of the wrapped batches (``set_epoch`` as on
@@ -174,6 +180,7 @@ class TorchBatches(IterableDataset[TensorBatchT]):
             raise TypeError(f"TorchBatches wraps multitables Batches (or a mix of them), not {type(batches).__name__}")
         if not isinstance(pin_memory, bool):
             raise TypeError(f"pin_memory must be True or False, not {pin_memory!r}")
+        _check_tensor_rows(batches)
         self.batches = batches
         #: Where the batches go (None: CPU tensors).
         self.device = None if device is None else torch.device(device)
@@ -316,6 +323,25 @@ def _check_device(device: torch.device) -> None:
         torch.empty(0, device=device)
     except (RuntimeError, AssertionError) as exc:  # "not compiled with XPU enabled" is an AssertionError
         raise RuntimeError(f"device={str(device)!r} cannot be used by this PyTorch: {exc}") from exc
+
+
+def _check_tensor_rows(batches: "Batches[Any] | MixedBatches[Any]") -> None:
+    """Refuse, when the adapter is made (before any reader starts), rows a tensor cannot hold (strings, a table's
+    records without ``fields``): the ``TypeError`` naming the path that :func:`to_tensor` would raise at the first
+    batch, once the first window was read. Each source's batch of no rows is made as a batch would be, and
+    its arrays' dtypes tried as :func:`to_tensor` converts them (native byte order)."""
+    for source in batches.sources if isinstance(batches, MixedBatches) else (batches,):
+        empty = [np.empty((0,) + tuple(shape), dtype) for dtype, shape in source.row_types]
+        batch = as_batch(empty, source._single, source._columns)
+        if isinstance(batch, dict):  # fields=: one array per column of the table
+            named = [(f"{source.paths[0]}[{name!r}]", a) for name, a in batch.items()]
+        else:
+            named = list(zip(source.paths, (batch,) if isinstance(batch, np.ndarray) else batch))
+        for path, array in named:
+            try:
+                torch.as_tensor(array.astype(array.dtype.newbyteorder("=")))  # no rows: nothing copied
+            except TypeError as exc:
+                raise _not_held(array.dtype, path) from exc
 
 
 def _as_tensors(batch: Any, paths: Sequence[str]) -> TensorBatch:

@@ -403,3 +403,26 @@ def test_the_adapter_says_what_it_wraps(h5: Path) -> None:
     batches = stream.get_batches("/y", 100)
     assert repr(mtt.TorchBatches(batches)) == f"<multitables.torch.TorchBatches of {batches!r}>"
     assert repr(mtt.TorchBatches(batches, device="cpu")) == f"<multitables.torch.TorchBatches of {batches!r}, device='cpu'>"
+
+
+def test_rows_a_tensor_cannot_hold_are_refused_when_the_adapter_is_made(tmp_path: Path, table_file: "tuple[Path, np.ndarray]") -> None:
+    """Strings, or a table's records without fields=, are refused by get_batches, naming the path, before any reader
+    starts: not at the first batch, once the first window (up to 256 MiB) was read."""
+    import h5py
+
+    path = tmp_path / "s.h5"
+    with h5py.File(path, "w") as f:
+        f["names"] = np.array([b"r%d" % i for i in range(100)])
+        f["y"] = np.arange(100)
+    stream = multitables.Streamer(path)
+    with pytest.raises(TypeError, match="'/names'"):
+        mtt.get_batches(stream, ["/y", "/names"], 10, n_procs=0)
+    table = multitables.Streamer(table_file[0])
+    with pytest.raises(TypeError, match="'/table'"):
+        mtt.get_batches(table, "/table", 10, n_procs=0)
+    sources = [stream.get_batches("/names", 10, n_procs=0), stream.get_batches("/y", 10, n_procs=0)]
+    with pytest.raises(TypeError, match="'/names'"):
+        mtt.TorchBatches(multitables.mix_batches(sources, [0.5, 0.5]))
+    # What a tensor holds still goes: columns of the table, and numbers.
+    assert list(next(iter(mtt.get_batches(table, "/table", 10, fields=["a", "v"], n_procs=0)))) == ["a", "v"]
+    assert next(iter(mtt.get_batches(stream, "/y", 10, n_procs=0))).dtype == torch.int64

@@ -290,9 +290,11 @@ def _reader_type(exc_type: type) -> "type | None":
     kind = _READER_TYPES.get(exc_type)
     if kind is None:
         try:
-            namespace: dict[str, Any] = {"__module__": __name__}
-            if issubclass(exc_type, KeyError):  # KeyError's str() quotes its argument; keep the text readable
-                namespace["__str__"] = lambda self: str(self.args[0]) if self.args else ""
+            # str() is the message made for it, which quotes the original's str() already: not the original type's
+            # own __str__ (KeyError's quotes its argument; PyTables' HDF5ExtError puts the HDF5 error stack of the
+            # process that makes it first, which read in this process is the original's own again, the context
+            # then buried in the middle, and in the consumer a stale stack of an unrelated error, if any).
+            namespace: dict[str, Any] = {"__module__": __name__, "__str__": BaseException.__str__}
             kind = type(f"Reader{exc_type.__name__}", (ReaderError, exc_type), namespace)
         except TypeError:  # e.g. a layout conflict between the two bases
             return None

@@ -436,6 +436,20 @@ def test_a_failure_in_this_process_takes_a_readers_form(no_leaks: None, h5file: 
     assert isinstance(info.value, FileChangedError) and isinstance(info.value, OSError)
 
 
+def test_a_failure_read_here_by_pytables_leads_with_its_context(no_leaks: None, h5file: Path, tmp_path: Path) -> None:
+    """PyTables' HDF5ExtError prints the HDF5 error stack of the process that makes it before its message: read in
+    this process, the error rebuilt here showed that stack twice, the context ("Caught ... rows ...") in between."""
+    broken = tmp_path / "broken.h5"
+    rows = corrupt_chunk(h5file, broken, 7)
+    with Streamer(broken, engine="tables").get_queue("/data", n_procs=0, block_size=CHUNK, ordered=True) as q:
+        with pytest.raises(ReaderError) as info:
+            drain(q)
+    text = str(info.value)
+    assert text.startswith(f"Caught HDF5ExtError in this process (pid {os.getpid()}), which reads the stream itself, "
+                           f"while reading rows {rows[0]}:{rows[1]} of '/data'"), text[:300]
+    assert text.count("End of HDF5 error back trace") == 1, text
+
+
 def test_blocks_before_a_corrupt_chunk_are_right(no_leaks: None, h5file: Path, tmp_path: Path, data: np.ndarray) -> None:
     broken = tmp_path / "broken.h5"
     corrupt_chunk(h5file, broken, 7)

@@ -41,20 +41,16 @@ __all__ = ["Batches", "MixedBatches", "mix_batches"]
 class Batches(Generic[BatchT]):
     """Batches of rows of one or more datasets of equal length, for training loops.
 
-    Get one with :meth:`Streamer.get_batches <multitables.Streamer.get_batches>`.
-    Iterating gives the batches of one epoch: a tuple with one numpy array per
-    path (the same rows of each), or a single array when ``paths`` is one
-    string (a dict of columns with ``fields``): a type checker sees a
-    ``Batches[tuple[np.ndarray, ...]]``, ``Batches[np.ndarray]`` or
-    ``Batches[dict[str, np.ndarray]]``. The arrays are fresh copies that
-    belong to you (safe to keep, write to, or hand to ``torch.from_numpy``).
-    Every batch holds ``batch_size`` rows except, with ``drop_last=False``, a
-    rank's last one.
+    Get one with :meth:`Streamer.get_batches <multitables.Streamer.get_batches>`. Iterating gives the batches of one
+    epoch: a tuple with one numpy array per path (the same rows of each), or a single array when ``paths`` is one
+    string (a dict of columns with ``fields``): a type checker sees a ``Batches[tuple[np.ndarray, ...]]``,
+    ``Batches[np.ndarray]`` or ``Batches[dict[str, np.ndarray]]``. The arrays are fresh copies that belong to you
+    (safe to keep, write to, or hand to ``torch.from_numpy``). Every batch holds ``batch_size`` rows except, with
+    ``drop_last=False``, a rank's last one.
 
-    An iteration goes on from where the last one stopped, and finishing an
-    epoch moves to the next; :meth:`set_epoch` moves to the start of another
-    epoch. :meth:`state_dict` and :meth:`load_state_dict` save and restore
-    the position, so a restarted job goes on with the next batch.
+    An iteration goes on from where the last one stopped, and finishing an epoch moves to the next;
+    :meth:`set_epoch` moves to the start of another epoch. :meth:`state_dict` and :meth:`load_state_dict` save and
+    restore the position, so a restarted job goes on with the next batch.
 
     Parameters
     ----------
@@ -418,6 +414,11 @@ class Batches(Generic[BatchT]):
         else:
             it = self._run_epochs(self._epochs, make, staging)
         return self._current.start(it)
+
+    @property
+    def fields(self) -> "list[str] | None":
+        """The columns of each batch's dict (``fields``), in order; None where a batch is arrays."""
+        return None if self._columns is None else list(self._columns)
 
     @property
     def row_types(self) -> "list[tuple[np.dtype, tuple[int, ...]]]":

@@ -332,11 +332,11 @@ def _check_tensor_rows(batches: "Batches[Any] | MixedBatches[Any]") -> None:
     its arrays' dtypes tried as :func:`to_tensor` converts them (native byte order)."""
     for source in batches.sources if isinstance(batches, MixedBatches) else (batches,):
         empty = [np.empty((0,) + tuple(shape), dtype) for dtype, shape in source.row_types]
-        batch = as_batch(empty, source._single, source._columns)
+        batch = as_batch(empty, False, source.fields)
         if isinstance(batch, dict):  # fields=: one array per column of the table
             named = [(f"{source.paths[0]}[{name!r}]", a) for name, a in batch.items()]
         else:
-            named = list(zip(source.paths, (batch,) if isinstance(batch, np.ndarray) else batch))
+            named = list(zip(source.paths, batch))
         for path, array in named:
             try:
                 torch.as_tensor(array.astype(array.dtype.newbyteorder("=")))  # no rows: nothing copied

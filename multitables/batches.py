@@ -28,7 +28,7 @@ from ._train.transforms import infer_transforms
 from ._train.feed import EpochPieces, Feed, plan_feed
 from ._train.buffers import WindowMemory
 from ._train.draws import DrawsAhead
-from ._train.iteration import Current
+from ._train.iteration import NEWER, Current
 from ._train.windows import Alloc, Carry, NoWindows, Staging, Windows, cut, epoch_windows
 
 if TYPE_CHECKING:
@@ -309,7 +309,7 @@ class Batches(Generic[BatchT]):
         epoch = check_int("epoch", epoch, 0, allow_none=False)  # type: ignore[assignment]
         self._looping = True  # set_epoch is what an epoch loop calls: read ahead into the next one
         if epoch != self._epoch:
-            self._current.end()
+            self._current.end(by=f"set_epoch({epoch})")
             self._epoch, self._batch, self._elastic = epoch, 0, []
             self._step = epoch * self._settings.n_batches  # as if every epoch before ran at this world size
 
@@ -344,7 +344,7 @@ class Batches(Generic[BatchT]):
         epoch, batch, world, step, elastic, epochs_here = read_state(state, self._settings, self._rows.rows.key())
         if world != self.world_size:
             elastic, batch = elastic + [(world, batch)], 0
-        self._current.end()
+        self._current.end(by="load_state_dict")
         self._carry = None  # its epoch's plan may differ now (an elastic resume)
         self._epoch, self._batch, self._elastic = epoch, 0, elastic
         self._step = step  # the step goes on from where it was, at any world size
@@ -405,7 +405,7 @@ class Batches(Generic[BatchT]):
         The arrays are the caller's: nothing here writes to them after their batch. ``staging``: how shuffled
         windows' rows reach them (NOTE [staging] in ``_train.windows``; None: gathered on the host).
         """
-        self._current.end(newer=True)  # an older iteration ends here: its position is this one's start
+        self._current.end(by=NEWER)  # an older iteration ends here: its position is this one's start
         make = lambda n: list(alloc(n))  # noqa: E731 - a list, as the windows take
         if self._epochs == 1:
             # Whether another epoch follows is not said: read ahead into it in a loop of epochs (set_epoch was

@@ -296,9 +296,32 @@ def test_an_iteration_goes_on_from_where_the_last_one_stopped(data_file) -> None
     with pytest.raises(RuntimeError, match="ended by a newer one: a Batches has one position"):
         next(it1)
     assert next(it2)[1].tolist() == list(settings_of(b).rank_epoch(1, 0).batches())[1].tolist()
-    b.set_epoch(3)  # a jump, or close(), ends an iteration as its epoch's end would
+    b.close()  # a close ends an iteration as its epoch's end would
     with pytest.raises(StopIteration):
         next(it2)
+
+
+@pytest.mark.parametrize("move", ["set_epoch", "load_state_dict"])
+def test_a_position_moved_inside_a_loop_is_an_error_of_that_loop_not_its_end(data_file, move: str) -> None:
+    """set_epoch or load_state_dict in a loop's body move the position the loop goes on from: the loop raises,
+    naming it, rather than end as if the epoch were over (a loop that trained on 4 of 10 batches without a word)."""
+    b = multitables.Streamer(data_file(500)).get_batches(["/X", "/y"], batch_size=50, seed=1, n_procs=0)
+    state = b.state_dict()
+    seen = 0
+    with pytest.raises(RuntimeError, match=rf"ended by {move}.*moved the position"):
+        for seen, _ in enumerate(b, 1):
+            if seen == 4:
+                b.set_epoch(5) if move == "set_epoch" else b.load_state_dict(state)
+    assert seen == 4
+    if move == "set_epoch":
+        assert b.epoch == 5 and b.state_dict()["batch"] == 0  # moved all the same: the next loop starts there
+        b.set_epoch(5)  # no move: the loop goes on
+        it = iter(b)
+        next(it)
+        b.set_epoch(5)
+        assert sum(1 for _ in it) == len(b) - 1
+    else:
+        assert b.state_dict() == state
 
 
 @pytest.mark.parametrize("n_procs", [0, 2])

@@ -9,8 +9,12 @@ import weakref
 from typing import Any, Iterator
 
 
+#: What :meth:`Current.end` is told when a newer iteration of the same batches ends the one in progress.
+NEWER = "a newer iteration"
+
+
 class Iteration(itertools.chain):  # type: ignore[type-arg]
-    """The batches of one iteration, until it ends or a newer iteration ends it (``superseded``).
+    """The batches of one iteration, until it ends or a newer iteration ends it (``ended_by``).
 
     A :class:`~multitables.batches.Batches` has one position, which every
     iteration goes on from; a second ``iter()`` takes it over. The older
@@ -38,34 +42,41 @@ class Iteration(itertools.chain):  # type: ignore[type-arg]
         return iteration
 
     @property
-    def superseded(self) -> bool:
-        return self._step.superseded
+    def ended_by(self) -> "str | None":
+        """What ended this iteration while it ran, which its next step then names (None: it was not)."""
+        return self._step.ended_by
 
-    @superseded.setter
-    def superseded(self, value: bool) -> None:
-        self._step.superseded = value
+    @ended_by.setter
+    def ended_by(self, value: "str | None") -> None:
+        self._step.ended_by = value
 
     def close(self) -> None:
         self._it.close()  # type: ignore[attr-defined]
 
 
 class _Step:
-    """One batch at a time for :class:`Iteration`'s chain, as a 1-tuple; raises once the iteration is superseded."""
+    """One batch at a time for :class:`Iteration`'s chain, as a 1-tuple; raises once something ended the iteration."""
 
-    __slots__ = ("_it", "superseded")
+    __slots__ = ("_it", "ended_by")
 
     def __init__(self, it: Iterator[Any]) -> None:
         self._it = weakref.ref(it)  # the Iteration owns it
-        self.superseded = False
+        self.ended_by: "str | None" = None
 
     def __iter__(self) -> "_Step":
         return self
 
     def __next__(self) -> "tuple[Any]":
-        if self.superseded:
+        if self.ended_by == NEWER:
             raise RuntimeError(
                 "this iteration over the batches was ended by a newer one: a Batches has one position, which each "
                 "iteration takes over, so iterate it in one loop at a time (get_batches again for another pass)"
+            )
+        if self.ended_by is not None:  # its loop would end early, as if the epoch were over
+            raise RuntimeError(
+                f"this iteration over the batches was ended by {self.ended_by}, which moved the position it goes on "
+                f"from: move it between loops (set_epoch at the top of the epoch loop, load_state_dict before the "
+                f"first), or break out of the loop first"
             )
         # No local: the frame must not hold the batches (see Iteration). Dropped, they have no more.
         return (next(iter(self._it() or ())),)
@@ -97,12 +108,14 @@ class Current:
         self._ref = weakref.ref(iteration)
         return iteration
 
-    def end(self, newer: bool = False) -> None:
-        """End the iteration in progress, if any; ``newer``: a new one ends it (its next ``next`` then raises)."""
+    def end(self, by: "str | None" = None) -> None:
+        """End the iteration in progress, if any; ``by``: what moved its position (:data:`NEWER`, a newer
+        iteration; ``"set_epoch(3)"``...), which its next ``next`` then names in a ``RuntimeError`` (None: it stops,
+        as at its end: a close)."""
         active = None if self._ref is None else self._ref()
         self._ref = None
         if active is not None:
-            active.superseded = newer
+            active.ended_by = by
             active.close()
 
 

@@ -33,6 +33,7 @@ import numpy as np
 from ._sys.checks import check_bool, check_int
 from ._sys.forks import note_forgone
 from ._sys.refs import held_elsewhere
+from ._sys.signals import signals_deferred
 from .batches import Batches
 from ._train.batch import Batch
 from ._stream.backends import empty_block
@@ -379,13 +380,15 @@ class Streamer:
                 # refilled before the readers stop), having dropped the arrays of
                 # those with no row alive: closing moves only the others to private
                 # memory (NOTE [lent blocks]). Releasing the guards after the close
-                # is a no-op.
-                _WALKED_FROM_READERS.pop(id(active), None)
-                active.clear()
-                guards = [entry[0] for entry in lent]
-                lent = [entry for entry in lent if _rows_alive(entry)]
-                queue.close()
-                del guards, lent
+                # is a no-op. A dropped generator runs this as a finalizer, where a
+                # signal's exception would be dropped, and the clean-up cut short.
+                with signals_deferred(later=True):
+                    _WALKED_FROM_READERS.pop(id(active), None)
+                    active.clear()
+                    guards = [entry[0] for entry in lent]
+                    lent = [entry for entry in lent if _rows_alive(entry)]
+                    queue.close()
+                    del guards, lent
 
     # The keywords, and the kind of batch each call gives, as Batches.__init__'s overloads say (a type checker's view).
     # A str is also a Sequence[str]: the first overload takes it, as Batches does.

@@ -89,7 +89,7 @@ from .._sys.forks import note_ready_server, running_forkserver, start_method as 
 from .._sys.release import settle_releases
 from .._shm.ring import TICK
 from .._shm.space import semaphores_for
-from .._sys.signals import sigint_deferred, sigint_held_for_children
+from .._sys.signals import signals_deferred, sigint_held_for_children
 from ..errors import ReaderError
 from .failure import FailureReport, died_error
 from .process import ReaderIdentity, process_start_time, reader_main
@@ -248,7 +248,7 @@ class ReaderPool:
                 )
                 # Held in this thread (for the child's sake) and, in Python, until the reader is recorded: a Ctrl-C
                 # another thread takes runs Python's handler here at once, between any two instructions.
-                with sigint_deferred(), sigint_held_for_children():
+                with signals_deferred(), sigint_held_for_children():
                     proc.start()
                     # Recorded before a Ctrl-C held meanwhile is let through: closing the pool then stops it too.
                     self._procs.append(proc)

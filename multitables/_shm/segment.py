@@ -64,7 +64,7 @@ import time
 import weakref
 from typing import Sequence
 
-from .._sys.signals import sigint_deferred
+from .._sys.signals import signals_deferred
 from .space import SHM_DIR, check_space, inode_error, shm_free_bytes, space_error
 
 #: Every segment this library creates has a name starting with this.
@@ -249,7 +249,7 @@ class Segment:
 
         NOTE [creation span]: from ``shm_open`` until the returned object
         exists (whose finalizer unlinks the name), a Ctrl-C is held back
-        (``_sys.signals.sigint_deferred``) and any exception unlinks the name and
+        (``_sys.signals.signals_deferred``) and any exception unlinks the name and
         closes the descriptor, so no instruction of creation can leave an
         entry in /dev/shm or an open fd. A SIGKILL in that span cannot be
         caught: the next process to create a segment removes such leftovers
@@ -261,7 +261,7 @@ class Segment:
         _sweep_once()
         from multiprocessing import resource_tracker
 
-        with sigint_deferred():
+        with signals_deferred():
             for _ in range(16):
                 name = f"{SHM_PREFIX}{os.getpid()}_{secrets.token_hex(8)}"
                 try:

@@ -16,7 +16,7 @@ from .._io.objects.urls import shown
 from .._plan.blocks import GrowingPlan, RangePlan
 from .._procs.stream import StreamSpec
 from .._shm.ring import TICK
-from .._sys.signals import sigint_deferred
+from .._sys.signals import signals_deferred
 from ..errors import QueueClosed, StreamClosedError
 from .backends import InlineBackend, RingBackend, SplitBackend
 
@@ -41,7 +41,7 @@ def _end_early(backend: "InlineBackend | RingBackend | SplitBackend", before_unm
     """:func:`_end` before a pass's end (a ``break``, an error, a queue dropped), done whole: it may run as a finalizer,
     where a Ctrl-C raised would be printed as "Exception ignored" and lost (8 us a call, which a pass's end, the path
     of every small stream, does not pay)."""
-    with sigint_deferred(later=True):
+    with signals_deferred(later=True):
         _end(backend, before_unmap)
 
 

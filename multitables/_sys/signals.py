@@ -1,9 +1,10 @@
-"""Ctrl-C and the library's processes: the one place that decides what SIGINT does where.
+"""Ctrl-C and the library's processes: the one place that decides what SIGINT (and SIGTERM, SIGHUP) do where.
 
-The consumer decides what Ctrl-C does; readers and readers ignore it, from
-their first instruction (:func:`sigint_held_for_children`,
-:func:`ignore_sigint`), and the consumer holds it back while it creates a
-shared-memory segment (:func:`sigint_deferred`, NOTE [creation span] in
+The consumer decides what Ctrl-C does; readers ignore it, from their first
+instruction (:func:`sigint_held_for_children`, :func:`ignore_sigint`), and
+the consumer holds it back, with the other signals that end a program,
+while it creates a shared-memory segment, starts a reader or cleans up
+after a dropped stream (:func:`signals_deferred`, NOTE [creation span] in
 ``_shm.segment``).
 """
 
@@ -44,44 +45,59 @@ def ignore_sigint() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
-@contextmanager
-def sigint_deferred(later: bool = False) -> Iterator[None]:
-    """Hold a Ctrl-C that comes during the ``with`` until its end (NOTE [creation span]).
+#: The signals the consumer holds over its critical spans: those that end a program (Ctrl-C, a terminal's hangup,
+#: ``kill`` and ``docker stop``), whose Python handlers raise (``KeyboardInterrupt``, a handler's ``sys.exit``).
+HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-    Python raises ``KeyboardInterrupt`` in the main thread only, between any
-    two instructions; elsewhere there is nothing to hold. Where Python's
-    handler is not the one installed (``getsignal`` says None), nothing is
-    changed.
+
+@contextmanager
+def signals_deferred(later: bool = False) -> Iterator[None]:
+    """Hold a signal of :data:`HELD` that comes during the ``with`` until its end (NOTE [creation span]).
+
+    Python runs a signal's handler in the main thread only, between any two
+    instructions; elsewhere there is nothing to hold. A signal ignored, or
+    whose handler Python did not install (``getsignal`` says None), is left
+    alone.
 
     ``later``: for a clean-up that may run as a finalizer (a queue or a
-    generator dropped), where Python prints an exception and drops it
-    ("Exception ignored in"): a Ctrl-C raised there was lost, and cut the
-    clean-up short (readers and names left until exit). The Ctrl-C held is
-    sent again from a thread of its own once the ``with`` ends, so that Python
-    raises it in the main thread's own code, after the finalizer.
+    generator dropped), or a hook Python calls (``os.register_at_fork``'s,
+    around a reader's start), where Python prints an exception and drops
+    it ("Exception ignored in"): a Ctrl-C, or the ``SystemExit`` of a
+    SIGTERM handler, raised there was lost, and cut the clean-up short
+    (readers and names left until exit). The signal held is sent again from
+    a thread of its own once the ``with`` ends, so that its handler runs in
+    the main thread's own code, after the finalizer.
     """
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    caught: list[object] = []
-    old = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
+    caught: list[tuple[int, object]] = []
+    old = {}
+    for signum in HELD:
+        handler = signal.getsignal(signum)
+        if handler is not None and handler != signal.SIG_IGN:
+            old[signum] = signal.signal(signum, lambda signum, frame: caught.append((signum, frame)))
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old)
-        if caught and later:
-            threading.Thread(target=_send_sigint, name="multitables-sigint", daemon=True).start()
-        elif caught:
-            if callable(old):
-                old(signal.SIGINT, caught[0])
-            elif old == signal.SIG_DFL:
-                os.kill(os.getpid(), signal.SIGINT)
+        for signum, handler in old.items():
+            signal.signal(signum, handler)
+        first = {signum: frame for signum, frame in reversed(caught)}  # each signal once, as the kernel has it
+        if first and later:
+            threading.Thread(target=_send_again, args=(list(first),), name="multitables-signal", daemon=True).start()
+        elif first:
+            for signum, frame in first.items():
+                if callable(old[signum]):
+                    old[signum](signum, frame)
+                elif old[signum] == signal.SIG_DFL:
+                    os.kill(os.getpid(), signum)
 
 
-#: Seconds a Ctrl-C held over a clean-up waits to be sent again: the finalizer around it returns in microseconds.
+#: Seconds a signal held over a clean-up waits to be sent again: the finalizer around it returns in microseconds.
 REDELIVER_S = 0.01
 
 
-def _send_sigint() -> None:
+def _send_again(signums: "list[int]") -> None:
     time.sleep(REDELIVER_S)
-    signal.raise_signal(signal.SIGINT)  # whatever handles SIGINT then: Python's raises it in the main thread
+    for signum in signums:
+        signal.raise_signal(signum)  # whatever handles it then: a Python handler runs in the main thread

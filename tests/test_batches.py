@@ -1105,3 +1105,22 @@ def test_batches_and_their_mix_say_what_they_are(data_file: Callable[[int], Path
     assert repr(batches).endswith("epoch 3>")
     mixed = multitables.mix_batches([stream.get_batches("/y", 10), stream.get_batches("/y", 10, seed=1)], [3, 1])
     assert repr(mixed) == "<multitables.MixedBatches of 2 sources (0.75, 0.25, per batch) at step 0>"
+
+
+def test_ranks_launched_but_not_joined_are_warned_that_each_reads_every_row(data_file, monkeypatch) -> None:
+    """torchrun sets WORLD_SIZE and RANK; without init_process_group, batches cannot know the ranks (rank 0 of 1:
+    every process reads every row, a run twice as long that no error shows). DistributedSampler raises there; a
+    warning says it, and what to do. Given ranks, or a world of one, say nothing."""
+    import warnings
+
+    path = data_file(100)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.warns(UserWarning, match=r"WORLD_SIZE=2 and RANK=1 .* not initialised: these batches are rank 0 of 1"):
+        b = multitables.Streamer(path).get_batches("/y", 10, n_procs=0)
+    assert (b.rank, b.world_size) == (0, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        multitables.Streamer(path).get_batches("/y", 10, n_procs=0, rank=1, world_size=2)
+        monkeypatch.setenv("WORLD_SIZE", "1")
+        multitables.Streamer(path).get_batches("/y", 10, n_procs=0)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import warnings
 from typing import Any
 
 import numpy as np
@@ -63,6 +65,12 @@ def rank_and_world(rank: Any, world_size: Any) -> tuple[int, int]:
         dist = sys.modules.get("torch.distributed")  # never import torch here: it is optional
         if dist is not None and dist.is_available() and dist.is_initialized():
             return int(dist.get_rank()), int(dist.get_world_size())
+        launched = os.environ.get("WORLD_SIZE", "1")
+        if launched.isdigit() and int(launched) > 1:  # torchrun (or another launcher) started ranks, not yet joined
+            warnings.warn(
+                f"WORLD_SIZE={launched} and RANK={os.environ.get('RANK', '?')} in the environment, but torch.distributed "
+                f"is not initialised: these batches are rank 0 of 1, and every process reads every row. Call "
+                f"torch.distributed.init_process_group() first, or give rank= and world_size=", stacklevel=4)
         return 0, 1
     if rank is None or world_size is None:
         raise ValueError("give both rank and world_size, or neither (then torch.distributed's are used when initialised)")

@@ -275,9 +275,11 @@ class TorchBatches(IterableDataset[TensorBatchT]):
     def epoch(self) -> int:
         return self._epochs().epoch
 
-    def set_epoch(self, epoch: int) -> None:
-        """As :meth:`Batches.set_epoch <multitables.batches.Batches.set_epoch>`."""
-        self._epochs().set_epoch(epoch)
+    @property
+    def set_epoch(self) -> "Callable[[int], None]":
+        """As :meth:`Batches.set_epoch <multitables.batches.Batches.set_epoch>`. A mix has none: ``hasattr(dataset,
+        "set_epoch")``, which training loops (Accelerate's, say) ask before they call it, is False."""
+        return self._epochs().set_epoch
 
     def _epochs(self) -> "Batches[Any]":
         if isinstance(self.batches, MixedBatches):

@@ -325,6 +325,8 @@ def test_a_mix_of_batches_as_tensors(tmp_path: Path) -> None:
         assert isinstance(x, torch.Tensor) and torch.equal(x, torch.from_numpy(rx)) and torch.equal(y, torch.from_numpy(ry))
     with pytest.raises(AttributeError, match="no epochs"):
         wrapped.set_epoch(1)
+    # A loop asks before it calls (Accelerate's: if hasattr(dataset, "set_epoch")): a mix has none, batches have it.
+    assert not hasattr(wrapped, "set_epoch") and hasattr(mtt.TorchBatches(mix().sources[0]), "set_epoch")
     with pytest.raises(RuntimeError, match="batch_size=None"):
         iter(torch.utils.data.DataLoader(wrapped))
     with pytest.raises(TypeError, match="endless"):

@@ -72,3 +72,16 @@ def test_a_name_too_long_from_the_root_is_kept_as_given() -> None:
     assert from_root("/d/../x.h5") == "/x.h5"
     deep = "d/" * 2100 + "x.h5"  # past PATH_MAX from the root: the kernel would refuse it, relative it may open
     assert from_root(deep) == deep
+
+
+def test_a_family_of_member_files_is_refused_saying_so(tmp_path: Path) -> None:
+    """HDF5's family driver splits a file into members named by a pattern (``data%d.h5``); PyTables 3.x refuses the
+    driver, so the pattern given as a file is named as what it is, with what to do, not as a file that is missing."""
+    pattern = str(tmp_path / "data%d.h5")
+    with h5py.File(pattern, "w", driver="family", memb_size=1 << 16) as f:
+        f["x"] = np.arange(100_000.0)
+    assert (tmp_path / "data1.h5").exists()
+    with pytest.raises(FileNotFoundError, match=r"a family of member files .*h5py opens it with driver='family'"):
+        multitables.Streamer(pattern).get_queue("/x")
+    with pytest.raises(FileNotFoundError, match=r"No such HDF5 file: '"):
+        multitables.Streamer(str(tmp_path / "other%d.h5")).get_queue("/x")

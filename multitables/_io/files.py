@@ -154,6 +154,10 @@ def check_regular(filename: str) -> FileSignature:
     try:
         st = os.stat(filename)
     except FileNotFoundError:
+        if "%d" in os.path.basename(filename) and os.path.exists(filename.replace("%d", "0")):
+            # A family of member files (HDF5's family driver), whose driver PyTables 3.x refuses.
+            raise FileNotFoundError(errno.ENOENT, "No such HDF5 file: a family of member files ('%d' in the name) "
+                                    "is not read; copy it into one file first (h5py opens it with driver='family')", filename) from None
         raise FileNotFoundError(errno.ENOENT, "No such HDF5 file", filename) from None
     mode = st.st_mode
     if stat.S_ISDIR(mode):

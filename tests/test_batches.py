@@ -407,6 +407,11 @@ def test_a_state_with_another_order_is_refused(data_file) -> None:
         stream.get_batches(["/X", "/y"], batch_size=10, seed=1).load_state_dict({"epoch": 1})
     with pytest.raises(ValueError, match="beyond"):
         stream.get_batches(["/X", "/y"], batch_size=10, seed=1).load_state_dict({**state, "batch": 101})
+    # A hand-written part of an epoch run at another world size: refused past that epoch, as a batch is.
+    with pytest.raises(ValueError, match=r"elastic segment \[2, 51\] is not a part of an epoch: 51 batches at world_size=2, of 50"):
+        stream.get_batches(["/X", "/y"], batch_size=10, seed=1).load_state_dict({**state, "elastic": [[2, 51]]})
+    with pytest.raises(ValueError, match=r"elastic segment \[0, 1\]"):
+        stream.get_batches(["/X", "/y"], batch_size=10, seed=1).load_state_dict({**state, "elastic": [[0, 1]]})
     # Rank 0's checkpoint loads on every rank.
     r0 = stream.get_batches(["/X", "/y"], batch_size=10, rank=0, world_size=2)
     r1 = stream.get_batches(["/X", "/y"], batch_size=10, rank=1, world_size=2)

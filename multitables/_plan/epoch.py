@@ -292,6 +292,10 @@ def read_state(
     step = check_int("step", state.get("step", epoch * saved_batches + batch), 0, allow_none=False)
     assert step is not None
     elastic = [(int(w), int(b)) for w, b in state.get("elastic", [])]
+    for w, b in elastic:  # each a part of the epoch run at world size w, b batches in
+        if w < 1 or not 0 <= b <= replace(settings, world_size=w).n_batches:
+            raise ValueError(f"elastic segment {[w, b]} is not a part of an epoch: {b} batches at world_size={w}, "
+                             f"of {replace(settings, world_size=max(w, 1)).n_batches}")
     epochs_here = check_int("epochs_here", state.get("epochs_here", 0), 0, allow_none=False)
     assert epochs_here is not None
     return epoch, batch, world, step, elastic, epochs_here

@@ -827,6 +827,27 @@ def test_closing_the_queue_ends_a_get_waiting_for_a_slot(make_array, no_leaks, n
             closer.join()
 
 
+@pytest.mark.parametrize("n_procs", [None, 2], ids=["in-process", "readers"])
+def test_a_close_from_another_thread_while_get_takes_a_block_ends_the_pass(make_array, no_leaks, n_procs) -> None:
+    """2.x's how-to stops a cyclic queue with ``queue.close()`` from another thread while the consumer loops on
+    ``get()`` until ``QueueClosed``. A close landing while ``get()`` took a block returned that block's guard, whose
+    ``with`` then raised StreamClosedError (9 runs in 10 of such a loop): that ``get()`` gives ``QueueClosed``."""
+    stream = multitables.Streamer(make_array(np.arange(1000.0), chunkshape=(10,)))
+    with hang_guard(GUARD, "a hang"), stream.get_queue("/data", n_procs=n_procs, cyclic=True, block_size=10) as queue:
+        real_take = queue._backend.take
+
+        def take_then_closed_elsewhere() -> Any:
+            got = real_take()
+            closer = threading.Thread(target=queue.close)
+            closer.start()
+            closer.join()
+            return got
+
+        queue._backend.take = take_then_closed_elsewhere
+        assert queue.get() is QueueClosed
+        assert queue.closed
+
+
 @pytest.mark.parametrize("n_procs", [0, 2])
 def test_a_generator_shared_by_threads_loses_no_row(
     make_array, n_procs: int, no_leaks: None, monkeypatch: pytest.MonkeyPatch

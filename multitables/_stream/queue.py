@@ -196,6 +196,9 @@ class Queue:
         except KeyboardInterrupt:  # Ctrl-C ends the stream, as leaving its with does (a 2.x loop has none)
             self.close()
             raise
+        if self._closed:  # by another thread while this one took the block: the pass is over for it too
+            self._release(slot)
+            return QueueClosed
         return Guard(self, slot, block)
 
     def _wait_turn(self, me: threading.Thread) -> bool:

@@ -387,6 +387,38 @@ def test_notify_is_called_with_each_future_then_queue_closed(h5file: tuple, no_l
         np.testing.assert_array_equal(fut.get(), arr[4 * i : 4 * i + 4])
 
 
+def test_close_wait_returns_once_notify_has_had_every_future_and_queue_closed(h5file: tuple, no_leaks: None) -> None:
+    """2.x's ``close(wait=True)`` joined its notify thread, which called ``notify`` with each future and then with
+    ``QueueClosed``: code that counts its notifications after the close finds them all. Here it returned while the
+    notify thread still had ``QueueClosed`` to deliver."""
+    path, _, _ = h5file
+    seen: list = []
+    r = multitables.Reader(path, 2, seen.append)
+    a = r.get_dataset("/arr")
+    futures = [r.request(a[4 * i : 4 * i + 4], a.create_stage(4)) for i in range(5)]
+    with hang_guard(60, "close(wait=True) with notify"):
+        r.close(wait=True)
+    assert seen[-1] is multitables.QueueClosed  # no waiting: the close waited
+    assert sorted(map(id, seen[:-1])) == sorted(map(id, futures))
+    for fut in futures:
+        fut.release()
+
+    closed_inside: list = []
+
+    def close_from_notify(item: object) -> None:  # a notify that closes its reader does not wait for itself
+        if item is not multitables.QueueClosed and not closed_inside:
+            closed_inside.append(item)
+            r2.close(wait=True)
+
+    r2 = multitables.Reader(path, 2, close_from_notify)
+    a2 = r2.get_dataset("/arr")
+    fut = r2.request(a2[0:4], a2.create_stage(4))
+    with hang_guard(60, "close(wait=True) inside notify"):
+        fut.get()
+        r2.close(wait=True)
+    assert closed_inside == [fut]
+
+
 def test_close_wait_fulfils_every_pending_request_then_stops_the_readers(h5file: tuple, no_leaks: None) -> None:
     path, arr, _ = h5file
     r = multitables.Reader(path, 2)

@@ -139,6 +139,8 @@ class ReaderCore:
                         threading.Thread(target=self._finish, name="multitables-reader-close", daemon=True).start()
         if wait:
             self._finish()
+            if self.notifier is not None:
+                self.notifier.join()  # as 2.x's close(wait=True): every notify made, QueueClosed's too
 
     def _finish(self) -> None:
         """Wait until the readers have stopped by themselves (or died), then shut down."""
@@ -203,6 +205,11 @@ class Notifier:
         with self._cond:
             self._ending = True
             self._cond.notify()
+
+    def join(self) -> None:
+        """Wait until ``notify`` has been called for the last time (at once from within ``notify`` itself)."""
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
 
     def _call(self, arg: Any) -> None:
         try:

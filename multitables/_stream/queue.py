@@ -84,8 +84,10 @@ class Guard:
         if self._entered:  # the inner with's end would give the slot back under the outer one
             raise RuntimeError("this guard's with is open already: a guard gives its block once, to one with")
         if self._queue.closed:  # type: ignore[union-attr]
-            # Read here or by readers alike (which n_procs the defaults chose is not the caller's to know).
-            raise StreamClosedError("the queue was closed: its ring is unmapped, and this guard's block with it")
+            # Handed out before the close, as 2.x's guards went on working after it: its block kept its bytes, the
+            # slot held by this guard at the close (NOTE [segment lifetime] in ``_shm.segment``).
+            self._entered = True
+            return self.block
         self._entered = True
         self._queue._hold(self._slot)  # type: ignore[union-attr]
         return self.block
@@ -301,8 +303,8 @@ class Queue:
                 self._changed.notify_all()
 
     def close(self) -> None:
-        """Stop the readers and free the ring (idempotent). Blocks still held become invalid (a block used after the
-        close reads the bytes its slot last held, kept until the block goes: NOTE [segment lifetime]).
+        """Stop the readers and free the ring (idempotent). A guard handed out before still gives its block, and a
+        block used after the close reads its bytes, kept until the last reference goes (NOTE [segment lifetime]).
 
         After a pass's last block (not cyclic, not growing), the ring's memory is given back after this returns
         (NOTE [release off the path] in ``_sys.release``); otherwise (an early stop, an error, an interrupt) before.

@@ -15,6 +15,7 @@ __all__ = [
     "MultitablesError",
     "NotHDF5Error",
     "NoSuchNodeError",
+    "NoSuchFieldError",
     "NodeTypeError",
     "EmptyDatasetError",
     "MissingFilterError",
@@ -94,6 +95,16 @@ def _as_pytables() -> type:
 def no_such_node(message: str) -> NoSuchNodeError:
     """A :class:`NoSuchNodeError` that PyTables' ``except tables.NoSuchNodeError`` catches too."""
     return _as_pytables()(message)
+
+
+class NoSuchFieldError(MultitablesError, KeyError, ValueError, IndexError, NameError):
+    """No column of that name (``field=``, ``fields=``, a request's column), or a column asked of rows without any.
+
+    A ``KeyError``, as every missing name in this library; also what the
+    established (2.x) API raised for it, so its ``except`` clauses still
+    hold: a stream's ``ValueError`` (numpy's, for a missing column of a
+    table) or ``IndexError`` (a column of an array), a request's ``NameError``.
+    """
 
 
 class NodeTypeError(MultitablesError, TypeError, RuntimeError):

@@ -34,7 +34,7 @@ from ._procs.pool import check_start_method
 from ._procs.serve import ServeReaders
 from ._shm.stagemap import MAX_SHARES, describe
 from ._sys.checks import check_int
-from .errors import ReaderError, StreamClosedError
+from .errors import NoSuchFieldError, ReaderError, StreamClosedError
 
 __all__ = ["Reader", "Dataset", "Request", "Stage", "StagePool", "Future", "DataProxy", "RequestPool"]
 
@@ -361,7 +361,7 @@ class Dataset:
         dtype = self.dtype
         for part in sortby.split("/"):  # PyTables names a nested column 'outer/inner'
             if dtype.names is None or part not in dtype.names:
-                raise KeyError(f"{self.path!r} has no column {sortby!r} to sort by; its columns are {list(self.dtype.names)}")
+                raise NoSuchFieldError(f"{self.path!r} has no column {sortby!r} to sort by; its columns are {list(self.dtype.names)}")
             dtype = dtype[part]
         n = len(self) if start is None and stop is None and step in (None, 1) else None
         kwargs = dict(sortby=sortby, checkCSI=bool(checkCSI), field=field, start=start, stop=stop, step=step)

@@ -147,6 +147,23 @@ def test_a_missing_node_is_pytables_error_as_in_2x_and_a_key_error(reader: multi
         assert type(again) is type(info.value) and again.args == info.value.args
 
 
+def test_a_missing_column_is_what_2x_raised_for_it_and_a_key_error(reader: multitables.Reader, h5file: tuple) -> None:
+    """2.x raised numpy's ValueError for a stream's field= missing from a table (``example[field]``), IndexError
+    for a field= of an array, and NameError for a request's missing column: each ``except`` still holds, with the
+    KeyError every missing name here is."""
+    path, _, _ = h5file
+    dataset = reader.get_dataset("/tab")
+    asks = [(ValueError, lambda: multitables.Streamer(path).get_queue("/tab", field="nope")),
+            (IndexError, lambda: multitables.Streamer(path).get_generator("/arr", field="x")),
+            (NameError, lambda: dataset["nope"][0:5]),
+            (NameError, lambda: dataset.col("nope"))]
+    for established, ask in asks:
+        with pytest.raises(established) as info:
+            ask()
+        assert isinstance(info.value, (KeyError, multitables.NoSuchFieldError)), info.value
+        again = pickle.loads(pickle.dumps(info.value))
+        assert type(again) is type(info.value) and again.args == info.value.args
+
 def test_random_access_takes_an_empty_dataset_as_2x_did(reader: multitables.Reader, h5file: tuple) -> None:
     """A stream of 0 rows is refused; 2.x's get_dataset took an empty EArray, its slices are empty, a row is out of
     range, and the next stream of that file is still refused (what was described is kept across both)."""

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import NoSuchFieldError
 from .compat2x import next_op
 from .._io.fields import field_of, field_path
 from .._plan.requests import RowPlan, compose_keys, normalize_key, plan_rows, zero_d
@@ -30,9 +31,9 @@ def fields_dtype(dtype: np.dtype, names: "list[str]") -> np.dtype:
         if name not in dtype.names:  # numpy's KeyError, saying what there is
             parts = field_path(dtype, name)
             if len(parts) > 1 and parts[0] in dtype.names:
-                raise KeyError(f"a list of fields takes top-level columns only, as numpy's does: {name!r} is a path into "
+                raise NoSuchFieldError(f"a list of fields takes top-level columns only, as numpy's does: {name!r} is a path into "
                                f"{parts[0]!r}; read it on its own ([{name!r}]) or take {parts[0]!r} in the list")
-            raise KeyError(f"no field {name!r} in the list {names}; the fields are {list(dtype.names)}")
+            raise NoSuchFieldError(f"no field {name!r} in the list {names}; the fields are {list(dtype.names)}")
     return np.empty(0, dtype)[names].dtype
 
 
@@ -40,7 +41,7 @@ def indexed(shape: "tuple[int, ...]", dtype: np.dtype, key: Any) -> tuple[tuple[
     """The shape and dtype of ``data[key]`` for data of ``shape`` and ``dtype`` (numpy's rules and errors)."""
     if isinstance(key, str):
         if dtype.names is None or field_path(dtype, key)[0] not in dtype.names:
-            raise KeyError(f"no field {key!r} in the result (its fields: {dtype.names})")
+            raise NoSuchFieldError(f"no field {key!r} in the result (its fields: {dtype.names})")
         sub = field_of(dtype, key, "the result")[0]  # a path into nested fields too, as a column is named
         if sub.subdtype is not None:
             return shape + sub.subdtype[1], sub.subdtype[0]
@@ -179,7 +180,7 @@ class Request:
                         first = (first, Ellipsis)  # records[i, ...]['col'] is 0-d, as numpy's
                     return Request(self.dataset, key, first, op=op, field_last=True)
                 if self.dtype.names is None:
-                    raise KeyError(f"this request reads column {self.field!r}, which has no field {key!r}")
+                    raise NoSuchFieldError(f"this request reads column {self.field!r}, which has no field {key!r}")
             else:
                 shape = (self._node.n_rows,) + self._node.row_shape
                 composed = compose_keys(self._nkey, shape, key)

@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..errors import NoSuchFieldError
+
 if TYPE_CHECKING:
     from .node import NodeInfo
 
@@ -25,7 +27,7 @@ def field_of(dt: np.dtype, field: str, where: str = "the rows") -> "tuple[np.dty
     """
     parts, offset = field_path(dt, field), 0
     if "" in parts:
-        raise KeyError(f"{where} has no field {field!r}: a path names a column at each step, 'outer/inner', none empty")
+        raise NoSuchFieldError(f"{where} has no field {field!r}: a path names a column at each step, 'outer/inner', none empty")
     for depth, name in enumerate(parts):
         names = dt.names or ()
         if name not in names:
@@ -34,7 +36,7 @@ def field_of(dt: np.dtype, field: str, where: str = "the rows") -> "tuple[np.dty
                 f"the fields of {at!r} are {list(names)}" if names else f"{at!r} has no fields"
             if at and dt.subdtype is not None and dt.subdtype[0].names:
                 there = f"{at!r} is an array of records (shape {dt.subdtype[1]}): read {at!r}, then take {name!r} of it"
-            raise KeyError(f"{where} has no field {field!r}; {there}")
+            raise NoSuchFieldError(f"{where} has no field {field!r}; {there}")
         dt, at_offset = dt.fields[name][:2]
         offset += at_offset
     return dt, offset
@@ -44,10 +46,10 @@ def check_columns(node: NodeInfo, columns: list[str]) -> None:
     """``KeyError`` naming the table's columns unless each of ``columns`` is one (:func:`field_of`'s paths too)."""
     where, names = f"{node.path!r} in {node.filename!r}", node.dtype.names
     if names is None:
-        raise KeyError(f"fields={columns!r} given, but {where} is not a table (its rows have no fields)")
+        raise NoSuchFieldError(f"fields={columns!r} given, but {where} is not a table (its rows have no fields)")
     missing = [c for c in columns if field_path(node.dtype, c)[0] not in names]
     if missing:
-        raise KeyError(f"{where} has no column {', '.join(map(repr, missing))}; its columns: {list(names)}")
+        raise NoSuchFieldError(f"{where} has no column {', '.join(map(repr, missing))}; its columns: {list(names)}")
     for column in columns:  # a path into a nested column
         field_of(node.dtype, column, where)
 

@@ -26,7 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import EmptyDatasetError, FileChangedError, MultitablesError, NodeTypeError, NotHDF5Error, no_such_node
+from ..errors import (
+    EmptyDatasetError, FileChangedError, MultitablesError, NodeTypeError, NoSuchFieldError, NotHDF5Error, no_such_node,
+)
 from .fields import field_of, field_path
 from .files import FileSignature, as_filename, check_opened, check_regular, file_signature
 from .handles import check_intent, raise_if_busy
@@ -443,7 +445,7 @@ def _describe(filename: str, path: str, field: "str | None", ds: Any, allow_empt
         row_shape = row_shape + tuple(sub)
     if field is not None:
         if dt.names is None:
-            raise KeyError(f"field={field!r} given, but {where} is not a table (its rows have no fields)")
+            raise NoSuchFieldError(f"field={field!r} given, but {where} is not a table (its rows have no fields)")
         fdt = field_of(dt, field, where)[0]
         if fdt.subdtype is not None:
             out_dtype, sub = fdt.subdtype

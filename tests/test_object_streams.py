@@ -57,6 +57,9 @@ def test_a_set_named_by_an_s3_pattern(moto_url, obj_files, no_leaks) -> None:
     assert stream.filename == tuple(f"s3://{BUCKET}/shards/shard-{i}.h5" for i in range(3))
     got, engine = read_queue(stream, "/x", n_procs=2, block_size=1024)
     assert engine == "chunks" and np.array_equal(got, obj_files["x"])
+    for pattern in ("shards/shard-?.h5", "shards/shard-[0-2].h5"):  # every glob character the docs name
+        named = multitables.Streamer(f"s3://{BUCKET}/{pattern}", storage_options=s3_options(moto_url)).filename
+        assert named == stream.filename
 
 
 def test_batches_over_s3_shards_shuffle_shard_mix_and_resume(moto_url, obj_files, no_leaks) -> None:

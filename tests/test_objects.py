@@ -54,6 +54,8 @@ def test_urls_are_taken_apart_and_shown_without_secrets() -> None:
         parse_url("https://me:pw@h.example/f.h5")
     assert matches("data/train-001.h5", "data/train-*.h5") and not matches("data/old/train-1.h5", "data/*.h5")
     assert quote_key("a b/c+d~e.h5") == "a%20b/c%2Bd~e.h5"
+    for url, key in (("s3://b/d/shard-?.h5", "d/shard-?.h5"), ("s3://b/d/a?b?.h5", "d/a?b?.h5")):  # '?' is a pattern's
+        assert parse_url(url).key == key and parse_url(url).is_pattern
 
 
 def test_the_store_comes_from_options_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

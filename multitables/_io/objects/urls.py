@@ -70,10 +70,12 @@ def parse_url(url: str) -> ObjectURL:
     scheme = p.scheme.lower()
     if scheme in ("s3", "s3a"):
         bucket, key = p.netloc, p.path.lstrip("/")
+        if "?" in url and not p.fragment:  # an s3:// URL has no query: a '?' is the pattern's one character
+            key = (p.path + "?" + p.query).lstrip("/")
         if not bucket or not key or key.endswith("/"):
             raise ValueError(f"an S3 URL names a bucket and an object: s3://bucket/path/file.h5, not {shown(url)!r}")
-        if p.query or p.fragment:
-            raise ValueError(f"an S3 URL has no query or fragment: {url.split('?')[0]!r}")
+        if p.fragment:
+            raise ValueError(f"an S3 URL has no fragment: {url.split('#')[0]!r}")
         return ObjectURL("s3", bucket, key)
     if scheme in ("http", "https"):
         if not p.hostname:

@@ -5,12 +5,14 @@ credentials and endpoints come from, and that no secret shows."""
 from __future__ import annotations
 
 import functools
+import gzip
+import os
 import logging
 import multiprocessing
 import pickle
 import threading
 import time
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -281,6 +283,58 @@ def test_a_server_without_byte_ranges_is_refused(tmp_path) -> None:
     try:
         with pytest.raises(ObjectStorageError, match="ignores byte ranges"):
             opened(f"http://127.0.0.1:{server.server_address[1]}/f.h5")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _Encoding(BaseHTTPRequestHandler):
+    """Ranges of ``server.body``, gzip-encoded on the way, under ``/gzip``; a redirect to them under ``/moved``."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_HEAD(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.server.body)))  # type: ignore[attr-defined]
+        self.send_header("ETag", '"e1"')
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        body = self.server.body  # type: ignore[attr-defined]
+        if self.path.startswith("/moved"):
+            self.send_response(302)
+            self.send_header("Location", "/gzip/f.h5?X-Amz-Signature=SIG0123")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        first, _, last = self.headers["Range"][len("bytes="):].partition("-")
+        start, stop = int(first), min(int(last) + 1, len(body))
+        sent = gzip.compress(body[start:stop])
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{len(body)}")
+        self.send_header("Content-Encoding", "gzip")
+        self.send_header("Content-Length", str(len(sent)))
+        self.send_header("ETag", '"e1"')
+        self.end_headers()
+        self.wfile.write(sent)
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_a_body_encoded_on_the_way_or_a_redirect_is_refused_saying_so(truth, tmp_path, cache) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Encoding)
+    server.body = os.urandom(100_000)  # type: ignore[attr-defined]  # gzip makes it longer: no short body to see
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    options = {"backoff_base": 0.01, **({"cache_dir": str(tmp_path)} if cache else {})}
+    try:
+        with pytest.raises(ObjectStorageError, match=r"gzip/f.h5 bytes \[0, \d+\): .*Content-Encoding: gzip"):
+            with opened(f"{base}/gzip/f.h5", **options) as reader:  # with a cache: a HEAD, then the bytes
+                reader.read(0, 8)
+        with pytest.raises(ObjectStorageError, match=r"HTTP 302: the server redirects to http://127.0.0.1:\d+/gzip/f.h5\?\.\.\.;"):
+            opened(f"{base}/moved/f.h5")
     finally:
         server.shutdown()
         server.server_close()

@@ -22,13 +22,13 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 from ...errors import FileChangedError, ObjectStorageError
 from .config import Store, Tuning
 from .credentials import Credentials, from_environment
 from .sigv4 import sign
-from .urls import ObjectURL, quote_key
+from .urls import ObjectURL, quote_key, shown
 
 #: Answers worth another try: throttling, time-outs, the server's own failures.
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -317,7 +317,22 @@ class Endpoint:
             return ObjectNotFoundError(f"{self.shown}: {label}: no such {'bucket' if code == 'NoSuchBucket' else 'object'}")
         if status == 416:
             return ObjectStorageError(f"{where}: {label}: the range is past the object's end")
+        if status in (301, 302, 303, 307, 308) and resp.getheader("Location"):
+            to = shown(urljoin(f"{self.pool_key[0]}://{self.host_header}{self.path}", resp.getheader("Location")))
+            return ObjectStorageError(f"{where}: {label}: the server redirects to {to}; redirects are not followed: "
+                                      f"name that URL instead")
         return ObjectStorageError(f"{where}: {label}")
+
+    def check_encoding(self, conn: Any, resp: Any, start: int, stop: int) -> None:
+        """Refuse an answer whose body is encoded on the way (``Content-Encoding: gzip``...): its bytes are not the
+        object's bytes ``[start, stop)``, and would be read as them."""
+        encoding = (resp.getheader("Content-Encoding") or "identity").strip().lower()
+        if encoding != "identity":
+            conn.close()
+            raise ObjectStorageError(
+                f"{self.shown} bytes [{start}, {stop}): the server sent them encoded (Content-Encoding: {encoding}), "
+                f"not as stored; byte ranges of an object are read as they are: turn that encoding off for this file"
+            )
 
 
 def content_range(resp: Any) -> "tuple[int, int, int | None] | None":

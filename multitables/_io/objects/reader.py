@@ -259,6 +259,7 @@ class ObjectReader:
             return _identity(resp, 0), b""
         if resp.status not in (200, 206):
             raise ep.error(conn, resp, 0, n)
+        ep.check_encoding(conn, resp, 0, n)
         if resp.status == 200:
             size = int(resp.getheader("Content-Length") or -1)
             if size < 0 or size > n:
@@ -377,6 +378,7 @@ class ObjectReader:
                 conn.close()
                 raise ObjectStorageError(f"{self.shown} bytes [{start}, {stop}): the server ignored the range (HTTP 200)")
             raise ep.error(conn, resp, start, stop)
+        ep.check_encoding(conn, resp, start, stop)
         found = content_range(resp)
         if found is None or found[0] != start or found[1] != stop - 1:
             conn.close()

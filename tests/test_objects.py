@@ -185,6 +185,16 @@ def test_retries_recover_exact_bytes(proxy, truth, faults) -> None:
         assert reader.stats["retries"] == len(faults) and proxy.pending == 0
 
 
+def test_retry_after_is_taken_in_seconds_or_as_an_http_date() -> None:
+    import email.utils
+
+    from multitables._io.objects.http import _retry_after
+
+    assert _retry_after("7") == 7.0 and _retry_after(None) is None and _retry_after("soon") is None
+    assert 2.0 < _retry_after(email.utils.formatdate(time.time() + 3, usegmt=True)) <= 3.0  # type: ignore[operator]
+    assert _retry_after(email.utils.formatdate(time.time() - 60, usegmt=True)) == 0.0
+
+
 def test_a_cut_body_resumes_where_it_stopped(rangesrv, truth) -> None:
     with opened(f"{rangesrv.url}/data.h5", open_readahead=1, backoff_base=0.01) as reader:
         rangesrv.inject("short")

@@ -12,6 +12,8 @@ left open between streams. No event loop, no runtime threads: nothing for
 
 from __future__ import annotations
 
+import datetime
+import email.utils
 import http.client
 import logging
 import os
@@ -230,10 +232,20 @@ def retrying(attempt: "Callable[[], Any]", tuning: Tuning, where: str, stats: An
 
 
 def _retry_after(value: "str | None") -> "float | None":
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
+    """Seconds a ``Retry-After`` header asks to wait: a number of seconds or an HTTP date (RFC 9110 allows both)."""
+    if value is None:
         return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # an HTTP date is in GMT
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return max(0.0, when.timestamp() - time.time())
 
 
 class Endpoint:

@@ -271,6 +271,14 @@ def test_profile_files_give_credentials_endpoint_and_region(proxy, monkeypatch, 
     assert _credential_sent(proxy) == "AKIDFROMPROFILE" and "/ap-south-1/s3/" in proxy.headers_seen[-1]["Authorization"]
 
 
+def test_a_missing_profile_is_named(moto_url, monkeypatch) -> None:
+    with pytest.raises(ValueError, match=r"could not be resolved \(profile 'nope-prof'\): ProfileNotFound"):
+        opened(DATA, endpoint_url=moto_url, profile="nope-prof")
+    monkeypatch.setenv("AWS_PROFILE", "nope-env")
+    with pytest.raises(ValueError, match=r"could not be resolved \(profile 'nope-env'\): ProfileNotFound"):
+        opened(DATA, endpoint_url=moto_url)
+
+
 def test_missing_objects_credentials_and_access_fail_clearly(moto_url, truth) -> None:
     with pytest.raises(ObjectNotFoundError, match=rf"s3://{BUCKET}/nope.h5: HTTP 404 NoSuchKey") as caught:
         opened(f"s3://{BUCKET}/nope.h5", **s3_options(moto_url))

@@ -183,5 +183,7 @@ def _resolve(profile: "str | None", shown: str) -> "Credentials | None":
     try:
         found = session.get_credentials()
     except Exception as exc:  # a profile that does not exist, a provider that failed: its class only (no text)
-        raise ValueError(f"AWS credentials for {shown} could not be resolved: {type(exc).__name__}") from None
+        named = profile or os.environ.get("AWS_PROFILE")  # a profile's name is no secret: say which one
+        where = f" (profile {named!r})" if named else ""
+        raise ValueError(f"AWS credentials for {shown} could not be resolved{where}: {type(exc).__name__}") from None
     return None if found is None else Credentials("", "", None, source=found)

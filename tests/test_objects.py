@@ -307,7 +307,8 @@ def test_a_server_without_byte_ranges_is_refused(tmp_path) -> None:
 
 
 class _Encoding(BaseHTTPRequestHandler):
-    """Ranges of ``server.body``, gzip-encoded on the way, under ``/gzip``; a redirect to them under ``/moved``."""
+    """Ranges of ``server.body``: gzip-encoded on the way under ``/gzip``, as they are elsewhere; a redirect to the
+    gzipped ones under ``/moved``."""
 
     protocol_version = "HTTP/1.1"
 
@@ -330,10 +331,12 @@ class _Encoding(BaseHTTPRequestHandler):
             return
         first, _, last = self.headers["Range"][len("bytes="):].partition("-")
         start, stop = int(first), min(int(last) + 1, len(body))
-        sent = gzip.compress(body[start:stop])
+        gzipped = self.path.startswith("/gzip")
+        sent = gzip.compress(body[start:stop]) if gzipped else body[start:stop]
         self.send_response(206)
         self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{len(body)}")
-        self.send_header("Content-Encoding", "gzip")
+        if gzipped:
+            self.send_header("Content-Encoding", "gzip")
         self.send_header("Content-Length", str(len(sent)))
         self.send_header("ETag", '"e1"')
         self.end_headers()
@@ -353,6 +356,47 @@ def test_a_body_encoded_on_the_way_or_a_redirect_is_refused_saying_so(truth, tmp
                 reader.read(0, 8)
         with pytest.raises(ObjectStorageError, match=r"HTTP 302: the server redirects to http://127.0.0.1:\d+/gzip/f.h5\?\.\.\.;"):
             opened(f"{base}/moved/f.h5")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_refused_certificate_or_a_missing_ca_file_fail_at_once_saying_so(tmp_path) -> None:
+    import datetime
+    import ipaddress
+    import ssl
+
+    x509 = pytest.importorskip("cryptography.x509")
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(x509.oid.NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .sign(key, hashes.SHA256()))
+    (tmp_path / "ca.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Encoding)
+    server.body = os.urandom(1000)  # type: ignore[attr-defined]
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "ca.pem", tmp_path / "key.pem")
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"https://127.0.0.1:{server.server_address[1]}/plain/f.h5"
+    try:
+        started = time.monotonic()
+        with pytest.raises(ObjectStorageError, match=r"f.h5: the server's TLS certificate is refused .*'verify'"):
+            opened(url, backoff_base=1.0)  # not tried again: a back-off of seconds would show
+        assert time.monotonic() - started < 1.0
+        with pytest.raises(ValueError, match=r"storage option verify='/no/such/ca.pem' is not a CA bundle's file"):
+            opened(url, verify="/no/such/ca.pem")
+        with opened(url, verify=tmp_path / "ca.pem") as reader:  # a path-like names the file too
+            assert bytes(reader.read(0, 1000)) == server.body  # type: ignore[attr-defined]
     finally:
         server.shutdown()
         server.server_close()

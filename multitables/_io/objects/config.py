@@ -201,8 +201,12 @@ def _store(opts: dict[str, Any]) -> Store:
     cache_size = _number("cache_size", opts.get("cache_size", CACHE_SIZE), int)
     anon = bool(opts.get("anon")) or _truthy(os.environ.get("AWS_SKIP_SIGNATURE"))
     verify = opts.get("verify", True)
+    if isinstance(verify, os.PathLike):
+        verify = os.fspath(verify)
     if not isinstance(verify, (bool, str)):
         raise TypeError("storage option verify is True, False or a CA bundle's path")
+    if isinstance(verify, str) and not os.path.isfile(verify):  # else every connection fails, retried, unnamed
+        raise ValueError(f"storage option verify={verify!r} is not a CA bundle's file (a PEM file of certificates)")
     return Store(
         endpoint=endpoint.rstrip("/") if endpoint else None, region=region or "us-east-1", addressing=addressing,
         anon=anon, allow_http=allow_http, verify=verify, profile=profile, given=given, tuning=tuning,

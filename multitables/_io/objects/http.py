@@ -20,6 +20,7 @@ import os
 import random
 import re
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -289,6 +290,12 @@ class Endpoint:
         try:
             conn = pool.connect(*self.timeouts)
         except (OSError, http.client.HTTPException) as exc:
+            ssl = sys.modules.get("ssl")
+            if ssl is not None and isinstance(exc, ssl.SSLCertVerificationError):  # no other attempt will pass
+                raise ObjectStorageError(
+                    f"{self.shown}: the server's TLS certificate is refused ({exc.verify_message}); give its CA with "
+                    f"storage_options={{'verify': '/path/to/ca.pem'}}, or verify=False to skip the check"
+                ) from None
             raise Retryable(f"connecting: {type(exc).__name__}: {self.scrub(str(exc))}") from None
         try:
             conn.request(method, path, headers=headers)

@@ -361,6 +361,29 @@ def test_a_body_encoded_on_the_way_or_a_redirect_is_refused_saying_so(truth, tmp
         server.server_close()
 
 
+class _ClosesIdle(_Encoding):
+    timeout = 0.3  # closes a kept-alive connection idle this long, as web servers and S3 do
+
+
+@pytest.mark.parametrize("attempts", [1, 6])
+def test_connections_the_server_closed_while_idle_cost_no_attempt(attempts) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ClosesIdle)
+    server.daemon_threads = True
+    server.body = os.urandom(3 * MiB)  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/plain/f.h5"
+    try:
+        with opened(url, attempts=attempts, backoff_base=0.01, part_size=64 << 10, merge_gap=0) as reader:
+            for _ in range(2):  # 16 GETs in flight leave up to 16 idle connections; then the server closes them
+                assert bytes(reader.read(MiB, 16 * (64 << 10))) == server.body[MiB : 2 * MiB]  # type: ignore[attr-defined]
+                time.sleep(0.6)
+                assert bytes(reader.read(2 * MiB, 100)) == server.body[2 * MiB : 2 * MiB + 100]  # type: ignore[attr-defined]
+            assert reader.stats["retries"] == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_a_refused_certificate_or_a_missing_ca_file_fail_at_once_saying_so(tmp_path) -> None:
     import datetime
     import ipaddress

@@ -53,6 +53,10 @@ class Retryable(Exception):
         self.reason, self.retry_after = reason, retry_after
 
 
+class _Stale(Exception):
+    """An idle connection reused, lost before any answer: the server closed it meanwhile (a new one is tried)."""
+
+
 class ObjectNotFoundError(ObjectStorageError, FileNotFoundError):
     """No such object (or bucket)."""
 
@@ -124,10 +128,13 @@ class _Pool:
         self.lock = threading.Lock()
         self._context: Any = None  # ssl.SSLContext, made at the first https connection
 
-    def connect(self, connect_timeout: float, read_timeout: float) -> http.client.HTTPConnection:
-        with self.lock:
-            if self.idle:
-                return self.idle.pop()
+    def connect(self, connect_timeout: float, read_timeout: float,
+                fresh: bool = False) -> "tuple[http.client.HTTPConnection, bool]":
+        """A connection, and whether it is an idle one reused (``fresh``: always a new one)."""
+        if not fresh:
+            with self.lock:
+                if self.idle:
+                    return self.idle.pop(), True
         conn: http.client.HTTPConnection
         if self.scheme == "https":
             import ssl  # only where https is read: a local-files user never loads it
@@ -145,7 +152,7 @@ class _Pool:
         assert conn.sock is not None
         conn.sock.settimeout(read_timeout)
         conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return conn
+        return conn, False
 
     def give_back(self, conn: http.client.HTTPConnection) -> None:
         with self.lock:
@@ -288,7 +295,13 @@ class Endpoint:
             headers = {"Host": self.host_header, **headers}
         pool = pool_for(self.pool_key)
         try:
-            conn = pool.connect(*self.timeouts)
+            return self._send(pool, method, path, headers, fresh=False)
+        except _Stale:  # an idle connection the server closed meanwhile: not a failed attempt, try a new one at once
+            return self._send(pool, method, path, headers, fresh=True)
+
+    def _send(self, pool: _Pool, method: str, path: str, headers: "dict[str, str]", fresh: bool) -> "tuple[Any, Any]":
+        try:
+            conn, reused = pool.connect(*self.timeouts, fresh=fresh)
         except (OSError, http.client.HTTPException) as exc:
             ssl = sys.modules.get("ssl")
             if ssl is not None and isinstance(exc, ssl.SSLCertVerificationError):  # no other attempt will pass
@@ -302,6 +315,9 @@ class Endpoint:
             return conn, conn.getresponse()
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
+            # RemoteDisconnected is a ConnectionResetError: on a kept-alive connection, the server closed it while idle
+            if reused and isinstance(exc, (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)):
+                raise _Stale() from None
             kind = "timed out" if isinstance(exc, (socket.timeout, TimeoutError)) else type(exc).__name__
             raise Retryable(f"no answer ({kind}: {self.scrub(str(exc)) or 'connection lost'})") from None
 

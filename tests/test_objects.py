@@ -361,6 +361,28 @@ def test_a_body_encoded_on_the_way_or_a_redirect_is_refused_saying_so(truth, tmp
         server.server_close()
 
 
+class _HeadWithoutSize(_Encoding):
+    def do_HEAD(self) -> None:  # as dynamic servers and some proxies answer a HEAD: no Content-Length
+        self.send_response(200)
+        self.send_header("ETag", '"e1"')
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+
+def test_a_head_without_a_size_leaves_the_cache_to_a_ranged_get(tmp_path) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _HeadWithoutSize)
+    server.daemon_threads = True
+    server.body = b"\x89HDF\r\n\x1a\n" + os.urandom(400_000)  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with opened(f"http://127.0.0.1:{server.server_address[1]}/plain/f.h5", cache_dir=str(tmp_path)) as reader:
+            assert reader.size == len(server.body)  # type: ignore[attr-defined]  # not 0: 'not an HDF5 file'
+            assert bytes(reader.read(300_000, 1000)) == server.body[300_000:301_000]  # type: ignore[attr-defined]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 class _ClosesIdle(_Encoding):
     timeout = 0.3  # closes a kept-alive connection idle this long, as web servers and S3 do
 

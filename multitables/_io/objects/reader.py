@@ -247,7 +247,10 @@ class ObjectReader:
             raise ep.error(conn, resp, 0, 0)
         resp.read()
         ep.release(conn, resp)
-        return _identity(resp, int(resp.getheader("Content-Length") or 0))
+        length = resp.getheader("Content-Length") or ""
+        if not length.strip().isdigit():  # a HEAD may leave out the size (chunked): a GET's Content-Range gives it
+            return None
+        return _identity(resp, int(length))
 
     def _first_bytes(self, n: int) -> "tuple[ObjectIdentity, bytes]":
         ep = self._endpoint

@@ -548,6 +548,18 @@ def test_processes_fill_the_cache_at_once(rangesrv, truth, tmp_path) -> None:
     assert b"".join(p.read_bytes() for p in sorted(pieces, key=lambda p: int(p.stem))) == truth
 
 
+def test_a_cache_that_cannot_keep_a_piece_leaves_the_read_to_the_server(rangesrv, truth, tmp_path, monkeypatch) -> None:
+    import errno
+
+    def full(*args) -> None:  # a full disk, a folder of another user's: what the probe at the start cannot foresee
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(DiskCache, "put", full)
+    with pytest.warns(RuntimeWarning, match=r"cache_dir=.*pieces cannot be written there \(No space left on device\)"):
+        with opened(f"{rangesrv.url}/data.h5", cache_dir=str(tmp_path), part_size=64 << 10) as reader:
+            assert bytes(reader.read(300_000, 200_000)) == truth[300_000:500_000]
+
+
 def test_the_cache_evicts_the_least_recently_used_beyond_its_size(rangesrv, truth, tmp_path) -> None:
     folder = tmp_path / "cache"
     options = {"cache_dir": str(folder), "part_size": 64 << 10, "cache_size": 4 * (64 << 10)}

@@ -37,6 +37,7 @@ import http.client
 import os
 import socket
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -440,7 +441,21 @@ class ObjectReader:
         self._fetch(group, abort)
         if group.done == len(buf):
             assert self._cache is not None and self._cache_key is not None
-            self._cache.put(self._cache_key, i, buf)
+            try:
+                self._cache.put(self._cache_key, i, buf)
+            except OSError as exc:  # a full disk, another user's folder: the bytes are read all the same
+                _cache_unwritable(self._cache.folder, exc)
+
+
+_UNWRITABLE: "set[str]" = set()
+
+
+def _cache_unwritable(folder: str, exc: OSError) -> None:
+    """Say once per process and folder that the cache cannot keep what is read (the read goes on without it)."""
+    if folder not in _UNWRITABLE:
+        _UNWRITABLE.add(folder)
+        warnings.warn(f"storage option cache_dir={folder!r}: pieces cannot be written there ({exc.strerror or exc}); "
+                      f"objects are read from the server without being kept", RuntimeWarning, stacklevel=2)
 
 
 def _identity(resp: Any, size: int) -> ObjectIdentity:

@@ -323,6 +323,11 @@ class _Encoding(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         body = self.server.body  # type: ignore[attr-defined]
+        if self.path.startswith("/forbidden"):  # as a presigned URL past its expiry is answered
+            self.send_response(403)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if self.path.startswith("/moved"):
             self.send_response(302)
             self.send_header("Location", "/gzip/f.h5?X-Amz-Signature=SIG0123")
@@ -344,7 +349,7 @@ class _Encoding(BaseHTTPRequestHandler):
 
 
 @pytest.mark.parametrize("cache", [False, True])
-def test_a_body_encoded_on_the_way_or_a_redirect_is_refused_saying_so(truth, tmp_path, cache) -> None:
+def test_a_body_encoded_on_the_way_a_redirect_or_a_refusal_of_a_url_say_what_they_are(truth, tmp_path, cache) -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Encoding)
     server.body = os.urandom(100_000)  # type: ignore[attr-defined]  # gzip makes it longer: no short body to see
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -356,6 +361,8 @@ def test_a_body_encoded_on_the_way_or_a_redirect_is_refused_saying_so(truth, tmp
                 reader.read(0, 8)
         with pytest.raises(ObjectStorageError, match=r"HTTP 302: the server redirects to http://127.0.0.1:\d+/gzip/f.h5\?\.\.\.;"):
             opened(f"{base}/moved/f.h5")
+        with pytest.raises(ObjectAccessError, match=r"HTTP 403: access denied \(the server refuses it; a presigned URL"):
+            opened(f"{base}/forbidden/f.h5?X-Amz-Signature=SIG0123")  # not 'credentials' nor 'anon': never signed
     finally:
         server.shutdown()
         server.server_close()

@@ -262,6 +262,7 @@ class Endpoint:
     def __init__(self, url: ObjectURL, store: Store) -> None:
         self.shown = url.shown
         self.anon = store.anon
+        self.kind = url.kind  # an http(s) URL is never signed: credentials and anon mean nothing to it
         self.credentials: "Credentials | None" = None
         self.region = store.region
         tuning = store.tuning
@@ -345,7 +346,8 @@ class Endpoint:
         if status == 412:
             return changed(self.shown, start, stop, f"If-Match failed: {label}")
         if status in (401, 403):
-            hint = ("it is not public: give credentials" if self.anon else
+            hint = ("the server refuses it; a presigned URL may have expired" if self.kind == "http" else
+                    "it is not public: give credentials" if self.anon else
                     "check the credentials, or pass storage_options={'anon': True} for a public object")
             return ObjectAccessError(f"{self.shown}: {label}: access denied ({hint})")
         if status == 404:

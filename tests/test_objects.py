@@ -323,6 +323,14 @@ class _Encoding(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         body = self.server.body  # type: ignore[attr-defined]
+        if self.path.startswith("/eu-bucket/"):  # as AWS answers a bucket asked for at another region's endpoint
+            sent = b"<Error><Code>PermanentRedirect</Code><Endpoint>eu-bucket.s3.eu-west-1.amazonaws.com</Endpoint></Error>"
+            self.send_response(301)
+            self.send_header("x-amz-bucket-region", "eu-west-1")
+            self.send_header("Content-Length", str(len(sent)))
+            self.end_headers()
+            self.wfile.write(sent)
+            return
         if self.path.startswith("/forbidden"):  # as a presigned URL past its expiry is answered
             self.send_response(403)
             self.send_header("Content-Length", "0")
@@ -363,6 +371,9 @@ def test_a_body_encoded_on_the_way_a_redirect_or_a_refusal_of_a_url_say_what_the
             opened(f"{base}/moved/f.h5")
         with pytest.raises(ObjectAccessError, match=r"HTTP 403: access denied \(the server refuses it; a presigned URL"):
             opened(f"{base}/forbidden/f.h5?X-Amz-Signature=SIG0123")  # not 'credentials' nor 'anon': never signed
+        with pytest.raises(ObjectStorageError, match=r"s3://eu-bucket/f.h5 bytes \[0, \d+\): HTTP 301 PermanentRedirect: "
+                                                     r"the bucket is in region eu-west-1, not us-east-1: pass storage_options"):
+            opened("s3://eu-bucket/f.h5", endpoint_url=base, anon=True)
     finally:
         server.shutdown()
         server.server_close()

@@ -354,6 +354,10 @@ class Endpoint:
             return ObjectNotFoundError(f"{self.shown}: {label}: no such {'bucket' if code == 'NoSuchBucket' else 'object'}")
         if status == 416:
             return ObjectStorageError(f"{where}: {label}: the range is past the object's end")
+        region = resp.getheader("x-amz-bucket-region")
+        if region and region != self.region and status in (301, 307, 400):  # PermanentRedirect, a wrong signing region
+            return ObjectStorageError(f"{where}: {label}: the bucket is in region {region}, not {self.region}: pass "
+                                      f"storage_options={{'region': {region!r}}} or set AWS_REGION")
         if status in (301, 302, 303, 307, 308) and resp.getheader("Location"):
             to = shown(urljoin(f"{self.pool_key[0]}://{self.host_header}{self.path}", resp.getheader("Location")))
             return ObjectStorageError(f"{where}: {label}: the server redirects to {to}; redirects are not followed: "

@@ -79,9 +79,9 @@ def _end_walks_in_child() -> None:
     silently."""
     for active in list(_WALKED_FROM_READERS.values()):
         for rows in active:
-            move = getattr(rows, "__setstate__", None)
+            move = getattr(rows, "__setstate__", None)  # an iterator over the block's rows: its position
             if move is not None:
-                move(sys.maxsize - 1)
+                move(sys.maxsize - 1)  # past the rows: the next step ends it, and it lets the block go
                 next(rows, None)
 
 

@@ -49,6 +49,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
 
 from .batches import Batches, MixedBatches
 from .streamer import Streamer  # for the annotations only, but at run time: typing.get_type_hints resolves them
+from ._sys.checks import check_bool
 from ._train.batch import BatchT, as_batch
 
 __all__ = ["TorchBatches", "get_batches", "to_tensor"]
@@ -178,8 +179,7 @@ class TorchBatches(IterableDataset[TensorBatchT]):
     ) -> None:
         if not isinstance(batches, (Batches, MixedBatches)):
             raise TypeError(f"TorchBatches wraps multitables Batches (or a mix of them), not {type(batches).__name__}")
-        if not isinstance(pin_memory, bool):
-            raise TypeError(f"pin_memory must be True or False, not {pin_memory!r}")
+        pin_memory = check_bool("pin_memory", pin_memory)
         _check_tensor_rows(batches)
         self.batches = batches
         #: Where the batches go (None: CPU tensors).

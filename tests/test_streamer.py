@@ -580,6 +580,22 @@ def test_cyclic_generator_wraps(make_array) -> None:
     assert rows == [i % 30 for i in range(75)]
 
 
+def test_flags_given_as_1_or_0_act_as_true_or_false(make_array) -> None:
+    # 2.x took any truthy value; a flag from argparse(type=int) or a config file is an int.
+    data = np.arange(30, dtype="<i2")
+    stream = multitables.Streamer(make_array(data, chunkshape=(4,)))
+    gen = stream.get_generator("/data", n_procs=2, block_size=7, cyclic=1, ordered=np.int64(1))
+    rows = [int(next(gen)) for _ in range(40)]
+    gen.close()
+    assert rows == [i % 30 for i in range(40)]
+    got: list[int] = []
+    with stream.get_queue("/data", n_procs=2, block_size=7, cyclic=0, ordered=1, remainder=0) as queue:
+        for guard in queue.iter():
+            with guard as block:
+                got.extend(block.tolist())
+    assert got == list(range(28))  # one pass, in order, without the 2 rows that fill no block
+
+
 @pytest.mark.parametrize(
     "kwargs,error,match",
     [
@@ -592,7 +608,8 @@ def test_cyclic_generator_wraps(make_array) -> None:
         (dict(read_ahead=0), ValueError, "read_ahead"),
         (dict(cyclic="yes"), TypeError, "cyclic"),
         (dict(ordered=None), TypeError, "ordered"),
-        (dict(remainder=1), TypeError, "remainder"),
+        (dict(remainder=2), TypeError, "remainder"),
+        (dict(remainder="False"), TypeError, "remainder"),
         (dict(field=3), TypeError, "field"),
         (dict(field="x"), KeyError, "not a table"),
     ],

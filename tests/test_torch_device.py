@@ -6,6 +6,7 @@ run where PyTorch sees a GPU and are skipped elsewhere, saying so.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import h5py
@@ -517,6 +518,16 @@ def test_a_device_this_pytorch_cannot_fill_is_refused_before_any_reader(
 def test_a_path_in_place_of_a_streamer_is_refused_saying_so(data_file: Path) -> None:
     with pytest.raises(TypeError, match=r"stream must be a multitables.Streamer \(for a file: Streamer\(path\)\), not str"):
         mt.get_batches(str(data_file), "/X", 64)
+
+
+def test_pin_memory_takes_1_or_0_as_dataloader_does_and_refuses_a_string(data_file: Path) -> None:
+    stream = multitables.Streamer(data_file)
+    assert mt.get_batches(stream, "/X", 64, pin_memory=0).pin_memory is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # without CUDA, pin_memory=True warns (the test below)
+        assert mt.get_batches(stream, "/X", 64, pin_memory=1).pin_memory is CUDA
+    with pytest.raises(TypeError, match="pin_memory must be True or False .* not 'False'"):
+        mt.get_batches(stream, "/X", 64, pin_memory="False")
 
 
 @pytest.mark.skipif(CUDA, reason="this machine has CUDA: the batches would be page-locked")

@@ -27,10 +27,12 @@ def check_int(name: str, value: Any, minimum: int, allow_none: bool = True, esta
 
 
 def check_bool(name: str, value: Any) -> bool:
-    """``value`` as a bool (Python's or numpy's); ``TypeError`` naming ``name`` for anything else."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, not {value!r}")
-    return bool(value)
+    """``value`` as a bool: Python's or numpy's, or an int 0 or 1 (2.x and PyTorch take any truthy value, and a
+    flag from ``argparse(type=int)`` or a config file is an int); ``TypeError`` naming ``name`` for anything else
+    (a string ``"False"`` would be true)."""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer)) and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False (or 1 or 0), not {value!r}")
 
 
 def check_fields(

@@ -153,8 +153,8 @@ class Batches(Generic[BatchT]):
                  window: int | None = None, read_ahead: int | None = None, field: None = None, fields: None = None,
                  indices: Any = None, weights: Any = None, num_samples: int | None = None, epochs: int | None = 1,
                  transform: Any = None) -> None: ...
-    @overload
-    def __init__(self: Batches[Batch], stream: Streamer, paths: str | Sequence[str], batch_size: int, *,
+    @overload  # one path, fields= a variable that may be None. fields= with several paths matches no overload
+    def __init__(self: Batches[np.ndarray | dict[str, np.ndarray]], stream: Streamer, paths: str, batch_size: int, *,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False, n_procs: int | None = None,
                  rank: int | None = None, world_size: int | None = None, block_size: int | None = None,
                  window: int | None = None, read_ahead: int | None = None, field: None = None,

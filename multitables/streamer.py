@@ -35,7 +35,6 @@ from ._sys.forks import note_forgone
 from ._sys.refs import held_elsewhere
 from ._sys.signals import signals_deferred
 from .batches import Batches
-from ._train.batch import Batch
 from ._stream.backends import empty_block
 from ._stream.options import StreamOptions
 from ._stream import queue as _queue
@@ -415,12 +414,12 @@ class Streamer:
                     weights: Any = None, num_samples: int | None = None, epochs: int | None = 1,
                     transform: Any = None) -> Batches[tuple[np.ndarray, ...]]: ...
     @overload
-    def get_batches(self, paths: str | Sequence[str], batch_size: int, *, shuffle: bool = True, seed: int = 0,
+    def get_batches(self, paths: str, batch_size: int, *, shuffle: bool = True, seed: int = 0,
                     drop_last: bool = False, n_procs: int | None = None, rank: int | None = None,
                     world_size: int | None = None, block_size: int | None = None, window: int | None = None,
                     read_ahead: int | None = None, field: None = None, fields: Sequence[str] | None = None,
                     indices: Any = None, weights: Any = None, num_samples: int | None = None, epochs: int | None = 1,
-                    transform: Any = None) -> Batches[Batch]: ...
+                    transform: Any = None) -> Batches[np.ndarray | dict[str, np.ndarray]]: ...
     # fmt: on
 
     def get_batches(self, paths: "str | Sequence[str]", batch_size: int, **kwargs: Any) -> "Batches[Any]":

@@ -383,13 +383,13 @@ def get_batches(stream: Streamer, paths: Sequence[str], batch_size: int, *,
                 weights: Any = None, num_samples: int | None = None, epochs: int | None = 1,
                 transform: Any = None) -> TorchBatches[tuple[torch.Tensor, ...]]: ...
 @overload
-def get_batches(stream: Streamer, paths: str | Sequence[str], batch_size: int, *,
+def get_batches(stream: Streamer, paths: str, batch_size: int, *,
                 device: str | torch.device | None = None, pin_memory: bool = False, shuffle: bool = True, seed: int = 0,
                 drop_last: bool = False, n_procs: int | None = None, rank: int | None = None,
                 world_size: int | None = None, block_size: int | None = None, window: int | None = None,
                 read_ahead: int | None = None, field: None = None, fields: Sequence[str] | None = None,
                 indices: Any = None, weights: Any = None, num_samples: int | None = None, epochs: int | None = 1,
-                transform: Any = None) -> TorchBatches[TensorBatch]: ...
+                transform: Any = None) -> TorchBatches[torch.Tensor | dict[str, torch.Tensor]]: ...
 # fmt: on
 
 

@@ -23,11 +23,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import multitables
+from _typecheck import expected_of, mypy_says
 from multitables._plan.epoch import EpochSettings
 from multitables._plan.readers import split_readers
-from multitables._train.batch import Batch
 from multitables.batches import Batches
-
 
 
 def write(path: Path, n_rows: int, chunk_rows: int = 64) -> Path:
@@ -1087,18 +1086,55 @@ def test_the_overloads_spell_out_every_keyword_of_batches_with_its_default(funct
 @needs_overloads
 @pytest.mark.parametrize("function", [Batches.__init__, multitables.Streamer.get_batches], ids=["Batches", "get_batches"])
 def test_the_arguments_decide_the_kind_of_batch_a_type_checker_sees(function: Callable[..., object]) -> None:
-    """One path (a string): arrays; a sequence of paths: tuples of arrays; ``fields=``: dicts of columns; arguments
-    whose kind a type checker cannot tell (``str | list[str]``, fields that may be None): any of the three."""
+    """One path (a string): arrays; a sequence of paths: tuples of arrays; ``fields=``: dicts of columns; one path
+    with ``fields`` a variable that may be None: arrays or dicts. Columns of several paths match no
+    overload (they raise ``ValueError``): a type checker reports them."""
     kinds = {}
     for overload in typing.get_overloads(function):
         hints = typing.get_type_hints(overload, localns={"Streamer": multitables.Streamer})
         kinds[hints["paths"], hints["fields"]] = hints["self" if function is Batches.__init__ else "return"]
+        if hints["paths"] is not str:
+            assert hints["field"] is type(None) and hints["fields"] is type(None)
     assert kinds == {
         (str, type(None)): Batches[np.ndarray],
         (str, Sequence[str]): Batches[dict[str, np.ndarray]],
         (Sequence[str], type(None)): Batches[tuple[np.ndarray, ...]],
-        (str | Sequence[str], Sequence[str] | None): Batches[Batch],
+        (str, Sequence[str] | None): Batches[np.ndarray | dict[str, np.ndarray]],
     }
+
+
+#: What ``mypy --strict`` says of each line of USER_CODE marked ``# reveal`` or ``# error``.
+USER_CODE = """
+from typing import Any, Sequence
+import multitables
+
+def train(stream: multitables.Streamer, fields: Sequence[str] | None, field: str | None, opts: dict[str, Any]) -> None:
+    reveal_type(stream.get_batches("/x", 8))  # reveal: Batches[ndarray]
+    reveal_type(stream.get_batches("/t", 8, field="a"))  # reveal: Batches[ndarray]
+    reveal_type(stream.get_batches("/t", 8, fields=["a", "b"]))  # reveal: Batches[dict[str, ndarray]]
+    reveal_type(stream.get_batches(["/x", "/y"], 8))  # reveal: Batches[tuple[ndarray, ...]]
+    reveal_type(stream.get_batches(("/x", "/y"), 8, transform={"/x": abs}))  # reveal: Batches[tuple[ndarray, ...]]
+    reveal_type(stream.get_batches("/t", 8, fields=fields))  # reveal: Batches[ndarray | dict[str, ndarray]]
+    stream.get_batches("/t", 8, field=field, fields=fields)  # error: arg-type
+    reveal_type(multitables.Batches(stream, "/t", 8, fields=["a"]))  # reveal: Batches[dict[str, ndarray]]
+    reveal_type(multitables.Batches(stream, ["/x", "/y"], 8))  # reveal: Batches[tuple[ndarray, ...]]
+    reveal_type(stream.get_batches("/x", 8, **opts))  # reveal: Batches[Any]
+    for x, y in stream.get_batches(["/x", "/y"], 8):
+        reveal_type(x)  # reveal: ndarray
+    stream.get_batches(["/x", "/y"], 8, fields=["a"])  # error: call-overload
+    stream.get_batches(("/x", "/y"), 8, fields=("a",))  # error: call-overload
+    stream.get_batches(["/x", "/y"], 8, field="a")  # error: call-overload
+    multitables.Batches(stream, ["/x", "/y"], 8, fields=["a"])  # error: call-overload
+    stream.get_batches("/t", 8, field="a", fields=["a"])  # error: call-overload
+    stream.get_batches("/x", 8, batchsize=3)  # error: call-overload
+    stream.get_batches("/x", "8")  # error: call-overload
+"""
+
+
+def test_a_type_checker_sees_the_kind_of_batch_and_reports_columns_of_several_paths(tmp_path: Path) -> None:
+    """What a user's ``mypy --strict`` says of get_batches: the kind of batch each call gives, and an error for the
+    calls that raise, ``fields=`` with several paths among them."""
+    assert mypy_says(USER_CODE, tmp_path) == expected_of(USER_CODE)
 
 
 def test_batches_and_their_mix_say_what_they_are(data_file: Callable[[int], Path]) -> None:

@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip insta
 
 import multitables  # noqa: E402
 import multitables.torch as mtt  # noqa: E402
+from _typecheck import expected_of, mypy_says  # noqa: E402
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -378,7 +379,7 @@ def test_the_tensors_a_type_checker_sees_follow_the_arrays_of_the_batches() -> N
         (str, type(None)): TorchBatches[torch.Tensor],
         (str, Sequence[str]): TorchBatches[dict[str, torch.Tensor]],
         (Sequence[str], type(None)): TorchBatches[tuple[torch.Tensor, ...]],
-        (str | Sequence[str], Sequence[str] | None): TorchBatches[mtt.TensorBatch],
+        (str, Sequence[str] | None): TorchBatches[torch.Tensor | dict[str, torch.Tensor]],
     }
     wrapped = {}
     for overload in typing.get_overloads(TorchBatches.__init__):
@@ -391,6 +392,34 @@ def test_the_tensors_a_type_checker_sees_follow_the_arrays_of_the_batches() -> N
         Batches[dict[str, np.ndarray]] | MixedBatches[dict[str, np.ndarray]]: TorchBatches[dict[str, torch.Tensor]],
         Batches[kind] | MixedBatches[kind]: TorchBatches[mtt.TensorBatch],
     }
+
+
+#: What ``mypy --strict`` says of each line marked ``# reveal`` or ``# error`` (as tests/test_batches.py's USER_CODE).
+USER_CODE = """
+from typing import Sequence
+import multitables
+import multitables.torch as mtt
+from torch.utils.data import DataLoader
+
+def train(stream: multitables.Streamer, fields: Sequence[str] | None) -> None:
+    reveal_type(mtt.get_batches(stream, "/x", 8))  # reveal: TorchBatches[Tensor]
+    reveal_type(mtt.get_batches(stream, "/t", 8, fields=["a"]))  # reveal: TorchBatches[dict[str, Tensor]]
+    reveal_type(mtt.get_batches(stream, ["/x", "/y"], 8, device="cpu"))  # reveal: TorchBatches[tuple[Tensor, ...]]
+    reveal_type(mtt.get_batches(stream, "/t", 8, fields=fields))  # reveal: TorchBatches[Tensor | dict[str, Tensor]]
+    reveal_type(mtt.TorchBatches(stream.get_batches(["/x", "/y"], 8)))  # reveal: TorchBatches[tuple[Tensor, ...]]
+    mix = multitables.mix_batches([stream.get_batches("/x", 8), stream.get_batches("/x", 8, seed=1)], [1, 1])
+    reveal_type(mtt.TorchBatches(mix))  # reveal: TorchBatches[Tensor]
+    reveal_type(DataLoader(mtt.get_batches(stream, "/x", 8), batch_size=None))  # reveal: torch.utils.data.dataloader.DataLoader[Tensor]
+    mtt.get_batches(stream, ["/x", "/y"], 8, fields=["a"])  # error: call-overload
+    mtt.get_batches(stream, "/x", 8, device=0)  # error: call-overload
+    mtt.TorchBatches(stream)  # error: call-overload
+"""
+
+
+def test_a_type_checker_sees_the_tensors_and_reports_columns_of_several_paths(tmp_path: Path) -> None:
+    """What a user's ``mypy --strict`` says of the adapter: the tensors each call gives, an error for the calls that
+    raise, ``fields=`` with several paths among them."""
+    assert mypy_says(USER_CODE, tmp_path) == expected_of(USER_CODE)
 
 
 @pytest.mark.parametrize("function", [mtt.get_batches, mtt.TorchBatches.__init__, mtt.to_tensor])

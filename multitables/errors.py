@@ -7,8 +7,9 @@ would already catch (``KeyError``, ``ValueError``, ...), so existing
 
 from __future__ import annotations
 
+import enum
 import functools
-from typing import Any
+from typing import Any, Final
 
 __all__ = [
     "QueueClosed",
@@ -32,24 +33,14 @@ __all__ = [
 ]
 
 
-class _QueueClosedType:
-    """Type of the :data:`QueueClosed` singleton."""
+class QueueClosedType(enum.Enum):
+    """Type of the :data:`QueueClosed` singleton (2.x's ``multitables.signals.QueueClosedType``).
 
-    _instance: "_QueueClosedType | None" = None
+    An enum of one member, so that a type checker narrows ``guard is QueueClosed`` (``Queue.get()`` is typed
+    ``Guard | Literal[QueueClosedType.QueueClosed]``) and a pickle or copy is the same object.
+    """
 
-    def __new__(cls) -> "_QueueClosedType":
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_QueueClosedType, ())
-
-    def __copy__(self) -> "_QueueClosedType":
-        return self
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> "_QueueClosedType":
-        return self
+    QueueClosed = "QueueClosed"
 
     def __bool__(self) -> bool:
         return False
@@ -57,9 +48,11 @@ class _QueueClosedType:
     def __repr__(self) -> str:
         return "multitables.QueueClosed"
 
+    __str__ = __repr__
+
 
 #: Returned by ``Queue.get()`` once the pass is over (compare with ``is``).
-QueueClosed = _QueueClosedType()
+QueueClosed: Final = QueueClosedType.QueueClosed
 
 
 class MultitablesError(Exception):

@@ -8,6 +8,7 @@ specified in ``test_streamer``.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
 import signal
@@ -81,6 +82,31 @@ def test_the_established_errors_are_this_projects(reader: multitables.Reader) ->
     # A failure in a reader is both the original type and a SubprocessException, with the reader's traceback.
     assert isinstance(info.value, multitables.SubprocessException)
     assert "read_where" in info.value.remote_traceback
+
+
+def _sent_back(queue: "multiprocessing.Queue[object]") -> None:
+    queue.put(multitables.QueueClosed)
+
+
+def test_queue_closed_is_one_false_object_however_it_travels() -> None:
+    """2.x compared with ``is``, and code tests ``if not guard``: a pickle, a copy, another process's, one object."""
+    import copy
+
+    import multitables.signals as signals
+
+    closed = multitables.QueueClosed
+    assert isinstance(closed, signals.QueueClosedType) and not closed
+    assert repr(closed) == str(closed) == f"{closed}" == "multitables.QueueClosed"
+    assert pickle.loads(pickle.dumps(closed)) is closed and copy.copy(closed) is copy.deepcopy(closed) is closed
+    queue: "multiprocessing.Queue[object]" = multiprocessing.get_context("spawn").Queue()
+    child = multiprocessing.get_context("spawn").Process(target=_sent_back, args=(queue,))
+    child.start()
+    try:
+        assert queue.get(timeout=60) is closed
+    finally:
+        child.join(60)
+        queue.close()
+        queue.join_thread()
 
 
 def test_the_established_module_names_resolve(reader: multitables.Reader, h5file: tuple) -> None:

@@ -1032,3 +1032,33 @@ def test_a_block_used_after_its_queue_closed_reads_its_last_bytes_rather_than_cr
     run = subprocess.run([sys.executable, "-c", _USED_AFTER_CLOSE, str(path)], capture_output=True, text=True, timeout=GUARD)
     assert run.returncode == 0, (run.returncode, run.stderr[-3000:])
     assert run.stdout.split() == ["inside", str(int(data[:100, 0].sum())), "kept", str(int(data[900:, 0].sum()))]
+
+
+#: What ``mypy --strict`` says of 2.x's loop over ``get()`` (the marks: tests/_typecheck.py).
+QUEUE_LOOP = """
+import multitables
+
+def total(stream: multitables.Streamer) -> float:
+    queue = stream.get_queue("/data")
+    s = 0.0
+    while True:
+        guard = queue.get()
+        if guard is multitables.QueueClosed:
+            break
+        with guard as block:
+            reveal_type(block)  # reveal: ndarray
+            s += float(block.sum())
+    while (guard := queue.get()) is not multitables.QueueClosed:
+        reveal_type(guard)  # reveal: Guard
+    queue.get().release()  # error: union-attr
+    queue.close()
+    return s
+"""
+
+
+def test_a_type_checker_sees_a_guard_once_queue_closed_is_ruled_out(tmp_path: Path) -> None:
+    """``get()`` gives a guard or ``QueueClosed``: past ``is QueueClosed`` the checker knows the block (no ``Any``),
+    and a guard used without the test is reported."""
+    from _typecheck import expected_of, mypy_says
+
+    assert mypy_says(QUEUE_LOOP, tmp_path) == expected_of(QUEUE_LOOP)

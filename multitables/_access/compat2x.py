@@ -131,7 +131,7 @@ def install(package: types.ModuleType) -> None:
             "signals",
             "2.x names of the end-of-stream sentinel and the errors.",
             QueueClosed=errors.QueueClosed,
-            QueueClosedType=type(errors.QueueClosed),
+            QueueClosedType=errors.QueueClosedType,
             QueueClosedException=errors.QueueClosedException,
             SubprocessException=errors.SubprocessException,
         ),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Literal
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from .._plan.blocks import GrowingPlan, RangePlan
 from .._procs.stream import StreamSpec
 from .._shm.ring import TICK
 from .._sys.signals import signals_deferred
-from ..errors import QueueClosed, StreamClosedError
+from ..errors import QueueClosed, QueueClosedType, StreamClosedError
 from .backends import InlineBackend, RingBackend, SplitBackend
 
 
@@ -163,7 +163,7 @@ class Queue:
         """Process ids of the reader processes (empty when reading in this process)."""
         return list(self._backend.pids)
 
-    def get(self) -> "Guard | Any":
+    def get(self) -> "Guard | Literal[QueueClosedType.QueueClosed]":
         """Wait for the next block; return its :class:`Guard`, or ``QueueClosed`` at the end of the pass.
 
         While every slot is held, waits for another thread to release a guard

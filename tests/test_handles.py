@@ -8,6 +8,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,7 +19,7 @@ import pytest
 import tables
 
 import multitables
-from multitables import FileBusyError
+from multitables import FileBusyError, FileChangedError
 
 ROWS = 2000
 DATA = np.arange(ROWS * 4, dtype="<f4").reshape(ROWS, 4)
@@ -133,6 +135,33 @@ def test_a_swmr_writer_here_may_stay_open(tmp_path: Path, no_leaks: None) -> Non
         f.flush()
         stream = multitables.Streamer(str(path), swmr=True)
         np.testing.assert_array_equal(np.stack([r.copy() for r in stream.get_generator("/data", n_procs=2, ordered=True)]), DATA)
+
+
+def _grow_elsewhere(path: Path) -> None:
+    """Another program appends rows to ``path`` without HDF5's lock (``locking=False``, as where the file system
+    has none): a fresh interpreter, which shares no HDF5 state with this one."""
+    code = ("import sys, h5py, numpy as np\n"
+            "with h5py.File(sys.argv[1], 'a', locking=False) as f:\n"
+            "    d = f['data']; d.resize((2 * len(d), 4)); d[len(d) // 2:] = -1\n")
+    subprocess.run([sys.executable, "-c", code, str(path)], check=True, timeout=60)
+
+
+@pytest.mark.parametrize("n_procs", [0, 2])
+@pytest.mark.parametrize("front", sorted(FRONTS))
+def test_a_read_only_handle_opened_before_the_file_grew_is_refused(data_file: Path, front: str, n_procs: int,
+                                                                   no_leaks: None) -> None:
+    """HDF5 shares a read-only handle held here, with the file as it was when it was opened: the describing open and
+    the readers forked from here read the grown file through it (HDF5's "addr overflow", an IndexError of the
+    chunk engine, or the old shape's rows, silently). Refused, saying to close the handle; closed, the file is
+    read as it is now."""
+    with h5py.File(data_file, "r") as held:
+        assert held["data"].shape == (ROWS, 4)
+        _grow_elsewhere(data_file)
+        with pytest.raises(FileChangedError, match=r"grew from [\d,]+ to [\d,]+ bytes since this process opened it "
+                                                   r"with h5py.*Close that handle"):
+            FRONTS[front](data_file, n_procs)
+    grown = np.concatenate([DATA, np.full_like(DATA, -1)])
+    np.testing.assert_array_equal(FRONTS[front](data_file, n_procs), grown[:ROWS] if front == "reader" else grown)
 
 
 # -- a file another program writes ------------------------------------------------------------------------------

@@ -18,6 +18,17 @@ NOTE [files written here]
     readers neither write nor lock). A handle on another file is left alone:
     a reader never opens it, and ends with ``os._exit``, which flushes nothing.
 
+    A read-only handle held here is shared the same way, with what HDF5 learnt
+    of the file when it was opened: where the file ends, its cached metadata.
+    A file that another program grew since (HDF5's lock off, as on many
+    cluster file systems, or taken by no writer) is then read through that
+    stale view, by the describing open and by every reader forked from here:
+    HDF5's "addr overflow", or a shape and rows of the file as it was. Where
+    the handle's idea of the file's end is short of the file's size now
+    (:func:`refuse_stale`), the file is refused with
+    :class:`FileChangedError`, saying to close the handle. A SWMR reader
+    (``swmr=True``) refreshes its view: left alone.
+
     Another program's write shows as HDF5's "unable to lock file" (its lock) or
     "file is already open for write" (the mark a writer leaves in the
     superblock, there also after a writer died): :func:`busy_error` says each as
@@ -31,7 +42,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from ..errors import FileBusyError
+from ..errors import FileBusyError, FileChangedError
 from .objects.urls import is_url
 
 _HERE = ("HDF5 shares that open with every other open of the file in this process, reader processes forked from here "
@@ -128,6 +139,26 @@ def check_intent(fid: Any, filename: str) -> None:
         holder = _tables_writers([filename])
     if holder is not None:
         raise _here_error(filename, holder)
+    if not intent & (h5py.h5f.ACC_RDWR | h5py.h5f.ACC_SWMR_READ):
+        refuse_stale(fid, filename)
+
+
+def refuse_stale(fid: Any, filename: str) -> None:
+    """Raise :class:`FileChangedError` if ``fid``, a read-only open of ``filename``, was opened before the file grew:
+    a handle of this process that HDF5 shares with every later open of the file (NOTE [files written here])."""
+    try:
+        seen = fid.get_filesize()  # where HDF5 took the file to end at its open (its end of file or address space)
+        now = os.fstat(fid.get_vfd_handle()).st_size
+    except (OSError, ValueError, RuntimeError):  # a driver with no descriptor (core, family): not a local file
+        return
+    if seen < now:
+        raise FileChangedError(
+            f"{filename!r} grew from {seen:,} to {now:,} bytes since this process opened it with h5py (a handle "
+            f"still open here, such as an h5py.File in mode 'r'): HDF5 shares that open, with the file as it was "
+            f"then, with every open of the file in this process, reader processes forked from here included, so "
+            f"rows would be read from a stale view of it. Close that handle (or reopen it) before reading the file "
+            f"with multitables; a file written while it is read is opened with swmr=True"
+        )
 
 
 def raise_if_busy(exc: BaseException, filename: str) -> None:

@@ -47,6 +47,22 @@ def test_a_node_pytables_cannot_open_given_its_open_options_is_refused_naming_wh
     np.testing.assert_array_equal(np.array(list(stream.get_generator("/data"))), np.arange(10.0))
 
 
+@pytest.mark.parametrize("front", ["stream", "reader"])
+def test_an_h5py_open_option_given_to_pytables_says_where_open_options_go(make_array, front: str, no_leaks: None) -> None:
+    """``driver='core'`` is h5py's name; with ``engine='auto'`` open options are PyTables' (the established API's), and
+    PyTables' bare "Invalid or not supported driver: 'core'" named neither the file nor the way to h5py's."""
+    path = make_array(np.arange(100, dtype="<f4"))
+    with pytest.raises(ValueError, match=r"PyTables refuses the open options \['driver'\] given for '.*': Invalid or "
+                                         r"not supported driver: 'core'.*engine='h5py'"):
+        if front == "stream":
+            multitables.Streamer(path, driver="core").get_queue("/data", n_procs=1)
+        else:
+            with multitables.Reader(path, n_procs=1, driver="core") as reader:
+                reader.get_dataset("/data")
+    stream = multitables.Streamer(path, engine="h5py", driver="core")
+    np.testing.assert_array_equal(np.array(list(stream.get_generator("/data", n_procs=1))), np.arange(100, dtype="<f4"))
+
+
 @pytest.mark.parametrize("n_procs", [0, 2])
 def test_h5py_open_options_are_checked_up_front_and_used_in_every_process(make_array, monkeypatch, n_procs: int) -> None:
     import psutil

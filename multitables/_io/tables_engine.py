@@ -280,6 +280,13 @@ def _open_file(node: NodeInfo, open_kwargs: "dict[str, Any]") -> Any:
     except Exception as exc:
         raise_if_switched(exc, node.filename)
         raise_if_busy(exc, node.filename)  # "already opened" too where this process writes it in PyTables
+        if open_kwargs and isinstance(exc, (ValueError, TypeError)):  # an option PyTables refuses: h5py's, often
+            kind = ValueError if isinstance(exc, ValueError) else TypeError
+            raise kind(
+                f"PyTables refuses the open options {sorted(open_kwargs)} given for {node.filename!r}: {exc}. Open "
+                f"options go to PyTables with engine='auto' or 'tables', as in the established API "
+                f"(DRIVER='H5FD_CORE'); h5py's (driver='core', rdcc_nbytes=...) are taken with engine='h5py'"
+            ) from exc
         raise
 
 

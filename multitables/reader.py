@@ -33,7 +33,7 @@ from ._plan.requests import effective_chunk_rows, split_shares
 from ._procs.pool import check_start_method
 from ._procs.serve import ServeReaders
 from ._shm.stagemap import MAX_SHARES, describe
-from ._sys.checks import check_int
+from ._sys.checks import check_int, check_open_options
 from .errors import NoSuchFieldError, ReaderError, StreamClosedError
 
 __all__ = ["Reader", "Dataset", "Request", "Stage", "StagePool", "Future", "DataProxy", "RequestPool"]
@@ -74,7 +74,7 @@ class Reader:
         PyTables runs, are refused on an object.
     **open_kwargs
         Passed to the engine's open call (for PyTables: e.g.
-        ``DRIVER="H5FD_CORE"``).
+        ``DRIVER="H5FD_CORE"``); as :class:`Streamer` takes them.
 
     Notes
     -----
@@ -103,6 +103,7 @@ class Reader:
         n_procs = plan_requests(check_int("n_procs", n_procs, 1), Machine.here(start_method))
         max_stages = check_int("max_stages", max_stages, 1, allow_none=False)
         check_engine(engine)
+        check_open_options(engine, open_kwargs, stacklevel=2)
         check_start_method(start_method)
         if notify is not None and not callable(notify):
             raise TypeError(f"notify must be callable, not {type(notify).__name__}")

@@ -30,7 +30,7 @@ from typing import Any, Generator, Iterator, Sequence, TypeAlias, overload
 
 import numpy as np
 
-from ._sys.checks import check_bool, check_int
+from ._sys.checks import check_bool, check_int, check_open_options
 from ._sys.forks import note_forgone
 from ._sys.refs import held_elsewhere
 from ._sys.signals import signals_deferred
@@ -145,7 +145,9 @@ class Streamer:
         usual S3 clients read them. See :doc:`object_storage`.
     **open_kwargs
         Passed to the engine's open call, as in the established API (for
-        PyTables: e.g. ``DRIVER='H5FD_CORE'``).
+        PyTables: e.g. ``DRIVER='H5FD_CORE'``). With ``engine`` ``auto`` or
+        ``tables`` they are PyTables'; one it does not know (which it would
+        ignore) is warned of.
     """
 
     # The established API had the queue class here. Named through its module: ``Queue = Queue`` reads to a type
@@ -166,6 +168,7 @@ class Streamer:
         files = as_files(filename, store)
         self._options = StreamOptions(files, engine, cache, start_method, open_kwargs, store)
         check_engine(engine)
+        check_open_options(engine, open_kwargs, stacklevel=2)
         if cache not in CACHES:
             raise ValueError(f"cache={cache!r} is not one of {CACHES}")
         if cache == "direct" and _names_url(files):

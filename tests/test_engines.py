@@ -5,6 +5,7 @@ What every engine must do, run on each, is ``test_engine_conformance``.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import h5py
@@ -61,6 +62,31 @@ def test_an_h5py_open_option_given_to_pytables_says_where_open_options_go(make_a
                 reader.get_dataset("/data")
     stream = multitables.Streamer(path, engine="h5py", driver="core")
     np.testing.assert_array_equal(np.array(list(stream.get_generator("/data", n_procs=1))), np.arange(100, dtype="<f4"))
+
+
+@pytest.mark.parametrize("front", ["stream", "reader"])
+def test_open_options_pytables_would_ignore_are_warned_of_at_the_callers_line(make_array, front: str) -> None:
+    """PyTables takes any keyword and ignores those it does not know: a typo, or h5py's ``rdcc_nbytes`` under
+    ``engine='auto'``, changed nothing without a word. A warning names them (2.x ran such code: it still runs)."""
+    path = make_array(np.arange(100, dtype="<f4"))
+    make = (lambda **kw: multitables.Streamer(path, **kw)) if front == "stream" else (
+        lambda **kw: multitables.Reader(path, n_procs=1, **kw))
+    for engine in ("auto", "tables"):
+        with pytest.warns(UserWarning, match=rf"open options \['node_cashe_slots', 'rdcc_nbytes'\] are none of "
+                                             rf"PyTables'.*engine={engine!r}.*engine='h5py'") as caught:
+            made = make(engine=engine, rdcc_nbytes=0, node_cashe_slots=8, driver="H5FD_SEC2")
+        assert [w.filename for w in caught] == [__file__]
+        if front == "stream":  # the options PyTables knows still apply, and the rows are read
+            np.testing.assert_array_equal(np.array(list(made.get_generator("/data", n_procs=0))), np.arange(100, dtype="<f4"))
+        else:
+            made.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        quiet = [make(driver="H5FD_SEC2", NODE_CACHE_SLOTS=8, title="", filters=None),  # PyTables' own, any case
+                 make(engine="h5py", rdcc_nbytes=0)]  # h5py checks its own (the test below)
+    for made in quiet:
+        if front == "reader":
+            made.close()
 
 
 @pytest.mark.parametrize("n_procs", [0, 2])

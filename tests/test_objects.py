@@ -542,6 +542,26 @@ def test_the_cache_serves_a_second_read_with_no_request(rangesrv, truth, tmp_pat
     assert not list((tmp_path / "cache").rglob("*.tmp"))
 
 
+def test_a_url_signed_again_finds_its_pieces_in_the_cache(rangesrv, truth, tmp_path) -> None:
+    """A presigned URL is signed anew for each job (its signature and date change): the cache is keyed without them,
+    so the second job reads no byte from the server; a parameter that names what is served (versionId) stays."""
+    options = {"cache_dir": str(tmp_path / "cache"), "part_size": 128 << 10}
+    signed = ("{}/data.h5?versionId=7&X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Date={}&X-Amz-Expires=3600"
+              "&X-Amz-SignedHeaders=host&X-Amz-Signature={}")
+    with opened(signed.format(rangesrv.url, "20261129T070000Z", "ab" * 32), **options) as reader:
+        assert bytes(reader.read(1000, 300_000)) == truth[1000:301_000]
+    gets = rangesrv.requests["GET"]
+    for again in (signed.format(rangesrv.url, "20261130T080000Z", "cd" * 32),
+                  f"{rangesrv.url}/data.h5?versionId=7&AWSAccessKeyId=AK&Expires=1&Signature=x%2By",  # SigV2
+                  f"{rangesrv.url}/data.h5?versionId=7&sv=2024-01-01&se=2026-12-01&sp=r&sig=abc"):  # Azure's SAS
+        with opened(again, **options) as reader:
+            assert bytes(reader.read(1000, 300_000)) == truth[1000:301_000]
+        assert rangesrv.requests["GET"] == gets, again
+    with opened(f"{rangesrv.url}/data.h5?versionId=8&X-Amz-Signature=ef", **options) as reader:  # another version
+        assert bytes(reader.read(1000, 300_000)) == truth[1000:301_000]
+    assert rangesrv.requests["GET"] > gets
+
+
 def _fill(url, folder, queue) -> None:
     try:
         with ObjectReader(url, make_store({"cache_dir": folder, "part_size": 64 << 10})) as reader:

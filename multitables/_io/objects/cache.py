@@ -8,10 +8,11 @@ NOTE [object cache]
     present is read from the local file, with no request. Epoch 2 of a
     training loop then reads nothing from the server.
 
-    * Key: a piece lives in a folder named for the object's URL, its
-      identity (size, ETag, version, Last-Modified: NOTE [object identity])
-      and the piece size, so a changed object is a new key and a stale
-      piece is never read. An object whose server sends neither an ETag nor
+    * Key: a piece lives in a folder named for the object's URL (a
+      presigned URL's without its signature, which changes each time it is
+      signed), its identity (size, ETag, version, Last-Modified: NOTE
+      [object identity]) and the piece size, so a changed object is a new
+      key and a stale piece is never read. An object whose server sends neither an ETag nor
       a Last-Modified is not cached.
     * Several processes fill it at once (the readers of one stream, other
       jobs on the machine): a piece is written to a temporary name, synced,

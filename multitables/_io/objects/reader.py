@@ -46,7 +46,7 @@ from ..._sys.forks import renew_lock_in_children
 from .cache import DiskCache
 from .config import Store
 from .http import Endpoint, ObjectIdentity, Retryable, changed, content_range, retrying, use_pool
-from .urls import parse_url, shown
+from .urls import parse_url, shown, unsigned
 
 @dataclass(frozen=True)
 class RemoteObject:
@@ -174,7 +174,7 @@ class ObjectReader:
             self.close()
             raise
         cacheable = self._identity.etag or self._identity.last_modified
-        self._cache_key = DiskCache.key(url, self._identity.key, self._tuning.part_size) if cacheable else None
+        self._cache_key = DiskCache.key(unsigned(url), self._identity.key, self._tuning.part_size) if cacheable else None
 
     @property
     def size(self) -> int:

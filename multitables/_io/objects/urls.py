@@ -87,6 +87,29 @@ def parse_url(url: str) -> ObjectURL:
     raise ValueError(f"{url!r} is not a URL this library reads (s3://, http://, https://)")
 
 
+#: Query parameters that sign or date a URL rather than name what it serves: AWS (SigV4 ``X-Amz-*``; SigV2, with
+#: ``Signature``), Google Cloud Storage (``X-Goog-*``) and Azure shared access signatures (with ``sig``).
+_SIGNING_PREFIXES = ("x-amz-", "x-goog-")
+_SIGV2 = frozenset({"awsaccesskeyid", "signature", "expires"})
+_AZURE_SAS = frozenset({"sv", "ss", "srt", "sp", "se", "st", "spr", "sig", "sr", "si", "sip", "sdd", "ses", "skoid",
+                        "sktid", "skt", "ske", "sks", "skv", "saoid", "suoid", "scid"})
+
+
+def unsigned(url: str) -> str:
+    """``url`` without the query parameters of a presigned URL's signature (NOTE [object cache]: a key that stays
+    the same when the URL is signed again; the object's identity, checked on each open, tells versions apart).
+    Other parameters (``versionId``, ...) stay, in their order; an s3:// URL is as given."""
+    p = urlsplit(url)
+    if p.scheme.lower() not in ("http", "https") or not p.query:
+        return url
+    pairs = [(part, part.partition("=")[0].lower()) for part in p.query.split("&")]
+    names = {name for _, name in pairs}
+    dropped = set(_SIGV2) if "signature" in names else set()
+    dropped |= _AZURE_SAS if "sig" in names else set()
+    kept = [part for part, name in pairs if name not in dropped and not name.startswith(_SIGNING_PREFIXES)]
+    return urlunsplit((p.scheme, p.netloc, p.path, "&".join(kept), ""))
+
+
 def glob_prefix(key: str) -> str:
     """The part of a key pattern before its first glob character: what a listing asks for."""
     cut = min((key.index(c) for c in GLOB_CHARS if c in key), default=len(key))

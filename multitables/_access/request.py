@@ -32,7 +32,7 @@ def fields_dtype(dtype: np.dtype, names: "list[str]") -> np.dtype:
             parts = field_path(dtype, name)
             if len(parts) > 1 and parts[0] in dtype.names:
                 raise NoSuchFieldError(f"a list of fields takes top-level columns only, as numpy's does: {name!r} is a path into "
-                               f"{parts[0]!r}; read it on its own ([{name!r}]) or take {parts[0]!r} in the list")
+                               f"{parts[0]!r}; read it on its own (dataset[{name!r}]) or take {parts[0]!r} in the list")
             raise NoSuchFieldError(f"no field {name!r} in the list {names}; the fields are {list(dtype.names)}")
     return np.empty(0, dtype)[names].dtype
 

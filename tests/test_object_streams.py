@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -168,6 +169,12 @@ def test_bad_urls_missing_objects_and_credentials_fail_before_any_reader(moto_ur
         multitables.Streamer(DATA, storage_options=options).get_queue("/nope")
     with pytest.raises(NodeTypeError, match="PyTables reads local files only"):
         multitables.Streamer(DATA, engine="tables", storage_options=options).get_queue("/x")
+    # PyTables open options select PyTables, which reads no URL: the error names what reads it, without them (the
+    # engines that take no such option, whatever their own check of a URL says, are not what reads it with them).
+    for front in (lambda: multitables.Streamer(f"{rangesrv.url}/data.h5", DRIVER="H5FD_CORE").get_queue("/x"),
+                  lambda: multitables.Reader(f"{rangesrv.url}/data.h5", n_procs=1, DRIVER="H5FD_CORE").get_dataset("/x")):
+        with pytest.raises(NodeTypeError, match=re.escape("engine='chunks' (or 'auto') reads it without the open options ['DRIVER']")):
+            front()
     with pytest.raises(ValueError, match="cache='direct' reads local files"):
         multitables.Streamer(DATA, cache="direct", storage_options=options)
     with pytest.raises(FileNotFoundError):

@@ -254,9 +254,17 @@ def _refuse(node: NodeInfo, problems: "dict[str, str]", open_kwargs: "dict[str, 
     return NodeTypeError(message)
 
 
+def _taking(open_kwargs: "dict[str, Any]") -> str:
+    """Whose open options ``open_kwargs`` are (:attr:`Engine.options`): h5py's where only h5py takes them, else the
+    established API's (PyTables')."""
+    return H5PY.options if open_kwargs.keys() <= H5PY_ONLY_OPTIONS else AUTO_OPTIONS
+
+
 def _reads(engine: "Engine", node: NodeInfo, open_kwargs: "dict[str, Any]", dataset: Any) -> bool:
     """Whether ``engine`` reads ``node`` with ``open_kwargs``: options it does not take (PyTables' ``DRIVER=`` given
-    to h5py) are a no."""
+    to h5py, which on a URL no open of h5py's would show) are a no."""
+    if open_kwargs and engine.options != _taking(open_kwargs):
+        return False
     try:
         return engine.problem(node, open_kwargs, dataset) is None
     except (TypeError, ValueError):
@@ -273,8 +281,7 @@ def _auto_walk(node: NodeInfo, open_kwargs: "dict[str, Any]", in_set: bool = Fal
     walk = [e for e in REGISTRY if e.preferred(node, in_set, readers, opened)]
     walk += [e for e in REGISTRY if e not in walk]
     if open_kwargs:
-        taking = H5PY.options if open_kwargs.keys() <= H5PY_ONLY_OPTIONS else AUTO_OPTIONS
-        walk = [e for e in walk if e.options == taking]
+        walk = [e for e in walk if e.options == _taking(open_kwargs)]
     return walk
 
 

@@ -1033,11 +1033,16 @@ def test_later_epochs_write_the_window_buffers_without_copy_on_write_faults(tmp_
 def test_a_block_size_that_cuts_compressed_chunks_of_a_shuffled_epoch_warns(data_file) -> None:
     """A shuffled epoch reads the blocks of a chunk apart, each decoding the whole chunk (a helper found 38x the
     time with 256-row blocks of 65,536-row chunks): a block_size that cuts compressed chunks warns, naming the
-    dataset and what to give; whole chunks, the default, an uncompressed dataset and an ordered epoch do not."""
+    dataset and what to give (so does one of more than a chunk that is no multiple of it: its boundaries cut chunks);
+    whole chunks, the default, an uncompressed dataset and an ordered epoch do not."""
     stream = multitables.Streamer(data_file(1000))  # /X: gzip, chunks of 64 rows; /y: no filter
     with pytest.warns(UserWarning, match=r"block_size=16 cuts each compressed chunk of '/X' in '.*' \(64 rows\) into 4 "
                                          r"blocks.*Give a multiple of 64 rows, or leave block_size out"):
         stream.get_batches(["/X", "/y"], batch_size=10, block_size=16, n_procs=0)
+    # 96 rows: the block boundary at row 96 cuts the chunk of rows 64..127, and so every other one.
+    with pytest.warns(UserWarning, match=r"block_size=96 cuts compressed chunks of '/X' in '.*' \(64 rows\) between "
+                                         r"two blocks.*Give a multiple of 64 rows, or leave block_size out"):
+        stream.get_batches(["/X", "/y"], batch_size=10, block_size=96, n_procs=0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for kw in ({"block_size": 128}, {}, {"block_size": 16, "shuffle": False}):

@@ -94,12 +94,14 @@ def plan_feed(
     if given.get("shuffle") and given.get("block_size") is not None:
         for node in nodes:
             split = node.chunk_rows or 0
-            if node.filter_ids and plan.block_size < split and not node.parts:
+            if node.filter_ids and split and plan.block_size % split and not node.parts:  # 1.5 chunks cut every other
+                cut = (f"each compressed chunk of {node.path!r} in {node.filename!r} ({split:,} rows) into "
+                       f"{-(-split // plan.block_size)} blocks" if plan.block_size < split else
+                       f"compressed chunks of {node.path!r} in {node.filename!r} ({split:,} rows) between two blocks")
                 warnings.warn(
-                    f"block_size={plan.block_size} cuts each compressed chunk of {node.path!r} in {node.filename!r} "
-                    f"({split:,} rows) into {-(-split // plan.block_size)} blocks, which a shuffled epoch reads "
-                    f"apart: each decodes the whole chunk again. Give a multiple of {split:,} rows, or leave "
-                    f"block_size out (whole chunks)", stacklevel=4)
+                    f"block_size={plan.block_size} cuts {cut}, which a shuffled epoch reads apart: each decodes "
+                    f"the whole chunk again. Give a multiple of {split:,} rows, or leave block_size out (whole "
+                    f"chunks)", stacklevel=4)
     return planning
 
 

@@ -115,14 +115,14 @@ class Batches(Generic[BatchT]):
     num_samples : int, optional
         Rows drawn per epoch with ``weights``; default: the file's rows.
     transform : callable, or dict of path to callable, optional
-        A picklable function of a block's rows (a numpy array, rows first)
-        returning an array of as many rows, run in the reader processes on
-        each block as it is read, so per-sample work (augmentation, decoding
-        bytes stored per row) runs in parallel as decoding does (NOTE
-        [transforms] in ``multitables._io.blockread``). One function for one
-        path; a dict for several (paths it leaves out are not transformed).
-        Its output's dtype and row shape are learnt by calling it on the
-        first rows, before any reader starts. Not with ``fields``.
+        A function of a block's rows (a numpy array, rows first) returning
+        an array of as many rows (module-level, picklable, for the ``spawn``
+        and ``forkserver`` start methods), run in the readers on each block
+        as it is read, so per-sample work (augmentation, decoding bytes
+        stored per row) runs in parallel as decoding does (NOTE [transforms]
+        in ``multitables._io.blockread``). One function for one path; a dict
+        for several (paths left out stay as read). Its output's dtype and row
+        shape are learnt on the first rows, before readers start. Not with ``fields``.
     epochs : int or None
         Epochs one iteration runs through, from the current position (the
         rest of the current epoch counts as one). ``None``: endless, for

@@ -67,3 +67,21 @@ def test_a_wrapped_block_names_no_row_before_its_piece() -> None:
     with pytest.raises(OSError, match="row 10"):
         read_block(BadFrom(10), plan, 1, np.empty(640, int), 0, None, lambda a, b: noted.append((a, b)), cut=64)
     assert noted[-1] == (0, 24)
+
+
+class FetchFails(BadFrom):
+    """A source whose fetch of a block's bytes (an object's ranged GETs: ``Source.fetch``) fails."""
+
+    def fetch(self, spans: "list[tuple[int, int]]") -> None:
+        raise OSError(f"gave up fetching {spans}")
+
+
+@pytest.mark.parametrize(("cut", "named"), [(0, (2048, 4096)), (256, (2048, 2304))])
+def test_a_fetch_that_fails_names_the_block_it_was_for(cut: int, named: "tuple[int, int]") -> None:
+    """An object's bytes are fetched before any row is read: a fetch that fails names the block it fetched for (the
+    first caller's block, where a read holds several), as a read's failure does; it named no rows at all."""
+    noted: "list[tuple[int, int]]" = []
+    with pytest.raises(OSError, match=r"gave up fetching \[\(2048, 4096\)\]"):
+        read_block(FetchFails(-1), BlockPlan(4096, 2048), 1, np.empty(2048, int), 0, None,
+                   lambda a, b: noted.append((a, b)), cut=cut)
+    assert noted == [named]

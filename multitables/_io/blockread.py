@@ -93,7 +93,13 @@ def read_block(
     assert target is not None, "a transform needs a scratch buffer"
     for piece in ahead(plan, k, hints):
         source.prefetch(piece.start, piece.stop)
-    source.fetch([(piece.start, piece.stop) for piece in plan.pieces(k)])
+    try:
+        source.fetch([(piece.start, piece.stop) for piece in plan.pieces(k)])
+    except Exception:  # an object's bytes not got: name the block (the first caller's block of a read of several)
+        first = next(iter(plan.pieces(k)), None)
+        if before_read is not None and first is not None:
+            before_read(first.start, min(first.stop, first.start + cut) if cut else first.stop)
+        raise
     for piece in plan.pieces(k):
         spans = pacer.split(piece.start, piece.stop) if pacer is not None else ((piece.start, piece.stop),)
         for a, b in spans:

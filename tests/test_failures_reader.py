@@ -445,6 +445,25 @@ def test_a_file_changed_after_open_fails_requests_with_file_changed_error(
         assert not any(is_gone(p) for p in pids)
 
 
+def test_a_file_changed_before_the_first_request_names_its_dataset_and_rows(
+    no_leaks: None, make_array: Callable[..., Path], data: np.ndarray
+) -> None:
+    """The readers open a dataset at its first request: an open that fails (here: the file was replaced since
+    get_dataset) names the dataset and the rows, as a failed read does, not just the file being served."""
+    path = make_array(data, complib=None, kind="array")
+    other = make_array(-data - 1, complib=None, kind="array")
+    time.sleep(0.05)  # the change lands on a later tick of the filesystem clock than the writing
+    with Reader(path, n_procs=1) as reader:
+        ds = reader.get_dataset("/data")
+        stage = ds.create_stage(100)
+        _replace(path, other)
+        with pytest.raises(FileChangedError) as info:
+            reader.request(ds[10:20], stage).get(timeout=GONE_WITHIN)
+        err = info.value
+        assert (err.path, err.rows) == ("/data", (10, 20))
+        assert f"while reading rows 10:20 of '/data' in '{path}'" in str(err)
+
+
 # -- stopping early -------------------------------------------------------------
 
 

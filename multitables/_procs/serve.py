@@ -109,6 +109,7 @@ class _Server:
         self.reader, self.settings, self.channels, self.inboxes = reader, settings, channels, inboxes
         self.stages: dict[int, StageMap] = {}
         self.readers: dict[bytes, tuple[NodeInfo, Any]] = {}
+        self.nodes: dict[bytes, tuple[str, NodeInfo]] = {}
         self.tables_file: Any = None  # PyTables' handle on the file, opened by the first query
 
     def stopped(self) -> bool:
@@ -140,14 +141,22 @@ class _Server:
                 if stage is not None:
                     stage.close()
 
-    def _reader(self, desc: bytes) -> tuple[NodeInfo, Any]:
-        got = self.readers.get(desc)
+    def _node(self, desc: bytes) -> tuple[str, NodeInfo]:
+        """The engine and the node of a stage's description (decoded once): known before an open that may fail."""
+        got = self.nodes.get(desc)
         if got is None:
             engine, node = pickle.loads(desc)
             if isinstance(node, SetRef):
                 node = node.resolve(self.settings.files, self.settings.store)  # type: ignore[arg-type]
-            got = self.readers[desc] = (node, open_rows(engine, node, self.settings.open_kwargs))
+            got = self.nodes[desc] = (engine, node)
         return got
+
+    def _reader(self, desc: bytes) -> Any:
+        got = self.readers.get(desc)
+        if got is None:
+            engine, node = self._node(desc)
+            got = self.readers[desc] = (node, open_rows(engine, node, self.settings.open_kwargs))
+        return got[1]
 
     def read_share(self, item: Item) -> None:
         stage = self.stages[item.stage_id]
@@ -161,8 +170,9 @@ class _Server:
                 node, method, kwargs = pickle.loads(stage.read_desc())
                 self.query(stage, node, method, kwargs)
             else:
-                node, reader = self._reader(stage.read_desc())
-                rows = stage.rows_of(item.a, item.b)
+                desc = stage.read_desc()
+                node, rows = self._node(desc)[1], stage.rows_of(item.a, item.b)  # named where the open fails too
+                reader = self._reader(desc)
                 out = stage.data(node.dtype, (stage.n_read,) + node.row_shape)[item.a : item.b]
                 reader.read(rows, out, self.stopped)
             check_file_unchanged(self.reader.identity.filename, self.settings.file_signature)

@@ -167,6 +167,7 @@ class Reader:
         ``timeout`` seconds if given (then ``TimeoutError``).
         """
         core = self._live()
+        core.pool.check_owner()  # in a forked child, before what its copy of a stage says (the parent's futures hold them)
         request = key
         if not isinstance(request, Request):
             raise TypeError(f"request must be a Request made by indexing a Dataset, not {type(request).__name__}")

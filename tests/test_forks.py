@@ -45,7 +45,8 @@ _SCRIPT = textwrap.dedent(
     reader = multitables.Reader(path, n_procs=2)
     ds = reader.get_dataset("/x")
     stage = ds.create_stage(10)
-    future = reader.request(ds[:5], ds.create_stage(5))
+    held_stage = ds.create_stage(5)
+    future = reader.request(ds[:5], held_stage)
     future.wait()  # its rows are in its stage: a child's copy of that stage may hold others by the time it looks
     recv, send = os.pipe()
     child = os.fork()
@@ -53,7 +54,7 @@ _SCRIPT = textwrap.dedent(
         os.close(recv)
         seen = []
         for use in (lambda: next(iter(batches)), queue.get, lambda: reader.request(ds[:5], stage), future.get,
-                    future.done, future.wait):
+                    future.done, future.wait, lambda: reader.request(ds[:5], held_stage)):  # held: the parent's
             try:
                 use()
                 seen.append("no error")
@@ -68,7 +69,7 @@ _SCRIPT = textwrap.dedent(
             batches.close(); queue.close(); reader.close(wait=True)
             os._exit(0)
         if how == "drop":
-            del batches, queue, guard, reader, ds, stage, x, future
+            del batches, queue, guard, reader, ds, stage, x, future, held_stage
             gc.collect()
             os._exit(0)
         sys.exit(0)  # exit handlers run: multiprocessing's would terminate the readers it believes it started
@@ -109,7 +110,7 @@ def test_a_forked_child_neither_uses_nor_stops_its_parents_readers(ids_file: Pat
     run = subprocess.run([sys.executable, "-c", _SCRIPT, str(ids_file), how], capture_output=True, text=True, timeout=GUARD)
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
-    assert got["seen"] == ["refused"] * 6, "a fork's use of the readers, or of a request's future, is refused, saying why"
+    assert got["seen"] == ["refused"] * 7, "a fork's use of the readers, or of a request's future, is refused, saying why"
     assert got["status"] == 0, "the child ends cleanly"
     assert got["rest"] == 10 - 3, "the parent's epoch goes on where it was"
     assert got["same_readers"] and got["epoch"] and got["epoch_rows"] == 1000, "and the next epoch is whole"

@@ -9,6 +9,9 @@ Modules, top to bottom (each imports only those below it):
   section (n_procs 1, 2, 4 ... beside plain h5py processes and PyTorch's
   DataLoader, each pass in a fresh process), with ``counters`` (minor faults
   and context switches per GiB, in the readers and the consumer);
+* ``userdata``: ``--read``, the main section's jobs on a user's own datasets
+  (described and checked before any pass), beside ``read_report``: their tables,
+  over ``report``;
 * ``passes``: timing one pass of one reader, and which jobs a run times;
 * ``plot`` over ``report``: the report, from the passes and their context;
 * ``readers``: the ways of reading a whole file (O_DIRECT, one process, multitables);

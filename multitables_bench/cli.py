@@ -26,6 +26,14 @@ measured (mincore) and printed; a pass meant to be cold that starts with
 more than 1% of the file resident is marked in every output. A figure is the
 median over --repeats of --cycles passes.
 
+Your own data: 'multitables-benchmark --read data.h5:/images [FILE:DATASET ...]'
+measures the same readers (and --engines, --modes, --cache, --repeats,
+--max_procs) on datasets of your files instead of generated ones: the
+O_DIRECT read of each file, the single-process readers and multitables, a
+row per dataset (file, path, shape, dtype, stored size and HDF5 filters
+named). Your files are opened read-only and never written; cold passes
+drop their pages from the page cache.
+
 Run 'multitables-benchmark --quick' (small file, well under a minute) or
 'multitables-benchmark --file /disk/under/test/bench.h5' (1 GiB).
 Progress goes to stderr, the report to stdout.
@@ -47,10 +55,14 @@ from multitables_bench.cache_modes import resolve_cache
 from multitables_bench.machine import machine_info, usable_cpus, versions
 from multitables_bench.passes import measure
 from multitables_bench.plot import plot
-from multitables_bench.records import DATA, DEFAULT_DATA, ENGINES, GiB, MODES, ROW_NBYTES, Context, Pass, Settings, data_path
+from multitables_bench.read_report import read_tables
+from multitables_bench.records import (
+    DATA, DEFAULT_DATA, ENGINES, MODES, READ_DATA, ROW_NBYTES, Context, GiB, Pass, Settings, data_path,
+)
 from multitables_bench.report import load_report, render_html, render_markdown, render_text, report_json, report_tables, summarize
 from multitables_bench.scaling_report import scaling_markdown
 from multitables_bench.sections import run_sections
+from multitables_bench.userdata import check_read, measure_read, read_targets
 
 SECTIONS = ("main", "training", "random", "blocks", "scaling", "gpu")
 #: Rows of 1 KiB in the training / random-access file: 256 MiB (--quick: 16 MiB).
@@ -100,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--data", nargs="+", default=[DEFAULT_DATA], choices=list(DATA),
         help="what the files hold: noise (random normal, the default) and/or smooth (a random walk in whole steps, "
              "which compresses several times); with both, a file of each per codec")
+    add("--read", nargs="+", metavar="FILE:DATASET", default=None,
+        help="measure your own datasets instead of generated files: a dataset path inside the file after a colon "
+             "(split at the last one), several allowed, of one file or more; opened read-only, never written")
     add("--report-from", metavar="JSON", default=None, help="measure nothing: report the results of an earlier --json run")
     add("--section-mib", type=int, default=None,
         help=f"--sections training / random / blocks: MiB of 1 KiB rows in their file (default {SECTION_ROWS >> 10}; "
@@ -127,11 +142,32 @@ MAIN_ONLY = frozenset({"size", "cycles", "complib", "complibs", "complevels", "e
                        "small_files", "markdown", "html", "plot", "data"})
 
 
+#: Options that describe the generated files (``argparse`` dests): refused with ``--read``.
+GENERATED_ONLY = frozenset({"size", "complib", "complibs", "complevels", "data", "file", "plot", "section_mib",
+                            "disk_model"})
+
+
+def _refuse_with_read(parser: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """``parser.error`` for what ``--read`` cannot take: the generated files' options, other sections."""
+    given = [action.option_strings[0] for action in parser._actions
+             if action.dest in GENERATED_ONLY and getattr(a, action.dest) != action.default]
+    if given:
+        plot = "; --plot draws the generated files by complevel" if "--plot" in given else ""
+        parser.error(f"{', '.join(given)} cannot go with --read, which measures your datasets as they are: "
+                     f"{'they set' if len(given) > 1 else 'it sets'} up the files the benchmark generates{plot}")
+    if a.report_from:
+        parser.error("--report-from measures nothing and --read measures your datasets: give one of them")
+    if a.sections != ["main"]:
+        parser.error("--read measures the main section's readers on your datasets: leave out --sections")
+
+
 def parse_args(argv: "Sequence[str] | None" = None) -> Settings:
     """Parse and check the command line; ``--quick`` fills in small defaults that explicit options override."""
     parser = build_parser()
     a = parser.parse_args(argv)
     quick = a.quick
+    if a.read is not None:
+        _refuse_with_read(parser, a)
     if "main" not in a.sections:  # the sections take --file, --repeats, --max_procs, --quick, --json: no other
         given = [action.option_strings[0] for action in parser._actions
                  if action.dest in MAIN_ONLY and getattr(a, action.dest) != action.default]
@@ -151,14 +187,15 @@ def parse_args(argv: "Sequence[str] | None" = None) -> Settings:
         direct_off=a.direct_off,
         file=a.file,
         quick=quick,
-        small_files=a.small_files,
+        small_files=a.small_files and not a.read,
         json=a.json,
         markdown=a.markdown,
         html=a.html,
         plot=a.plot,
         report_from=a.report_from,
         sections=tuple(dict.fromkeys(a.sections)),
-        data=tuple(dict.fromkeys(a.data)),
+        data=(READ_DATA,) if a.read else tuple(dict.fromkeys(a.data)),
+        read=tuple(dict.fromkeys(a.read or ())),
     )
     problem = check_settings(settings)
     if problem:
@@ -228,6 +265,8 @@ def check_settings(s: Settings) -> "str | None":
         return f"--sections {' '.join(needs_torch)} needs PyTorch, which is not installed (pip install torch)"
     if s.plot and not _available("matplotlib"):
         return "--plot needs matplotlib, which is not installed (pip install matplotlib)"
+    if s.read:  # last: it opens every dataset and reads a row with each engine
+        return check_read(s)
     return None
 
 
@@ -294,6 +333,7 @@ def main(argv: "Sequence[str] | None" = None) -> None:
             return
     workdir, main_path = _workdir(settings)
     passes: list[Pass] = []
+    found = read_targets(settings.read)  # checked before (check_read): describing them again cannot fail
 
     def log(msg: str) -> None:
         from tqdm import tqdm
@@ -302,28 +342,32 @@ def main(argv: "Sequence[str] | None" = None) -> None:
 
     interrupted = False
     try:
-        _check_space(workdir, settings)
+        if not settings.read:
+            _check_space(workdir, settings)
         if model is not None:
             cache, cache_note = "warm", model_cache_note(model)
         else:
             cache, cache_note = resolve_cache(settings, workdir)
         log(f"cache: {cache_note}")
-        machine = machine_info(workdir)
+        machine = machine_info(found[0][1].path if found else workdir)
         notes: list[str] = []
         if machine["file"].get("fstype") in ("tmpfs", "ramfs") and cache != "warm":
             notes.append(f"the file is on {machine['file']['fstype']}, which lives in memory: no pass can read from a disk; "
                          "use --file on the disk under test")
             log("warning: " + notes[-1])
         try:
-            measure(settings, workdir, main_path, cache, notes, log, passes)
+            if found:
+                measure_read(settings, [target for _, target in found], cache, notes, log, passes)
+            else:
+                measure(settings, workdir, main_path, cache, notes, log, passes)
         except KeyboardInterrupt:
             interrupted = True
             notes.append(f"interrupted after {len(passes)} passes: the figures are partial")
             log(notes[-1])
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    machine["file"]["path"] = main_path
-    ctx = Context(settings, cache, cache_note, machine, versions(), tuple(notes))
+    machine["file"]["path"] = ", ".join(dict.fromkeys(d.file for d, _ in found)) if found else main_path
+    ctx = Context(settings, cache, cache_note, machine, versions(), tuple(notes), datasets=tuple(d for d, _ in found))
     emit(passes, ctx)
     if interrupted:  # the partial figures are written and marked; a script's `&&` must not take them as a run
         raise SystemExit(130)
@@ -408,7 +452,7 @@ def emit(passes: Sequence[Pass], ctx: Context) -> None:
     """Print the text report; write the JSON, Markdown, HTML and plot asked for."""
     s = ctx.settings
     results = summarize(passes)
-    tables = report_tables(results, ctx)
+    tables = read_tables(results, ctx) if s.read else report_tables(results, ctx)
     # A page written to stdout is the whole of stdout: the text report then goes to stderr.
     (sys.stderr if "-" in (s.markdown, s.html) else sys.stdout).write(render_text(tables, ctx))
     if s.markdown:

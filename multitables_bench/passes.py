@@ -18,7 +18,7 @@ from multitables_bench import diskmodel
 from multitables_bench.cache_modes import prepare_cache
 from multitables_bench.files import write_file
 from multitables_bench.readers import engine_can_read, probe_multitables, read_multitables, read_odirect, read_single
-from multitables_bench.records import DEFAULT_DATA, SMALL_FILES, Pass, Reader, Settings, Target, data_path, single_engines
+from multitables_bench.records import DEFAULT_DATA, READ_DATA, SMALL_FILES, Pass, Reader, Settings, Target, data_path, single_engines
 
 #: Small-file passes take milliseconds, and one disk request more or less moves a figure by 10-20%:
 #: at least this many repeats (a median of 15 still moved a ratio by 5-10% from run to run).
@@ -49,9 +49,9 @@ def time_pass(job: Job, cache: str, repeat: int, cycle: int, log: Callable[[str]
     # now, not charged to whichever reader runs next, which on the small files
     # made the pass after a PyTables one measurably slower.
     gc.collect()
-    kind = "" if target.data == DEFAULT_DATA else f"{target.data} "
+    kind = "" if target.data in (DEFAULT_DATA, READ_DATA) else f"{target.data} "
     desc = f"{target.key} {kind}{target.codec.label} {reader.label} [{resident:.1%} cached]"
-    file_nbytes = os.path.getsize(target.path)
+    file_nbytes = os.path.getsize(target.path)  # what O_DIRECT reads, and the stored bytes of a generated file
     n_procs_used = job.n_procs_used
     model = diskmodel.current()
     # Under a disk model (--disk-model) only the pass itself is charged: writing, probing and warming are not.
@@ -59,8 +59,9 @@ def time_pass(job: Job, cache: str, repeat: int, cycle: int, log: Callable[[str]
     with charging:
         seconds, n_procs_used = _timed_read(job, cache, desc, file_nbytes, n_procs_used)
     nbytes = file_nbytes if reader.kind == "odirect" else target.data_nbytes
+    stored = file_nbytes if reader.kind == "odirect" or target.stored_nbytes is None else target.stored_nbytes
     p = Pass(target.key, target.codec, reader, repeat, cycle, cache, resident, seconds, nbytes, n_procs_used, job.block_size,
-             target.data, file_nbytes)
+             target.data, stored)
     flag = "  WARM START" if p.warm_start else ""
     on_model = f", {model.stats().summary()}" if model is not None else ""
     log(f"{desc} repeat {repeat + 1} cycle {cycle + 1}: {p.seconds:.3f} s, {p.mb_per_s:,.0f} MB/s{on_model}{flag}")
@@ -141,19 +142,21 @@ def pass_order(n: int, repeats: int) -> list[int]:
     return order
 
 
-def main_jobs(target: Target, settings: Settings, cache: str, notes: list[str]) -> list[Job]:
-    """The O_DIRECT read, the single-process readers and multitables (1..max_procs and default) on the benchmark file."""
-    jobs = [Job(target, Reader("odirect"))]
+def main_jobs(target: Target, settings: Settings, cache: str, notes: list[str], odirect: bool = True) -> list[Job]:
+    """The O_DIRECT read (unless not ``odirect``), the single-process readers and multitables (1..max_procs and
+    default) on the benchmark file, or on a user's dataset (``--read``)."""
+    jobs = [Job(target, Reader("odirect"))] if odirect else []
     engines = []
+    what = target.codec.label if target.key == "main" else f"{target.key} ({target.codec.label})"
     for engine in settings.engines:
-        problem = engine_can_read(target.path, engine)
+        problem = engine_can_read(target, engine)
         if problem:
-            notes.append(f"{target.codec.label}: {engine} cannot decode the file here, skipped ({problem})")
+            notes.append(f"{what}: {engine} cannot decode the file here, skipped ({problem})")
         else:
             engines.append(engine)
     _, default_block = probe_multitables(target, "auto", None, cache)
     singles = single_engines(settings.engines)
-    jobs += [Job(target, Reader("single", e), block_size=default_block) for e in singles if not engine_can_read(target.path, e)]
+    jobs += [Job(target, Reader("single", e), block_size=default_block) for e in singles if not engine_can_read(target, e)]
     for engine in engines:
         for n_procs in [*range(1, settings.max_procs + 1), None]:
             used, block = probe_multitables(target, engine, n_procs, cache)

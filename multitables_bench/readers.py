@@ -15,24 +15,28 @@ import numpy as np
 from multitables_bench import cache as pagecache
 from multitables_bench.cache_modes import open_kwargs_for
 from multitables_bench.files import h5py_with_filters
-from multitables_bench.records import NODE, ROW_VALUES, Reader, Target
+from multitables_bench.records import Reader, Target
 
 #: Generator rows counted between progress-bar updates (updating per row would cost more than the read).
 PROGRESS_STEP = 1024
 
 
-def engine_can_read(path: str, engine: str) -> "str | None":
-    """None if ``engine`` decodes ``path``'s dataset here, else why not."""
+def engine_can_read(target: Target, engine: str) -> "str | None":
+    """None if ``engine`` decodes the target's dataset here, else why not."""
     try:
-        out = np.empty((1, ROW_VALUES), np.float32)
-        _read_rows(path, engine, {}, 1, out, lambda n: None, stop=1)
+        _read_rows(target, engine, {}, 1, _buffer(target, 1), lambda n: None, stop=1)
     except Exception as exc:  # a missing filter surfaces as OSError, ValueError or HDF5ExtError
         return f"{type(exc).__name__}: {exc}".splitlines()[0]
     return None
 
 
+def _buffer(target: Target, block_size: int) -> np.ndarray:
+    """Rows of the target's shape and dtype, ``block_size`` of them."""
+    return np.empty((block_size, *target.row_shape), target.dtype)
+
+
 def _read_rows(
-    path: str,
+    target: Target,
     engine: str,
     open_kwargs: dict[str, str],
     block_size: int,
@@ -40,12 +44,13 @@ def _read_rows(
     progress: Callable[[int], None],
     stop: "int | None" = None,
 ) -> int:
-    """Read ``path``'s dataset in order, ``block_size`` rows at a time, into ``buffer``; return the rows read."""
+    """Read the target's dataset in order, ``block_size`` rows at a time, into ``buffer``; return the rows read."""
+    path = target.path
     if engine == "chunks":
         from multitables._io.engines import open_source
         from multitables._io.node import inspect_node
 
-        node = inspect_node(path, NODE)
+        node = inspect_node(path, target.node)
         src = open_source("chunks", node, {}, cache=open_kwargs.get("cache", "page"))
         try:
             if src.engine != "chunks":
@@ -55,13 +60,13 @@ def _read_rows(
             src.close()
     if engine == "h5py":
         with h5py_with_filters().File(path, "r", **open_kwargs) as f:
-            ds = f[NODE]
+            ds = f[target.node]
             read = lambda a, b, out: ds.read_direct(out, np.s_[a:b])  # noqa: E731
             return _read_blocks(read, stop or ds.shape[0], block_size, buffer, progress)
     import tables
 
     with tables.open_file(path, "r", **open_kwargs) as f:
-        node = f.get_node(NODE)
+        node = f.get_node(target.node)
         return _read_blocks(lambda a, b, out: node.read(a, b, out=out), stop or node.nrows, block_size, buffer, progress)
 
 
@@ -82,8 +87,8 @@ def read_odirect(target: Target, progress: Callable[[int], object]) -> float:
 
 def read_single(target: Target, reader: Reader, cache: str, block_size: int, progress: Callable[[int], None]) -> int:
     """One process, in order, as a user without multitables would read."""
-    buffer = np.empty((block_size, ROW_VALUES), np.float32)
-    return _read_rows(target.path, reader.engine, open_kwargs_for(cache, reader.engine), block_size, buffer, progress)
+    buffer = _buffer(target, block_size)
+    return _read_rows(target, reader.engine, open_kwargs_for(cache, reader.engine), block_size, buffer, progress)
 
 
 def _readers_running() -> int:
@@ -106,7 +111,7 @@ def read_multitables(
     stream = multitables.Streamer(target.path, engine=reader.engine, **open_kwargs_for(cache, reader.engine))
     rows = 0
     if reader.mode == "direct":
-        with stream.get_queue(NODE, n_procs=reader.n_procs, remainder=True) as queue:
+        with stream.get_queue(target.node, n_procs=reader.n_procs, remainder=True) as queue:
             for guard in queue.iter():
                 with guard as block:
                     n = len(block)
@@ -116,7 +121,7 @@ def read_multitables(
                 used.append(queue.n_procs)
         return rows
     pending = 0
-    gen = stream.get_generator(NODE, n_procs=reader.n_procs)
+    gen = stream.get_generator(target.node, n_procs=reader.n_procs)
     for _row in gen:  # the readers start with the first row
         pending = 1
         break
@@ -137,5 +142,5 @@ def probe_multitables(target: Target, engine: str, n_procs: "int | None", cache:
     import multitables
 
     stream = multitables.Streamer(target.path, engine=engine, **open_kwargs_for(cache, engine))
-    with stream.get_queue(NODE, n_procs=n_procs) as queue:
+    with stream.get_queue(target.node, n_procs=n_procs) as queue:
         return queue.n_procs, queue.block_size

@@ -39,14 +39,17 @@ DEFAULT_DATA = "noise"
 
 @dataclass(frozen=True, order=True)
 class Codec:
-    """How a file is compressed; complevel 0 is stored uncompressed whatever the library (``complib='none'``)."""
+    """How a file is compressed; complevel 0 is stored uncompressed whatever the library (``complib='none'``).
+
+    A user's dataset (``--read``) has complevel 0 and its HDF5 filters as ``complib`` (``shuffle+deflate(3)``).
+    """
 
     complib: str
     complevel: int
 
     @property
     def label(self) -> str:
-        return "none" if self.complevel == 0 else f"{self.complib}-{self.complevel}"
+        return self.complib if self.complevel == 0 else f"{self.complib}-{self.complevel}"
 
 
 @dataclass(frozen=True)
@@ -72,20 +75,48 @@ class Reader:
 
 @dataclass(frozen=True)
 class Target:
-    """A generated file: ``key`` is ``"main"`` for the benchmark file, else the small file's name."""
+    """A dataset read by every pass: ``key`` is ``"main"`` for the benchmark file, the small file's name, or a user's
+    ``FILE:DATASET`` (``--read``)."""
 
     key: str
     path: str
     codec: Codec
     n_rows: int
     chunk_rows: "int | None" = None
-    #: What the file holds: a key of :data:`DATA`.
+    #: What the file holds: a key of :data:`DATA`, or :data:`READ_DATA`.
     data: str = DEFAULT_DATA
+    #: The dataset in the file, the shape of one row and its numpy dtype.
+    node: str = NODE
+    row_shape: tuple[int, ...] = (ROW_VALUES,)
+    dtype: Any = np.dtype(np.float32)
+    #: Bytes the dataset takes in the file (the compression ratio's denominator); None: the whole file's size.
+    stored_nbytes: "int | None" = None
 
     @property
     def data_nbytes(self) -> int:
         """Uncompressed bytes of the dataset."""
-        return self.n_rows * ROW_NBYTES
+        return self.n_rows * int(np.prod(self.row_shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+#: The data of a user's dataset (``--read``): what it holds is the user's.
+READ_DATA = "read"
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A user's dataset measured by ``--read``, as the report names it: ``key`` is its passes' target."""
+
+    key: str
+    file: str
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+    #: Bytes it takes in the file (HDF5's storage size) and uncompressed.
+    stored_nbytes: int
+    data_nbytes: int
+    #: HDF5's filters in pipeline order, ``+``-joined (``none`` without any); deflate with its level.
+    filters: str
+    chunks: "tuple[int, ...] | None" = None
 
 
 @dataclass(frozen=True)
@@ -168,6 +199,8 @@ class Settings:
     sections: tuple[str, ...] = ("main",)
     #: The kinds of data written (keys of :data:`DATA`), one file of each per codec.
     data: tuple[str, ...] = (DEFAULT_DATA,)
+    #: ``--read``: the user's ``FILE:DATASET`` to measure instead of generated files (none: generate them).
+    read: tuple[str, ...] = ()
 
     @property
     def n_rows(self) -> int:
@@ -201,6 +234,8 @@ class Context:
     versions: dict[str, str]
     notes: tuple[str, ...] = ()
     created: str = ""  #: when the passes were measured (a report rendered again keeps its run's time); "": now
+    #: ``--read``: the user's datasets, in the order given.
+    datasets: tuple[Dataset, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from multitables_bench.records import (
     USER_ENGINES,
     Codec,
     Context,
+    Dataset,
     Pass,
     Reader,
     Result,
@@ -121,20 +122,22 @@ def compression(results: Sequence[Result], target: str, codec: Codec) -> "float 
     return next((r.file_ratio for r in results if r.target == target and r.codec == codec and r.file_ratio), None)
 
 
-def _ratio_cell(ratio: "float | None") -> str:
+def ratio_cell(ratio: "float | None") -> str:
     return "n/a" if ratio is None else f"{ratio:.2f}x"
 
 
-def efficiency(results: Sequence[Result], codec: Codec, engine: str, mode: str, n_procs: int) -> "float | None":
+def efficiency(
+    results: Sequence[Result], codec: Codec, engine: str, mode: str, n_procs: int, target: str = "main"
+) -> "float | None":
     """Parallel efficiency: MB/s with ``n_procs`` readers / (``n_procs`` x MB/s with one); None if either is missing."""
-    one = find_result(results, "main", codec, Reader("multitables", engine, mode, 1))
-    many = find_result(results, "main", codec, Reader("multitables", engine, mode, n_procs))
+    one = find_result(results, target, codec, Reader("multitables", engine, mode, 1))
+    many = find_result(results, target, codec, Reader("multitables", engine, mode, n_procs))
     if one is None or many is None:
         return None
     return many.mb_per_s / (n_procs * one.mb_per_s)
 
 
-def _notes(results: Iterable["Result | None"]) -> tuple[str, ...]:
+def warm_notes(results: Iterable["Result | None"]) -> tuple[str, ...]:
     return (WARM_NOTE,) if any(r is not None and r.warm_start for r in results) else ()
 
 
@@ -148,10 +151,10 @@ def baseline_table(results: Sequence[Result], complib: str, complevels: Sequence
         readers = [Reader("odirect"), *(Reader("single", e) for e in engines)]
         found = [find_result(results, "main", codec, r) for r in readers]
         seen += found
-        ratio = _ratio_cell(compression(results, "main", codec))
+        ratio = ratio_cell(compression(results, "main", codec))
         rows.append((str(level), ratio, cell(found[0]), *(cell(r, best) for r in found[1:])))
     title = f"{complib}: the disk and one process (MB/s, ratio to the best single-process reader)"
-    return Table(title, header, tuple(rows), _notes(seen))
+    return Table(title, header, tuple(rows), warm_notes(seen))
 
 
 def scaling_table(
@@ -167,11 +170,11 @@ def scaling_table(
         seen += found
         eff = efficiency(results, codec, engine, mode, max_procs)
         extra = ("n/a" if eff is None else f"{eff:.2f}",) if max_procs > 1 else ()
-        rows.append((str(level), *(cell(r, best) for r in found[:-1]), _default_cell(found[-1], best), *extra))
+        rows.append((str(level), *(cell(r, best) for r in found[:-1]), default_cell(found[-1], best), *extra))
     eff_header = (f"efficiency {max_procs} / ({max_procs} x 1)",) if max_procs > 1 else ()
     header = ("complevel / n_procs", *(str(n) for n in n_procs_list[:-1]), "default (what it used)", *eff_header)
     title = f"{complib}: multitables, {mode} access, engine {engine} (MB/s, ratio to the best single-process reader)"
-    return Table(title, header, tuple(rows), _notes(seen))
+    return Table(title, header, tuple(rows), warm_notes(seen))
 
 
 def file_table(
@@ -182,14 +185,14 @@ def file_table(
     codecs = [make_codec(complib, level) for level in complevels]
     readers = [Reader("odirect"), *(Reader("single", e) for e in single_engines(engines))]
     readers += [Reader("multitables", e, m, n) for e in engines for m in modes for n in [*range(1, max_procs + 1), None]]
-    rows = [("compression (data / file bytes)", *(_ratio_cell(compression(results, "main", c)) for c in codecs))]
+    rows = [("compression (data / file bytes)", *(ratio_cell(compression(results, "main", c)) for c in codecs))]
     seen = []
     for reader in readers:
         found = [find_result(results, "main", c, reader) for c in codecs]
         seen += found
         rows.append((reader.label, *(file_cell(r) for r in found)))
     title = f"{complib}: MB/s of file bytes (the data rate divided by the file's compression ratio)"
-    return Table(title, ("reader / complevel", *(str(level) for level in complevels)), tuple(rows), _notes(seen))
+    return Table(title, ("reader / complevel", *(str(level) for level in complevels)), tuple(rows), warm_notes(seen))
 
 
 def small_table(results: Sequence[Result], modes: Sequence[str]) -> Table:
@@ -207,13 +210,13 @@ def small_table(results: Sequence[Result], modes: Sequence[str]) -> Table:
         seen += [best, *found]
         met = best is not None and all(r is not None and r.mb_per_s >= SMALL_TARGET * best.mb_per_s for r in found)
         best_text = "n/a" if best is None else f"{cell(best)} ({best.reader.engine})"
-        cells = (_default_cell(r, best) for r in found)
+        cells = (default_cell(r, best) for r in found)
         rows.append((small.description, str(small.n_rows), best_text, *cells, "yes" if met else "NO"))
     title = "Small files: default multitables (engine auto) against the best single-process reader"
-    return Table(title, header, tuple(rows), _notes(seen))
+    return Table(title, header, tuple(rows), warm_notes(seen))
 
 
-def _default_cell(result: "Result | None", best: "Result | None") -> str:
+def default_cell(result: "Result | None", best: "Result | None") -> str:
     """A default-n_procs cell: the rate and ratio, and where it read (in most passes)."""
     text = cell(result, best)
     if result is not None and result.n_procs_used is not None:
@@ -262,7 +265,7 @@ def describe(ctx: Context) -> list[tuple[str, str]]:
                  f"{f.get('fstype', '?')} mounted at {f.get('mount', '?')}"),
         ("data", _describe_data(s)),
         ("cache", ctx.cache_note),
-        ("method", f"each pass reads the whole file once (multitables: start-up and shut-down included); median over {s.repeats} "
+        ("method", f"each pass reads the whole {'dataset' if s.read else 'file'} once (multitables: start-up and shut-down included); median over {s.repeats} "
                    f"repeat(s) of {s.cycles} pass(es); MB = 10^6 bytes of uncompressed data (file bytes for O_DIRECT); "
                    "ratios are to the best single-process reader of the same file; MB/s of file bytes = the data rate "
                    "/ the file's compression ratio (uncompressed bytes / file bytes); parallel efficiency = "
@@ -275,6 +278,10 @@ def describe(ctx: Context) -> list[tuple[str, str]]:
 
 
 def _describe_data(s: Settings) -> str:
+    if s.read:
+        return (f"{len(s.read)} dataset(s) of the user's (--read), named in the first table; a pass reads the whole "
+                "dataset, the O_DIRECT read the whole file it is in (once per file), and the page cache is set up and "
+                "its resident fraction measured for the whole file; the files are opened read-only")
     size = f"{s.n_rows:,} rows of {ROW_VALUES} "
     if s.data == (DEFAULT_DATA,):
         return (f"{size}random normal float32 ({s.n_rows * ROW_NBYTES / GiB:.3g} GiB): "
@@ -286,7 +293,7 @@ def _describe_data(s: Settings) -> str:
 
 def _file_paths(path: str, s: Settings) -> str:
     """The benchmark file's path, or with several kinds of data, the file of each."""
-    if s.data == (DEFAULT_DATA,):
+    if s.data == (DEFAULT_DATA,) or s.read:
         return path
     return ", ".join(data_path(path, d, s.data) for d in s.data) + " (one per data kind)"
 
@@ -377,6 +384,7 @@ def report_json(passes: Sequence[Pass], results: Sequence[Result], ctx: Context)
         "machine": ctx.machine,
         "versions": ctx.versions,
         "notes": list(ctx.notes),
+        "datasets": [asdict(d) for d in ctx.datasets],
         "results": [_record(r) for r in results],
         "passes": [_record(p) for p in passes],
     }
@@ -398,5 +406,7 @@ def load_report(path: str) -> tuple[list[Pass], Context]:
     for p in d["passes"]:
         fields = {k: v for k, v in p.items() if k not in derived}
         passes.append(Pass(**{**fields, "codec": Codec(**p["codec"]), "reader": Reader(**p["reader"])}))
+    datasets = tuple(Dataset(**{**x, "shape": tuple(x["shape"]), "chunks": x["chunks"] and tuple(x["chunks"])})
+                     for x in d.get("datasets", ()))
     return passes, Context(settings, d["cache"], d["cache_note"], d["machine"], d["versions"], tuple(d["notes"]),
-                           d.get("created", ""))
+                           d.get("created", ""), datasets)

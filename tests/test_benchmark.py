@@ -346,7 +346,7 @@ def test_single_process_reader_reads_every_row_in_blocks(small_target: Target, e
     steps: list[int] = []
     rows = readers.read_single(small_target, Reader("single", engine), "evict", 96, steps.append)
     assert rows == 1000 and sum(steps) == 1000 and max(steps) == 96 and steps[-1] == 1000 % 96
-    assert readers.engine_can_read(small_target.path, engine) is None
+    assert readers.engine_can_read(small_target, engine) is None
 
 
 @pytest.mark.parametrize("mode", records.MODES)
@@ -369,7 +369,8 @@ def test_probe_reports_what_multitables_picks(small_target: Target, no_leaks: No
 def test_unreadable_file_is_explained(tmp_path: Path) -> None:
     path = tmp_path / "not.h5"
     path.write_bytes(b"not HDF5 at all")
-    assert readers.engine_can_read(str(path), "h5py") and readers.engine_can_read(str(path), "tables")
+    target = Target("main", str(path), Codec("none", 0), 1)
+    assert readers.engine_can_read(target, "h5py") and readers.engine_can_read(target, "tables")
 
 
 def test_an_engine_that_cannot_decode_is_skipped_with_a_note(
@@ -592,7 +593,7 @@ def test_a_default_cell_says_where_most_passes_read() -> None:
     passes = [Pass("main", codec, reader, r, 0, "evict", 0.0, 1.0, 100 * records.MB, n, 64) for r, n in enumerate(used)]
     (result,) = reporting.summarize(passes)
     assert result.n_procs_used == 0
-    assert reporting._default_cell(result, None) == "100 MB/s (in-process)"
+    assert reporting.default_cell(result, None) == "100 MB/s (in-process)"
 
 
 def test_warm_start_is_marked_in_its_cell_and_noted() -> None:

@@ -259,17 +259,18 @@ def describe(ctx: Context) -> list[tuple[str, str]]:
     raid = f", RAID {f['raid_level']}" if f.get("raid_level") else ""
     under = f", over {', '.join(f['underlying'])}" if f.get("underlying") else ""
     model = f", {f['model']}" if f.get("model") else ""
+    unit, stored = ("dataset", "stored bytes") if s.read else ("file", "file bytes")
     return [
         ("machine", f"{m['cpu_model']}, {m['cpus']} CPUs ({m['usable_cpus']} usable), {mem}; {m['system']}"),
         ("file", f"{_file_paths(f.get('path', '?'), s)} on {device} ({rot}{raid}{under}{model}), "
                  f"{f.get('fstype', '?')} mounted at {f.get('mount', '?')}"),
         ("data", _describe_data(s)),
         ("cache", ctx.cache_note),
-        ("method", f"each pass reads the whole {'dataset' if s.read else 'file'} once (multitables: start-up and shut-down included); median over {s.repeats} "
-                   f"repeat(s) of {s.cycles} pass(es); MB = 10^6 bytes of uncompressed data (file bytes for O_DIRECT); "
-                   "ratios are to the best single-process reader of the same file; MB/s of file bytes = the data rate "
-                   "/ the file's compression ratio (uncompressed bytes / file bytes); parallel efficiency = "
-                   "MB/s(n_procs=N) / (N x MB/s(n_procs=1)), N the largest n_procs measured"),
+        ("method", f"each pass reads the whole {unit} once (multitables: start-up and shut-down included); median over "
+                   f"{s.repeats} repeat(s) of {s.cycles} pass(es); MB = 10^6 bytes of uncompressed data (file bytes for "
+                   f"O_DIRECT); ratios are to the best single-process reader of the same {unit}; MB/s of {stored} = "
+                   f"the data rate / the {unit}'s compression ratio (uncompressed bytes / {stored}); parallel "
+                   "efficiency = MB/s(n_procs=N) / (N x MB/s(n_procs=1)), N the largest n_procs measured"),
         *((("quick", "a --quick run: the file is small, so starting reader processes weighs on multitables' figures; "
                       "they check that everything works, the full run gives the figures"),) if s.quick else ()),
         ("versions", ", ".join(f"{k} {v}" for k, v in ctx.versions.items())),

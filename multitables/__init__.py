@@ -38,6 +38,7 @@ __version__ = "0.1.0"
 # The established (2.x) module names: multitables.dataset, .dataset_ops, .request, .stage, .signals, .shared_mem,
 # .resource_wrapper.
 _compat2x.install(sys.modules[__name__])
+del sys  # not a name of the package
 
 
 def _bind_annotation_names() -> None:

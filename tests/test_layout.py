@@ -147,6 +147,12 @@ def test_a_module_fits_in_one_reading(path: Path) -> None:
 def test_the_top_level_holds_only_the_public_faces() -> None:
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
     assert top == ["__init__", "__main__", "batches", "errors", "reader", "streamer", "torch"]
+    import multitables
+
+    # What a user's tab completion shows: the API, and the package's own modules (2.x's module names among them).
+    shown = {n: getattr(multitables, n) for n in dir(multitables) if not n.startswith("_") and n not in multitables.__all__}
+    stray = sorted(n for n, v in shown.items() if getattr(v, "__name__", "") != f"multitables.{n}")
+    assert not stray, f"multitables shows {stray}, neither its API nor its modules"
     assert sorted(p.name for p in PACKAGE.iterdir() if p.is_dir() and not p.name.startswith("__")) == sorted(FOLDERS[1:])
 
 

@@ -183,6 +183,26 @@ def test_bad_urls_missing_objects_and_credentials_fail_before_any_reader(moto_ur
         multitables.Streamer(DATA, storage_options={"endpoint": moto_url, "secret_key": "x"})
 
 
+def test_h5py_open_options_on_a_url_are_used_or_refused_naming_it(rangesrv, obj_files, no_leaks) -> None:
+    """Through a file object h5py hands keywords it does not name to no driver: a typo (or PyTables' DRIVER=) changed
+    nothing without a word, and swmr=True failed with h5py's bare OSError, naming no URL. Both are refused before any
+    reader, naming the object; an option h5py takes is used."""
+    url = f"{rangesrv.url}/data.h5"
+
+    def request(**kw) -> None:
+        with multitables.Reader(url, engine="h5py", n_procs=1, **kw) as reader:
+            reader.get_dataset("/x")
+
+    for front in (lambda **kw: multitables.Streamer(url, engine="h5py", **kw).get_queue("/x", n_procs=1), request):
+        with pytest.raises(TypeError, match=re.escape(f"h5py takes no open options ['DRIVER', 'rdcc_nbyte'] for "
+                                                      f"{url!r}: an object is read through a file object")):
+            front(DRIVER="H5FD_CORE", rdcc_nbyte=0)
+        with pytest.raises(OSError, match=re.escape(f"h5py refuses the open options ['swmr'] for {url!r}") + ".*SWMR"):
+            front(swmr=True)
+    got, engine = read_queue(multitables.Streamer(url, engine="h5py", rdcc_nbytes=1 << 20), "/x", n_procs=1)
+    assert engine == "h5py" and np.array_equal(got, obj_files["x"])
+
+
 def test_listings_name_themselves_and_refuse_keys_a_url_cannot_name(moto_url, s3, obj_files, no_leaks) -> None:
     options = s3_options(moto_url)
     with pytest.raises(multitables.ObjectStorageError, match=r"listing s3://nobucket/x\*: HTTP 404 NoSuchBucket: no such bucket"):

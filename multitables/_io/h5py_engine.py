@@ -41,7 +41,7 @@ from .chunks.pread import resident, will_need
 from .chunks.storage import Layout, known_layout, learn_layout
 from .files import check_opened
 from .node import NodeInfo, Unsupported, close_dataset, reopen_dataset
-from .objects.hdf5 import file_object
+from .objects.hdf5 import check_options, file_object
 from .scattered import RowSpans, Stopped, read_progression, rows_decoded_bytes
 from .strings import deliver_strings, stored_strings_type
 
@@ -480,7 +480,9 @@ class H5pyEngine:
         lacks = h5py_lacks(node)
         if lacks:
             return "its HDF5 cannot decode filter " + ", ".join(filter_label(node, fid) for fid in lacks)
-        if open_kwargs and node.remote is None and not node.parts:  # a bad option raises h5py's own error, here
+        if open_kwargs and node.remote is not None:  # a bad option raises, naming the object, here
+            check_options(node.remote, open_kwargs)
+        elif open_kwargs and not node.parts:  # a bad option raises h5py's own error, here
             import h5py
 
             h5py.File(node.filename, "r", **open_kwargs).close()

@@ -54,3 +54,27 @@ def open_file_id(reader: ObjectReader, check: bool = False) -> Any:
 def file_object(remote: RemoteObject) -> RangeFile:
     """A file object over the object ``remote``, for ``h5py.File``; closing it closes its reader."""
     return RangeFile(remote.open())
+
+
+def check_options(remote: RemoteObject, open_kwargs: "dict[str, Any]") -> None:
+    """Raise, naming the object, where h5py would refuse the open options ``open_kwargs`` for it or ignore them:
+    through a file object (how an object is read) h5py hands keywords it does not name to no driver, so a typo, or
+    PyTables' ``DRIVER=``, would change nothing and say nothing; ``swmr=True`` fails on this driver."""
+    import inspect
+
+    import h5py
+
+    known = set(inspect.signature(h5py.File).parameters) - {"name", "mode", "kwds"}
+    unknown = sorted(k for k in open_kwargs if k not in known)
+    if unknown:
+        raise TypeError(f"h5py takes no open options {unknown} for {remote.shown!r}: an object is read through a "
+                        f"file object, and h5py would ignore them there (its options: {', '.join(sorted(known))})")
+    fileobj = file_object(remote)
+    try:
+        h5py.File(fileobj, "r", **open_kwargs).close()
+    except (OSError, ValueError, TypeError) as exc:
+        kind = OSError if isinstance(exc, OSError) else ValueError if isinstance(exc, ValueError) else TypeError
+        raise kind(f"h5py refuses the open options {sorted(open_kwargs)} for {remote.shown!r}, read through a file "
+                   f"object: {exc}") from exc
+    finally:
+        fileobj.close()

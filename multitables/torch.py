@@ -30,6 +30,20 @@ NOTE [DataLoader uses]
       ``forkserver`` start method (Python 3.14's default on Linux) the
       dataset is refused when it is pickled for the worker, at
       ``iter(loader)``.
+    * Accelerate's ``accelerator.prepare(loader)`` gives an
+      ``IterableDataset`` to a ``DataLoaderDispatcher`` by default: process 0
+      iterates it and splits each batch between the ranks, and the other
+      ranks never iterate theirs. Batches split between ranks
+      (``world_size > 1``, from ``torch.distributed`` as Accelerate sets it
+      up) hold rank 0's part only, so every epoch would train on
+      ``1 / world_size`` of the rows. :func:`_dispatched` finds the
+      dispatcher's ``__iter__`` among the frames above ``iter(dataset)`` (it
+      calls ``iter`` on a ``DataLoader`` of the dataset, six frames up in
+      PyTorch 2.x), by its module (``accelerate``) and its code, which calls
+      ``_fetch_batches`` (only code and globals are read: no frame's
+      locals), and the dataset refuses, on every rank, before any batch is
+      read. Without ``dispatch_batches``, Accelerate's ``IterableDatasetShard``
+      fails on ``batch_size=None`` by itself (``TypeError``).
 """
 
 from __future__ import annotations
@@ -73,6 +87,9 @@ else:
 #: ``iter(dataset)`` itself (one frame up); the rest is room for a wrapper.
 _FETCHER_FRAMES = 3
 
+#: Frames above ``__iter__`` searched for Accelerate's ``DataLoaderDispatcher.__iter__`` (NOTE [DataLoader uses]).
+_DISPATCHER_FRAMES = 10
+
 _NO_WORKERS = (
     "TorchBatches cannot run in DataLoader worker processes (num_workers > 0): every row would come "
     "once per worker, and the position (epoch, state_dict) lives in this process. The reading "
@@ -102,6 +119,20 @@ def _auto_batching(dataset: object, frame: Optional[FrameType]) -> bool:
             flag = getattr(owner, "auto_collation", None)
             if flag is not None:
                 return bool(flag)
+        frame = frame.f_back
+    return False
+
+
+def _dispatched(frame: Optional[FrameType]) -> bool:
+    """Whether Accelerate's ``DataLoaderDispatcher`` is iterating the dataset (see NOTE [DataLoader uses]); ``frame``
+    is the caller of ``iter``."""
+    for _ in range(_DISPATCHER_FRAMES):
+        if frame is None:
+            return False
+        code = frame.f_code
+        if (str(frame.f_globals.get("__name__", "")).startswith("accelerate.") and code.co_name == "__iter__"
+                and "_fetch_batches" in code.co_names):
+            return True
         frame = frame.f_back
     return False
 
@@ -213,6 +244,16 @@ class TorchBatches(IterableDataset[TensorBatchT]):
                 f"DataLoader(dataset) batches automatically (batch_size=1 unless given): it would stack these "
                 f"batches, already of {n} rows each (get_batches' batch_size), into batches of batches, of shape "
                 f"(batch_size, {n}, ...). Write DataLoader(dataset, batch_size=None), or iterate over the dataset itself"
+            )
+        sources = self.batches.sources if isinstance(self.batches, MixedBatches) else [self.batches]
+        world = max(source.world_size for source in sources)
+        if world > 1 and _dispatched(sys._getframe(1)):
+            raise RuntimeError(
+                f"Accelerate's prepare() made a DataLoaderDispatcher of these batches: process 0 iterates them and "
+                f"splits each batch between the ranks, but they are rank {sources[0].rank}'s part of {world} "
+                f"already (get_batches' rank and world_size, from torch.distributed), so the other ranks' rows would "
+                f"never be read. Iterate the batches on every rank without preparing them (prepare the model and "
+                f"the optimizer; device=accelerator.device gives the tensors there)"
             )
         return cast("Iterator[TensorBatchT]", self._tensors())
 

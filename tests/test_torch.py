@@ -219,6 +219,53 @@ def test_batches_copied_into_several_workers_are_refused_not_read_twice(
     assert sorted(np.concatenate(rows).tolist()) == list(range(1003))
 
 
+#: Accelerate's DataLoaderDispatcher (accelerate/data_loader.py) as far as the adapter meets it: its ``__iter__``
+#: iterates a DataLoader of the dataset and hands batches out through ``_fetch_batches``; process 0's batch is split
+#: between the ranks. Compiled as a module of ``accelerate`` so that the frames look as they do under Accelerate.
+_DISPATCHER = """
+class DataLoaderDispatcher:
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def _fetch_batches(self, iterator):
+        return next(iterator, None)
+
+    def __iter__(self):
+        iterator = self.base.__iter__()
+        while (batch := self._fetch_batches(iterator)) is not None:
+            yield batch
+
+    @property
+    def base(self):
+        return DataLoader(self.dataset, batch_size=None)
+"""
+
+
+def accelerate_dispatcher() -> type:
+    space: dict = {"__name__": "accelerate.data_loader", "DataLoader": torch.utils.data.DataLoader}
+    exec(compile(_DISPATCHER, "accelerate/data_loader.py", "exec"), space)
+    return space["DataLoaderDispatcher"]
+
+
+def test_accelerates_dispatcher_over_batches_split_between_ranks_is_refused_before_any_batch(
+    h5: Path, no_leaks: None
+) -> None:
+    """accelerator.prepare(DataLoader(batches, batch_size=None)) dispatches by default: process 0 reads and splits
+    each batch between the ranks, the others never read theirs, so one rank's part would be all an epoch trains on."""
+    dispatcher = accelerate_dispatcher()
+    stream = multitables.Streamer(h5)
+    for rank in (0, 1):
+        part = mtt.get_batches(stream, ["/X", "/y"], 64, seed=3, n_procs=1, rank=rank, world_size=2)
+        with pytest.raises(RuntimeError, match=f"they are rank {rank}'s part of 2 already") as info:
+            next(iter(dispatcher(part)))
+        assert "Iterate the batches on every rank without preparing them" in str(info.value)
+        assert part.state_dict()["batch"] == 0, "a batch was read"
+        del info
+        part.close()
+    whole = epoch_of(h5)  # one rank of one, or world_size=1 on each rank: process 0 reads every row, as dispatched
+    check_epoch(h5, [tuple(b) for b in dispatcher(whole)])
+
+
 def test_fields_give_a_dict_of_tensors(table_file: "tuple[Path, np.ndarray]") -> None:
     path, rows = table_file
     batches = mtt.get_batches(multitables.Streamer(path), "/table", 100, fields=["a", "v"], n_procs=0)

@@ -38,6 +38,7 @@ from .objects.http import ObjectIdentity
 from .objects.reader import ObjectReader, RemoteObject
 from .objects.urls import is_url, shown
 from .strings import StringPad, find_string_pads
+from .writers import group_hint
 
 class Unsupported(Exception):
     """An engine does not read this node as h5py delivers it; the message says why (the chunk engine raises it at open)."""
@@ -230,10 +231,9 @@ def open_node(
             raise OSError(f"cannot open {path!r} in {filename!r}; the file may be damaged: {exc}") from exc
         if not isinstance(oid, h5py.h5d.DatasetID):
             kind = "a Group" if isinstance(oid, h5py.h5g.GroupID) else "a named Datatype"
-            raise NodeTypeError(
-                f"{path!r} in {filename!r} is {kind}; only array datasets (Array, CArray, EArray) "
-                f"and Tables can be streamed"
-            )
+            hint = group_hint(h5py.Group(oid), path) if isinstance(oid, h5py.h5g.GroupID) else ""
+            raise NodeTypeError(f"{path!r} in {filename!r} is {kind}; only array datasets (Array, CArray, EArray) "
+                                f"and Tables can be streamed{hint}")
         node = h5py.Dataset(oid)
         info = _describe(filename, path, field, node, allow_empty, remote is not None, held)
         # Another file's where path is an external link. fileno, not a file id of its own: closing that cost 25 us.

@@ -1,0 +1,88 @@
+"""Other projects' layouts (pandas' ``to_hdf``, anndata's ``.h5ad``): where the rows a user asked for are kept.
+
+A user whose file another project wrote names what that project calls the
+data: pandas' key (``'/df'``, a group), anndata's ``'/X'`` (a group where X
+is sparse). Refusing those is right; these helpers add to the refusal what
+the group holds and which dataset to read instead. They read attributes and
+a few small datasets, on the error path only, and never fail: a layout they
+do not know is described by its members.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Members a group's description names before it says how many there are in all.
+SHOWN = 8
+
+
+def _text(value: Any) -> "str | None":
+    """An attribute as text (PyTables writes bytes, anndata str); None for anything else."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value if isinstance(value, str) else None
+
+
+def group_hint(group: Any, path: str) -> str:
+    """What the h5py ``group`` at ``path`` holds, and which of its datasets to stream: a sentence starting with
+    '. ' ('' where it cannot be read)."""
+    try:
+        return ". " + (_known_layout(group, path) or ("It holds " + _members(group, path) if len(group) else "It is empty"))
+    except Exception:  # noqa: BLE001 - the refusal stands without a description
+        return ""
+
+
+def _child(path: str, name: str) -> str:
+    return f"{path.rstrip('/')}/{name}"
+
+
+def _known_layout(group: Any, path: str) -> "str | None":
+    """A description of the pandas or anndata object ``group`` holds (None: neither)."""
+    attrs = group.attrs
+    pandas = _text(attrs.get("pandas_type"))
+    if pandas is not None and "table" in group:
+        return (f"It holds a pandas object written by to_hdf(format='table') ({pandas!r}): its rows are the Table "
+                f"{_child(path, 'table')!r}; stream it, or one column of it with field=")
+    if pandas == "series" and "values" in group:
+        return f"It holds a pandas Series written by to_hdf(format='fixed'): its values are {_child(path, 'values')!r}"
+    if pandas == "frame":
+        blocks = []
+        for i in range(int(attrs.get("nblocks", 0))):
+            items = [_text(v) or str(v) for v in group[f"block{i}_items"][()]]
+            blocks.append(f"{_child(path, f'block{i}_values')!r} holds {items}")
+        return ("It holds a pandas DataFrame written by to_hdf(format='fixed'), its columns in blocks of one dtype, "
+                "a row per DataFrame row: " + "; ".join(blocks))
+    encoding = _text(attrs.get("encoding-type"))
+    if encoding in ("csr_matrix", "csc_matrix"):
+        shape = tuple(int(n) for n in attrs.get("shape", ()))
+        parts = ", ".join(repr(_child(path, name)) for name in ("data", "indices", "indptr"))
+        return (f"It holds a sparse matrix (anndata's {encoding!r} encoding, shape {shape}) as the datasets {parts}: "
+                f"multitables streams the rows of a dense dataset, not a sparse matrix; read it with anndata or "
+                f"scipy.sparse, or stream those datasets as flat arrays")
+    if encoding == "categorical":
+        return (f"It holds a categorical column (anndata's 'categorical' encoding): stream its codes "
+                f"{_child(path, 'codes')!r}; its categories are {_child(path, 'categories')!r}")
+    if encoding is not None and encoding.startswith("nullable"):
+        return (f"It holds a column with a mask (anndata's {encoding!r} encoding): stream its values "
+                f"{_child(path, 'values')!r}; its mask is {_child(path, 'mask')!r}")
+    if encoding == "dataframe":
+        return "It holds a data frame (anndata's 'dataframe' encoding), a member per column: " + _members(group, path)
+    if encoding is not None:
+        return f"It holds anndata's {encoding!r} encoding: " + _members(group, path)
+    return None
+
+
+def _members(group: Any, path: str) -> str:
+    """The first members of ``group`` by name and kind (a group of many is not walked to its end)."""
+    import h5py
+
+    total, said = len(group), list[str]()
+    for name in group:
+        if len(said) == SHOWN:
+            break
+        member = group.get(name, getlink=True)
+        kind = "an external link" if isinstance(member, h5py.ExternalLink) else "a soft link" \
+            if isinstance(member, h5py.SoftLink) else "a group" if isinstance(group.get(name), h5py.Group) else "a dataset"
+        said.append(f"{_child(path, name)!r} ({kind})")
+    more = f", ... ({total} in all)" if total > len(said) else ""
+    return f"{', '.join(said)}{more}"

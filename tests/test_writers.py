@@ -1,0 +1,135 @@
+"""Other projects' layouts: a group the user named by its writer's word is refused, saying where the rows are.
+
+Each file is written here with h5py or PyTables in the layout the named writer
+produces (attributes and members copied from its files), so the tests need
+none of the writers installed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import tables
+
+import multitables
+
+ROWS = 40
+
+
+def _pandas_table(path: Path) -> np.ndarray:
+    """pandas 3.1.1 ``DataFrame({'a': int64, 'b': float64, 'd': float64}).to_hdf(path, key='df', format='table')``:
+    group ``/df`` (``pandas_type``), a PyTables Table ``/df/table``."""
+    rows = np.zeros(ROWS, [("index", "<i8"), ("values_block_0", "<i8", (1,)), ("values_block_1", "<f8", (2,))])
+    rows["index"] = np.arange(ROWS)
+    rows["values_block_0"][:, 0] = np.arange(ROWS) * 10
+    rows["values_block_1"] = np.arange(2 * ROWS, dtype="f8").reshape(ROWS, 2) / 4
+    with tables.open_file(path, "w") as f:
+        group = f.create_group("/", "df")
+        group._v_attrs.pandas_type = b"frame_table"
+        group._v_attrs.table_type = b"appendable_frame"
+        f.create_table(group, "table", rows)
+    return rows
+
+
+def _refusal(stream: multitables.Streamer, path: str, **kwargs: object) -> str:
+    with pytest.raises(multitables.NodeTypeError) as info:
+        stream.get_queue(path, n_procs=0, **kwargs)
+    return str(info.value)
+
+
+def test_a_pandas_table_key_is_refused_naming_its_table(tmp_path: Path) -> None:
+    path = tmp_path / "pd.h5"
+    _pandas_table(path)
+    said = _refusal(multitables.Streamer(path), "/df")
+    assert said.startswith(f"'/df' in {str(path)!r} is a Group; only array datasets")
+    assert "pandas object written by to_hdf(format='table') ('frame_table'): its rows are the Table '/df/table'" in said
+
+
+def test_a_pandas_fixed_frame_is_refused_naming_its_blocks(tmp_path: Path) -> None:
+    # pandas 3.1.1 ``df.to_hdf(path, key='df', format='fixed')``: a column block per dtype, its names in blockN_items.
+    path = tmp_path / "fixed.h5"
+    with h5py.File(path, "w") as f:
+        group = f.create_group("df")
+        group.attrs.update({"pandas_type": np.bytes_(b"frame"), "nblocks": np.int64(2)})
+        group["block0_items"] = np.array([b"a"])
+        group["block0_values"] = np.zeros((ROWS, 1), "i8")
+        group["block1_items"] = np.array([b"b", b"c"])
+        group["block1_values"] = np.zeros((ROWS, 2), "f8")
+    said = _refusal(multitables.Streamer(path), "/df")
+    assert said.endswith("written by to_hdf(format='fixed'), its columns in blocks of one dtype, a row per DataFrame "
+                         "row: '/df/block0_values' holds ['a']; '/df/block1_values' holds ['b', 'c']")
+
+
+def test_a_pandas_fixed_series_is_refused_naming_its_values(tmp_path: Path) -> None:
+    path = tmp_path / "series.h5"
+    with h5py.File(path, "w") as f:  # pandas 3.1.1 ``series.to_hdf(path, key='s', format='fixed')``
+        f.create_group("s").attrs["pandas_type"] = np.bytes_(b"series")
+        f["s/index"], f["s/values"] = np.arange(ROWS), np.zeros(ROWS)
+    assert _refusal(multitables.Streamer(path), "/s").endswith("a pandas Series written by to_hdf(format='fixed'): its "
+                                                               "values are '/s/values'")
+
+
+def _anndata(path: Path) -> np.ndarray:
+    """anndata 0.12.19 ``write_h5ad`` of an AnnData with a CSR ``X`` and a categorical obs column: groups whose
+    ``encoding-type`` attribute says what they hold."""
+    data = np.arange(1, 11, dtype="f4")
+    with h5py.File(path, "w") as f:
+        f.attrs["encoding-type"] = "anndata"
+        x = f.create_group("X")
+        x.attrs.update({"encoding-type": "csr_matrix", "encoding-version": "0.1.0", "shape": np.array([5, 7])})
+        x["data"], x["indices"], x["indptr"] = data, np.arange(10) % 7, np.array([0, 2, 4, 6, 8, 10])
+        cell = f.create_group("obs/cell")
+        cell.attrs.update({"encoding-type": "categorical", "encoding-version": "0.2.0", "ordered": False})
+        cell["codes"] = np.array([0, 1, 0, 1, 1], "i1")
+        cell["categories"] = np.array(["a", "b"], dtype=h5py.string_dtype())
+    return data
+
+
+def test_an_anndata_sparse_x_is_refused_as_a_sparse_matrix_naming_its_parts(tmp_path: Path, no_leaks: None) -> None:
+    path = tmp_path / "a.h5ad"
+    data = _anndata(path)
+    stream = multitables.Streamer(path)
+    with multitables.Reader(path, n_procs=1) as reader:
+        refusals = (lambda: stream.get_queue("/X"), lambda: stream.get_batches(["/X"], 4), lambda: reader.get_dataset("/X"))
+        for refuse in refusals:
+            with pytest.raises(multitables.NodeTypeError) as info:
+                refuse()
+            assert str(info.value).endswith(
+                "Group; only array datasets (Array, CArray, EArray) and Tables can be streamed. It holds a sparse matrix "
+                "(anndata's 'csr_matrix' encoding, shape (5, 7)) as the datasets '/X/data', '/X/indices', '/X/indptr': "
+                "multitables streams the rows of a dense dataset, not a sparse matrix; read it with anndata or "
+                "scipy.sparse, or stream those datasets as flat arrays")
+    assert np.array_equal(np.concatenate(list(stream.get_batches("/X/data", 4, shuffle=False))), data)
+
+
+def test_an_anndata_categorical_is_refused_naming_its_codes(tmp_path: Path) -> None:
+    path = tmp_path / "a.h5ad"
+    _anndata(path)
+    said = _refusal(multitables.Streamer(path), "/obs/cell")
+    assert said.endswith("It holds a categorical column (anndata's 'categorical' encoding): stream its codes "
+                         "'/obs/cell/codes'; its categories are '/obs/cell/categories'")
+    assert _refusal(multitables.Streamer(path), "/").endswith(
+        "It holds anndata's 'anndata' encoding: '/X' (a group), '/obs' (a group)")
+
+
+def test_any_other_group_is_refused_naming_its_first_members(tmp_path: Path) -> None:
+    # Keras 3.15.1 ``model.save_weights('k.weights.h5')`` keeps a layer's weights as ``/layers/<name>/vars/0, 1``.
+    path = tmp_path / "k.weights.h5"
+    with h5py.File(path, "w", track_order=True) as f:
+        f["layers/dense/vars/0"], f["layers/dense/vars/1"] = np.zeros((16, 32), "f4"), np.zeros(32, "f4")
+        many = f.create_group("many", track_order=True)
+        for i in range(10):
+            many[f"d{i}"] = np.zeros(3)
+        many["link"] = h5py.SoftLink("/many/d0")
+        f.create_group("empty")
+    stream = multitables.Streamer(path)
+    assert _refusal(stream, "/layers/dense").endswith("It holds '/layers/dense/vars' (a group)")
+    assert _refusal(stream, "/layers/dense/vars").endswith(
+        "It holds '/layers/dense/vars/0' (a dataset), '/layers/dense/vars/1' (a dataset)")
+    assert _refusal(stream, "/many").endswith("It holds " + ", ".join(f"'/many/d{i}' (a dataset)" for i in range(8))
+                                              + ", ... (11 in all)")
+    assert _refusal(stream, "/empty").endswith("is a Group; only array datasets (Array, CArray, EArray) and Tables "
+                                               "can be streamed. It is empty")

@@ -1,4 +1,4 @@
-"""Other projects' layouts: a group the user named by its writer's word is refused, saying where the rows are.
+"""Other projects' layouts: a group or column the user named by its writer's word is refused, saying where the rows are.
 
 Each file is written here with h5py or PyTables in the layout the named writer
 produces (attributes and members copied from its files), so the tests need
@@ -7,6 +7,7 @@ none of the writers installed.
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import h5py
@@ -21,7 +22,8 @@ ROWS = 40
 
 def _pandas_table(path: Path) -> np.ndarray:
     """pandas 3.1.1 ``DataFrame({'a': int64, 'b': float64, 'd': float64}).to_hdf(path, key='df', format='table')``:
-    group ``/df`` (``pandas_type``), a PyTables Table ``/df/table``."""
+    group ``/df`` (``pandas_type``), a PyTables Table ``/df/table`` whose columns that are not data_columns are
+    kept by dtype in ``values_block_N`` fields, their DataFrame names pickled (protocol 0) in ``values_block_N_kind``."""
     rows = np.zeros(ROWS, [("index", "<i8"), ("values_block_0", "<i8", (1,)), ("values_block_1", "<f8", (2,))])
     rows["index"] = np.arange(ROWS)
     rows["values_block_0"][:, 0] = np.arange(ROWS) * 10
@@ -30,7 +32,9 @@ def _pandas_table(path: Path) -> np.ndarray:
         group = f.create_group("/", "df")
         group._v_attrs.pandas_type = b"frame_table"
         group._v_attrs.table_type = b"appendable_frame"
-        f.create_table(group, "table", rows)
+        table = f.create_table(group, "table", rows)
+        table.attrs.values_block_0_kind = np.bytes_(pickle.dumps(["a"], protocol=0))
+        table.attrs.values_block_1_kind = np.bytes_(pickle.dumps(["b", "d"], protocol=0))
     return rows
 
 
@@ -46,6 +50,50 @@ def test_a_pandas_table_key_is_refused_naming_its_table(tmp_path: Path) -> None:
     said = _refusal(multitables.Streamer(path), "/df")
     assert said.startswith(f"'/df' in {str(path)!r} is a Group; only array datasets")
     assert "pandas object written by to_hdf(format='table') ('frame_table'): its rows are the Table '/df/table'" in said
+
+
+def test_a_pandas_column_by_its_dataframe_name_points_at_its_values_block(tmp_path: Path, no_leaks: None) -> None:
+    path = tmp_path / "pd.h5"
+    rows = _pandas_table(path)
+    stream = multitables.Streamer(path)
+    with pytest.raises(multitables.NoSuchFieldError, match=r"has no field 'd'; its fields are \['index', 'values_block_0', "
+                       r"'values_block_1'\]\. pandas' to_hdf\(format='table'\) keeps .*'d' is values_block_1\[:, 1\]"):
+        stream.get_queue("/df/table", field="d")
+    with pytest.raises(multitables.NoSuchFieldError, match=r"no column 'a', 'zz'; .*: 'a' is values_block_0\[:, 0\] \("):
+        stream.get_batches("/df/table", 8, fields=["a", "zz"])
+    with multitables.Reader(path, n_procs=1) as reader:
+        with pytest.raises(multitables.NoSuchFieldError, match=r"'b' is values_block_1\[:, 0\]"):
+            reader.get_dataset("/df/table")["b"]
+    got = np.concatenate(list(stream.get_batches("/df/table", 16, shuffle=False, field="values_block_1")))
+    assert np.array_equal(got[:, 1], rows["values_block_1"][:, 1])  # where the hint says 'd' is
+
+
+def test_a_column_that_is_nowhere_gets_no_pandas_hint(tmp_path: Path) -> None:
+    path = tmp_path / "pd.h5"
+    _pandas_table(path)
+    with pytest.raises(multitables.NoSuchFieldError) as info:
+        multitables.Streamer(path).get_queue("/df/table", field="zz")
+    assert str(info.value.args[0]).endswith("its fields are ['index', 'values_block_0', 'values_block_1']")
+
+
+class _Touch:
+    """Unpickling this would create a file: the hint must never unpickle what a file holds."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return (open, (self.path, "w"))
+
+
+def test_the_column_names_are_read_without_unpickling(tmp_path: Path) -> None:
+    path, touched = tmp_path / "pd.h5", tmp_path / "touched"
+    _pandas_table(path)
+    with h5py.File(path, "a") as f:
+        f["/df/table"].attrs["values_block_0_kind"] = np.bytes_(pickle.dumps(["a", _Touch(str(touched))], protocol=0))
+    with pytest.raises(multitables.NoSuchFieldError, match=r"'a' is values_block_0\[:, 0\]"):
+        multitables.Streamer(path).get_queue("/df/table", field="a")
+    assert not touched.exists()
 
 
 def test_a_pandas_fixed_frame_is_refused_naming_its_blocks(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import NoSuchFieldError
+from .writers import stored_column_hint
 
 if TYPE_CHECKING:
     from .node import NodeInfo
@@ -49,7 +50,8 @@ def check_columns(node: NodeInfo, columns: list[str]) -> None:
         raise NoSuchFieldError(f"fields={columns!r} given, but {where} is not a table (its rows have no fields)")
     missing = [c for c in columns if field_path(node.dtype, c)[0] not in names]
     if missing:
-        raise NoSuchFieldError(f"{where} has no column {', '.join(map(repr, missing))}; its columns: {list(names)}")
+        hint = stored_column_hint(node, missing)  # a pandas DataFrame's columns: which fields hold them
+        raise NoSuchFieldError(f"{where} has no column {', '.join(map(repr, missing))}; its columns: {list(names)}{hint}")
     for column in columns:  # a path into a nested column
         field_of(node.dtype, column, where)
 

@@ -38,7 +38,7 @@ from .objects.http import ObjectIdentity
 from .objects.reader import ObjectReader, RemoteObject
 from .objects.urls import is_url, shown
 from .strings import StringPad, find_string_pads
-from .writers import group_hint
+from .writers import column_hint, group_hint
 
 class Unsupported(Exception):
     """An engine does not read this node as h5py delivers it; the message says why (the chunk engine raises it at open)."""
@@ -446,7 +446,10 @@ def _describe(filename: str, path: str, field: "str | None", ds: Any, allow_empt
     if field is not None:
         if dt.names is None:
             raise NoSuchFieldError(f"field={field!r} given, but {where} is not a table (its rows have no fields)")
-        fdt = field_of(dt, field, where)[0]
+        try:
+            fdt = field_of(dt, field, where)[0]
+        except NoSuchFieldError as exc:  # a pandas DataFrame's column: say which field holds it
+            raise NoSuchFieldError(exc.args[0] + column_hint(ds.attrs, dt.names, [field])) from None
         if fdt.subdtype is not None:
             out_dtype, sub = fdt.subdtype
             row_shape = row_shape + tuple(sub)

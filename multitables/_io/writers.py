@@ -2,14 +2,16 @@
 
 A user whose file another project wrote names what that project calls the
 data: pandas' key (``'/df'``, a group), anndata's ``'/X'`` (a group where X
-is sparse). Refusing those is right; these helpers add to the refusal what
-the group holds and which dataset to read instead. They read attributes and
-a few small datasets, on the error path only, and never fail: a layout they
-do not know is described by its members.
+is sparse), a DataFrame's column (``field='b'``, kept inside a
+``values_block_N`` field). Refusing those is right; these helpers add to the
+refusal what the group holds and which dataset or field to read instead. They
+read attributes and a few small datasets, on the error path only, and never
+fail: a layout they do not know is described by its members.
 """
 
 from __future__ import annotations
 
+import pickletools
 from typing import Any
 
 #: Members a group's description names before it says how many there are in all.
@@ -21,6 +23,57 @@ def _text(value: Any) -> "str | None":
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return value if isinstance(value, str) else None
+
+
+def _pickled_names(value: Any) -> list[str]:
+    """The strings in a pickled list (pandas keeps a block's column names so), read without unpickling:
+    only the opcodes are walked, so nothing in the file runs."""
+    try:
+        return [str(arg) for op, arg, _ in pickletools.genops(bytes(value)) if "UNICODE" in op.name or "STRING" in op.name]
+    except Exception:  # noqa: BLE001 - not a pickle we can walk: no names
+        return []
+
+
+def pandas_columns(attrs: Any, fields: "tuple[str, ...]") -> "dict[str, tuple[str, int]]":
+    """Where pandas' ``to_hdf(format='table')`` keeps each DataFrame column that is not a field of its own:
+    ``{column: (field, index along the field's row)}`` (pandas 1.x to 3.x: attributes ``values_block_N_kind``)."""
+    found: "dict[str, tuple[str, int]]" = {}
+    for field in fields:
+        if field.startswith("values_block_") and f"{field}_kind" in attrs:
+            for i, name in enumerate(_pickled_names(attrs[f"{field}_kind"])):
+                found.setdefault(name, (field, i))
+    return found
+
+
+def stored_column_hint(node: Any, missing: "list[str]") -> str:
+    """:func:`column_hint` for the table ``node`` (a ``NodeInfo``) describes, its attributes read again from its
+    (first) local file ('' for an object, or a file that cannot be read now)."""
+    import h5py
+
+    filename = node.parts[0].node.filename if node.parts else node.filename
+    if node.remote is not None:
+        return ""
+    try:
+        with h5py.File(filename, "r") as f:
+            return column_hint(f[node.path].attrs, node.file_dtype.names or (), missing)
+    except Exception:  # noqa: BLE001 - no hint
+        return ""
+
+
+def column_hint(attrs: Any, fields: "tuple[str, ...]", missing: "list[str]") -> str:
+    """A sentence naming the ``values_block_N`` field and position of each of pandas' columns in ``missing``
+    ('' where the table is not pandas' or none of them is one of its columns)."""
+    try:
+        where = pandas_columns(attrs, fields)
+    except Exception:  # noqa: BLE001 - attributes we cannot read: no hint
+        return ""
+    known = [(name, where[name]) for name in missing if name in where]
+    if not known:
+        return ""
+    said = ", ".join(f"{name!r} is {field}[:, {i}]" for name, (field, i) in known)
+    return (f". pandas' to_hdf(format='table') keeps columns that are not data_columns in 'values_block_N' fields, "
+            f"one column of the field per DataFrame column: {said} (stream the field, then take that column; or "
+            f"write with data_columns=[...] to give a column a field of its own)")
 
 
 def group_hint(group: Any, path: str) -> str:

@@ -1208,6 +1208,59 @@ def test_reservation_failure_is_a_space_error_not_a_sigbus(
     assert not process_starts and own_segments() == segments
 
 
+def _in_a_small_dev_shm(mib: int, script: str, tmp_path: Path) -> list[str]:
+    """Run ``script`` in a process whose /dev/shm is a tmpfs of ``mib`` MiB of its own (a private mount namespace:
+    the machine's /dev/shm is untouched), then list that /dev/shm; the lines it printed. Skipped where this user
+    may not make a mount namespace (root, or a kernel that lets users)."""
+    unshare = shutil.which("unshare")
+    if unshare is None or subprocess.run([unshare, "-m", "--propagation", "private", "true"],
+                                         capture_output=True).returncode != 0:
+        pytest.skip("a private mount namespace (unshare -m) is not permitted here")
+    (tmp_path / "script.py").write_text(textwrap.dedent(script))
+    run = (f"mount -t tmpfs -o size={mib}m tmpfs /dev/shm && {sys.executable} script.py; code=$?; "
+           f"echo left: $(ls /dev/shm); exit $code")
+    done = subprocess.run([unshare, "-m", "--propagation", "private", "sh", "-c", run], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=GUARD,
+                          env={**os.environ, "PYTHONPATH": str(Path(multitables.__file__).parents[1])})
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[-1] == "left:", lines  # nothing left in that /dev/shm
+    return lines[:-1]
+
+
+_TWO_RINGS = """
+import multiprocessing
+import h5py, numpy as np, multitables
+
+data = np.arange(512 * 16384, dtype="<f4").reshape(512, 16384)  # 32 MiB: 64 KiB rows, 1 MiB chunks
+with h5py.File("data.h5", "w") as f:
+    f.create_dataset("data", data=data, chunks=(16, 16384), compression="gzip")
+stream = multitables.Streamer("data.h5")
+with stream.get_queue("/data", n_procs=2, read_ahead=8, block_size=64, ordered=True) as first:  # 32 MiB of 48
+    try:
+        stream.get_queue("/data", n_procs=2, read_ahead=8, block_size=64)
+    except multitables.ShmSpaceError as exc:
+        print("second:", exc)
+    print("readers:", len(multiprocessing.active_children()))
+    got = []
+    for guard in first:  # the first, which fits, reads on
+        with guard as block:
+            got.append(block.copy())
+    got = np.concatenate(got)
+print("first:", np.array_equal(got, data))
+print("after:", len(multiprocessing.active_children()))
+"""
+
+
+def test_a_ring_made_while_another_still_maps_its_slots_is_refused_up_front(tmp_path: Path) -> None:
+    """A ring's slots are allocated by its readers once the stream has started (NOTE [slots and page tables]):
+    statvfs then still shows them free, and a second ring made at once passed the check; one of the readers'
+    mappings failed later (a ReaderError at a get of either stream), where the space was known short."""
+    said = _in_a_small_dev_shm(48, _TWO_RINGS, tmp_path)
+    assert said[0].startswith("second: The ring needs 32.0 MiB") and "free" in said[0] and "--shm-size" in said[0], said
+    assert said[1:] == ["readers: 2", "first: True", "after: 0"], said
+
+
 # -- the file changes under the readers ----------------------------------------
 
 

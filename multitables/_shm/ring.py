@@ -61,8 +61,10 @@ NOTE [slots and page tables]
     stay in block order under the lock, so an ordered consumer never waits on a later block's slot. Once
     attached, a reader maps its group's slots whole (MADV_POPULATE_WRITE), which also allocates their pages: the
     consumer does not reserve them (``posix_fallocate`` zeroed them all in the consumer before any reader
-    started), and a full /dev/shm is a ``ShmSpaceError`` from that reader, never a SIGBUS at a write. Kernels
-    without it (before 5.14) reserve at creation and fault as before.
+    started), and a full /dev/shm is a ``ShmSpaceError`` from that reader, never a SIGBUS at a write. Until they
+    are allocated, statvfs shows the slots free: the consumer counts them as taken (``space.promise``, by mincore
+    on its own mapping), so a ring made meanwhile in this process is sized and checked against what is left.
+    Kernels without it (before 5.14) reserve at creation and fault as before.
 
 NOTE [slots while readers start]
     Allocating a slot's pages is two thirds of mapping them fresh (16 MiB: 6.5 of 10 ms here), and a reader maps its

@@ -65,7 +65,7 @@ import weakref
 from typing import Sequence
 
 from .._sys.signals import signals_deferred
-from .space import SHM_DIR, check_space, inode_error, shm_free_bytes, space_error
+from .space import SHM_DIR, check_space, inode_error, promise, shm_free_bytes, space_error
 
 #: Every segment this library creates has a name starting with this.
 SHM_PREFIX = "multitables_"
@@ -98,6 +98,7 @@ atexit.register(_mark_exiting)
 _MAP_FIXED = 0x10  # Linux's value on most architectures (checked where used); Python's mmap module lacks it
 _MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
 _MAP_FAILED = ctypes.c_void_p(-1).value
+_LOW_BIT = bytes(i & 1 for i in range(256))  # mincore's byte a page to its bit 0
 
 
 def _load_libc() -> "ctypes.CDLL | None":
@@ -114,6 +115,8 @@ def _load_libc() -> "ctypes.CDLL | None":
         libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
         libc.madvise.restype = ctypes.c_int
         libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        libc.mincore.restype = ctypes.c_int
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     except (OSError, AttributeError):  # pragma: no cover
         return None
     return libc
@@ -235,6 +238,7 @@ class Segment:
         self.buf = buf
         self.owner = owner
         self._made_in = os.getpid()  # a fork's copy shares the pages: only its own mapping is its to change
+        self.promised = False  # made unreserved: its pages are allocated later, by whoever populates them
         # The owner's name goes with the object at the latest: dropped by an exception anywhere after creation.
         self._unlinker = weakref.finalize(self, _unlink, name) if owner else None
 
@@ -287,7 +291,11 @@ class Segment:
                 _unlink(name)
                 raise
             os.close(fd)
-            return cls(name, nbytes, buf, owner=True)
+            segment = cls(name, nbytes, buf, owner=True)
+            if not reserve:  # its pages come later: the next segment is checked against them too
+                segment.promised = True
+                promise(segment)
+            return segment
 
     @classmethod
     def attach(cls, name: str, nbytes: int) -> "Segment":
@@ -315,6 +323,22 @@ class Segment:
                 raise space_error(self.nbytes, shm_free_bytes(), what) from exc
             if exc.errno != errno.EINVAL:
                 raise
+
+    def unallocated(self) -> int:
+        """Bytes of a segment made unreserved whose pages nobody has populated or written yet (mincore: the shared
+        memory's own pages, whoever touched them); 0 for a reserved one, once closed, in a fork of the owner, or
+        where it cannot be told."""
+        buf = getattr(self, "buf", None)  # gone once closed with pages still held
+        if not self.promised or _libc is None or buf is None or buf.closed or os.getpid() != self._made_in:
+            return 0
+        pages = -(-self.nbytes // mmap.PAGESIZE)
+        vec = (ctypes.c_ubyte * pages)()
+        try:
+            if _libc.mincore(_address(buf), self.nbytes, vec) != 0:
+                return 0
+        except (ValueError, TypeError, BufferError):  # closed meanwhile, by another thread
+            return 0
+        return (pages - bytes(vec).translate(_LOW_BIT).count(1)) * mmap.PAGESIZE  # bit 0: allocated; the rest reserved
 
     def unlink(self) -> None:
         """Remove the name (owner only; idempotent). Existing mappings stay valid."""

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import errno
 import os
+import weakref
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 from .._sys.cgroups import cgroup_dirs
 from ..errors import ShmSpaceError
@@ -22,13 +23,31 @@ from ..errors import ShmSpaceError
 SHM_DIR = "/dev/shm"
 
 
+#: This process's segments whose pages are allocated after their creation, by the readers that map them (a ring's
+#: slots: NOTE [slots and page tables] in ``ring``); each has ``unallocated()``, the bytes still to come.
+_promised: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def promise(segment: Any) -> None:
+    """Count ``segment``'s pages not yet allocated as taken, until they are (or it is closed): /dev/shm's statvfs
+    and the memory cgroup see them only once its readers map them, after the stream that made it has started, so
+    that a stream made right after another would be sized, and checked, against space the first one takes."""
+    _promised.add(segment)
+
+
+def promised_bytes() -> int:
+    """Bytes this process's rings will still take from /dev/shm (and its memory cgroup) as their readers map them."""
+    return sum(segment.unallocated() for segment in list(_promised))
+
+
 def shm_free_bytes() -> "int | None":
-    """Bytes free in /dev/shm, or None where it cannot be told."""
+    """Bytes free in /dev/shm, less what this process's rings will still take (:func:`promise`); None where it cannot
+    be told."""
     try:
         st = os.statvfs(SHM_DIR)
     except OSError:
         return None
-    return st.f_bavail * st.f_frsize
+    return max(0, st.f_bavail * st.f_frsize - promised_bytes())
 
 
 def shared_memory_free() -> "int | None":
@@ -136,7 +155,8 @@ def cgroup_free_bytes() -> "tuple[int, int, int] | None":
 
     Shared memory is charged to the cgroup of the process that touches it;
     past the limit the kernel's OOM killer ends a process instead of any
-    error. ``used`` leaves out the file cache the kernel would reclaim.
+    error. ``used`` leaves out the file cache the kernel would reclaim, and counts what this process's rings will
+    still take (:func:`promise`).
     """
     tightest = None
     for directory, limit_file in cgroup_dirs("memory", "memory.limit_in_bytes", "memory.max"):
@@ -149,6 +169,10 @@ def cgroup_free_bytes() -> "tuple[int, int, int] | None":
         free = max(0, limit - used)
         if tightest is None or free < tightest[0]:
             tightest = (free, limit, used)
+    promised = promised_bytes() if tightest is not None else 0
+    if promised:  # charged to the cgroup once the readers map them (the readers are in it too)
+        free, limit, used = tightest  # type: ignore[misc]
+        tightest = (max(0, free - promised), limit, used + promised)
     return tightest
 
 

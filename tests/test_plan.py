@@ -303,13 +303,31 @@ def test_what_the_caller_gives_is_kept_and_the_rest_fitted_around_it() -> None:
     # Blocks of whole chunks for the fewest slots (32 MiB / 9: 14 chunks), then as many slots as they leave room for.
     assert (fitted.read_ahead, fitted.block_size) == (9, 14 * 64)
     slots = plan_stream(shape, "chunks", machine, block_size=1024, shm_free=free)
-    assert (slots.block_size, slots.read_ahead) == (1024, 9)  # the blocks asked for; slots as few as allowed
+    assert (slots.block_size, slots.read_ahead) == (1024, 8)  # the blocks asked for; slots as few as allowed,
+    assert slots.n_procs == 7  # for fewer default readers: 9 slots of 4 MiB would take more than half
     blocks = plan_stream(shape, "chunks", machine, read_ahead=16, shm_free=free)
     assert (blocks.read_ahead, blocks.block_size) == (16, 8 * 64)  # the slots asked for; blocks to fit them (2 MiB)
     assert plan_stream(shape, "chunks", machine, read_ahead=4, shm_free=free).block_size == 1024  # room: 4 MiB blocks
     assert plan_stream(shape, "chunks", machine, read_ahead=18, block_size=1024, shm_free=free) == default
     sixteen = plan_stream(shape, "chunks", Machine(16, "fork"), shm_free=free)  # 136 MiB by default
     assert (sixteen.n_procs, sixteen.read_ahead, sixteen.block_size) == (16, 18, 7 * 64)  # 31.5 MiB: 18 of 1.75
+
+
+def test_default_readers_whose_smallest_ring_does_not_fit_are_fewer_down_to_none() -> None:
+    """A 4 MiB chunk is the smallest default block: in 8 MiB of shared memory (half of it for the ring) not even
+    one reader's two slots fit, so the defaults read in the consumer (no shared memory) rather than refuse with a
+    ShmSpaceError what the caller never asked for; in 24 MiB two readers do (3 slots), not eight. Readers asked
+    for are kept, and refused later if their ring does not fit."""
+    shape = DatasetShape(1 << 18, 4096, 1024, (1,))  # 1 GiB of 4 KiB rows in 4 MiB chunks
+    machine = Machine(8, "fork")
+    assert plan_stream(shape, "chunks", machine).n_procs == 8
+    none = plan_stream(shape, "chunks", machine, shm_free=8 << 20)
+    assert (none.n_procs, none.block_size) == (0, plan_stream(shape, "chunks", machine, n_procs=0).block_size)
+    two = plan_stream(shape, "chunks", machine, shm_free=24 << 20)
+    assert (two.n_procs, two.read_ahead, two.block_size) == (2, 3, 1024)
+    assert plan_stream(shape, "chunks", machine, block_size=2048, shm_free=32 << 20).n_procs == 1  # 2 x 8 MiB
+    assert plan_stream(shape, "chunks", machine, n_procs=8, shm_free=8 << 20).n_procs == 8  # asked: kept
+    assert plan_stream(shape, "chunks", machine, read_ahead=2, shm_free=8 << 20).n_procs == 8  # slots asked: kept
 
 
 def test_small_blocks_asked_for_are_read_several_at_a_time() -> None:

@@ -32,7 +32,8 @@ NOTE [read plan]
       when read in the consumer;
     * shared memory: a ring the defaults make takes at most :data:`SHM_SHARE` of the shared memory free when its
       readers start (``shm_free``: /dev/shm's, or a memory cgroup's where less): fewer slots, down to one per reader
-      and the consumer's, and a stream's default blocks smaller (whole chunks) where even those would not fit. A
+      and the consumer's, and a stream's default blocks smaller (whole chunks) where even those would not fit, then
+      a stream's default readers fewer, down to none (read in the consumer, which takes no shared memory). A
       container's /dev/shm is small (Docker's default: 64 MiB, where 8 readers' default ring of 4 MiB blocks needs
       72), and others use it too (another stream, DataLoader workers, NCCL). What the caller gives is taken as
       given; a ring that still does not fit is refused before any reader starts (``ShmSpaceError``). Training's
@@ -316,17 +317,21 @@ def plan_stream(
     (:func:`read_together`; ``ReadPlan.split_rows``); ``rows_only``: the
     caller sees rows, not blocks (the generator), so the slots are fewer.
     """
+    defaulted, asked = n_procs is None, block_size is not None
     if n_procs is None:
         n_procs = default_readers(shape, engine, machine)
     n_procs = cap_readers(n_procs, None, machine.cpus)  # first: the default block size depends on it
-    asked = block_size is not None
-    if block_size is None:
-        most = None
-        if n_procs and shm_free is not None:  # room for the slots asked, or the fewest the defaults allow
-            most = int(SHM_SHARE * shm_free) // (read_ahead or _fewest_slots(n_procs))
-        block_size = default_block_size(shape.n_rows, shape.row_nbytes, shape.chunk_rows, n_procs, shape.remote, most)
-    elif block_size > shape.n_rows:
-        block_size = shape.n_rows  # one block of every row, as the established API read it
+    block_size = min(block_size, shape.n_rows) if asked else None  # at most one block of every row, as 2.x read it
+    while True:
+        if not asked:  # its slots (those asked, or the fewest the defaults allow) within the room for the ring
+            room = int(SHM_SHARE * shm_free) if n_procs and shm_free is not None else None
+            most = None if room is None else room // (read_ahead or _fewest_slots(n_procs))
+            block_size = default_block_size(shape.n_rows, shape.row_nbytes, shape.chunk_rows, n_procs, shape.remote, most)
+        # The defaults' fewest slots of their smallest blocks still too large: fewer readers, down to none.
+        if not (defaulted and n_procs and read_ahead is None and shm_free is not None
+                and _fewest_slots(n_procs) * block_size * shape.row_nbytes > SHM_SHARE * shm_free):
+            break
+        n_procs -= 1
     times = read_together(shape, block_size, n_procs, cyclic, read_ahead, shm_free) if asked else 1
     if times == 1:
         blocks = BlockPlan(shape.n_rows, block_size, cyclic=cyclic, remainder=remainder)

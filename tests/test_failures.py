@@ -1046,6 +1046,9 @@ def test_ring_larger_than_free_shm_fails_before_any_process(
         Streamer(h5file).get_queue("/data", n_procs=2, block_size=CHUNK, read_ahead=64)
     _assert_space_error(info.value)
     assert "has 1.0 MiB (1,048,576 bytes) free" in str(info.value) and "needs 2.0 MiB" in str(info.value)
+    # What to change, to the slot: 64 slots of 32 KiB, each a page more for its meta; a page of header.
+    assert str(info.value).startswith("The ring (64 slots of 500 rows, 31.2 KiB each) needs 2.0 MiB")
+    assert "(read_ahead=31 fits now), n_procs=0 (the blocks read in this process" in str(info.value)
     assert not process_starts and own_segments() == segments
     # The same through the generator, at its first next().
     gen = Streamer(h5file).get_generator("/data", n_procs=2, block_size=CHUNK, read_ahead=64)
@@ -1257,7 +1260,7 @@ def test_a_ring_made_while_another_still_maps_its_slots_is_refused_up_front(tmp_
     statvfs then still shows them free, and a second ring made at once passed the check; one of the readers'
     mappings failed later (a ReaderError at a get of either stream), where the space was known short."""
     said = _in_a_small_dev_shm(48, _TWO_RINGS, tmp_path)
-    assert said[0].startswith("second: The ring needs 32.0 MiB") and "free" in said[0] and "--shm-size" in said[0], said
+    assert said[0].startswith("second: The ring (8 slots of 64 rows, 4.0 MiB each) needs 32.0 MiB") and "free" in said[0] and "--shm-size" in said[0], said
     assert said[1:] == ["readers: 2", "first: True", "after: 0"], said
 
 

@@ -46,7 +46,7 @@ from .._plan.blocks import BlockPlan, GrowingPlan, RangePlan
 from .._plan.readers import ReadPlan, available_cpus
 from .._shm.layout import RingLayout, RingSync
 from .._shm.ring import WAIT, PeerGone, Ring, TablePlan
-from .._shm.space import check_space, semaphores_for
+from .._shm.space import check_space, semaphores_for, shared_memory_free
 from ..errors import ReaderError, StreamClosedError
 from .pool import REPORT_TIMEOUT, ReaderPool
 from .process import PARENT_CHECK_INTERVAL, ReaderProcess
@@ -179,6 +179,16 @@ def stream_loop(reader: ReaderProcess, settings: StreamSettings, sync: RingSync)
         ring.close()
 
 
+def _ring_advice(layout: RingLayout, split_rows: int) -> str:
+    """What makes a ring that does not fit smaller: the read-ahead that would fit (where the slots are the blocks
+    asked for, not several read together), or no readers at all."""
+    free = shared_memory_free()
+    fits = 0 if free is None or split_rows else (free - layout.data_offset) // layout.slot_stride
+    room = f" (read_ahead={fits} fits now)" if 0 < fits < layout.n_slots else ""
+    return (f"a smaller read_ahead or block_size{room}, n_procs=0 (the blocks read in this process, which takes no "
+            f"shared memory)")
+
+
 class StreamReaders:
     """``spec.n_procs`` readers filling one ring; owned by one queue."""
 
@@ -187,7 +197,11 @@ class StreamReaders:
         node = spec.node
         self.filename, self.path = node.filename, node.path
         layout = RingLayout(spec.read.read_ahead, spec.plan.block_size, spec.row_shape, spec.dtype, spec.read.table)
-        check_space(layout.nbytes)  # before anything is created (semaphores too); Ring.create checks again
+        # Before anything is created (semaphores too); Ring.create checks again.
+        slot = layout.slot_nbytes
+        size = f"{slot / (1 << 20):.1f} MiB" if slot >= 1 << 20 else f"{slot / 1024:.1f} KiB"
+        check_space(layout.nbytes, f"The ring ({layout.n_slots} slots of {layout.block_size:,} rows, {size} each)",
+                    _ring_advice(layout, spec.read.split_rows))
         self.pool = ReaderPool(start_method, node.filename, node.path, name="reader", n_readers=spec.n_procs)
         with semaphores_for("The ring's semaphores"):
             sync = RingSync.create(self.pool.ctx, spec.read.read_ahead, spec.n_procs)

@@ -73,12 +73,13 @@ def _amount(nbytes: int) -> str:
     return f"{nbytes / (1 << 20):.1f} MiB ({nbytes:,} bytes)"  # the bytes: rounding could hide a few pages short
 
 
-def space_error(nbytes: int, free: "int | None", what: str) -> ShmSpaceError:
-    """The error for ``what`` needing ``nbytes`` of /dev/shm where ``free`` are free (None: not known)."""
+def space_error(nbytes: int, free: "int | None", what: str, advice: "str | None" = None) -> ShmSpaceError:
+    """The error for ``what`` needing ``nbytes`` of /dev/shm where ``free`` are free (None: not known); ``advice``:
+    what the caller can make smaller, where it says more than ``what`` alone."""
     short = ""
     if free is not None:  # enough free yet short: posix_fallocate failed, something took it meanwhile
         short = f": {nbytes - free:,} bytes short" if free < nbytes else ", yet it could not be reserved"
-    smaller = _SMALLER.get(what)
+    smaller = advice or _SMALLER.get(what)
     return ShmSpaceError(
         f"{what} needs {_amount(nbytes)} of shared memory but {SHM_DIR} has "
         f"{'an unknown amount' if free is None else _amount(free)} free{short}. "
@@ -176,19 +177,20 @@ def cgroup_free_bytes() -> "tuple[int, int, int] | None":
     return tightest
 
 
-def check_space(nbytes: int, what: str = "The ring") -> None:
-    """Raise :class:`ShmSpaceError` now if ``nbytes`` cannot fit in /dev/shm's free space or this process's memory cgroup."""
+def check_space(nbytes: int, what: str = "The ring", advice: "str | None" = None) -> None:
+    """Raise :class:`ShmSpaceError` now if ``nbytes`` cannot fit in /dev/shm's free space or this process's memory
+    cgroup; ``advice`` as for :func:`space_error`."""
     free = shm_free_bytes()
     if free is not None and nbytes > free:
-        raise space_error(nbytes, free, what)
+        raise space_error(nbytes, free, what, advice)
     cgroup = cgroup_free_bytes()
     if cgroup is not None and nbytes > cgroup[0]:
-        raise _cgroup_error(nbytes, cgroup, what)
+        raise _cgroup_error(nbytes, cgroup, what, advice)
 
 
-def _cgroup_error(nbytes: int, cgroup: tuple[int, int, int], what: str) -> ShmSpaceError:
+def _cgroup_error(nbytes: int, cgroup: tuple[int, int, int], what: str, advice: "str | None") -> ShmSpaceError:
     free, limit, used = cgroup
-    smaller = _SMALLER.get(what)
+    smaller = advice or _SMALLER.get(what)
     return ShmSpaceError(
         f"{what} needs {_amount(nbytes)} of shared memory, which counts against this process's memory cgroup "
         f"(a container's memory limit): its limit is {_amount(limit)}, {_amount(used)} in use, so "

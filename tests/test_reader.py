@@ -752,6 +752,48 @@ def test_a_stage_too_large_for_shm_gets_advice_that_fits_a_stage(
     assert "read_ahead" not in text and "block_size" not in text  # the Reader has neither
 
 
+def test_a_stage_takes_of_shm_its_data_and_row_positions_only_as_requests_need_them(
+    h5file: tuple, no_leaks: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stage has room for as many scattered rows' positions as 8-byte rows would fill its data: for most datasets
+    as much again as the data. Reserved with it, a stage of one 4 MiB row needed 8 MiB of /dev/shm, refused in an
+    8 MiB one. The positions' pages now come when a request first needs them (NOTE [stage room]); where /dev/shm
+    has none left, that request is a ShmSpaceError before any reader is involved, and the stage serves on."""
+    import errno
+
+    from multitables._shm import segment as _seg
+    from multitables._shm.stagemap import StageLayout
+
+    if not _seg.can_populate():
+        pytest.skip("the kernel lacks MADV_POPULATE_WRITE: a stage is reserved whole")
+    path, contents = h5file
+    data, scattered = contents["/zlib3d"], [5, 77, 3, 200]
+    layout = StageLayout(300 * 48 // 8, 300 * 48)  # 300 rows of 48 bytes: the positions take as much as the data
+    positions = layout.data_offset - layout.rows_offset
+    checked: list[int] = []
+    real_check = _seg.check_space
+    monkeypatch.setattr(_seg, "check_space", lambda n, what: (checked.append(n), real_check(n, what))[1])
+    real_madvise = _seg._madvise
+
+    def full(buf: object, advice: int, offset: int, nbytes: int) -> None:
+        raise OSError(errno.EFAULT, "Bad address")  # what MADV_POPULATE_WRITE says of a full tmpfs
+
+    with Reader(path, n_procs=1) as reader:
+        ds = reader.get_dataset("/zlib3d")
+        checked.clear()
+        with ds.create_stage(300) as stage:
+            assert checked == [layout.nbytes - positions] and positions >= 300 * 48  # the header and the data
+            monkeypatch.setattr(_seg, "_madvise", full)
+            with pytest.raises(multitables.ShmSpaceError) as info:
+                reader.request(ds[scattered], stage)
+            text = str(info.value)
+            assert text.startswith("The stage's row positions needs 0.0 MiB (4,096 bytes) of shared memory")
+            assert "fewer scattered rows a request (a slice needs none)" in text and "--shm-size" in text
+            np.testing.assert_array_equal(reader.request(ds[10:20], stage).get(), data[10:20])  # no positions
+            monkeypatch.setattr(_seg, "_madvise", real_madvise)
+            np.testing.assert_array_equal(reader.request(ds[scattered], stage).get(), data[scattered])
+
+
 def test_n_procs_is_capped_at_four_readers_per_usable_cpu(
     h5file: tuple, no_leaks: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

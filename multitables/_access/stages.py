@@ -43,10 +43,10 @@ class Stage:
         self._pool: "weakref.ref[StagePool] | None" = None
         self._hold = threading.Lock()  # held from request to release
         self._last: "tuple[int, list[int], bool] | None" = None  # (request, readers, collected)
-        # Room for the positions of as many scattered rows as 8-byte rows would fill the data
-        # (tmpfs pages are only allocated when written, so unused room costs nothing).
+        # Room for the positions of as many scattered rows as 8-byte rows would fill the data, allocated as requests
+        # need it (NOTE [stage room] in ``_shm.stagemap``): unused room costs nothing.
         layout = StageLayout(max(n_rows, nbytes // 8), nbytes)
-        segment = Segment.create(layout.nbytes, what="The stage")
+        segment = Segment.create(layout.nbytes, what="The stage", lazy=layout.rows_room)
         try:
             with core.lock:
                 core.detach_dropped()

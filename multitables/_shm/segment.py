@@ -213,15 +213,23 @@ def _free_all_but(buf: mmap.mmap, nbytes: int, keep: Sequence[tuple[int, int]]) 
         start = max(start, -(-(offset + length) // page) * page)
 
 
-def _reserve(fd: int, nbytes: int, what: str) -> None:
-    """Give the segment its size with every page reserved, so touching it can never SIGBUS."""
+def _reserve(fd: int, nbytes: int, what: str, lazy: "tuple[int, int] | None" = None) -> None:
+    """Give the segment its size with every page reserved (but ``lazy``'s, offset and length, whose pages are
+    populated before they are written), so touching it can never SIGBUS."""
+    if lazy is None:
+        ranges = [(0, nbytes)]
+    else:
+        os.ftruncate(fd, nbytes)
+        ranges = [(0, lazy[0]), (lazy[0] + lazy[1], nbytes - lazy[0] - lazy[1])]
     try:
-        os.posix_fallocate(fd, 0, nbytes)
+        for offset, length in ranges:
+            if length:
+                os.posix_fallocate(fd, offset, length)
     except OSError as exc:
         if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
             os.ftruncate(fd, nbytes)  # a filesystem that cannot reserve: size it, as shared_memory does
             return
-        raise space_error(nbytes, shm_free_bytes(), what) from exc
+        raise space_error(sum(length for _, length in ranges), shm_free_bytes(), what) from exc
 
 
 class Segment:
@@ -243,13 +251,18 @@ class Segment:
         self._unlinker = weakref.finalize(self, _unlink, name) if owner else None
 
     @classmethod
-    def create(cls, nbytes: int, what: str = "The ring", reserve: bool = True) -> "Segment":
+    def create(
+        cls, nbytes: int, what: str = "The ring", reserve: bool = True, lazy: "tuple[int, int] | None" = None
+    ) -> "Segment":
         """Create a new private segment of ``nbytes`` bytes, reserving its pages now.
 
         ``reserve=False``: the pages are not allocated here, and the caller
         promises that every page is :meth:`populate`-d before it is written
         (NOTE [slots and page tables] in ``ring``), so that a full /dev/shm
-        is an error rather than a SIGBUS.
+        is an error rather than a SIGBUS. ``lazy``: ``(offset, length)``, page-aligned, of room that is
+        rarely used whole (a stage's row positions): left out of the reservation and of the space check, and
+        :meth:`populate`-d by the caller before it writes there; reserved with the rest where the kernel cannot
+        populate.
 
         NOTE [creation span]: from ``shm_open`` until the returned object
         exists (whose finalizer unlinks the name), a Ctrl-C is held back
@@ -261,7 +274,9 @@ class Segment:
         """
         if _posixshmem is None:  # pragma: no cover
             raise OSError("POSIX shared memory is not available on this platform")
-        check_space(nbytes, what)
+        if lazy is not None and not can_populate():
+            lazy = None
+        check_space(nbytes - (lazy[1] if lazy else 0), what)
         _sweep_once()
         from multiprocessing import resource_tracker
 
@@ -282,7 +297,7 @@ class Segment:
             try:
                 resource_tracker.register("/" + name, "shared_memory")
                 if reserve:
-                    _reserve(fd, nbytes, what)
+                    _reserve(fd, nbytes, what, lazy)
                 else:
                     os.ftruncate(fd, nbytes)
                 buf = _map_without_fd(fd, nbytes)
@@ -309,7 +324,7 @@ class Segment:
             os.close(fd)
         return cls(name, nbytes, buf, owner=False)
 
-    def populate(self, offset: int, nbytes: int, what: str = "The ring") -> None:
+    def populate(self, offset: int, nbytes: int, what: str = "The ring", need: "int | None" = None) -> None:
         """Put bytes ``offset .. offset + nbytes`` (``offset`` page-aligned) in this process's page tables, writable.
 
         One call instead of a fault a page; in a segment made with ``reserve=False`` it allocates the pages,
@@ -320,7 +335,7 @@ class Segment:
             _madvise(self.buf, _MADV_POPULATE_WRITE, offset, nbytes)
         except OSError as exc:
             if exc.errno in (errno.EFAULT, errno.ENOMEM):  # the tmpfs is full (SIGBUS), or the memory cgroup
-                raise space_error(self.nbytes, shm_free_bytes(), what) from exc
+                raise space_error(self.nbytes if need is None else need, shm_free_bytes(), what) from exc
             if exc.errno != errno.EINVAL:
                 raise
 

@@ -62,6 +62,7 @@ def shared_memory_free() -> "int | None":
 _SMALLER = {
     "The ring": "a smaller read_ahead or block_size",
     "The stage": "a smaller stage or fewer stages",
+    "The stage's row positions": "fewer scattered rows a request (a slice needs none)",
     "The request inboxes": "fewer readers (n_procs)",
     "The Reader's semaphores": "a smaller max_stages or fewer readers (n_procs)",
 }

@@ -5,6 +5,15 @@ plan], which node to read, one status word per share), the explicit rows
 read when the plan has them, then the data: the rows read, in order.
 :class:`StageMap` alone knows the header's words; see NOTE [request
 protocol] in ``_procs.serve``.
+
+NOTE [stage room]
+    The room for explicit rows holds as many positions as 8-byte rows would fill the data (a column's scattered
+    rows), as large as the data for most datasets, and rarely used whole. Reserved with the rest, it doubled what a
+    stage took of /dev/shm (a stage of one 4 MiB row needed 8 MiB, refused in an 8 MiB /dev/shm). So only the
+    header and the data are reserved and checked when the stage is made; the consumer populates the positions a
+    request needs before it writes them (``Segment.populate``), once per stage up to the most asked so far, and a
+    /dev/shm with no room for them is a ``ShmSpaceError`` at ``request``, never a SIGBUS. Kernels that cannot
+    populate reserve it all.
 """
 
 from __future__ import annotations
@@ -55,6 +64,11 @@ class StageLayout:
     def nbytes(self) -> int:
         return self.data_offset + round_up(max(self.data_nbytes, 1), PAGE)
 
+    @property
+    def rows_room(self) -> "tuple[int, int]":
+        """Where the row positions lie (offset, length): not reserved when the stage is made (NOTE [stage room])."""
+        return self.rows_offset, self.data_offset - self.rows_offset
+
 
 class StageMap:
     """One process's mapping of a stage segment."""
@@ -65,6 +79,7 @@ class StageMap:
         self.words: "np.ndarray | None" = np.frombuffer(segment.buf, dtype=np.int64, count=_DESC_AT // 8)
         self.rows = np.frombuffer(segment.buf, dtype=np.int64, count=layout.max_rows, offset=layout.rows_offset)
         self._writable = writable
+        self._rows_room = 0  # bytes of the row positions populated so far (the consumer's: NOTE [stage room])
 
     def data(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         """The first ``shape`` of the data area, as ``dtype``."""
@@ -78,7 +93,10 @@ class StageMap:
 
     # -- the consumer's side of the header: the one place that knows its words ----------------
     def write_request(self, req: int, plan: "RowPlan | None", desc: bytes) -> None:
-        """Set up request ``req``: its rows ``plan`` (None: a query, described in ``desc``), every share pending."""
+        """Set up request ``req``: its rows ``plan`` (None: a query, described in ``desc``), every share pending.
+        ``ShmSpaceError`` before anything is written where /dev/shm has no room for its row positions."""
+        if plan is not None and plan.rows is not None:
+            self._room_for_rows(plan.n_read)
         w = self.words
         w[_H_REQ] = req
         w[_H_QUERY] = plan is None
@@ -92,6 +110,14 @@ class StageMap:
                 self.rows[: plan.n_read] = plan.rows
         w[_H_STATUS : _H_STATUS + MAX_SHARES] = PENDING
         self.write_desc(desc)
+
+    def _room_for_rows(self, n: int) -> None:
+        """Allocate the pages of the first ``n`` row positions (NOTE [stage room]), once."""
+        need = round_up(8 * n, PAGE)
+        if need > self._rows_room:
+            self.segment.populate(self.layout.rows_offset + self._rows_room, need - self._rows_room,
+                                  "The stage's row positions", need=need - self._rows_room)
+            self._rows_room = need
 
     def status(self, n_shares: int) -> list[int]:
         """The status (PENDING, DONE, FAILED) of the first ``n_shares`` shares; ``StreamClosedError`` once closed.

@@ -55,6 +55,37 @@ def test_every_face_chooses_the_same_readers_and_blocks(rows_file: Path, pays: b
             assert reader.n_procs == plan_requests(None, machine) == 3
 
 
+def test_default_readers_are_fewer_where_their_fewest_slots_do_not_fit_and_none_where_no_readers_do(
+    rows_file: Path, monkeypatch: pytest.MonkeyPatch, no_leaks: None
+) -> None:
+    """A small /dev/shm (8 MiB here and there; 100 KiB here, against 16 KiB chunks): the defaults' ring shrinks to
+    one slot per reader and one, of a chunk each, and where even that takes more than half of what is free, the
+    defaults start fewer readers, down to none, rather than refuse what the caller never asked for. Batches keep
+    their blocks (an epoch's order is made of them) and fit their readers alone."""
+    from multitables._shm import space
+
+    monkeypatch.setattr(costs, "START_COST_S", {"fork": 0.0, "forkserver": 0.0, "spawn": 0.0})  # readers pay
+    monkeypatch.setattr(planner, "available_cpus", lambda: 3)
+    monkeypatch.setattr(space, "cgroup_free_bytes", lambda: None)
+    monkeypatch.setattr(space, "shm_free_bytes", lambda: 100 << 10)
+    data = np.arange(60_000 * 8, dtype="<f4").reshape(60_000, 8)
+    stream = multitables.Streamer(rows_file)
+    with stream.get_queue("/x", ordered=True) as queue:
+        assert (queue.n_procs, queue.read_ahead, queue.block_size) == (2, 3, 500)  # 3 readers: 4 x 16 KiB > 50 KiB
+        got = []
+        for guard in queue:
+            with guard as block:
+                got.append(block.copy())
+    np.testing.assert_array_equal(np.concatenate(got), data)
+    batches = stream.get_batches("/x", 1000, shuffle=False)  # blocks of 15,000 rows: 469 KiB a slot
+    assert batches.n_procs == [0]
+    np.testing.assert_array_equal(np.concatenate(list(batches)), data)
+    batches.close()
+    monkeypatch.setattr(space, "shm_free_bytes", lambda: 2 << 20)  # room for one reader's two slots in half of it
+    assert stream.get_batches("/x", 1000, shuffle=False).n_procs == [1]
+    assert stream.get_batches("/x", 1000, shuffle=False, n_procs=3).n_procs == [3]  # asked: kept
+
+
 def test_the_default_readers_of_a_stream_and_of_batches_follow_the_rate_measured_on_its_file(
     rows_file: Path, monkeypatch: pytest.MonkeyPatch, no_leaks: None
 ) -> None:

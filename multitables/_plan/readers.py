@@ -33,11 +33,11 @@ NOTE [read plan]
     * shared memory: a ring the defaults make takes at most :data:`SHM_SHARE` of the shared memory free when its
       readers start (``shm_free``: /dev/shm's, or a memory cgroup's where less): fewer slots, down to one per reader
       and the consumer's, and a stream's default blocks smaller (whole chunks) where even those would not fit, then
-      a stream's default readers fewer, down to none (read in the consumer, which takes no shared memory). A
+      default readers fewer, down to none (read in the consumer, which takes no shared memory; ``_plan.room``). A
       container's /dev/shm is small (Docker's default: 64 MiB, where 8 readers' default ring of 4 MiB blocks needs
       72), and others use it too (another stream, DataLoader workers, NCCL). What the caller gives is taken as
       given; a ring that still does not fit is refused before any reader starts (``ShmSpaceError``). Training's
-      blocks never shrink: an epoch's order is made of them;
+      blocks never shrink (an epoch's order is made of them): its default readers are fewer, down to none;
     * an object (a URL, ``DatasetShape.remote``): each read waits a round trip (tens of ms) and a reader cannot
       fetch ahead for blocks another reader may claim, so blocks are larger (:data:`REMOTE_BLOCK_BYTES`: a round
       trip per 16 MiB rather than per 4, the parts of each fetched in parallel) and readers more
@@ -62,6 +62,7 @@ from .blocks import MiB, BlockPlan, GrowingPlan, RangePlan
 from .costs import (
     MARGIN, RATE_SPREAD, parallel_cpus, parallel_pays, rate_sample_rows, saved_s, start_cost, table_rate,
 )
+from .room import SHM_SHARE, fewest_slots, readers_that_fit
 from .subset import default_subset_block
 
 #: Uncompressed bytes a block aims at when the dataset is chunked, and the
@@ -84,9 +85,6 @@ REMOTE_READERS_PER_CPU = 2
 #: Fewest default readers for an object (capped at ``READERS_PER_CPU`` per CPU): the blocks in flight a distant link
 #: needs do not depend on the CPUs (NOTE [read plan]).
 REMOTE_MIN_READERS = 8
-#: The share of the shared memory free at a stream's start that a ring of the defaults takes at most (NOTE [read
-#: plan]): the rest is left to others, and to the next ring.
-SHM_SHARE = 0.5
 #: Most readers per usable CPU: more only take turns on the same cores (each with its own ring slots and open file),
 #: while a few per CPU still help where reads wait on storage rather than decode.
 READERS_PER_CPU = 4
@@ -325,11 +323,11 @@ def plan_stream(
     while True:
         if not asked:  # its slots (those asked, or the fewest the defaults allow) within the room for the ring
             room = int(SHM_SHARE * shm_free) if n_procs and shm_free is not None else None
-            most = None if room is None else room // (read_ahead or _fewest_slots(n_procs))
+            most = None if room is None else room // (read_ahead or fewest_slots(n_procs))
             block_size = default_block_size(shape.n_rows, shape.row_nbytes, shape.chunk_rows, n_procs, shape.remote, most)
         # The defaults' fewest slots of their smallest blocks still too large: fewer readers, down to none.
         if not (defaulted and n_procs and read_ahead is None and shm_free is not None
-                and _fewest_slots(n_procs) * block_size * shape.row_nbytes > SHM_SHARE * shm_free):
+                and fewest_slots(n_procs) * block_size * shape.row_nbytes > SHM_SHARE * shm_free):
             break
         n_procs -= 1
     times = read_together(shape, block_size, n_procs, cyclic, read_ahead, shm_free) if asked else 1
@@ -339,7 +337,7 @@ def plan_stream(
         n_rows = shape.n_rows if cyclic or remainder else shape.n_rows - shape.n_rows % block_size
         blocks = BlockPlan(n_rows, min(block_size * times, n_rows), cyclic=cyclic, remainder=True)
         if rows_only and read_ahead is not None:  # the bytes in flight asked for (a queue's caller holds blocks)
-            read_ahead = max(_fewest_slots(n_procs) if n_procs else 1, -(-read_ahead // times))
+            read_ahead = max(fewest_slots(n_procs) if n_procs else 1, -(-read_ahead // times))
     read = plan_blocks(blocks, machine, n_procs=n_procs, read_ahead=read_ahead, remote=shape.remote,
                        slot_bytes=blocks.block_size * shape.row_nbytes, shm_free=shm_free)
     return read if times == 1 else replace(read, split_rows=block_size)
@@ -398,13 +396,8 @@ def plan_blocks(
         read_ahead = default_read_ahead(n_procs, remote)
         if n_procs and slot_bytes and shm_free is not None:
             fits = int(SHM_SHARE * shm_free) // slot_bytes
-            read_ahead = max(_fewest_slots(n_procs), min(read_ahead, fits))
+            read_ahead = max(fewest_slots(n_procs), min(read_ahead, fits))
     return ReadPlan(blocks, n_procs, read_ahead, table)
-
-
-def _fewest_slots(n_procs: int) -> int:
-    """The fewest slots a default ring gets where shared memory is short: one per reader, and the consumer's."""
-    return n_procs + 1
 
 
 @dataclass(frozen=True)
@@ -430,6 +423,7 @@ def plan_batches(
     window: "int | None" = None,
     shuffle: bool = True,
     passes: int = 1,
+    shm_free: "int | None" = None,
 ) -> BatchPlan:
     """How batches read datasets of equal rows (NOTE [read plan]): blocks planned for one reader, the readers shared;
     by default, readers priced over ``passes`` epochs (NOTE [readers bought] in ``_train.feed``).
@@ -441,6 +435,7 @@ def plan_batches(
     rows, else the datasets'): where it differs from the datasets' rows, a
     default block spans about a default block of file rows. The largest rows
     set the block. ``ValueError`` for a ``block_size`` beyond ``n_rows``.
+    ``shm_free``: the shared memory free for the rings (None: not known), which default readers fit.
     """
     file_rows = shapes[0].n_rows
     main = max(shapes, key=lambda s: s.row_nbytes)
@@ -456,6 +451,8 @@ def plan_batches(
     n_blocks = -(-n_rows // block_size)
     cpus = machine.cpus * (REMOTE_READERS_PER_CPU if any(s.remote for s in shapes) else 1)
     readers = [cap_readers(n, n_blocks, machine.cpus) for n in split_readers(nbytes, pays, n_procs, cpus)]
+    if n_procs is None and read_ahead is None and shm_free is not None:  # the blocks stay: fewer readers (NOTE [read plan])
+        readers = readers_that_fit(readers, [block_size * s.row_nbytes for s in shapes], shm_free)
     if window is None:
         window = max(1, WINDOW_BYTES // (block_size * max(1, sum(s.row_nbytes for s in shapes))))
     return BatchPlan(block_size, tuple(readers), read_ahead, min(window, n_blocks) if shuffle else 1)

@@ -39,6 +39,7 @@ from .._plan.blocks import GrowingPlan, RangePlan
 from .._plan.epoch import RankEpoch
 from .._plan.readers import BatchPlan, DatasetShape, Machine, plan_batches, rate_decides, would_save_s
 from .._plan.subset import piece_spans
+from .._shm.space import shared_memory_free
 from .._sys.forks import note_forgone
 from ..errors import QueueClosed
 
@@ -66,8 +67,11 @@ class FeedPlan:
         return self.given.get("n_procs") is None
 
     def at(self, passes: int = 1) -> "tuple[list[str], BatchPlan]":
-        """Each dataset's engine and the plan, default readers priced over ``passes`` epochs."""
-        plan = plan_batches(self.shapes, self.engines, self.machine, n_rows=self.n_rows, passes=passes, **self.given)
+        """Each dataset's engine and the plan, default readers priced over ``passes`` epochs and fitted to the shared
+        memory free (NOTE [read plan])."""
+        free = shared_memory_free() if self.by_default and self.given.get("read_ahead") is None else None
+        plan = plan_batches(self.shapes, self.engines, self.machine, n_rows=self.n_rows, passes=passes, shm_free=free,
+                            **self.given)
         return [self.options.engine_for_readers(n, e, k) for n, e, k in zip(self.nodes, self.engines, plan.n_procs)], plan
 
 

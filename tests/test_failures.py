@@ -1187,6 +1187,8 @@ def test_a_full_dev_shm_at_a_readers_populate_is_its_space_error_not_a_sigbus(
     assert isinstance(info.value, ReaderError) and info.value.pid in q.reader_pids
     _assert_space_error(info.value)
     assert "map_own_slots" in info.value.remote_traceback
+    assert ("--shm-size). (There was room when the stream started: another process, whose rings this one cannot "
+            "count, took it since.)") in str(info.value)
     assert own_segments() == segments
 
 

@@ -102,6 +102,7 @@ from .._plan.blocks import Piece
 from .._sys.awake import Eagerness, acquire
 from .._sys.refs import held_elsewhere
 from .._sys.release import release_later
+from ..errors import ShmSpaceError
 from .layout import HEADER_WORDS, RingLayout, RingSync
 from .segment import Segment, can_populate
 
@@ -211,8 +212,12 @@ class Ring:
 
     def map_own_slots(self) -> None:
         """Map this reader's group's slots into its page tables, whole (ShmSpaceError: /dev/shm has no room for them)."""
-        for slot in range(self._group, self.layout.n_slots, len(self.sync.free)):
-            self.segment.populate(self.layout.slot_offset(slot), self.layout.slot_stride)
+        try:
+            for slot in range(self._group, self.layout.n_slots, len(self.sync.free)):
+                self.segment.populate(self.layout.slot_offset(slot), self.layout.slot_stride)
+        except ShmSpaceError as exc:  # checked when the ring was made: what took the room came since, from elsewhere
+            raise ShmSpaceError(f"{exc} (There was room when the stream started: another process, whose rings this "
+                                f"one cannot count, took it since.)") from exc
 
     def close(self, background: bool = False) -> None:
         """Unmap (idempotent); the ring then counts as stopped. ``background``: where no slot's rows are lent, unmap

@@ -200,7 +200,8 @@ class StreamReaders:
         # Before anything is created (semaphores too); Ring.create checks again.
         slot = layout.slot_nbytes
         size = f"{slot / (1 << 20):.1f} MiB" if slot >= 1 << 20 else f"{slot / 1024:.1f} KiB"
-        check_space(layout.nbytes, f"The ring ({layout.n_slots} slots of {layout.block_size:,} rows, {size} each)",
+        rows = f"{layout.block_size:,} row{'s' if layout.block_size != 1 else ''}"
+        check_space(layout.nbytes, f"The ring ({layout.n_slots} slots of {rows}, {size} each)",
                     _ring_advice(layout, spec.read.split_rows))
         self.pool = ReaderPool(start_method, node.filename, node.path, name="reader", n_readers=spec.n_procs)
         with semaphores_for("The ring's semaphores"):

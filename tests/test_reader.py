@@ -787,7 +787,7 @@ def test_a_stage_takes_of_shm_its_data_and_row_positions_only_as_requests_need_t
             with pytest.raises(multitables.ShmSpaceError) as info:
                 reader.request(ds[scattered], stage)
             text = str(info.value)
-            assert text.startswith("The stage's row positions needs 0.0 MiB (4,096 bytes) of shared memory")
+            assert text.startswith("The stage's row positions need 0.0 MiB (4,096 bytes) of shared memory")
             assert "fewer scattered rows a request (a slice needs none)" in text and "--shm-size" in text
             np.testing.assert_array_equal(reader.request(ds[10:20], stage).get(), data[10:20])  # no positions
             monkeypatch.setattr(_seg, "_madvise", real_madvise)

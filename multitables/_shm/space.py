@@ -82,7 +82,7 @@ def space_error(nbytes: int, free: "int | None", what: str, advice: "str | None"
         short = f": {nbytes - free:,} bytes short" if free < nbytes else ", yet it could not be reserved"
     smaller = advice or _SMALLER.get(what)
     return ShmSpaceError(
-        f"{what} needs {_amount(nbytes)} of shared memory but {SHM_DIR} has "
+        f"{what} {_needs(what)} {_amount(nbytes)} of shared memory but {SHM_DIR} has "
         f"{'an unknown amount' if free is None else _amount(free)} free{short}. "
         f"{f'Use {smaller}, or give' if smaller else 'Give'} the machine or container more shared "
         f"memory (for Docker: --shm-size)."
@@ -189,11 +189,16 @@ def check_space(nbytes: int, what: str = "The ring", advice: "str | None" = None
         raise _cgroup_error(nbytes, cgroup, what, advice)
 
 
+def _needs(what: str) -> str:
+    """The verb for ``what``: its names of several things ("The Reader's semaphores") take "need"."""
+    return "need" if what.endswith(("semaphores", "positions")) else "needs"
+
+
 def _cgroup_error(nbytes: int, cgroup: tuple[int, int, int], what: str, advice: "str | None") -> ShmSpaceError:
     free, limit, used = cgroup
     smaller = advice or _SMALLER.get(what)
     return ShmSpaceError(
-        f"{what} needs {_amount(nbytes)} of shared memory, which counts against this process's memory cgroup "
+        f"{what} {_needs(what)} {_amount(nbytes)} of shared memory, which counts against this process's memory cgroup "
         f"(a container's memory limit): its limit is {_amount(limit)}, {_amount(used)} in use, so "
         f"{_amount(free)} free: {nbytes - free:,} bytes short (past the limit the kernel kills a process rather "
         f"than fail). {f'Use {smaller}, or raise' if smaller else 'Raise'} the container's memory limit."

@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import threading
+import textwrap
 import time
 from pathlib import Path
 
@@ -876,3 +877,54 @@ def test_a_reader_says_how_many_readers_it_has(h5file: tuple, no_leaks: None) ->
         with multitables.Reader(path, n_procs=n) as reader:
             assert repr(reader) == f"<multitables.Reader {str(path)!r} ({said})>"
         assert repr(reader) == f"<multitables.Reader {str(path)!r} (closed)>"
+
+
+def _documented_rows_dataset() -> type:
+    """The map-style Dataset that docs/random_access.rst shows, exactly as written there."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "random_access.rst").read_text()
+    block = page.split("\nA PyTorch map-style Dataset\n", 1)[1].split(".. code-block:: python\n", 1)[1]
+    space: dict = {}
+    exec(textwrap.dedent(block.split("\n   dataset = RowsDataset(", 1)[0]), space)
+    return space["RowsDataset"]
+
+
+@pytest.fixture
+def xy_file(tmp_path: Path) -> tuple[Path, np.ndarray, np.ndarray]:
+    """/X: 300 compressed rows of 4 float32 in chunks of 16; /y: their row numbers."""
+    path = tmp_path / "xy.h5"
+    x, y = np.arange(1200, dtype="<f4").reshape(300, 4), np.arange(300, dtype="<i8")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("X", data=x, chunks=(16, 4), compression="gzip")
+        f.create_dataset("y", data=y, chunks=(64,))
+    return path, x, y
+
+
+def test_the_documented_map_style_dataset_loads_every_row_once_an_epoch(xy_file: tuple, no_leaks: None) -> None:
+    """A DataLoader over the docs' Dataset, shuffled, by a BatchSampler and by a DistributedSampler's ranks: each
+    batch's rows are h5py's, dtype included, and an epoch has every row once."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler
+
+    path, x, y = xy_file
+    dataset = _documented_rows_dataset()(path, batch_size=64)
+    try:
+        def epoch(loader: "DataLoader") -> list[int]:
+            seen = []
+            for xb, yb in loader:
+                assert xb.dtype == torch.float32 and yb.dtype == torch.int64 and len(yb) <= 64
+                np.testing.assert_array_equal(xb.numpy(), x[yb.numpy()])
+                seen += yb.tolist()
+            return seen
+
+        shuffled = DataLoader(dataset, batch_size=64, shuffle=True, num_workers=0)
+        orders = [epoch(shuffled) for _ in range(3)]
+        assert all(sorted(order) == y.tolist() for order in orders) and orders[0] != orders[1]
+        by_batches = DataLoader(dataset, batch_sampler=BatchSampler(RandomSampler(dataset), 50, drop_last=False))
+        assert sorted(epoch(by_batches)) == y.tolist()
+        ranks = [epoch(DataLoader(dataset, batch_size=64, sampler=DistributedSampler(dataset, 2, rank)))
+                 for rank in range(2)]
+        assert sorted(ranks[0] + ranks[1]) == y.tolist()
+        assert dataset[7][1] == 7 and np.array_equal(dataset[7][0], x[7])
+    finally:
+        dataset.reader.close(wait=True)
+

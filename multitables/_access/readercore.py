@@ -14,6 +14,7 @@ from .._io.files import check_same_file
 from .._io.fileset import inspect_files, own_flags
 from .._io.node import NodeInfo
 from .._io.objects.config import Store
+from .._procs.pool import READER_ELSEWHERE
 from .._procs.serve import ServeReaders
 from .._shm.ring import TICK
 from .._shm.segment import interpreter_exiting
@@ -40,8 +41,7 @@ def not_pickled(obj: Any) -> None:
     raise TypeError(
         f"{what} is tied to this process's reader processes and shared memory, so it is neither pickled nor copied: "
         "a DataLoader's workers started by spawn or forkserver (Python 3.14's default) get the dataset pickled, and, "
-        "daemonic, may start no readers of their own. Request in this process (num_workers=0, or requests in "
-        "flight: RequestPool), or read with h5py in each worker"
+        f"daemonic, may start no readers of their own: {READER_ELSEWHERE}"
     )
 
 

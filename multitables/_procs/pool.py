@@ -163,6 +163,14 @@ def _disown_readers() -> None:
 os.register_at_fork(after_in_child=_disown_readers)
 
 
+#: What a Reader's user in a daemonic process (a DataLoader's worker) can do instead: it may start no readers there.
+READER_ELSEWHERE = (
+    "make the Reader in the main process (for a DataLoader: num_workers=0, and one request per batch in the "
+    "Dataset's __getitems__, which the Reader's processes read in parallel; see 'A PyTorch map-style Dataset' in "
+    "the random-access docs), or open the file with h5py in each worker"
+)
+
+
 def check_working_directory(start_method: str) -> None:
     """``FileNotFoundError`` saying so where the working directory was removed: multiprocessing's spawn and
     forkserver ask for it to start a process, and failed with a bare "No such file or directory"."""
@@ -194,7 +202,7 @@ class ReaderPool:
         if multiprocessing.current_process().daemon:
             where = f"Reading {path!r} of {filename!r}" if path else f"A Reader of {filename!r}"
             instead = ("pass n_procs=0 to read in this process (leaving n_procs out does that here)" if name == "reader"
-                       else "make the Reader in a process that is not daemonic, or read here with a stream's n_procs=0")
+                       else READER_ELSEWHERE)
             raise RuntimeError(
                 f"{where} needs reader processes, but this process is daemonic (a multiprocessing.Pool or DataLoader "
                 f"worker, say), and multiprocessing lets a daemonic process start none: {instead}."
@@ -288,8 +296,9 @@ class ReaderPool:
                 f"the {self._name} processes of {self.filename!r} belong to process {self.owner}, which made them; "
                 f"this process ({os.getpid()}) is a fork of it and cannot use them"
                 + (": make the stream, batches or Reader anew here" if not multiprocessing.current_process().daemon else
-                   "; being daemonic (a DataLoader's or a Pool's worker), it may start none of its own either: read "
-                   "in the parent, or here with a stream's or batches' n_procs=0")
+                   "; being daemonic (a DataLoader's or a Pool's worker), it may start none of its own either: "
+                   + (READER_ELSEWHERE if self._name == "request" else
+                      "read in the parent, or here with a stream's or batches' n_procs=0"))
             )
 
     # -- watching ----------------------------------------------------------------

@@ -23,7 +23,7 @@ from ._access.proxy import DataProxy
 from ._access.readercore import ReaderCore, not_pickled, quiet_at_exit
 from ._access.request import Request, field_list
 from ._access.stages import Stage, StagePool
-from ._io.engines import check_engine, resolve_engine
+from ._io.engines import check_engine, check_open_options, resolve_engine
 from ._io.fileset import as_files, check_files, describe_files
 from ._io.node import NodeInfo, check_file
 from ._io.objects.config import make_store
@@ -33,7 +33,7 @@ from ._plan.requests import effective_chunk_rows, split_shares
 from ._procs.pool import check_start_method
 from ._procs.serve import ServeReaders
 from ._shm.stagemap import MAX_SHARES, describe
-from ._sys.checks import check_int, check_open_options
+from ._sys.checks import check_int
 from .errors import NoSuchFieldError, ReaderError, StreamClosedError
 
 __all__ = ["Reader", "Dataset", "Request", "Stage", "StagePool", "Future", "DataProxy", "RequestPool"]

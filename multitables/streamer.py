@@ -30,7 +30,7 @@ from typing import Any, Generator, Iterator, Sequence, TypeAlias, overload
 
 import numpy as np
 
-from ._sys.checks import check_bool, check_int, check_open_options
+from ._sys.checks import check_bool, check_int
 from ._sys.forks import note_forgone
 from ._sys.refs import held_elsewhere
 from ._sys.signals import signals_deferred
@@ -42,7 +42,7 @@ from ._stream.queue import Guard, Queue
 from ._stream.rows import RowIterator
 from ._procs.stream import StreamSpec
 from ._io.chunks.source import CACHES
-from ._io.engines import check_engine
+from ._io.engines import check_engine, check_open_options
 from ._io.fileset import as_files
 from ._io.node import close_dataset
 from ._io.objects.config import make_store

@@ -83,7 +83,10 @@ def test_open_options_pytables_would_ignore_are_warned_of_at_the_callers_line(ma
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         quiet = [make(driver="H5FD_SEC2", NODE_CACHE_SLOTS=8, title="", filters=None),  # PyTables' own, any case
-                 make(engine="h5py", rdcc_nbytes=0)]  # h5py checks its own (the test below)
+                 make(engine="h5py", rdcc_nbytes=0),  # h5py checks its own (the test below)
+                 make(locking=False)]  # auto takes h5py for h5py's own locking= and swmr=
+    with pytest.warns(UserWarning, match=r"open options \['locking'\] are none of PyTables'"):
+        quiet.append(make(locking=False, driver="H5FD_SEC2"))  # with PyTables' options, PyTables
     for made in quiet:
         if front == "reader":
             made.close()

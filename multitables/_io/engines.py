@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from typing import Any, Callable, Protocol
 
 import numpy as np
@@ -153,6 +154,30 @@ def check_engine(engine: Any) -> str:
     if engine not in ENGINES:
         raise ValueError(f"engine={engine!r} is not one of {ENGINES}")
     return engine
+
+
+def check_open_options(engine: str, open_kwargs: "dict[str, Any]", stacklevel: int) -> None:
+    """Warn of open options that PyTables, which takes them with ``engine`` ``auto`` or ``tables`` (as the established
+    API passed them to ``tables.open_file``; ``auto`` given only :data:`H5PY_ONLY_OPTIONS` takes h5py), would ignore
+    without a word: a typo, or h5py's ``rdcc_nbytes``.
+
+    A warning, not an error: 2.x ran such code, and PyTables ignores them as it did. ``stacklevel`` points it at the
+    caller of the public call."""
+    if engine not in ("auto", "tables") or not open_kwargs:
+        return
+    if engine == "auto" and open_kwargs.keys() <= H5PY_ONLY_OPTIONS:
+        return  # auto takes h5py for h5py's own (swmr=, locking=), which checks them
+    import tables
+
+    known = {k for k in vars(tables.parameters) if k.isupper() and not k.startswith("_")} | {"TITLE", "ROOT_UEP", "FILTERS"}
+    unknown = sorted(k for k in open_kwargs if not isinstance(k, str) or k.upper() not in known)
+    if unknown:
+        warnings.warn(
+            f"open options {unknown} are none of PyTables' (tables.parameters): with engine={engine!r}, open options "
+            f"go to PyTables, as in the established API, and PyTables ignores these without a word. h5py's (driver=, "
+            f"rdcc_nbytes=, ...) are taken with engine='h5py'",
+            stacklevel=stacklevel + 1,
+        )
 
 
 def registered(engine: str) -> Engine:

@@ -35,27 +35,6 @@ def check_bool(name: str, value: Any) -> bool:
     raise TypeError(f"{name} must be True or False (or 1 or 0), not {value!r}")
 
 
-def check_open_options(engine: str, open_kwargs: "dict[str, Any]", stacklevel: int) -> None:
-    """Warn of open options that PyTables, which takes them with ``engine`` ``auto`` or ``tables`` (as the established
-    API passed them to ``tables.open_file``), would ignore without a word: a typo, or h5py's ``rdcc_nbytes``.
-
-    A warning, not an error: 2.x ran such code, and PyTables ignores them as it did. ``stacklevel`` points it at the
-    caller of the public call."""
-    if engine not in ("auto", "tables") or not open_kwargs:
-        return
-    import tables
-
-    known = {k for k in vars(tables.parameters) if k.isupper() and not k.startswith("_")} | {"TITLE", "ROOT_UEP", "FILTERS"}
-    unknown = sorted(k for k in open_kwargs if not isinstance(k, str) or k.upper() not in known)
-    if unknown:
-        warnings.warn(
-            f"open options {unknown} are none of PyTables' (tables.parameters): with engine={engine!r}, open options "
-            f"go to PyTables, as in the established API, and PyTables ignores these without a word. h5py's (driver=, "
-            f"rdcc_nbytes=, ...) are taken with engine='h5py'",
-            stacklevel=stacklevel + 1,
-        )
-
-
 def check_fields(
     paths: list[str], single: bool, field: Any, fields: Any
 ) -> "tuple[str | None, list[str] | None]":

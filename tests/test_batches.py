@@ -1048,6 +1048,12 @@ def test_a_block_size_that_cuts_compressed_chunks_of_a_shuffled_epoch_warns(data
         for kw in ({"block_size": 128}, {}, {"block_size": 16, "shuffle": False}):
             stream.get_batches(["/X", "/y"], batch_size=10, n_procs=0, **kw)
         stream.get_batches("/y", batch_size=10, block_size=16, n_procs=0)
+    path = data_file(1000).with_name("grown.h5")  # 50 rows of a dataset made to grow, in a chunk of 64
+    with h5py.File(path, "w") as f:
+        f.create_dataset("X", data=np.zeros((50, 3)), maxshape=(None, 3), chunks=(64, 3), compression="gzip")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        multitables.Streamer(path).get_batches("/X", 10, block_size=50, n_procs=0)  # one block of every row cuts none
 
 
 # -- what a user's type checker sees (read here from the annotations: the tests run no type checker) ------------

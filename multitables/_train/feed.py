@@ -98,7 +98,8 @@ def plan_feed(
     if given.get("shuffle") and given.get("block_size") is not None:
         for node in nodes:
             split = node.chunk_rows or 0
-            if node.filter_ids and split and plan.block_size % split and not node.parts:  # 1.5 chunks cut every other
+            if node.filter_ids and split and plan.block_size % split and plan.block_size < node.n_rows \
+                    and not node.parts:  # 1.5 chunks cut every other; one block of every row cuts none
                 cut = (f"each compressed chunk of {node.path!r} in {node.filename!r} ({split:,} rows) into "
                        f"{-(-split // plan.block_size)} blocks" if plan.block_size < split else
                        f"compressed chunks of {node.path!r} in {node.filename!r} ({split:,} rows) between two blocks")

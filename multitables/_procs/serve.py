@@ -108,7 +108,7 @@ class _Server:
     def __init__(self, reader: ReaderProcess, settings: ServeSettings, channels: tuple[Any, ...], inboxes: Inboxes) -> None:
         self.reader, self.settings, self.channels, self.inboxes = reader, settings, channels, inboxes
         self.stages: dict[int, StageMap] = {}
-        self.readers: dict[bytes, tuple[NodeInfo, Any]] = {}
+        self.readers: dict[bytes, Any] = {}
         self.nodes: dict[bytes, tuple[str, NodeInfo]] = {}
         self.tables_file: Any = None  # PyTables' handle on the file, opened by the first query
 
@@ -152,11 +152,11 @@ class _Server:
         return got
 
     def _reader(self, desc: bytes) -> Any:
-        got = self.readers.get(desc)
-        if got is None:
+        reader = self.readers.get(desc)
+        if reader is None:
             engine, node = self._node(desc)
-            got = self.readers[desc] = (node, open_rows(engine, node, self.settings.open_kwargs))
-        return got[1]
+            reader = self.readers[desc] = open_rows(engine, node, self.settings.open_kwargs)
+        return reader
 
     def read_share(self, item: Item) -> None:
         stage = self.stages[item.stage_id]
@@ -208,7 +208,7 @@ class _Server:
         stage.set_result_rows(len(result))
 
     def close(self) -> None:
-        for _node, reader in self.readers.values():
+        for reader in self.readers.values():
             try:
                 reader.close()
             except Exception:

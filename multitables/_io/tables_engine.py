@@ -8,13 +8,15 @@ damaged file where h5py fails cleanly.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
 
+from .._sys.forks import renew_lock_in_children
 from ..errors import FileBusyError, FileChangedError
 from .fields import field_of, select_field
-from .files import check_opened
+from .files import check_opened, file_signature, settled
 from .handles import raise_if_busy
 from .node import NodeInfo, close_dataset, raise_if_switched
 from .prefork import before_fork
@@ -36,7 +38,49 @@ def tables_problem(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "str | None
         return "PyTables misreads big-endian complex sub-arrays in a compound (wrong values)"
     if open_kwargs:  # the user's PyTables options: a bad one raises PyTables' own error (the file's open only: a
         _open_file(node, open_kwargs).close()  # node PyTables fails on is a problem, as without options)
-    return _first_row_problem_apart(node, open_kwargs)
+    key = _answer_key(node, open_kwargs)
+    if key in _ANSWERS:
+        return _ANSWERS[key]
+    why = _first_row_problem_apart(node, open_kwargs)
+    if key is not None and why != _TIMED_OUT and _still_settled(node):
+        with _ANSWERS_LOCK:  # streams made in several threads
+            while len(_ANSWERS) >= ANSWERS_KEPT:
+                del _ANSWERS[next(iter(_ANSWERS))]  # the oldest
+            _ANSWERS[key] = why
+    return why
+
+
+#: PyTables' answers for settled files, by node and open options (NOTE [file identity] in ``files``: what is learned
+#: of a file is kept under its identity, which the node holds): a loop of streams with ``engine="tables"``, as 2.x
+#: code with ``DRIVER=`` options writes, would fork a probe per stream (~20 ms each).
+_ANSWERS: "dict[tuple[NodeInfo, tuple[tuple[str, Any], ...]] | None, str | None]" = {}
+#: How many answers are kept (the oldest goes first).
+ANSWERS_KEPT = 64
+_ANSWERS_LOCK = threading.Lock()
+renew_lock_in_children(globals(), "_ANSWERS_LOCK")
+
+
+def _still_settled(node: NodeInfo) -> bool:
+    """Whether ``node``'s file is still the one described, and settled (what is learned of it may be kept)."""
+    try:
+        now = file_signature(node.filename)
+    except OSError:
+        return False
+    return now == node.identity and settled(now)
+
+
+def _answer_key(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "tuple[NodeInfo, tuple[tuple[str, Any], ...]] | None":
+    """Where :data:`_ANSWERS` keeps PyTables' answer on ``node`` (None: not kept). Not for a node whose rows lie in
+    other files (an external link, a virtual dataset: their identities are not the node's), nor for unhashable
+    options."""
+    if node.identity is None or node.linked_file is not None or node.virtual:
+        return None
+    key = (node, tuple(sorted(open_kwargs.items())))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 
@@ -45,6 +89,8 @@ REMOTE = "PyTables reads local files only (it cannot read through a file object)
 
 #: Seconds a forked PyTables probe may take (it opens the file and reads one row).
 PROBE_TIMEOUT = 60.0
+#: The probe's answer when it took longer (a slow disk, not the file: not kept).
+_TIMED_OUT = f"PyTables did not open it within {PROBE_TIMEOUT:.0f} s"
 
 
 #: Chunks looked at for one that went through every filter where HDF5 cannot list them (see :func:`_filtered_row`).
@@ -140,7 +186,7 @@ def _first_row_problem_apart(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "
             pass  # it died before answering
         proc.join(PROBE_TIMEOUT if answered else 0)
         if proc.exitcode is None:
-            return f"PyTables did not open it within {PROBE_TIMEOUT:.0f} s"
+            return _TIMED_OUT
         how = f"exit code {proc.exitcode}"
         if proc.exitcode < 0:
             how = f"signal {signal.Signals(-proc.exitcode).name}"

@@ -10,6 +10,7 @@ import threading
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -952,3 +953,32 @@ def test_a_reader_in_a_dataloader_worker_says_to_load_with_num_workers_0(xy_file
         np.testing.assert_array_equal(xb.numpy(), x[yb.numpy()])
     finally:
         dataset.reader.close(wait=True)
+
+
+def test_a_request_waiting_for_a_stage_when_another_thread_stops_the_reader_is_told_it_was_stopped(
+    h5file: tuple, no_leaks: None
+) -> None:
+    """A server's thread waiting in ``request`` for a pool's stage while another stops the Reader (at shut-down) is
+    told the Reader was stopped, not that a stage it never closed is closed."""
+    path, _ = h5file
+    reader = Reader(path, n_procs=1)
+    ds = reader.get_dataset("/zlib3d")
+    pool = ds.create_stage_pool(10, 1)
+    reader.request(ds[:10], pool).get()  # the stage is free again, its last request read
+
+    class StopsWhileWaiting:
+        """The pool's queue of free stages, on which ``request`` waits: the stop lands then."""
+
+        def __init__(self, free: Any) -> None:
+            self.free = free
+
+        def get(self, timeout: float) -> Any:
+            reader.stop()
+            return self.free.get(timeout=timeout)
+
+        def put(self, stage: Any) -> None:
+            self.free.put(stage)
+
+    pool._free = StopsWhileWaiting(pool._free)  # type: ignore[assignment]
+    with pytest.raises(multitables.StreamClosedError, match=r"was stopped \(stop\(\), or it was garbage-collected\)"):
+        reader.request(ds[:10], pool)

@@ -131,7 +131,13 @@ class Stage:
 
     def _status(self, n_shares: int) -> list[int]:
         """The status of the first ``n_shares`` shares of the request in the stage."""
-        return self._map.status(n_shares)
+        try:
+            return self._map.status(n_shares)
+        except StreamClosedError:
+            core = self._reader._core
+            if core is not None:  # freed by stop() from another thread meanwhile: say that, not "the stage is closed"
+                core.check_not_stopped()
+            raise
 
     def _give_back(self) -> None:
         """Release the hold (never blocks: may run in a finalizer)."""

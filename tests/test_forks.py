@@ -62,7 +62,13 @@ _SCRIPT = textwrap.dedent(
                 seen.append("refused" if "is a fork of it" in str(exc) else repr(exc))
             except Exception as exc:
                 seen.append(repr(exc))
-        os.write(send, json.dumps(seen).encode())
+        advice = {}
+        for what, use in (("queue", queue.get), ("reader", lambda: reader.request(ds[:5], stage))):
+            try:
+                use()
+            except RuntimeError as exc:
+                advice[what] = str(exc)
+        os.write(send, json.dumps({"seen": seen, "advice": advice}).encode())
         os.close(send)
         if how == "close":
             guard.__exit__(None, None, None)
@@ -74,7 +80,7 @@ _SCRIPT = textwrap.dedent(
             os._exit(0)
         sys.exit(0)  # exit handlers run: multiprocessing's would terminate the readers it believes it started
     os.close(send)
-    seen = json.loads(os.read(recv, 4096))
+    seen, advice = json.loads(os.read(recv, 16384)).values()
     _, status = os.waitpid(child, 0)
     rest = [x for (x,) in batches]  # the rest of the epoch
     epoch = np.concatenate([x for (x,) in batches]).ravel()  # the next epoch, whole
@@ -87,7 +93,7 @@ _SCRIPT = textwrap.dedent(
     picked = reader.request(ds[[5, 1]], stage).get()
     first = future.get()
     print(json.dumps({
-        "seen": seen, "status": status, "rest": len(rest), "same_readers": batches.reader_pids == pids,
+        "seen": seen, "advice": advice, "status": status, "rest": len(rest), "same_readers": batches.reader_pids == pids,
         "epoch": sorted(epoch.tolist()) == list(range(len(epoch))), "epoch_rows": len(epoch),
         "queue": blocks.ravel().tolist() == list(range(1000)), "reader": picked.ravel().tolist() == [5, 1] and first.ravel().tolist() == list(range(5)),
     }))
@@ -111,6 +117,12 @@ def test_a_forked_child_neither_uses_nor_stops_its_parents_readers(ids_file: Pat
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["seen"] == ["refused"] * 7, "a fork's use of the readers, or of a request's future, is refused, saying why"
+    # What to do instead: a pre-fork server (gunicorn --preload) makes its Reader in each worker.
+    assert got["advice"]["reader"].endswith(
+        "make a Reader anew in this process; a server that forks its workers (gunicorn with --preload, say) makes one "
+        "in each worker (gunicorn's post_fork hook, or at a worker's first request), not in the parent before it forks"
+    ), got["advice"]
+    assert got["advice"]["queue"].endswith(": make the stream or batches anew here"), got["advice"]
     assert got["status"] == 0, "the child ends cleanly"
     assert got["rest"] == 10 - 3, "the parent's epoch goes on where it was"
     assert got["same_readers"] and got["epoch"] and got["epoch_rows"] == 1000, "and the next epoch is whole"

@@ -170,6 +170,12 @@ READER_ELSEWHERE = (
     "the random-access docs), or open the file with h5py in each worker"
 )
 
+#: What a forked child that may start processes (a pre-fork server's worker) does with its parent's Reader instead.
+READER_ANEW = (
+    "make a Reader anew in this process; a server that forks its workers (gunicorn with --preload, say) makes one in "
+    "each worker (gunicorn's post_fork hook, or at a worker's first request), not in the parent before it forks"
+)
+
 
 def check_working_directory(start_method: str) -> None:
     """``FileNotFoundError`` saying so where the working directory was removed: multiprocessing's spawn and
@@ -291,15 +297,18 @@ class ReaderPool:
 
     def check_owner(self) -> None:
         """Raise ``RuntimeError`` in a process that did not start the readers (NOTE [forked children])."""
-        if self.foreign:
-            raise RuntimeError(
-                f"the {self._name} processes of {self.filename!r} belong to process {self.owner}, which made them; "
-                f"this process ({os.getpid()}) is a fork of it and cannot use them"
-                + (": make the stream, batches or Reader anew here" if not multiprocessing.current_process().daemon else
-                   "; being daemonic (a DataLoader's or a Pool's worker), it may start none of its own either: "
-                   + (READER_ELSEWHERE if self._name == "request" else
-                      "read in the parent, or here with a stream's or batches' n_procs=0"))
-            )
+        if not self.foreign:
+            return
+        reader = self._name == "request"  # a Reader's, not a stream's or batches'
+        if multiprocessing.current_process().daemon:
+            instead = ("; being daemonic (a DataLoader's or a Pool's worker), it may start none of its own either: "
+                       + (READER_ELSEWHERE if reader else "read in the parent, or here with a stream's or batches' n_procs=0"))
+        else:
+            instead = ": " + (READER_ANEW if reader else "make the stream or batches anew here")
+        raise RuntimeError(
+            f"the {self._name} processes of {self.filename!r} belong to process {self.owner}, which made them; "
+            f"this process ({os.getpid()}) is a fork of it and cannot use them" + instead
+        )
 
     # -- watching ----------------------------------------------------------------
     def look(self) -> None:

@@ -35,9 +35,9 @@ _SCRIPT = textwrap.dedent(
     path, how = sys.argv[1], sys.argv[2]
     stream = multitables.Streamer(path)
     batches = stream.get_batches(["/x"], batch_size=100, n_procs=2, shuffle=True, seed=1)
-    for i, (x,) in enumerate(batches):
-        if i == 2:
-            break  # the readers stay, idle, for the rest of the epoch
+    it = iter(batches)
+    for _ in range(3):
+        (x,) = next(it)  # the readers stay, idle, for the rest of the epoch
     pids = batches.reader_pids
     queue = stream.get_queue("/x", n_procs=2, block_size=50, ordered=True)
     guard = queue.get()
@@ -53,7 +53,7 @@ _SCRIPT = textwrap.dedent(
     if child == 0:
         os.close(recv)
         seen = []
-        for use in (lambda: next(iter(batches)), queue.get, lambda: reader.request(ds[:5], stage), future.get,
+        for use in (lambda: next(it), queue.get, lambda: reader.request(ds[:5], stage), future.get,
                     future.done, future.wait, lambda: reader.request(ds[:5], held_stage)):  # held: the parent's
             try:
                 use()
@@ -68,7 +68,9 @@ _SCRIPT = textwrap.dedent(
                 use()
             except RuntimeError as exc:
                 advice[what] = str(exc)
-        os.write(send, json.dumps({"seen": seen, "advice": advice}).encode())
+        (y,) = next(iter(batches))  # a new iteration here: readers of its own, from the same position
+        own = {"rows": y.ravel().tolist(), "readers": bool(batches.reader_pids) and not set(batches.reader_pids) & set(pids)}
+        os.write(send, json.dumps({"seen": seen, "advice": advice, "own": own}).encode())
         os.close(send)
         if how == "close":
             guard.__exit__(None, None, None)
@@ -80,9 +82,10 @@ _SCRIPT = textwrap.dedent(
             os._exit(0)
         sys.exit(0)  # exit handlers run: multiprocessing's would terminate the readers it believes it started
     os.close(send)
-    seen, advice = json.loads(os.read(recv, 16384)).values()
+    seen, advice, own = json.loads(os.read(recv, 16384)).values()
     _, status = os.waitpid(child, 0)
     rest = [x for (x,) in batches]  # the rest of the epoch
+    own["rows"] = own["rows"] == rest[0].ravel().tolist()
     epoch = np.concatenate([x for (x,) in batches]).ravel()  # the next epoch, whole
     guard.__exit__(None, None, None)
     blocks = [held]
@@ -93,7 +96,7 @@ _SCRIPT = textwrap.dedent(
     picked = reader.request(ds[[5, 1]], stage).get()
     first = future.get()
     print(json.dumps({
-        "seen": seen, "advice": advice, "status": status, "rest": len(rest), "same_readers": batches.reader_pids == pids,
+        "seen": seen, "advice": advice, "own": own, "status": status, "rest": len(rest), "same_readers": batches.reader_pids == pids,
         "epoch": sorted(epoch.tolist()) == list(range(len(epoch))), "epoch_rows": len(epoch),
         "queue": blocks.ravel().tolist() == list(range(1000)), "reader": picked.ravel().tolist() == [5, 1] and first.ravel().tolist() == list(range(5)),
     }))
@@ -116,7 +119,10 @@ def test_a_forked_child_neither_uses_nor_stops_its_parents_readers(ids_file: Pat
     run = subprocess.run([sys.executable, "-c", _SCRIPT, str(ids_file), how], capture_output=True, text=True, timeout=GUARD)
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
-    assert got["seen"] == ["refused"] * 7, "a fork's use of the readers, or of a request's future, is refused, saying why"
+    assert got["seen"] == ["refused"] * 7, (
+        "a fork's use of the readers, of a request's future, or of an iteration of batches (what it read is not in the "
+        "fork), is refused, saying why")
+    assert got["own"] == {"rows": True, "readers": True}, "a new iteration of the batches there goes on with readers of its own"
     # What to do instead: a pre-fork server (gunicorn --preload) makes its Reader in each worker.
     assert got["advice"]["reader"].endswith(
         "make a Reader anew in this process; a server that forks its workers (gunicorn with --preload, say) makes one "

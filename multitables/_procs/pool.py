@@ -65,7 +65,9 @@ NOTE [forked children]
     of the pipes, looking reads no report (they are the parent's), and using
     the readers raises a ``RuntimeError`` that says why (the front ends call
     :meth:`ReaderPool.check_owner`; a slot or stage given back there touches
-    nothing shared). multiprocessing's exit handler, which a forked child
+    nothing shared). Training batches, a position more than a stream, start
+    readers of the child's own at the child's first iteration
+    (``_train.feed``). multiprocessing's exit handler, which a forked child
     runs when it exits normally, would also terminate every daemonic process
     it believes it started: the readers leave its list in every forked child.
 """

@@ -28,6 +28,8 @@ NOTE [readers bought]
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import warnings
 from collections import deque
 from dataclasses import dataclass, replace
@@ -162,6 +164,7 @@ class Feed:
         self._transforms = list(transforms)
         self._epochs_here = 0  # epochs read to their end with a dataset the default reads here (NOTE [readers bought])
         self._queues: "list[Queue] | None" = None
+        self._opened_in = 0  # the process that started the queues' readers
         self._pending: "deque[tuple[int, int]]" = deque()  # published, not yet taken: the same on every queue
         self._slot_rows = 0
         self._table = 0
@@ -214,6 +217,8 @@ class Feed:
     def provide(self, pieces: EpochPieces) -> None:
         """Make :meth:`get` give ``pieces`` next, in order; readers start here the first time."""
         wanted = pieces.keys
+        if self._queues is not None and self._opened_in != os.getpid() and not multiprocessing.current_process().daemon:
+            self.close()  # a fork's copy: the readers stay the parent's (NOTE [forked children]); it starts its own
         if self._queues is None or pieces.most_rows > self._slot_rows or 2 * len(wanted) + _TABLE_SLACK > self._table:
             self.close()
             self._open(pieces)
@@ -296,7 +301,7 @@ class Feed:
             for queue in queues:
                 queue.close()
             raise
-        self._queues = queues
+        self._queues, self._opened_in = queues, os.getpid()
         self._pending = deque(pieces.keys)
 
     def _publish(self, pieces: EpochPieces, skip: int) -> None:

@@ -57,11 +57,12 @@ class Iteration(itertools.chain):  # type: ignore[type-arg]
 class _Step:
     """One batch at a time for :class:`Iteration`'s chain, as a 1-tuple; raises once something ended the iteration."""
 
-    __slots__ = ("_it", "ended_by")
+    __slots__ = ("_it", "ended_by", "_pid")
 
     def __init__(self, it: Iterator[Any]) -> None:
         self._it = weakref.ref(it)  # the Iteration owns it
         self.ended_by: "str | None" = None
+        self._pid = os.getpid()
 
     def __iter__(self) -> "_Step":
         return self
@@ -77,6 +78,12 @@ class _Step:
                 f"this iteration over the batches was ended by {self.ended_by}, which moved the position it goes on "
                 f"from: move it between loops (set_epoch at the top of the epoch loop, load_state_dict before the "
                 f"first), or break out of the loop first"
+            )
+        if os.getpid() != self._pid:  # what it had read lies in buffers a fork does not copy (NOTE [window buffers and fork])
+            raise RuntimeError(
+                f"this iteration over the batches was started in process {self._pid}, and this process "
+                f"({os.getpid()}) is a fork of it: start one here (iter(batches), a new loop), which goes on from the "
+                f"same position with readers of this process"
             )
         # No local: the frame must not hold the batches (see Iteration). Dropped, they have no more.
         return (next(iter(self._it() or ())),)

@@ -775,9 +775,9 @@ def test_consumer_killed_orphans_exit_and_free_memory(
 # -- leaks over many queues ----------------------------------------------------
 
 
-@pytest.mark.parametrize("cycles", [150, pytest.param(1000, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("cycles", [60, pytest.param(1000, marks=pytest.mark.slow)])
 def test_a_thousand_queues_leave_nothing_behind(no_leaks: None, h5file: Path, data: np.ndarray, cycles: int) -> None:
-    # A leak of one of anything per queue shows after a few; the default run opens 150, ``-m slow`` a thousand.
+    # A leak of one of anything per queue shows after a few; the default run opens 60, ``-m slow`` a thousand.
     s = Streamer(h5file)
     me = psutil.Process()
     fds, threads = me.num_fds(), threading.active_count()

@@ -36,8 +36,8 @@ GONE_WITHIN = 10.0
 GUARD = 30.0
 TEST_GUARD = 120.0
 #: Open/close cycles of the leak test: a leak of one of anything per cycle shows after a few; the default run
-#: takes 150 (~6 s on 2 cores), ``pytest -m slow`` the thousand that docs/failures.rst reports.
-CYCLES = [150, pytest.param(1000, marks=pytest.mark.slow)]
+#: takes 60 (each of its ten ways to end six times), ``pytest -m slow`` the thousand that docs/failures.rst reports.
+CYCLES = [60, pytest.param(1000, marks=pytest.mark.slow)]
 
 
 @pytest.fixture(autouse=True)

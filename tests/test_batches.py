@@ -353,6 +353,23 @@ def test_a_single_path_gives_arrays_and_batches_are_yours(data_file) -> None:
     assert (np.concatenate(list(b))[:, 0] >= 0).all()
 
 
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_batches_kept_uncopied_across_epochs_keep_their_rows(data_file, shuffle: bool) -> None:
+    """What an asynchronous consumer relies on (JAX's dispatch reads a batch after the loop moved on; jax.device_put
+    may share its memory): no later batch, window or epoch writes into a batch delivered before it."""
+    b = multitables.Streamer(data_file(300)).get_batches(
+        ["/X", "/y"], batch_size=32, shuffle=shuffle, seed=1, n_procs=0, block_size=64, window=2, epochs=2
+    )
+    kept = list(b)  # the arrays themselves, as a queue of in-flight steps holds them
+    assert len(kept) == 20
+    for x, y in kept:
+        np.testing.assert_array_equal(x[:, 0], y)
+    for epoch in (kept[:10], kept[10:]):
+        np.testing.assert_array_equal(np.sort(np.concatenate([y for _, y in epoch])), np.arange(300))
+    arrays = [a for batch in kept for a in batch]
+    assert not any(np.shares_memory(a, c) for i, a in enumerate(arrays) for c in arrays[i + 1 :])
+
+
 def test_get_batches_function_and_properties(data_file) -> None:
     stream = multitables.Streamer(data_file(1000))
     b = stream.get_batches(["/y", "/X"], 100, rank=1, world_size=2, n_procs=0)

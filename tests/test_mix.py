@@ -169,6 +169,14 @@ def test_per_row_each_batch_holds_each_sources_next_rows_in_the_drawn_counts(row
     assert mix.step == 40
 
 
+def test_per_row_batches_kept_uncopied_keep_their_rows(row_sources) -> None:
+    """A batch is the caller's (an asynchronous consumer may read it later): later steps write into no earlier one."""
+    kept = list(row_sources(seed=4, steps=40)[0])
+    copies = [batch.copy() for batch in row_sources(seed=4, steps=40)[0]]
+    assert all(np.array_equal(k, c) for k, c in zip(kept, copies)) and len(kept) == 40
+    assert not any(np.shares_memory(a, c) for i, a in enumerate(kept) for c in kept[i + 1 :])
+
+
 def _endless(batches):
     while True:
         yield from batches

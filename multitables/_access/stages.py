@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 from .._shm.stagemap import FAILED, PENDING, StageLayout, StageMap
 from .._shm.ring import TICK
-from .._shm.segment import Segment
 from ..errors import SharedMemoryError, StreamClosedError
 
 from .readercore import ReaderCore, not_pickled
@@ -46,7 +45,7 @@ class Stage:
         # Room for the positions of as many scattered rows as 8-byte rows would fill the data, allocated as requests
         # need it (NOTE [stage room] in ``_shm.stagemap``): unused room costs nothing.
         layout = StageLayout(max(n_rows, nbytes // 8), nbytes)
-        segment = Segment.create(layout.nbytes, what="The stage", lazy=layout.rows_room)
+        segment = core.pool.stage_segment(layout)
         try:
             with core.lock:
                 core.detach_dropped()
@@ -56,12 +55,13 @@ class Stage:
                         f"needed, or make the Reader with a larger max_stages"
                     )
                 self._stage_id = core.free_stage_ids.pop()
+                self._map = StageMap(segment, layout, writable=True)  # the data is the consumer's while it holds it
                 try:
-                    core.pool.attach(self._stage_id, segment, layout)
+                    core.pool.attach(self._stage_id, self._map)
                 except BaseException:
                     core.free_stage_ids.append(self._stage_id)
+                    self._map.close()  # its views first: the segment is unmapped below
                     raise
-                self._map = StageMap(segment, layout, writable=True)  # the data is the consumer's while it holds it
                 core.stages[self._stage_id] = self._map
         except BaseException:
             segment.close()

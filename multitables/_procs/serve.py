@@ -48,7 +48,7 @@ from __future__ import annotations
 import pickle
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -102,15 +102,102 @@ def serve_loop(reader: ReaderProcess, settings: ServeSettings, sync: InboxSync, 
         server.close()
 
 
+class ShareReader:
+    """Reads a request's share into a stage: the nodes, and the engines' rows readers opened on them, kept; PyTables'
+    file for queries. A request reader's, or the consumer's where it reads the requests itself (``n_procs=0``)."""
+
+    def __init__(self, filename: str, settings: ServeSettings) -> None:
+        self.filename, self.settings = filename, settings
+        self.readers: dict[bytes, Any] = {}
+        self.nodes: dict[bytes, tuple[str, NodeInfo]] = {}
+        self.tables_file: Any = None  # PyTables' handle on the file, opened by the first query
+
+    def _node(self, desc: bytes) -> tuple[str, NodeInfo]:
+        """The engine and the node of a stage's description (decoded once): known before an open that may fail."""
+        got = self.nodes.get(desc)
+        if got is None:
+            engine, node = pickle.loads(desc)
+            if isinstance(node, SetRef):
+                node = node.resolve(self.settings.files, self.settings.store)  # type: ignore[arg-type]
+            got = self.nodes[desc] = (engine, node)
+        return got
+
+    def _reader(self, desc: bytes) -> Any:
+        reader = self.readers.get(desc)
+        if reader is None:
+            engine, node = self._node(desc)
+            reader = self.readers[desc] = open_rows(engine, node, self.settings.open_kwargs)
+        return reader
+
+    def read(self, stage: StageMap, req: int, a: int, b: int,
+             stopped: Callable[[], bool]) -> "tuple[Exception, str, tuple[int, int] | None] | None":
+        """Read rows ``a..b`` of request ``req`` into ``stage``: None once read, else ``(error, node path, rows)``;
+        :class:`Stopped` where ``stopped()`` says so meanwhile."""
+        node: "NodeInfo | None" = None
+        rows: "ReadRows | None" = None
+        try:
+            if stage.request_id != req:
+                raise RuntimeError(f"the stage holds request {stage.request_id}, not {req}")
+            if stage.is_query:
+                node, method, kwargs = pickle.loads(stage.read_desc())
+                self.query(stage, node, method, kwargs)
+            else:
+                desc = stage.read_desc()
+                node, rows = self._node(desc)[1], stage.rows_of(a, b)  # named where the open fails too
+                reader = self._reader(desc)
+                out = stage.data(node.dtype, (stage.n_read,) + node.row_shape)[a:b]
+                reader.read(rows, out, stopped)
+            check_file_unchanged(self.filename, self.settings.file_signature)
+            return None
+        except Stopped:
+            raise
+        except Exception as exc:
+            try:  # a file changed under a read explains the read's failure (NOTE [file identity])
+                check_file_unchanged(self.filename, self.settings.file_signature)
+            except FileChangedError as changed:
+                changed.__cause__, exc = exc, changed
+            span = (int(rows[0]), int(rows[-1]) + 1) if rows is not None and len(rows) else None
+            return exc, node.path if node is not None else "", span
+
+    def query(self, stage: StageMap, node: NodeInfo, method: str, kwargs: dict[str, Any]) -> None:
+        """Run PyTables' ``method(**kwargs)`` on ``node``; its result becomes ``stage``'s data."""
+        if self.tables_file is None:
+            import tables
+
+            self.tables_file = tables.open_file(self.filename, "r", **self.settings.open_kwargs)
+        result = getattr(self.tables_file.get_node(node.path), method)(**kwargs)
+        result = np.asarray(result)
+        if result.dtype != node.dtype:
+            result = result.astype(node.dtype)
+        if result.nbytes > stage.layout.data_nbytes:
+            raise SharedMemoryError(
+                f"the result of {method}() on {node.path!r} is {len(result)} rows ({result.nbytes} bytes), "
+                f"more than the stage holds ({stage.layout.data_nbytes} bytes); use a larger stage or narrow the query"
+            )
+        stage.data(result.dtype, result.shape)[...] = result
+        stage.set_result_rows(len(result))
+
+    def close(self) -> None:
+        """Close what it opened (never raises)."""
+        for reader in self.readers.values():
+            try:
+                reader.close()
+            except Exception:
+                pass
+        if self.tables_file is not None:
+            try:
+                self.tables_file.close()
+            except Exception:
+                pass
+
+
 class _Server:
     """The state of one request reader; see NOTE [request protocol]."""
 
     def __init__(self, reader: ReaderProcess, settings: ServeSettings, channels: tuple[Any, ...], inboxes: Inboxes) -> None:
         self.reader, self.settings, self.channels, self.inboxes = reader, settings, channels, inboxes
         self.stages: dict[int, StageMap] = {}
-        self.readers: dict[bytes, Any] = {}
-        self.nodes: dict[bytes, tuple[str, NodeInfo]] = {}
-        self.tables_file: Any = None  # PyTables' handle on the file, opened by the first query
+        self.shares = ShareReader(reader.identity.filename, settings)
 
     def stopped(self) -> bool:
         return self.inboxes.stopped or not self.reader.parent_alive()
@@ -141,83 +228,19 @@ class _Server:
                 if stage is not None:
                     stage.close()
 
-    def _node(self, desc: bytes) -> tuple[str, NodeInfo]:
-        """The engine and the node of a stage's description (decoded once): known before an open that may fail."""
-        got = self.nodes.get(desc)
-        if got is None:
-            engine, node = pickle.loads(desc)
-            if isinstance(node, SetRef):
-                node = node.resolve(self.settings.files, self.settings.store)  # type: ignore[arg-type]
-            got = self.nodes[desc] = (engine, node)
-        return got
-
-    def _reader(self, desc: bytes) -> Any:
-        reader = self.readers.get(desc)
-        if reader is None:
-            engine, node = self._node(desc)
-            reader = self.readers[desc] = open_rows(engine, node, self.settings.open_kwargs)
-        return reader
-
     def read_share(self, item: Item) -> None:
         stage = self.stages[item.stage_id]
-        status = FAILED
-        node: "NodeInfo | None" = None
-        rows: "ReadRows | None" = None
         try:
-            if stage.request_id != item.req:
-                raise RuntimeError(f"stage {item.stage_id} holds request {stage.request_id}, not {item.req}")
-            if stage.is_query:
-                node, method, kwargs = pickle.loads(stage.read_desc())
-                self.query(stage, node, method, kwargs)
-            else:
-                desc = stage.read_desc()
-                node, rows = self._node(desc)[1], stage.rows_of(item.a, item.b)  # named where the open fails too
-                reader = self._reader(desc)
-                out = stage.data(node.dtype, (stage.n_read,) + node.row_shape)[item.a : item.b]
-                reader.read(rows, out, self.stopped)
-            check_file_unchanged(self.reader.identity.filename, self.settings.file_signature)
-            status = DONE
+            failed = self.shares.read(stage, item.req, item.a, item.b, self.stopped)
         except Stopped:
             return
-        except Exception as exc:
-            try:  # a file changed under a read explains the read's failure (NOTE [file identity])
-                check_file_unchanged(self.reader.identity.filename, self.settings.file_signature)
-            except FileChangedError as changed:
-                changed.__cause__, exc = exc, changed
-            span = (int(rows[0]), int(rows[-1]) + 1) if rows is not None and len(rows) else None
-            self.reader.report(item.req, exc, node.path if node is not None else "", span)
-        stage.set_status(item.share, status)
+        if failed is not None:
+            self.reader.report(item.req, *failed)
+        stage.set_status(item.share, DONE if failed is None else FAILED)
         self.channels[item.stage_id].release()
 
-    def query(self, stage: StageMap, node: NodeInfo, method: str, kwargs: dict[str, Any]) -> None:
-        """Run PyTables' ``method(**kwargs)`` on ``node``; its result becomes ``stage``'s data."""
-        if self.tables_file is None:
-            import tables
-
-            self.tables_file = tables.open_file(self.reader.identity.filename, "r", **self.settings.open_kwargs)
-        result = getattr(self.tables_file.get_node(node.path), method)(**kwargs)
-        result = np.asarray(result)
-        if result.dtype != node.dtype:
-            result = result.astype(node.dtype)
-        if result.nbytes > stage.layout.data_nbytes:
-            raise SharedMemoryError(
-                f"the result of {method}() on {node.path!r} is {len(result)} rows ({result.nbytes} bytes), "
-                f"more than the stage holds ({stage.layout.data_nbytes} bytes); use a larger stage or narrow the query"
-            )
-        stage.data(result.dtype, result.shape)[...] = result
-        stage.set_result_rows(len(result))
-
     def close(self) -> None:
-        for reader in self.readers.values():
-            try:
-                reader.close()
-            except Exception:
-                pass
-        if self.tables_file is not None:
-            try:
-                self.tables_file.close()
-            except Exception:
-                pass
+        self.shares.close()
         for stage in self.stages.values():
             stage.close()
         self.inboxes.close()
@@ -350,11 +373,16 @@ class ServeReaders:
         """Have ``reader`` read rows ``a..b`` of request ``req`` (share ``share``) into stage ``stage_id``."""
         self._push(reader, Item(READ, req, stage_id, share, a, b))
 
-    def attach(self, stage_id: int, segment: Segment, layout: StageLayout) -> None:
+    def stage_segment(self, layout: StageLayout) -> Segment:
+        """Shared memory for a new stage, which every reader maps (:meth:`attach`)."""
+        return Segment.create(layout.nbytes, what="The stage", lazy=layout.rows_room)
+
+    def attach(self, stage_id: int, stage: StageMap) -> None:
         """Have every reader map a new stage, and wait until they all did (then the name can go)."""
+        layout, name = stage.layout, stage.segment.name
         with self._attach_lock:
             for i in range(self.n_procs):
-                self._push(i, Item(ATTACH, stage_id=stage_id, max_rows=layout.max_rows, data_nbytes=layout.data_nbytes, name=segment.name))
+                self._push(i, Item(ATTACH, stage_id=stage_id, max_rows=layout.max_rows, data_nbytes=layout.data_nbytes, name=name))
             self.pool.wait_attached("map a new stage", self._check_broken)
 
     def detach(self, stage_id: int) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 
 from ._access.compat2x import first_op
 from ._access.futures import Future, RequestPool
+from ._access.inline import InlineServer
 from ._access.proxy import DataProxy
 from ._access.readercore import ReaderCore, not_pickled, quiet_at_exit
 from ._access.request import Request, field_list
@@ -54,7 +55,11 @@ class Reader:
     n_procs : int, optional
         Reader processes reading requests; default: the CPUs this process may
         use, and at most 4 per CPU (:attr:`n_procs` says how many run). A large
-        request is split among them, so they decode in parallel.
+        request is split among them, so they decode in parallel. ``0`` reads
+        each request in this process, in the thread that makes it, before
+        :meth:`request` returns (the default in a daemonic process, such as a
+        DataLoader's worker, which may start no process): the same rows,
+        errors and API, nothing in shared memory.
     notify : callable, optional
         Called in a thread of its own with each :class:`Future` once its data
         is there (or its read failed), and with :data:`QueueClosed` once the
@@ -100,7 +105,7 @@ class Reader:
         urls = is_url(filename) or (isinstance(filename, (list, tuple)) and any(is_url(f) for f in filename))
         store = make_store(storage_options) if storage_options is not None or urls else None
         files = as_files(filename, store)
-        n_procs = plan_requests(check_int("n_procs", n_procs, 1), Machine.here(start_method))
+        n_procs = plan_requests(check_int("n_procs", n_procs, 0), Machine.here(start_method))
         max_stages = check_int("max_stages", max_stages, 1, allow_none=False)
         check_engine(engine)
         check_open_options(engine, open_kwargs, stacklevel=2)
@@ -113,7 +118,11 @@ class Reader:
         else:  # each file is checked, and its identity taken, with each dataset (NOTE [file sets])
             check_files(files, store)
             where, signature = describe_files(files), None
-        pool = ServeReaders(where, open_kwargs, n_procs, max_stages, start_method, signature, files, store)
+        pool: "ServeReaders | InlineServer"
+        if n_procs == 0:  # NOTE [requests in this process] in ``_access.inline``
+            pool = InlineServer(where, open_kwargs, max_stages, signature, files, store)
+        else:
+            pool = ServeReaders(where, open_kwargs, n_procs, max_stages, start_method, signature, files, store)
         self._core = ReaderCore(files, engine, open_kwargs, pool, max_stages, notify, store)
         self._finalizer = weakref.finalize(self, self._core.stop)
 
@@ -125,12 +134,12 @@ class Reader:
 
     @property
     def n_procs(self) -> int:
-        """Reader processes."""
+        """Reader processes; 0 where requests are read in this process."""
         return self._live().pool.n_procs
 
     @property
     def reader_pids(self) -> list[int]:
-        """Process ids of the request readers."""
+        """Process ids of the request readers (empty with ``n_procs=0``)."""
         return self._live().pool.pids
 
     @property
@@ -196,11 +205,12 @@ class Reader:
     def _submit(self, core: ReaderCore, request: "Request", stage: "Stage") -> "Future":
         plan = request._plan
         pool = core.pool
+        width = max(pool.n_procs, 1)  # n_procs=0: one share, read here
         if plan is None:  # a query: one reader runs it whole
             shares = [(0, 0)]
         else:
             chunk = effective_chunk_rows(request._node.chunk_rows, request._node.row_nbytes)
-            shares = split_shares(plan, chunk, min(pool.n_procs, MAX_SHARES))
+            shares = split_shares(plan, chunk, min(width, MAX_SHARES))
         with core.lock:
             core.check_open()
             core.detach_dropped()
@@ -210,8 +220,8 @@ class Reader:
                 readers = [core.idle_reader]
             else:
                 first = core.next_reader
-                readers = [(first + s) % pool.n_procs for s in range(len(shares))]
-                core.next_reader = (first + max(len(shares), 1)) % pool.n_procs
+                readers = [(first + s) % width for s in range(len(shares))]
+                core.next_reader = (first + max(len(shares), 1)) % width
             core.last_req, core.idle_reader = req, None
             pushed = 0
             try:
@@ -253,7 +263,8 @@ class Reader:
     __reduce__ = not_pickled  # its readers and shared memory are this process's
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else f"{self.n_procs} reader{'' if self.n_procs == 1 else 's'}"
+        n = 0 if self.closed else self.n_procs
+        state = "closed" if self.closed else f"{n} reader{'' if n == 1 else 's'}" if n else "read in this process"
         return f"<multitables.Reader {self._core.pool.filename if self._core else '?'!r} ({state})>"
 
 

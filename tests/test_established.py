@@ -50,10 +50,11 @@ def h5file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray, 
     return path, arr, tab
 
 
-@pytest.fixture(scope="module")
-def reader(h5file: tuple) -> "multitables.Reader":
+@pytest.fixture(scope="module", params=[2, 0], ids=["n_procs=2", "inline"])
+def reader(h5file: tuple, request: pytest.FixtureRequest) -> "multitables.Reader":
+    """A Reader of 2 readers, and one that reads in this process (``n_procs=0``): the same API, the same rows."""
     path, _, _ = h5file
-    r = multitables.Reader(path, 2)
+    r = multitables.Reader(path, request.param)
     yield r
     r.close(wait=True)
 
@@ -392,9 +393,10 @@ def test_where_and_read_sorted_run_pytables_queries_in_a_reader(reader: multitab
 # -- futures, pools, notify --------------------------------------------------------------------------------------
 
 
-def test_request_pool_hands_futures_from_a_loader_thread_over_in_order(h5file: tuple, no_leaks: None) -> None:
+@pytest.mark.parametrize("n_procs", [2, 0])
+def test_request_pool_hands_futures_from_a_loader_thread_over_in_order(h5file: tuple, no_leaks: None, n_procs: int) -> None:
     path, _, tab = h5file
-    r = multitables.Reader(path, 2)
+    r = multitables.Reader(path, n_procs)
     t = r.get_dataset("/tab")
     pool = t.create_stage_pool(1, 6)
     futures = multitables.RequestPool()

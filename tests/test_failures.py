@@ -445,7 +445,7 @@ def test_a_failure_read_here_by_pytables_leads_with_its_context(no_leaks: None, 
         with pytest.raises(ReaderError) as info:
             drain(q)
     text = str(info.value)
-    assert text.startswith(f"Caught HDF5ExtError in this process (pid {os.getpid()}), which reads the stream itself, "
+    assert text.startswith(f"Caught HDF5ExtError in this process (pid {os.getpid()}), which reads without reader processes, "
                            f"while reading rows {rows[0]}:{rows[1]} of '/data'"), text[:300]
     assert text.count("End of HDF5 error back trace") == 1, text
 

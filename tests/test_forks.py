@@ -198,8 +198,8 @@ _DAEMONIC = textwrap.dedent(
                 return epochs == [list(range(1000))] * 2 and batches.reader_pids == []
             if case == "n_procs=2":
                 multitables.Streamer(path).get_queue("/x", n_procs=2)
-            if case == "Reader":
-                multitables.Reader(path)
+            if case == "Reader":  # readers asked for (by default a Reader reads in a daemonic process: test_inline.py)
+                multitables.Reader(path, n_procs=1)
             if case == "inherited":  # a Reader the parent made before the pool forked this worker
                 if INHERITED is None:
                     return "not inherited"
@@ -238,10 +238,10 @@ def test_a_daemonic_worker_reads_in_itself_and_is_told_why_it_cannot_start_reade
         assert got[case].startswith("RuntimeError: ") and "this process is daemonic" in got[case], got
         assert repr(str(ids_file)) in got[case], got
     # A Reader's user is told what works for random access (a stream's n_procs=0 does not): test_reader.py
-    assert "n_procs=0" in got["n_procs=2"] and "make the Reader in the main process" in got["Reader"], got
+    assert "n_procs=0" in got["n_procs=2"] and "make a Reader with n_procs=0 in each worker" in got["Reader"], got
     if start_method == "fork":  # told it may start none of its own either, not to make one anew
         assert got["inherited"].startswith("RuntimeError: ") and "is a fork of it" in got["inherited"], got
-        assert "being daemonic" in got["inherited"] and "make the Reader in the main process" in got["inherited"], got
+        assert "being daemonic" in got["inherited"] and "n_procs=0 in each worker" in got["inherited"], got
     else:
         assert got["inherited"] == "not inherited", got
 

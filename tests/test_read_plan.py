@@ -164,6 +164,9 @@ def test_every_face_caps_readers_alike(rows_file: Path, engine: str, monkeypatch
     assert stream.get_batches("/x", 100, n_procs=1000, block_size=1000).n_procs == [planner.READERS_PER_CPU]
     assert stream.get_batches("/x", 100, n_procs=1000, block_size=20_000).n_procs == [3]
     assert plan_requests(1000, Machine.here()) == planner.READERS_PER_CPU
+    worker = Machine(2, "fork", daemon=True)  # may start no reader: a Reader's default reads there, as a stream's
+    assert plan_requests(None, worker) == 0 and plan_requests(0, Machine(2, "fork")) == 0
+    assert plan_requests(2, worker) == 2  # asked for: refused where they would start (test_forks.py)
 
 
 def test_n_procs_0_reads_in_this_process_in_every_mode(rows_file: Path, no_leaks: None) -> None:

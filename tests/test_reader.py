@@ -73,11 +73,12 @@ def h5file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np
     return path, contents
 
 
-@pytest.fixture(scope="module", params=["auto", "h5py", "tables"])
+@pytest.fixture(scope="module", params=["auto", "h5py", "tables", "inline"])
 def shared_reader(request: pytest.FixtureRequest, h5file: tuple) -> "tuple[Reader, dict]":
-    """A reader kept for the module (per engine), with one stage per dataset."""
+    """A reader kept for the module (per engine; and one that reads in this process), with one stage per dataset."""
     path, contents = h5file
-    reader = Reader(path, n_procs=2, engine=request.param)
+    inline = request.param == "inline"  # n_procs=0
+    reader = Reader(path, n_procs=0 if inline else 2, engine="auto" if inline else request.param)
     stages = {}
     for node in contents:
         ds = reader.get_dataset(node)
@@ -262,8 +263,8 @@ def test_a_readers_objects_are_neither_pickled_nor_copied_and_say_why(h5file: tu
         for obj, name in ((reader, "a Reader"), (ds, "a Reader's Dataset"), (stage, "a Reader's Stage"),
                           (pool, "a Reader's StagePool"), (ds[1:3], "a Reader's Request"), (future, "a Reader's Future")):
             for how in (pickle.dumps, copy.copy, copy.deepcopy):
-                with pytest.raises(TypeError, match=f"^{re.escape(name)} is tied to this process's reader processes"
-                                                    ".*neither pickled nor copied.*num_workers=0"):
+                with pytest.raises(TypeError, match=f"^{re.escape(name)} is tied to this process .*neither pickled "
+                                                    "nor copied.*n_procs=0 in each worker"):
                     how(obj)
         np.testing.assert_array_equal(future.get(), h5file[1]["/table"][:4])
 
@@ -902,13 +903,14 @@ def xy_file(tmp_path: Path) -> tuple[Path, np.ndarray, np.ndarray]:
 
 
 def test_the_documented_map_style_dataset_loads_every_row_once_an_epoch(xy_file: tuple, no_leaks: None) -> None:
-    """A DataLoader over the docs' Dataset, shuffled, by a BatchSampler and by a DistributedSampler's ranks: each
-    batch's rows are h5py's, dtype included, and an epoch has every row once."""
+    """A DataLoader over the docs' Dataset, by two workers (forked: each makes its Reader, n_procs=0, at its first
+    sample), shuffled, by a BatchSampler and by a DistributedSampler's ranks: each batch's rows are h5py's, dtype
+    included, and an epoch has every row once."""
     torch = pytest.importorskip("torch")
     from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler
 
     path, x, y = xy_file
-    dataset = _documented_rows_dataset()(path, batch_size=64)
+    dataset = _documented_rows_dataset()(path)
     try:
         def epoch(loader: "DataLoader") -> list[int]:
             seen = []
@@ -918,9 +920,12 @@ def test_the_documented_map_style_dataset_loads_every_row_once_an_epoch(xy_file:
                 seen += yb.tolist()
             return seen
 
+        workers = DataLoader(dataset, batch_size=64, shuffle=True, num_workers=2, multiprocessing_context="fork")
+        assert sorted(epoch(workers)) == y.tolist() and dataset.reader is None  # the workers' Readers were theirs
         shuffled = DataLoader(dataset, batch_size=64, shuffle=True, num_workers=0)
-        orders = [epoch(shuffled) for _ in range(3)]
+        orders = [epoch(shuffled) for _ in range(2)]
         assert all(sorted(order) == y.tolist() for order in orders) and orders[0] != orders[1]
+        assert dataset.reader.n_procs == 0 and dataset.reader.reader_pids == []
         by_batches = DataLoader(dataset, batch_sampler=BatchSampler(RandomSampler(dataset), 50, drop_last=False))
         assert sorted(epoch(by_batches)) == y.tolist()
         ranks = [epoch(DataLoader(dataset, batch_size=64, sampler=DistributedSampler(dataset, 2, rank)))
@@ -928,31 +933,23 @@ def test_the_documented_map_style_dataset_loads_every_row_once_an_epoch(xy_file:
         assert sorted(ranks[0] + ranks[1]) == y.tolist()
         assert dataset[7][1] == 7 and np.array_equal(dataset[7][0], x[7])
     finally:
-        dataset.reader.close(wait=True)
+        if dataset.reader is not None:
+            dataset.reader.close(wait=True)
 
 
-def test_a_reader_in_a_dataloader_worker_says_to_load_with_num_workers_0(xy_file: tuple, no_leaks: None) -> None:
-    """A Reader pickled for a DataLoader's spawned (or forkserver) workers is refused, saying what works (the Reader
-    in the main process, num_workers=0 and a request per batch; or h5py in each worker), not pointing at streams;
-    the main process's Reader still loads. Forked into a worker, or made in one: the same words, test_forks.py (a
+def test_a_reader_pickled_for_spawned_workers_says_to_make_one_in_each(xy_file: tuple, no_leaks: None) -> None:
+    """A Reader pickled for a DataLoader's spawned (or forkserver) workers (one made in a Dataset's ``__init__``)
+    is refused, saying what works: a Reader with n_procs=0 made lazily in each worker, as the docs' Dataset does.
+    Made in a worker with readers asked for, or forked into one with its readers: the same words, test_forks.py (a
     daemonic process as a worker is; a real worker that raised costs 5 s of torch's shutdown, for any Dataset)."""
-    pytest.importorskip("torch")
-    from torch.utils.data import DataLoader
-
     path, x, y = xy_file
-    dataset = _documented_rows_dataset()(path, batch_size=64)
-    try:
+    with Reader(path, n_procs=0) as reader:
         with pytest.raises(TypeError) as pickled:
-            pickle.dumps(dataset.reader)  # what pickling the dataset for a spawned worker comes to
-        message = str(pickled.value)
-        assert "make the Reader in the main process (for a DataLoader: num_workers=0, and one request per batch " \
-               "in the Dataset's __getitems__" in message, message
-        assert "open the file with h5py in each worker" in message and "stream" not in message, message
-        assert "spawn or forkserver" in message, message
-        xb, yb = next(iter(DataLoader(dataset, batch_size=64, shuffle=True, num_workers=0)))
-        np.testing.assert_array_equal(xb.numpy(), x[yb.numpy()])
-    finally:
-        dataset.reader.close(wait=True)
+            pickle.dumps(reader)  # what pickling the dataset for a spawned worker comes to
+    message = str(pickled.value)
+    assert "spawn or forkserver" in message and "stream" not in message, message
+    assert "make a Reader with n_procs=0 in each worker (the default there), which reads in the worker itself: " \
+           "lazily, in the Dataset's __getitem__ on first use or in worker_init_fn" in message, message
 
 
 def test_a_request_waiting_for_a_stage_when_another_thread_stops_the_reader_is_told_it_was_stopped(

@@ -24,6 +24,7 @@ from ..errors import QueueClosed, StreamClosedError
 
 if TYPE_CHECKING:
     from .futures import Future
+    from .inline import InlineServer
 
 
 def quiet_at_exit() -> None:
@@ -39,9 +40,9 @@ def not_pickled(obj: Any) -> None:
     name = type(obj).__name__
     what = "a Reader" if name == "Reader" else "a Reader's " + name
     raise TypeError(
-        f"{what} is tied to this process's reader processes and shared memory, so it is neither pickled nor copied: "
-        "a DataLoader's workers started by spawn or forkserver (Python 3.14's default) get the dataset pickled, and, "
-        f"daemonic, may start no readers of their own: {READER_ELSEWHERE}"
+        f"{what} is tied to this process (its readers, its stages, its open files), so it is neither pickled nor "
+        "copied: a DataLoader's workers started by spawn or forkserver (Python 3.14's default) get the dataset "
+        f"pickled; {READER_ELSEWHERE}"
     )
 
 
@@ -59,7 +60,7 @@ class ReaderCore:
         filename: "str | tuple[str, ...]",
         engine: str,
         open_kwargs: dict[str, Any],
-        pool: ServeReaders,
+        pool: "ServeReaders | InlineServer",
         max_stages: int,
         notify: "Callable[[Any], Any] | None",
         store: "Store | None" = None,
@@ -130,14 +131,15 @@ class ReaderCore:
 
     def close(self, wait: bool) -> None:
         """No more requests; the readers stop once they have read every request made (waits if ``wait``)."""
+        now = wait or not self.pool.n_procs  # n_procs=0: every request is read already, nothing to wait for
         with self.lock:
             if not self.closed:
                 self.closed = True
                 if not self.stopped:
                     self.pool.finish()  # after every request pushed so far (pushes hold this lock)
-                    if not wait:
+                    if not now:
                         threading.Thread(target=self._finish, name="multitables-reader-close", daemon=True).start()
-        if wait:
+        if now:
             self._finish()
             if self.notifier is not None:
                 self.notifier.join()  # as 2.x's close(wait=True): every notify made, QueueClosed's too

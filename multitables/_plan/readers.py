@@ -459,7 +459,10 @@ def plan_batches(
 
 
 def plan_requests(n_procs: "int | None", machine: Machine) -> int:
-    """Readers of a Reader, which serves requests of any size on any dataset of its file: the CPUs by default, capped."""
+    """Readers of a Reader, which serves requests of any size on any dataset of its file: the CPUs by default, capped;
+    by default none in a daemonic process, which may start none (0: read in the consumer, as a stream's)."""
+    if n_procs is None and machine.daemon:
+        return 0
     return cap_readers(machine.cpus if n_procs is None else n_procs, None, machine.cpus)
 
 

@@ -66,8 +66,9 @@ class FailureReport:
     def to_exception(self) -> ReaderError:
         """Build the exception raised in the consumer: a ReaderError that is also the original type.
 
-        A ``reader_index`` below 0 is the consumer itself, reading a stream
-        too small for reader processes: its errors take the same form.
+        A ``reader_index`` below 0 is the consumer itself, reading without
+        reader processes (a stream, or a Reader's requests, with
+        ``n_procs=0``): its errors take the same form.
         """
         short_name = self.exc_type_name.rpartition(".")[2]
         where = f"rows {self.rows[0]}:{self.rows[1]} of " if self.rows else ""
@@ -75,7 +76,7 @@ class FailureReport:
             who = f"reader {self.reader_index} (pid {self.pid})"
             tail = f"\n\nOriginal traceback in the reader:\n{self.traceback}"
         else:  # its cause, chained, shows the traceback
-            who, tail = f"this process (pid {self.pid}), which reads the stream itself,", ""
+            who, tail = f"this process (pid {self.pid}), which reads without reader processes,", ""
         what = f"reading {where}{self.path!r} in" if self.path or where else "serving"  # a Reader's, before any dataset
         text = f"Caught {short_name} in {who} while {what} {self.filename!r}: {self.message}{tail}"
         exc = ReaderError.like(self.exc_type_name, text)

@@ -167,9 +167,9 @@ os.register_at_fork(after_in_child=_disown_readers)
 
 #: What a Reader's user in a daemonic process (a DataLoader's worker) can do instead: it may start no readers there.
 READER_ELSEWHERE = (
-    "make the Reader in the main process (for a DataLoader: num_workers=0, and one request per batch in the "
-    "Dataset's __getitems__, which the Reader's processes read in parallel; see 'A PyTorch map-style Dataset' in "
-    "the random-access docs), or open the file with h5py in each worker"
+    "make a Reader with n_procs=0 in each worker (the default there), which reads in the worker itself: lazily, in "
+    "the Dataset's __getitem__ on first use or in worker_init_fn (see 'A PyTorch map-style Dataset' in the "
+    "random-access docs)"
 )
 
 #: What a forked child that may start processes (a pre-fork server's worker) does with its parent's Reader instead.

@@ -313,6 +313,12 @@ class Segment:
             return segment
 
     @classmethod
+    def private(cls, nbytes: int) -> "Segment":
+        """Memory of this process alone, shaped as a segment (no name, nothing in /dev/shm): where no reader maps it
+        (a Reader with ``n_procs=0``). Copy-on-write in a forked child, as any memory of the process."""
+        return cls("", nbytes, mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE), owner=False)
+
+    @classmethod
     def attach(cls, name: str, nbytes: int) -> "Segment":
         """Map an existing segment by name (a reader's side; never registers it anywhere)."""
         if _posixshmem is None:  # pragma: no cover

@@ -1,0 +1,132 @@
+"""Requests read in this process: a Reader with ``n_procs=0`` (NOTE [requests in this process]).
+
+NOTE [requests in this process]
+    A Reader made with ``n_procs=0`` (the default in a daemonic process, a
+    DataLoader's worker, which may start no process) has no readers: its
+    :class:`InlineServer` stands where ``_procs.serve.ServeReaders`` would,
+    and each share a request puts is read at once, in the calling thread,
+    by the same ``ShareReader`` a request reader runs, before
+    ``Reader.request`` returns; a read that fails sets the share FAILED and
+    keeps its report for the future's ``get``, as a reader's would. Stages
+    are private memory (``Segment.private``): nothing in /dev/shm, no
+    semaphore of multiprocessing, no process, no thread (but ``notify``'s).
+
+    Forked (a DataLoader's workers started by fork, of a Dataset that made
+    the Reader in ``__init__``), the child's copy goes on working: its
+    stages are copy-on-write like any memory, and at its first use it opens
+    the files anew, leaving the parent's handles to the parent (an HDF5
+    handle or a connection shared by two processes is not safe to use). A
+    Reader is still not pickled (spawn, forkserver): make it in the worker.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import traceback
+from typing import Any
+
+from .._io.files import FileSignature
+from .._io.objects.config import Store
+from .._io.objects.http import ObjectIdentity
+from .._procs.failure import FailureReport
+from .._procs.serve import ServeSettings, ShareReader
+from .._shm.segment import Segment
+from .._shm.stagemap import DONE, FAILED, StageLayout, StageMap
+from ..errors import ReaderError
+
+
+def _never() -> bool:
+    return False
+
+
+class InlineServer:
+    """Serves a Reader's requests in this process: the consumer's side of request readers, with none."""
+
+    n_procs = 0
+    finishing = False
+
+    def __init__(
+        self, filename: str, open_kwargs: dict[str, Any], max_stages: int,
+        file_signature: "FileSignature | ObjectIdentity | None", files: "str | tuple[str, ...]" = "", store: "Store | None" = None,
+    ) -> None:
+        self.filename = filename
+        self.file_signature = file_signature
+        self._settings = ServeSettings(open_kwargs, "", file_signature, files, store)
+        self._shares = ShareReader(filename, self._settings)
+        self._owner = os.getpid()
+        self._stages: dict[int, StageMap] = {}
+        self._reports: dict[int, tuple[FailureReport, Exception]] = {}
+        #: Wake-ups of futures, as the readers' semaphores give them (here, the share is read before its future exists).
+        self.channels = tuple(threading.Semaphore(0) for _ in range(max_stages))
+        self.closed = False
+        self.pids: list[int] = []
+
+    # -- as the request readers' consumer side (``ServeReaders``) ---------------------
+    def look(self) -> None:
+        """Nothing to watch: no reader processes."""
+
+    def broken(self) -> None:
+        return None
+
+    def is_dead(self, i: int) -> bool:
+        return False
+
+    def dead_error(self, i: int, path: str) -> None:
+        return None
+
+    def check_owner(self) -> None:
+        """In a forked child, open the files anew at its first use (NOTE [requests in this process])."""
+        if os.getpid() != self._owner:
+            self._owner = os.getpid()
+            self._shares = ShareReader(self.filename, self._settings)  # the parent's handles: dropped here, not used
+            self._reports.clear()
+
+    def stage_segment(self, layout: StageLayout) -> Segment:
+        return Segment.private(layout.nbytes)
+
+    def attach(self, stage_id: int, stage: StageMap) -> None:
+        self._stages[stage_id] = stage  # the consumer's own map: it closes it
+
+    def detach(self, stage_id: int) -> None:
+        self._stages.pop(stage_id, None)
+
+    def read(self, reader: int, req: int, stage_id: int, share: int, a: int, b: int) -> None:
+        """Read rows ``a..b`` of request ``req`` into stage ``stage_id`` now; a failure is kept for :meth:`failure`."""
+        self.check_owner()
+        stage = self._stages[stage_id]
+        failed = self._shares.read(stage, req, a, b, _never)
+        if failed is not None:
+            exc, path, span = failed
+            report = FailureReport.from_exception(exc, -1, os.getpid(), self.filename, path, span)
+            traceback.clear_frames(exc.__traceback__)  # kept as the cause: no view on the stage left in its frames
+            self._reports[req] = (report, exc)
+        stage.set_status(share, DONE if failed is None else FAILED)
+        self.channels[stage_id].release()
+
+    def failure(self, req: int) -> ReaderError:
+        """The error of request ``req``'s read, its original exception chained."""
+        got = self._reports.pop(req, None)
+        if got is None:
+            return ReaderError(f"a read of request {req} of {self.filename!r} failed, but its report was lost")
+        error = got[0].to_exception()
+        error.__cause__ = got[1]
+        return error
+
+    def forget(self, req: int) -> None:
+        self._reports.pop(req, None)
+
+    def finish(self) -> None:
+        """Every request is read already."""
+
+    def running(self, timeout: float = 0.0) -> bool:
+        return False
+
+    def close(self) -> None:
+        """Close the files (idempotent)."""
+        if not self.closed:
+            self.closed = True
+            self._stages.clear()
+            self._reports.clear()
+            if os.getpid() == self._owner:
+                self._shares.close()

@@ -1,0 +1,139 @@
+"""Requests read in this process (``Reader(..., n_procs=0)``, NOTE [requests in this process]): every request form
+gives the rows reader processes give, with no process, no segment and no semaphore; in a daemonic process (a
+DataLoader's worker) too, where it is the default; a forked copy opens its files anew and keeps its own stages."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+import multitables
+from multitables import Reader, ReaderError, StreamClosedError
+
+from conftest import own_segments
+
+
+@pytest.fixture
+def data() -> np.ndarray:
+    return np.arange(400 * 3, dtype="<f4").reshape(400, 3)
+
+
+@pytest.fixture
+def h5file(make_array: Callable[..., Path], data: np.ndarray) -> Path:
+    return make_array(data, complib="zlib", chunkshape=(32, 3))
+
+
+def test_every_request_form_reads_here_with_nothing_shared(
+    h5file: Path, data: np.ndarray, table_file: tuple, no_leaks: None, shm_mappings: Callable[[], list[str]]
+) -> None:
+    notified: list[Any] = []
+    threads = threading.active_count()
+    with Reader(h5file, n_procs=0) as reader:
+        assert reader.n_procs == 0 and reader.reader_pids == [] and "read in this process" in repr(reader)
+        ds = reader.get_dataset("/data")
+        stage, pool = ds.create_stage(64), ds.create_stage_pool((16, None), 2)
+        natoms = ds.create_stage_natoms(30)
+        assert not own_segments() and not shm_mappings() and threading.active_count() == threads
+        rows = np.array([399, 3, 3, 200])
+        future = reader.request(ds[rows], stage)
+        assert future.done()  # read before request returned
+        np.testing.assert_array_equal(future.get(), data[rows])
+        with reader.request(ds[10:20, 1:], stage).get_unsafe() as got:
+            np.testing.assert_array_equal(got, data[10:20, 1:])
+        with reader.request(ds[::-50], stage).get_proxy() as got:
+            np.testing.assert_array_equal(got[:], data[::-50])
+        assert reader.request(ds[5:9], natoms).get_direct(np.sum) == data[5:9].sum()
+        assert reader.request(ds.read_coordinates([7, 1]), stage).get().tolist() == data[[7, 1]].tolist()
+        pooled = [reader.request(ds[i : i + 16], pool) for i in (0, 100)]
+        assert [f.get().tolist() for f in pooled] == [data[:16].tolist(), data[100:116].tolist()]
+        assert not own_segments() and not shm_mappings()  # still nothing shared
+    path, records = table_file
+    with Reader(path, n_procs=0, notify=notified.append) as reader:
+        table = reader.get_dataset("/table")
+        stage = table.create_stage(len(table))
+        future = reader.request(table.where("(a > 10) & (a < 15)"), stage)
+        np.testing.assert_array_equal(future.get(), records[(records["a"] > 10) & (records["a"] < 15)])
+        second = reader.request(table[["b", "a"]][::97], stage)
+        np.testing.assert_array_equal(second.get(), records[["b", "a"]][::97])
+    assert notified == [future, second, multitables.QueueClosed]
+
+
+def test_a_failed_read_fails_its_future_only_in_the_form_a_readers_does(
+    h5file: Path, data: np.ndarray, no_leaks: None
+) -> None:
+    import h5py
+
+    with h5py.File(h5file, "r") as f:
+        info = f["data"].id.get_chunk_info(3)  # rows 96:128
+    with open(h5file, "r+b") as f:
+        f.seek(info.byte_offset)
+        f.write(b"\xff" * info.size)
+    with Reader(h5file, n_procs=0) as reader:
+        ds = reader.get_dataset("/data")
+        stage = ds.create_stage(400)
+        future = reader.request(ds[90:130], stage)  # raises at get, as with readers, not at request
+        for _ in range(2):
+            with pytest.raises(ReaderError) as info_:
+                future.get()
+        err = info_.value
+        assert isinstance(err, OSError) and err.reader_index == -1 and err.pid == os.getpid()
+        assert err.path == "/data" and err.rows == (90, 130) and err.filename == str(h5file)
+        assert str(err).startswith("Caught ") and "which reads without reader processes" in str(err)
+        assert isinstance(err.__cause__, OSError) and "Traceback" in err.remote_traceback
+        np.testing.assert_array_equal(reader.request(ds[:96], stage).get(), data[:96])  # the Reader goes on
+        came = reader.request(ds[:2], stage)
+        assert came.wait(0)
+        reader.stop()  # frees the stages, this future's data with them, as with readers
+        with pytest.raises(StreamClosedError, match="stopped .* before this future's data was got"):
+            came.get()
+    with pytest.raises(StreamClosedError, match="closed"):
+        reader.request(ds[:1], stage)
+
+
+def _in_a_daemonic_child(path: str, inherited: Any, out: Any) -> None:
+    try:
+        got: dict[str, Any] = {}
+        with Reader(path) as reader:  # the default in a daemonic process: no process to start
+            ds = reader.get_dataset("/data")
+            got["default"] = (reader.n_procs, reader.request(ds[[5, 1]], ds.create_stage(2)).get().tolist())
+        try:
+            Reader(path, n_procs=1)
+        except RuntimeError as exc:
+            got["n_procs=1"] = str(exc)
+        parent, ds, stage, future = inherited  # the parent's Reader, forked: it opens the file anew here
+        future.release()
+        got["inherited"] = parent.request(ds[300:302], stage).get().tolist()
+        out.put(got)
+    except BaseException as exc:  # noqa: BLE001 - reported to the test
+        out.put(repr(exc))
+
+
+def test_a_daemonic_process_reads_in_itself_and_a_forked_copy_keeps_to_its_own(
+    h5file: Path, data: np.ndarray, no_leaks: None
+) -> None:
+    ctx = multiprocessing.get_context("fork")
+    with Reader(h5file, n_procs=0) as parent:
+        ds = parent.get_dataset("/data")
+        stage = ds.create_stage(2)
+        future = parent.request(ds[:2], stage)  # its rows in the stage, not yet got
+        out = ctx.Queue()
+        child = ctx.Process(target=_in_a_daemonic_child, args=(str(h5file), (parent, ds, stage, future), out), daemon=True)
+        child.start()
+        try:
+            got = out.get(timeout=30)
+        finally:
+            child.join(30)
+            out.close()
+            out.join_thread()
+        assert isinstance(got, dict), got
+        assert got["default"] == (0, data[[5, 1]].tolist())
+        assert "this process is daemonic" in got["n_procs=1"] and "n_procs=0 in each worker" in got["n_procs=1"]
+        assert got["inherited"] == data[300:302].tolist()
+        np.testing.assert_array_equal(future.get(), data[:2])  # the child's rows stayed in the child's copy
+        np.testing.assert_array_equal(parent.request(ds[-2:], stage).get(), data[-2:])

@@ -1,15 +1,19 @@
 """A queue's back ends (``_stream.backends``): the in-process one's buffers, which a closed stream's leaves to the next
 stream as spares (NOTE [spare buffers] in ``_sys.spares``), never while a row or a guard of them is alive; the
-caller's blocks cut from larger ones read (NOTE [read plan]), in threads and forks; a guard after its queue closed."""
+caller's blocks cut from larger ones read (NOTE [read plan]), in threads and forks; a guard after its queue closed;
+a warning for readers that stay alive and deliver nothing (NOTE [stalled readers])."""
 
 from __future__ import annotations
 
+import linecache
 import os
 import subprocess
 import sys
 import tempfile
 import textwrap
 import threading
+import time
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -312,3 +316,73 @@ def test_a_guard_handed_out_before_its_queue_closed_gives_its_block_after(tmp_pa
     assert done.returncode == 0, (done.returncode, done.stderr)
     assert done.stdout.splitlines() == [f"first row: {rows[0].tolist()} rows: 256 sum: {float(rows[:256].sum())}",
                                         "then: True"], done.stdout
+
+
+# -- readers that stay alive and deliver nothing (NOTE [stalled readers]) ----------------------------------------------
+
+
+def slow_in_readers(seconds: float, calls: int):
+    """A transform that sleeps ``seconds`` on its first ``calls`` calls in each reader (forked: a closure will do) and
+    appends the pid that ran it as a column."""
+    consumer, made = os.getpid(), [0]
+
+    def transform(rows: np.ndarray) -> np.ndarray:
+        if os.getpid() != consumer and made[0] < calls:  # not the consumer's call that learns the output's type
+            made[0] += 1
+            time.sleep(seconds)
+        return np.column_stack([rows, np.full(len(rows), os.getpid(), rows.dtype)])
+
+    return transform
+
+
+def stall_warnings(record: "list[warnings.WarningMessage]") -> "list[warnings.WarningMessage]":
+    return [w for w in record if issubclass(w.category, RuntimeWarning) and "has come for" in str(w.message)]
+
+
+def test_readers_that_deliver_nothing_for_long_are_named_once_and_every_row_still_comes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_leaks
+) -> None:
+    """Two stalls of 0.3 s (the reader's first two blocks), one warning at the caller's line; the stream goes on."""
+    monkeypatch.setattr(backends, "STALL_WARNING", 0.1)
+    data = np.arange(600.0).reshape(300, 2)
+    h5 = write(tmp_path / "d.h5", data, chunk_rows=50)
+    batches = multitables.Streamer(h5, start_method="fork").get_batches(
+        "/data", batch_size=50, shuffle=False, block_size=100, n_procs=1, transform=slow_in_readers(0.3, 2)
+    )
+    try:
+        with pytest.warns(RuntimeWarning, match="has come for") as record:
+            got = np.concatenate(list(batches))  # the caller's line
+    finally:
+        batches.close()
+    np.testing.assert_array_equal(got[:, :2], data)  # every row, once, in order
+    (stall,) = stall_warnings(record.list)
+    text, pid = str(stall.message), int(got[0, 2])
+    assert text.startswith(f"no block of '/data' in {str(h5)!r} has come for ")
+    assert "(rows 0:100 awaited)" in text and f"its reader (pid {pid}) still runs" in text
+    for words in ["JAX, TensorFlow", 'start_method="forkserver"', "numpy", "file system that stopped answering",
+                  f"py-spy dump --pid {pid}", "Still waiting"]:
+        assert words in text
+    assert stall.filename == __file__ and "np.concatenate(list(batches))" in linecache.getline(__file__, stall.lineno)
+
+
+def test_no_warning_while_blocks_come_or_while_the_consumer_does_not_ask(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_leaks
+) -> None:
+    """Each block 30 ms apart, the whole stream longer than the limit, and a loop body longer than it: no wait is."""
+    monkeypatch.setattr(backends, "STALL_WARNING", 0.2)
+    data = np.arange(600.0).reshape(300, 2)
+    batches = multitables.Streamer(write(tmp_path / "d.h5", data, chunk_rows=50), start_method="fork").get_batches(
+        "/data", batch_size=50, shuffle=False, block_size=50, n_procs=1, transform=slow_in_readers(0.03, 6)
+    )
+    got = []
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        try:
+            for i, x in enumerate(batches):
+                got.append(x)
+                if i == 0:
+                    time.sleep(0.3)  # the readers fill the ring and wait for the consumer
+        finally:
+            batches.close()
+    np.testing.assert_array_equal(np.concatenate(got)[:, :2], data)
+    assert stall_warnings(record) == []

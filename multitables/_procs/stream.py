@@ -232,6 +232,12 @@ class StreamReaders:
         """Process ids of the readers."""
         return self.pool.pids
 
+    @property
+    def alive_pids(self) -> list[int]:
+        """Process ids of the readers whose end this process has not seen."""
+        ended = self.pool.ended
+        return [pid for i, pid in enumerate(self.pool.pids) if i not in ended]
+
     def extend(self, starts: Any, stops: Any) -> None:
         """Publish more blocks to the readers (NOTE [readers across epochs])."""
         self.ring.extend(starts, stops, self._n_readers, self.check)

@@ -10,19 +10,40 @@ goes (NOTE [readers across epochs] in ``_procs.stream``) also takes
 ``extend(starts, stops)`` and ``rewind()``, and says how many blocks are
 ``published`` and which is ``next``. Where each block read holds several of
 the caller's (NOTE [read plan]), :class:`SplitBackend` hands them out.
+
+NOTE [stalled readers]
+    A reader that stays alive and delivers nothing is no failure ``check()``
+    can see: a transform that calls JAX or TensorFlow in a reader forked
+    after the library started its threads waits for ever on a lock the fork
+    copied held; a read from a network file system whose server is gone
+    blocks in the kernel; a transform loops. The consumer would wait in
+    silence. So a ring's ``take`` that has waited :data:`STALL_WARNING`
+    seconds for its block, its readers alive, warns: the file, the dataset,
+    the rows awaited (in plan order), the readers' pids, the likely causes
+    and how to see where a reader is. It goes on waiting: a slow disk is no
+    error. The clock starts at the first tick without a block (a block
+    there at once, the hot path, costs nothing) and runs only inside
+    ``take``: a consumer busy elsewhere is not waiting. Once per stream: a
+    stream that stalled and then went on is slow, not stuck, and one stalled
+    at every epoch by a slow disk would repeat the same words; a hang is
+    what the first warning is for, and it names every reader.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import sys
 import threading
+import time
+import warnings
 from typing import Any
 
 import numpy as np
 
 from .._io.fileset import node_signature
 from .._io.files import check_file_unchanged
+from .._io.objects.urls import shown
 from .._plan.blocks import GrowingPlan
 from .._procs.failure import FailureReport
 from .._procs.stream import StreamReaders, StreamSpec
@@ -30,6 +51,11 @@ from .._shm.ring import TICK
 from .._sys.refs import held_elsewhere
 from .._sys.spares import spare_bytes
 from ..errors import FileChangedError, StreamClosedError
+
+
+#: Seconds a consumer waits for one block from readers that stay alive before it warns, once per stream, that they
+#: may be stuck (NOTE [stalled readers]); it goes on waiting.
+STALL_WARNING = 60.0
 
 
 def empty_block(spec: StreamSpec) -> np.ndarray:
@@ -53,6 +79,14 @@ def as_block(memory: np.ndarray, spec: StreamSpec) -> np.ndarray:
     if memory.shape == shape and memory.dtype == dtype:
         return memory
     return memory[: math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
+
+
+def _outside_level() -> int:
+    """The ``stacklevel`` that points a warning given by its caller at the first frame outside this package."""
+    level, frame = 2, sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == __name__.partition(".")[0]:
+        level, frame = level + 1, frame.f_back  # type: ignore[assignment]
+    return level
 
 
 class InlineBackend:
@@ -178,10 +212,12 @@ class RingBackend:
         self._pending: dict[int, int] = {}  # ordered mode: block -> slot, arrived early
         self._next = 0
         self.pids = self._pool.pids
+        self._warned = False  # NOTE [stalled readers]: once per stream
         self._checking = threading.RLock()  # pool.check reads the readers' pipes: one thread at a time
 
     def take(self) -> tuple[int, np.ndarray]:
         ring = self._ring
+        since: "float | None" = None  # when this take began waiting (NOTE [stalled readers])
         while True:
             if self._ordered and self._next in self._pending:
                 self._pool.pool.check_owner()  # check() below asks it of the others (NOTE [forked children])
@@ -190,6 +226,7 @@ class RingBackend:
             self.check()
             slot = ring.take(TICK)  # type: ignore[assignment]
             if slot is None:
+                since = self._stalled(since)
                 continue
             k, _rows = ring.meta(slot)
             if self._ordered and k != self._next:
@@ -199,6 +236,40 @@ class RingBackend:
         k, rows = ring.meta(slot)
         self._next += 1
         return slot, ring.slots[slot][:rows]
+
+    def _stalled(self, since: "float | None") -> float:
+        """A tick passed without a block: when the wait began; warn once the readers took :data:`STALL_WARNING` s."""
+        now = time.monotonic()
+        if since is None:
+            return now - TICK
+        if not self._warned and now - since >= STALL_WARNING:
+            pids = self._pool.alive_pids
+            if pids:  # else check() raises at the next tick
+                self._warned = True
+                warnings.warn(self._stall_message(now - since, pids), RuntimeWarning, stacklevel=_outside_level())
+        return since
+
+    def _stall_message(self, seconds: float, pids: list[int]) -> str:
+        """The words of NOTE [stalled readers]."""
+        rows = ""
+        if self._ordered:
+            try:
+                pieces = self._plan.pieces(self._next)
+            except Exception:  # a plan that no longer holds the block: the rows are not known
+                pieces = ()
+            if pieces:
+                rows = f" (rows {', '.join(f'{p.start}:{p.stop}' for p in pieces)} awaited)"
+        several = "s" if len(pids) > 1 else ""
+        return (
+            f"no block of {self._pool.path!r} in {shown(self._pool.filename)!r} has come for {seconds:.1f} s"
+            f"{rows}, and its reader{several} (pid{several} {', '.join(map(str, pids))}) still run{'' if several else 's'}:"
+            f" stuck? Likely causes: a transform that calls a multithreaded library (JAX, TensorFlow, ...) in readers "
+            f"forked from this process after that library started its threads, where it waits for ever on a lock the "
+            f"fork copied held (compute the transform with numpy, or give Streamer(..., start_method=\"forkserver\")); "
+            f"a file system that stopped answering (a network mount whose server is gone); a transform that never "
+            f"returns. See where a reader is with `py-spy dump --pid {pids[0]}`. Still waiting (a slow disk is no "
+            f"error); said once per stream."
+        )
 
     def check(self, taking: bool = True) -> bool:
         """Raise the error of a reader that failed or died (NOTE [failure reports] in ``_procs.pool``); ``taking``: a

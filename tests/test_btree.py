@@ -34,10 +34,14 @@ def btree_index(path: "str | Path", name: str) -> "BTreeIndex | None":
 
 
 def hdf5_listing(ds: Any) -> dict[tuple[int, ...], tuple[int, int, int]]:
-    """Every stored chunk as HDF5 lists it: grid index -> (file offset, stored size, filter mask)."""
+    """Every stored chunk as HDF5 lists it: grid index -> (file offset, stored size, filter mask).
+
+    HDF5 before 1.14.4 (h5py 3.10-3.11's wheels) lists addresses without the userblock (HDF5 issue 3003): added here.
+    """
     grid = ChunkGrid(tuple(ds.shape), tuple(ds.chunks))
+    base = ds.file.userblock_size if h5py.version.hdf5_version_tuple < (1, 14, 4) else 0
     found: dict[tuple[int, ...], tuple[int, int, int]] = {}
-    ds.id.chunk_iter(lambda i: found.__setitem__(grid.index_of(i.chunk_offset), (int(i.byte_offset), int(i.size), int(i.filter_mask))))
+    ds.id.chunk_iter(lambda i: found.__setitem__(grid.index_of(i.chunk_offset), (int(i.byte_offset) + base, int(i.size), int(i.filter_mask))))
     return found
 
 

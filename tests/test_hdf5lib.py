@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from h5py._objects import phil
 
-from multitables._io.chunks.hdf5lib import header_address, leaves_edge_chunks_unfiltered
+from multitables._io.chunks.hdf5lib import chunk_address_base, header_address, leaves_edge_chunks_unfiltered
 
 from _guards import hang_guard
 
@@ -59,3 +59,23 @@ def test_a_call_waits_while_another_thread_holds_h5pys_lock(dataset: Any, call: 
         caller.join()
     assert waited, f"{call} ran HDF5 while another thread held h5py's lock"
     assert len(got) == 1 and got[0] is not None
+
+
+def test_a_chunks_address_as_hdf5_lists_it_plus_the_base_is_where_its_bytes_are(tmp_path: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """HDF5 before 1.14.4 (h5py 3.10-3.11's wheels) lists chunk addresses without the userblock (HDF5 issue 3003):
+    the chunk engine read another chunk's bytes there (wrong rows, or a decode error)."""
+    path = tmp_path / "ub.h5"
+    data = np.arange(400, dtype="<i8").reshape(100, 4)
+    with h5py.File(path, "w", userblock_size=4096) as f:
+        f.create_dataset("data", data=data, chunks=(10, 4))
+    stored = path.read_bytes()
+    with h5py.File(path, "r") as f:
+        dsid = f["data"].id
+        for k in (0, 5):
+            where = stored.find(data[10 * k : 10 * k + 10].tobytes())
+            assert dsid.get_chunk_info(k).byte_offset + chunk_address_base(dsid) == where > 4096
+        monkeypatch.setattr(h5py.version, "hdf5_version_tuple", (1, 14, 3))
+        assert chunk_address_base(dsid) == 4096
+        monkeypatch.setattr(h5py.version, "hdf5_version_tuple", (1, 14, 4))
+        assert chunk_address_base(dsid) == 0

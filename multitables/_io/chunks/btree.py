@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 import numpy as np
 
 from .grid import ChunkGrid
+from .hdf5lib import chunk_address_base
 from .transport import Transport, open_transport
 from ...errors import FileChangedError, MultitablesError
 
@@ -381,4 +382,5 @@ def _agrees(index: BTreeIndex, ds: Any) -> bool:
         return True  # an empty leaf: nothing stored to find
     origin, found = first
     info = ds.id.get_chunk_info_by_coord(origin)
-    return info.byte_offset is not None and found == (int(info.byte_offset), int(info.size), int(info.filter_mask))
+    at = None if info.byte_offset is None else int(info.byte_offset) + chunk_address_base(ds.id)
+    return at is not None and found == (at, int(info.size), int(info.filter_mask))

@@ -1,4 +1,4 @@
-"""The HDF5 library h5py runs on, for the few calls h5py does not wrap (through ``ctypes``)."""
+"""The HDF5 library h5py runs on, for the few calls h5py does not wrap (through ``ctypes``), and where its version differs."""
 
 from __future__ import annotations
 
@@ -84,6 +84,25 @@ def header_address(dsid: Any) -> "int | None":
         if to_addr(dsid.id, token, ctypes.byref(addr)) < 0:  # pragma: no cover
             return None
     return int(addr.value)
+
+
+#: The first HDF5 whose chunk listings (``H5Dchunk_iter``, ``H5Dget_chunk_info``) give file offsets: before it, they
+#: leave out the userblock (HDF5 issue 3003), as h5py 3.10-3.11's wheels' HDF5 1.14.2 does.
+CHUNK_ADDRESSES_IN_FILE_FROM = (1, 14, 4)
+
+
+def chunk_address_base(dsid: Any) -> int:
+    """What to add to the chunk addresses HDF5 lists for dataset ``dsid`` to have file offsets: the userblock's size
+    where this HDF5 leaves it out (a chunk read at HDF5's address was another's bytes: wrong rows, or a decode error)."""
+    import h5py
+
+    if h5py.version.hdf5_version_tuple >= CHUNK_ADDRESSES_IN_FILE_FROM:
+        return 0
+    fid = h5py.h5i.get_file_id(dsid)
+    try:
+        return int(fid.get_create_plist().get_userblock())
+    finally:
+        fid.close()  # the dataset holds the file
 
 
 def leaves_edge_chunks_unfiltered(dcpl: Any) -> bool:

@@ -46,7 +46,7 @@ from .grid import ChunkGrid, Extent, chunk_parts
 from .btree import UNREAD, BTreeIndex, open_btree_index
 from .codecs.base import FilterSpec, UnsupportedFilter, filters_of
 from .codecs.registry import build_pipeline
-from .hdf5lib import header_address, leaves_edge_chunks_unfiltered
+from .hdf5lib import chunk_address_base, header_address, leaves_edge_chunks_unfiltered
 from ..files import FileSignature, file_signature, settled
 from ...errors import FileChangedError
 from ..node import NodeInfo, Unsupported, close_dataset, reopen_dataset
@@ -220,9 +220,9 @@ class ChunkIndex:
     """
 
     def __init__(self, dsid: Any, grid: ChunkGrid, limit: int = INDEX_ALL_LIMIT) -> None:
-        self._grid = grid
-        self._dsid = dsid
+        self._grid, self._dsid = grid, dsid
         self._lazy: "dict[tuple[int, ...], tuple[int, int, int] | None] | None" = None
+        self._base = base = chunk_address_base(dsid)  # HDF5 before 1.14.4 lists addresses past the userblock
         n = math.prod(grid.counts)
         if n > limit or not hasattr(dsid, "chunk_iter"):
             self._lazy = {}
@@ -238,11 +238,11 @@ class ChunkIndex:
             # grid's methods: time every reader's start and every small file's read pays.
             c0 = grid.chunks[0]
             for info in found:
-                where[info.chunk_offset[0] // c0] = (int(info.byte_offset), int(info.size), int(info.filter_mask))
+                where[info.chunk_offset[0] // c0] = (int(info.byte_offset) + base, int(info.size), int(info.filter_mask))
         else:
             for info in found:
                 k = grid.linear(grid.index_of(info.chunk_offset))
-                where[k] = (int(info.byte_offset), int(info.size), int(info.filter_mask))
+                where[k] = (int(info.byte_offset) + base, int(info.size), int(info.filter_mask))
 
     @property
     def n_listed(self) -> int:
@@ -259,7 +259,7 @@ class ChunkIndex:
             if index not in self._lazy:
                 info = self._dsid.get_chunk_info_by_coord(self._grid.origin(index))
                 found = info.byte_offset is not None
-                self._lazy[index] = (int(info.byte_offset), int(info.size), int(info.filter_mask)) if found else None
+                self._lazy[index] = (int(info.byte_offset) + self._base, int(info.size), int(info.filter_mask)) if found else None
             return self._lazy[index]
         return self._where[self._grid.linear(index)]
 

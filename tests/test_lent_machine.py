@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -24,8 +25,10 @@ STEPS = ["scaling", "probe", "startup", "startup-forkserver", "gpu", "batches", 
 def test_the_lent_machines_steps_run_here_at_16_mib(tmp_path: Path) -> None:
     pytest.importorskip("torch")  # the GPU steps import it, as the lent machine has it
     out = tmp_path / "out"
+    # The script's steps run ``python3``: this interpreter's, where pytest runs from a venv not activated.
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     run = subprocess.run(["bash", "benchmarks/lent_machine.sh", str(out), "16", *STEPS], cwd=REPO,
-                         capture_output=True, text=True, timeout=600, env={**os.environ, "LENT_REPEATS": "1"})
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "LENT_REPEATS": "1", "PATH": path})
     ended = dict(re.findall(r"^([\w-]+): rc (\d+) in ", run.stdout, re.M))
     if ended != {step: "0" for step in STEPS}:
         logs = ""

@@ -163,10 +163,11 @@ class ReaderCore:
                 return
             self.shut = True
             self.pool.close()
-            for stage_id, smap in list(self.stages.items()):
+            for stage_id in list(self.stages):
                 if self.stopped or stage_id not in self.held:
-                    del self.stages[stage_id]
-                    smap.close()
+                    smap = self.stages.pop(stage_id, None)  # None: its future gave it back meanwhile, and freed it
+                    if smap is not None:
+                        smap.close()
         if self.notifier is not None:
             self.notifier.end()
 

@@ -325,3 +325,78 @@ def test_the_fork_servers_first_start_is_bought_once_streams_forwent_its_price(t
         assert seen == [[0, 64, False], [0, 64, False], [2, 64, True], [2, 64, True]]
     else:
         assert seen == [[0, 64, False]] * 4
+
+
+def _run_as_main(monkeypatch: pytest.MonkeyPatch, script: Path, source: str) -> dict:
+    """Run ``source`` as the main script ``script`` of this process (its file written, its module ``__main__``)."""
+    import types
+
+    script.write_text(source)
+    main = types.ModuleType("__main__")
+    main.__file__ = str(script)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    exec(compile(source, str(script), "exec"), vars(main))
+    return vars(main)
+
+
+def test_a_script_that_reads_at_its_top_level_is_told_to_guard_it_before_any_reader_starts(
+    ids_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_leaks: None
+) -> None:
+    """Readers started by spawn or forkserver (Python 3.14's default) run the main script again: at its top level,
+    outside ``if __name__ == "__main__":``, they would start readers of theirs, which multiprocessing refuses. They
+    died, and the consumer said only that (or, where the fork server runs the script, ``EOFError``); now the consumer
+    refuses first, naming the script's line (NOTE [the main script again] in ``multitables._sys.forks``)."""
+    script = tmp_path / "train.py"
+    source = (
+        "import multitables\n"
+        f"stream = multitables.Streamer({str(ids_file)!r}, start_method='forkserver')\n"
+        "with stream.get_queue('/x', n_procs=1) as queue:\n"
+        "    pass\n"
+    )
+    with pytest.raises(RuntimeError) as caught:
+        _run_as_main(monkeypatch, script, source)
+    assert str(caught.value) == (
+        f"{script}, line 3, reads {str(ids_file)!r} with reader processes from the script's top level, and readers "
+        "started by forkserver (forkserver is the default from Python 3.14 on Linux, spawn on macOS) run the script "
+        "again, which would start readers of theirs: put the script's code under 'if __name__ == \"__main__\":' "
+        "(NOTE [the main script again] in multitables._sys.forks), or give start_method='fork'"
+    )
+
+
+def test_where_the_main_script_calls_and_defines_what_a_script_run_again_would_not_see(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call from a top-level line in no ``if`` (an ``if`` after it in its loop is none) runs again (any ``if`` may be a guard of the user's own); a
+    function defined under ``if __name__ == "__main__":`` (not under its ``else``, nor under another ``if``) does not."""
+    from multitables._sys.forks import unguarded_main_call, under_main_guard
+
+    scope = _run_as_main(monkeypatch, tmp_path / "job.py", (
+        "from multitables._sys.forks import unguarded_main_call\n"
+        "def top(rows):\n"
+        "    return rows\n"
+        "bare = unguarded_main_call()\n"
+        "for _ in range(1):\n"
+        "    looped = unguarded_main_call()\n"
+        "if True:\n"
+        "    guarded = unguarded_main_call()\n"
+        "for calls in [unguarded_main_call()]:\n"
+        "    if calls:\n"
+        "        break\n"
+        "if __name__ == '__main__':\n"
+        "    def under(rows):\n"
+        "        return rows\n"
+        "else:\n"
+        "    def other(rows):\n"
+        "        return rows\n"
+        "    under = other\n"
+        "if __name__ != '__main__':\n"
+        "    pass\n"
+        "else:\n"
+        "    def reversed_guard(rows):\n"
+        "        return rows\n"
+    ))
+    script = str(tmp_path / "job.py")
+    assert (scope["bare"], scope["looped"], scope["guarded"], scope["calls"]) == ((script, 4), (script, 6), None, (script, 9))
+    assert unguarded_main_call() is None  # called from no statement of the script
+    assert [under_main_guard(scope[name]) for name in ("top", "under", "reversed_guard")] == [False, True, False]
+    assert under_main_guard(under_main_guard) is False  # not the script's

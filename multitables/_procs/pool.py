@@ -87,7 +87,7 @@ from typing import Any, Callable
 
 from .._io.prefork import READING_LIBRARIES, before_fork
 from .._io.handles import refuse_written_here
-from .._sys.forks import note_ready_server, running_forkserver, start_method as default_start_method
+from .._sys.forks import note_ready_server, running_forkserver, start_method as default_start_method, unguarded_main_call
 from .._sys.release import settle_releases
 from .._shm.ring import TICK
 from .._shm.space import semaphores_for
@@ -216,6 +216,16 @@ class ReaderPool:
                 f"worker, say), and multiprocessing lets a daemonic process start none: {instead}."
             )
         self.ctx = multiprocessing.get_context(default_start_method(start_method))  # the default's, not fixing it
+        method = self.ctx.get_start_method()
+        unguarded = None if method == "fork" else unguarded_main_call()
+        if unguarded is not None:
+            raise RuntimeError(
+                f"{unguarded[0]}, line {unguarded[1]}, reads {filename!r} with reader processes from the script's top "
+                f"level, and readers started by {method} (forkserver is the default from Python 3.14 on Linux, spawn on macOS) run the "
+                "script again, which would start readers of theirs: put the script's code under "
+                "'if __name__ == \"__main__\":' (NOTE [the main script again] in multitables._sys.forks), or give "
+                "start_method='fork'"
+            )
         self._new_server = preload_in_forkserver(self.ctx)  # the readers' start starts it
         self.filename, self.path, self._name = filename, path, name
         #: The process that started the readers, the one that may use and stop them (NOTE [forked children]).

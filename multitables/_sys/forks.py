@@ -34,10 +34,27 @@ NOTE [fork server]
     readers would pay for starts the server, and every later one is cheap:
     rent, then buy, never more than twice the better of the two choices in
     hindsight. The price is ``_plan.costs.start_cost``.
+
+NOTE [the main script again]
+    Readers started by ``spawn`` or ``forkserver`` (Python 3.14's default on
+    Linux) run the main script again, as a module of another name, before
+    they read (from 3.13.8 and 3.14.1 the fork server runs it once, for all).
+    A script that reads at its top level, outside ``if __name__ ==
+    "__main__":``, would start readers there too, which multiprocessing
+    refuses: the readers died, and the consumer saw only that (or, where the
+    fork server runs it, a bare ``EOFError``). A function defined under that
+    guard is not defined in them either. So the consumer reads the script
+    (``ast``) before it starts a reader, and refuses either case, naming the
+    line: a call from a top-level line in no ``if`` at all
+    (:func:`unguarded_main_call`: any ``if`` may be a guard of the user's
+    own), a transform defined under ``if __name__ == "__main__":``
+    (:func:`under_main_guard`).
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib
 import os
 import sys
@@ -60,6 +77,64 @@ def start_method(asked: "str | None" = None) -> str:
     import multiprocessing
 
     return asked or multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+
+
+def _main_script() -> "tuple[Any, ast.Module] | None":
+    """The ``__main__`` module and its parsed file, where it is a Python file that spawn and forkserver run again."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not path or not path.endswith(".py"):
+        return None
+    tree = _parse(os.path.abspath(path))
+    return None if tree is None else (main, tree)
+
+
+@functools.lru_cache(maxsize=4)
+def _parse(path: str) -> "ast.Module | None":
+    try:
+        with open(path, encoding="utf-8") as f:
+            return ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def _top_statement(tree: "ast.Module", line: int) -> "ast.stmt | None":
+    return next((s for s in tree.body if s.lineno <= line <= (s.end_lineno or s.lineno)), None)
+
+
+def unguarded_main_call() -> "tuple[str, int] | None":
+    """The main script's file and line where its top level called into this library from a line in no ``if``, which
+    a process started by spawn or forkserver runs again; else None (NOTE [the main script again])."""
+    found = _main_script()
+    if found is None:
+        return None
+    main, tree = found
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_code.co_name == "<module>" and frame.f_globals is vars(main)):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    line = frame.f_lineno
+    top = _top_statement(tree, line)
+    if top is None or any(isinstance(n, ast.If) and n.lineno <= line <= (n.end_lineno or 0) for n in ast.walk(top)):
+        return None
+    return main.__file__, line
+
+
+def under_main_guard(function: Any) -> bool:
+    """Whether ``function`` of the main script is defined under ``if __name__ == "__main__":``, which a process that
+    runs the script again does not define (NOTE [the main script again])."""
+    found = _main_script() if getattr(function, "__module__", None) == "__main__" else None
+    code = getattr(function, "__code__", None)
+    if found is None or code is None or os.path.abspath(code.co_filename) != os.path.abspath(found[0].__file__):
+        return False
+    top = _top_statement(found[1], code.co_firstlineno)
+    if not (isinstance(top, ast.If) and isinstance(top.test, ast.Compare) and len(top.test.ops) == 1):
+        return False
+    test = top.test
+    sides = {ast.dump(test.left), ast.dump(test.comparators[0])}
+    is_guard = isinstance(test.ops[0], ast.Eq) and sides == {ast.dump(ast.Name("__name__", ast.Load())), ast.dump(ast.Constant("__main__"))}
+    return is_guard and top.body[0].lineno <= code.co_firstlineno <= (top.body[-1].end_lineno or 0)
 
 
 def finish_imports(names: "Iterable[str]") -> None:

@@ -152,15 +152,17 @@ def test_a_transform_of_an_interactive_session_is_refused_up_front_where_readers
 
 
 def test_a_spawned_reader_that_cannot_get_its_transform_says_where_its_error_went(h5: Path, tmp_path: Path) -> None:
-    """A function defined under ``if __name__ == "__main__":`` pickles by name, but a spawned reader imports the
-    script as another module, without it: the reader dies before it can report (exit code 1), and Python prints why
-    on the consumer's stderr. The error says so, not only that the reader "died unexpectedly"."""
+    """A function the script defines only in the consumer (here under an ``if`` that no check can read) pickles by
+    name, but a spawned reader imports the script as another module, without it: the reader dies before it can
+    report (exit code 1), and Python prints why on the consumer's stderr. The error says so, not only that the reader
+    "died unexpectedly". (One under ``if __name__ == "__main__":`` is refused up front: the test below.)"""
     script = tmp_path / "train.py"
     script.write_text(
-        "import sys, multitables\n"
-        "if __name__ == '__main__':\n"
+        "import multiprocessing, sys, multitables\n"
+        "if multiprocessing.current_process().name == 'MainProcess':\n"
         "    def halve(rows):\n"
         "        return rows / 2\n"
+        "if __name__ == '__main__':\n"
         "    batches = multitables.Streamer(sys.argv[1], start_method='spawn').get_batches(\n"
         "        '/X', batch_size=10, transform=halve, n_procs=1)\n"
         "    try:\n"
@@ -213,3 +215,33 @@ def test_the_plan_prices_a_transformed_dataset_as_work_for_the_readers(tmp_path:
     monkeypatch.setattr(feed, "plan_batches", lambda shapes, *a, **k: seen.append(shapes) or real(shapes, *a, **k))
     multitables.Streamer(str(tmp_path / "stored.h5")).get_batches(["/X", "/y"], 32, transform={"/X": lambda r: r * 2}).close()
     assert [s.transformed for s in seen[0]] == [True, False]
+
+
+def test_a_transform_defined_under_the_main_guard_is_refused_up_front_where_readers_run_the_script_again(
+    h5: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script's function defined under ``if __name__ == "__main__":`` pickles by name, but a reader started by
+    spawn or forkserver imports the script as another module, without it: it died before it could report. Refused
+    here, before any reader starts (NOTE [the main script again] in ``multitables._sys.forks``)."""
+    import types
+
+    script = tmp_path / "train.py"
+    source = (
+        "import multitables\n"
+        "if __name__ == '__main__':\n"
+        "    def halve(rows):\n"
+        "        return rows / 2\n"
+        f"    batches = multitables.Streamer({str(h5)!r}, start_method='spawn').get_batches(\n"
+        "        '/X', batch_size=10, transform=halve, n_procs=1)\n"
+    )
+    script.write_text(source)
+    main = types.ModuleType("__main__")
+    main.__file__ = str(script)
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    with pytest.raises(TypeError) as caught:
+        exec(compile(source, str(script), "exec"), vars(main))
+    assert str(caught.value) == (
+        "transform for '/X' (halve) is defined under 'if __name__ == \"__main__\":', which readers started by spawn "
+        "do not run (they import the script as another module): define it at the script's top level, before that "
+        "'if', or use start_method='fork'"
+    )

@@ -133,7 +133,8 @@ def under_main_guard(function: Any) -> bool:
         return False
     test = top.test
     sides = {ast.dump(test.left), ast.dump(test.comparators[0])}
-    is_guard = isinstance(test.ops[0], ast.Eq) and sides == {ast.dump(ast.Name("__name__", ast.Load())), ast.dump(ast.Constant("__main__"))}
+    guard = {ast.dump(ast.Name("__name__", ast.Load())), ast.dump(ast.Constant("__main__"))}
+    is_guard = isinstance(test.ops[0], ast.Eq) and sides == guard
     return is_guard and top.body[0].lineno <= code.co_firstlineno <= (top.body[-1].end_lineno or 0)
 
 

@@ -11,7 +11,7 @@ import sys
 from typing import Any, Protocol
 
 from .._io.blockread import Transform
-from .._sys.forks import start_method
+from .._sys.forks import start_method, under_main_guard
 from .._stream.options import StreamOptions
 
 
@@ -66,6 +66,12 @@ def infer_transforms(stream: "StreamerLike", paths: list[str], nodes: list[Any],
                     f"transform for {path!r} is defined in an interactive session ({function.__qualname__} in a "
                     f"notebook or at the prompt), which readers started by {method} cannot import: define it in a "
                     f"module (a .py file) and import it, or use start_method='fork'"
+                )
+            if under_main_guard(function):
+                raise TypeError(
+                    f"transform for {path!r} ({function.__qualname__}) is defined under 'if __name__ == \"__main__\":', "
+                    f"which readers started by {method} do not run (they import the script as another module): define "
+                    f"it at the script's top level, before that 'if', or use start_method='fork'"
                 )
         out.append(found)
     return out

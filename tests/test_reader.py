@@ -887,7 +887,7 @@ def _documented_rows_dataset() -> type:
     page = (Path(__file__).resolve().parent.parent / "docs" / "random_access.rst").read_text()
     block = page.split("\nA PyTorch map-style Dataset\n", 1)[1].split(".. code-block:: python\n", 1)[1]
     space: dict = {}
-    exec(textwrap.dedent(block.split("\n   dataset = RowsDataset(", 1)[0]), space)
+    exec(textwrap.dedent(block.split("\n   if __name__ == ", 1)[0]), space)
     return space["RowsDataset"]
 
 

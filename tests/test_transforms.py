@@ -196,7 +196,7 @@ def test_the_transform_snippet_of_the_training_docs_runs_as_written(tmp_path: Pa
     snippet = re.search(r"\.\. code-block:: python\n\n((?:   .*\n|\n)+)", section).group(1)  # type: ignore[union-attr]
     monkeypatch.chdir(tmp_path)
     write(tmp_path / "train.h5", 3000)
-    scope: dict = {}
+    scope: dict = {"__name__": "__main__"}
     exec(textwrap.dedent(snippet), scope)
     x, y = scope["x"], scope["y"]
     assert x.dtype == np.float32 and x.shape == (len(y), 3)

@@ -462,9 +462,9 @@ class Batches(Generic[BatchT]):
             k = start
             last = int(plan.window_offsets[max(0, plan.n_windows - 1)]) // s.batch_size  # the last window's first batch
             for arrays in (made := cut(source, skip, s.batch_size, alloc)):
-                k += 1
-                self._batch, self._step = k, self._step + 1
-                yield as_batch(arrays, self._single, self._columns)
+                batch, k = as_batch(arrays, self._single, self._columns), k + 1  # made, then counted: no call
+                self._batch, self._step = k, self._step + 1  # between, NOTE [delivered batches] in _train.iteration
+                yield batch
                 if ahead:  # NOTE [readers across epochs]: once the first batch is out, the next epoch is planned
                     self._rows.draw_ahead(epoch + 1)  # a weighted draw: on a thread, taken once drawn
                     if not self._rows.ready(epoch + 1) and k < last:
@@ -475,9 +475,9 @@ class Batches(Generic[BatchT]):
                     if self._feed.follow(following) and s.shuffle:  # published where it fits
                         source.then((later, following))  # its first window pulled during this epoch's last
             while k < s.n_batches:  # see NOTE [epoch plan]: empty last batches
-                k += 1
+                batch, k = as_batch(alloc(0), self._single, self._columns), k + 1
                 self._batch, self._step = k, self._step + 1
-                yield as_batch(alloc(0), self._single, self._columns)
+                yield batch
             self._epoch, self._batch, self._elastic = epoch + 1, 0, []
             self._carry = getattr(source, "carry", None)
             self._looping = True

@@ -300,6 +300,71 @@ def test_an_iteration_goes_on_from_where_the_last_one_stopped(data_file) -> None
         next(it2)
 
 
+class Preempted(Exception):
+    """What a job's SIGUSR1 handler raises to leave its loop and checkpoint (SLURM's ``--signal``)."""
+
+
+def test_a_signal_handler_that_raises_mid_batch_leaves_no_batch_counted_that_the_loop_did_not_get(data_file) -> None:
+    """A signal's Python handler runs between two instructions of whatever runs then. Here a signal comes at each
+    call and return in turn while the loop takes a batch (all the library does for it), and its handler raises:
+    the position then counts exactly the batches the loop got, the one being delivered included or not, so a
+    checkpoint saved in the ``except`` neither skips nor repeats (NOTE [delivered batches])."""
+    import gc
+    import signal
+    import sys
+
+    b = multitables.Streamer(data_file(300)).get_batches("/y", batch_size=20, seed=1, n_procs=0, epochs=None)
+    planned = [p.tolist() for e in range(3) for p in settings_of(b).rank_epoch(e, 0).batches()]
+    me, ours = sys._getframe().f_code, os.path.dirname(multitables.__file__)
+    got: list[list[int]] = []
+    landing, events, fired = 0, 0, [False]
+
+    def preempted(signum, frame):
+        raise Preempted
+
+    def send_at_landing(frame, event: str, arg) -> None:
+        nonlocal events
+        if frame.f_code is me:  # back in the loop: it has the batch
+            sys.setprofile(None)
+        elif not frame.f_code.co_filename.startswith(ours):
+            return  # not in h5py's finalizers, where Python drops a handler's exception ("Exception ignored")
+        elif event == "return" and frame.f_code.co_flags & inspect.CO_GENERATOR:
+            return  # a yield: no handler runs there (nor at a generator's end), but in the frame it goes to
+        elif events == landing:
+            sys.setprofile(None)
+            fired[0] = True
+            signal.raise_signal(signal.SIGUSR1)  # its handler runs here, as at a check in the library's frame
+        events += 1
+
+    gc.collect()
+    gc.disable()  # a collection runs finalizers anywhere: there Python drops a handler's exception too
+    old = signal.signal(signal.SIGUSR1, preempted)
+    try:
+        armed = False
+        while True:
+            try:
+                for y in b:
+                    got.append(y.tolist())  # the loop has the batch (no check before this call ends)
+                    if armed:  # a whole delivery went by with no signal: every call of it had one
+                        break
+                    if len(got) % 2 == 0:  # every other batch: through the next batch's delivery
+                        events, fired[0], armed = 0, False, True
+                        sys.setprofile(send_at_landing)
+            except Preempted:
+                assert b.state_dict()["step"] == len(got), f"signal at call/return {landing} of a delivery"
+                landing, armed = landing + 1, False
+                continue
+            finally:
+                sys.setprofile(None)
+            break
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+        gc.enable()
+        b.close()
+    assert landing > 10, "signals came at each call of a delivery"
+    assert got[: len(planned)] == planned[: len(got)]
+
+
 @pytest.mark.parametrize("move", ["set_epoch", "load_state_dict"])
 def test_a_position_moved_inside_a_loop_is_an_error_of_that_loop_not_its_end(data_file, move: str) -> None:
     """set_epoch or load_state_dict in a loop's body move the position the loop goes on from: the loop raises,

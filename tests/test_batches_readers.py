@@ -399,10 +399,11 @@ def test_an_epochs_first_batch_plans_and_permutes_nothing_in_a_loop_of_epochs(ro
 def test_a_ctrl_c_as_the_loop_takes_a_batch_lets_the_readers_stop_with_the_batches(
     rows_file, no_cycle_collector, no_leaks
 ) -> None:
-    """A Ctrl-C lands between any two instructions. Here it lands, at each line in turn, in the step that takes the
-    next batch for the loop: the only Python code between the loop and the batches' generator. The handler drops
-    the batches, as a program that stops does: the readers stop at once, though the traceback it handles holds
-    that step."""
+    """A Ctrl-C lands between any two instructions. Here it lands, at each line in turn, in the frame that the loop
+    steps for its next batch: the batches' generator itself, no frame of ours between (NOTE [delivered batches]
+    in ``multitables/_train/iteration.py``). The handler drops the batches, as a program that stops does: the
+    readers stop at once, though the traceback it handles holds that frame."""
+    from multitables import batches as batches_module
     from multitables._train import iteration
 
     landing = 0
@@ -410,14 +411,20 @@ def test_a_ctrl_c_as_the_loop_takes_a_batch_lets_the_readers_stop_with_the_batch
         events: "list[str]" = []
 
         def in_step(frame, event: str, arg):
+            if len(got) != 3:  # the frame's later steps
+                return None
+            if event == "return":  # the yield: a signal's handler runs in the loop's frame then, which has the batch
+                return in_step
             events.append(event)
             if len(events) - 1 == landing:
                 raise KeyboardInterrupt
             return in_step
 
         def fourth_batch(frame, event: str, arg):
-            inside = frame.f_code.co_filename == iteration.__file__
-            if event == "call" and inside and frame.f_back.f_code.co_filename != iteration.__file__:  # from the loop
+            if event == "call" and frame.f_back is not None and frame.f_back.f_code is loop:  # stepped by the loop
+                assert frame.f_code.co_filename != iteration.__file__, f"{frame.f_code.co_name} between"
+                if frame.f_code.co_filename != batches_module.__file__:
+                    return None  # what the loop's break closes
                 taken.append(None)
                 if len(taken) == 3:  # three batches went to the loop (the first before the trace)
                     return in_step(frame, event, arg)
@@ -426,6 +433,7 @@ def test_a_ctrl_c_as_the_loop_takes_a_batch_lets_the_readers_stop_with_the_batch
         b = batches(rows_file, epochs=None)
         before = children()
         got, taken = [], []
+        loop = sys._getframe().f_code
         try:
             for y in b:
                 if not got:
@@ -444,7 +452,7 @@ def test_a_ctrl_c_as_the_loop_takes_a_batch_lets_the_readers_stop_with_the_batch
         finally:
             sys.settrace(None)
         break
-    assert landing > 3, "the interrupts landed on every line of the step, and then the step ran through"
+    assert landing >= 1, "the interrupts landed on every line of the generator's step, and then the step ran through"
     assert alive(readers) == readers  # a break: they wait for the next iteration
     b.close()
 

@@ -23,51 +23,56 @@ class Iteration(itertools.chain):  # type: ignore[type-arg]
     ``DataLoader`` is a pass of its own) would otherwise end the outer loop
     without a word.
 
-    The loop steps a chain (C) over :class:`_Step`, as the generator's rows
-    do (``_stream.rows.RowIterator``): a Ctrl-C can land in any Python frame
-    between the loop and the batches, and that frame stays in the traceback
-    the user handles. The step holds the batches weakly, so that they (and
-    their readers) go with the loop, not with the traceback.
+    NOTE [delivered batches]: the loop steps a chain (C) over the batches'
+    generator itself, then :class:`_End`, which raises that error once the
+    generator stopped, if something ended it. No Python frame of ours lies
+    between the loop and the generator, which counts a batch delivered with
+    no call between the count and its ``yield``: a signal's handler runs
+    between two instructions, at a call or a loop's jump, so a handler that
+    saves ``state_dict()`` counts the batch being delivered or not, as the
+    loop gets it or not, and one that raises (a preemption's ``sys.exit``,
+    Ctrl-C) never leaves a batch counted that the loop did not get. Nor does
+    such a frame stay in the traceback the user handles, holding the batches
+    and their readers.
     """
 
-    __slots__ = ("_it", "_step", "__weakref__")
+    __slots__ = ("_it", "_end", "__weakref__")
     _it: Iterator[Any]
-    _step: "_Step"
+    _end: "_End"
 
     @classmethod
     def over(cls, it: Iterator[Any]) -> "Iteration":
-        step = _Step(it)
-        iteration = cls.from_iterable(step)
-        iteration._it, iteration._step = it, step
+        end = _End()
+        iteration = cls(it, end)
+        iteration._it, iteration._end = it, end
         return iteration
 
     @property
     def ended_by(self) -> "str | None":
         """What ended this iteration while it ran, which its next step then names (None: it was not)."""
-        return self._step.ended_by
+        return self._end.ended_by
 
     @ended_by.setter
     def ended_by(self, value: "str | None") -> None:
-        self._step.ended_by = value
+        self._end.ended_by = value
 
     def close(self) -> None:
         self._it.close()  # type: ignore[attr-defined]
 
 
-class _Step:
-    """One batch at a time for :class:`Iteration`'s chain, as a 1-tuple; raises once something ended the iteration."""
+class _End:
+    """What :class:`Iteration`'s chain steps once the batches' generator stopped: nothing more, or, where
+    something ended the iteration, a ``RuntimeError`` naming it (the loop would otherwise end as at the epoch's end)."""
 
-    __slots__ = ("_it", "ended_by", "_pid")
+    __slots__ = ("ended_by",)
 
-    def __init__(self, it: Iterator[Any]) -> None:
-        self._it = weakref.ref(it)  # the Iteration owns it
+    def __init__(self) -> None:
         self.ended_by: "str | None" = None
-        self._pid = os.getpid()
 
-    def __iter__(self) -> "_Step":
+    def __iter__(self) -> "_End":
         return self
 
-    def __next__(self) -> "tuple[Any]":
+    def __next__(self) -> Any:
         if self.ended_by == NEWER:
             raise RuntimeError(
                 "this iteration over the batches was ended by a newer one: a Batches has one position, which each "
@@ -79,14 +84,7 @@ class _Step:
                 f"from: move it between loops (set_epoch at the top of the epoch loop, load_state_dict before the "
                 f"first), or break out of the loop first"
             )
-        if os.getpid() != self._pid:  # what it had read lies in buffers a fork does not copy (NOTE [window buffers and fork])
-            raise RuntimeError(
-                f"this iteration over the batches was started in process {self._pid}, and this process "
-                f"({os.getpid()}) is a fork of it: start one here (iter(batches), a new loop), which goes on from the "
-                f"same position with readers of this process"
-            )
-        # No local: the frame must not hold the batches (see Iteration). Dropped, they have no more.
-        return (next(iter(self._it() or ())),)
+        raise StopIteration
 
 
 class Current:

@@ -54,6 +54,7 @@ NOTE [staging]
 from __future__ import annotations
 
 import math
+import os
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
@@ -375,6 +376,13 @@ class BlockWindows(Windows):
 Alloc = Callable[[int], "list[np.ndarray]"]
 
 
+#: Why an iteration a forked child inherited goes no further: its windows lie in buffers a fork does not copy
+#: (NOTE [window buffers and fork] in ``buffers``); a new iteration there reads them again.
+_FORKED = ("this iteration over the batches was started in process {pid}, and this process ({here}) is a fork of it: "
+           "start one here (iter(batches), a new loop), which goes on from the same position with readers of this "
+           "process")
+
+
 def cut(source: Windows, skip: int, batch_size: int, alloc: Alloc) -> Iterator[list[np.ndarray]]:
     """Consecutive batches of ``batch_size`` rows over the windows (the last may be short); skips ``skip`` rows first.
 
@@ -383,6 +391,7 @@ def cut(source: Windows, skip: int, batch_size: int, alloc: Alloc) -> Iterator[l
     """
     out: "list[np.ndarray] | None" = None
     have = 0
+    pid = os.getpid()
     windows = iter(source)
     try:
         for win in windows:
@@ -398,6 +407,8 @@ def cut(source: Windows, skip: int, batch_size: int, alloc: Alloc) -> Iterator[l
                     if have == batch_size:
                         batch, out, have = out, None, 0
                         yield batch
+                        if os.getpid() != pid:  # a fork's copy of this iteration: its windows are not in the fork
+                            raise RuntimeError(_FORKED.format(pid=pid, here=os.getpid()))
                         source.prefetch()  # once the batch is out: the readers had its training step to decode
             finally:
                 win.close()

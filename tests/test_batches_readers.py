@@ -584,3 +584,34 @@ def test_a_restored_loop_counts_the_epochs_its_state_read_here(
                      "without the count": [[0], [0], [0], [2]]}[saved]
     assert again.state_dict()["epochs_here"] == 3
     again.close()
+
+
+@pytest.mark.parametrize("handler", ["default", "inherited"])
+def test_a_schedulers_warning_sent_to_the_whole_job_is_left_to_the_training_process(
+    rows_file, no_cycle_collector, no_leaks, handler: str
+) -> None:
+    """SLURM's ``--signal=USR1@60`` (SGE's ``-notify`` too) signals every process of the job step, readers included.
+    The training process decides what it means (its handler saves a checkpoint); the readers neither die of it (the
+    default action) nor run the training loop's handler, which they would inherit through fork."""
+    import signal
+
+    def preempted(signum, frame):
+        raise RuntimeError(f"the training loop's handler ran in process {os.getpid()}")
+
+    old = signal.signal(signal.SIGUSR1, signal.SIG_DFL if handler == "default" else preempted)
+    try:
+        b = batches(rows_file, shuffle=False, epochs=1)
+        before = children()
+        got = []
+        for y in b:
+            if not got:
+                readers = readers_started(before)
+                signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # the training process's own answer is not the point
+                for pid in readers:
+                    os.kill(pid, signal.SIGUSR1)
+            got.append(y.copy())
+        np.testing.assert_array_equal(np.concatenate(got), np.arange(4000))
+        assert alive(readers) == readers
+        b.close()
+    finally:
+        signal.signal(signal.SIGUSR1, old)

@@ -1,7 +1,7 @@
 """Ctrl-C and the library's processes: the one place that decides what SIGINT (and SIGTERM, SIGHUP) do where.
 
-The consumer decides what Ctrl-C does; readers ignore it, from their first
-instruction (:func:`sigint_held_for_children`, :func:`ignore_sigint`), and
+The consumer decides what Ctrl-C (and a scheduler's SIGUSR1 or SIGUSR2) does;
+readers ignore it, from their first instruction (:func:`sigint_held_for_children`, :func:`ignore_sigint`), and
 the consumer holds it back, with the other signals that end a program,
 while it creates a shared-memory segment, starts a reader or cleans up
 after a dropped stream (:func:`signals_deferred`, NOTE [creation span] in
@@ -18,16 +18,23 @@ from contextlib import contextmanager
 from typing import Iterator
 
 
+#: Signals sent to every process of a job, which the consumer alone acts on: Ctrl-C (the terminal's whole foreground
+#: group), and the warnings schedulers send every process of a job step before its end (SLURM's ``--signal=USR1@60``
+#: without ``B:``, SGE's ``-notify``): a reader would die of one (their default action), or run the handler the
+#: user's program installed, inherited through fork (saving a checkpoint, raising to leave the loop).
+LEFT_TO_CONSUMER = (signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+
+
 @contextmanager
 def sigint_held_for_children() -> Iterator[None]:
-    """Hold off SIGINT in this thread while it starts processes: see :func:`ignore_sigint`.
+    """Hold off :data:`LEFT_TO_CONSUMER` in this thread while it starts processes: see :func:`ignore_sigint`.
 
     A process inherits the signal mask through fork and exec, so a Ctrl-C
     that reaches a new process before its entry point runs (a spawned
     interpreter takes a while to import) stays pending in it until it is
     ignored there. In this thread it is delivered when the ``with`` ends.
     """
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, set(LEFT_TO_CONSUMER))
     try:
         yield
     finally:
@@ -35,14 +42,17 @@ def sigint_held_for_children() -> Iterator[None]:
 
 
 def ignore_sigint() -> None:
-    """The first thing every reader does: ignore Ctrl-C, then drop any that came while it started.
+    """The first thing every reader does: ignore Ctrl-C (and the rest of :data:`LEFT_TO_CONSUMER`), then drop any
+    that came while it started.
 
-    Ctrl-C goes to the whole foreground process group; the consumer decides
-    what happens (it stops us), so our processes ignore it, from before
-    their first instruction (:func:`sigint_held_for_children`).
+    Ctrl-C goes to the whole foreground process group, a scheduler's warning
+    to every process of the job; the consumer decides what happens (it stops
+    us), so our processes ignore them, from before their first instruction
+    (:func:`sigint_held_for_children`).
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    for signum in LEFT_TO_CONSUMER:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(LEFT_TO_CONSUMER))
 
 
 #: The signals the consumer holds over its critical spans: those that end a program (Ctrl-C, a terminal's hangup,

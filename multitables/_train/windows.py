@@ -383,6 +383,18 @@ _FORKED = ("this iteration over the batches was started in process {pid}, and th
            "process")
 
 
+#: Forks between the process this module was imported in and this one (a global's look costs less than a getpid).
+_forks = 0
+
+
+def _forked() -> None:
+    global _forks
+    _forks += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 def cut(source: Windows, skip: int, batch_size: int, alloc: Alloc) -> Iterator[list[np.ndarray]]:
     """Consecutive batches of ``batch_size`` rows over the windows (the last may be short); skips ``skip`` rows first.
 
@@ -391,7 +403,7 @@ def cut(source: Windows, skip: int, batch_size: int, alloc: Alloc) -> Iterator[l
     """
     out: "list[np.ndarray] | None" = None
     have = 0
-    pid = os.getpid()
+    pid, forks = os.getpid(), _forks
     windows = iter(source)
     try:
         for win in windows:
@@ -407,7 +419,7 @@ def cut(source: Windows, skip: int, batch_size: int, alloc: Alloc) -> Iterator[l
                     if have == batch_size:
                         batch, out, have = out, None, 0
                         yield batch
-                        if os.getpid() != pid:  # a fork's copy of this iteration: its windows are not in the fork
+                        if _forks != forks:  # a fork's copy of this iteration: its windows are not in the fork
                             raise RuntimeError(_FORKED.format(pid=pid, here=os.getpid()))
                         source.prefetch()  # once the batch is out: the readers had its training step to decode
             finally:

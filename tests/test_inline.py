@@ -137,3 +137,5 @@ def test_a_daemonic_process_reads_in_itself_and_a_forked_copy_keeps_to_its_own(
         assert got["inherited"] == data[300:302].tolist()
         np.testing.assert_array_equal(future.get(), data[:2])  # the child's rows stayed in the child's copy
         np.testing.assert_array_equal(parent.request(ds[-2:], stage).get(), data[-2:])
+        # the chunk the parent decoded before the fork, kept: the child decoded into its copy, not into it
+        np.testing.assert_array_equal(parent.request(ds[2:4], stage).get(), data[2:4])

@@ -109,3 +109,21 @@ def test_a_forked_child_starts_with_no_spares_and_a_free_lock() -> None:
         _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert len(addresses()) == 1  # the parent keeps its own
+
+
+def test_bytes_a_forked_child_writes_are_its_own_whoever_held_them() -> None:
+    """A DataLoader's forked worker drops its copy of the parent's buffers (a Reader's decoded chunks) and decodes
+    into them as its spares: its writes must not land in the parent's, or in another worker's, buffers."""
+    held, dropped = spares.spare_bytes(4096), spares.spare_bytes(4096)
+    held[:], dropped[:] = 1, 2
+    with hang_guard(30, "a forked child writing spare bytes"):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            held[:] = 3
+            del dropped  # the child's spare now, taken by its next buffer
+            again = spares.spare_bytes(4096)
+            again[:] = 4
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert (held == 1).all() and (dropped == 2).all()  # the parent's bytes, as it wrote them

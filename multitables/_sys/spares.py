@@ -24,7 +24,12 @@ back after the last view is gone, however late the caller drops its last row.
 Taking a spare holds the lock; giving one back only tries it: the collector
 runs finalisers wherever it runs, perhaps inside a take on this very thread.
 A forked child starts with no spares (writing to the parent's would copy
-each page) and a new lock.
+each page) and a new lock. The mappings are private (``MAP_PRIVATE``),
+copy-on-write in a forked child as the heap is: a DataLoader's worker forked
+from a process holding a Reader's decoded chunks drops its copies of them,
+which become its spares, and decodes into them; shared (``mmap``'s default),
+its writes landed in the parent's chunks and in the other workers' (rows of
+another chunk).
 """
 
 from __future__ import annotations
@@ -75,8 +80,8 @@ def spare_bytes(nbytes: int) -> np.ndarray:
 
 
 def new_mapping(nbytes: int) -> mmap.mmap:
-    """A new anonymous mapping of ``nbytes`` (zeros, each page made on its first touch)."""
-    mapping = mmap.mmap(-1, nbytes)
+    """A new anonymous mapping of ``nbytes``, private to this process (zeros, each page made on its first touch)."""
+    mapping = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if nbytes >= HUGE_PAGES_FROM and hasattr(mmap, "MADV_HUGEPAGE"):
         mapping.madvise(mmap.MADV_HUGEPAGE)
     return mapping

@@ -7,6 +7,7 @@ would already catch (``KeyError``, ``ValueError``, ...), so existing
 
 from __future__ import annotations
 
+import copyreg
 import enum
 import functools
 from typing import Any, Final
@@ -55,7 +56,24 @@ class QueueClosedType(enum.Enum):
 QueueClosed: Final = QueueClosedType.QueueClosed
 
 
-class MultitablesError(Exception):
+class _ErrorClass(type):
+    """The class of our error classes: one made at run time (a ``Reader<Name>``, PyTables' ``NoSuchNodeError``) pickles
+    as the call that makes it again. A DataLoader's worker pickles the *class* of the error it sends home (PyTorch's
+    ``ExceptionWrapper``), and one that does not pickle is lost there: the main process waits for ever."""
+
+
+#: The classes made at run time, each with the call that makes it (for pickle).
+_MADE: "dict[type, tuple[Any, tuple[Any, ...]]]" = {}
+
+
+def _pickle_class(cls: type) -> Any:
+    return _MADE.get(cls, cls.__qualname__)  # a str: by name, as pickle takes any class
+
+
+copyreg.pickle(_ErrorClass, _pickle_class)
+
+
+class MultitablesError(Exception, metaclass=_ErrorClass):
     """Base class of every error this library raises itself."""
 
 
@@ -82,7 +100,9 @@ def _as_pytables() -> type:
         import tables
     except ImportError:  # pragma: no cover - PyTables is a dependency
         return NoSuchNodeError
-    return type("NoSuchNodeError", (NoSuchNodeError, tables.NoSuchNodeError), {"__module__": __name__})
+    kind = type("NoSuchNodeError", (NoSuchNodeError, tables.NoSuchNodeError), {"__module__": __name__})
+    _MADE[kind] = (_as_pytables, ())
+    return kind
 
 
 def no_such_node(message: str) -> NoSuchNodeError:
@@ -303,4 +323,12 @@ def _reader_type(exc_type: type) -> "type | None":
         except TypeError:  # e.g. a layout conflict between the two bases
             return None
         _READER_TYPES[exc_type] = kind
+        _MADE[kind] = (_reader_class, (_type_name(exc_type),))
     return kind
+
+
+def _reader_class(original: str) -> type:
+    """The ``Reader<Name>`` class of the exception class named ``original``, made here (unpickled); ReaderError where
+    there is none."""
+    exc_type = _resolve_type(original)
+    return (_reader_type(exc_type) if exc_type is not None else None) or ReaderError

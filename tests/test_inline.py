@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
 import threading
 from pathlib import Path
 from typing import Any, Callable
@@ -86,6 +87,10 @@ def test_a_failed_read_fails_its_future_only_in_the_form_a_readers_does(
         assert err.path == "/data" and err.rows == (90, 130) and err.filename == str(h5file)
         assert str(err).startswith("Caught ") and "which reads without reader processes" in str(err)
         assert isinstance(err.__cause__, OSError) and "Traceback" in err.remote_traceback
+        assert_travels_home_from_a_dataloader_worker(err, "rows 90:130 of '/data'")
+        with pytest.raises(KeyError) as missing:
+            reader.get_dataset("/nope")
+        assert_travels_home_from_a_dataloader_worker(missing.value, "/nope")
         np.testing.assert_array_equal(reader.request(ds[:96], stage).get(), data[:96])  # the Reader goes on
         came = reader.request(ds[:2], stage)
         assert came.wait(0)
@@ -94,6 +99,18 @@ def test_a_failed_read_fails_its_future_only_in_the_form_a_readers_does(
             came.get()
     with pytest.raises(StreamClosedError, match="closed"):
         reader.request(ds[:1], stage)
+
+
+def assert_travels_home_from_a_dataloader_worker(err: BaseException, context: str) -> None:
+    """PyTorch's worker pickles the error's class and its formatted traceback (``ExceptionWrapper``); the main process
+    raises that class again: a class made at run time that does not pickle is lost there, and the loader waits for
+    ever for the batch."""
+    from torch._utils import ExceptionWrapper
+
+    wrapper = ExceptionWrapper((type(err), err, err.__traceback__), where="in DataLoader worker process 1")
+    with pytest.raises(type(err)) as home:
+        pickle.loads(pickle.dumps(wrapper)).reraise()
+    assert f"Caught {type(err).__name__} in DataLoader worker process 1" in str(home.value) and context in str(home.value)
 
 
 def _in_a_daemonic_child(path: str, inherited: Any, out: Any) -> None:

@@ -156,3 +156,27 @@ def test_a_daemonic_process_reads_in_itself_and_a_forked_copy_keeps_to_its_own(
         np.testing.assert_array_equal(parent.request(ds[-2:], stage).get(), data[-2:])
         # the chunk the parent decoded before the fork, kept: the child decoded into its copy, not into it
         np.testing.assert_array_equal(parent.request(ds[2:4], stage).get(), data[2:4])
+
+
+def test_a_stop_from_another_thread_waits_for_the_read_in_flight(h5file: Path, data: np.ndarray, no_leaks: None) -> None:
+    """A thread's request reads in that thread; ``stop()`` in another (a shutdown, the collector) closes the files and
+    frees the stages once that read is done, not under it, and the request's future says the Reader was stopped."""
+    reader = Reader(h5file, n_procs=0)
+    ds = reader.get_dataset("/data")
+    stage = ds.create_stage(64)
+    shares = reader._core.pool._shares  # type: ignore[union-attr]
+    read = shares.read
+    stopper = threading.Thread(target=reader.stop)
+
+    def read_while_stopped(*args: Any) -> Any:
+        stopper.start()
+        stopper.join(0.1)  # as long as it takes, unless it waits for this read
+        return read(*args)
+
+    shares.read = read_while_stopped
+    future = reader.request(ds[10:20], stage)
+    stopper.join(10)
+    with pytest.raises(StreamClosedError, match="was stopped"):
+        future.get()
+    with pytest.raises(StreamClosedError, match="closed"):
+        reader.request(ds[:1], stage)

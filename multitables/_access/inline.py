@@ -11,6 +11,12 @@ NOTE [requests in this process]
     are private memory (``Segment.private``): nothing in /dev/shm, no
     semaphore of multiprocessing, no process, no thread (but ``notify``'s).
 
+    ``close`` (``stop()`` from another thread, the garbage collector) waits
+    for the read in flight, under the server's lock, and a read that comes
+    after it reads nothing: its share stays pending and its future says the
+    Reader was stopped. Closed under a read, the files and the stage were
+    gone beneath it (a ``TypeError`` out of ``request``).
+
     Forked (a DataLoader's workers started by fork, of a Dataset that made
     the Reader in ``__init__``), the child's copy goes on working: its
     stages are copy-on-write like any memory, and at its first use it opens
@@ -61,6 +67,7 @@ class InlineServer:
         self.channels = tuple(threading.Semaphore(0) for _ in range(max_stages))
         self.closed = False
         self.pids: list[int] = []
+        self._lock = threading.Lock()  # a read against close (NOTE [requests in this process])
 
     # -- as the request readers' consumer side (``ServeReaders``) ---------------------
     def look(self) -> None:
@@ -79,6 +86,7 @@ class InlineServer:
         """In a forked child, open the files anew at its first use (NOTE [requests in this process])."""
         if os.getpid() != self._owner:
             self._owner = os.getpid()
+            self._lock = threading.Lock()  # perhaps held at the fork by a thread the child does not have
             self._shares = ShareReader(self.filename, self._settings)  # the parent's handles: dropped here, not used
             self._reports.clear()
 
@@ -94,14 +102,17 @@ class InlineServer:
     def read(self, reader: int, req: int, stage_id: int, share: int, a: int, b: int) -> None:
         """Read rows ``a..b`` of request ``req`` into stage ``stage_id`` now; a failure is kept for :meth:`failure`."""
         self.check_owner()
-        stage = self._stages[stage_id]
-        failed = self._shares.read(stage, req, a, b, _never)
-        if failed is not None:
-            exc, path, span = failed
-            report = FailureReport.from_exception(exc, -1, os.getpid(), self.filename, path, span)
-            traceback.clear_frames(exc.__traceback__)  # kept as the cause: no view on the stage left in its frames
-            self._reports[req] = (report, exc)
-        stage.set_status(share, DONE if failed is None else FAILED)
+        with self._lock:
+            if self.closed:  # stopped meanwhile: nothing to read with, nothing to read into
+                return
+            stage = self._stages[stage_id]
+            failed = self._shares.read(stage, req, a, b, _never)
+            if failed is not None:
+                exc, path, span = failed
+                report = FailureReport.from_exception(exc, -1, os.getpid(), self.filename, path, span)
+                traceback.clear_frames(exc.__traceback__)  # kept as the cause: no view on the stage left in its frames
+                self._reports[req] = (report, exc)
+            stage.set_status(share, DONE if failed is None else FAILED)
         self.channels[stage_id].release()
 
     def failure(self, req: int) -> ReaderError:
@@ -123,10 +134,11 @@ class InlineServer:
         return False
 
     def close(self) -> None:
-        """Close the files (idempotent)."""
-        if not self.closed:
-            self.closed = True
-            self._stages.clear()
-            self._reports.clear()
-            if os.getpid() == self._owner:
-                self._shares.close()
+        """Close the files once the read in flight is done (idempotent)."""
+        with self._lock:
+            if not self.closed:
+                self.closed = True
+                self._stages.clear()
+                self._reports.clear()
+                if os.getpid() == self._owner:
+                    self._shares.close()

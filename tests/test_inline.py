@@ -17,6 +17,7 @@ import pytest
 import multitables
 from multitables import Reader, ReaderError, StreamClosedError
 
+from _guards import wait_until
 from conftest import own_segments
 
 
@@ -180,3 +181,30 @@ def test_a_stop_from_another_thread_waits_for_the_read_in_flight(h5file: Path, d
         future.get()
     with pytest.raises(StreamClosedError, match="closed"):
         reader.request(ds[:1], stage)
+
+
+def test_a_stage_closed_under_its_read_in_another_thread_fails_only_its_future(
+    h5file: Path, data: np.ndarray, no_leaks: None
+) -> None:
+    """Closed in another thread (or by its finalizer at exit, under a daemon thread's read), the stage's request
+    says so at ``get``, and the Reader goes on."""
+    with Reader(h5file, n_procs=0) as reader:
+        ds = reader.get_dataset("/data")
+        stage = ds.create_stage(64)
+        shares = reader._core.pool._shares  # type: ignore[union-attr]
+        read = shares.read
+
+        closer = threading.Thread(target=stage.close)
+
+        def read_while_closed(*args: Any) -> Any:
+            closer.start()
+            wait_until(lambda: stage._map.words is None, 10, "the stage's map closed")  # the rest waits for this request
+            return read(*args)
+
+        shares.read = read_while_closed
+        future = reader.request(ds[10:20], stage)
+        shares.read = read
+        closer.join(10)
+        with pytest.raises(StreamClosedError, match="stage of this future was closed"):
+            future.get()
+        np.testing.assert_array_equal(reader.request(ds[:5], ds.create_stage(5)).get(), data[:5])

@@ -177,8 +177,12 @@ class StageMap:
         self.words[_H_RESULT_ROWS] = n
 
     def set_status(self, share: int, status: int) -> None:
-        """Share ``share`` is read (DONE) or failed (FAILED); set after its data and report."""
-        self.words[_H_STATUS + share] = status
+        """Share ``share`` is read (DONE) or failed (FAILED); set after its data and report. Nothing where the map was
+        closed meanwhile (the stage closed in another thread, or by its finalizer at exit, under a read in this
+        process): its future says the stage was closed."""
+        words = self.words  # once: close() may set it to None meanwhile; the mapping stays while a view of it lives
+        if words is not None:
+            words[_H_STATUS + share] = status
 
     def close(self) -> None:
         self.words = self.rows = None  # type: ignore[assignment]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import signal
 import threading
 from pathlib import Path
 from typing import Any, Callable
@@ -17,7 +18,7 @@ import pytest
 import multitables
 from multitables import Reader, ReaderError, StreamClosedError
 
-from _guards import wait_until
+from _guards import hang_guard, wait_until
 from conftest import own_segments
 
 
@@ -208,3 +209,22 @@ def test_a_stage_closed_under_its_read_in_another_thread_fails_only_its_future(
         with pytest.raises(StreamClosedError, match="stage of this future was closed"):
             future.get()
         np.testing.assert_array_equal(reader.request(ds[:5], ds.create_stage(5)).get(), data[:5])
+
+
+def test_a_forked_copy_does_not_wait_for_a_lock_a_thread_held_at_the_fork(h5file: Path, data: np.ndarray, no_leaks: None) -> None:
+    """A DataLoader forks its workers while another thread of the main process may be inside a request on the same
+    Reader (holding its lock): the worker's copy of the lock is held by no thread there, and must not be waited for."""
+    with Reader(h5file, n_procs=0) as reader:
+        ds = reader.get_dataset("/data")
+        stage = ds.create_stage(2)
+        with hang_guard(30, "a forked child's request"):
+            with reader._core.lock:  # type: ignore[union-attr]  # as another thread inside a request would hold it
+                pid = os.fork()
+                if pid == 0:  # pragma: no cover - the child, the lock not let go
+                    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+                    signal.alarm(10)  # ended, not left waiting, if it waits for the lock
+                    ok = reader.request(ds[[7, 300]], stage).get().tolist() == data[[7, 300]].tolist()
+                    os._exit(0 if ok else 1)
+            _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        np.testing.assert_array_equal(reader.request(ds[1:3], stage).get(), data[1:3])

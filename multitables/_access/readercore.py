@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import itertools
+import os
 import queue
 import sys
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 from .._io.files import check_same_file
@@ -46,6 +48,21 @@ def not_pickled(obj: Any) -> None:
     )
 
 
+#: Every ReaderCore of this process, for :func:`_renew_locks_in_child`.
+_CORES: "weakref.WeakSet[ReaderCore]" = weakref.WeakSet()
+
+
+def _renew_locks_in_child() -> None:
+    """In a forked child, new locks for every Reader's core: one held at the fork by another thread of the parent (a
+    request being read there, with ``n_procs=0``) would be held for ever in the child, a DataLoader's worker, whose
+    first request then waited for it."""
+    for core in list(_CORES):
+        core.lock, core._shut_lock = threading.Lock(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_renew_locks_in_child)
+
+
 class ReaderCore:
     """What the Reader's datasets, stages and futures share: the readers and the bookkeeping.
 
@@ -75,6 +92,7 @@ class ReaderCore:
         self.shut = False
         self.lock = threading.Lock()
         self._shut_lock = threading.Lock()
+        _CORES.add(self)
         self.free_stage_ids = list(range(max_stages - 1, -1, -1))
         self.stages: dict[int, StageMap] = {}
         self.held: set[int] = set()  # ids of stages a future holds

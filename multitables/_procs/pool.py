@@ -221,8 +221,8 @@ class ReaderPool:
         if unguarded is not None:
             raise RuntimeError(
                 f"{unguarded[0]}, line {unguarded[1]}, reads {filename!r} with reader processes from the script's top "
-                f"level, and readers started by {method} (forkserver is the default from Python 3.14 on Linux, spawn on macOS) run the "
-                "script again, which would start readers of theirs: put the script's code under "
+                f"level, and readers started by {method} (forkserver is the default from Python 3.14 on Linux, spawn "
+                "on macOS) run the script again, which would start readers of theirs: put the script's code under "
                 "'if __name__ == \"__main__\":' (NOTE [the main script again] in multitables._sys.forks), or give "
                 "start_method='fork'"
             )

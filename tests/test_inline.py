@@ -4,13 +4,14 @@ DataLoader's worker) too, where it is the default; a forked copy opens its files
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import pickle
 import signal
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pytest
@@ -160,23 +161,33 @@ def test_a_daemonic_process_reads_in_itself_and_a_forked_copy_keeps_to_its_own(
         np.testing.assert_array_equal(parent.request(ds[2:4], stage).get(), data[2:4])
 
 
+@contextlib.contextmanager
+def _before_each_read(reader: Reader, act: Callable[[], Any]) -> Iterator[None]:
+    """Run ``act()`` in the reading thread just before each request's read, which then goes on as it would."""
+    shares = reader._core.pool._shares  # type: ignore[union-attr]
+    read = shares.read
+
+    def read_after(*args: Any) -> Any:
+        act()
+        return read(*args)
+
+    shares.read = read_after
+    try:
+        yield
+    finally:
+        shares.read = read
+
+
 def test_a_stop_from_another_thread_waits_for_the_read_in_flight(h5file: Path, data: np.ndarray, no_leaks: None) -> None:
     """A thread's request reads in that thread; ``stop()`` in another (a shutdown, the collector) closes the files and
     frees the stages once that read is done, not under it, and the request's future says the Reader was stopped."""
     reader = Reader(h5file, n_procs=0)
     ds = reader.get_dataset("/data")
     stage = ds.create_stage(64)
-    shares = reader._core.pool._shares  # type: ignore[union-attr]
-    read = shares.read
     stopper = threading.Thread(target=reader.stop)
-
-    def read_while_stopped(*args: Any) -> Any:
-        stopper.start()
-        stopper.join(0.1)  # as long as it takes, unless it waits for this read
-        return read(*args)
-
-    shares.read = read_while_stopped
-    future = reader.request(ds[10:20], stage)
+    # stop() in another thread: as long as it takes, unless it waits for this read
+    with _before_each_read(reader, lambda: (stopper.start(), stopper.join(0.1))):
+        future = reader.request(ds[10:20], stage)
     stopper.join(10)
     with pytest.raises(StreamClosedError, match="was stopped"):
         future.get()
@@ -192,19 +203,14 @@ def test_a_stage_closed_under_its_read_in_another_thread_fails_only_its_future(
     with Reader(h5file, n_procs=0) as reader:
         ds = reader.get_dataset("/data")
         stage = ds.create_stage(64)
-        shares = reader._core.pool._shares  # type: ignore[union-attr]
-        read = shares.read
-
         closer = threading.Thread(target=stage.close)
 
-        def read_while_closed(*args: Any) -> Any:
+        def close_the_stage() -> None:
             closer.start()
             wait_until(lambda: stage._map.words is None, 10, "the stage's map closed")  # the rest waits for this request
-            return read(*args)
 
-        shares.read = read_while_closed
-        future = reader.request(ds[10:20], stage)
-        shares.read = read
+        with _before_each_read(reader, close_the_stage):
+            future = reader.request(ds[10:20], stage)
         closer.join(10)
         with pytest.raises(StreamClosedError, match="stage of this future was closed"):
             future.get()

@@ -100,8 +100,8 @@ class InlineServer:
         self._stages.pop(stage_id, None)
 
     def read(self, reader: int, req: int, stage_id: int, share: int, a: int, b: int) -> None:
-        """Read rows ``a..b`` of request ``req`` into stage ``stage_id`` now; a failure is kept for :meth:`failure`."""
-        self.check_owner()
+        """Read rows ``a..b`` of request ``req`` into stage ``stage_id`` now; a failure is kept for :meth:`failure`.
+        ``Reader.request`` asked :meth:`check_owner` first."""
         with self._lock:
             if self.closed:  # stopped meanwhile: nothing to read with, nothing to read into
                 return

@@ -6,15 +6,35 @@ the consumer holds it back, with the other signals that end a program,
 while it creates a shared-memory segment, starts a reader or cleans up
 after a dropped stream (:func:`signals_deferred`, NOTE [creation span] in
 ``_shm.segment``).
+
+NOTE [a handler's exception]
+    Python runs a signal handler in the main thread, between two
+    instructions of whatever runs then: a read in the user's own process
+    (``n_procs=0``, a stream too small for readers) may be inside a codec's
+    call when the user's handler raises (a ``SIGALRM`` timeout, a
+    checkpoint signal). That exception is the user's, not the read's: the
+    places that turn a read's failure into one of ours (a codec's
+    ``ChunkDecodeError``, a ``Reader<Name>`` in the consumer's form of a
+    reader's failure) or read again after one (the fall-backs of a block
+    read, of HDF5's chunks) let it through unchanged, as they do a
+    ``KeyboardInterrupt``. It is known by its traceback, which holds the
+    handler's frame: the code of a handler ``signal.getsignal`` names now
+    (a handler that put another in its place before it raised is not seen,
+    and its exception is wrapped as before). Reader processes ignore the
+    signals the consumer acts on (:func:`ignore_sigint`) and keep their own
+    form of a failure.
 """
 
 from __future__ import annotations
 
+import _signal
+import functools
 import os
 import signal
 import threading
 import time
 from contextlib import contextmanager
+from types import CodeType
 from typing import Iterator
 
 
@@ -113,3 +133,36 @@ def _send_again(signums: "list[int]") -> None:
     time.sleep(REDELIVER_S)
     for signum in signums:
         signal.raise_signal(signum)  # whatever handles it then: a Python handler runs in the main thread
+
+
+def raised_by_handler(exc: BaseException) -> bool:
+    """Whether ``exc`` came out of a Python signal handler this process has (NOTE [a handler's exception]).
+
+    Asked on the error path only: about 5 us, none for an error raised in the catching frame itself (a library's,
+    in C), which no handler's frame lies under (HDF5's error for each chunk not written, in the h5py engine's
+    fall-back).
+    """
+    tb = exc.__traceback__
+    tb = tb.tb_next if tb is not None else None  # the frames below the one that catches (ours, not a handler)
+    if tb is None or threading.current_thread() is not threading.main_thread():  # Python runs handlers there only
+        return False
+    # The C function's answers as they are (SIG_DFL and SIG_IGN as numbers): ``signal.getsignal`` makes an enum of
+    # each, 140 us for every signal.
+    handlers = [h for h in map(_signal.getsignal, range(1, signal.NSIG)) if callable(h)]
+    codes = {code for code in map(_code_of, handlers) if code is not None}
+    while tb is not None and codes:
+        if tb.tb_frame.f_code in codes:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _code_of(handler: object) -> "CodeType | None":
+    """The code a Python handler runs (a function's, a method's, a ``functools.partial``'s or a callable object's ``__call__``);
+    None for a handler in C (Python's own for SIGINT)."""
+    while isinstance(handler, functools.partial):
+        handler = handler.func
+    code = getattr(handler, "__code__", None)  # a function, or a method (which lends its function's)
+    if code is None and not isinstance(handler, type):
+        code = getattr(getattr(type(handler), "__call__", None), "__code__", None)
+    return code if isinstance(code, CodeType) else None

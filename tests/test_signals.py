@@ -11,10 +11,19 @@ import functools
 import os
 import signal
 import threading
+from types import SimpleNamespace
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import pytest
 
+from multitables._io.chunks.codecs import libraries
+from multitables._io.chunks.codecs.base import ChunkDecodeError, OutCodec
+from multitables._io.chunks.codecs.bitshuffle import Bitshuffle
+from multitables._io.chunks.codecs.blosc import Blosc
+from multitables._io.chunks.codecs.blosc2 import Blosc2
+from multitables._io.chunks.codecs.bzip2 import Bzip2
+from multitables._io.chunks.codecs.deflate import Deflate
 from multitables._sys.signals import raised_by_handler
 
 
@@ -75,3 +84,34 @@ def test_a_handlers_exception_is_known_in_any_form_of_handler(handler: Callable[
     thread.start()
     thread.join()
     assert seen == [False]
+
+
+def _cases() -> Iterator[Any]:
+    """Each codec that wraps its library's errors, the attribute holding that library's call, and bytes it rejects."""
+    header = bytes([2, 1, 1, 4]) + (64).to_bytes(4, "little") + bytes(24)  # a blosc header of 64 bytes, then garbage
+    bitshuffle = Bitshuffle((0, 0, 4, 0, 2), 4)
+    yield pytest.param(lambda: Deflate(), "_decode", b"\x78\x9c garbage", id="deflate")
+    yield pytest.param(lambda: Bzip2(), "_fn", b"BZh9 garbage", id="bzip2")
+    yield pytest.param(lambda: Blosc(), "_fn", header, id="blosc")
+    yield pytest.param(lambda: OutCodec("zstd", libraries.imagecodecs_function("zstd_decode")), "_fn", b"garbage", id="out")
+    yield pytest.param(lambda: Bitshuffle((0, 0, 4, 0, 2), 4), "_lib" if bitshuffle._lib is not None else "_block_codec",
+                       (64).to_bytes(8, "big") + (64).to_bytes(4, "big") + bytes([0, 0, 0, 40]) + bytes(40), id="bitshuffle")
+    yield pytest.param(lambda: Blosc2(), "_blosc2", b"garbage" * 8, id="blosc2")
+
+
+@pytest.mark.parametrize("make, attr, bad", list(_cases()))
+def test_a_codec_lets_a_handlers_exception_through_and_wraps_its_own(
+    handler: Callable[[type], None], make: Callable[[], Any], attr: str, bad: bytes
+) -> None:
+    codec = make()
+    out = np.zeros(64, np.uint8)
+    with pytest.raises(ChunkDecodeError, match=codec.name):
+        codec.decode(bad, 64, out)
+    library = getattr(codec, attr)
+    if attr == "_blosc2":  # a module: its first call
+        setattr(codec, attr, SimpleNamespace(schunk_from_cframe=signalling(library.schunk_from_cframe)))
+    else:
+        setattr(codec, attr, signalling(library))
+    with pytest.raises(Checkpoint) as info:
+        codec.decode(bad, 64, out)
+    assert type(info.value) is Checkpoint and info.value.__context__ is None

@@ -7,6 +7,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ...._sys.signals import raised_by_handler
 from ....errors import MultitablesError
 
 #: HDF5 filter ids.
@@ -83,6 +84,8 @@ class OutCodec(Codec):
         try:
             got = self._fn(src, out=dst)
         except Exception as exc:
+            if raised_by_handler(exc):
+                raise  # the user's own: NOTE [a handler's exception]
             raise ChunkDecodeError(f"{self.name}: {exc}") from None
         check_size(self.name, len(got), size)
         return dst

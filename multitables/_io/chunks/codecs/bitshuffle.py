@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ...._sys.signals import raised_by_handler
 from ...._sys.spares import spare_bytes
 from .base import ChunkDecodeError, Codec, as_u8, check_size
 from .libraries import address, bitshuffle_library, imagecodecs_function
@@ -73,6 +74,8 @@ class Bitshuffle(Codec):
         except ChunkDecodeError:
             raise
         except Exception as exc:
+            if raised_by_handler(exc):
+                raise  # the user's own: NOTE [a handler's exception]
             raise ChunkDecodeError(f"bitshuffle: {exc}") from None
         return dst
 

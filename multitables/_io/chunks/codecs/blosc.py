@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from ...._sys.signals import raised_by_handler
 from .base import ChunkDecodeError, Codec, as_u8, check_size
 from .libraries import blosc2_library, imagecodecs_function
 
@@ -31,6 +32,8 @@ class Blosc(Codec):
 
                 blosc2.decompress(mv, dst=dst)
         except Exception as exc:
+            if raised_by_handler(exc):
+                raise  # the user's own: NOTE [a handler's exception]
             raise ChunkDecodeError(f"blosc: {exc}") from None
         return dst
 

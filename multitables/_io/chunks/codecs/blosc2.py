@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ...._sys.signals import raised_by_handler
 from ...._sys.spares import spare_bytes
 from .base import ChunkDecodeError, Codec, as_u8, check_size
 
@@ -47,6 +48,8 @@ class Blosc2(Codec):
         except ChunkDecodeError:
             raise
         except Exception as exc:
+            if raised_by_handler(exc):
+                raise  # the user's own: NOTE [a handler's exception]
             raise ChunkDecodeError(f"blosc2: {exc}") from None
         return dst
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ...._sys.signals import raised_by_handler
 from .base import ChunkDecodeError, Codec, check_size
 from .libraries import imagecodecs_function
 
@@ -26,6 +27,8 @@ class Bzip2(Codec):
 
                 got = bz2.decompress(memoryview(src))
         except Exception as exc:
+            if raised_by_handler(exc):
+                raise  # the user's own: NOTE [a handler's exception]
             raise ChunkDecodeError(f"bzip2: {exc}") from None
         if size is not None:
             check_size("bzip2", len(got), size)

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ...._sys.signals import raised_by_handler
 from .base import ChunkDecodeError, Codec, check_size
 from .libraries import imagecodecs_function
 
@@ -30,6 +31,8 @@ class Deflate(Codec):
         try:
             got = self._decode(src, out=dst)
         except Exception as exc:  # imagecodecs.DeflateError: bad data, bad adler32, or more than size bytes
+            if raised_by_handler(exc):
+                raise  # the user's own: NOTE [a handler's exception]
             raise ChunkDecodeError(f"deflate: {exc}") from None
         check_size("deflate", len(got), size)
         return dst

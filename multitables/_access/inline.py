@@ -39,6 +39,7 @@ from .._procs.failure import FailureReport
 from .._procs.serve import ServeSettings, ShareReader
 from .._shm.segment import Segment
 from .._shm.stagemap import DONE, FAILED, StageLayout, StageMap
+from .._sys.signals import raised_by_handler
 from ..errors import ReaderError
 
 
@@ -109,6 +110,8 @@ class InlineServer:
             failed = self._shares.read(stage, req, a, b, _never)
             if failed is not None:
                 exc, path, span = failed
+                if raised_by_handler(exc):
+                    raise exc  # the user's own, as a KeyboardInterrupt would leave: NOTE [a handler's exception]
                 report = FailureReport.from_exception(exc, -1, os.getpid(), self.filename, path, span)
                 traceback.clear_frames(exc.__traceback__)  # kept as the cause: no view on the stage left in its frames
                 self._reports[req] = (report, exc)

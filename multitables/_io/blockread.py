@@ -59,6 +59,7 @@ import numpy as np
 
 from .._plan.blocks import BlockPlan, RangePlan, ahead
 from .._plan.readers import hint_distance
+from .._sys.signals import raised_by_handler
 from .engines import Source
 from .node import NodeInfo
 
@@ -109,8 +110,8 @@ def read_block(
             t = time.perf_counter()
             try:
                 source.read_into(a, b, target[dst : dst + b - a])
-            except Exception:
-                if not cut or b - a <= cut:
+            except Exception as exc:
+                if not cut or b - a <= cut or raised_by_handler(exc):  # NOTE [a handler's exception]: not read again
                     raise
                 _read_cut(source, a, b, target, dst, cut, piece.start, before_read)  # raises where it fails
             if pacer is not None:

@@ -33,6 +33,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .._plan.requests import ReadRows, effective_chunk_rows, rows_array, run_bounds
+from .._sys.signals import raised_by_handler
 from .._sys.spares import spare_bytes
 from .chunks.codecs.base import BLOSC, ChunkDecodeError
 from .chunks.codecs.blosc import Blosc
@@ -93,8 +94,7 @@ def _memory_type(dtype: np.dtype) -> Any:
     """HDF5's memory type for reading into ``dtype`` (``h5t.py_create``); a plain number's made once per process.
 
     ~8 us a call with cold caches, which a 1 MB file's pass notices. Kept per dtype, so only those without h5py's
-    metadata: numpy's equality ignores it (an enum of int8 equals int8).
-    """
+    metadata: numpy's equality ignores it (an enum of int8 equals int8)."""
     import h5py
 
     if dtype.metadata is None and dtype.names is None and dtype.subdtype is None and dtype.kind in "biufc":
@@ -163,8 +163,7 @@ class H5pySource:
     ``chunk_cache`` gives its bytes.
     ``dataset``: the ``h5py.Dataset`` of ``node`` from
     :func:`~multitables._io.node.open_node`, whose file it takes over (and
-    closes), sparing a second open.
-    """
+    closes), sparing a second open."""
 
     engine = "h5py"
 
@@ -275,7 +274,9 @@ class H5pySource:
                     _blosc().decode(stored, nbytes, dst)
                 elif not _blosc().decode_part(stored, nbytes, at, dst):
                     return a
-            except (ChunkDecodeError, ValueError, RuntimeError, OSError, KeyError):
+            except (ChunkDecodeError, ValueError, RuntimeError, OSError, KeyError) as exc:
+                if raised_by_handler(exc):
+                    raise  # the user's own: NOTE [a handler's exception]
                 return a  # not allocated, larger than its chunk, damaged: HDF5 reads it, and says what is wrong
             a = b
         return a
@@ -421,8 +422,7 @@ class H5pyRows:
 
     The high-level ``read_direct`` costs ~100 us more per call than
     ``DatasetID.read``; a request of 256 scattered rows makes 256 runs.
-    Owns ``source`` and closes it.
-    """
+    Owns ``source`` and closes it."""
 
     def __init__(self, source: H5pySource, node: NodeInfo) -> None:
         self._source = source

@@ -49,6 +49,7 @@ from .._procs.failure import FailureReport
 from .._procs.stream import StreamReaders, StreamSpec
 from .._shm.ring import TICK
 from .._sys.refs import held_elsewhere
+from .._sys.signals import raised_by_handler
 from .._sys.spares import spare_bytes
 from ..errors import FileChangedError, StreamClosedError
 
@@ -126,6 +127,8 @@ class InlineBackend:
                 span.append(named)
             check_file_unchanged(self._spec.node.filename, self._signature)  # as the readers do
         except Exception as exc:  # the form a reader's failure takes: a ReaderError of the original type, in context
+            if raised_by_handler(exc):
+                raise  # the user's own: NOTE [a handler's exception]
             node, cause = self._spec.node, exc
             try:  # a file changed under the read explains its failure (a truncated chunk, a decode error), as in readers
                 check_file_unchanged(node.filename, self._signature)

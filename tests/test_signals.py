@@ -152,35 +152,39 @@ def data() -> np.ndarray:
     return np.arange(4000 * 3, dtype="<f4").reshape(4000, 3)
 
 
-def test_a_stream_read_here_raises_the_handlers_exception_as_it_is(
-    no_leaks: None, handler: Callable[[type], None], make_array: Callable[..., Path], data: np.ndarray,
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-) -> None:
-    path = make_array(data, complib="zlib", chunkshape=(500, 3))
+@pytest.fixture
+def deflated(make_array: Callable[..., Path], data: np.ndarray, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``data`` in zlib chunks of 500 rows; the first deflate decode (imagecodecs') sends SIGUSR1."""
     ic = libraries.imagecodecs()
     monkeypatch.setattr(ic, "deflate_decode", signalling(ic.deflate_decode))
-    with Streamer(path, engine="chunks").get_queue("/data", n_procs=0, block_size=1000) as q:
-        with pytest.raises(Checkpoint) as info:
-            for guard in q.iter():
-                guard.release()
+    return make_array(data, complib="zlib", chunkshape=(500, 3))
+
+
+def read_here(path: Path, engine: str) -> None:
+    """Every block of ``/data`` in ``path``, read in this process (``n_procs=0``)."""
+    with Streamer(path, engine=engine).get_queue("/data", n_procs=0, block_size=1000) as q:
+        for guard in q.iter():
+            guard.release()
+
+
+def test_a_stream_read_here_raises_the_handlers_exception_as_it_is(
+    no_leaks: None, handler: Callable[[type], None], deflated: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(Checkpoint) as info:
+        read_here(deflated, "chunks")
     assert type(info.value) is Checkpoint
     broken = tmp_path / "broken.h5"  # and a chunk that does not decode is the read's error, in context
-    rows = corrupt_chunk(path, broken, 3)
-    with Streamer(broken, engine="chunks").get_queue("/data", n_procs=0, block_size=1000) as q:
-        with pytest.raises(ReaderError) as failed:
-            for guard in q.iter():
-                guard.release()
-    assert isinstance(failed.value, ChunkDecodeError) and failed.value.rows == (1000, 2000) and rows == (1500, 2000)
+    assert corrupt_chunk(deflated, broken, 3) == (1500, 2000)
+    with pytest.raises(ReaderError) as failed:
+        read_here(broken, "chunks")
+    assert isinstance(failed.value, ChunkDecodeError) and failed.value.rows == (1000, 2000)
     assert isinstance(failed.value.__cause__, ChunkDecodeError) and "chunk at (1500, 0)" in str(failed.value)
 
 
 def test_a_request_read_here_raises_the_handlers_exception_and_the_reader_goes_on(
-    no_leaks: None, handler: Callable[[type], None], make_array: Callable[..., Path], data: np.ndarray,
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    no_leaks: None, handler: Callable[[type], None], deflated: Path, data: np.ndarray, tmp_path: Path
 ) -> None:
-    path = make_array(data, complib="zlib", chunkshape=(500, 3))
-    ic = libraries.imagecodecs()
-    monkeypatch.setattr(ic, "deflate_decode", signalling(ic.deflate_decode))
+    path = deflated
     with Reader(path, n_procs=0) as reader:
         ds = reader.get_dataset("/data")
         stage = ds.create_stage(100)
@@ -209,8 +213,6 @@ def test_hdf5_does_not_read_again_a_chunk_the_handler_interrupted(
     monkeypatch.setattr(h5py_engine, "STORED_CHUNK_MIN_BYTES", 0)
     codec = h5py_engine._blosc()
     monkeypatch.setattr(codec, "_fn", signalling(codec._fn))
-    with Streamer(path, engine="h5py").get_queue("/data", n_procs=0, block_size=1000) as q:
-        with pytest.raises(RuntimeError, match="signal") as info:
-            for guard in q.iter():
-                guard.release()
+    with pytest.raises(RuntimeError, match="signal") as info:
+        read_here(path, "h5py")
     assert type(info.value) is RuntimeError

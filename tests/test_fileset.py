@@ -359,6 +359,27 @@ def test_a_file_changed_mid_stream_stops_the_stream_naming_it(
                     os.utime(files[changed], ns=(st_.st_atime_ns, st_.st_mtime_ns + 10**9))
 
 
+@pytest.mark.parametrize("n_procs", [0, 2])
+@pytest.mark.parametrize("change", ["cut short", "deleted"])
+def test_a_file_that_cannot_be_opened_since_it_changed_is_a_change_naming_it_and_the_rows(
+    tmp_path: Path, no_leaks: None, n_procs: int, change: str, blocks_as_asked: None
+) -> None:
+    """A file cut short or deleted after the set was inspected fails its open (HDF5's error names no file): that
+    is the change of NOTE [file identity] too, whether the open is a read's or a hint's of the blocks ahead."""
+    files, _ = write_shards(tmp_path, [80, 40, 40, 40])
+    queue = multitables.Streamer(files).get_queue("/data", n_procs=n_procs, block_size=10, ordered=True, read_ahead=2)
+    with pytest.raises(multitables.FileChangedError, match=str(files[3])) as raised:
+        with queue:
+            for i, guard in enumerate(queue.iter()):
+                with guard:
+                    pass
+                if i == 0 and change == "deleted":
+                    files[3].unlink()
+                elif i == 0:
+                    os.truncate(files[3], files[3].stat().st_size // 2)
+    assert raised.value.rows is not None and raised.value.rows[0] >= 160  # a read of the changed file's rows
+
+
 def test_a_damaged_file_is_named_in_the_readers_error(tmp_path: Path, no_leaks: None) -> None:
     files, _ = write_shards(tmp_path, [64, 64, 64], chunk=64)
     with h5py.File(files[1], "r") as f:

@@ -415,7 +415,12 @@ class SetSource:
         while len(self._open) >= self._max_open:
             self._open.popitem(last=False)[1].close()
         part = self._parts[i]
-        source = self._open_part(part.node)
+        try:
+            source = self._open_part(part.node)
+        except Exception:
+            # A file cut short or deleted since the set was inspected fails its open, in HDF5's words without its name.
+            check_file_unchanged(part.node.filename, part.signature)
+            raise
         try:
             check_file_unchanged(part.node.filename, part.signature)
         except BaseException:
@@ -450,7 +455,11 @@ class SetSource:
 
     def prefetch(self, start: int, stop: int) -> None:
         for i, a, b in self._pieces(start, stop):
-            self._source(i).prefetch(a, b)
+            try:
+                source = self._source(i)
+            except Exception:  # noqa: BLE001 - a hint: the read of these rows opens the file again and says why, naming them
+                continue
+            source.prefetch(a, b)
 
     def fetch(self, spans: "list[tuple[int, int]]") -> None:
         by_file: "dict[int, list[tuple[int, int]]]" = {}

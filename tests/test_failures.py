@@ -1615,6 +1615,22 @@ def test_a_reader_report_names_the_dataset_and_rows_it_read_or_says_it_was_servi
     assert text("", None) == "Caught OSError in reader 1 (pid 42) while serving 'f.h5': [Errno 24] Too many open files"
 
 
+def test_a_full_fd_table_in_a_reader_says_which_limit_it_reached() -> None:
+    """Under a low ``ulimit -n`` a reader's open of a file (one of a set, a part opened late) failed with HDF5's words,
+    "Too many open files", naming neither the limit nor how to raise it."""
+    import errno
+    import resource
+
+    from multitables._procs.failure import FailureReport
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    exc = OSError(errno.EMFILE, "Unable to synchronously open file (Too many open files)")
+    said = str(FailureReport.from_exception(exc, 1, 42, "f.h5", "/data", (0, 10)).to_exception()).splitlines()[0]
+    assert f"its limit of {soft} open files" in said and "ulimit -n" in said, said
+    other = str(FailureReport.from_exception(OSError(errno.EIO, "I/O error"), 1, 42, "f.h5", "/data", None).to_exception())
+    assert "ulimit" not in other
+
+
 @pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
 def test_a_removed_working_directory_is_named_where_readers_need_it(
         make_array: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, start_method: str, no_leaks: None

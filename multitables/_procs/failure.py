@@ -5,6 +5,8 @@ See NOTE [failure reports] in ``pool``.
 
 from __future__ import annotations
 
+import errno
+import resource
 import signal
 import traceback
 from dataclasses import dataclass
@@ -49,7 +51,7 @@ class FailureReport:
         if len(text) > MAX_TRACEBACK:
             half = MAX_TRACEBACK // 2
             text = f"{text[:half]}\n[... {len(text) - 2 * half} characters left out ...]\n{text[-half:]}"
-        message = str(exc)
+        message = str(exc) + _fd_limit(exc)
         if len(message) > MAX_TRACEBACK:
             message = message[:MAX_TRACEBACK] + " [...]"
         return cls(
@@ -87,6 +89,15 @@ class FailureReport:
         exc.rows = self.rows
         exc.remote_traceback = self.traceback
         return exc
+
+
+def _fd_limit(exc: BaseException) -> str:
+    """For a full fd table (EMFILE, whose words name no limit): the limit reached, and that it can be raised."""
+    if not isinstance(exc, OSError) or exc.errno != errno.EMFILE:
+        return ""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return (f" [the process that read reached its limit of {soft} open files: a reader holds its pipes, its shared memory and up "
+            f"to a few files of a set; raise the limit (`ulimit -n`, at most {hard} here)]")
 
 
 def died_error(reader_index: int, pid: int, exitcode: "int | None", filename: str, path: str) -> ReaderError:

@@ -12,7 +12,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
-from .._io.files import check_same_file
+from .._io.files import check_same_file, file_signature
 from .._io.fileset import inspect_files, own_flags
 from .._io.node import NodeInfo
 from .._io.objects.config import Store
@@ -113,8 +113,10 @@ class ReaderCore:
         ``get_dataset`` took it: its requests select nothing, or are out of range)."""
         node = inspect_files(self.filename, path, field, self.store, allow_empty=True, **own_flags(self.open_kwargs))
         made = self.pool.file_signature
-        if node.identity is not None and isinstance(made, tuple):  # a dataset of the file the readers read, not of its successor
-            check_same_file(node.filename, node.identity, made, "since the Reader was made, whose readers read the file "
+        if isinstance(made, tuple):  # a dataset of the file the readers read, not of its successor
+            # A file read with swmr=True is described without an identity (it grows): its identity now, then.
+            now = node.identity if node.identity is not None else file_signature(node.filename)
+            check_same_file(node.filename, now, made, "since the Reader was made, whose readers read the file "
                             "as it was then; make a new Reader to read it as it is now")
         return node
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import EllipsisType
 from typing import Any, Sequence, Union
 
@@ -45,6 +45,9 @@ import numpy as np
 #: One entry of a normalized key: an int, a slice, an integer array, None (a new axis), or an Ellipsis that takes no
 #: axis between advanced entries, which numpy's rule of where their axes go still counts (NOTE [request plan]).
 Entry = Union[int, slice, np.ndarray, None, "EllipsisType"]
+
+#: Whole axes: what follows the row in a normalized key that picks whole rows (a prefix of it, one per axis of a row).
+_WHOLE = (slice(None),) * 64
 
 #: Rows per "chunk" assumed for contiguous (unchunked) datasets: runs closer than this are read together.
 CONTIGUOUS_GROUP_BYTES = 64 * 1024
@@ -125,7 +128,7 @@ def normalize_key(key: Any, shape: Sequence[int]) -> tuple[Entry, ...]:
     Raises ``IndexError`` (out of range, too many indices, mismatched
     arrays or masks), ``TypeError`` or ``ValueError`` (zero step) like numpy.
     """
-    shape = tuple(int(d) for d in shape)
+    shape = tuple(map(int, shape))
     ndim = len(shape)
     if ndim and type(key) in (int, slice):  # one row or one slice of rows, the commonest: a third of a request's planning
         first = _norm_int(key, shape[0], 0) if type(key) is int else _check_slice(key)
@@ -337,7 +340,6 @@ class RowPlan:
     rows: "np.ndarray | None"
     local_key: tuple[Any, ...]  # Entry, and a last Ellipsis where a 0-d array is kept (plan_rows' keep_0d)
     shape: tuple[int, ...]
-    _cache: dict = field(default_factory=dict, repr=False)
 
     @property
     def view(self) -> bool:
@@ -383,7 +385,10 @@ def plan_rows(nkey: tuple[Entry, ...], shape: Sequence[int], *, keep_0d: bool = 
     ``keep_0d``: the key picks one element and held an Ellipsis (:func:`zero_d`), so the local key ends with one,
     which makes numpy give a 0-d view of the stage, as it gives for that key, instead of a scalar.
     """
-    shape = tuple(int(d) for d in shape)
+    shape = tuple(map(int, shape))
+    rest = nkey[1:]  # one whole row (a map-style Dataset's per sample), planned directly; == only on slices (not arrays)
+    if nkey and len(nkey) == len(shape) and type(nkey[0]) is int and all(type(e) is slice for e in rest) and rest == _WHOLE[: len(rest)]:
+        return RowPlan(1, nkey[0], 1, None, local_key=(0,) + rest + ((Ellipsis,) if keep_0d else ()), shape=shape[1:])
     pos0 = next(i for i, e in enumerate(nkey) if e is not None)
     e0 = nkey[pos0]
     out_shape = result_shape(nkey, shape)

@@ -93,13 +93,13 @@ class Future:
 
     def _wait(self, timeout: "float | None") -> None:
         """Wait for every share; raise the read's error, or TimeoutError. Call with the lock held."""
-        self._reader._live().pool.check_owner()  # in a forked child the stage holds what the parent put there since
+        core = self._reader._live()
+        core.pool.check_owner()  # in a forked child the stage holds what the parent put there since
         if self._error is not None:
             raise self._error.with_traceback(None)
         stage = self._stage
         if stage is None:
             raise StreamClosedError("the data of this future was already released")
-        core = self._reader._live()
         if self._ready:
             if stage._map.words is None:  # its data came, but stop() has freed the stage since
                 core.check_not_stopped("this future's data was got")
@@ -114,8 +114,9 @@ class Future:
                 if stage._freed:
                     core.check_not_stopped()
                     raise StreamClosedError("the stage of this future was closed before its data came")
-                if PENDING not in stage._status(n):
-                    break
+                status = stage._status(n)
+                if PENDING not in status:
+                    break  # every share has its final status
                 if awake:
                     awake = False
                     if look(lambda: PENDING not in stage._status(n)):
@@ -137,7 +138,7 @@ class Future:
                 pass
             if n == 1 and core.last_req == self._req:
                 core.idle_reader = self._readers[0]
-            if FAILED in stage._status(n):
+            if FAILED in status:
                 raise core.pool.failure(self._req)
         except (ReaderError, StreamClosedError) as exc:
             self._error = exc
@@ -168,11 +169,8 @@ class Future:
             data = None  # a view on the stage kept by a traceback's frame (Ctrl-C) would keep the mapping
             raise
 
-    @contextmanager
-    def get_unsafe(self, timeout: "float | None" = None) -> Iterator[Any]:
-        """Wait, then lend the data: a writable view on the stage where the request allows (see
-        :attr:`Request.zero_copy`), valid only inside the ``with``; the stage is given back at its end.
-        """
+    def _lend(self, timeout: "float | None") -> Any:
+        """Wait, then take the data, as :meth:`get_unsafe` lends it; :meth:`_end_loan` gives the stage back."""
         with self._lock:
             if self._lent:  # a second take would give the stage back under the first one's view
                 raise RuntimeError(f"the data of {self.request!r} is lent to a with still open: it is taken once")
@@ -184,12 +182,24 @@ class Future:
                 raise
             data = self._data()
             self._lent = True
+            return data
+
+    def _end_loan(self) -> None:
+        """Give the stage back after :meth:`_lend`: the data can no longer be got."""
+        self.release()
+        self._lent = False  # taken: a later get says it was released
+
+    @contextmanager
+    def get_unsafe(self, timeout: "float | None" = None) -> Iterator[Any]:
+        """Wait, then lend the data: a writable view on the stage where the request allows (see
+        :attr:`Request.zero_copy`), valid only inside the ``with``; the stage is given back at its end.
+        """
+        data = self._lend(timeout)
         try:
             yield data
         finally:
             del data
-            self.release()
-            self._lent = False  # taken: a later get says it was released
+            self._end_loan()
 
     @contextmanager
     def get_proxy(self, timeout: "float | None" = None) -> Iterator[DataProxy]:
@@ -204,13 +214,14 @@ class Future:
 
     def get(self, timeout: "float | None" = None) -> Any:
         """Wait, and return a private copy of the data (a numpy scalar for a single element, as numpy gives it)."""
-        with self.get_unsafe(timeout) as data:
-            try:
-                if isinstance(data, (np.ndarray, np.void)) and self.request.zero_copy:
-                    return data.copy()
-                return data  # gathered into private memory already, or an immutable scalar
-            finally:
-                del data  # as get_unsafe: no view on the stage left in a traceback's frame (Ctrl-C in the copy)
+        data = self._lend(timeout)  # not through get_unsafe: no generator per request
+        try:
+            if isinstance(data, (np.ndarray, np.void)) and self.request.zero_copy:
+                return data.copy()
+            return data  # gathered into private memory already, or an immutable scalar
+        finally:
+            del data  # as get_unsafe: no view on the stage left in a traceback's frame (Ctrl-C in the copy)
+            self._end_loan()
 
     def get_direct(self, action: Callable[[Any], Any], timeout: "float | None" = None) -> Any:
         """Wait, call ``action(data)`` on the zero-copy data, return what it returns; the stage is then given back."""

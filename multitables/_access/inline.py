@@ -9,7 +9,8 @@ NOTE [requests in this process]
     ``Reader.request`` returns; a read that fails sets the share FAILED and
     keeps its report for the future's ``get``, as a reader's would. Stages
     are private memory (``Segment.private``): nothing in /dev/shm, no
-    semaphore of multiprocessing, no process, no thread (but ``notify``'s).
+    semaphore of multiprocessing, no process, no thread (but ``notify``'s),
+    and no wake-up: a share's status is final before its future exists.
 
     ``close`` (``stop()`` from another thread, the garbage collector) waits
     for the read in flight, under the server's lock, and a read that comes
@@ -47,6 +48,16 @@ def _never() -> bool:
     return False
 
 
+def _never_signalled() -> threading.Lock:
+    """A stage's channel, which wakes the futures of request readers: none here, since a share is read before its
+    future exists, so its status is final when anyone looks. A lock held from the start acts as a semaphore that no
+    token ever reaches (``acquire(False)`` says no at once, a timed acquire waits out its timeout) without a
+    semaphore's Python-level release and acquire in each request."""
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
+
+
 class InlineServer:
     """Serves a Reader's requests in this process: the consumer's side of request readers, with none."""
 
@@ -64,8 +75,7 @@ class InlineServer:
         self._owner = os.getpid()
         self._stages: dict[int, StageMap] = {}
         self._reports: dict[int, tuple[FailureReport, Exception]] = {}
-        #: Wake-ups of futures, as the readers' semaphores give them (here, the share is read before its future exists).
-        self.channels = tuple(threading.Semaphore(0) for _ in range(max_stages))
+        self.channels = tuple(_never_signalled() for _ in range(max_stages))
         self.closed = False
         self.pids: list[int] = []
         self._lock = threading.Lock()  # a read against close (NOTE [requests in this process])
@@ -116,7 +126,6 @@ class InlineServer:
                 traceback.clear_frames(exc.__traceback__)  # kept as the cause: no view on the stage left in its frames
                 self._reports[req] = (report, exc)
             stage.set_status(share, DONE if failed is None else FAILED)
-        self.channels[stage_id].release()
 
     def failure(self, req: int) -> ReaderError:
         """The error of request ``req``'s read, its original exception chained."""

@@ -212,7 +212,7 @@ class Reader:
             chunk = effective_chunk_rows(request._node.chunk_rows, request._node.row_nbytes)
             shares = split_shares(plan, chunk, min(width, MAX_SHARES))
         with core.lock:
-            core.check_open()
+            core.check_not_closed()  # by another thread since request() looked at the readers
             core.detach_dropped()
             req = next(core.req_ids)
             stage._map.write_request(req, plan, request._desc)

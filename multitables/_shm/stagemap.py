@@ -79,12 +79,14 @@ class StageMap:
         self.words: "np.ndarray | None" = np.frombuffer(segment.buf, dtype=np.int64, count=_DESC_AT // 8)
         self.rows = np.frombuffer(segment.buf, dtype=np.int64, count=layout.max_rows, offset=layout.rows_offset)
         self._writable = writable
+        self._data_at = layout.data_offset  # asked twice a request: a property of properties
         self._rows_room = 0  # bytes of the row positions populated so far (the consumer's: NOTE [stage room])
 
     def data(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         """The first ``shape`` of the data area, as ``dtype``."""
-        arr = np.ndarray(shape, dtype, buffer=self.segment.buf, offset=self.layout.data_offset)
-        arr.flags.writeable = self._writable
+        arr = np.ndarray(shape, dtype, buffer=self.segment.buf, offset=self._data_at)
+        if not self._writable:  # writable as its (writable) buffer is, else
+            arr.flags.writeable = False
         return arr
 
     def write_desc(self, desc: bytes) -> None:

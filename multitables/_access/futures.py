@@ -125,8 +125,8 @@ class Future:
                 if channel.acquire(timeout=wait):
                     continue
                 core.pool.look()
-                for reader, status in zip(self._readers, stage._status(n)):
-                    if status == PENDING:
+                for reader, share in zip(self._readers, stage._status(n)):
+                    if share == PENDING:
                         died = core.pool.dead_error(reader, self.request.dataset.path)
                         if died is not None:
                             raise died

@@ -21,14 +21,14 @@ from ._io.fields import check_columns
 from ._plan.epoch import ORDER_KEYS, EpochSettings, read_state, rest_of_epoch
 from ._plan.subset import EpochRows, epoch_rows
 from ._stream.options import StreamOptions
-from ._sys.checks import check_bool, check_fields, check_int, rank_and_world
-from ._train.batch import Batch, BatchT, as_batch
+from ._sys.checks import check_bool, check_fields, check_int, check_same_rows, rank_and_world
+from ._train.batch import Batch, BatchT, batch_maker
 from ._train.mix import NOT_COPIED, MixedBatches, mix_batches
 from ._train.transforms import infer_transforms
-from ._train.feed import EpochPieces, Feed, plan_feed
+from ._train.feed import EpochPieces, Feed, plan_feed, read_ahead
 from ._train.buffers import WindowMemory
 from ._train.draws import DrawsAhead
-from ._train.iteration import NEWER, Current
+from ._train.iteration import NEWER, Current, run_epochs
 from ._train.windows import Alloc, Carry, NoWindows, Staging, Windows, cut, epoch_windows
 
 if TYPE_CHECKING:
@@ -189,10 +189,7 @@ class Batches(Generic[BatchT]):
         nodes = [stream.options.inspect(p, self._field) for p in path_list]
         if self._columns is not None:
             check_columns(nodes[0], self._columns)
-        lengths = {n.n_rows for n in nodes}
-        if len(lengths) > 1:
-            listing = ", ".join(f"{p!r} has {n.n_rows}" for p, n in zip(path_list, nodes))
-            raise ValueError(f"datasets read together need the same number of rows: {listing}")
+        check_same_rows(path_list, [n.n_rows for n in nodes])
         subset, row_weights, n_rows = epoch_rows(nodes[0].n_rows, indices, weights, num_samples)
         self._transforms = infer_transforms(stream, path_list, nodes, transform, self._columns is not None)
         # The readers, across epochs (NOTE [readers across epochs]); holding nothing of this object, dropped with it.
@@ -222,6 +219,7 @@ class Batches(Generic[BatchT]):
         self._memory: "WindowMemory | None" = None  # see _window_memory
         self._carry: "Carry | None" = None  # the next epoch's first window, pulled already (NOTE [window pipelining])
         self._looping = False  # a loop of epochs (set_epoch called, or an epoch delivered to its end): read ahead
+        self._closing = False  # close() was called in the middle of a step: NOTE [closed mid-step] in _train.iteration
 
     # -- what the batches are ------------------------------------------------
 
@@ -363,13 +361,22 @@ class Batches(Generic[BatchT]):
     def close(self) -> None:
         """Stop the readers, free the window buffers, end the copy threads (idempotent); dropping does the same.
 
-        The position stays: iterating again goes on from it, with new readers."""
+        The position stays: iterating again goes on from it, with new readers. From a signal's handler in the middle
+        of a step, the loop ends at that step, the batch uncounted, and closes then (NOTE [closed mid-step])."""
+        if self._current.close_after_step(self.close):
+            self._closing = True  # the step stops at its next look, whose clean-up closes all
+            return
         self._current.end()
+        self._release()
+
+    def _release(self) -> None:
+        """What :meth:`close` frees once no step runs: the readers, the draws, the windows' memory and threads."""
+        self._closing = False
         self._close_feed()
         self._rows.close()
-        if self._memory is not None:
-            self._memory.close()
-        self._memory, self._carry = None, None
+        memory, self._memory, self._carry = self._memory, None, None
+        if memory is not None:
+            memory.close()
 
     def _close_feed(self) -> None:
         """Stop the readers; a staging first gives back the guards it holds (NOTE [slots on a device])."""
@@ -394,25 +401,30 @@ class Batches(Generic[BatchT]):
 
     def __iter__(self) -> Iterator[BatchT]:
         """The batches left in the current epoch (and ``epochs - 1`` more, or endless); each epoch's end moves the position on."""
-        return self.iter_into(lambda n: [np.empty((n,) + shape, dtype) for dtype, shape in self._row_types])
+        return self.iter_into()
 
-    def iter_into(self, alloc: "Callable[[int], Sequence[Any]]", staging: "Staging | None" = None) -> Iterator[BatchT]:
-        """As ``iter(batches)``, each batch's rows written straight into ``alloc(rows)``'s arrays.
+    def iter_into(self, alloc: "Callable[[int], Sequence[Any]] | None" = None, staging: "Staging | None" = None, *,
+                  convert: "Callable[[Any], Any] | None" = None) -> Iterator[Any]:
+        """As ``iter(batches)``, each batch's rows written straight into ``alloc(rows)``'s arrays, and given as ``convert(batch)``.
 
         ``alloc(n)`` gives one C-contiguous array of ``n`` rows per path, of the rows' dtype and shape (see
         :attr:`row_types`), for example views of page-locked memory that a GPU copies from. A batch is those
         arrays, or their first rows for a short last batch (with ``fields``: each column copied out of them).
         The arrays are the caller's: nothing here writes to them after their batch. ``staging``: how shuffled
-        windows' rows reach them (NOTE [staging] in ``_train.windows``; None: gathered on the host).
+        windows' rows reach them (NOTE [staging] in ``_train.windows``; None: gathered on the host). ``convert``
+        makes of each batch what the loop gets (tensors, say), before the batch counts as delivered, so a signal's
+        handler that raises leaves none counted that the loop did not get (NOTE [delivered batches]).
         """
         self._current.end(by=NEWER)  # an older iteration ends here: its position is this one's start
-        make = lambda n: list(alloc(n))  # noqa: E731 - a list, as the windows take
+        arrays = (lambda n: list(alloc(n))) if alloc else lambda n: [np.empty((n,) + s, d) for d, s in self._row_types]  # noqa: E731
+        made = batch_maker(self._single, self._columns, convert)
         if self._epochs == 1:
             # Whether another epoch follows is not said: read ahead into it in a loop of epochs (set_epoch was
             # called, or an epoch went by); a batches made for one pass never reads an epoch it does not deliver.
-            it = self._iterate(self._epoch, self._batch, make, self._looping, staging)
+            it = self._iterate(self._epoch, self._batch, arrays, made, self._looping, staging)
         else:
-            it = self._run_epochs(self._epochs, make, staging)
+            one = lambda more: self._iterate(self._epoch, self._batch, arrays, made, more, staging)  # noqa: E731
+            it = run_epochs(self._epochs, one, lambda: self._closing, self._failed)
         return self._current.start(it)
 
     @property
@@ -425,22 +437,10 @@ class Batches(Generic[BatchT]):
         """The dtype and row shape of each path's delivered rows (a transform's output, where there is one)."""
         return list(self._row_types)
 
-    def _run_epochs(self, epochs: "int | None", alloc: Alloc, staging: "Staging | None") -> Iterator[Batch]:
-        """``epochs`` epochs (None: endless) from the current position, each in its own order."""
-        done = 0
-        try:
-            while epochs is None or done < epochs:
-                # The last epoch of the run has no next one to read ahead (a loop of iterations may, so one epoch does).
-                yield from self._iterate(self._epoch, self._batch, alloc, epochs is None or done + 1 < epochs, staging)
-                done += 1
-        except GeneratorExit:
-            raise  # the loop was left: the readers stay for the next iteration
-        except BaseException:
-            self._close_feed()  # between two epochs (Ctrl-C): as within one
-            raise
-
-    def _iterate(self, epoch: int, start: int, alloc: Alloc, ahead: bool, staging: "Staging | None") -> Iterator[Batch]:
-        """The batches of ``epoch`` from batch ``start``; ``ahead``: have the readers go on with the next epoch."""
+    def _iterate(self, epoch: int, start: int, alloc: Alloc, made: "Callable[[list[np.ndarray]], Any]", ahead: bool,
+                 staging: "Staging | None") -> Iterator[Batch]:
+        """The batches of ``epoch`` from batch ``start``, each ``made`` of its arrays; ``ahead``: have the readers go
+        on with the next epoch."""
         s, rows = self._epoch_plan(epoch)
         if s is None:  # an elastic resume found the epoch done
             self._epoch, self._batch, self._elastic = epoch + 1, 0, []
@@ -461,21 +461,18 @@ class Batches(Generic[BatchT]):
                 source = epoch_windows(plan, w0, self._feed, pieces, self._window_memory(), carry, staging)
             k = start
             last = int(plan.window_offsets[max(0, plan.n_windows - 1)]) // s.batch_size  # the last window's first batch
-            for arrays in (made := cut(source, skip, s.batch_size, alloc)):
-                batch, k = as_batch(arrays, self._single, self._columns), k + 1  # made, then counted: no call
-                self._batch, self._step = k, self._step + 1  # between, NOTE [delivered batches] in _train.iteration
+            for arrays in (cutting := cut(source, skip, s.batch_size, alloc)):
+                batch, k = made(arrays), k + 1  # made (tensors too), then counted: no call between, NOTE
+                if self._closing:  # [delivered batches] in _train.iteration; closed under the step, NOTE [closed
+                    return  # mid-step]: not counted, and the chain's end closes once the frames are gone
+                self._batch, self._step = k, self._step + 1
                 yield batch
                 if ahead:  # NOTE [readers across epochs]: once the first batch is out, the next epoch is planned
-                    self._rows.draw_ahead(epoch + 1)  # a weighted draw: on a thread, taken once drawn
-                    if not self._rows.ready(epoch + 1) and k < last:
-                        continue
-                    ahead = False
-                    later = self._settings.rank_epoch(epoch + 1, self.rank)
-                    following = EpochPieces.of(later, 0, self._rows.of(epoch + 1))
-                    if self._feed.follow(following) and s.shuffle:  # published where it fits
-                        source.then((later, following))  # its first window pulled during this epoch's last
+                    ahead = not read_ahead(self._feed, self._rows, self._settings, self.rank, epoch + 1, source, k < last)
             while k < s.n_batches:  # see NOTE [epoch plan]: empty last batches
-                batch, k = as_batch(alloc(0), self._single, self._columns), k + 1
+                batch, k = made(alloc(0)), k + 1
+                if self._closing:
+                    return
                 self._batch, self._step = k, self._step + 1
                 yield batch
             self._epoch, self._batch, self._elastic = epoch + 1, 0, []
@@ -485,12 +482,15 @@ class Batches(Generic[BatchT]):
         except GeneratorExit:
             if k == s.n_batches:  # left after the epoch's last batch: the epoch is done, the next comes next
                 self._epoch, self._batch, self._elastic, self._looping = epoch + 1, 0, [], True
-                made.close()  # read to its end all the same (islice(batches, len(batches))): the windows let go,
+                cutting.close()  # read to its end all the same (islice(batches, len(batches))): the windows let go,
                 self._buy_readers(self._feed.epoch_read())  # and the epoch counts towards readers
             raise  # the loop was left: the readers stay for the next iteration
         except BaseException:
-            self._close_feed()  # a reader failed, or the loop body raised: start afresh next time
+            self._failed()  # a reader failed, or the loop body raised: start afresh next time
             raise
+
+    def _failed(self) -> None:  # after an error the readers stop; all of it where a close was asked for mid-step
+        self._release() if self._closing else self._close_feed()
 
     def _buy_readers(self, pay: bool) -> None:
         """Where readers pay now (an epoch read to its end, or a restored loop's: NOTE [readers bought] in

@@ -48,6 +48,7 @@ NOTE [DataLoader uses]
 
 from __future__ import annotations
 
+import functools
 import sys
 import warnings
 from types import FrameType
@@ -255,17 +256,13 @@ class TorchBatches(IterableDataset[TensorBatchT]):
                 f"never be read. Iterate the batches on every rank without preparing them (prepare the model and "
                 f"the optimizer; device=accelerator.device gives the tensors there)"
             )
-        return cast("Iterator[TensorBatchT]", self._tensors())
-
-    def _tensors(self) -> Iterator[TensorBatch]:
+        # The batches' own iteration, each batch made a tensor in their loop before it counts as delivered: no
+        # frame of ours between that count and the loop that gets it (NOTE [delivered batches]).
         if self.pin_memory or (self.device is not None and self.device.type != "cpu"):
-            yield from self._delivered()
-        elif isinstance(self.batches, MixedBatches):  # each batch as its source gives it
-            for batch in self.batches:
-                yield _as_tensors(batch, ("",) * (1 if isinstance(batch, (np.ndarray, dict)) else len(batch)))
-        else:
-            for batch in self.batches:
-                yield _as_tensors(batch, self.batches.paths)
+            return cast("Iterator[TensorBatchT]", self._delivered())
+        if isinstance(self.batches, MixedBatches):  # each batch as its source gives it
+            return cast("Iterator[TensorBatchT]", self.batches.iter_as(_as_unnamed_tensors))
+        return cast("Iterator[TensorBatchT]", self.batches.iter_into(convert=functools.partial(_as_tensors, paths=self.batches.paths)))
 
     def _delivered(self) -> Iterator[TensorBatch]:
         """Batches gathered into page-locked memory, and copied to the device (NOTE [batches on a device])."""
@@ -274,15 +271,12 @@ class TorchBatches(IterableDataset[TensorBatchT]):
         if isinstance(self.batches, MixedBatches) or any(dtype.names for dtype, _ in self.batches.row_types):
             # A mix's batches, and a table's columns (fields=), are made before they come: copied to page-locked memory.
             made = Delivery(self.device, self.pin_memory, None, ())
-            for batch in self.batches:
-                yield made.send(batch, gathered=False)
-            return
+            send = functools.partial(made.send, gathered=False)
+            return self.batches.iter_as(send) if isinstance(self.batches, MixedBatches) else self.batches.iter_into(convert=send)
         if self.device is not None and self.device.type == "cuda" and self.batches.shuffle:
-            yield from self._gathered_on_device(lambda: CudaOps(self.device))
-            return
+            return self._gathered_on_device(lambda: CudaOps(self.device))
         delivery = Delivery(self.device, self.pin_memory, self.batches.row_types, self.batches.paths)
-        for batch in self.batches.iter_into(delivery.alloc):
-            yield delivery.send(batch, gathered=True)
+        return self.batches.iter_into(delivery.alloc, convert=functools.partial(delivery.send, gathered=True))
 
     def _gathered_on_device(self, ops: "Callable[[], Any]") -> Iterator[TensorBatch]:
         """Shuffled batches gathered on the device out of windows copied there (NOTE [windows on a device]); ``ops``
@@ -292,11 +286,9 @@ class TorchBatches(IterableDataset[TensorBatchT]):
         assert isinstance(self.batches, Batches)
         if self._staging is None:
             self._staging = DeviceStaging(ops(), self.batches.row_types)
-        staging = self._staging
-        try:
-            yield from self.batches.iter_into(staging.alloc, staging)
-        finally:
-            staging.settle()  # the next iteration may write the window buffers with any staging
+        else:  # the last iteration's copies done, its slots given back (the buffers' next writes wait for their own)
+            self._staging.settle()
+        return self.batches.iter_into(self._staging.alloc, self._staging)
 
     def __len__(self) -> int:
         if isinstance(self.batches, MixedBatches):
@@ -385,6 +377,11 @@ def _check_tensor_rows(batches: "Batches[Any] | MixedBatches[Any]") -> None:
                 torch.as_tensor(array.astype(array.dtype.newbyteorder("=")))  # no rows: nothing copied
             except TypeError as exc:
                 raise _not_held(array.dtype, path) from exc
+
+
+def _as_unnamed_tensors(batch: Any) -> TensorBatch:
+    """A mix's batch as tensors (its arrays named by position in errors)."""
+    return _as_tensors(batch, ("",) * (1 if isinstance(batch, (np.ndarray, dict)) else len(batch)))
 
 
 def _as_tensors(batch: Any, paths: Sequence[str]) -> TensorBatch:

@@ -504,3 +504,107 @@ def test_rows_a_tensor_cannot_hold_are_refused_when_the_adapter_is_made(tmp_path
     # What a tensor holds still goes: columns of the table, and numbers.
     assert list(next(iter(mtt.get_batches(table, "/table", 10, fields=["a", "v"], n_procs=0)))) == ["a", "v"]
     assert next(iter(mtt.get_batches(stream, "/y", 10, n_procs=0))).dtype == torch.int64
+
+
+class Preempted(Exception):
+    """What a job's SIGUSR1 handler raises to leave its loop and checkpoint (SLURM's ``--signal``)."""
+
+
+def _signal_in_each_call_of_a_step(batches, handler) -> "tuple[list[list[int]], int]":
+    """Iterate ``batches`` (tensors of /y, or tuples whose last is /y), and through every other step have a signal
+    come at each call and return of the library's frames in turn (one per pass), its handler ``handler(batches)``,
+    until a step goes by with none: (the rows the loops got, the passes). After each signal, the position counts
+    exactly the batches got."""
+    import gc
+    import signal
+
+    me, ours = sys._getframe().f_code, os.path.dirname(multitables.__file__)
+    got: "list[list[int]]" = []
+    landing, events = 0, 0
+
+    def send_at_landing(frame, event: str, arg) -> None:
+        nonlocal events
+        if frame.f_code is me:  # back in the loop: it has the batch
+            sys.setprofile(None)
+        elif not frame.f_code.co_filename.startswith(ours):
+            return  # not in h5py's finalizers, where Python drops a handler's exception ("Exception ignored")
+        elif event == "return" and frame.f_code.co_flags & inspect.CO_GENERATOR:
+            return  # a yield: no handler runs there (nor at a generator's end), but in the frame it goes to
+        elif events == landing:
+            sys.setprofile(None)
+            signal.raise_signal(signal.SIGUSR1)  # its handler runs here, as at a check in the library's frame
+        events += 1
+
+    gc.collect()
+    gc.disable()  # a collection runs finalizers anywhere: there Python drops a handler's exception too
+    old = signal.signal(signal.SIGUSR1, lambda signum, frame: handler(batches))
+    try:
+        armed, done = False, False
+        while not done:
+            try:
+                for y in batches:
+                    got.append((y[-1] if isinstance(y, tuple) else y).tolist())  # the loop has the batch
+                    if armed:  # a whole step went by with no signal: every call of it had one
+                        done = True
+                        break
+                    if len(got) % 2 == 0:  # every other batch: through the next batch's step
+                        events, armed = 0, True
+                        sys.setprofile(send_at_landing)
+                else:
+                    landing, armed = landing + 1, False  # a close: the loop ended at the step
+            except Preempted:
+                landing, armed = landing + 1, False
+            finally:
+                sys.setprofile(None)
+            assert batches.state_dict()["step"] == len(got), f"signal at call/return {landing - 1} of a step"
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+        gc.enable()
+        batches.close()
+    return got, landing
+
+
+def _planned_y(path: Path, paths, batch_size: int, epochs: int) -> "list[list[int]]":
+    ref = multitables.Streamer(path).get_batches(paths, batch_size, seed=1, n_procs=0)
+    planned = []
+    for epoch in range(epochs):
+        ref.set_epoch(epoch)
+        planned += [(y[-1] if isinstance(y, tuple) else y).tolist() for y in ref]
+    ref.close()
+    return planned
+
+
+@pytest.mark.parametrize("paths", ["/y", ["/X", "/y"]])
+def test_a_signal_handler_that_raises_mid_step_leaves_no_tensor_batch_counted_that_the_loop_did_not_get(
+    tmp_path: Path, paths
+) -> None:
+    """As for the batches themselves (NOTE [delivered batches]): the tensors are made in the batches' own loop,
+    before the batch counts, so a handler that raises (a preemption's) at any call of the adapter's step leaves the
+    position at exactly the batches the loop got; the rows got are each epoch's, none twice, none skipped."""
+    path = write(tmp_path / "d.h5", 300)
+    b = mtt.get_batches(multitables.Streamer(path), paths, 20, seed=1, n_procs=0, epochs=None)
+
+    def preempted(batches) -> None:
+        raise Preempted
+
+    got, landings = _signal_in_each_call_of_a_step(b, preempted)
+    assert landings > 10, "signals came at each call of a step"
+    assert got == _planned_y(path, paths, 20, len(got) // 15 + 1)[: len(got)]
+
+
+@pytest.mark.parametrize("then", ["returns", "raises"])
+def test_a_signal_handler_may_close_the_batches_in_the_middle_of_a_step(tmp_path: Path, then: str) -> None:
+    """A SIGTERM handler that closes the batches while a batch is being made (NOTE [closed mid-step]): no
+    "generator already executing"; the loop ends at that step (or the handler's exception comes out of it), the
+    batch being made uncounted, and the next loop goes on from the first batch not got."""
+    path = write(tmp_path / "d.h5", 300)
+    b = mtt.get_batches(multitables.Streamer(path), "/y", 20, seed=1, n_procs=0, epochs=None)
+
+    def close(batches) -> None:
+        batches.close()
+        if then == "raises":
+            raise Preempted
+
+    got, landings = _signal_in_each_call_of_a_step(b, close)
+    assert landings > 10, "signals came at each call of a step"
+    assert got == _planned_y(path, "/y", 20, len(got) // 15 + 1)[: len(got)]

@@ -61,6 +61,13 @@ def check_fields(
     return None, columns
 
 
+def check_same_rows(paths: "list[str]", n_rows: "list[int]") -> None:
+    """``ValueError`` unless the datasets at ``paths``, read together, have the same number of rows."""
+    if len(set(n_rows)) > 1:
+        listing = ", ".join(f"{p!r} has {n}" for p, n in zip(paths, n_rows))
+        raise ValueError(f"datasets read together need the same number of rows: {listing}")
+
+
 def rank_and_world(rank: Any, world_size: Any) -> tuple[int, int]:
     """The rank and world size given, else torch.distributed's when it is initialised, else (0, 1)."""
     if rank is None and world_size is None:

@@ -8,7 +8,9 @@ gives arrays: :data:`BatchT` is that kind, and the overloads of
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence, Union
+import functools
+import operator
+from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
 
 import numpy as np
 
@@ -35,3 +37,18 @@ def as_batch(arrays: Sequence[np.ndarray], single: bool, columns: "list[str] | N
         # Each column memory of its own: a copy, as ascontiguousarray keeps a one-row view's strides (torch refuses).
         return {name: select_field(arrays[0], name).copy() for name in columns}
     return arrays[0] if single else tuple(arrays)
+
+
+def batch_maker(
+    single: bool, columns: "list[str] | None", convert: "Callable[[Any], Any] | None" = None
+) -> "Callable[[list[np.ndarray]], Any]":
+    """What makes each batch of its arrays in the batches' own loop: :func:`as_batch` with these settings, then
+    ``convert`` (the caller's kind of batch: tensors), so a batch is whole before it is counted (NOTE [delivered
+    batches] in ``_train.iteration``). Without columns or ``convert`` it is a C call, no frame of its own."""
+    if columns is not None:
+        make: "Callable[[list[np.ndarray]], Any]" = functools.partial(as_batch, single=single, columns=columns)
+    else:
+        make = operator.itemgetter(0) if single else tuple
+    if convert is None:
+        return make
+    return lambda arrays: convert(make(arrays))

@@ -47,6 +47,9 @@ from ..errors import QueueClosed
 
 if TYPE_CHECKING:
     from .._io.node import NodeInfo
+    from .._plan.epoch import EpochSettings
+    from .draws import DrawsAhead
+    from .windows import Windows
     from .._stream.options import StreamOptions
     from .._stream.queue import Guard, Queue
 
@@ -309,3 +312,19 @@ class Feed:
         for queue in self._queues or []:
             queue.extend(blocks)
         self._pending.extend(pieces.keys[skip:])
+
+
+def read_ahead(feed: Feed, rows: "DrawsAhead", settings: "EpochSettings", rank: int, epoch: int, source: "Windows",
+               early: bool) -> bool:
+    """Have the readers go on with ``epoch`` once its rows are drawn (NOTE [readers across epochs]): its pieces
+    published after the current epoch's where they fit, a shuffled one's first window pulled during the current
+    epoch's last (``source``'s). Whether that was decided; False: its weighted draw runs still, and it is ``early``
+    (before the current epoch's last window), so ask again after the next batch."""
+    rows.draw_ahead(epoch)  # a weighted draw: on a thread, taken once drawn
+    if not rows.ready(epoch) and early:
+        return False
+    later = settings.rank_epoch(epoch, rank)
+    following = EpochPieces.of(later, 0, rows.of(epoch))
+    if feed.follow(following) and settings.shuffle:  # published where it fits
+        source.then((later, following))
+    return True

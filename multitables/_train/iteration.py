@@ -6,7 +6,7 @@ import itertools
 import os
 import sys
 import weakref
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 
 #: What :meth:`Current.end` is told when a newer iteration of the same batches ends the one in progress.
@@ -34,6 +34,19 @@ class Iteration(itertools.chain):  # type: ignore[type-arg]
     Ctrl-C) never leaves a batch counted that the loop did not get. Nor does
     such a frame stay in the traceback the user handles, holding the batches
     and their readers.
+
+    NOTE [closed mid-step]: a signal's handler may run in the middle of a
+    step (the generator making a batch) and close the batches (a SIGTERM
+    handler's clean-up). Closing the generator then would fail ("generator
+    already executing"), and freeing the readers' memory, the windows or the
+    copier's threads under the step would pull them from under its frames.
+    So that close only marks the batches closing (:meth:`Current.close_after_step`)
+    and returns: the step, at its next look at the mark (a batch made, not
+    yet counted; between epochs), returns without counting it, and the chain
+    steps :class:`_End`, which closes them, the generator's frames gone.
+    The loop ends as after a close between steps, and the position counts
+    the batches it got. A handler that raises after its close goes through
+    the step's clean-up instead, which closes all of it there.
     """
 
     __slots__ = ("_it", "_end", "__weakref__")
@@ -46,6 +59,15 @@ class Iteration(itertools.chain):  # type: ignore[type-arg]
         iteration = cls(it, end)
         iteration._it, iteration._end = it, end
         return iteration
+
+    @property
+    def running(self) -> bool:
+        """Whether a step is under way: what runs now was called from inside it (a signal's handler)."""
+        return bool(self._it.gi_running)  # type: ignore[attr-defined]
+
+    def after_step(self, then: "Callable[[], None]") -> None:
+        """Call ``then`` once the generator, in the middle of a step, has ended (NOTE [closed mid-step])."""
+        self._end.then = then
 
     @property
     def ended_by(self) -> "str | None":
@@ -64,15 +86,22 @@ class _End:
     """What :class:`Iteration`'s chain steps once the batches' generator stopped: nothing more, or, where
     something ended the iteration, a ``RuntimeError`` naming it (the loop would otherwise end as at the epoch's end)."""
 
-    __slots__ = ("ended_by",)
+    __slots__ = ("ended_by", "then")
 
     def __init__(self) -> None:
         self.ended_by: "str | None" = None
+        self.then: "Callable[[], None] | None" = None  # a close asked for in the middle of a step
+
+    def __next__(self) -> Any:
+        if self.then is not None:  # NOTE [closed mid-step]: the generator has ended; close now
+            then, self.then = self.then, None
+            then()
+        return self._stop()
 
     def __iter__(self) -> "_End":
         return self
 
-    def __next__(self) -> Any:
+    def _stop(self) -> Any:
         if self.ended_by == NEWER:
             raise RuntimeError(
                 "this iteration over the batches was ended by a newer one: a Batches has one position, which each "
@@ -122,6 +151,33 @@ class Current:
         if active is not None:
             active.ended_by = by
             active.close()
+
+    def close_after_step(self, then: "Callable[[], None]") -> bool:
+        """Where the iteration in progress is in the middle of a step (a signal's handler called this), have it call
+        ``then`` once it has ended, and say so (NOTE [closed mid-step]); False: it is not."""
+        active = None if self._ref is None else self._ref()
+        if active is None or not active.running:
+            return False
+        active.after_step(then)
+        return True
+
+
+def run_epochs(epochs: "int | None", epoch: "Callable[[bool], Iterator[Any]]", closing: "Callable[[], bool]",
+               failed: "Callable[[], None]") -> Iterator[Any]:
+    """``epochs`` epochs (None: endless) from the current position, each the batches of ``epoch(more)`` (``more``:
+    another follows, to read ahead into), until a close asked for in the middle of a step (``closing()``, NOTE
+    [closed mid-step]); ``failed()`` cleans up after an error between two epochs (Ctrl-C), as within one."""
+    done = 0
+    try:
+        while (epochs is None or done < epochs) and not closing():
+            # The last epoch of the run has no next one to read ahead (a loop of iterations may, so one epoch does).
+            yield from epoch(epochs is None or done + 1 < epochs)
+            done += 1
+    except GeneratorExit:
+        raise  # the loop was left: the readers stay for the next iteration
+    except BaseException:
+        failed()
+        raise
 
 
 def _refuse_copies_in_workers(made_in: int) -> None:

@@ -24,7 +24,8 @@ NOTE [mixing]
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Generic, Iterator, Sequence, cast
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, Sequence, cast
 
 import numpy as np
 
@@ -114,6 +115,8 @@ class MixedBatches(Generic[BatchT]):
         self._steps = check_int("steps", steps, 1)
         self._step = 0
         self._iters: "list[Iterator[Any] | None]" = [None] * len(self._sources)
+        self._running: "weakref.ref[Iterator[Any]] | None" = None  # the last iteration's generator
+        self._closing = False  # close() was called in the middle of a step: NOTE [closed mid-step] in .iteration
 
     @property
     def sources(self) -> "tuple[Batches[BatchT], ...]":
@@ -135,12 +138,15 @@ class MixedBatches(Generic[BatchT]):
         """Batches delivered so far."""
         return self._step
 
-    def _next_of(self, i: int) -> BatchT:
-        """Source ``i``'s next batch; at the end of its epoch, the first of its next."""
+    def _next_of(self, i: int, convert: "Callable[[Any], Any] | None" = None) -> BatchT:
+        """Source ``i``'s next batch (made ``convert(batch)`` before it counts); at the end of its epoch, the first of
+        its next. ``_Closed`` where a close came in the middle of the step."""
         for _ in range(2):
             it = self._iters[i]
             if it is None:
-                it = self._iters[i] = iter(self._sources[i])
+                if self._closing:
+                    raise _Closed
+                it = self._iters[i] = self._sources[i].iter_into(convert=convert)
             try:
                 return next(it)
             except StopIteration:
@@ -179,10 +185,25 @@ class MixedBatches(Generic[BatchT]):
     def __iter__(self) -> Iterator[BatchT]:
         """The batches from the current step on; leaving the loop early (``break``) keeps the position, and every
         source's readers wait, idle, for the next iteration (as a source's own do): :meth:`close` stops them."""
+        return self.iter_as()
+
+    def iter_as(self, convert: "Callable[[Any], Any] | None" = None) -> Iterator[Any]:
+        """As ``iter(mix)``, each batch given as ``convert(batch)`` (tensors, say), made before it counts as delivered
+        (NOTE [delivered batches] in ``multitables._train.iteration``; per batch, by the source that makes it)."""
+        it = self._steps_on(convert)
+        self._running = weakref.ref(it)
+        return it
+
+    def _steps_on(self, convert: "Callable[[Any], Any] | None") -> Iterator[Any]:
+        self._closing = False
         try:
             if self._per == "row":
                 while self._steps is None or self._step < self._steps:
                     batch = self._mixed(self._step)
+                    if convert is not None:
+                        batch = convert(batch)
+                    if self._closing:  # NOTE [closed mid-step]
+                        return
                     self._step += 1
                     yield batch
                 return
@@ -190,11 +211,19 @@ class MixedBatches(Generic[BatchT]):
                 first = self._step
                 n = SCHEDULE_STEPS if self._steps is None else min(SCHEDULE_STEPS, self._steps - first)
                 for i in schedule(self._proportions, self._seed, first, n).tolist():
-                    batch = self._next_of(i)
+                    batch = self._next_of(i, convert)
+                    if self._closing:
+                        return
                     self._step += 1
                     yield batch
+        except _Closed:
+            return
         finally:
             self._end_iteration()
+            if self._closing:  # a close came in the middle of a step: the sources close now, none in a step
+                self._closing = False
+                for source in self._sources:
+                    source.close()
 
     def state_dict(self) -> dict[str, Any]:
         """The step, what fixes the schedule, and every source's position; small, picklable, JSON-able."""
@@ -225,7 +254,15 @@ class MixedBatches(Generic[BatchT]):
         raise TypeError(NOT_COPIED.format(type(self).__name__))
 
     def close(self) -> None:
-        """Stop every source's readers and free their buffers (the positions stay)."""
+        """Stop every source's readers and free their buffers (the positions stay). From a signal's handler in the
+        middle of a step, the loop ends at that step and closes then (NOTE [closed mid-step])."""
+        running = None if self._running is None else self._running()
+        if running is not None and running.gi_running:  # type: ignore[attr-defined]
+            self._closing = True
+            for source in self._sources:  # one in its step ends it uncounted (and closes then); the rest close now
+                source.close()
+            return
+        self._closing = False
         self._end_iteration()
         for source in self._sources:
             source.close()
@@ -246,6 +283,10 @@ class MixedBatches(Generic[BatchT]):
     def __repr__(self) -> str:
         shares = ", ".join(f"{p:.3g}" for p in self._proportions)
         return f"<multitables.MixedBatches of {len(self._sources)} sources ({shares}, per {self._per}) at step {self._step}>"
+
+
+class _Closed(Exception):
+    """A source's iteration ended by a close in the middle of a step (NOTE [closed mid-step])."""
 
 
 def _length(batch: Any) -> int:

@@ -274,7 +274,7 @@ class TorchBatches(IterableDataset[TensorBatchT]):
             send = functools.partial(made.send, gathered=False)
             return self.batches.iter_as(send) if isinstance(self.batches, MixedBatches) else self.batches.iter_into(convert=send)
         if self.device is not None and self.device.type == "cuda" and self.batches.shuffle:
-            return self._gathered_on_device(lambda: CudaOps(self.device))
+            return self._gathered_on_device(lambda: CudaOps(self.device))  # a generator: its end settles the copies
         delivery = Delivery(self.device, self.pin_memory, self.batches.row_types, self.batches.paths)
         return self.batches.iter_into(delivery.alloc, convert=functools.partial(delivery.send, gathered=True))
 
@@ -286,9 +286,11 @@ class TorchBatches(IterableDataset[TensorBatchT]):
         assert isinstance(self.batches, Batches)
         if self._staging is None:
             self._staging = DeviceStaging(ops(), self.batches.row_types)
-        else:  # the last iteration's copies done, its slots given back (the buffers' next writes wait for their own)
-            self._staging.settle()
-        return self.batches.iter_into(self._staging.alloc, self._staging)
+        staging = self._staging
+        try:  # yield from: no step of ours between a batch's count and the loop (NOTE [delivered batches])
+            yield from self.batches.iter_into(staging.alloc, staging)
+        finally:
+            staging.settle()  # the next iteration may write the window buffers with any staging, a host one too
 
     def __len__(self) -> int:
         if isinstance(self.batches, MixedBatches):

@@ -651,3 +651,22 @@ def test_readers_bought_after_some_epochs_on_a_device_keep_every_batch(
     assert procs == [[0], [0], [2], [2], [2]]
     moved.close()
     plain.close()
+
+
+@pytest.mark.parametrize("leave", ["end", "break"])
+def test_the_adapters_device_iteration_settles_its_copies_when_it_ends(data_file: Path, leave: str, no_leaks: None) -> None:
+    """A host iteration may come next and write the window buffers again: the device's copies have all run by then,
+    at the end of the device iteration (read to its end, or left and closed), not at the next device one."""
+    ops = LateDevice()
+    adapter = mt.TorchBatches(batches(data_file, epochs=2))
+    it = adapter._gathered_on_device(lambda: ops)
+    if leave == "end":
+        list(it)
+    else:  # left after the first epoch: the second's first window is being copied (NOTE [window pipelining])
+        for _ in range(len(adapter.batches)):
+            next(it)
+        it.close()  # type: ignore[attr-defined]
+    assert ops.queued == []
+    host = [tuple(a.copy() for a in b) for b in adapter.batches]  # a copy left queued would fail here, in LateDevice
+    assert host
+    adapter.close()

@@ -160,7 +160,9 @@ class Reader:
         core = self._live()
         core.check_open()
         node = core.inspect(path)
-        engine = resolve_engine(core.engine, node, core.open_kwargs)
+        # Requests resolve as reader processes do, n_procs=0 too: on blosc the chunk engine read requests faster
+        # either way (BENCHMARKS.md, engine choice for in-process reads).
+        engine = resolve_engine(core.engine, node, core.open_kwargs, readers=True)
         return Dataset(self, node, engine)
 
     def request(self, key: "Request", stage: "Stage | StagePool", *, timeout: "float | None" = None) -> "Future":

@@ -331,6 +331,31 @@ def test_auto_reads_one_blosc_file_with_h5py_in_the_consumer_and_the_chunk_engin
         batches.close()
 
 
+@pytest.mark.parametrize("n_procs", [0, 2])
+def test_auto_reads_a_readers_requests_as_reader_processes_do_in_this_process_too(tmp_path, no_leaks, n_procs: int) -> None:
+    """A Reader's requests on blosc: the chunk engine read them faster than h5py in reader processes and in this
+    process (BENCHMARKS.md, engine choice for in-process reads), where a stream in the consumer takes h5py. A named
+    engine stays; deflate takes the chunk engine and uncompressed chunks h5py, as before. Rows exact for each."""
+    rng = np.random.default_rng(n_procs)
+    data = rng.standard_normal((4000, 16)).astype(np.float32)
+    paths = {}
+    for name, filters in [("blosc", tables.Filters(3, "blosc")), ("zlib", tables.Filters(3, "zlib")), ("plain", None)]:
+        paths[name] = str(tmp_path / f"{name}.h5")
+        with tables.open_file(paths[name], "w") as f:
+            f.create_carray("/", "data", obj=data, filters=filters, chunkshape=(100, 16))
+    cases = [("blosc", "auto", "chunks"), ("blosc", "h5py", "h5py"), ("blosc", "chunks", "chunks"),
+             ("zlib", "auto", "chunks"), ("plain", "auto", "h5py")]
+    for name, engine, expected in cases:
+        with multitables.Reader(paths[name], engine=engine, n_procs=n_procs) as reader:
+            ds = reader.get_dataset("/data")
+            assert ds._engine == expected, (name, engine)
+            stage = ds.create_stage(300)
+            for rows in (np.sort(rng.choice(4000, 300, replace=False)), slice(1234, 1534), np.array([3999])):
+                np.testing.assert_array_equal(reader.request(ds[rows], stage).get(), data[rows])
+    with multitables.Streamer(paths["blosc"]).get_queue("/data", n_procs=0) as q:
+        assert q.engine == "h5py"
+
+
 def test_auto_leaves_a_small_chunked_dataset_at_a_first_look_to_h5py_and_reads_it_next_with_the_chunk_engine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -108,8 +108,9 @@ class Engine(Protocol):
 
     def preferred(self, node: NodeInfo, in_set: bool = False, readers: bool = False, opened: bool = False) -> bool:
         """Whether ``auto`` takes it ahead of the engines that are not (measured faster), for ``node`` (``in_set``: a file
-        of a set; ``readers``: read by reader processes, not in the consumer; ``opened``: its dataset was opened here
-        just now to describe it, a first look at the file in this process)."""
+        of a set; ``readers``: read by reader processes, or a Reader's requests wherever they are read, not a stream
+        in the consumer; ``opened``: its dataset was opened here just now to describe it, a first look at the file in
+        this process)."""
 
     def problem(self, node: NodeInfo, open_kwargs: "dict[str, Any]", dataset: Any = None) -> "str | None":
         """Why it cannot read ``node`` as h5py delivers it (None: it can, and its opens work); starts nothing.
@@ -338,7 +339,8 @@ def resolve_engine(engine: str, node: NodeInfo, open_kwargs: dict[str, Any], dat
     filter nothing here decodes, else a :class:`~multitables.NodeTypeError`
     with each engine's reason. ``ValueError`` for unknown names.
     ``readers``: the node is read by reader processes (the plan says so),
-    where some engines are measured faster than in the consumer.
+    or by a Reader's requests (in reader processes or in this process),
+    where some engines are measured faster than in a stream's consumer.
     """
     check_engine(engine)
     if node.parts:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import pytest
 
-from multitables import Reader, ReaderError, Streamer
+from multitables import QueueClosed, Reader, ReaderError, Streamer
 from multitables._io import h5py_engine
 from multitables._io.blockread import read_block
 from multitables._io.chunks.codecs import libraries
@@ -50,13 +50,14 @@ def handler() -> Iterator[Callable[[type], None]]:
     signal.signal(signal.SIGUSR1, old)
 
 
-def signalling(fn: Callable[..., Any], times: int = 1) -> Callable[..., Any]:
-    """``fn``, whose first ``times`` calls send SIGUSR1 to this process first: its handler runs in this call."""
-    left = [times]
+def signalling(fn: Callable[..., Any], times: int = 1, after: int = 0) -> Callable[..., Any]:
+    """``fn``, whose ``times`` calls after the first ``after`` send SIGUSR1 to this process first: its handler runs in
+    that call."""
+    calls = [0]
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        if left[0] > 0:
-            left[0] -= 1
+        calls[0] += 1
+        if after < calls[0] <= after + times:
             os.kill(os.getpid(), signal.SIGUSR1)
         return fn(*args, **kwargs)
 
@@ -216,3 +217,58 @@ def test_hdf5_does_not_read_again_a_chunk_the_handler_interrupted(
     with pytest.raises(RuntimeError, match="signal") as info:
         read_here(path, "h5py")
     assert type(info.value) is RuntimeError
+
+
+@pytest.fixture
+def wide(make_array: Callable[..., Path]) -> "tuple[Path, np.ndarray]":
+    """A file of 20,000 rows of 1 KiB in zlib chunks of 1,024 rows (blocks of 4,096 rows: 1 MiB, which the generator
+    reads as they are asked), and its rows."""
+    data = np.arange(20_000 * 256, dtype="<f4").reshape(20_000, 256)
+    return make_array(data, complib="zlib", chunkshape=(1024, 256)), data
+
+
+def resumed(items: Iterator[Any], keep: Callable[[Any], np.ndarray]) -> "tuple[np.ndarray, int]":
+    """What ``items`` gives (``keep`` of each), going on after each Checkpoint as a caller that saved and goes on
+    does; and how many Checkpoints came."""
+    got, caught = [], 0
+    while True:
+        try:
+            item = next(items)
+        except Checkpoint:
+            caught += 1
+            continue
+        except StopIteration:
+            return np.concatenate(got), caught
+        got.append(keep(item))
+
+
+def _block(guard: Any) -> np.ndarray:
+    with guard as block:
+        return block.copy()
+
+
+def _row(row: np.ndarray) -> np.ndarray:
+    return row[None].copy()
+
+
+@pytest.mark.parametrize("kind", ["get"])
+def test_a_stream_read_here_goes_on_from_the_block_a_handler_interrupted(
+    no_leaks: None, handler: Callable[[type], None], wide: "tuple[Path, np.ndarray]", kind: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The handler raises in block 2's first decode (a block is 4 chunks), and again when that block is read again: it
+    # comes next, whole, no row skipped.
+    path, data = wide
+    ic = libraries.imagecodecs()
+    monkeypatch.setattr(ic, "deflate_decode", signalling(ic.deflate_decode, times=2, after=8))
+    stream = Streamer(path, engine="chunks")
+    if kind != "generator":
+        with stream.get_queue("/data", n_procs=0, block_size=4096, remainder=True) as q:
+            # get: a C iterator over q.get, which an exception does not end (the queue's iterator is the other kind)
+            got, caught = resumed(iter(q.get, QueueClosed) if kind == "get" else iter(q), _block)
+    else:
+        with stream.get_generator("/data", n_procs=0, block_size=4096) as rows:
+            got, caught = resumed(rows, _row)
+    assert caught == 2
+    np.testing.assert_array_equal(got, data)
+

@@ -108,9 +108,9 @@ class InlineBackend:
         if self._failure is not None:  # every later take raises it again, as a failed reader's stream does
             cause, self._cause = self._cause, None
             raise self._failure.to_exception() from cause
+        # Block k is used up (its number passed, its slot taken) only once read, or once its failure is kept: an
+        # exception of the user's that leaves the read (a handler's, a KeyboardInterrupt) leaves block k the next.
         slot, k = self._pick(), self._next
-        self._free.remove(slot)
-        self._next += 1
         # A fresh buffer where a caller still holds rows of this slot's last
         # block (views count as references): so rows stay valid, and the
         # generator can hand these private blocks out without a copy.
@@ -139,10 +139,14 @@ class InlineBackend:
             # The caller's blocks a read of several read whole before the one that failed come first, as when each
             # was a read of its own; the error at the next take (a growing plan's reader wants whole blocks).
             whole = 0 if cause is not exc or not span else self._blocks.whole_before(k, span[-1][0])
+            self._next += 1  # its failure kept: block k is out
+            self._free.remove(slot)
             if whole and not isinstance(self._spec.plan, GrowingPlan):
                 self._cause = cause
                 return slot, as_block(memory, self._spec)[:whole]
             raise self._failure.to_exception() from cause
+        self._next += 1
+        self._free.remove(slot)
         if isinstance(self._spec.plan, GrowingPlan):
             self._spec.plan.forget(k)
         return slot, rows  # every row is read again for the next block of this slot

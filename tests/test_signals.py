@@ -29,6 +29,7 @@ from multitables._io.chunks.codecs.blosc2 import Blosc2
 from multitables._io.chunks.codecs.bzip2 import Bzip2
 from multitables._io.chunks.codecs.deflate import Deflate
 from multitables._plan.blocks import BlockPlan
+from multitables._shm.ring import Ring
 from multitables._sys.signals import raised_by_handler
 
 from test_failures import corrupt_chunk
@@ -251,7 +252,7 @@ def _row(row: np.ndarray) -> np.ndarray:
     return row[None].copy()
 
 
-@pytest.mark.parametrize("kind", ["get"])
+@pytest.mark.parametrize("kind", ["get", "iter"])
 def test_a_stream_read_here_goes_on_from_the_block_a_handler_interrupted(
     no_leaks: None, handler: Callable[[type], None], wide: "tuple[Path, np.ndarray]", kind: str,
     monkeypatch: pytest.MonkeyPatch,
@@ -268,6 +269,25 @@ def test_a_stream_read_here_goes_on_from_the_block_a_handler_interrupted(
             got, caught = resumed(iter(q.get, QueueClosed) if kind == "get" else iter(q), _block)
     else:
         with stream.get_generator("/data", n_procs=0, block_size=4096) as rows:
+            got, caught = resumed(rows, _row)
+    assert caught == 2
+    np.testing.assert_array_equal(got, data)
+
+
+@pytest.mark.parametrize("kind", ["iter"])
+def test_a_stream_from_readers_goes_on_after_a_handler_interrupted_its_wait(
+    no_leaks: None, handler: Callable[[type], None], wide: "tuple[Path, np.ndarray]", kind: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The handler raises as the consumer asks the ring for a block: nothing is taken, and the stream goes on.
+    path, data = wide
+    monkeypatch.setattr(Ring, "take", signalling(Ring.take, times=2, after=2))
+    stream = Streamer(path, engine="chunks")
+    if kind == "iter":
+        with stream.get_queue("/data", n_procs=2, block_size=4096, ordered=True, remainder=True) as q:
+            got, caught = resumed(iter(q), _block)
+    else:
+        with stream.get_generator("/data", n_procs=2, block_size=4096, ordered=True) as rows:
             got, caught = resumed(rows, _row)
     assert caught == 2
     np.testing.assert_array_equal(got, data)

@@ -225,12 +225,9 @@ class Queue:
                 self._backend.check(taking=False)  # a reader failing ends the wait too; readers done do not
 
     def iter(self) -> Iterator[Guard]:
-        """Iterate over guards until ``QueueClosed``."""
-        while True:
-            guard = self.get()
-            if guard is QueueClosed:
-                return
-            yield guard
+        """Iterate over guards until ``QueueClosed``. An exception of :meth:`get` ends no iteration (a generator's
+        would): after a signal handler's, the next guard is the block ``get()`` was taking."""
+        return iter(self.get, QueueClosed)  # type: ignore[arg-type]  # a generator would end at the exception
 
     def __iter__(self) -> Iterator[Guard]:
         return self.iter()

@@ -39,7 +39,7 @@ from ._stream.backends import empty_block
 from ._stream.options import StreamOptions
 from ._stream import queue as _queue
 from ._stream.queue import Guard, Queue
-from ._stream.rows import RowIterator
+from ._stream.rows import RowIterator, walked
 from ._procs.stream import StreamSpec
 from ._io.chunks.source import CACHES
 from ._io.engines import check_engine, check_open_options
@@ -337,7 +337,10 @@ class Streamer:
                 # Read in this process: the blocks are private already, and the
                 # backend never refills one whose rows someone holds. A copy
                 # would cost ~10% of reading a small file.
-                for guard in queue.iter():
+                for guard in walked(queue):
+                    if not isinstance(guard, Guard):  # rows that raise a signal handler's exception
+                        yield guard
+                        continue
                     with guard as block:
                         rows = block
                     del block
@@ -359,7 +362,10 @@ class Streamer:
             turn = 0
             _WALKED_FROM_READERS[id(active)] = active
             try:
-                for guard in queue.iter():
+                for guard in walked(queue):
+                    if not isinstance(guard, Guard):  # rows that raise a signal handler's exception
+                        yield guard
+                        continue
                     lent = _give_back_unused(lent)
                     if len(lent) < lendable and not queue.at_end:
                         rows = queue.lend(guard)

@@ -252,7 +252,7 @@ def _row(row: np.ndarray) -> np.ndarray:
     return row[None].copy()
 
 
-@pytest.mark.parametrize("kind", ["get", "iter"])
+@pytest.mark.parametrize("kind", ["get", "iter", "generator"])
 def test_a_stream_read_here_goes_on_from_the_block_a_handler_interrupted(
     no_leaks: None, handler: Callable[[type], None], wide: "tuple[Path, np.ndarray]", kind: str,
     monkeypatch: pytest.MonkeyPatch,
@@ -274,7 +274,7 @@ def test_a_stream_read_here_goes_on_from_the_block_a_handler_interrupted(
     np.testing.assert_array_equal(got, data)
 
 
-@pytest.mark.parametrize("kind", ["iter"])
+@pytest.mark.parametrize("kind", ["iter", "generator"])
 def test_a_stream_from_readers_goes_on_after_a_handler_interrupted_its_wait(
     no_leaks: None, handler: Callable[[type], None], wide: "tuple[Path, np.ndarray]", kind: str,
     monkeypatch: pytest.MonkeyPatch,

@@ -11,6 +11,10 @@ from typing import Generator, Iterator
 
 import numpy as np
 
+from .._sys.signals import raised_by_handler
+from ..errors import QueueClosed, QueueClosedType
+from .queue import Guard, Queue
+
 
 def _another_thread_takes(_: object) -> None:
     raise ValueError(
@@ -22,6 +26,33 @@ def _another_thread_takes(_: object) -> None:
 #: What a thread walks that asks for a row while another takes the next block (:class:`_OneTaker`): one object, since
 #: the chain drops it without a decref when the other thread sets the block it took (the chain assumes one thread).
 _TAKING = map(_another_thread_takes, itertools.repeat(None))
+
+
+def walked(queue: Queue) -> "Iterator[Guard | Iterator[np.ndarray]]":
+    """The guards of ``queue``, for the blocks' generator (``Streamer._blocks``); in place of a signal handler's
+    exception that a ``get()`` raised (NOTE [a handler's exception] in ``_sys.signals``), rows that raise it.
+
+    An exception that left the blocks' generator would end it, and the chain with it: the caller who caught it
+    (a timeout, a checkpoint saved) would find the rows over. Raised from the rows walked instead, it leaves both
+    going, and the next row is the first of the block ``get()`` was taking.
+    """
+    guard: "Guard | QueueClosedType | Iterator[np.ndarray]"
+    while True:
+        try:
+            guard = queue.get()
+        except Exception as exc:
+            if not raised_by_handler(exc):
+                raise
+            guard = _raising(exc)  # not kept in this frame once raised: its traceback holds the frame
+        if guard is QueueClosed:
+            return
+        yield guard
+
+
+def _raising(exc: Exception) -> Iterator[np.ndarray]:
+    """Rows that raise ``exc`` at the first ``next``, and then end."""
+    raise exc
+    yield  # pragma: no cover - a generator
 
 
 class _OneTaker:

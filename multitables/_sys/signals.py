@@ -17,7 +17,10 @@ NOTE [a handler's exception]
     ``ChunkDecodeError``, a ``Reader<Name>`` in the consumer's form of a
     reader's failure) or read again after one (the fall-backs of a block
     read, of HDF5's chunks) let it through unchanged, as they do a
-    ``KeyboardInterrupt``. It is known by its traceback, which holds the
+    ``KeyboardInterrupt``; and the stream goes on from the block it
+    interrupted, which a caller who caught it gets next (a block read here
+    is used up once read; the queue's iterator and the generator outlive
+    it, ``_stream.rows.walked``). It is known by its traceback, which holds the
     handler's frame: the code of a handler ``signal.getsignal`` names now
     (a handler that put another in its place before it raised is not seen,
     and its exception is wrapped as before). Reader processes ignore the

@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 
 from multitables import QueueClosed, Reader, ReaderError, Streamer
-from multitables._io import h5py_engine
+from multitables._io import h5py_engine, node, tables_engine
 from multitables._io.blockread import read_block
+from multitables._io.node import inspect_node
 from multitables._io.chunks.codecs import libraries
 from multitables._io.chunks.codecs.base import ChunkDecodeError, OutCodec
 from multitables._io.chunks.codecs.bitshuffle import Bitshuffle
@@ -292,3 +293,52 @@ def test_a_stream_from_readers_goes_on_after_a_handler_interrupted_its_wait(
     assert caught == 2
     np.testing.assert_array_equal(got, data)
 
+
+class _Wrapped:
+    """``real``, but for the attributes given."""
+
+    def __init__(self, real: Any, **given: Any) -> None:
+        self._real = real
+        self.__dict__.update(given)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def _described(path: Path, get_type: Callable[[Any], Callable[[], Any]]) -> Any:
+    """``node._describe`` of ``/data`` in ``path``, its dataset's HDF5 type looked up by ``get_type(real lookup)``."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        ds = f["/data"]
+        return node._describe(str(path), "/data", None, _Wrapped(ds, id=_Wrapped(ds.id, get_type=get_type(ds.id.get_type))))
+
+
+def test_a_handlers_exception_in_the_type_lookups_is_no_verdict_on_the_node(
+    handler: Callable[[type], None], data: np.ndarray, make_array: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = make_array(data)
+    handler(ValueError)  # h5py's "no numpy type": PyTables was asked instead, and the handler's error dropped
+    with pytest.raises(ValueError, match="signal"):
+        _described(path, signalling)
+    handler(Checkpoint)  # PyTables' lookup, for a type h5py has none for: it was "cannot be read" (a NodeTypeError)
+
+    def no_numpy_type() -> None:
+        raise TypeError("no numpy type")
+
+    monkeypatch.setattr(node, "_tables_dtype", signalling(node._tables_dtype))
+    with pytest.raises(Checkpoint):
+        _described(path, lambda _: no_numpy_type)
+    assert _described(path, lambda _: no_numpy_type).dtype == data.dtype  # PyTables' answer, once no handler ran
+
+
+def test_a_handlers_exception_in_a_pytables_probe_here_is_no_verdict_on_pytables(
+    handler: Callable[[type], None], data: np.ndarray, make_array: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The probe runs here where no process may be forked (a daemonic one): its exception was "PyTables fails on it".
+    path = make_array(data)
+    monkeypatch.setattr(tables_engine.TablesSource, "read_into", signalling(tables_engine.TablesSource.read_into))
+    found = inspect_node(path, "/data")
+    with pytest.raises(Checkpoint):
+        tables_engine._first_row_problem(found, {})
+    assert tables_engine._first_row_problem(found, {}) is None

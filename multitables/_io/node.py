@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from .._sys.signals import raised_by_handler
 from ..errors import (
     EmptyDatasetError, FileChangedError, MultitablesError, NodeTypeError, NoSuchFieldError, NotHDF5Error, no_such_node,
 )
@@ -407,6 +408,8 @@ def _describe(filename: str, path: str, field: "str | None", ds: Any, allow_empt
         tid = dsid.get_type()  # once, for the dtype and the string pads: each HDF5 id costs ~5 us a 1 MB file notices
         dt: np.dtype = tid.dtype
     except (TypeError, ValueError) as exc:  # HDF5 time types, quad precision: PyTables maps them
+        if raised_by_handler(exc):
+            raise  # the user's own: NOTE [a handler's exception]
         h5py_problem = f"h5py has no numpy type for its elements ({exc})"
         if remote:
             raise NodeTypeError(f"{where} cannot be read: {h5py_problem}, and PyTables, which maps them, reads "
@@ -416,6 +419,8 @@ def _describe(filename: str, path: str, field: "str | None", ds: Any, allow_empt
         except NodeTypeError:
             raise
         except Exception as texc:
+            if raised_by_handler(texc):
+                raise
             raise NodeTypeError(f"{where} cannot be read: {h5py_problem}, and PyTables cannot open it ({texc})") from texc
     # Asked once, of the id: ``Dataset.shape`` asks HDF5 for the dataspace on
     # every call (~20 us), a cost a 1 MB file notices.

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .._sys.forks import renew_lock_in_children
+from .._sys.signals import raised_by_handler
 from ..errors import FileBusyError, FileChangedError
 from .fields import field_of, select_field
 from .files import check_opened, file_signature, settled
@@ -136,6 +137,8 @@ def _first_row_problem(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "str | 
     except (FileChangedError, FileBusyError):
         raise  # no fault of PyTables': the name came to mean another file, or a program writes it
     except Exception as exc:
+        if raised_by_handler(exc):
+            raise  # the user's own (a probe in this process): NOTE [a handler's exception]
         raise_if_switched(exc, node.filename)  # PyTables' words for it: an HDF5ExtError
         return f"PyTables fails on it ({type(exc).__name__}: {_gist(str(exc))})"
     finally:

@@ -15,7 +15,8 @@ NOTE [a handler's exception]
     checkpoint signal). That exception is the user's, not the read's: the
     places that turn a read's failure into one of ours (a codec's
     ``ChunkDecodeError``, a ``Reader<Name>`` in the consumer's form of a
-    reader's failure) or read again after one (the fall-backs of a block
+    reader's failure, a node's ``NodeTypeError``, PyTables' refusal by a
+    probe run here) or read again after one (the fall-backs of a block
     read, of HDF5's chunks) let it through unchanged, as they do a
     ``KeyboardInterrupt``; and the stream goes on from the block it
     interrupted, which a caller who caught it gets next (a block read here

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -342,3 +343,41 @@ def test_a_handlers_exception_in_a_pytables_probe_here_is_no_verdict_on_pytables
     with pytest.raises(Checkpoint):
         tables_engine._first_row_problem(found, {})
     assert tables_engine._first_row_problem(found, {}) is None
+
+
+def test_a_handlers_exception_as_get_gives_its_turn_back_leaves_no_next_get_waiting(
+    no_leaks: None, wide: "tuple[Path, np.ndarray]",
+) -> None:
+    # The exception comes as get()'s finally enters the queue's condition, after the take: the turn it held is not
+    # given back. The next get() of the same thread takes it (it waited for itself for ever before).
+    path, _ = wide
+
+    class Checkpoint(Exception):
+        pass
+
+    class Interrupted(threading.Condition):
+        armed = False
+
+        def __enter__(self) -> bool:
+            if Interrupted.armed and sys._getframe(1).f_code.co_name == "get":  # its finally (its turn: _wait_turn)
+                Interrupted.armed = False
+                raise Checkpoint
+            return super().__enter__()
+
+    with Streamer(path, engine="chunks").get_queue("/data", n_procs=0, block_size=4096) as q:
+        q._changed = Interrupted(q._changed._lock)  # type: ignore[attr-defined]
+        with q.get() as block:  # type: ignore[union-attr]
+            assert len(block)
+        Interrupted.armed = True
+        with pytest.raises(Checkpoint):
+            q.get()
+        assert q._taker is threading.current_thread()  # type: ignore[attr-defined]  # the turn, not given back
+        # If the next get() waited for that turn, a close from another thread would end its wait: QueueClosed.
+        timer = threading.Timer(10, q.close)
+        timer.start()
+        try:
+            guard = q.get()
+        finally:
+            timer.cancel()
+        assert guard is not QueueClosed, "the next get() waited for the turn its own thread was given"
+        guard.release()  # type: ignore[union-attr]

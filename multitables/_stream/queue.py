@@ -210,7 +210,9 @@ class Queue:
                 if self._closed or self.at_end:
                     return False
                 starved = self._held >= self.read_ahead
-                if not starved and self._taker is None:
+                # A turn this thread holds already was left by an exception as get() gave it back (a signal's
+                # handler raising as its finally began): no other take runs, so it is this get's turn.
+                if not starved and (self._taker is None or self._taker is me):
                     self._taker = me
                     return True
                 mine = all(holder is me for holder in self._holders.values())

@@ -318,6 +318,19 @@ class TablesSource:
         self._file.close()
 
 
+def pytables_options(open_kwargs: "dict[str, Any]") -> "dict[str, Any]":
+    """``open_kwargs`` as ``tables.open_file`` takes them without a ``DeprecationWarning``: the names of
+    ``tables.parameters`` in lower case (``DRIVER=`` becomes ``driver=``).
+
+    The established API documents them in upper case; PyTables 3.10+ warns of upper-case keywords (an error in a
+    program run with ``-W error``) and upper-cases every keyword itself, so both spellings open the file alike. Other
+    names (``TITLE``, ``ROOT_UEP``, a typo) are passed as given."""
+    import tables
+
+    names = {k for k in vars(tables.parameters) if k.isupper() and not k.startswith("_")}
+    return {k.lower() if isinstance(k, str) and k.isupper() and k in names else k: v for k, v in open_kwargs.items()}
+
+
 def _open_file(node: NodeInfo, open_kwargs: "dict[str, Any]") -> Any:
     """``node``'s file opened by PyTables with ``open_kwargs``; a file that changed, or that a program writes, is
     said so."""
@@ -325,7 +338,7 @@ def _open_file(node: NodeInfo, open_kwargs: "dict[str, Any]") -> Any:
 
     tables.set_blosc_max_threads(1)
     try:
-        return tables.open_file(node.filename, "r", **open_kwargs)
+        return tables.open_file(node.filename, "r", **pytables_options(open_kwargs))
     except Exception as exc:
         raise_if_switched(exc, node.filename)
         raise_if_busy(exc, node.filename)  # "already opened" too where this process writes it in PyTables

@@ -59,6 +59,7 @@ from .._io.objects.config import Store
 from .._io.objects.http import ObjectIdentity
 from .._io.engines import open_rows
 from .._io.scattered import Stopped
+from .._io.tables_engine import pytables_options
 from .._plan.requests import ReadRows
 from .._shm.inbox import ATTACH, DETACH, READ, STOP, InboxSync, Inboxes, Item
 from .._shm.ring import TICK
@@ -164,7 +165,7 @@ class ShareReader:
         if self.tables_file is None:
             import tables
 
-            self.tables_file = tables.open_file(self.filename, "r", **self.settings.open_kwargs)
+            self.tables_file = tables.open_file(self.filename, "r", **pytables_options(self.settings.open_kwargs))
         result = getattr(self.tables_file.get_node(node.path), method)(**kwargs)
         result = np.asarray(result)
         if result.dtype != node.dtype:

@@ -177,10 +177,11 @@ class SharedMemoryError(MultitablesError, ValueError):
 
 
 class FileChangedError(MultitablesError, OSError):
-    """The file was modified, truncated, replaced or deleted while it was being streamed.
+    """The file was modified, truncated, replaced or deleted while it was being streamed (or since a Reader was made).
 
     Blocks read after the change could hold another file's bytes, so the
-    stream stops instead (see NOTE [file identity] in ``_io.files``).
+    stream stops (a Reader's requests fail) instead; a file read with
+    ``swmr=True`` may grow (see NOTE [file identity] in ``_io.files``).
     """
 
 

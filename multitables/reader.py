@@ -25,7 +25,8 @@ from ._access.readercore import ReaderCore, not_pickled, quiet_at_exit
 from ._access.request import Request, field_list
 from ._access.stages import Stage, StagePool
 from ._io.engines import check_engine, check_open_options, resolve_engine
-from ._io.fileset import as_files, check_files, describe_files
+from ._io.files import growing
+from ._io.fileset import as_files, check_files, describe_files, own_flags
 from ._io.node import NodeInfo, check_file
 from ._io.objects.config import make_store
 from ._io.objects.urls import is_url, shown
@@ -113,7 +114,8 @@ class Reader:
         if notify is not None and not callable(notify):
             raise TypeError(f"notify must be callable, not {type(notify).__name__}")
         if isinstance(files, str):
-            signature = check_file(files, store)
+            # Read with swmr=True, a file may grow (NOTE [file identity] in ``_io.files``).
+            signature = growing(check_file(files, store), own_flags(open_kwargs)["swmr"])
             where = shown(files)
         else:  # each file is checked, and its identity taken, with each dataset (NOTE [file sets])
             check_files(files, store)

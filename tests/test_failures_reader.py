@@ -441,7 +441,7 @@ def test_a_file_changed_after_open_fails_requests_with_file_changed_error(
                 reader.request(ds[3000::3], stage).get(timeout=GONE_WITHIN)  # rows past half the file
             err = info.value
             assert isinstance(err, ReaderError) and isinstance(err, OSError)
-            assert str(path) in str(err) and "while it was being streamed" in str(err)
+            assert str(path) in str(err) and "since the Reader was made" in str(err) and "streamed" not in str(err)
         assert not any(is_gone(p) for p in pids)
 
 

@@ -683,35 +683,3 @@ def test_a_readers_dataset_of_a_file_changed_since_the_reader_was_made_is_refuse
         os.replace(newer, path)
         with pytest.raises(multitables.FileChangedError, match="since the Reader was made"):
             reader.get_dataset("/data")
-
-
-def test_a_readers_dataset_of_a_swmr_file_grown_since_the_reader_was_made_is_refused(tmp_path: Path, no_leaks: None) -> None:
-    """A file read with ``swmr=True`` is described without an identity (it grows): ``get_dataset`` gave the grown
-    shape though the Reader's readers, checking the file it was made on, refused every request of it."""
-    import subprocess
-    import sys
-
-    path = tmp_path / "swmr.h5"
-    writer = ("import h5py, numpy as np, sys\nwith h5py.File(sys.argv[1], 'w', libver='latest') as f:\n"
-              "    d = f.create_dataset('X', data=np.arange(40).reshape(10, 4), maxshape=(None, 4), chunks=(4, 4))\n"
-              "    f.swmr_mode = True; print('open', flush=True); sys.stdin.readline()\n"
-              "    d.resize(20, axis=0); d[10:] = -1; d.flush(); print('grown', flush=True); sys.stdin.readline()\n")
-    with subprocess.Popen([sys.executable, "-c", writer, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                          text=True) as grower:
-        assert grower.stdout is not None and grower.stdin is not None
-        try:
-            assert grower.stdout.readline() == "open\n"
-            with multitables.Reader(str(path), n_procs=0, swmr=True) as reader:
-                ds = reader.get_dataset("/X")
-                with ds.create_stage(10) as stage:
-                    assert np.array_equal(reader.request(ds[:], stage).get(), np.arange(40).reshape(10, 4))
-                    grower.stdin.write("\n")
-                    grower.stdin.flush()
-                    assert grower.stdout.readline() == "grown\n"
-                    with pytest.raises(multitables.FileChangedError, match="since the Reader was made"):
-                        reader.get_dataset("/X")
-                    with pytest.raises(multitables.FileChangedError):
-                        reader.request(ds[:], stage).get()
-        finally:
-            grower.stdin.close()
-            grower.wait(timeout=60)

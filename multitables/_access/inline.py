@@ -33,7 +33,7 @@ import threading
 import traceback
 from typing import Any
 
-from .._io.files import FileSignature
+from .._io.files import FileSignature, GrowingFile
 from .._io.objects.config import Store
 from .._io.objects.http import ObjectIdentity
 from .._procs.failure import FailureReport
@@ -66,7 +66,7 @@ class InlineServer:
 
     def __init__(
         self, filename: str, open_kwargs: dict[str, Any], max_stages: int,
-        file_signature: "FileSignature | ObjectIdentity | None", files: "str | tuple[str, ...]" = "", store: "Store | None" = None,
+        file_signature: "FileSignature | GrowingFile | ObjectIdentity | None", files: "str | tuple[str, ...]" = "", store: "Store | None" = None,
     ) -> None:
         self.filename = filename
         self.file_signature = file_signature
@@ -100,6 +100,13 @@ class InlineServer:
             self._lock = threading.Lock()  # perhaps held at the fork by a thread the child does not have
             self._shares = ShareReader(self.filename, self._settings)  # the parent's handles: dropped here, not used
             self._reports.clear()
+
+    def drop_opens(self) -> None:
+        """Close the files the reads here hold, opened again by the next: a dataset of a file read with swmr=True is
+        then described with the rows flushed last (NOTE [swmr extent] in ``_io.handles``)."""
+        with self._lock:
+            if not self.closed and os.getpid() == self._owner:
+                self._shares.drop_opens()
 
     def stage_segment(self, layout: StageLayout) -> Segment:
         return Segment.private(layout.nbytes)

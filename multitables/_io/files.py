@@ -30,6 +30,17 @@ NOTE [file identity]
     *settled* file is kept (:func:`settled`: its last change ``SETTLED_S``
     before the learning), so that any later write shows in its times. Files just
     written are learned again at each open.
+
+    A file read with ``swmr=True`` is one an SWMR writer appends to and
+    flushes while it is read: its size and times move at every flush, and
+    HDF5's SWMR protocol keeps what was flushed readable. Its identity is a
+    :class:`GrowingFile`: the same file while it keeps its device and inode, is
+    no smaller than when it was described, and its superblock still allows
+    SWMR (version 3, and no writer without SWMR holding it: flag bit 0 without
+    bit 2). So the rows a stream or request planned with stay the rows read;
+    a file replaced, cut short, or opened for writing without SWMR (or
+    rewritten in an older format) still stops it. Nothing is learned and kept
+    of it (it is no settled file). :func:`check_same_file` holds both rules.
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ import errno
 import os
 import stat
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FileChangedError, NotHDF5Error
@@ -49,6 +61,21 @@ FileSignature = tuple[int, int, int, int, int]
 #: Seconds a file must have gone unchanged for what is learned of it to be kept (NOTE [file identity]): more than
 #: any filesystem's clock tick (FAT's is 2 s).
 SETTLED_S = 3.0
+
+
+@dataclass(frozen=True)
+class GrowingFile:
+    """The identity of a file read with ``swmr=True``, which its SWMR writer may append to (NOTE [file identity]):
+    ``signature`` as it was described; a file that kept its device and inode and is no smaller is the same."""
+
+    signature: FileSignature
+
+
+def growing(identity: "FileSignature | ObjectIdentity",
+            swmr: bool) -> "FileSignature | GrowingFile | ObjectIdentity":
+    """A local file's ``identity`` as that of a file read with ``swmr`` (True: one that may grow) or without; an
+    object's as it is (``swmr=True`` is refused for one)."""
+    return GrowingFile(identity) if swmr and isinstance(identity, tuple) else identity
 
 
 def file_signature(filename: "str | int") -> FileSignature:
@@ -66,8 +93,16 @@ def settled(signature: FileSignature) -> bool:
     return time.time() - max(signature[3], signature[4]) / 1e9 > SETTLED_S
 
 
-def check_file_unchanged(filename: str, expected: "FileSignature | ObjectIdentity | None") -> None:
-    """Raise :class:`FileChangedError` if ``filename`` is no longer the file ``expected`` describes.
+#: When a change was seen, and what it stops: a stream's reads, a Reader's requests.
+STREAMED = "while it was being streamed; blocks read from it now could hold other data, so the stream stops"
+REQUESTED = ("since the Reader was made; rows read from it now could hold other data, so its requests fail: make a new "
+             "Reader to read it as it is now")
+
+
+def check_file_unchanged(filename: str, expected: "FileSignature | GrowingFile | ObjectIdentity | None",
+                         since: str = STREAMED) -> None:
+    """Raise :class:`FileChangedError` if ``filename`` is no longer the file ``expected`` describes (``since``: when,
+    and what that stops).
 
     An object passes: every request for it checks its identity (NOTE [object identity] in ``_io.objects.reader``).
     """
@@ -76,14 +111,12 @@ def check_file_unchanged(filename: str, expected: "FileSignature | ObjectIdentit
     try:
         now = file_signature(filename)
     except FileNotFoundError:
-        raise FileChangedError(
-            f"{filename!r} was deleted or renamed while it was being streamed; the stream stops "
-            f"rather than read a file that may be rewritten"
-        ) from None
-    check_same_file(filename, now, expected)
+        raise FileChangedError(f"{filename!r} was deleted or renamed {since}") from None
+    check_same_file(filename, now, expected, since)
 
 
-def check_opened(filename: str, opened: "int | FileSignature", expected: "FileSignature | ObjectIdentity | None") -> None:
+def check_opened(filename: str, opened: "int | FileSignature",
+                 expected: "FileSignature | GrowingFile | ObjectIdentity | None") -> None:
     """Raise :class:`FileChangedError` unless the file opened by the name ``filename`` (``opened``: its descriptor,
     or its identity from that) is the file ``expected`` describes: a name can come to mean another file between a
     ``stat`` and an ``open`` (a symlink switched, a file replaced), and what was learned of one file must not be read
@@ -92,14 +125,25 @@ def check_opened(filename: str, opened: "int | FileSignature", expected: "FileSi
         check_same_file(filename, file_signature(opened) if isinstance(opened, int) else opened, expected, _DESCRIBED)
 
 
-_STREAMED = "while it was being streamed; blocks read from it now could hold other data, so the stream stops"
 _DESCRIBED = ("after it was described (its rows, where its chunks lie): that description is not read out of another "
               "file; read it again once it is written")
 
 
-def check_same_file(filename: str, now: FileSignature, expected: FileSignature, since: str = _STREAMED) -> None:
+def check_same_file(filename: str, now: FileSignature, expected: "FileSignature | GrowingFile",
+                    since: str = STREAMED) -> None:
     """Raise :class:`FileChangedError` saying how ``filename`` changed if its identity ``now`` is not ``expected``
-    (``since``: when, and what that stops)."""
+    (``since``: when, and what that stops); a :class:`GrowingFile` may have grown (NOTE [file identity])."""
+    if isinstance(expected, GrowingFile):
+        expected = expected.signature
+        if now[:2] == expected[:2] and now[2] >= expected[2]:
+            if now[2:] == expected[2:]:
+                return
+            problem = _not_swmr(filename)
+            if problem is None:
+                return
+            raise FileChangedError(f"{filename!r} was {problem} {since}")
+        if now[:2] == expected[:2]:
+            raise FileChangedError(f"{filename!r} was cut short from {expected[2]} to {now[2]} bytes {since}")
     if now == expected:
         return
     if now[:2] != expected[:2]:
@@ -111,6 +155,34 @@ def check_same_file(filename: str, now: FileSignature, expected: FileSignature, 
     else:
         what = "changed (its change time moved: a write with the modification time set back, or a chmod)"
     raise FileChangedError(f"{filename!r} was {what} {since}")
+
+
+#: Where HDF5 looks for the superblock: at 0, else at 512 and each power of two above (after a user block).
+_SUPERBLOCK_AT = (0,) + tuple(512 << k for k in range(24))
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+def _not_swmr(filename: str) -> "str | None":
+    """How the file at ``filename``, grown since it was described, is no longer one that SWMR reads (None: it still
+    is): a superblock of a version below 3 (rewritten without SWMR), or held by a writer without SWMR (flag bit 0,
+    write access, without bit 2, SWMR write access)."""
+    try:
+        with open(filename, "rb") as f:
+            for offset in _SUPERBLOCK_AT:
+                head = os.pread(f.fileno(), 12, offset)
+                if len(head) < 12:
+                    break
+                if head[:8] == _HDF5_SIGNATURE:
+                    if head[8] < 3:
+                        return f"rewritten without SWMR (its superblock is of version {head[8]} now)"
+                    if head[11] & 0b101 == 0b001:
+                        return "opened for writing without SWMR"
+                    return None
+    except FileNotFoundError:
+        return "deleted or renamed"
+    except OSError:  # not to be read (a chmod): its readers read it through their open descriptors
+        return None
+    return "rewritten: it has no HDF5 superblock now"
 
 
 def as_filename(filename: Any) -> str:

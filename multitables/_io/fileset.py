@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 from ..errors import EmptyDatasetError, FileChangedError
 from .._sys.forks import renew_lock_in_children
-from .files import FileSignature, as_filename, check_file_unchanged, check_regular, file_signature, from_root, settled
+from .files import FileSignature, GrowingFile, as_filename, check_file_unchanged, check_regular, file_signature, from_root, settled
 from .node import NodeInfo, Part, check_file, close_dataset, open_node, refuse_empty
 from .objects.hdf5 import check_hdf5
 from .objects.config import Store, make_store
@@ -78,7 +78,7 @@ class _Described:
 
     def __init__(self, kept: int) -> None:
         self._kept = kept
-        self._nodes: "OrderedDict[tuple[Any, ...], tuple[tuple[FileSignature | ObjectIdentity, ...], NodeInfo]]" = OrderedDict()
+        self._nodes: "OrderedDict[tuple[Any, ...], tuple[tuple[Any, ...], NodeInfo]]" = OrderedDict()
         self._lock = threading.Lock()
         renew_lock_in_children(self.__dict__, "_lock")  # a reader resolves a set's node through it (``SetRef``)
 
@@ -93,11 +93,13 @@ class _Described:
             self._nodes.move_to_end(key)
         return seen[1]
 
-    def remember(self, key: "tuple[Any, ...]", identities: "tuple[FileSignature | ObjectIdentity, ...] | None",
+    def remember(self, key: "tuple[Any, ...]", identities: "tuple[FileSignature | GrowingFile | ObjectIdentity, ...] | None",
                  node: NodeInfo) -> None:
         """Keep ``node``, described from files whose identities were ``identities`` (taken before it was), if every
-        file was settled then (an object's identity is checked by every request for it)."""
-        if identities is None or not all(isinstance(i, ObjectIdentity) or settled(i) for i in identities):
+        file was settled then (an object's identity is checked by every request for it; a file read with ``swmr=True``
+        is never settled: NOTE [file identity])."""
+        if identities is None or not all(isinstance(i, ObjectIdentity) or (isinstance(i, tuple) and settled(i))
+                                         for i in identities):
             return
         with self._lock:
             self._nodes[key] = (identities, node)
@@ -245,13 +247,14 @@ def _identities(files: "tuple[str, ...]", store: "Store | None") -> "tuple[FileS
 def _inspect_set(
     files: "tuple[str, ...]", path: str, field: "str | None", store: "Store | None", swmr: bool = False,
     locking: Any = None,
-) -> "tuple[tuple[FileSignature | ObjectIdentity, ...], NodeInfo]":
+) -> "tuple[tuple[FileSignature | GrowingFile | ObjectIdentity, ...], NodeInfo]":
     """Check every file of a set in turn (NOTE [file sets]); every file's identity (of the file described, or an
     object's as looked at first), and the set's node."""
     urls = [name for name in files if is_url(name)]
     readers = dict(zip(urls, look_all(urls, store))) if urls and store is not None else {}
     try:
-        looked = [readers[name].identity if name in readers else _signature(name) for name in files]
+        looked: "list[FileSignature | GrowingFile | ObjectIdentity]" = [
+            readers[name].identity if name in readers else _signature(name) for name in files]
         parts: list[Part] = []
         first: "NodeInfo | None" = None
         offset = 0
@@ -377,9 +380,10 @@ def _fingerprint(node: NodeInfo) -> str:
     return hashlib.sha256(repr(parts).encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def node_signature(node: NodeInfo) -> "FileSignature | ObjectIdentity | None":
-    """The identity to check a one-file node's reads against: the one it was described under, where known; None for a
-    set, whose source checks each file."""
+def node_signature(node: NodeInfo) -> "FileSignature | GrowingFile | ObjectIdentity | None":
+    """The identity to check a one-file node's reads against: the one it was described under (for a file read with
+    ``swmr=True``, one that may grow: NOTE [file identity]), where known; None for a set, whose source checks each
+    file."""
     if node.parts:
         return None
     if node.remote is not None:

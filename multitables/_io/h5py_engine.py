@@ -41,6 +41,7 @@ from .chunks.hdf5lib import leaves_edge_chunks_unfiltered
 from .chunks.pread import resident, will_need
 from .chunks.storage import Layout, known_layout, learn_layout
 from .files import check_opened
+from .handles import refresh_swmr
 from .node import NodeInfo, Unsupported, close_dataset, reopen_dataset
 from .objects.hdf5 import check_options, file_object
 from .scattered import RowSpans, Stopped, read_progression, rows_decoded_bytes
@@ -73,13 +74,11 @@ def filter_label(node: NodeInfo, fid: int) -> str:
 def _chunk_cache_bytes(node: NodeInfo, plan: Any) -> int:
     """Bytes of HDF5 chunk cache for a reader that reads ``plan``'s blocks.
 
-    Measured (h5py, 4 MiB blocks of whole 256 KiB chunks): without a chunk
-    cache HDF5 decodes straight into the caller's buffer, 1.8x faster on
-    uncompressed data and 1.2x on blosc than with the default 1 MiB cache,
-    the same on zlib. Blocks that cut chunks need the cache, or the chunk
-    they share with the next block is decoded twice: keep two chunk-rows.
-    Chunks narrower than a row are scattered over the caller's rows: with no
-    cache HDF5 moves an uncompressed one an element at a time (BENCHMARKS.md).
+    Measured (h5py, 4 MiB blocks of whole 256 KiB chunks): without a chunk cache HDF5 decodes straight into the
+    caller's buffer, 1.8x faster on uncompressed data and 1.2x on blosc than with the default 1 MiB cache, the same
+    on zlib. Blocks that cut chunks need the cache, or the chunk they share with the next block is decoded twice:
+    keep two chunk-rows. Chunks narrower than a row are scattered over the caller's rows: with no cache HDF5 moves an
+    uncompressed one an element at a time (BENCHMARKS.md).
     """
     if node.chunk_rows is None or plan is None:
         return 1 << 20
@@ -197,6 +196,7 @@ class H5pySource:
                     self._fileobj.close()
                 raise
             dsid = h5py.h5d.open(self._file.id, node.path.encode(), _dataset_access(cache_bytes, chunk_cache))
+            refresh_swmr(dsid, node.n_rows, f"{node.path!r} in {node.filename!r}")  # NOTE [swmr extent] in ``handles``
         elif cache_bytes == 0:
             dsid = dataset.id  # reuse the checks' open: a second open costs ~10% of reading a 4 MiB file
         else:

@@ -33,6 +33,20 @@ NOTE [files written here]
     "file is already open for write" (the mark a writer leaves in the
     superblock, there also after a writer died): :func:`busy_error` says each as
     a :class:`FileBusyError` with the ways out.
+
+NOTE [swmr extent]
+    A dataset that an SWMR writer appends to (read with ``swmr=True``) keeps,
+    in a process, the extent HDF5 gave its first open while any open of it
+    lasts: a second open sees no row flushed since. ``refresh()``
+    (``H5Drefresh``) brings it to the extent flushed last, but only where it
+    is the dataset's one open in the process: with two, HDF5 reads wrong rows
+    through the refreshed one and fails the other's reads ("can't insert
+    duplicate key"). So :func:`refresh_swmr` refreshes only a dataset open
+    once, where it has fewer rows than planned with (a Reader's readers,
+    asked for rows of a new ``get_dataset``) or where it is described, and a
+    Reader's readers close their open of a dataset before opening it for a
+    dataset of more rows (``_procs.serve``). A dataset that is still short
+    (an h5py handle on it held here) is refused, saying so.
 """
 
 from __future__ import annotations
@@ -56,6 +70,9 @@ _LOCKED = ("is locked: a program has it open for writing (HDF5's file lock). Clo
 _MARKED = ("is marked as open for writing (HDF5's consistency flags in its superblock): a SWMR writer has it open "
            "(read it with swmr=True), or its writer did not close it (`h5clear -s` clears the mark once no program "
            "writes the file)")
+
+_NOT_SWMR = ("is open for writing without SWMR (HDF5's consistency flags in its superblock): swmr=True reads a file "
+             "that a writer holds only in SWMR mode (swmr_mode = True); read it once that writer has closed it")
 
 
 def _identities(filenames: Iterable[str]) -> "set[tuple[int, int]]":
@@ -181,4 +198,31 @@ def busy_error(exc: BaseException, filename: str) -> "FileBusyError | None":
         return FileBusyError(f"{filename!r} {_LOCKED}: {exc}")
     if "file is already open for write" in words:
         return FileBusyError(f"{filename!r} {_MARKED}: {exc}")
+    if "not already open for SWMR writing" in words:  # swmr=True, and the mark of a writer without SWMR
+        return FileBusyError(f"{filename!r} {_NOT_SWMR}: {exc}")
     return None
+
+
+def refresh_swmr(dsid: Any, n_rows: "int | None", where: str) -> None:
+    """Bring ``dsid``, of a file read with ``swmr=True``, to the extent flushed last where it has fewer than
+    ``n_rows`` rows (None: whatever it has) and is its dataset's one open in this process (NOTE [swmr extent]);
+    ``OSError`` naming ``where`` if it still has fewer."""
+    import h5py
+
+    if n_rows is not None and dsid.get_space().shape[:1] >= (n_rows,):
+        return
+    fid = h5py.h5i.get_file_id(dsid)
+    try:
+        if not fid.get_intent() & h5py.h5f.ACC_SWMR_READ:
+            return
+        addr = h5py.h5o.get_info(dsid).addr
+        opens = sum(h5py.h5o.get_info(d).addr == addr for d in h5py.h5f.get_obj_ids(fid, types=h5py.h5f.OBJ_DATASET))
+    finally:
+        fid.close()
+    if opens == 1:
+        dsid.refresh()
+    shape = dsid.get_space().shape
+    if n_rows is not None and shape[:1] < (n_rows,):
+        raise OSError(f"{where} has {shape[0]} rows in this process, not the {n_rows} planned with: another open of "
+                      f"it here (an h5py handle) keeps the rows HDF5 saw when it was first opened, and HDF5 refreshes "
+                      f"a dataset only where it is open once; close that handle")

@@ -31,8 +31,8 @@ from ..errors import (
     EmptyDatasetError, FileChangedError, MultitablesError, NodeTypeError, NoSuchFieldError, NotHDF5Error, no_such_node,
 )
 from .fields import field_of, field_path
-from .files import FileSignature, as_filename, check_opened, check_regular, file_signature
-from .handles import check_intent, raise_if_busy
+from .files import FileSignature, GrowingFile, as_filename, check_opened, check_regular, file_signature
+from .handles import check_intent, raise_if_busy, refresh_swmr
 from .objects.config import Store, make_store
 from .objects.hdf5 import check_hdf5, open_file_id
 from .objects.http import ObjectIdentity
@@ -88,9 +88,9 @@ class NodeInfo:
     virtual: bool = False
     #: The identity of the local file that was described, from the descriptor HDF5 read it through (not the name,
     #: which can mean another file a moment later): what a stream checks the file against, and what is learned of
-    #: it is kept under, so that a file replaced after its description is not read as described (None: an object,
-    #: or a file open for SWMR reading, whose stream takes it when it starts).
-    identity: "FileSignature | None" = None
+    #: it is kept under, so that a file replaced after its description is not read as described (None: an object; a
+    #: :class:`~.files.GrowingFile` for a file open for SWMR reading, which may grow, and of which nothing is kept).
+    identity: "FileSignature | GrowingFile | None" = None
 
     @property
     def data_file(self) -> str:
@@ -135,7 +135,7 @@ class Part:
     node: NodeInfo
     offset: int
     #: The file's identity when it was inspected; see NOTE [file identity] in ``files``.
-    signature: "FileSignature | ObjectIdentity"
+    signature: "FileSignature | GrowingFile | ObjectIdentity"
 
 
 def _has_object(dt: np.dtype) -> bool:
@@ -195,7 +195,8 @@ def open_node(
         raise ValueError(f"path is empty: name the node to read in {shown(filename)!r}, such as '/data'")
     if field is not None and not isinstance(field, str):
         raise TypeError(f"field must be a str naming a table column, not {type(field).__name__}")
-    remote, held = None, None
+    remote = None
+    held: "FileSignature | GrowingFile | None" = None
     if is_url(filename):
         reader = reader or ObjectReader(filename, store or make_store(None))  # missing, forbidden: says so
         remote = reader.remote
@@ -213,7 +214,8 @@ def open_node(
         except OSError as exc:
             check_file(filename)  # the error a user expects: missing, a directory, not HDF5
             _raise_named(exc, filename)  # else permissions, a damaged file: HDF5's words, named
-        held = None if swmr else file_signature(fid.get_vfd_handle())  # the file opened, whatever the name means now
+        held = file_signature(fid.get_vfd_handle())  # the file opened, whatever the name means now
+        held = GrowingFile(held) if swmr else held  # one that may grow (NOTE [file identity] in ``files``)
     try:
         if remote is None:
             check_intent(fid, filename)  # not a file this process writes (NOTE [files written here] in ``handles``)
@@ -230,6 +232,8 @@ def open_node(
             if "doesn't exist" in str(exc) or "not found" in str(exc):
                 raise no_such_node(f"no node {path!r} in {filename!r}") from None
             raise OSError(f"cannot open {path!r} in {filename!r}; the file may be damaged: {exc}") from exc
+        if swmr and isinstance(oid, h5py.h5d.DatasetID):
+            refresh_swmr(oid, None, "")  # its rows as flushed last (NOTE [swmr extent] in ``handles``)
         if not isinstance(oid, h5py.h5d.DatasetID):
             kind = "a Group" if isinstance(oid, h5py.h5g.GroupID) else "a named Datatype"
             hint = group_hint(h5py.Group(oid), path) if isinstance(oid, h5py.h5g.GroupID) else ""
@@ -398,7 +402,7 @@ def _fill_may_leave_holes(dsid: Any, plist: Any) -> bool:
 
 
 def _describe(filename: str, path: str, field: "str | None", ds: Any, allow_empty: bool = False, remote: bool = False,
-              identity: "FileSignature | None" = None) -> NodeInfo:
+              identity: "FileSignature | GrowingFile | None" = None) -> NodeInfo:
     import h5py
 
     where = f"{path!r} in {filename!r}"

@@ -74,7 +74,7 @@ def _answer_key(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "tuple[NodeInf
     """Where :data:`_ANSWERS` keeps PyTables' answer on ``node`` (None: not kept). Not for a node whose rows lie in
     other files (an external link, a virtual dataset: their identities are not the node's), nor for unhashable
     options."""
-    if node.identity is None or node.linked_file is not None or node.virtual:
+    if not isinstance(node.identity, tuple) or node.linked_file is not None or node.virtual:
         return None
     key = (node, tuple(sorted(open_kwargs.items())))
     try:

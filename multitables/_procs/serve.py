@@ -52,8 +52,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .._io.fileset import SetRef
-from .._io.files import FileSignature, check_file_unchanged
+from .._io.fileset import SetRef, own_flags
+from .._io.files import REQUESTED, FileSignature, GrowingFile, check_file_unchanged
 from .._io.node import NodeInfo
 from .._io.objects.config import Store
 from .._io.objects.http import ObjectIdentity
@@ -82,7 +82,7 @@ class ServeSettings:
 
     open_kwargs: dict[str, Any]
     control_name: str
-    file_signature: "FileSignature | ObjectIdentity | None"
+    file_signature: "FileSignature | GrowingFile | ObjectIdentity | None"
     #: The Reader's file, or its set's files (NOTE [file sets] in ``_io.fileset``).
     files: "str | tuple[str, ...]" = ""
     #: How objects (URLs) are reached; None where no file is one.
@@ -127,8 +127,19 @@ class ShareReader:
         reader = self.readers.get(desc)
         if reader is None:
             engine, node = self._node(desc)
+            if own_flags(self.settings.open_kwargs)["swmr"]:  # its one open here, which refreshes: NOTE [swmr extent]
+                self.drop_opens(node)
             reader = self.readers[desc] = open_rows(engine, node, self.settings.open_kwargs)
         return reader
+
+    def drop_opens(self, node: "NodeInfo | None" = None) -> None:
+        """Close the rows readers open on ``node``'s dataset (None: on any), to be opened again when next read."""
+        for desc, (_engine, known) in self.nodes.items():
+            if desc in self.readers and (node is None or (known.files, known.path) == (node.files, node.path)):
+                try:
+                    self.readers.pop(desc).close()
+                except Exception:
+                    pass
 
     def read(self, stage: StageMap, req: int, a: int, b: int,
              stopped: Callable[[], bool]) -> "tuple[Exception, str, tuple[int, int] | None] | None":
@@ -148,13 +159,13 @@ class ShareReader:
                 reader = self._reader(desc)
                 out = stage.data(node.dtype, (stage.n_read,) + node.row_shape)[a:b]
                 reader.read(rows, out, stopped)
-            check_file_unchanged(self.filename, self.settings.file_signature)
+            check_file_unchanged(self.filename, self.settings.file_signature, REQUESTED)
             return None
         except Stopped:
             raise
         except Exception as exc:
             try:  # a file changed under a read explains the read's failure (NOTE [file identity])
-                check_file_unchanged(self.filename, self.settings.file_signature)
+                check_file_unchanged(self.filename, self.settings.file_signature, REQUESTED)
             except FileChangedError as changed:
                 changed.__cause__, exc = exc, changed
             span = (int(rows[0]), int(rows[-1]) + 1) if rows is not None and len(rows) else None
@@ -265,7 +276,7 @@ class ServeReaders:
         n_procs: int,
         max_stages: int,
         start_method: "str | None",
-        file_signature: "FileSignature | ObjectIdentity | None",
+        file_signature: "FileSignature | GrowingFile | ObjectIdentity | None",
         files: "str | tuple[str, ...]" = "",
         store: "Store | None" = None,
     ) -> None:
@@ -300,6 +311,9 @@ class ServeReaders:
     @property
     def pids(self) -> list[int]:
         return self.pool.pids
+
+    def drop_opens(self) -> None:
+        """Nothing here: the readers hold their opens, in their processes (NOTE [swmr extent] in ``_io.handles``)."""
 
     # -- watching ---------------------------------------------------------------
     def look(self) -> None:

@@ -40,7 +40,7 @@ from .._io.blockread import BlockReader, Pacer, Transform, delivered
 from .._io.chunks.storage import adopt_layout, learned_layouts
 from .._io.engines import open_source
 from .._io.fileset import node_signature
-from .._io.files import FileSignature, check_file_unchanged
+from .._io.files import FileSignature, GrowingFile, check_file_unchanged
 from .._io.node import NodeInfo
 from .._plan.blocks import BlockPlan, GrowingPlan, RangePlan
 from .._plan.readers import ReadPlan, available_cpus
@@ -113,7 +113,7 @@ class StreamSettings:
     shm_name: str
     layout: RingLayout
     #: The file's identity when the stream started (None: not checked); see NOTE [file identity] in ``_io.files``.
-    file_signature: "FileSignature | None" = None
+    file_signature: "FileSignature | GrowingFile | None" = None
     #: ``(key, layout)`` the consumer learned, for readers that do not inherit it (NOTE [layout cache] in
     #: ``_io.chunks.storage``); empty under fork.
     layouts: "tuple[tuple[Any, Any], ...]" = ()

@@ -379,7 +379,7 @@ def _identity(node: NodeInfo) -> "FileSignature | tuple[str, str, str] | None":
     """The identity ``node``'s layout is kept under: the file described, which each open is checked against."""
     if node.remote is not None:  # no request: every read checks it (NOTE [object identity])
         return (node.remote.url, node.remote.store.endpoint or "", node.remote.identity.key)
-    if node.identity is not None and node.linked_file is None:
+    if isinstance(node.identity, tuple) and node.linked_file is None:  # not a GrowingFile: nothing of it is kept
         return node.identity
     return _named(node)
 
@@ -388,7 +388,7 @@ def _held(ds: Any, node: NodeInfo) -> "FileSignature | tuple[str, str, str] | No
     """The identity of the file the open ``ds`` reads, not of what its name means a moment later (a symlink switched):
     every open of a described file is checked against its node's (``files.check_opened``); a linked one's is HDF5's."""
     import h5py
-    if node.remote is not None or (node.identity is not None and node.linked_file is None):
+    if node.remote is not None or (isinstance(node.identity, tuple) and node.linked_file is None):
         return _identity(node)
     fid = h5py.h5i.get_file_id(ds.id)  # ~20 us with its close: not for every file
     try:

@@ -1,0 +1,253 @@
+"""A file that an h5py SWMR writer appends to and flushes while it is read with ``swmr=True``.
+
+The rows looked at are read exactly while the writer goes on; new rows come with a new look (a new stream, a new
+``get_dataset``); a file replaced, cut short or opened for writing without SWMR still stops the reads
+(NOTE [file identity] in ``multitables._io.files``, NOTE [swmr extent] in ``multitables._io.handles``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from _guards import hang_guard
+
+import multitables
+from multitables import FileChangedError
+
+GUARD = 60.0
+N0 = 1000  # rows when the file is looked at
+ADD = 300  # rows each "grow" appends
+
+# A writer that holds the file in SWMR mode and obeys lines on stdin: "grow" (append ADD rows, flush), "close";
+# row i is i in every column. It answers each line with one once done.
+_WRITER = f"""
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "w", libver="latest") as f:
+    d = f.create_dataset("X", data=np.repeat(np.arange({N0}), 4).reshape(-1, 4), maxshape=(None, 4), chunks=(25, 4),
+                         compression="gzip")
+    f.swmr_mode = True
+    print("open", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "close":
+            break
+        n = len(d)
+        d.resize(n + {ADD}, axis=0); d[n:] = np.repeat(np.arange(n, n + {ADD}), 4).reshape(-1, 4); d.flush()
+        print("grown", flush=True)
+print("closed", flush=True)
+"""
+
+
+class Writer:
+    def __init__(self, path: Path) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        self.expect("open")
+
+    def expect(self, word: str) -> None:
+        assert self.proc.stdout is not None
+        assert self.proc.stdout.readline().strip() == word
+
+    def say(self, line: str, answer: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        self.expect(answer)
+
+    def grow(self) -> None:
+        self.say("grow", "grown")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.say("close", "closed")
+        self.proc.wait(timeout=GUARD)
+
+
+@pytest.fixture
+def writer(tmp_path: Path) -> Iterator[tuple[Path, Writer]]:
+    path = tmp_path / "swmr.h5"
+    w = Writer(path)
+    try:
+        yield path, w
+    finally:
+        if w.proc.poll() is None:
+            w.proc.kill()
+        w.proc.wait(timeout=GUARD)
+        for pipe in (w.proc.stdin, w.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+def rows(a: int, b: int) -> np.ndarray:
+    return np.repeat(np.arange(a, b), 4).reshape(-1, 4)
+
+
+def test_a_stream_reads_the_rows_it_looked_at_while_the_writer_appends(writer: tuple[Path, Writer],
+                                                                       no_leaks: None) -> None:
+    """Each flush moved the file's size and times: the stream stopped with FileChangedError at the writer's next
+    flush. Its rows are the N0 it planned with, exactly; a new stream reads the rows appended since."""
+    path, w = writer
+    stream = multitables.Streamer(str(path), swmr=True)
+    got = []
+    with hang_guard(GUARD, "a stream of a growing SWMR file"):
+        with stream.get_queue("/X", n_procs=1, block_size=100, read_ahead=2, ordered=True) as queue:
+            for k, guard in enumerate(queue.iter()):
+                with guard as block:
+                    got.append(block.copy())
+                if k < 3:  # the readers read the blocks after this one after the flush
+                    w.grow()
+        np.testing.assert_array_equal(np.concatenate(got), rows(0, N0))
+        grown = np.stack([r.copy() for r in stream.get_generator("/X", n_procs=1, ordered=True)])
+    np.testing.assert_array_equal(grown, rows(0, N0 + 3 * ADD))
+
+
+def test_batches_read_the_rows_they_looked_at_while_the_writer_appends(writer: tuple[Path, Writer],
+                                                                      no_leaks: None) -> None:
+    """Batches over a growing file: each epoch gives every row looked at when they were made, once, in the order the
+    seed gives for those rows (a flush stopped the epoch); new batches take the rows flushed since."""
+    path, w = writer
+    stream = multitables.Streamer(str(path), swmr=True)
+    options = dict(seed=3, n_procs=1, block_size=100, window=1, read_ahead=2)
+    with hang_guard(GUARD, "batches of a growing SWMR file"):
+        batches = stream.get_batches("/X", 50, **options)
+        epochs = []
+        for epoch in range(2):
+            batches.set_epoch(epoch)
+            got = []
+            for k, batch in enumerate(batches):
+                got.append(batch)
+                if k < 3:  # the readers read the blocks after these after the flush
+                    w.grow()
+            epochs.append(np.concatenate(got))
+        batches.close()
+        w.close()
+        before = stream.get_batches("/X", 50, indices=np.arange(N0), **options)
+        expected = []
+        for epoch in range(2):
+            before.set_epoch(epoch)
+            expected.append(np.concatenate(list(before)))
+        before.close()
+        grown = stream.get_batches("/X", 50, **options)
+        assert len(np.concatenate(list(grown))) == N0 + 6 * ADD
+        grown.close()
+    for got, want in zip(epochs, expected):
+        np.testing.assert_array_equal(np.sort(got[:, 0]), np.arange(N0))
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("n_procs", [0, 1])
+def test_a_readers_requests_read_known_rows_and_a_new_get_dataset_the_new_ones(writer: tuple[Path, Writer],
+                                                                               n_procs: int, no_leaks: None) -> None:
+    """A Reader over a growing file: a dataset's requests read its rows exactly after any flush (they failed with
+    FileChangedError); ``get_dataset`` again gives the rows flushed since (it raised), and its requests read them,
+    the first dataset's too, after the writer closed as well."""
+    path, w = writer
+    with hang_guard(GUARD, "a Reader of a growing SWMR file"):
+        with multitables.Reader(str(path), n_procs=n_procs, swmr=True) as reader:
+            ds = reader.get_dataset("/X")
+            assert len(ds) == N0
+            stage = ds.create_stage(N0 + 2 * ADD)
+            np.testing.assert_array_equal(reader.request(ds[:], stage).get(), rows(0, N0))
+            w.grow()
+            np.testing.assert_array_equal(reader.request(ds[N0 - 10 :], stage).get(), rows(N0 - 10, N0))
+            newer = reader.get_dataset("/X")
+            assert len(newer) == N0 + ADD
+            np.testing.assert_array_equal(reader.request(newer[N0 - 5 :], stage).get(), rows(N0 - 5, N0 + ADD))
+            np.testing.assert_array_equal(reader.request(ds[[7, 999, 3]], stage).get(), rows(0, N0)[[7, 999, 3]])
+            w.grow()
+            w.close()
+            newest = reader.get_dataset("/X")
+            assert len(newest) == N0 + 2 * ADD
+            np.testing.assert_array_equal(reader.request(newest[:], stage).get(), rows(0, N0 + 2 * ADD))
+            np.testing.assert_array_equal(reader.request(newer[::7], stage).get(), rows(0, N0 + ADD)[::7])
+
+
+def _hold_without_swmr(path: Path) -> subprocess.Popen:
+    """Another program opens ``path`` for writing without SWMR, and writes a row in place: HDF5's lock, which the
+    readers hold, stops it unless it goes without (``locking=False``, as where the file system has no locks)."""
+    code = ("import sys, h5py\nf = h5py.File(sys.argv[1], 'a', locking=False)\nf['X'][0] = -1\nf.flush()\n"
+            "print('held', flush=True)\nsys.stdin.readline()\n")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    return holder
+
+
+def _let_go(holder: "subprocess.Popen | None") -> None:
+    if holder is not None:
+        assert holder.stdin is not None and holder.stdout is not None
+        holder.stdin.close()
+        holder.wait(timeout=GUARD)
+        holder.stdout.close()
+
+
+@pytest.mark.parametrize("change", ["replaced", "cut short", "opened for writing without SWMR", "deleted"])
+def test_a_swmr_file_changed_other_than_by_growing_is_refused(writer: tuple[Path, Writer], tmp_path: Path,
+                                                              change: str, no_leaks: None) -> None:
+    """Growth is let through (it was refused); a file replaced, cut short, deleted or opened for writing without
+    SWMR is still refused, by the requests of a dataset looked at before and by the Reader's datasets, saying so."""
+    path, w = writer
+    with hang_guard(GUARD, "a Reader of a changed SWMR file"):
+        size = os.path.getsize(path)  # when the Reader and its dataset look at it
+        with multitables.Reader(str(path), n_procs=1, swmr=True) as reader:
+            ds = reader.get_dataset("/X")
+            stage = ds.create_stage(N0)
+            w.grow()
+            w.close()
+            np.testing.assert_array_equal(reader.request(ds[:], stage).get(), rows(0, N0))
+            holder = None
+            if change == "replaced":
+                other = tmp_path / "other.h5"
+                with h5py.File(other, "w", libver="latest") as f:
+                    f.create_dataset("X", data=rows(0, 2 * N0), maxshape=(None, 4), chunks=(64, 4))
+                os.replace(other, path)
+            elif change == "cut short":
+                os.truncate(path, size // 2)
+            elif change == "deleted":
+                os.unlink(path)
+            else:
+                holder = _hold_without_swmr(path)
+            try:
+                with pytest.raises(FileChangedError, match=f"{change}.*since the Reader was made") as caught:
+                    reader.request(ds[:], stage).get()
+                assert str(path) in str(caught.value)
+                if change == "opened for writing without SWMR":  # which HDF5 refuses to open for SWMR reading
+                    with pytest.raises(multitables.FileBusyError, match="open for writing without SWMR"):
+                        reader.get_dataset("/X")
+                elif change != "deleted":
+                    with pytest.raises(FileChangedError, match=change):
+                        reader.get_dataset("/X")
+            finally:
+                _let_go(holder)
+
+
+def test_a_stream_of_a_swmr_file_opened_for_writing_without_swmr_stops(writer: tuple[Path, Writer],
+                                                                       no_leaks: None) -> None:
+    """A stream goes on through the writer's flushes and its close, and stops where a writer without SWMR opens
+    the file (it may rewrite rows in place): the blocks handed over are the file's rows before."""
+    path, w = writer
+    got = []
+    holder = None
+    try:
+        with hang_guard(GUARD, "a stream of a SWMR file opened for writing"):
+            stream = multitables.Streamer(str(path), swmr=True)
+            with stream.get_queue("/X", n_procs=1, block_size=100, read_ahead=2, ordered=True) as queue:
+                with pytest.raises(FileChangedError, match="for writing without SWMR while it was being streamed"):
+                    for k, guard in enumerate(queue.iter()):
+                        with guard as block:
+                            got.append(block.copy())
+                        if k == 0:
+                            w.grow()
+                            w.close()
+                        elif k == 2:
+                            holder = _hold_without_swmr(path)
+    finally:
+        _let_go(holder)
+    assert 3 <= len(got) < N0 // 100
+    np.testing.assert_array_equal(np.concatenate(got), rows(0, 100 * len(got)))

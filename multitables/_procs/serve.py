@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import pickle
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -177,7 +178,11 @@ class ShareReader:
             import tables
 
             self.tables_file = tables.open_file(self.filename, "r", **pytables_options(self.settings.open_kwargs))
-        result = getattr(self.tables_file.get_node(node.path), method)(**kwargs)
+        with warnings.catch_warnings():
+            # PyTables' own, of a float32 column's full index (bounds cast in tables/index.py), with plain PyTables
+            # too: nothing of the rows, and an error for a user who runs with -W error.
+            warnings.filterwarnings("ignore", "overflow encountered in cast", RuntimeWarning, r"tables\.index")
+            result = getattr(self.tables_file.get_node(node.path), method)(**kwargs)
         result = np.asarray(result)
         if result.dtype != node.dtype:
             result = result.astype(node.dtype)

@@ -382,3 +382,65 @@ def test_a_reader_the_system_cannot_start_is_named_in_the_error(
     with pytest.raises(BlockingIOError, match="could not start reader process 0 of 2 for .*a limit of processes") as err:
         multitables.Streamer(path, start_method="fork").get_queue("/data", n_procs=2, block_size=BLOCK)
     assert err.value.errno == errno.EAGAIN
+
+
+def _consumer_whose_readers_start_late(path: str, face: str) -> None:
+    """A pool worker's part (forked, sharing the test's resource tracker, as a pool's workers share their parent's):
+    start readers that wait until this process is killed, then import for a second before their loop, as spawn's
+    readers do."""
+    import multitables._procs.pool as pool
+    import multitables._procs.process as process
+
+    reader_main, limit_threads, me = pool.reader_main, process.limit_threads, os.getpid()
+
+    def late(*args: object) -> None:
+        while os.getppid() == me:
+            time.sleep(0.01)
+        reader_main(*args)  # type: ignore[arg-type]
+
+    def importing() -> None:
+        time.sleep(1.0)
+        limit_threads()
+
+    pool.reader_main, process.limit_threads = late, importing  # type: ignore[assignment]
+    if face == "stream":
+        multitables.Streamer(path, start_method="fork").get_queue("/data", n_procs=1, block_size=BLOCK)
+    else:
+        multitables.Reader(path, n_procs=1, start_method="fork")
+
+
+@pytest.mark.parametrize("face", ["stream", "reader"])
+def test_a_reader_whose_consumer_is_killed_before_it_starts_unlinks_what_it_was_to_map(
+    make_array: Callable[..., Path], face: str, no_leaks: None
+) -> None:
+    """A pool that ends its worker (loky's terminate, dask's nanny, a Pool's terminate) while the worker's readers
+    still start (spawn imports for seconds) left the ring in /dev/shm: the readers found the consumer gone before they
+    mapped anything, and unlinked nothing (NOTE [stuck orphans])."""
+    import multiprocessing
+    import multiprocessing.resource_tracker
+    import signal
+
+    import psutil
+
+    from multitables._shm.segment import SHM_PREFIX
+
+    path = make_array(np.arange(N_ROWS * 4, dtype="<f4").reshape(N_ROWS, 4), chunkshape=(BLOCK, 4))
+    multiprocessing.resource_tracker.ensure_running()  # the pool's parent's, which outlives the worker
+    consumer = multiprocessing.get_context("fork").Process(target=_consumer_whose_readers_start_late, args=(str(path), face))
+    consumer.start()
+    try:
+        mine = f"{SHM_PREFIX}{consumer.pid}_"
+        deadline = time.monotonic() + GUARD
+        while not (psutil.Process(consumer.pid).children() and any(n.startswith(mine) for n in os.listdir("/dev/shm"))):
+            assert time.monotonic() < deadline, "the consumer never started its reader"
+            time.sleep(0.01)
+        reader = psutil.Process(consumer.pid).children()[0]
+        os.kill(consumer.pid, signal.SIGKILL)
+        consumer.join(GUARD)
+        gone, alive = psutil.wait_procs([reader], timeout=GUARD)
+        assert not alive
+        assert [n for n in os.listdir("/dev/shm") if n.startswith(mine)] == []
+    finally:
+        consumer.kill()
+        consumer.join(GUARD)
+        consumer.close()  # its pipe

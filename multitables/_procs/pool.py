@@ -247,9 +247,13 @@ class ReaderPool:
         self._poller: Any = None
         self._poll_fds: frozenset[int] = frozenset()  # what _poller watches (see _quiet)
 
-    def start(self, loop: Callable[..., None], args: "list[tuple[Any, ...]]", files: "str | tuple[str, ...]" = ()) -> None:
+    def start(
+        self, loop: Callable[..., None], args: "list[tuple[Any, ...]]", files: "str | tuple[str, ...]" = (),
+        segments: tuple[str, ...] = (),
+    ) -> None:
         """Start one reader per entry of ``args``, each running ``loop(reader, *args[i])``; ``files``: those they read,
-        refused if this process writes one of them and the readers are forked from it (NOTE [files written here])."""
+        refused if this process writes one of them and the readers are forked from it (NOTE [files written here]);
+        ``segments``: the names each is to map, which it unlinks if it finds this process gone (NOTE [stuck orphans])."""
         method = self.ctx.get_start_method()
         if method == "fork":
             refuse_written_here((files,) if isinstance(files, str) else files)
@@ -264,7 +268,7 @@ class ReaderPool:
         me_start = process_start_time(me)
         n = len(args)
         for i, reader_args in enumerate(args):
-            identity = ReaderIdentity(i, n, self.filename, me, me_start, self.attached[i])
+            identity = ReaderIdentity(i, n, self.filename, me, me_start, self.attached[i], segments)
             recv, send = self.ctx.Pipe(duplex=False)
             self._conns.append(recv)
             self._listening[recv] = i

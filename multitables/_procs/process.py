@@ -16,6 +16,11 @@ NOTE [stuck orphans]
     also runs a thread that looks every ``PARENT_CHECK_INTERVAL`` and, once
     the consumer is gone, unlinks the names the reader mapped and ends the
     process at once (``os._exit``: nothing it would finish has a reader).
+    The names it is handed at start count as mapped from its first
+    instruction: a reader started by spawn imports for a second or more,
+    and a consumer killed meanwhile (a pool's worker that the pool ended)
+    unlinked nothing, so no other process would (the resource tracker only
+    at the pool's parent's exit).
 """
 
 from __future__ import annotations
@@ -84,6 +89,9 @@ class ReaderIdentity:
     parent_pid: int
     parent_start: "str | None"
     attached: Any  # this reader's semaphore in the pool: released once per segment it maps (the attach barrier)
+    #: The segments the consumer made for it to map: a reader that finds its consumer gone before it mapped them
+    #: still unlinks them (NOTE [stuck orphans]).
+    segments: tuple[str, ...] = ()
 
 
 @dataclass
@@ -148,7 +156,8 @@ def reader_main(loop: Callable[..., None], identity: ReaderIdentity, args: tuple
     # SIGTERM is the consumer's escalation (NOTE [shutdown]): a handler
     # inherited through fork from the user's program must not keep us alive.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    reader = ReaderProcess(identity, conn, ParentWatch(identity.parent_pid, identity.parent_start))
+    alive = ParentWatch(identity.parent_pid, identity.parent_start)
+    reader = ReaderProcess(identity, conn, alive, segments=set(identity.segments))  # mapped or not (NOTE [stuck orphans])
     failed = False
     try:  # the watch's start too: under a process limit it fails, and the consumer must hear why
         threading.Thread(target=_end_when_orphaned, args=(reader,), name="multitables-orphan-watch", daemon=True).start()

@@ -301,7 +301,8 @@ class ServeReaders:
         self._inboxes = Inboxes.create(n_procs)
         try:
             settings = ServeSettings(open_kwargs, self._inboxes.segment.name, file_signature, files, store)
-            self.pool.start(serve_loop, [(settings, sync, self.channels) for sync in self._syncs], files=files or filename)
+            self.pool.start(serve_loop, [(settings, sync, self.channels) for sync in self._syncs], files=files or filename,
+                            segments=(settings.control_name,))
             self.pool.wait_attached("start", self._check_broken)
         except BaseException:
             self.close()

@@ -217,7 +217,7 @@ class StreamReaders:
             settings = StreamSettings(
                 replace(spec, dataset=None), open_kwargs, self.ring.segment.name, layout, node_signature(node), sent
             )
-            self.pool.start(stream_loop, [(settings, sync)] * spec.n_procs, files=node.files)
+            self.pool.start(stream_loop, [(settings, sync)] * spec.n_procs, files=node.files, segments=(settings.shm_name,))
             if spec.n_procs < available_cpus():
                 self.ring.allocate_slots()  # NOTE [slots while readers start]: a CPU is left over
             self.pool.wait_attached("start", self.check)

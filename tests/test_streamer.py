@@ -1070,3 +1070,43 @@ def test_a_type_checker_sees_a_guard_once_queue_closed_is_ruled_out(tmp_path: Pa
     from _typecheck import expected_of, mypy_says
 
     assert mypy_says(QUEUE_LOOP, tmp_path) == expected_of(QUEUE_LOOP)
+
+
+def _rows_sum(rows: Any) -> float:  # a pool's task
+    return float(np.sum(list(rows)))
+
+
+def _stream_sum(stream: multitables.Streamer) -> float:  # a pool's task, as it should be written
+    return _rows_sum(stream.get_generator("/data"))
+
+
+@pytest.mark.parametrize("n_procs", [0, 1], ids=["in-process", "readers"])
+def test_a_queue_a_guard_or_a_generator_handed_to_a_process_pool_says_what_to_pass(
+    make_array, n_procs: int, no_leaks: None
+) -> None:
+    """A process pool's task pickles its arguments; a queue, a guard or a generator there failed with Python's words
+    about a lock or a weakref. Each says what it is and what to pass; the stream goes on, and the Streamer pickles."""
+    import copy
+    import pickle
+    from concurrent.futures import ProcessPoolExecutor
+
+    data = np.arange(4_000, dtype="<f8").reshape(1_000, 4)
+    stream = multitables.Streamer(make_array(data, chunkshape=(100, 4)))
+    with stream.get_queue("/data", n_procs=n_procs, block_size=100, ordered=True) as queue:
+        guard = queue.get()
+        rows = stream.get_generator("/data", n_procs=n_procs, block_size=100)
+        assert next(rows).tolist() == data[0].tolist()
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as pool:
+            for obj, name in ((queue, "a Queue"), (guard, "a Guard"), (rows, "a generator's rows over '/data'")):
+                with pytest.raises(TypeError, match=f"^{name}.* neither pickled nor copied: pass .*the Streamer "
+                                                    r"\(it pickles\) or the file's name"):
+                    pool.submit(_rows_sum, obj).result(GUARD)
+                for how in (pickle.dumps, copy.copy, copy.deepcopy):
+                    with pytest.raises(TypeError, match=f"^{name}"):
+                        how(obj)
+            assert pool.submit(_stream_sum, stream).result(GUARD) == data.sum()
+        with guard as block:
+            assert block.tolist() == data[:100].tolist()
+        assert next(rows).tolist() == data[1].tolist()
+        rows.close()
+        assert sum(len(b) for b in blocks_of(queue)) == 900

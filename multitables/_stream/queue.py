@@ -45,6 +45,12 @@ def _end_early(backend: "InlineBackend | RingBackend | SplitBackend", before_unm
         _end(backend, before_unmap)
 
 
+#: Why a queue or a guard refuses a pickle or a copy (a process pool's task pickles its arguments; Python's own error
+#: named a lock), and what to pass instead; ``{}`` is what refuses.
+NOT_PICKLED = ("{} belongs to this process (its readers, its shared memory), so it is neither pickled nor copied: pass {}the "
+               "Streamer (it pickles) or the file's name, and open the stream in the task that reads it")
+
+
 def _give_back(queue: "Queue", slot: int) -> None:
     """A dropped guard's slot back to its queue; a stream that failed or closed meanwhile needs nothing."""
     try:
@@ -94,6 +100,9 @@ class Guard:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+    def __reduce__(self) -> Any:
+        raise TypeError(NOT_PICKLED.format("a Guard", "block.copy() (taken inside its with), or "))
 
     def __repr__(self) -> str:
         held = "released" if self._released else "lent" if self.block is None else f"a block of {len(self.block)} rows"
@@ -328,6 +337,9 @@ class Queue:
     def closed(self) -> bool:
         """Whether :meth:`close` was called (or the queue was collected)."""
         return self._closed
+
+    def __reduce__(self) -> Any:
+        raise TypeError(NOT_PICKLED.format("a Queue", ""))
 
     def __enter__(self) -> "Queue":
         return self

@@ -7,7 +7,7 @@ import itertools
 import sys
 import threading
 import weakref
-from typing import Generator, Iterator
+from typing import Any, Generator, Iterator
 
 import numpy as np
 
@@ -133,6 +133,12 @@ class RowIterator(itertools.chain[np.ndarray]):
 
     def __repr__(self) -> str:
         return f"<multitables.RowIterator over {self._source}>"
+
+    def __reduce__(self) -> Any:
+        # Python's message would name a weakref or a lock, and say nothing of what to do.
+        raise TypeError(f"a generator's rows over {self._source} come from this process's readers, so it is neither "
+                        "pickled nor copied: pass the Streamer (it pickles) or the file's name, and call get_generator in "
+                        "the task that reads the rows")
 
     def close(self) -> None:
         """Stop the readers and give the memory back; no row comes after it (rows you hold stay yours, NOTE [lent

@@ -400,3 +400,32 @@ def test_where_the_main_script_calls_and_defines_what_a_script_run_again_would_n
     assert unguarded_main_call() is None  # called from no statement of the script
     assert [under_main_guard(scope[name]) for name in ("top", "under", "reversed_guard")] == [False, True, False]
     assert under_main_guard(under_main_guard) is False  # not the script's
+
+
+def test_threads_that_look_at_the_main_script_at_once_parse_it_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dask worker's threads each making a Reader looked at the main script at once: two parses side by side, which
+    CPython 3.11's ast does not survive ("AST constructor recursion depth mismatch", a SystemError). One parses."""
+    import ast
+    import threading
+    import time
+
+    from multitables._sys import forks
+
+    script = tmp_path / "job.py"
+    script.write_text("x = 1\n")
+    parses, parse = [], ast.parse
+
+    def slow_parse(*args: object, **kwargs: object) -> ast.Module:
+        parses.append(threading.get_ident())
+        time.sleep(0.2)  # the other thread arrives meanwhile
+        return parse(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(forks.ast, "parse", slow_parse)  # a new file's name: no parse of it cached
+    trees: list[object] = []
+    threads = [threading.Thread(target=lambda: trees.append(forks._parse(str(script)))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(trees) == 2 and all(isinstance(t, ast.Module) for t in trees)
+    assert len(parses) == 1, "two threads parsed the script at once"

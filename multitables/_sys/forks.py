@@ -71,6 +71,10 @@ def renew_lock_in_children(scope: "dict[str, Any]", name: str) -> None:
     os.register_at_fork(after_in_child=renew)
 
 
+_PARSE_LOCK = threading.Lock()
+renew_lock_in_children(globals(), "_PARSE_LOCK")
+
+
 def start_method(asked: "str | None" = None) -> str:
     """The start method readers get: ``asked``, else multiprocessing's default, found without fixing it (as
     ``multiprocessing.get_start_method()`` does): a user's later ``set_start_method`` still works."""
@@ -89,8 +93,16 @@ def _main_script() -> "tuple[Any, ast.Module] | None":
     return None if tree is None else (main, tree)
 
 
-@functools.lru_cache(maxsize=4)
 def _parse(path: str) -> "ast.Module | None":
+    # One thread at a time, once: CPython 3.11's ast counts its recursion in one place for every thread, and two
+    # parses at once (a dask worker's threads, each making a Reader) failed with "AST constructor recursion depth
+    # mismatch"; lru_cache alone lets both miss.
+    with _PARSE_LOCK:
+        return _parse_once(path)
+
+
+@functools.lru_cache(maxsize=4)
+def _parse_once(path: str) -> "ast.Module | None":
     try:
         with open(path, encoding="utf-8") as f:
             return ast.parse(f.read(), path)

@@ -429,3 +429,52 @@ def test_threads_that_look_at_the_main_script_at_once_parse_it_once(tmp_path: Pa
         t.join(10)
     assert len(trees) == 2 and all(isinstance(t, ast.Module) for t in trees)
     assert len(parses) == 1, "two threads parsed the script at once"
+
+
+_UNDER_A_POOLS_OWN_START_METHOD = r"""
+import multiprocessing, multiprocessing.context, multiprocessing.popen_fork, multiprocessing.process, sys
+import multitables
+
+class Popen:  # as joblib's loky starts its workers' children: a Popen with no close()
+    def __init__(self, process):
+        self._popen = multiprocessing.popen_fork.Popen(process)
+    def __getattr__(self, name):
+        if name == "close":
+            raise AttributeError("'Popen' object has no attribute 'close'")
+        return getattr(self._popen, name)
+
+class Process(multiprocessing.process.BaseProcess):
+    _start_method = "pools"
+    @staticmethod
+    def _Popen(process):
+        return Popen(process)
+
+class Context(multiprocessing.context.BaseContext):
+    _name = "pools"
+    Process = Process
+
+multiprocessing.context._concrete_contexts["pools"] = Context()
+multiprocessing.set_start_method("pools", force=True)  # what loky does in its workers
+if __name__ == "__main__":
+    with multitables.Reader(sys.argv[1], n_procs=1) as reader:
+        ds = reader.get_dataset("/data")
+        rows = reader.request(ds[:5], ds.create_stage(5)).get()
+    with multitables.Streamer(sys.argv[1]).get_queue("/data", n_procs=1, block_size=10, ordered=True) as queue:
+        first = queue.get()
+        with first as block:
+            print(rows.tolist() == block[:5].tolist(), queue.reader_pids != [])
+"""
+
+
+def test_readers_start_by_a_standard_method_under_a_pools_own_default(tmp_path: Path) -> None:
+    """joblib's loky sets a start method of its own in its workers, whose processes multiprocessing cannot close: a
+    Reader made in a task failed at its close ("'Popen' object has no attribute 'close'"), its semaphores counted as
+    leaked by loky's tracker. Readers start by the platform's default there."""
+    path = tmp_path / "rows.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("/data", data=np.arange(100, dtype="<i8"), chunks=(10,))
+    script = tmp_path / "task.py"
+    script.write_text(_UNDER_A_POOLS_OWN_START_METHOD)
+    run = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["True", "True"]

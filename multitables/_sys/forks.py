@@ -80,7 +80,12 @@ def start_method(asked: "str | None" = None) -> str:
     ``multiprocessing.get_start_method()`` does): a user's later ``set_start_method`` still works."""
     import multiprocessing
 
-    return asked or multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    standard = multiprocessing.get_all_start_methods()
+    default = multiprocessing.get_start_method(allow_none=True)
+    # A pool's worker may run under a start method of the pool's own (joblib's loky sets 'loky' in its workers), whose
+    # processes multiprocessing cannot close ("'Popen' object has no attribute 'close'") and whose semaphores its own
+    # tracker counts as leaked: readers start by the platform's default there, as asking for one does.
+    return asked or (default if default in standard else standard[0])
 
 
 def _main_script() -> "tuple[Any, ast.Module] | None":

@@ -28,7 +28,7 @@ from ._train.transforms import infer_transforms
 from ._train.feed import EpochPieces, Feed, plan_feed, read_ahead
 from ._train.buffers import WindowMemory
 from ._train.draws import DrawsAhead
-from ._train.iteration import NEWER, Current, run_epochs
+from ._train.iteration import NEWER, Closing, Current, run_epochs
 from ._train.windows import Alloc, Carry, NoWindows, Staging, Windows, cut, epoch_windows
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 __all__ = ["Batches", "MixedBatches", "mix_batches"]
 
 
-class Batches(Generic[BatchT]):
+class Batches(Closing, Generic[BatchT]):
     """Batches of rows of one or more datasets of equal length, for training loops.
 
     Get one with :meth:`Streamer.get_batches <multitables.Streamer.get_batches>`. Iterating gives the batches of one

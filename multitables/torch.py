@@ -66,6 +66,7 @@ from .batches import Batches, MixedBatches
 from .streamer import Streamer  # for the annotations only, but at run time: typing.get_type_hints resolves them
 from ._sys.checks import check_bool
 from ._train.batch import BatchT, as_batch
+from ._train.iteration import Closing
 
 __all__ = ["TorchBatches", "get_batches", "to_tensor"]
 
@@ -161,7 +162,7 @@ def _not_held(dtype: np.dtype, path: str) -> TypeError:
     )
 
 
-class TorchBatches(IterableDataset[TensorBatchT]):
+class TorchBatches(Closing, IterableDataset[TensorBatchT]):
     """The batches of a :class:`~multitables.batches.Batches`, or of a mix of them (:func:`multitables.mix_batches`), as tensors.
 
     Iterate over it directly in a training loop, or give it to

@@ -615,3 +615,25 @@ def test_a_schedulers_warning_sent_to_the_whole_job_is_left_to_the_training_proc
         b.close()
     finally:
         signal.signal(signal.SIGUSR1, old)
+
+
+@pytest.mark.parametrize("kind", ["batches", "mix", "torch"])
+def test_a_with_closes_the_batches_readers_at_its_end(rows_file, no_cycle_collector, no_leaks, kind: str) -> None:
+    # As a Queue's and a Reader's with: left after a break, the readers are gone (they would wait for the next
+    # iteration otherwise); the position stays.
+    b = batches(rows_file)
+    made: object = b
+    if kind == "mix":
+        made = multitables.mix_batches([b, batches(rows_file, seed=4)], [0.5, 0.5], steps=1000)
+    elif kind == "torch":
+        import multitables.torch as mt
+
+        made = mt.TorchBatches(b)
+    before = children()
+    with made as entered:  # type: ignore[attr-defined]
+        assert entered is made
+        for _ in zip(range(3), entered):  # type: ignore[call-overload]
+            pass
+        readers = readers_started(before)
+    assert not wait_gone(readers)
+    assert (made.step if kind == "mix" else b.state_dict()["step"]) == 3  # type: ignore[attr-defined]

@@ -6,11 +6,24 @@ import itertools
 import os
 import sys
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 
 #: What :meth:`Current.end` is told when a newer iteration of the same batches ends the one in progress.
 NEWER = "a newer iteration"
+
+_Closes = TypeVar("_Closes", bound="Closing")
+
+
+class Closing:
+    """``with`` closes what iterates batches at its end (``close()``: readers, buffers, threads), as a Queue's and a
+    Reader's ``with`` do."""
+
+    def __enter__(self: _Closes) -> _Closes:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()  # type: ignore[attr-defined]
 
 
 class Iteration(itertools.chain):  # type: ignore[type-arg]

@@ -32,6 +32,7 @@ import numpy as np
 from .._plan.epoch import rng
 from .._sys.checks import check_int
 from .batch import BatchT
+from .iteration import Closing
 
 if TYPE_CHECKING:
     from ..batches import Batches  # bound at run time: NOTE [annotations from above] in ``multitables/__init__.py``
@@ -67,7 +68,7 @@ def schedule(proportions: np.ndarray, seed: int, first: int, n: int) -> np.ndarr
     return out
 
 
-class MixedBatches(Generic[BatchT]):
+class MixedBatches(Closing, Generic[BatchT]):
     """Batches drawn from several :class:`~multitables.batches.Batches` in given proportions (NOTE [mixing]).
 
     Get one with :func:`multitables.mix_batches`. Iterating is endless (stop

@@ -151,7 +151,7 @@ def test_bad_datasets_are_named_before_any_pass(
         "datasets with rows can be streamed")
     ragged = _refused(["--read", f"{user_file}:/ragged"], monkeypatch, capsys)
     assert ragged.startswith(f"multitables-benchmark: error: --read {user_file}:/ragged: '/ragged' in '{user_file}' "
-                             "holds variable-length elements")
+                             "holds variable-length rows")
     assert _refused(["--read", str(user_file)], monkeypatch, capsys) == (
         f"multitables-benchmark: error: --read {user_file}: give FILE:DATASET, a dataset path inside the file after a "
         f"colon, such as {user_file}:/images")

@@ -511,5 +511,6 @@ def test_a_reader_used_in_a_with_reads_what_was_asked_before_it_ends(h5file: tup
 
 
 def test_a_vlarray_is_refused_saying_what_reads_it(reader: multitables.Reader) -> None:
-    with pytest.raises(multitables.NodeTypeError, match=r"variable-length elements \(a VLArray, an h5py vlen dataset\).*PyTables or h5py"):
+    with pytest.raises(multitables.NodeTypeError, match=r"variable-length rows \(an h5py vlen dataset, a PyTables VLArray\).*"
+                                                       r"the Reader do not read them.*get_batches.*h5py directly"):
         reader.get_dataset("/vl")

@@ -11,7 +11,9 @@ NOTE [transforms]
     (:meth:`Transform.infer`); the slots are laid out for it, and a later
     call that gives anything else fails with the function's traceback, as
     any error in a reader does. Rows reach it block by block, in file order,
-    before any shuffling; it must map each row on its own.
+    before any shuffling; it must map each row on its own. Rows of different
+    sizes (h5py vlen, PyTables VLArray) reach it as an object array, one
+    ndarray or bytes a row: NOTE [variable-length rows] in ``_io.vlen``.
 
 NOTE [prefetch]
     A reader alternates between waiting for the disk and decoding; alone, it
@@ -51,6 +53,7 @@ NOTE [prefetch]
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -62,6 +65,7 @@ from .._plan.readers import hint_distance
 from .._sys.signals import raised_by_handler
 from .engines import Source
 from .node import NodeInfo
+from .vlen import row_payload
 
 
 def read_block(
@@ -241,6 +245,13 @@ class Transform:
     function: Callable[[np.ndarray], np.ndarray]
     dtype: np.dtype
     row_shape: tuple[int, ...]
+    #: Bytes of a row as read where rows vary in size: the first rows' mean (NOTE [variable-length rows]); else 0.
+    read_nbytes: int = 0
+
+    @property
+    def row_nbytes(self) -> int:
+        """Bytes of a row it gives."""
+        return math.prod(self.row_shape) * self.dtype.itemsize
 
     @classmethod
     def infer(cls, function: Callable[[np.ndarray], np.ndarray], sample: np.ndarray, what: str) -> "Transform":
@@ -256,7 +267,7 @@ class Transform:
             )
         if out.dtype.hasobject:
             raise TypeError(f"transform for {what} returned dtype {out.dtype}; shared memory holds plain numbers and records only")
-        return cls(function, out.dtype, out.shape[1:])
+        return cls(function, out.dtype, out.shape[1:], row_payload(sample) if sample.dtype.kind == "O" else 0)
 
     def apply(self, rows: np.ndarray, out: np.ndarray) -> None:
         """``function(rows)`` into ``out`` (as many rows); ``TypeError`` if it gives another dtype or shape than before."""

@@ -63,6 +63,7 @@ from .objects.http import ObjectIdentity
 from .objects.listing import expand
 from .objects.reader import look_all
 from .objects.urls import is_url, shown
+from .vlen import vlen_refusal
 
 #: Files a :class:`SetSource` keeps open at once in one process.
 MAX_OPEN = 4
@@ -177,7 +178,7 @@ def own_flags(open_kwargs: "dict[str, Any]") -> "dict[str, Any]":
 
 def open_files(
     files: "str | tuple[str, ...]", path: str, field: "str | None" = None, store: "Store | None" = None,
-    swmr: bool = False, allow_empty: bool = False, locking: Any = None,
+    swmr: bool = False, allow_empty: bool = False, locking: Any = None, vlen: bool = False,
 ) -> "tuple[NodeInfo, Any]":
     """The node at ``path`` of one file (with its open ``h5py.Dataset``, as :func:`~.node.open_node`) or of a set (None).
 
@@ -191,8 +192,19 @@ def open_files(
     SWMR reading, as h5py's ``swmr=True`` (HDF5 refuses a second open of a file with the other flag); ``locking``:
     HDF5's file locking, as h5py's ``locking=`` (None: HDF5's default).
     ``allow_empty``: a node of 0 rows is given, not refused (random access takes it, as 2.x did); for a set, the first
-    file's.
+    file's. ``vlen``: a node of variable-length rows is given (for batches' transforms), not refused (NOTE
+    [variable-length rows] in ``vlen``).
     """
+    node, dataset = _open_files(files, path, field, store, swmr, allow_empty, locking)
+    if node.vlen and not vlen:
+        close_dataset(dataset)
+        raise vlen_refusal(f"{node.path!r} in {node.filename!r}")
+    return node, dataset
+
+
+def _open_files(files: "str | tuple[str, ...]", path: str, field: "str | None", store: "Store | None", swmr: bool,
+                allow_empty: bool, locking: Any) -> "tuple[NodeInfo, Any]":
+    """:func:`open_files`, whatever the rows."""
     if isinstance(files, str):
         if is_url(files) or swmr:  # an object is looked at by the open; a file open for SWMR grows
             return open_node(files, path, field, store=store, swmr=swmr, allow_empty=allow_empty, locking=locking)
@@ -286,10 +298,10 @@ def _inspect_set(
 
 def inspect_files(
     files: "str | tuple[str, ...]", path: str, field: "str | None" = None, store: "Store | None" = None,
-    swmr: bool = False, allow_empty: bool = False, locking: Any = None,
+    swmr: bool = False, allow_empty: bool = False, locking: Any = None, vlen: bool = False,
 ) -> NodeInfo:
     """As :func:`open_files`, without the open dataset."""
-    node, dataset = open_files(files, path, field, store, swmr, allow_empty, locking)
+    node, dataset = open_files(files, path, field, store, swmr, allow_empty, locking, vlen)
     if dataset is not None:
         close_dataset(dataset)
     return node

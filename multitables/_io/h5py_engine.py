@@ -46,6 +46,7 @@ from .node import NodeInfo, Unsupported, close_dataset, reopen_dataset
 from .objects.hdf5 import check_options, file_object
 from .scattered import RowSpans, Stopped, read_progression, rows_decoded_bytes
 from .strings import deliver_strings, stored_strings_type
+from .vlen import read_objects
 
 
 @functools.cache
@@ -157,12 +158,10 @@ class H5pySource:
     """One dataset opened with h5py for reading rows (the :class:`~multitables._io.engines.Source` protocol).
 
     ``open_kwargs``: passed to ``h5py.File`` (without any, the file is opened as the checks open it,
-    :func:`~multitables._io.node.reopen_dataset`). ``plan``: the blocks it will
-    read, which size its chunk cache (None: HDF5's default 1 MiB), unless
-    ``chunk_cache`` gives its bytes.
-    ``dataset``: the ``h5py.Dataset`` of ``node`` from
-    :func:`~multitables._io.node.open_node`, whose file it takes over (and
-    closes), sparing a second open."""
+    :func:`~multitables._io.node.reopen_dataset`). ``plan``: the blocks it will read, which size its chunk cache
+    (None: HDF5's default 1 MiB), unless ``chunk_cache`` gives its bytes. ``dataset``: the ``h5py.Dataset`` of
+    ``node`` from :func:`~multitables._io.node.open_node`, whose file it takes over (and closes), sparing a second
+    open. Rows of variable length are read as h5py reads them, into object arrays (NOTE [variable-length rows])."""
 
     engine = "h5py"
 
@@ -235,6 +234,8 @@ class H5pySource:
         self._mtype, self._pads = (self._mtype, ()) if stored is None else (stored, node.string_pads)
         self._stored: "np.ndarray | None" = None  # one stored chunk, made at the first
         self._edge_filtered: "bool | None" = None  # see _edge_chunks_filtered
+        if node.vlen:  # rows as objects, as h5py's reads give them (NOTE [variable-length rows]): decided once
+            self._read_selected = functools.partial(read_objects, dsid, self._fspace, self._mtype)  # type: ignore
 
     def read_into(self, start: int, stop: int, out: np.ndarray) -> None:
         """Read rows ``[start, stop)`` into ``out`` (C-contiguous, ``stop - start`` rows, the delivered dtype)."""
@@ -405,11 +406,9 @@ def _blosc() -> Blosc:
     return Blosc()
 
 
-#: Most runs of rows in one h5py read: HDF5 builds a union of hyperslabs in
-#: quadratic time (256 runs: ~2 ms; 2560: ~120 ms), so longer lists are read in pieces.
+#: Most runs of rows in one h5py read: HDF5 builds a union of hyperslabs in quadratic time (256 runs: ~2 ms; 2560:
+#: ~120 ms), so longer lists are read in pieces.
 RUNS_PER_READ = 64
-
-
 #: Rows of a range apart, fewer than this many a chunk, are one strided HDF5 read; more, a read per chunk's span. HDF5
 #: selects ~0.3 us a row, a span read costs ~25 us (16-byte rows, chunks of 4096 rows): [::1000] 3.5 ms strided, 5.4
 #: by spans; [::3] 100 ms strided, 9 by spans.

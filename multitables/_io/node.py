@@ -39,6 +39,7 @@ from .objects.http import ObjectIdentity
 from .objects.reader import ObjectReader, RemoteObject
 from .objects.urls import is_url, shown
 from .strings import StringPad, find_string_pads
+from .vlen import vlen_refusal
 from .writers import column_hint, group_hint
 
 class Unsupported(Exception):
@@ -103,6 +104,11 @@ class NodeInfo:
         return tuple(p.node.filename for p in self.parts) if self.parts else self.filename
 
     @property
+    def vlen(self) -> bool:
+        """Whether its rows are variable-length, read as objects (NOTE [variable-length rows] in ``_io.vlen``)."""
+        return self.dtype.kind == "O"
+
+    @property
     def row_nbytes(self) -> int:
         """Bytes in one delivered row."""
         # math.prod, not np.prod: ~0.3 us against ~15 us, asked twice per stream.
@@ -150,6 +156,8 @@ def inspect_node(filename: "str | os.PathLike[str]", path: str, field: "str | No
     """Open ``filename`` read-only, check ``path`` (and ``field``) can be streamed, describe it."""
     node, dataset = open_node(filename, path, field, store=store)
     close_dataset(dataset)
+    if node.vlen:
+        raise vlen_refusal(f"{path!r} in {filename!r}")
     return node
 
 
@@ -176,7 +184,9 @@ def open_node(
     """As :func:`inspect_node`, but also return the open ``h5py.Dataset``: the caller closes it with :func:`close_dataset`.
 
     ``allow_empty``: describe a node of 0 rows (a shard of a set may be
-    empty) rather than raise :class:`EmptyDatasetError`.
+    empty) rather than raise :class:`EmptyDatasetError`. A node of
+    variable-length rows is described (:attr:`NodeInfo.vlen`): its callers
+    refuse it where no transform reads it (NOTE [variable-length rows] in ``vlen``).
 
     The file is opened without a chunk cache (see :func:`_file_access`), and
     no file id is kept: the dataset holds the file open. A URL is read through
@@ -432,18 +442,14 @@ def _describe(filename: str, path: str, field: "str | None", ds: Any, allow_empt
     if shape is None or len(shape) == 0:
         raise NodeTypeError(f"{where} is a scalar; only datasets with rows can be streamed")
     if _has_object(dt):
-        if dt.kind == "O" and h5py.check_vlen_dtype(dt) is not None:
-            # A PyTables VLArray, or an h5py vlen dataset.
+        if dt.kind == "O" and h5py.check_vlen_dtype(dt) is not None:  # a PyTables VLArray, an h5py vlen dataset
+            if field is not None:  # described, for a transform (NOTE [variable-length rows]); refused by callers
+                raise vlen_refusal(where)
+        else:
             raise NodeTypeError(
-                f"{where} holds variable-length elements (a VLArray, an h5py vlen dataset): rows of different "
-                f"sizes fit no fixed-size slot or stage, so no access mode of multitables (Streamer or Reader) reads "
-                f"them; read them with "
-                f"PyTables or h5py directly (tables.open_file(...).get_node(path)[i], or h5py's dataset[i])"
+                f"{where} has dtype {dt}, which is variable-length or opaque; only fixed-size numeric, "
+                f"string and compound rows can be streamed"
             )
-        raise NodeTypeError(
-            f"{where} has dtype {dt}, which is variable-length or opaque; only fixed-size numeric, "
-            f"string and compound rows can be streamed"
-        )
     n_rows = int(shape[0])
     if n_rows == 0 and not allow_empty:
         raise EmptyDatasetError(_EMPTY.format(where))

@@ -23,6 +23,7 @@ from .node import NodeInfo, close_dataset, raise_if_switched
 from .prefork import before_fork
 from .strings import deliver_strings
 from .scattered import GroupRows
+from .vlen import VLEN_PROBLEM
 
 
 def tables_problem(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "str | None":
@@ -32,6 +33,8 @@ def tables_problem(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "str | None
     """
     if node.remote is not None:
         return REMOTE
+    if node.vlen:
+        return VLEN_PROBLEM
     if _nested_gaps(node.file_dtype):
         # PyTables 3.11 packs nested members and then writes past its buffer (a crash at exit, or at once).
         return "PyTables misreads compounds with gaps between their members that are nested or hold nested ones"

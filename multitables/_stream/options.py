@@ -51,9 +51,10 @@ class StreamOptions:
         """The node at ``path`` of the files, and its open ``h5py.Dataset`` (None for a set): ``_io.fileset.open_files``."""
         return open_files(self.files, path, field, self.store, **own_flags(self.open_kwargs))
 
-    def inspect(self, path: str, field: "str | None" = None) -> NodeInfo:
-        """The node at ``path`` of the files, checked (every file of a set; NOTE [file sets] in ``_io.fileset``)."""
-        return inspect_files(self.files, path, field, self.store, **own_flags(self.open_kwargs))
+    def inspect(self, path: str, field: "str | None" = None, vlen: bool = False) -> NodeInfo:
+        """The node at ``path`` of the files, checked (every file of a set; NOTE [file sets] in ``_io.fileset``);
+        ``vlen``: one of variable-length rows is given, not refused (NOTE [variable-length rows] in ``_io.vlen``)."""
+        return inspect_files(self.files, path, field, self.store, vlen=vlen, **own_flags(self.open_kwargs))
 
     def resolve(self, node: NodeInfo, dataset: Any = None, readers: bool = False) -> str:
         """The engine that will read ``node`` (``readers``: by reader processes); refuses ``cache='direct'`` where the

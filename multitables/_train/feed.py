@@ -91,7 +91,7 @@ def plan_feed(
     ``block_size`` cuts a compressed chunk of a shuffled epoch, whose blocks each decode the whole chunk again.
     """
     engines = [options.resolve(n) for n in nodes]
-    shapes = [DatasetShape.of(n, transformed=t is not None) for n, t in zip(nodes, transforms)]
+    shapes = [_shape(n, t) for n, t in zip(nodes, transforms)]
     machine = options.machine
     if given.get("n_procs") is None:  # NOTE [read plan]: measured where the answer turns on it, as for a stream
         shapes = [replace(s, decode_rate=options.measure_rate(n, e)) if rate_decides(s, e, machine, looped=True) else s
@@ -113,6 +113,16 @@ def plan_feed(
                     f"the whole chunk again. Give a multiple of {split:,} rows, or leave block_size out (whole "
                     f"chunks)", stacklevel=4)
     return planning
+
+
+def _shape(node: "NodeInfo", transform: Any) -> DatasetShape:
+    """What the plan needs of ``node``, read through ``transform`` (None: none). A row of variable length is an
+    object's pointer in a block: priced as the larger of its bytes as read and as delivered (NOTE [variable-length
+    rows] in ``_io.vlen``)."""
+    shape = DatasetShape.of(node, transformed=transform is not None)
+    if node.vlen:
+        shape = replace(shape, row_nbytes=max(transform.read_nbytes, transform.row_nbytes, 1))
+    return shape
 
 
 #: Room for what a block table may hold unclaimed, over two epochs' pieces: a few pieces more or less per epoch.

@@ -11,6 +11,7 @@ import sys
 from typing import Any, Protocol
 
 from .._io.blockread import Transform
+from .._io.vlen import vlen_refusal
 from .._sys.forks import start_method, under_main_guard
 from .._stream.options import StreamOptions
 
@@ -27,8 +28,11 @@ _SAMPLE_ROWS = 2
 
 
 def infer_transforms(stream: "StreamerLike", paths: list[str], nodes: list[Any], transform: Any, columns: bool) -> list[Any]:
-    """Each dataset's :class:`~multitables._io.blockread.Transform` (None: none), learnt on its first rows here."""
+    """Each dataset's :class:`~multitables._io.blockread.Transform` (None: none), learnt on its first rows here.
+
+    A node of variable-length rows without one is refused (NOTE [variable-length rows] in ``_io.vlen``)."""
     if transform is None:
+        _refuse_vlen(paths, nodes, set())
         return [None] * len(paths)
     if columns:
         raise ValueError("transform= and fields= do not go together: transform the columns after the batch")
@@ -43,6 +47,7 @@ def infer_transforms(stream: "StreamerLike", paths: list[str], nodes: list[Any],
             raise KeyError(f"transform names paths not read: {unknown}; the paths are {paths}")
     else:
         raise TypeError(f"transform must be a function or a dict of path to function, not {type(transform).__name__}")
+    _refuse_vlen(paths, nodes, set(functions))
     options = stream.options
     out = []
     for path, node in zip(paths, nodes):
@@ -75,6 +80,13 @@ def infer_transforms(stream: "StreamerLike", paths: list[str], nodes: list[Any],
                 )
         out.append(found)
     return out
+
+
+def _refuse_vlen(paths: list[str], nodes: list[Any], transformed: "set[str]") -> None:
+    """Refuse the first node of variable-length rows whose path has no transform."""
+    for path, node in zip(paths, nodes):
+        if node.vlen and path not in transformed:
+            raise vlen_refusal(f"{node.path!r} in {node.filename!r}", batches=True)
 
 
 def _interactive(function: Any) -> bool:

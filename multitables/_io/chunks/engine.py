@@ -6,6 +6,7 @@ from typing import Any
 
 from ..node import NodeInfo
 from ..scattered import GroupRows, rows_decoded_bytes
+from ..vlen import VLEN_PROBLEM
 from .pread import CACHES
 from .source import ChunkSource
 from .storage import chunks_problem, known_layout
@@ -75,6 +76,8 @@ class ChunkEngine:
         """
         if open_kwargs:
             return f"it takes no open options (the 'h5py' and 'tables' engines do), got {sorted(open_kwargs)}"
+        if node.vlen:
+            return VLEN_PROBLEM
         return chunks_problem(node, dataset)
 
     def open(self, node: NodeInfo, open_kwargs: "dict[str, Any]", plan: Any = None, dataset: Any = None, *,

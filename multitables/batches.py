@@ -462,9 +462,9 @@ class Batches(Closing, Generic[BatchT]):
             k = start
             last = int(plan.window_offsets[max(0, plan.n_windows - 1)]) // s.batch_size  # the last window's first batch
             for arrays in (cutting := cut(source, skip, s.batch_size, alloc)):
-                batch, k = made(arrays), k + 1  # made (tensors too), then counted: no call between, NOTE
-                if self._closing:  # [delivered batches] in _train.iteration; closed under the step, NOTE [closed
-                    return  # mid-step]: not counted, and the chain's end closes once the frames are gone
+                batch, k = made(arrays), k + 1  # made (tensors too), then counted: NOTE [delivered batches]
+                if self._closing:  # closed under the step: not counted, closed at the chain's end, NOTE [closed mid-step]
+                    return
                 self._batch, self._step = k, self._step + 1
                 yield batch
                 if ahead:  # NOTE [readers across epochs]: once the first batch is out, the next epoch is planned

@@ -181,3 +181,64 @@ def test_any_other_group_is_refused_naming_its_first_members(tmp_path: Path) -> 
                                               + ", ... (11 in all)")
     assert _refusal(stream, "/empty").endswith("is a Group; only array datasets (Array, CArray, EArray) and Tables "
                                                "can be streamed. It is empty")
+
+
+def _matlab(path: Path) -> dict[str, np.ndarray]:
+    """A v7.3 .mat file as MATLAB (and hdf5storage 0.2, which copies its layout) writes one: a 512-byte userblock,
+    a ``MATLAB_class`` attribute on every variable, matrices transposed (N x D in MATLAB is a D x N dataset), an
+    empty matrix as its dimensions in uint64 with ``MATLAB_empty``, a cell array as object references into
+    ``/#refs#``, a sparse matrix as a group of ``data``, ``ir`` and ``jc`` (compressed sparse columns)."""
+    rng = np.random.default_rng(0)
+    values = {"X": rng.standard_normal((8, 300)), "L": (rng.random((2, 300)) > 0.5).astype("u1")}
+    with h5py.File(path, "w", userblock_size=512) as f:
+        for name, kind in (("X", "double"), ("L", "logical")):
+            f.create_dataset(name, data=values[name], chunks=(1, 128), compression="gzip").attrs["MATLAB_class"] = \
+                np.bytes_(kind)
+        empty = f.create_dataset("E", data=np.array([0, 5], "u8"))
+        empty.attrs.update({"MATLAB_class": np.bytes_("double"), "MATLAB_empty": np.uint8(1)})
+        f["#refs#/b"] = np.arange(3.0).reshape(1, 3)
+        cell = f.create_dataset("C", shape=(1, 1), dtype=h5py.ref_dtype)
+        cell[0, 0] = f["#refs#/b"].ref
+        cell.attrs["MATLAB_class"] = np.bytes_("cell")
+        sparse = f.create_group("S")
+        sparse.attrs.update({"MATLAB_class": np.bytes_("double"), "MATLAB_sparse": np.uint64(100)})
+        sparse["data"], sparse["ir"], sparse["jc"] = np.ones(3), np.arange(3, dtype="u8"), np.array([0, 1, 2, 3], "u8")
+    return values
+
+
+def test_a_matlab_file_reads_its_matrices_as_stored_and_refuses_what_is_not_a_matrix(tmp_path: Path, no_leaks: None) -> None:
+    path = tmp_path / "m.mat"
+    values = _matlab(path)
+    stream = multitables.Streamer(path)
+    for name in ("X", "L"):  # as h5py delivers them: MATLAB's columns are the rows
+        assert np.array_equal(np.concatenate(list(stream.get_batches(f"/{name}", 4, shuffle=False))), values[name])
+    with multitables.Reader(path, n_procs=0) as reader:
+        refusals = {
+            "/E": "'/E' in {} holds MATLAB's empty array (attribute MATLAB_empty): its values [0, 5] are the "
+                  "dimensions of an empty matrix, not data, so it has no rows to read",
+            "/C": "'/C' in {} has dtype object, which is variable-length, opaque or references; only fixed-size "
+                  "numeric, string and compound rows can be streamed. It holds HDF5 object references (a MATLAB cell "
+                  "array, whose elements are datasets in '/#refs#'): read the datasets they point to with h5py",
+            "/S": "'/S' in {} is a Group; only array datasets (Array, CArray, EArray) and Tables can be streamed. It "
+                  "holds a MATLAB sparse matrix (100 rows) as compressed sparse columns, the datasets '/S/data' (the "
+                  "nonzeros), '/S/ir' (their rows) and '/S/jc' (where each column starts): multitables streams the "
+                  "rows of a dense dataset, not a sparse matrix; read it with scipy.sparse.csc_matrix, or stream those "
+                  "datasets as flat arrays",
+        }
+        for node, said in refusals.items():
+            for refuse in (lambda: stream.get_queue(node), lambda: stream.get_generator(node),
+                           lambda: stream.get_batches(node, 4), lambda: reader.get_dataset(node)):
+                with pytest.raises(multitables.NodeTypeError) as info:
+                    refuse()
+                assert str(info.value) == said.format(repr(str(path)))
+
+
+@pytest.mark.parametrize("dtype, shape", [("u8", (2,)), ("u4", (2,)), ("u8", (3, 1))])
+def test_a_small_unsigned_dataset_named_like_matlabs_empty_marker_but_without_its_attribute_reads(
+        tmp_path: Path, dtype: str, shape: "tuple[int, ...]") -> None:
+    path = tmp_path / "m.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("E", data=np.arange(np.prod(shape), dtype=dtype).reshape(shape)).attrs["MATLAB_class"] = \
+            np.bytes_("double")
+    assert np.array_equal(np.stack(list(multitables.Streamer(path).get_generator("/E", n_procs=0))),
+                          np.arange(np.prod(shape), dtype=dtype).reshape(shape))

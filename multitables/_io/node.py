@@ -40,7 +40,7 @@ from .objects.reader import ObjectReader, RemoteObject
 from .objects.urls import is_url, shown
 from .strings import StringPad, find_string_pads
 from .vlen import vlen_refusal
-from .writers import column_hint, group_hint
+from .writers import column_hint, group_hint, matlab_empty, reference_hint
 
 class Unsupported(Exception):
     """An engine does not read this node as h5py delivers it; the message says why (the chunk engine raises it at open)."""
@@ -447,9 +447,12 @@ def _describe(filename: str, path: str, field: "str | None", ds: Any, allow_empt
                 raise vlen_refusal(where)
         else:
             raise NodeTypeError(
-                f"{where} has dtype {dt}, which is variable-length or opaque; only fixed-size numeric, "
-                f"string and compound rows can be streamed"
+                f"{where} has dtype {dt}, which is variable-length, opaque or references; only fixed-size numeric, "
+                f"string and compound rows can be streamed{reference_hint(ds)}"
             )
+    empty = matlab_empty(ds, dt, shape)
+    if empty is not None:
+        raise NodeTypeError(f"{where} {empty}")
     n_rows = int(shape[0])
     if n_rows == 0 and not allow_empty:
         raise EmptyDatasetError(_EMPTY.format(where))

@@ -1,18 +1,24 @@
-"""Other projects' layouts (pandas' ``to_hdf``, anndata's ``.h5ad``): where the rows a user asked for are kept.
+"""Other projects' layouts (pandas' ``to_hdf``, anndata's ``.h5ad``, MATLAB's v7.3 ``.mat``): where the rows a user
+asked for are kept.
 
 A user whose file another project wrote names what that project calls the
 data: pandas' key (``'/df'``, a group), anndata's ``'/X'`` (a group where X
 is sparse), a DataFrame's column (``field='b'``, kept inside a
-``values_block_N`` field). Refusing those is right; these helpers add to the
-refusal what the group holds and which dataset or field to read instead. They
+``values_block_N`` field), a MATLAB variable (a sparse matrix is a group, a
+cell array references). Refusing those is right; these helpers add to the
+refusal what the node holds and which dataset or field to read instead. They
 read attributes and a few small datasets, on the error path only, and never
-fail: a layout they do not know is described by its members.
+fail: a layout they do not know is described by its members. The one check
+off the error path, :func:`matlab_empty`, looks at tiny unsigned datasets only.
 """
 
 from __future__ import annotations
 
+import math
 import pickletools
 from typing import Any
+
+import numpy as np
 
 #: Members a group's description names before it says how many there are in all.
 SHOWN = 8
@@ -122,7 +128,40 @@ def _known_layout(group: Any, path: str) -> "str | None":
         return "It holds a data frame (anndata's 'dataframe' encoding), a member per column: " + _members(group, path)
     if encoding is not None:
         return f"It holds anndata's {encoding!r} encoding: " + _members(group, path)
+    if "MATLAB_sparse" in attrs:
+        parts = [f"{_child(path, name)!r} ({role})" for name, role in (
+            ("data", "the nonzeros"), ("ir", "their rows"), ("jc", "where each column starts")) if name in group]
+        said = " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts)
+        return (f"It holds a MATLAB sparse matrix ({int(attrs['MATLAB_sparse'])} rows) as compressed sparse columns, "
+                f"the datasets {said}: multitables streams the rows of a dense dataset, not a sparse matrix; read it "
+                f"with scipy.sparse.csc_matrix, or stream those datasets as flat arrays")
     return None
+
+
+def reference_hint(dataset: Any) -> str:
+    """For the h5py ``dataset`` of object references: a sentence starting with '. ' saying so, naming a MATLAB cell
+    array's ``/#refs#`` ('' for any other dtype, or where it cannot be read)."""
+    import h5py
+
+    try:
+        if h5py.check_ref_dtype(dataset.dtype) is None:
+            return ""
+        cell = _text(dataset.attrs.get("MATLAB_class")) == "cell"
+    except Exception:  # noqa: BLE001 - the refusal stands without a description
+        return ""
+    return (". It holds HDF5 object references" + (" (a MATLAB cell array, whose elements are datasets in '/#refs#')"
+                                                   if cell else "") + ": read the datasets they point to with h5py")
+
+
+def matlab_empty(dataset: Any, dtype: np.dtype, shape: "tuple[int, ...]") -> "str | None":
+    """Why the h5py ``dataset`` of ``dtype`` and ``shape`` holds no rows where it is MATLAB's empty array: MATLAB writes an empty
+    matrix as its dimensions (unsigned, one per axis) with the attribute ``MATLAB_empty``; None for any other
+    dataset. Only a tiny unsigned dataset's attributes are looked at (an attribute lookup costs microseconds)."""
+    if dtype.kind != "u" or len(shape) > 2 or math.prod(shape) > 32 or "MATLAB_empty" not in dataset.attrs:
+        return None
+    dims = [int(n) for n in np.asarray(dataset[()]).ravel()]
+    return (f"holds MATLAB's empty array (attribute MATLAB_empty): its values {dims} are the dimensions of an empty "
+            f"matrix, not data, so it has no rows to read")
 
 
 def _members(group: Any, path: str) -> str:

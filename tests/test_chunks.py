@@ -48,9 +48,12 @@ CACHES = ["page", "direct"] if DIRECT_IO else ["page"]
 
 # -- what the property test draws from ------------------------------------------
 
-H5PY_DTYPES = ["<f4", ">f8", "<i2", "u1", ">u4", "?", "<c8", "S3", "compound"]
+H5PY_DTYPES = ["<f4", ">f8", "<i2", "u1", ">u4", "?", "<c8", "S3", "<f2", ">c16", "enum", "compound", "nested"]
 TABLES_DTYPES = ["<f4", ">f8", "<i2", "u1", ">u4", "?", "<c8", "S3"]
 COMPOUND = np.dtype([("a", "<i4"), ("b", ">f4", (2,)), ("s", "S2")])
+#: What C and Fortran programs write too: a compound in a compound, an array of arrays (numpy's (3, 2)), an enum.
+NESTED = np.dtype([("id", ">i8"), ("pos", [("x", "<f4"), ("y", ">i2")]), ("m", ("<f4", (2,)), (3,))])
+NAMED = {"compound": COMPOUND, "nested": NESTED, "enum": h5py.enum_dtype({"a": 0, "b": 1, "z": 99}, basetype="<i2")}
 #: PyTables tables take one byte order.
 TABLE_ROW = np.dtype([("a", "<i4"), ("b", "<f4", (2,)), ("s", "S2")])
 H5PY_FILTERS: dict[str, dict[str, Any]] = {
@@ -96,7 +99,7 @@ def _values(shape: tuple[int, ...], dtype: np.dtype, rng: np.random.Generator) -
 def datasets(draw: st.DrawFn) -> dict[str, Any]:
     writer = draw(st.sampled_from(["h5py", "tables"]))
     dtype_name = draw(st.sampled_from(H5PY_DTYPES if writer == "h5py" else TABLES_DTYPES))
-    dtype = COMPOUND if dtype_name == "compound" else np.dtype(dtype_name)
+    dtype = NAMED.get(dtype_name) or np.dtype(dtype_name)
     n_rows = draw(st.integers(1, 150))
     row_shape = tuple(draw(st.lists(st.integers(1, 5), max_size=2)))
     shape = (n_rows,) + row_shape

@@ -450,8 +450,7 @@ def _describe(filename: str, path: str, field: "str | None", ds: Any, allow_empt
                 f"{where} has dtype {dt}, which is variable-length, opaque or references; only fixed-size numeric, "
                 f"string and compound rows can be streamed{reference_hint(ds)}"
             )
-    empty = matlab_empty(ds, dt, shape)
-    if empty is not None:
+    if (empty := matlab_empty(ds, dt, shape)) is not None:
         raise NodeTypeError(f"{where} {empty}")
     n_rows = int(shape[0])
     if n_rows == 0 and not allow_empty:

@@ -286,7 +286,7 @@ class Dataset:
         self._reader = reader
         self._node = node
         self._engine = engine
-        self._fields: dict["str | None", tuple[NodeInfo, bytes]] = {None: (node, describe(engine, node))}
+        self._fields: dict["str | None", tuple[NodeInfo, bytes]] = {None: (node, describe(engine, node, reader.filename))}
         #: The node's path in the file.
         self.path: str = node.path
         #: The node's shape (rows first).
@@ -313,7 +313,7 @@ class Dataset:
             if not isinstance(field, str):
                 raise TypeError(f"a column is named by a str, not {type(field).__name__}")
             node = self._reader._live().inspect(self._node.path, field)  # KeyError for a missing column
-            got = self._fields[field] = (node, describe(self._engine, node))
+            got = self._fields[field] = (node, describe(self._engine, node, self._reader.filename))
         return got
 
     def __getitem__(self, key: Any) -> "Request":

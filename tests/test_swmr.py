@@ -251,3 +251,109 @@ def test_a_stream_of_a_swmr_file_opened_for_writing_without_swmr_stops(writer: t
         _let_go(holder)
     assert 3 <= len(got) < N0 // 100
     np.testing.assert_array_equal(np.concatenate(got), rows(0, 100 * len(got)))
+
+
+def _plain(path: Path, n: int) -> None:
+    """A file of ``rows(0, n)`` that no writer holds, to make a set with the writer's file."""
+    with h5py.File(path, "w", libver="latest") as f:
+        f.create_dataset("X", data=rows(0, n), maxshape=(None, 4), chunks=(25, 4))
+
+
+@pytest.mark.parametrize("n_procs", [0, 1])
+def test_a_readers_requests_of_a_set_with_a_growing_file_read_the_rows_looked_at(writer: tuple[Path, Writer],
+                                                                                 tmp_path: Path, n_procs: int,
+                                                                                 no_leaks: None) -> None:
+    """A set whose first file an SWMR writer holds: the readers inspected the set again without swmr=True (HDF5
+    refused: FileBusyError), and a file grown since ``get_dataset`` failed the set's check (FileChangedError). The
+    rows read are each file's as ``get_dataset`` saw them, at the offsets it gave; a new ``get_dataset`` gives the
+    rows flushed since, and the dataset got before keeps its rows."""
+    path, w = writer
+    other = tmp_path / "other.h5"
+    _plain(other, 200)
+    with hang_guard(GUARD, "a Reader of a set with a growing SWMR file"):
+        with multitables.Reader([str(path), str(other)], n_procs=n_procs, swmr=True) as reader:
+            ds = reader.get_dataset("/X")
+            assert len(ds) == N0 + 200
+            stage = ds.create_stage(N0 + ADD + 200)
+            w.grow()
+            np.testing.assert_array_equal(reader.request(ds[:], stage).get(), np.concatenate([rows(0, N0), rows(0, 200)]))
+            newer = reader.get_dataset("/X")
+            assert len(newer) == N0 + ADD + 200
+            w.grow()
+            want = np.concatenate([rows(0, N0 + ADD), rows(0, 200)])
+            np.testing.assert_array_equal(reader.request(newer[N0 - 5 :], stage).get(), want[N0 - 5 :])
+            np.testing.assert_array_equal(reader.request(ds[[N0 + 1, 3, N0 - 1]], stage).get(),
+                                          np.concatenate([rows(0, N0), rows(0, 200)])[[N0 + 1, 3, N0 - 1]])
+            w.close()
+            np.testing.assert_array_equal(reader.request(newer[::7], stage).get(), want[::7])
+
+
+def test_streams_and_batches_of_a_set_with_a_growing_file_read_the_rows_looked_at(writer: tuple[Path, Writer],
+                                                                                 tmp_path: Path,
+                                                                                 no_leaks: None) -> None:
+    """A stream and an epoch of batches over a set whose first file an SWMR writer appends to read every row of
+    each file as they looked at it, once, while the writer flushes."""
+    path, w = writer
+    other = tmp_path / "other.h5"
+    _plain(other, 200)
+    stream = multitables.Streamer([str(path), str(other)], swmr=True)
+    want = np.concatenate([rows(0, N0), rows(0, 200)])
+    with hang_guard(GUARD, "a stream and batches of a set with a growing SWMR file"):
+        got = []
+        with stream.get_queue("/X", n_procs=1, block_size=100, read_ahead=2, ordered=True) as queue:
+            for k, guard in enumerate(queue.iter()):
+                with guard as block:
+                    got.append(block.copy())
+                if k < 2:
+                    w.grow()
+        np.testing.assert_array_equal(np.concatenate(got), want)
+        want = np.concatenate([rows(0, N0 + 2 * ADD), rows(0, 200)])
+        with stream.get_batches("/X", 50, seed=1, n_procs=1, block_size=100, window=1, read_ahead=2) as batches:
+            got = []
+            for k, batch in enumerate(batches):
+                got.append(batch)
+                if k < 2:
+                    w.grow()
+        got = np.concatenate(got)
+        np.testing.assert_array_equal(got[np.lexsort(got.T[::-1])], want[np.lexsort(want.T[::-1])])
+
+
+@pytest.mark.parametrize("n_procs", [0, 1])
+def test_a_set_file_cut_short_below_the_readers_look_fails_the_requests(writer: tuple[Path, Writer], tmp_path: Path,
+                                                                       n_procs: int, no_leaks: None) -> None:
+    """A set's file cut short after ``get_dataset`` looked at it (and after it grew): the readers' own look at the
+    set refuses it, saying how much smaller it is."""
+    path, w = writer
+    other = tmp_path / "other.h5"
+    _plain(other, 200)
+    with hang_guard(GUARD, "a Reader of a set with a SWMR file cut short"):
+        with multitables.Reader([str(path), str(other)], n_procs=n_procs, swmr=True) as reader:
+            w.grow()
+            ds = reader.get_dataset("/X")
+            looked = os.path.getsize(path)
+            w.close()
+            os.truncate(path, looked - 1)
+            with pytest.raises(FileChangedError, match=f"cut short from {looked} to {looked - 1} bytes"):
+                reader.request(ds[:], ds.create_stage(len(ds))).get()
+
+
+def test_a_growing_set_too_large_to_describe_to_the_readers_is_refused_saying_so(tmp_path: Path) -> None:
+    """Each file's rows and size go to the readers in a stage's header: a set of more files than it holds is refused
+    at ``get_dataset``, before any request, saying what to do."""
+    from dataclasses import replace
+
+    from multitables._io.files import GrowingFile
+    from multitables._io.fileset import inspect_files, set_node
+    from multitables._io.node import Part
+    from multitables._shm.stagemap import describe
+
+    _plain(tmp_path / "one.h5", 10)
+    node = inspect_files(str(tmp_path / "one.h5"), "/X", swmr=True)
+    assert isinstance(node.identity, GrowingFile)
+    files = tuple(f"f{i}.h5" for i in range(4000))
+    sizes = np.random.default_rng(0).integers(10**8, 2 * 10**8, len(files))
+    parts = [Part(replace(node, filename=name), 10 * i, GrowingFile(node.identity.signature[:2] + (int(size), 0, 0)))
+             for i, (name, size) in enumerate(zip(files, sizes))]
+    with pytest.raises(ValueError, match="swmr=True is too many files.*read fewer files per Reader"):
+        describe("h5py", set_node("4000 files", node, parts, 10 * len(files)), files)
+    assert len(describe("h5py", set_node("40 files", node, parts[:40], 400), files[:40])) < 1000

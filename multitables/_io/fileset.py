@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import errno
 import glob
-import hashlib
 import os
 import threading
 from bisect import bisect_right
@@ -51,9 +50,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from dataclasses import dataclass
-
-from ..errors import EmptyDatasetError, FileChangedError
+from ..errors import EmptyDatasetError
 from .._sys.forks import renew_lock_in_children
 from .files import FileSignature, GrowingFile, as_filename, check_file_unchanged, check_regular, file_signature, from_root, settled
 from .node import NodeInfo, Part, check_file, close_dataset, open_node, refuse_empty
@@ -293,7 +290,7 @@ def _inspect_set(
     signatures = tuple(looked)
     if not parts:  # the first file's node stands for a set of no rows (random access takes it; streams refuse it)
         return signatures, first
-    return signatures, _set_node(describe_files(files), first, parts, offset)
+    return signatures, set_node(describe_files(files), first, parts, offset)
 
 
 def inspect_files(
@@ -330,7 +327,7 @@ def _signature(name: str) -> FileSignature:
         raise FileNotFoundError(errno.ENOENT, "No such HDF5 file", name) from None
 
 
-def _set_node(where: str, first: NodeInfo, parts: "list[Part]", n_rows: int) -> NodeInfo:
+def set_node(where: str, first: NodeInfo, parts: "list[Part]", n_rows: int) -> NodeInfo:
     """The node of a set: its rows, and what every part shares or any part has."""
     nodes = [p.node for p in parts]
     filters: dict[int, str] = {}
@@ -355,41 +352,6 @@ def _set_node(where: str, first: NodeInfo, parts: "list[Part]", n_rows: int) -> 
         h5py_problem=next((node.h5py_problem for node in nodes if node.h5py_problem), None),
         parts=tuple(parts),
     )
-
-
-@dataclass(frozen=True)
-class SetRef:
-    """A node of a set named in a few bytes, for a Reader's stage header: resolved by a reader that has the files.
-
-    A stage header holds a few KiB and a set's node (every file's
-    description) grows with the files; the readers get the Reader's files
-    once, at start, and inspect the set themselves on its first request.
-    ``fingerprint`` (of every part's file, identity and rows) makes sure
-    they found what the consumer checked.
-    """
-
-    path: str
-    field: "str | None"
-    fingerprint: str
-
-    @classmethod
-    def of(cls, node: NodeInfo) -> "SetRef":
-        return cls(node.path, node.field, _fingerprint(node))
-
-    def resolve(self, files: "tuple[str, ...]", store: "Store | None" = None) -> NodeInfo:
-        """The node this names, inspected now; :class:`FileChangedError` if a file changed since the consumer's inspection."""
-        node = inspect_files(files, self.path, self.field, store)
-        if _fingerprint(node) != self.fingerprint:
-            raise FileChangedError(
-                f"a file of {node.filename!r} changed between the Reader's look at {self.path!r} and its readers': "
-                f"the rows asked for may no longer be there"
-            )
-        return node
-
-
-def _fingerprint(node: NodeInfo) -> str:
-    parts = [(p.node.filename, p.signature, p.offset, p.node.n_rows) for p in node.parts]
-    return hashlib.sha256(repr(parts).encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def node_signature(node: NodeInfo) -> "FileSignature | GrowingFile | ObjectIdentity | None":

@@ -53,13 +53,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .._io.fileset import SetRef, own_flags
+from .._io.fileset import own_flags
 from .._io.files import REQUESTED, FileSignature, GrowingFile, check_file_unchanged
 from .._io.node import NodeInfo
 from .._io.objects.config import Store
 from .._io.objects.http import ObjectIdentity
 from .._io.engines import open_rows
 from .._io.scattered import Stopped
+from .._io.setref import SetRef
 from .._io.tables_engine import pytables_options
 from .._plan.requests import ReadRows
 from .._shm.inbox import ATTACH, DETACH, READ, STOP, InboxSync, Inboxes, Item
@@ -119,8 +120,11 @@ class ShareReader:
         got = self.nodes.get(desc)
         if got is None:
             engine, node = pickle.loads(desc)
+            flags = own_flags(self.settings.open_kwargs)
             if isinstance(node, SetRef):
-                node = node.resolve(self.settings.files, self.settings.store)  # type: ignore[arg-type]
+                if flags["swmr"]:  # its files looked at by this process's one open of each (NOTE [swmr extent])
+                    self.drop_opens(node.path)
+                node = node.resolve(self.settings.files, self.settings.store, **flags)  # type: ignore[arg-type]
             got = self.nodes[desc] = (engine, node)
         return got
 
@@ -129,14 +133,15 @@ class ShareReader:
         if reader is None:
             engine, node = self._node(desc)
             if own_flags(self.settings.open_kwargs)["swmr"]:  # its one open here, which refreshes: NOTE [swmr extent]
-                self.drop_opens(node)
+                self.drop_opens(node.path)
             reader = self.readers[desc] = open_rows(engine, node, self.settings.open_kwargs)
         return reader
 
-    def drop_opens(self, node: "NodeInfo | None" = None) -> None:
-        """Close the rows readers open on ``node``'s dataset (None: on any), to be opened again when next read."""
+    def drop_opens(self, path: "str | None" = None) -> None:
+        """Close the rows readers open on the dataset at ``path`` of the Reader's files (None: on any), to be opened
+        again when next read."""
         for desc, (_engine, known) in self.nodes.items():
-            if desc in self.readers and (node is None or (known.files, known.path) == (node.files, node.path)):
+            if desc in self.readers and (path is None or known.path == path):
                 try:
                     self.readers.pop(desc).close()
                 except Exception:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._io.fileset import SetRef
+from .._io.setref import SetRef
 from ..errors import StreamClosedError
 from .layout import PAGE, round_up
 from .segment import Segment
@@ -195,13 +195,17 @@ class StageMap:
 MAX_DESC = HEADER_BYTES - _DESC_AT
 
 
-def describe(engine: str, node: NodeInfo) -> bytes:
+def describe(engine: str, node: NodeInfo, files: "str | tuple[str, ...]") -> bytes:
     """The bytes that tell a reader which node to read and how (written into the stage per request).
 
-    A node of a set goes as a :class:`~multitables._io.fileset.SetRef`,
+    A node of a set (``files``) goes as a :class:`~multitables._io.setref.SetRef`,
     which the reader resolves with the Reader's files.
     """
-    desc = pickle.dumps((engine, SetRef.of(node) if node.parts else node), protocol=pickle.HIGHEST_PROTOCOL)
+    ref = SetRef.of(node, files) if node.parts and isinstance(files, tuple) else None
+    desc = pickle.dumps((engine, ref or node), protocol=pickle.HIGHEST_PROTOCOL)
+    if ref is not None and ref.grown and len(desc) > MAX_DESC:  # NOTE [growing sets] in ``_io.setref``
+        raise ValueError(f"{node.filename!r} read with swmr=True is too many files to hand their rows and sizes to the "
+                         f"readers ({len(desc)} bytes described, at most {MAX_DESC}): read fewer files per Reader")
     if len(desc) > MAX_DESC:
         raise ValueError(f"the file name and node path are too long to hand to the readers ({len(desc)} bytes described)")
     return desc

@@ -1,0 +1,113 @@
+"""A node of a set named in a few bytes for the readers, who find it again in the Reader's files (NOTE [file sets]).
+
+NOTE [growing sets]
+    A set read with ``swmr=True`` may have files that an SWMR writer appends
+    to (NOTE [file identity] in ``files``): between the Reader's look at a
+    node and its readers' look, a file may have grown, so the readers find
+    other sizes and more rows than the Reader did, and a file that had no
+    rows may have some. So a :class:`SetRef` of such a node carries, for
+    each file of the set, the rows and the size the Reader saw (packed, a
+    few bytes a file), and its readers open the files that had rows (with
+    ``swmr=True``, as HDF5 requires while a writer holds the file) and take
+    each file's first rows, as many as the Reader saw: the node read is the
+    node the Reader described. Its fingerprint holds what growth leaves as
+    it was (each file's device and inode, the rows taken, their offsets,
+    dtype and shape). A file smaller than the Reader saw is cut short, one
+    with fewer rows than it saw is refused too: each a
+    :class:`~multitables.errors.FileChangedError`. Each file's size at the
+    readers' look is then the least its reads allow (NOTE [file identity]).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from ..errors import FileChangedError
+from .files import GrowingFile, check_same_file
+from .fileset import describe_files, inspect_files, set_node
+from .node import NodeInfo, Part
+from .objects.config import Store
+
+
+@dataclass(frozen=True)
+class SetRef:
+    """A node of a set named in a few bytes, for a Reader's stage header: resolved by a reader that has the files.
+
+    A stage header holds a few KiB and a set's node (every file's
+    description) grows with the files; the readers get the Reader's files
+    once, at start, and inspect the set themselves on its first request.
+    ``fingerprint`` (of every part's file, identity and rows) makes sure
+    they found what the consumer checked. ``grown``: for a set read with
+    ``swmr=True``, each file's rows and size as the consumer saw them
+    (NOTE [growing sets]); empty otherwise.
+    """
+
+    path: str
+    field: "str | None"
+    fingerprint: str
+    grown: bytes = b""
+
+    @classmethod
+    def of(cls, node: NodeInfo, files: "tuple[str, ...]") -> "SetRef":
+        """``node``, a node of the set ``files``."""
+        grown = b""
+        if any(isinstance(p.signature, GrowingFile) for p in node.parts):
+            seen = np.zeros((len(files), 2), np.int64)  # rows, bytes; (0, 0): no rows then
+            i = 0
+            for p in node.parts:  # in the files' order
+                while files[i] != p.node.filename:
+                    i += 1
+                assert isinstance(p.signature, GrowingFile)
+                seen[i] = p.node.n_rows, p.signature.signature[2]
+                i += 1
+            grown = zlib.compress(seen.tobytes())
+        return cls(node.path, node.field, _fingerprint(node), grown)
+
+    def resolve(self, files: "tuple[str, ...]", store: "Store | None" = None, swmr: bool = False,
+                locking: Any = None) -> NodeInfo:
+        """The node this names, inspected now; :class:`FileChangedError` if a file changed since the consumer's inspection."""
+        since = f"between the Reader's look at {self.path!r} and its readers': the rows asked for may no longer be there"
+        if self.grown:
+            node = self._grown_node(files, store, locking, since)
+        else:
+            node = inspect_files(files, self.path, self.field, store, swmr, locking=locking)
+        if _fingerprint(node) != self.fingerprint:
+            raise FileChangedError(f"a file of {node.filename!r} changed {since}")
+        return node
+
+    def _grown_node(self, files: "tuple[str, ...]", store: "Store | None", locking: Any, since: str) -> NodeInfo:
+        """The node of a set read with ``swmr=True``: each file's rows as the consumer saw them (NOTE [growing sets])."""
+        seen = np.frombuffer(zlib.decompress(self.grown), np.int64).reshape(len(files), 2)
+        parts: "list[Part]" = []
+        offset = 0
+        for name, (n_rows, size) in zip(files, seen.tolist()):
+            if not n_rows:
+                continue
+            node = inspect_files(name, self.path, self.field, store, swmr=True, allow_empty=True, locking=locking)
+            now = node.identity
+            assert isinstance(now, GrowingFile)
+            # No smaller than the consumer saw it, and still one an SWMR writer holds, if any.
+            check_same_file(name, now.signature, GrowingFile(now.signature[:2] + (size,) + now.signature[3:]), since)
+            if node.n_rows < n_rows:
+                raise FileChangedError(f"{name!r} has {node.n_rows} rows of {self.path!r} now, fewer than the "
+                                       f"{n_rows} it had {since}")
+            parts.append(Part(replace(node, n_rows=n_rows), offset, now))
+            offset += n_rows
+        return set_node(describe_files(files), parts[0].node, parts, offset)
+
+
+def _fingerprint(node: NodeInfo) -> str:
+    parts = [(p.node.filename, _kept(p), p.offset, p.node.n_rows) for p in node.parts]
+    return hashlib.sha256(repr(parts).encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _kept(part: Part) -> Any:
+    """What of ``part``'s file a fingerprint holds: its identity; of a file that may grow, what growth keeps."""
+    if isinstance(part.signature, GrowingFile):
+        return part.signature.signature[:2], part.node.dtype.descr, part.node.row_shape
+    return part.signature

@@ -319,6 +319,34 @@ def test_streams_and_batches_of_a_set_with_a_growing_file_read_the_rows_looked_a
 
 
 @pytest.mark.parametrize("n_procs", [0, 1])
+def test_a_file_cut_short_below_a_later_look_fails_the_requests(writer: tuple[Path, Writer], n_procs: int,
+                                                                no_leaks: None) -> None:
+    """A file grown, looked at again by ``get_dataset``, then cut short but still larger than when the Reader was
+    made: it was checked against its size then, and passed (the rows past its new end read as HDF5 read them). Cut
+    short is measured against the latest look at it that the requests' dataset came from."""
+    path, w = writer
+    with hang_guard(GUARD, "a Reader of a SWMR file cut short"):
+        first = os.path.getsize(path)
+        with multitables.Reader(str(path), n_procs=n_procs, swmr=True) as reader:
+            ds = reader.get_dataset("/X")
+            w.grow()
+            w.grow()
+            newer = reader.get_dataset("/X")
+            looked = os.path.getsize(path)
+            stage = newer.create_stage(len(newer))
+            np.testing.assert_array_equal(reader.request(newer[:], stage).get(), rows(0, N0 + 2 * ADD))
+            w.close()
+            cut = looked - 1
+            assert first < cut
+            os.truncate(path, cut)
+            for request in (newer[:], ds[:]):  # ds's too: these readers know the later look
+                with pytest.raises(FileChangedError, match=f"cut short from {looked} to {cut} bytes since the Reader"):
+                    reader.request(request, stage).get()
+            with pytest.raises(FileChangedError, match=f"cut short from {looked} to {cut} bytes"):
+                reader.get_dataset("/X")
+
+
+@pytest.mark.parametrize("n_procs", [0, 1])
 def test_a_set_file_cut_short_below_the_readers_look_fails_the_requests(writer: tuple[Path, Writer], tmp_path: Path,
                                                                        n_procs: int, no_leaks: None) -> None:
     """A set's file cut short after ``get_dataset`` looked at it (and after it grew): the readers' own look at the

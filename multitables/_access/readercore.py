@@ -12,7 +12,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
-from .._io.files import GrowingFile, check_same_file, file_signature
+from .._io.files import GrowingFile, check_same_file, file_signature, grew
 from .._io.fileset import inspect_files, own_flags
 from .._io.node import NodeInfo
 from .._io.objects.config import Store
@@ -107,6 +107,8 @@ class ReaderCore:
         self.last_req = -1
         self.idle_reader: "int | None" = None
         self.notifier = Notifier(notify) if notify is not None else None
+        #: The latest look at a file read with swmr=True that saw it larger than the Reader did (None: none).
+        self.looked: "GrowingFile | None" = None
 
     def inspect(self, path: str, field: "str | None" = None) -> NodeInfo:
         """The node at ``path`` (``field``: one column) of the Reader's files, checked now; one of 0 rows too (2.x's
@@ -114,13 +116,16 @@ class ReaderCore:
         if own_flags(self.open_kwargs)["swmr"]:
             self.pool.drop_opens()  # its rows as flushed last, described by this process's one open of it
         node = inspect_files(self.filename, path, field, self.store, allow_empty=True, **own_flags(self.open_kwargs))
-        made = self.pool.file_signature
+        made = self.looked or self.pool.file_signature
         if isinstance(made, (tuple, GrowingFile)):  # a dataset of the file the readers read, not of its successor
             now = node.identity if node.identity is not None else file_signature(node.filename)
-            # Read with swmr=True, the file may have grown since: its rows as they are now (NOTE [file identity]).
+            # Read with swmr=True, the file may have grown since: its rows as they are now, and no smaller than the
+            # latest look saw it (NOTE [file identity]).
             check_same_file(node.filename, now.signature if isinstance(now, GrowingFile) else now, made,
                             "since the Reader was made, whose readers read the file as it was then; make a new Reader "
                             "to read it as it is now")
+            if grew(now, made):
+                self.looked = now
         return node
 
     def check_open(self) -> None:

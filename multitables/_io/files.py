@@ -39,8 +39,13 @@ NOTE [file identity]
     SWMR (version 3, and no writer without SWMR holding it: flag bit 0 without
     bit 2). So the rows a stream or request planned with stay the rows read;
     a file replaced, cut short, or opened for writing without SWMR (or
-    rewritten in an older format) still stops it. Nothing is learned and kept
-    of it (it is no settled file). :func:`check_same_file` holds both rules.
+    rewritten in an older format) still stops it. Cut short is smaller than
+    the latest look at it that a check knows of: for a stream, its own; for a
+    Reader's requests, the largest of the Reader's look and those of its
+    ``get_dataset`` whose datasets their reader has read (so at least their
+    own dataset's: ``_procs.serve``); for each file of a set, the readers' own
+    look (NOTE [growing sets] in ``setref``). Nothing is learned and kept of
+    it (it is no settled file). :func:`check_same_file` holds both rules.
 """
 
 from __future__ import annotations
@@ -69,6 +74,13 @@ class GrowingFile:
     ``signature`` as it was described; a file that kept its device and inode and is no smaller is the same."""
 
     signature: FileSignature
+
+
+def grew(later: Any, than: Any) -> bool:
+    """Whether ``later``, a later look at the file read with ``swmr=True`` that ``than`` describes, saw it larger:
+    smaller than that is cut short for every check after it (NOTE [file identity])."""
+    return (isinstance(later, GrowingFile) and isinstance(than, GrowingFile)
+            and later.signature[:2] == than.signature[:2] and later.signature[2] > than.signature[2])
 
 
 def growing(identity: "FileSignature | ObjectIdentity",

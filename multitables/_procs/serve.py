@@ -54,7 +54,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .._io.fileset import own_flags
-from .._io.files import REQUESTED, FileSignature, GrowingFile, check_file_unchanged
+from .._io.files import REQUESTED, FileSignature, GrowingFile, check_file_unchanged, grew
 from .._io.node import NodeInfo
 from .._io.objects.config import Store
 from .._io.objects.http import ObjectIdentity
@@ -114,6 +114,9 @@ class ShareReader:
         self.readers: dict[bytes, Any] = {}
         self.nodes: dict[bytes, tuple[str, NodeInfo]] = {}
         self.tables_file: Any = None  # PyTables' handle on the file, opened by the first query
+        #: What every read checks the file against: for a file read with swmr=True, as large as the latest look at
+        #: it known here saw it (NOTE [file identity]).
+        self.expected = settings.file_signature
 
     def _node(self, desc: bytes) -> tuple[str, NodeInfo]:
         """The engine and the node of a stage's description (decoded once): known before an open that may fail."""
@@ -125,6 +128,8 @@ class ShareReader:
                 if flags["swmr"]:  # its files looked at by this process's one open of each (NOTE [swmr extent])
                     self.drop_opens(node.path)
                 node = node.resolve(self.settings.files, self.settings.store, **flags)  # type: ignore[arg-type]
+            elif grew(node.identity, self.expected):  # a later look at a growing file: no smaller than it saw
+                self.expected = node.identity
             got = self.nodes[desc] = (engine, node)
         return got
 
@@ -165,13 +170,13 @@ class ShareReader:
                 reader = self._reader(desc)
                 out = stage.data(node.dtype, (stage.n_read,) + node.row_shape)[a:b]
                 reader.read(rows, out, stopped)
-            check_file_unchanged(self.filename, self.settings.file_signature, REQUESTED)
+            check_file_unchanged(self.filename, self.expected, REQUESTED)
             return None
         except Stopped:
             raise
         except Exception as exc:
             try:  # a file changed under a read explains the read's failure (NOTE [file identity])
-                check_file_unchanged(self.filename, self.settings.file_signature, REQUESTED)
+                check_file_unchanged(self.filename, self.expected, REQUESTED)
             except FileChangedError as changed:
                 changed.__cause__, exc = exc, changed
             span = (int(rows[0]), int(rows[-1]) + 1) if rows is not None and len(rows) else None

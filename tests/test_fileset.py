@@ -462,6 +462,39 @@ def settled(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(files, "SETTLED_S", -1.0)
 
 
+def test_each_file_of_a_set_is_opened_once_before_any_reader_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_leaks: None
+) -> None:
+    """The engine's check of a file (the chunk engine's, which learns its layout) runs while the inspection has the file
+    open, files just written included; a file it cannot read still makes h5py the set's engine."""
+    files, rows = write_shards(tmp_path, [30, 0, 20])
+    compact, more = tmp_path / "shard-003.h5", rows_of(10, 3)  # a layout the chunk engine does not read
+    with h5py.File(compact, "w") as f:
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_layout(h5py.h5d.COMPACT)
+        dsid = h5py.h5d.create(f.id, b"data", h5py.h5t.IEEE_F32LE, h5py.h5s.create_simple(more.shape), dcpl=dcpl)
+        dsid.write(h5py.h5s.ALL, h5py.h5s.ALL, more)
+    names = [*map(str, files), str(compact)]
+    opens: "dict[str, int]" = {}
+    real = h5py.h5f.open
+    monkeypatch.setattr(h5py.h5f, "open", lambda name, *a, **k: (
+        opens.__setitem__(os.fsdecode(name), opens.get(os.fsdecode(name), 0) + 1), real(name, *a, **k))[1])
+    queue = multitables.Streamer(names).get_queue("/data", n_procs=1, remainder=True)
+    counted, engine, got = dict(opens), queue.engine, blocks_of(queue)  # the opens before its reader started
+    assert counted == dict.fromkeys(names, 1) and engine == "h5py"
+    assert np.array_equal(got, np.concatenate([rows, more]))
+    opens.clear()
+    batches = multitables.Streamer(names).get_batches("/data", 10, n_procs=1)
+    counted, engines = dict(opens), batches.engines
+    batches.close()
+    assert counted == dict.fromkeys(names, 1) and engines == ["h5py"]
+    opens.clear()
+    with multitables.Reader(names, n_procs=1) as reader:
+        ds = reader.get_dataset("/data")
+        assert opens == dict.fromkeys(names, 1)
+        assert np.array_equal(reader.request(ds[25:55], ds.create_stage(30)).get(), np.concatenate([rows, more])[25:55])
+
+
 def test_a_set_is_inspected_again_only_when_a_file_changed(tmp_path: Path, opened: "list[str]", settled: None) -> None:
     files, _ = write_shards(tmp_path, [10, 10, 10])
     names = tuple(map(str, files))

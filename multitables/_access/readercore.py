@@ -12,6 +12,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
+from .._io.engines import set_look
 from .._io.files import GrowingFile, check_same_file, file_signature, grew
 from .._io.fileset import inspect_files, own_flags
 from .._io.node import NodeInfo
@@ -115,7 +116,8 @@ class ReaderCore:
         ``get_dataset`` took it: its requests select nothing, or are out of range)."""
         if own_flags(self.open_kwargs)["swmr"]:
             self.pool.drop_opens()  # its rows as flushed last, described by this process's one open of it
-        node = inspect_files(self.filename, path, field, self.store, allow_empty=True, **own_flags(self.open_kwargs))
+        node = inspect_files(self.filename, path, field, self.store, allow_empty=True,
+                             look=set_look(self.engine, self.open_kwargs), **own_flags(self.open_kwargs))
         made = self.looked or self.pool.file_signature
         if isinstance(made, (tuple, GrowingFile)):  # a dataset of the file the readers read, not of its successor
             now = node.identity if node.identity is not None else file_signature(node.filename)

@@ -351,6 +351,19 @@ def resolve_engine(engine: str, node: NodeInfo, open_kwargs: dict[str, Any], dat
     return _resolve(engine, node, open_kwargs, dataset, readers=readers)
 
 
+def set_look(engine: str, open_kwargs: "dict[str, Any]") -> "Callable[[NodeInfo, Any], Any] | None":
+    """What :func:`resolve_engine` will ask of each file of a set that needs the file open, for the set's inspection to
+    ask while it holds each file open (``look`` in :func:`~multitables._io.fileset.open_files`): one HDF5 open a file.
+
+    The chunk engine's check, where ``engine`` walks it first for a file of a set: ``auto`` (which prefers it for every
+    file of a set) or ``chunks``, with no open options (it takes none). Its verdicts are kept for the resolution. None
+    where another engine leads: their checks need no open.
+    """
+    if open_kwargs or engine not in ("auto", CHUNKS.name):
+        return None
+    return lambda node, dataset: CHUNKS.problem(node, {}, dataset)
+
+
 def readers_may_change(engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]", opened: bool = False) -> bool:
     """Whether :func:`resolve_engine` with ``readers`` may answer otherwise than without for ``engine`` on ``node``: the
     engines' order changes (pure; no engine's check runs, which for an object reads its chunk index again).

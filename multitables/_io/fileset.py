@@ -5,7 +5,8 @@ NOTE [file sets]
     dataset to their user. A list of files, or a glob, names a *set*; every
     access mode reads a node of it as one node whose rows are the files'
     rows in order. The set is checked up front, in the consumer, one file
-    at a time (each opened, described and closed): every file must hold the
+    at a time, each opened once (described, checked by the chunk engine
+    where it leads, its layout learned, closed): every file must hold the
     node, with the same delivered dtype and row shape as the first; a file
     that differs is refused with its name, before any process starts. Files
     whose node has no rows are allowed (a last shard may be empty) and take
@@ -50,7 +51,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import EmptyDatasetError
+from ..errors import EmptyDatasetError, NotHDF5Error
 from .._sys.forks import renew_lock_in_children
 from .files import FileSignature, GrowingFile, as_filename, check_file_unchanged, check_regular, file_signature, from_root, settled
 from .node import NodeInfo, Part, check_file, close_dataset, open_node, refuse_empty
@@ -119,11 +120,13 @@ _FILES = _Described(4096)
 def forget_learned() -> None:
     """Forget what this process learned of files, their nodes and chunk layouts, as a process that never read them:
     the benchmark times each pass as a first read of its file."""
+    from .chunks.engine import forget_verdicts
     from .chunks.storage import forget_layouts
 
     _SETS.clear()
     _FILES.clear()
     forget_layouts()
+    forget_verdicts()
 
 
 _GLOB_CHARS = frozenset("*?[")
@@ -173,9 +176,12 @@ def own_flags(open_kwargs: "dict[str, Any]") -> "dict[str, Any]":
     return {"swmr": bool(open_kwargs.get("swmr")), "locking": open_kwargs.get("locking")}
 
 
+#: Called with each file's node and open ``h5py.Dataset`` (left open) by a set's inspection: ``_io.engines.set_look``.
+Look = Callable[[NodeInfo, Any], Any]
+
 def open_files(
     files: "str | tuple[str, ...]", path: str, field: "str | None" = None, store: "Store | None" = None,
-    swmr: bool = False, allow_empty: bool = False, locking: Any = None, vlen: bool = False,
+    swmr: bool = False, allow_empty: bool = False, locking: Any = None, vlen: bool = False, look: "Look | None" = None,
 ) -> "tuple[NodeInfo, Any]":
     """The node at ``path`` of one file (with its open ``h5py.Dataset``, as :func:`~.node.open_node`) or of a set (None).
 
@@ -187,12 +193,13 @@ def open_files(
     rows differ from the first file's, :class:`EmptyDatasetError` if no
     file has rows. ``store``: how URLs are read (None: the environment's settings). ``swmr``: open local files for
     SWMR reading, as h5py's ``swmr=True`` (HDF5 refuses a second open of a file with the other flag); ``locking``:
-    HDF5's file locking, as h5py's ``locking=`` (None: HDF5's default).
+    HDF5's file locking, as h5py's ``locking=`` (None: HDF5's default). ``look``: called with each file of a set with
+    rows as it is inspected (not where the set was described before).
     ``allow_empty``: a node of 0 rows is given, not refused (random access takes it, as 2.x did); for a set, the first
     file's. ``vlen``: a node of variable-length rows is given (for batches' transforms), not refused (NOTE
     [variable-length rows] in ``vlen``).
     """
-    node, dataset = _open_files(files, path, field, store, swmr, allow_empty, locking)
+    node, dataset = _open_files(files, path, field, store, swmr, allow_empty, locking, look)
     if node.vlen and not vlen:
         close_dataset(dataset)
         raise vlen_refusal(f"{node.path!r} in {node.filename!r}")
@@ -200,7 +207,7 @@ def open_files(
 
 
 def _open_files(files: "str | tuple[str, ...]", path: str, field: "str | None", store: "Store | None", swmr: bool,
-                allow_empty: bool, locking: Any) -> "tuple[NodeInfo, Any]":
+                allow_empty: bool, locking: Any, look: "Look | None") -> "tuple[NodeInfo, Any]":
     """:func:`open_files`, whatever the rows."""
     if isinstance(files, str):
         if is_url(files) or swmr:  # an object is looked at by the open; a file open for SWMR grows
@@ -220,9 +227,10 @@ def _open_files(files: "str | tuple[str, ...]", path: str, field: "str | None", 
     if any(is_url(name) for name in files):
         store = store or make_store(None)
     key = (files, path, field, store, swmr)
-    node = _SETS.recall(key, _identities(files, store))
+    identities = _identities(files, store)
+    node = _SETS.recall(key, identities)
     if node is None:
-        signatures, node = _inspect_set(files, path, field, store, swmr, locking)
+        signatures, node = _inspect_set(files, path, field, store, swmr, locking, look, identities)
         if not _elsewhere(node) and not any(_elsewhere(part.node) for part in node.parts):
             _SETS.remember(key, signatures, node)
     if not allow_empty and not node.n_rows:
@@ -238,7 +246,8 @@ def _elsewhere(node: NodeInfo) -> bool:
 
 
 def _identities(files: "tuple[str, ...]", store: "Store | None") -> "tuple[FileSignature | ObjectIdentity, ...] | None":
-    """Every file's identity now (objects looked at together), or None where one cannot be had."""
+    """Every file's identity now (objects looked at together), or None where one cannot be had or a file is no regular
+    one (the inspection then says which, in its turn)."""
     urls = [name for name in files if is_url(name)]
     try:
         looked = {}
@@ -248,41 +257,48 @@ def _identities(files: "tuple[str, ...]", store: "Store | None") -> "tuple[FileS
             looked = {name: r.identity for name, r in zip(urls, readers)}
             for r in readers:
                 r.close()
-        return tuple(looked[name] if name in looked else file_signature(name) for name in files)
-    except OSError:
+        return tuple(looked[name] if name in looked else check_regular(name) for name in files)
+    except (OSError, NotHDF5Error):
         return None
 
 
 def _inspect_set(
     files: "tuple[str, ...]", path: str, field: "str | None", store: "Store | None", swmr: bool = False,
-    locking: Any = None,
+    locking: Any = None, look: "Look | None" = None,
+    identities: "tuple[FileSignature | ObjectIdentity, ...] | None" = None,
 ) -> "tuple[tuple[FileSignature | GrowingFile | ObjectIdentity, ...], NodeInfo]":
     """Check every file of a set in turn (NOTE [file sets]); every file's identity (of the file described, or an
-    object's as looked at first), and the set's node."""
+    object's as looked at first), and the set's node. ``look``: as :func:`open_files`; ``identities``: every file's,
+    from :func:`_identities` just now (each local file found regular then: not looked at again)."""
     urls = [name for name in files if is_url(name)]
     readers = dict(zip(urls, look_all(urls, store))) if urls and store is not None else {}
     try:
-        looked: "list[FileSignature | GrowingFile | ObjectIdentity]" = [
+        looked: "list[FileSignature | GrowingFile | ObjectIdentity]" = list(identities) if identities is not None else [
             readers[name].identity if name in readers else _signature(name) for name in files]
         parts: list[Part] = []
         first: "NodeInfo | None" = None
         offset = 0
         for i, name in enumerate(files):
+            checked = None if identities is None or name in readers else looked[i]
             node, dataset = open_node(name, path, field, allow_empty=True, store=store, reader=readers.pop(name, None),
-                                      swmr=swmr, locking=locking)
-            close_dataset(dataset)
-            signature = looked[i] = node.identity or looked[i]  # the file described (a name may mean another since)
-            if first is None:
-                first = node
-            elif (node.dtype, node.row_shape) != (first.dtype, first.row_shape):
-                raise ValueError(
-                    f"{node.filename!r} does not match the other files of the set: its {node.path!r} has rows of "
-                    f"shape {node.row_shape} and dtype {node.dtype}, {first.filename!r}'s have shape "
-                    f"{first.row_shape} and dtype {first.dtype}"
-                )
-            if node.n_rows:
-                parts.append(Part(node, offset, signature))
-                offset += node.n_rows
+                                      swmr=swmr, locking=locking, identity=checked)  # type: ignore[arg-type]
+            try:
+                signature = looked[i] = node.identity or looked[i]  # the file described (a name may mean another since)
+                if first is None:
+                    first = node
+                elif (node.dtype, node.row_shape) != (first.dtype, first.row_shape):
+                    raise ValueError(
+                        f"{node.filename!r} does not match the other files of the set: its {node.path!r} has rows of "
+                        f"shape {node.row_shape} and dtype {node.dtype}, {first.filename!r}'s have shape "
+                        f"{first.row_shape} and dtype {first.dtype}"
+                    )
+                if node.n_rows:
+                    if look is not None:
+                        look(node, dataset)  # the file open here: the engine's check opens it no second time
+                    parts.append(Part(node, offset, signature))
+                    offset += node.n_rows
+            finally:
+                close_dataset(dataset)
     finally:
         for reader in readers.values():  # those not reached (a file before them failed)
             reader.close()
@@ -295,10 +311,10 @@ def _inspect_set(
 
 def inspect_files(
     files: "str | tuple[str, ...]", path: str, field: "str | None" = None, store: "Store | None" = None,
-    swmr: bool = False, allow_empty: bool = False, locking: Any = None, vlen: bool = False,
+    swmr: bool = False, allow_empty: bool = False, locking: Any = None, vlen: bool = False, look: "Look | None" = None,
 ) -> NodeInfo:
     """As :func:`open_files`, without the open dataset."""
-    node, dataset = open_files(files, path, field, store, swmr, allow_empty, locking, vlen)
+    node, dataset = open_files(files, path, field, store, swmr, allow_empty, locking, vlen, look)
     if dataset is not None:
         close_dataset(dataset)
     return node

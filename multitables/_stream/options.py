@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from .._io.blockread import Transform, delivered
-from .._io.engines import open_source, readers_may_change, resolve_engine
+from .._io.engines import open_source, readers_may_change, resolve_engine, set_look
 from .._io.fileset import describe_files, inspect_files, open_files, own_flags
 from .._io.node import NodeInfo
 from .._io.objects.config import Store
@@ -49,12 +49,18 @@ class StreamOptions:
 
     def open_files(self, path: str, field: "str | None" = None) -> "tuple[NodeInfo, Any]":
         """The node at ``path`` of the files, and its open ``h5py.Dataset`` (None for a set): ``_io.fileset.open_files``."""
-        return open_files(self.files, path, field, self.store, **own_flags(self.open_kwargs))
+        return open_files(self.files, path, field, self.store, look=self._look, **own_flags(self.open_kwargs))
 
     def inspect(self, path: str, field: "str | None" = None, vlen: bool = False) -> NodeInfo:
         """The node at ``path`` of the files, checked (every file of a set; NOTE [file sets] in ``_io.fileset``);
         ``vlen``: one of variable-length rows is given, not refused (NOTE [variable-length rows] in ``_io.vlen``)."""
-        return inspect_files(self.files, path, field, self.store, vlen=vlen, **own_flags(self.open_kwargs))
+        return inspect_files(self.files, path, field, self.store, vlen=vlen, look=self._look,
+                             **own_flags(self.open_kwargs))
+
+    @property
+    def _look(self) -> Any:
+        """What :meth:`resolve` asks of each file of a set with it open, asked as the set is inspected (one open a file)."""
+        return set_look(self._asked, self.open_kwargs)
 
     def resolve(self, node: NodeInfo, dataset: Any = None, readers: bool = False) -> str:
         """The engine that will read ``node`` (``readers``: by reader processes); refuses ``cache='direct'`` where the

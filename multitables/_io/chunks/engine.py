@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from typing import Any
 
+from ..._sys.forks import renew_lock_in_children
 from ..node import NodeInfo
 from ..scattered import GroupRows, rows_decoded_bytes
 from ..vlen import VLEN_PROBLEM
@@ -32,6 +35,29 @@ READER_WIN_FILTERS = frozenset({32001})
 #: reads of zlib-3 files (scratch, 40 files a size): 1 KiB 1.62x h5py's time, 6 KiB 1.58x, 62 KiB 1.28x, 250 KiB
 #: 0.89x, 1 MiB 0.62x. The next stream of the file finds it described, learns the layout, and reads no HDF5 again.
 FIRST_LOOK_BYTES = 64 << 10
+
+
+#: Verdicts of the engine's check kept (a few hundred bytes each): a set of this many files is checked with one HDF5 open
+#: each, the inspection's (NOTE [file sets] in ``_io.fileset``).
+VERDICTS_KEPT = 1 << 15
+
+_VERDICTS: "OrderedDict[tuple[Any, str], str | None]" = OrderedDict()
+_VERDICTS_LOCK = threading.Lock()
+renew_lock_in_children(globals(), "_VERDICTS_LOCK")
+
+
+def _verdict_key(node: NodeInfo) -> "tuple[Any, str] | None":
+    """What a verdict on ``node`` is kept under: the identity of the local file described and the dataset's path (None:
+    an object, a file open for SWMR reading, a link into another file, whose layouts are kept otherwise or not)."""
+    if node.identity is None or node.linked_file is not None or node.remote is not None:
+        return None
+    return (node.identity, node.path)
+
+
+def forget_verdicts() -> None:
+    """Forget the verdicts kept (``_io.fileset.forget_learned``)."""
+    with _VERDICTS_LOCK:
+        _VERDICTS.clear()
 
 
 class ChunkEngine:
@@ -72,13 +98,30 @@ class ChunkEngine:
 
         ``dataset``: the node's open ``h5py.Dataset``, spared a second open (it
         stays open); what is learned of its layout is remembered for the
-        readers (NOTE [layout cache]).
+        readers (NOTE [layout cache]). The verdict is kept under the file's
+        identity, a file just written's too, whose layout is not: a set's
+        inspection asks with each file open, its resolution asks again
+        (NOTE [file sets]). A verdict gone stale in the gap of the identity
+        costs no row: an open that finds what this engine cannot read
+        leaves the file to another engine (:func:`~multitables._io.engines.open_source`).
         """
         if open_kwargs:
             return f"it takes no open options (the 'h5py' and 'tables' engines do), got {sorted(open_kwargs)}"
         if node.vlen:
             return VLEN_PROBLEM
-        return chunks_problem(node, dataset)
+        key = _verdict_key(node)
+        if key is not None and dataset is None:
+            with _VERDICTS_LOCK:
+                if key in _VERDICTS:
+                    _VERDICTS.move_to_end(key)
+                    return _VERDICTS[key]
+        why = chunks_problem(node, dataset)
+        if key is not None:
+            with _VERDICTS_LOCK:
+                _VERDICTS[key] = why
+                if len(_VERDICTS) > VERDICTS_KEPT:
+                    _VERDICTS.popitem(last=False)
+        return why
 
     def open(self, node: NodeInfo, open_kwargs: "dict[str, Any]", plan: Any = None, dataset: Any = None, *,
              cache: str = "page", scratch: "ScratchBuffer | None" = None) -> ChunkSource:

@@ -180,7 +180,7 @@ def inspect_storage(ds: Any, node: NodeInfo) -> Storage:
     filters = filters_of(dcpl)
     if layout != h5py.h5d.CHUNKED:
         raise Unsupported("its layout is compact or virtual")
-    chunks = tuple(int(c) for c in ds.chunks)
+    chunks = tuple(int(c) for c in dcpl.get_chunk())  # not ds.chunks: h5py would ask HDF5 for this list again
     if leaves_edge_chunks_unfiltered(dcpl):
         raise Unsupported("it stores partial edge chunks unfiltered (H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS)")
     try:

@@ -70,6 +70,26 @@ def test_default_block_size_is_whole_chunks_within_the_dataset(n_rows: int, row_
         assert bs * row_nbytes > (2 << 20)  # near the 4 MiB target for large datasets
 
 
+@given(
+    n_rows=st.integers(1, 10**8),
+    row_nbytes=st.integers(1, 1 << 24),
+    chunk_rows=st.integers(1, 10**5),
+    n_procs=st.integers(0, 64),
+)
+def test_a_transforms_blocks_stay_within_the_target_in_equal_parts_of_a_chunk_where_they_can(
+    n_rows: int, row_nbytes: int, chunk_rows: int, n_procs: int
+) -> None:
+    """NOTE [read plan]: a transform's slots hold what it writes, so a block never exceeds the target to hold a whole
+    chunk; it cuts the chunk in equal parts of half the target's rows or more, else holds the target's rows."""
+    bs = default_block_size(n_rows, row_nbytes, chunk_rows, n_procs, transformed=True)
+    most = max(1, (4 << 20) // row_nbytes)
+    if chunk_rows * row_nbytes <= (4 << 20):  # a chunk fits: whole chunks, as untransformed
+        assert bs == default_block_size(n_rows, row_nbytes, chunk_rows, n_procs)
+    else:
+        assert 1 <= bs <= min(n_rows, most)
+        assert bs == n_rows or (chunk_rows % bs == 0 and bs >= most // 2) or bs == most
+
+
 def test_defaults_for_a_pytables_float_array() -> None:
     # 1024 float32 per row, PyTables' chunk of 64 rows (256 KiB): 16 chunks = 4 MiB.
     assert default_block_size(1 << 20, 4096, 64, 2) == 1024

@@ -42,6 +42,12 @@ def grows_a_column(rows: np.ndarray) -> np.ndarray:
     return rows if rows[0, 0] == 0 else np.zeros((len(rows), 4))
 
 
+def decodes_to_an_image(rows: np.ndarray) -> np.ndarray:
+    """1 KiB of stored bytes a row into a (256, 256, 4) uint8 image, 256 times as large: each pixel the row's first byte."""
+    first = rows.view(np.uint8).reshape(len(rows), -1)[:, :1]
+    return np.broadcast_to(first[:, :, None, None], (len(rows), 256, 256, 4)).copy()
+
+
 @pytest.fixture
 def h5(tmp_path: Path) -> Path:
     return write(tmp_path / "d.h5", 1000)
@@ -215,6 +221,30 @@ def test_the_plan_prices_a_transformed_dataset_as_work_for_the_readers(tmp_path:
     monkeypatch.setattr(feed, "plan_batches", lambda shapes, *a, **k: seen.append(shapes) or real(shapes, *a, **k))
     multitables.Streamer(str(tmp_path / "stored.h5")).get_batches(["/X", "/y"], 32, transform={"/X": lambda r: r * 2}).close()
     assert [s.transformed for s in seen[0]] == [True, False]
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
+def test_blocks_of_a_transform_that_writes_more_than_it_reads_are_planned_on_what_it_writes(
+    tmp_path: Path, shuffle: bool, no_leaks: None
+) -> None:
+    """96 rows of 1 KiB in chunks of 48 (48 KiB), decoded into 256 KiB images: planned on the bytes read, a block was
+    a whole chunk, 48 rows (12 MiB a slot). Planned on the larger, the bytes written, a block holds what fits the
+    target, 16 rows (4 MiB), a third of a chunk (NOTE [read plan] in ``_plan.readers``); the rows are the same."""
+    from multitables._plan.readers import TARGET_BLOCK_BYTES
+
+    path = tmp_path / "images.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("/x", data=np.array([bytes([i]) * 1024 for i in range(96)], "S1024"), chunks=(48,))
+    seen = []
+    with multitables.Streamer(path).get_batches("/x", batch_size=8, n_procs=1, shuffle=shuffle, seed=3,
+                                                transform=decodes_to_an_image) as batches:
+        assert batches.block_size == 16
+        for batch in batches:
+            queue = batches._feed.queues[0]
+            assert queue.slot_memory()[1] // queue.read_ahead <= TARGET_BLOCK_BYTES
+            assert batch.shape == (8, 256, 256, 4) and (batch == batch[:, :1, :1, :1]).all()
+            seen.extend(batch[:, 0, 0, 0].tolist())
+    assert (sorted(seen) if shuffle else seen) == list(range(96)) and (seen != sorted(seen)) == shuffle
 
 
 def test_a_transform_defined_under_the_main_guard_is_refused_up_front_where_readers_run_the_script_again(

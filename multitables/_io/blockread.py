@@ -245,7 +245,7 @@ class Transform:
     function: Callable[[np.ndarray], np.ndarray]
     dtype: np.dtype
     row_shape: tuple[int, ...]
-    #: Bytes of a row as read where rows vary in size: the first rows' mean (NOTE [variable-length rows]); else 0.
+    #: Bytes of a row as read; where rows vary in size, the first rows' mean (NOTE [variable-length rows]).
     read_nbytes: int = 0
 
     @property
@@ -267,7 +267,8 @@ class Transform:
             )
         if out.dtype.hasobject:
             raise TypeError(f"transform for {what} returned dtype {out.dtype}; shared memory holds plain numbers and records only")
-        return cls(function, out.dtype, out.shape[1:], row_payload(sample) if sample.dtype.kind == "O" else 0)
+        read = row_payload(sample) if sample.dtype.kind == "O" else sample.itemsize * math.prod(sample.shape[1:])
+        return cls(function, out.dtype, out.shape[1:], read)
 
     def apply(self, rows: np.ndarray, out: np.ndarray) -> None:
         """``function(rows)`` into ``out`` (as many rows); ``TypeError`` if it gives another dtype or shape than before."""

@@ -20,8 +20,9 @@ NOTE [variable-length rows]
     buffer is emptied first (:func:`read_objects`); the ``None`` it then
     writes over keeps one reference a row, as h5py's own reads do (``None``
     is immortal from Python 3.12). A row's pointer says nothing of its
-    bytes: the plan takes the larger of a delivered row and the mean of the
-    first rows as read (:func:`row_payload`).
+    bytes: the plan takes, as for any transform, the larger of a delivered
+    row and a row as read, here the mean of the first rows
+    (:func:`row_payload`; NOTE [read plan] in ``_plan.readers``).
 """
 
 from __future__ import annotations

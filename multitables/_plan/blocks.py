@@ -90,6 +90,15 @@ def ahead(plan: "BlockPlan | RangePlan", k: int, distance: int) -> tuple[Piece, 
     return tuple(p for j in range(first, last + 1) for p in plan.pieces(j))
 
 
+def chunk_part(chunk_rows: int, most: int) -> int:
+    """Rows of a block that holds part of a chunk of ``chunk_rows`` rows, ``most`` at most: an equal part of the chunk
+    where one holds ``most // 2`` rows or more, so that no block spans two chunks (each block a chunk is cut into
+    decodes it whole), else ``most``."""
+    most = max(most, 1)
+    parts = range(-(-chunk_rows // most), chunk_rows // max(most // 2, 1) + 1)
+    return next((chunk_rows // k for k in parts if chunk_rows % k == 0), most)
+
+
 @dataclass(frozen=True)
 class RangePlan:
     """Blocks given explicitly: block ``k`` is source rows ``[starts[k], stops[k])``.

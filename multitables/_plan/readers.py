@@ -19,7 +19,10 @@ NOTE [read plan]
       table's rate; with none the blocks are read in the consumer; an explicit ``n_procs`` is taken as asked (0
       reads in the consumer); either way capped at ``READERS_PER_CPU`` per CPU and at the blocks of a pass;
     * block size: whole chunks near :data:`TARGET_BLOCK_BYTES` (1 MiB for contiguous datasets), smaller where there
-      would be fewer than ``MIN_BLOCKS_PER_READER`` blocks per reader. Training plans its blocks for one reader
+      would be fewer than ``MIN_BLOCKS_PER_READER`` blocks per reader. A transform's row counts as the larger of its
+      bytes as read and as written, and its blocks stay within the target even where that cuts a chunk (in equal parts
+      where it can): slots and windows hold what it writes, which a decoder makes many times what it reads (a 256 KiB
+      image of a 1 KiB row, whose whole chunks would be hundreds of MiB). Training plans its blocks for one reader
       whatever the machine, because an epoch's order is a function of ``(seed, epoch)`` and the blocks alone (NOTE
       [epoch plan] in ``_plan.epoch``): a stream read with ``n_procs=1`` and batches over the same dataset get the
       same blocks. Small blocks a stream's caller asks for are read several at a time (:func:`read_together`): a
@@ -58,10 +61,8 @@ from typing import Any, Sequence
 
 from .._sys.cgroups import cpu_quota, cpuset_size
 from .._sys.forks import forgone_so_far, running_forkserver, server_ready, start_method as default_start_method
-from .blocks import MiB, BlockPlan, GrowingPlan, RangePlan
-from .costs import (
-    MARGIN, RATE_SPREAD, parallel_cpus, parallel_pays, rate_sample_rows, saved_s, start_cost, table_rate,
-)
+from .blocks import MiB, BlockPlan, GrowingPlan, RangePlan, chunk_part
+from .costs import MARGIN, RATE_SPREAD, parallel_cpus, parallel_pays, rate_sample_rows, saved_s, start_cost, table_rate
 from .room import SHM_SHARE, fewest_slots, readers_that_fit
 from .subset import default_subset_block
 
@@ -125,7 +126,7 @@ class DatasetShape:
     """What the plan needs of a dataset: its rows, their bytes, its chunks' rows and its filters."""
 
     n_rows: int
-    row_nbytes: int  # uncompressed bytes of a row as delivered
+    row_nbytes: int  # uncompressed bytes of a row as delivered; transformed, the larger of as read and as delivered
     chunk_rows: "int | None"  # None: contiguous
     filter_ids: "tuple[int, ...]" = ()
     #: Whether it is read from an object (a URL): every read waits a round trip.
@@ -195,20 +196,22 @@ def cap_readers(n_procs: int, n_blocks: "int | None", cpus: int) -> int:
 
 def default_block_size(
     n_rows: int, row_nbytes: int, chunk_rows: "int | None", n_procs: int, remote: bool = False,
-    most_bytes: "int | None" = None,
+    most_bytes: "int | None" = None, transformed: bool = False,
 ) -> int:
     """Rows per block: whole chunks near :data:`TARGET_BLOCK_BYTES` (:data:`REMOTE_BLOCK_BYTES` for an object),
     smaller for small datasets.
 
-    ``n_procs=0`` (reading in the consumer) keeps blocks large: there are no
-    readers to share the blocks between. ``most_bytes``: a block's bytes at
-    most (whole chunks: one chunk at least).
+    ``n_procs=0`` (reading in the consumer) keeps blocks large: there are no readers to share the blocks between.
+    ``most_bytes``: a block's bytes at most (whole chunks: one chunk at least). ``transformed``: a transform's rows,
+    whose block is part of a chunk where one exceeds the target (NOTE [read plan]).
     """
     row_nbytes = max(row_nbytes, 1)
     target = REMOTE_BLOCK_BYTES if remote else TARGET_BLOCK_BYTES if chunk_rows else CONTIGUOUS_BLOCK_BYTES
     if most_bytes is not None:
         target = min(target, most_bytes)
     if chunk_rows:
+        if transformed and chunk_rows * row_nbytes > target:  # its slots hold what it writes: within the target
+            return min(chunk_part(chunk_rows, max(1, target // row_nbytes)), n_rows)
         chunks = max(1, target // (chunk_rows * row_nbytes))
         if n_procs:
             # Enough blocks that every reader gets several, but never less than one chunk.
@@ -309,11 +312,9 @@ def plan_stream(
 ) -> ReadPlan:
     """How a stream reads ``shape`` (NOTE [read plan]); arguments as ``Streamer.get_queue``'s, already type-checked.
 
-    ``shm_free``: the shared memory free for its ring (bytes; None: not
-    known, or no readers). A ``block_size`` larger than the dataset is its
-    number of rows. Small blocks asked for are read several at a time
-    (:func:`read_together`; ``ReadPlan.split_rows``); ``rows_only``: the
-    caller sees rows, not blocks (the generator), so the slots are fewer.
+    ``shm_free``: the shared memory free for its ring (bytes; None: not known, or no readers). A ``block_size`` larger
+    than the dataset is its number of rows. Small blocks asked for are read several at a time (:func:`read_together`;
+    ``ReadPlan.split_rows``); ``rows_only``: the caller sees rows, not blocks (the generator), so the slots are fewer.
     """
     defaulted, asked = n_procs is None, block_size is not None
     if n_procs is None:
@@ -384,12 +385,10 @@ def plan_blocks(
 ) -> ReadPlan:
     """How given blocks are read: ``n_procs`` readers, capped (NOTE [read plan]); the default read-ahead.
 
-    ``table``: for a :class:`GrowingPlan`, the entries of the readers' block
-    table; ``most_blocks``: the most blocks it will ever hold unread at once
-    (caps the readers, as a fixed plan's blocks do); ``remote``: the blocks are
-    an object's; ``slot_bytes``: a block's bytes as delivered, and
-    ``shm_free``: the shared memory free for the ring (None: not known), which
-    the default read-ahead fits into.
+    ``table``: for a :class:`GrowingPlan`, the entries of the readers' block table; ``most_blocks``: the most blocks
+    it will ever hold unread at once (caps the readers, as a fixed plan's blocks do); ``remote``: the blocks are an
+    object's; ``slot_bytes``: a block's bytes as delivered, and ``shm_free``: the shared memory free for the ring
+    (None: not known), which the default read-ahead fits into.
     """
     n_procs = cap_readers(n_procs, blocks.n_blocks if most_blocks is None else most_blocks, machine.cpus)
     if read_ahead is None:
@@ -428,19 +427,19 @@ def plan_batches(
     """How batches read datasets of equal rows (NOTE [read plan]): blocks planned for one reader, the readers shared;
     by default, readers priced over ``passes`` epochs (NOTE [readers bought] in ``_train.feed``).
 
-    ``window``: blocks shuffled together; default, as many as
-    :data:`WINDOW_BYTES` holds of every dataset's rows, at most the epoch's.
+    ``window``: blocks shuffled together; default, as many as :data:`WINDOW_BYTES` holds of every dataset's rows, at
+    most the epoch's.
 
-    ``n_rows``: the positions of an epoch (a subset's or a weighted draw's
-    rows, else the datasets'): where it differs from the datasets' rows, a
-    default block spans about a default block of file rows. The largest rows
-    set the block. ``ValueError`` for a ``block_size`` beyond ``n_rows``.
-    ``shm_free``: the shared memory free for the rings (None: not known), which default readers fit.
+    ``n_rows``: the positions of an epoch (a subset's or a weighted draw's rows, else the datasets'): where it differs
+    from the datasets' rows, a default block spans about a default block of file rows. The largest rows set the block.
+    ``ValueError`` for a ``block_size`` beyond ``n_rows``. ``shm_free``: the shared memory free for the rings (None:
+    not known), which default readers fit.
     """
     file_rows = shapes[0].n_rows
     main = max(shapes, key=lambda s: s.row_nbytes)
     if block_size is None:
-        block_size = default_block_size(file_rows, main.row_nbytes, main.chunk_rows, 1, main.remote)  # never the machine's
+        block_size = default_block_size(file_rows, main.row_nbytes, main.chunk_rows, 1, main.remote,
+                                        transformed=main.transformed)  # blocks for one reader: never the machine's
         if n_rows != file_rows:
             block_size = default_subset_block(block_size, n_rows, file_rows)
     elif block_size > n_rows:

@@ -116,11 +116,11 @@ def plan_feed(
 
 
 def _shape(node: "NodeInfo", transform: Any) -> DatasetShape:
-    """What the plan needs of ``node``, read through ``transform`` (None: none). A row of variable length is an
-    object's pointer in a block: priced as the larger of its bytes as read and as delivered (NOTE [variable-length
-    rows] in ``_io.vlen``)."""
+    """What the plan needs of ``node``, read through ``transform`` (None: none). A transformed row is priced and
+    planned as the larger of its bytes as read (a variable-length row's payload, not its pointer: NOTE
+    [variable-length rows] in ``_io.vlen``) and as the transform writes it into a slot (NOTE [read plan])."""
     shape = DatasetShape.of(node, transformed=transform is not None)
-    if node.vlen:
+    if transform is not None:
         shape = replace(shape, row_nbytes=max(transform.read_nbytes, transform.row_nbytes, 1))
     return shape
 

@@ -113,6 +113,30 @@ def test_a_file_with_other_rows_is_refused_by_name(tmp_path: Path, no_leaks: Non
     assert _children() == before
 
 
+def lengths(rows: np.ndarray) -> np.ndarray:
+    """A variable-length row's length: a transform that reads any base type."""
+    return np.array([len(r) for r in rows], np.int64)
+
+
+def test_a_file_whose_variable_length_rows_have_another_base_type_is_refused_by_name(
+    tmp_path: Path, no_leaks: None
+) -> None:
+    """Object dtypes compare equal whatever their base type: vlen uint8 rows and vlen str rows passed the check,
+    and a transform got arrays from one file and bytes from the other. Same base types still make a set."""
+    files = [tmp_path / f"v{i}.h5" for i in range(3)]
+    for name, dtype in zip(files, [h5py.vlen_dtype(np.uint8), h5py.string_dtype(), h5py.vlen_dtype(np.uint8)]):
+        with h5py.File(name, "w") as f:
+            v = f.create_dataset("v", (4,), dtype=dtype)
+            for i in range(4):
+                v[i] = "x" * i if dtype.metadata["vlen"] is str else np.arange(i, dtype=np.uint8)
+    before = _children()
+    with pytest.raises(ValueError, match=f"{files[1]}.*object \\(vlen str\\), .{files[0]}.*object \\(vlen uint8\\)"):
+        multitables.Streamer(files[:2]).get_batches("/v", 2, n_procs=1, transform=lengths)
+    assert _children() == before
+    with multitables.Streamer([files[0], files[2]]).get_batches("/v", 2, shuffle=False, n_procs=0, transform=lengths) as b:
+        assert np.concatenate(list(b)).tolist() == [0, 1, 2, 3] * 2
+
+
 def test_a_file_without_the_node_is_a_key_error_naming_it(tmp_path: Path, no_leaks: None) -> None:
     files, _ = write_shards(tmp_path, [10, 10])
     with h5py.File(files[1], "w") as f:

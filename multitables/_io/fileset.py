@@ -7,10 +7,11 @@ NOTE [file sets]
     rows in order. The set is checked up front, in the consumer, one file
     at a time, each opened once (described, checked by the chunk engine
     where it leads, its layout learned, closed): every file must hold the
-    node, with the same delivered dtype and row shape as the first; a file
-    that differs is refused with its name, before any process starts. Files
-    whose node has no rows are allowed (a last shard may be empty) and take
-    no part; the set must have rows.
+    node, with the same delivered dtype (of variable-length rows, the base
+    type too) and row shape as the first; a file that differs is refused
+    with its name, before any process starts. Files whose node has no rows
+    are allowed (a last shard may be empty) and take no part; the set must
+    have rows.
 
     The set's :class:`~multitables._io.node.NodeInfo` describes the whole
     (rows, dtype, the union of the files' filters) and lists its *parts*:
@@ -61,7 +62,7 @@ from .objects.http import ObjectIdentity
 from .objects.listing import expand
 from .objects.reader import look_all
 from .objects.urls import is_url, shown
-from .vlen import vlen_refusal
+from .vlen import row_dtype, vlen_refusal
 
 #: Files a :class:`SetSource` keeps open at once in one process.
 MAX_OPEN = 4
@@ -286,11 +287,11 @@ def _inspect_set(
                 signature = looked[i] = node.identity or looked[i]  # the file described (a name may mean another since)
                 if first is None:
                     first = node
-                elif (node.dtype, node.row_shape) != (first.dtype, first.row_shape):
+                elif (node.dtype, node.row_shape, row_dtype(node)) != (first.dtype, first.row_shape, row_dtype(first)):
                     raise ValueError(
                         f"{node.filename!r} does not match the other files of the set: its {node.path!r} has rows of "
-                        f"shape {node.row_shape} and dtype {node.dtype}, {first.filename!r}'s have shape "
-                        f"{first.row_shape} and dtype {first.dtype}"
+                        f"shape {node.row_shape} and dtype {row_dtype(node)}, {first.filename!r}'s have shape "
+                        f"{first.row_shape} and dtype {row_dtype(first)}"
                     )
                 if node.n_rows:
                     if look is not None:

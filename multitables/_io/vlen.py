@@ -53,6 +53,17 @@ def vlen_refusal(where: str, batches: bool = False) -> NodeTypeError:
     )
 
 
+def row_dtype(node: Any) -> str:
+    """``node``'s dtype as a file set compares and names it (NOTE [file sets] in ``_io.fileset``): of variable-length
+    rows, with their base type (``object (vlen uint8)``, ``object (vlen str)``), which object dtypes do not compare."""
+    if not node.vlen:
+        return str(node.dtype)
+    import h5py
+
+    base = h5py.check_vlen_dtype(node.dtype)
+    return f"{node.dtype} (vlen {base.__name__ if isinstance(base, type) else np.dtype(base)})"
+
+
 def read_objects(dsid: Any, fspace: Any, mtype: Any, n: int, out: np.ndarray) -> None:
     """HDF5's read of the ``n`` rows selected in ``fspace`` (of dataset ``dsid``) into ``out``, an object array, as
     h5py's reads give them (``mtype``: the memory type); what ``out`` held is let go first (NOTE [variable-length

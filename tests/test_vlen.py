@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import itertools
 import multiprocessing
+import re
 import weakref
 from contextlib import closing
 from pathlib import Path
@@ -153,11 +154,11 @@ def test_a_transform_whose_rows_change_shape_fails_with_its_traceback(vlen_file:
                                                                       no_leaks: None) -> None:
     b = multitables.Streamer(vlen_file).get_batches("/v", batch_size=10, shuffle=False, n_procs=n_procs,
                                                     block_size=64, transform=pads_to_the_longest)
-    with closing(b), pytest.raises(TypeError, match=r"transform .pads_to_the_longest. returned uint8 \(64, 39\) for 64 rows; it gave uint8 rows of shape \(5,\)") as info:
+    with closing(b), pytest.raises(TypeError, match=r"transform .pads_to_the_longest. returned uint8 \(64, \d+\) for 64 rows; it gave uint8 rows of shape \(5,\)") as info:
         list(b)
     if n_procs:
         assert isinstance(info.value, ReaderError) and "in apply" in info.value.remote_traceback
-        assert "rows 0:64 of '/v'" in str(info.value)
+        assert re.search(r"rows \d+:\d+ of '/v'", str(info.value))  # whichever reader's block failed first
 
 
 def test_a_block_read_again_lets_the_last_blocks_rows_go(vlen_file: Path) -> None:

@@ -35,7 +35,7 @@ from typing import Any
 
 from .._io.files import FileSignature, GrowingFile
 from .._io.objects.config import Store
-from .._io.objects.http import ObjectIdentity
+from .._io.objects.identity import ObjectIdentity
 from .._procs.failure import FailureReport
 from .._procs.serve import ServeSettings, ShareReader
 from .._shm.segment import Segment

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FileChangedError, NotHDF5Error
-from .objects.http import ObjectIdentity
+from .objects.identity import ObjectIdentity
 
 #: ``(st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)`` of a file; see NOTE [file identity].
 FileSignature = tuple[int, int, int, int, int]

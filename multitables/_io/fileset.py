@@ -58,7 +58,7 @@ from .files import FileSignature, GrowingFile, as_filename, check_file_unchanged
 from .node import NodeInfo, Part, check_file, close_dataset, open_node, refuse_empty
 from .objects.hdf5 import check_hdf5
 from .objects.config import Store, make_store
-from .objects.http import ObjectIdentity
+from .objects.identity import ObjectIdentity
 from .objects.listing import expand
 from .objects.reader import look_all
 from .objects.urls import is_url, shown

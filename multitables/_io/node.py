@@ -35,7 +35,7 @@ from .files import FileSignature, GrowingFile, as_filename, check_opened, check_
 from .handles import check_intent, raise_if_busy, refresh_swmr
 from .objects.config import Store, make_store
 from .objects.hdf5 import check_hdf5, open_file_id
-from .objects.http import ObjectIdentity
+from .objects.identity import ObjectIdentity
 from .objects.reader import ObjectReader, RemoteObject
 from .objects.urls import is_url, shown
 from .strings import StringPad, find_string_pads

@@ -57,7 +57,7 @@ from .._io.fileset import own_flags
 from .._io.files import REQUESTED, FileSignature, GrowingFile, check_file_unchanged, grew
 from .._io.node import NodeInfo
 from .._io.objects.config import Store
-from .._io.objects.http import ObjectIdentity
+from .._io.objects.identity import ObjectIdentity
 from .._io.engines import open_rows
 from .._io.scattered import Stopped
 from .._io.setref import SetRef

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..objects.fileobj import BLOCK, read_small
-from ..objects.http import ObjectIdentity
+from ..objects.identity import ObjectIdentity
 from ..objects.reader import RemoteObject
 from .grid import Extent
 

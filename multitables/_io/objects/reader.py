@@ -4,7 +4,7 @@ NOTE [object identity]
     An object must not change under a stream: rows of two versions of a
     file mixed in one epoch would be wrong without a sign. What an object
     was when it was first looked at (in the consumer, before any reader
-    starts) is its :class:`~multitables._io.objects.http.ObjectIdentity`:
+    starts) is its :class:`~multitables._io.objects.identity.ObjectIdentity`:
     its size, ETag, version and Last-Modified. That identity travels with
     the node to every reader, and every request any process makes for the
     object carries ``If-Match: <ETag>``: a server that has another version
@@ -45,7 +45,8 @@ from ...errors import NotHDF5Error, ObjectStorageError
 from ..._sys.forks import renew_lock_in_children
 from .cache import DiskCache
 from .config import Store
-from .http import Endpoint, ObjectIdentity, Retryable, changed, content_range, retrying, use_pool
+from .http import Endpoint, Retryable, content_range, retrying, use_pool
+from .identity import ObjectIdentity, changed
 from .urls import parse_url, shown, unsigned
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ import os
 import threading
 from bisect import bisect_right
 from collections import OrderedDict
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -56,13 +56,14 @@ from ..errors import EmptyDatasetError, NotHDF5Error
 from .._sys.forks import renew_lock_in_children
 from .files import FileSignature, GrowingFile, as_filename, check_file_unchanged, check_regular, file_signature, from_root, settled
 from .node import NodeInfo, Part, check_file, close_dataset, open_node, refuse_empty
-from .objects.hdf5 import check_hdf5
 from .objects.config import Store, make_store
+from .objects.hdf5 import check_hdf5
 from .objects.identity import ObjectIdentity
-from .objects.listing import expand
-from .objects.reader import look_all
 from .objects.urls import is_url, shown
 from .vlen import row_dtype, vlen_refusal
+
+if TYPE_CHECKING:  # imported where a URL is read: NOTE [objects on demand] in ``_io.objects``
+    from .objects.reader import ObjectReader
 
 #: Files a :class:`SetSource` keeps open at once in one process.
 MAX_OPEN = 4
@@ -157,6 +158,8 @@ def as_files(filename: Any, store: "Store | None" = None) -> "str | tuple[str, .
 
 def _expand(name: str, store: "Store | None") -> "list[str]":
     if is_url(name):
+        from .objects.listing import expand
+
         return expand(name, store or make_store(None))
     if not _GLOB_CHARS.intersection(name) or os.path.lexists(name):
         return [name]
@@ -246,6 +249,13 @@ def _elsewhere(node: NodeInfo) -> bool:
     return node.linked_file is not None or node.virtual
 
 
+def _look_all(urls: "list[str]", store: Store) -> "list[ObjectReader]":
+    """An open reader of each of ``urls``, looked at together (:func:`~multitables._io.objects.reader.look_all`)."""
+    from .objects.reader import look_all
+
+    return look_all(urls, store)
+
+
 def _identities(files: "tuple[str, ...]", store: "Store | None") -> "tuple[FileSignature | ObjectIdentity, ...] | None":
     """Every file's identity now (objects looked at together), or None where one cannot be had or a file is no regular
     one (the inspection then says which, in its turn)."""
@@ -254,7 +264,7 @@ def _identities(files: "tuple[str, ...]", store: "Store | None") -> "tuple[FileS
         looked = {}
         if urls:
             assert store is not None
-            readers = look_all(urls, store)
+            readers = _look_all(urls, store)
             looked = {name: r.identity for name, r in zip(urls, readers)}
             for r in readers:
                 r.close()
@@ -272,7 +282,7 @@ def _inspect_set(
     object's as looked at first), and the set's node. ``look``: as :func:`open_files`; ``identities``: every file's,
     from :func:`_identities` just now (each local file found regular then: not looked at again)."""
     urls = [name for name in files if is_url(name)]
-    readers = dict(zip(urls, look_all(urls, store))) if urls and store is not None else {}
+    readers = dict(zip(urls, _look_all(urls, store))) if urls and store is not None else {}
     try:
         looked: "list[FileSignature | GrowingFile | ObjectIdentity]" = list(identities) if identities is not None else [
             readers[name].identity if name in readers else _signature(name) for name in files]
@@ -325,7 +335,7 @@ def check_files(files: "tuple[str, ...]", store: "Store | None" = None) -> None:
     """Raise the error :func:`~.node.check_file` raises for the first file of ``files`` that is missing or not HDF5
     (objects looked at together)."""
     urls = [name for name in files if is_url(name)]
-    readers = dict(zip(urls, look_all(urls, store or make_store(None)))) if urls else {}
+    readers = dict(zip(urls, _look_all(urls, store or make_store(None)))) if urls else {}
     try:
         for name in files:
             if name in readers:

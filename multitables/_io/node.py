@@ -22,7 +22,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,13 +34,16 @@ from .fields import field_of, field_path
 from .files import FileSignature, GrowingFile, as_filename, check_opened, check_regular, file_signature
 from .handles import check_intent, raise_if_busy, refresh_swmr
 from .objects.config import Store, make_store
-from .objects.hdf5 import check_hdf5, open_file_id
+from .objects.hdf5 import checked_identity, open_file_id
 from .objects.identity import ObjectIdentity
-from .objects.reader import ObjectReader, RemoteObject
 from .objects.urls import is_url, shown
 from .strings import StringPad, find_string_pads
 from .vlen import vlen_refusal
 from .writers import column_hint, group_hint, matlab_empty, reference_hint
+
+if TYPE_CHECKING:  # imported where a URL is read: NOTE [objects on demand] in ``_io.objects``
+    from .objects.reader import ObjectReader, RemoteObject
+
 
 class Unsupported(Exception):
     """An engine does not read this node as h5py delivers it; the message says why (the chunk engine raises it at open)."""
@@ -167,9 +170,7 @@ def check_file(filename: str, store: "Store | None" = None) -> "FileSignature | 
     import h5py
 
     if is_url(filename):
-        with ObjectReader(filename, store or make_store(None)) as reader:
-            check_hdf5(reader)
-            return reader.identity
+        return checked_identity(filename, store or make_store(None))
     check_regular(filename)
     if not h5py.is_hdf5(os.fsencode(filename)):
         raise NotHDF5Error(f"{filename!r} is not an HDF5 file")
@@ -208,6 +209,8 @@ def open_node(
     remote = None
     held: "FileSignature | GrowingFile | None" = None
     if is_url(filename):
+        from .objects.reader import ObjectReader
+
         reader = reader or ObjectReader(filename, store or make_store(None))  # missing, forbidden: says so
         remote = reader.remote
         filename = remote.shown  # what messages call it: a presigned URL's query is never shown

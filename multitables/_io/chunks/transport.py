@@ -49,7 +49,6 @@ import numpy as np
 from ..._sys.spares import spare_bytes
 from .grid import Extent
 from .pread import DIRECT_ALIGN, PreadFile
-from .ranged import RangedFile
 
 if TYPE_CHECKING:
     from ..objects.reader import RemoteObject
@@ -90,6 +89,8 @@ def open_transport(name: str, cache: str = "page", *, random: bool = False, remo
     if remote is not None:
         if cache != "page":
             raise ValueError(f"cache={cache!r} reads local files; {remote.shown!r} is an object")
+        from .ranged import RangedFile  # NOTE [objects on demand] in ``_io.objects``
+
         return RangedFile(remote, random)
     return PreadFile(name, cache, random=random)
 

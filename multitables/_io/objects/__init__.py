@@ -9,7 +9,19 @@ object was when looked at; ``sigv4``: signing;
 ``reader``: an object's byte ranges, merged, in flight, checked against what
 the object was (NOTE [object identity]); ``listing``: the objects a pattern
 names; ``fileobj``: a file object for h5py; ``cache``: the local cache
-(NOTE [object cache]).
+(NOTE [object cache]); ``hdf5``: what HDF5's side calls for an object.
+
+NOTE [objects on demand]
+    Only URLs need the client: ``http``, ``reader``, ``listing``,
+    ``fileobj``, ``cache`` and the chunk engine's ``ranged`` bring in
+    ``http.client``, ``ssl``, ``email`` and ``xml.etree``, about 20 ms of
+    CPU that ``import multitables`` would pay in every process (each spawned
+    reader, each DataLoader worker, a command line) for files that are all
+    local. So the layers above import, at their top, only the light modules
+    (``urls``, ``config``, ``identity``, and ``hdf5``, which imports the rest
+    inside its functions), and the others inside the branches that have a
+    URL. ``tests/test_objects.py`` checks what ``import multitables``
+    leaves out.
 
 Why our own client and not obstore or s3fs: ``BENCHMARKS.md``, "Object
 storage: the client".

@@ -6,15 +6,23 @@ reads them through :class:`~multitables._io.objects.fileobj.RangeFile`, whose
 first bytes were fetched when the object was looked at, and whose small reads
 go through a block cache: a few requests for the metadata. PyTables cannot
 read a file object, so it reads local files only.
+
+What the HDF5 side (node inspection, file sets, the h5py engine) calls for an
+object, imported at their top: the object client comes in with the first
+call (NOTE [objects on demand] in ``_io.objects``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import NotHDF5Error
-from .fileobj import RangeFile
-from .reader import ObjectReader, RemoteObject
+from .config import Store
+from .identity import ObjectIdentity
+
+if TYPE_CHECKING:
+    from .fileobj import RangeFile
+    from .reader import ObjectReader, RemoteObject
 
 #: HDF5's signature, at byte 0 of a file or after a user block of 512, 1024, 2048... bytes.
 SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -31,11 +39,23 @@ def check_hdf5(reader: ObjectReader) -> None:
     raise NotHDF5Error(f"{reader.shown!r} is not an HDF5 file")
 
 
+def checked_identity(url: str, store: Store) -> ObjectIdentity:
+    """The identity of the object at ``url`` (looked at with one request) once its first bytes show an HDF5 file;
+    else :class:`~multitables.errors.NotHDF5Error`."""
+    from .reader import ObjectReader
+
+    with ObjectReader(url, store) as reader:
+        check_hdf5(reader)
+        return reader.identity
+
+
 def open_file_id(reader: ObjectReader, check: bool = False) -> Any:
     """HDF5's file id of the object ``reader`` reads, opened read-only through a file object, with no chunk cache
     (as ``_io.node.open_node`` opens local files); ``check``: refuse what is not HDF5 first. The file id owns
     ``reader`` (closed with it)."""
     import h5py
+
+    from .fileobj import RangeFile
 
     fileobj = RangeFile(reader)
     try:
@@ -53,6 +73,8 @@ def open_file_id(reader: ObjectReader, check: bool = False) -> Any:
 
 def file_object(remote: RemoteObject) -> RangeFile:
     """A file object over the object ``remote``, for ``h5py.File``; closing it closes its reader."""
+    from .fileobj import RangeFile
+
     return RangeFile(remote.open())
 
 

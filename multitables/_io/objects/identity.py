@@ -2,7 +2,7 @@
 
 Apart from the request machinery (``http``, ``reader``) so that what only
 carries or compares an identity (a node, a reader's request loop, the file
-checks) need import no HTTP client.
+checks) imports no HTTP client: NOTE [objects on demand] in ``_io.objects``.
 """
 
 from __future__ import annotations

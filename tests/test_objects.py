@@ -631,6 +631,21 @@ def test_importing_the_library_imports_no_object_client_nor_reading_library() ->
     assert found.stdout.strip() == "[]", f"import multitables imports {found.stdout.strip()}"
 
 
+def test_a_fork_server_started_once_objects_were_read_preloads_the_object_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client is imported where a URL is read (NOTE [objects on demand] in ``_io.objects``): a fork server started
+    after that imports it once, not each reader it forks."""
+    import importlib
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    from multitables._procs.pool import preload_in_forkserver
+
+    importlib.import_module("multitables._io.objects.fileobj")  # as looking at an object does
+    monkeypatch.setattr(forkserver._forkserver, "_preload_modules", ["__main__"])
+    preload_in_forkserver(multiprocessing.get_context("forkserver"))
+    assert "multitables._io.objects.fileobj" in forkserver._forkserver._preload_modules
+
+
 def test_an_object_is_read_in_larger_blocks_by_more_readers() -> None:
     from multitables._plan.readers import REMOTE_BLOCK_BYTES, DatasetShape, Machine, plan_stream
 

@@ -7,8 +7,9 @@ from .._sys.forks import finish_imports
 from .._sys.release import settle_releases
 from .chunks.codecs.libraries import load_codec_functions
 
-#: What readers import to read: h5py (and its filters), the chunk engine's codecs, PyTables.
-READING_LIBRARIES = ("h5py", "hdf5plugin", "imagecodecs", "blosc2", "tables")
+#: What readers import to read: h5py (and its filters), the chunk engine's codecs, PyTables, and the object client
+#: (imported where a URL is read: NOTE [objects on demand] in ``_io.objects``; ``fileobj`` brings in the rest).
+READING_LIBRARIES = ("h5py", "hdf5plugin", "imagecodecs", "blosc2", "tables", "multitables._io.objects.fileobj")
 
 
 def before_fork() -> None:

@@ -20,8 +20,9 @@ NOTE [objects on demand]
     local. So the layers above import, at their top, only the light modules
     (``urls``, ``config``, ``identity``, and ``hdf5``, which imports the rest
     inside its functions), and the others inside the branches that have a
-    URL. ``tests/test_objects.py`` checks what ``import multitables``
-    leaves out.
+    URL. Once a URL was read, a fork server started then imports them once
+    for all its readers (``_io.prefork.READING_LIBRARIES``).
+    ``tests/test_objects.py`` checks what ``import multitables`` leaves out.
 
 Why our own client and not obstore or s3fs: ``BENCHMARKS.md``, "Object
 storage: the client".

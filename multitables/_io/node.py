@@ -4,15 +4,12 @@ Runs in the consumer before any process starts, so bad input fails early with
 an error that names the file, the path and the argument.
 
 NOTE [external links]
-    A path may be an external link into another file (a detector's master
-    file links to its data files). HDF5 follows it, and h5py and PyTables
-    read what it leads to, but the chunk engine reads chunks by their
-    addresses, which are the other file's: read in the named file they gave
-    that file's bytes (wrong rows, silently). So the inspection asks HDF5
-    which file holds the dataset (``NodeInfo.linked_file``) and the chunk
-    engine reads that one. An object's links out are refused: they would
-    lead to local files. The identity watched for changes stays the named
-    file's (NOTE [file identity] in ``files``); the layout cache keys on the linked one.
+    A path may be an external link into another file (a detector's master file links to its data files). HDF5
+    follows it, and h5py and PyTables read what it leads to, but the chunk engine reads chunks by their addresses,
+    which are the other file's: read in the named file they gave that file's bytes (wrong rows, silently). So the
+    inspection asks HDF5 which file holds the dataset (``NodeInfo.linked_file``) and the chunk engine reads that
+    one. An object's links out are refused: they would lead to local files. The identity watched for changes stays
+    the named file's (NOTE [file identity] in ``files``); the layout cache keys on the linked one.
 """
 
 from __future__ import annotations
@@ -43,7 +40,6 @@ from .writers import column_hint, group_hint, matlab_empty, reference_hint
 
 if TYPE_CHECKING:  # imported where a URL is read: NOTE [objects on demand] in ``_io.objects``
     from .objects.reader import ObjectReader, RemoteObject
-
 
 class Unsupported(Exception):
     """An engine does not read this node as h5py delivers it; the message says why (the chunk engine raises it at open)."""

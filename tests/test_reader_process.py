@@ -444,3 +444,73 @@ def test_a_reader_whose_consumer_is_killed_before_it_starts_unlinks_what_it_was_
         consumer.kill()
         consumer.join(GUARD)
         consumer.close()  # its pipe
+
+
+def _consumer_that_names_its_semaphores(path: str, face: str, method: str, conn: object) -> None:
+    """A pool worker's part (spawned, sharing the test's resource tracker, as a pool's workers share their parent's):
+    readers started by ``method`` read once; the names of every semaphore made here, the readers' pids and what they
+    read are sent; then it waits to be killed."""
+    import multiprocessing.synchronize
+
+    names: list[str] = []
+    init = multiprocessing.synchronize.SemLock.__init__
+
+    def recording(self: object, *args: object, **kwargs: object) -> None:
+        init(self, *args, **kwargs)  # type: ignore[arg-type]
+        names.append(self._semlock.name)  # type: ignore[attr-defined]
+
+    multiprocessing.synchronize.SemLock.__init__ = recording  # type: ignore[method-assign]
+    if face == "stream":
+        held: object = multitables.Streamer(path, start_method=method).get_queue("/data", n_procs=2, block_size=BLOCK)
+        with held.get() as block:  # type: ignore[attr-defined]
+            first = float(block[0, 0])
+    else:
+        held = multitables.Reader(path, n_procs=2, max_stages=4, start_method=method)
+        dataset = held.get_dataset("/data")  # type: ignore[attr-defined]
+        request = held.request(dataset[BLOCK : BLOCK * 3], dataset.create_stage(BLOCK * 2))  # type: ignore[attr-defined]
+        first = float(request.get()[-1, 0])
+    conn.send((names, held.reader_pids, first))  # type: ignore[attr-defined]
+    time.sleep(GUARD)
+
+
+@pytest.mark.parametrize("face, method", [("stream", "spawn"), ("reader", "forkserver")])
+def test_a_killed_consumer_leaves_no_semaphore_behind(make_array: Callable[..., Path], face: str, method: str) -> None:
+    """Under spawn and forkserver each semaphore shared with the readers is a name in /dev/shm, which only the
+    consumer's finalizers or, at the exit of the pool's parent, its resource tracker unlinked: a pool's worker that
+    the pool killed left them (7 a stream, 70 a Reader) for as long as the pool ran (NOTE [semaphore names])."""
+    import multiprocessing
+    import multiprocessing.resource_tracker
+    import signal
+
+    import psutil
+    from _multiprocessing import sem_unlink
+
+    from multitables._shm.segment import SHM_PREFIX
+
+    path = make_array(np.arange(N_ROWS * 4, dtype="<f4").reshape(N_ROWS, 4), chunkshape=(BLOCK, 4))
+    ctx = multiprocessing.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    consumer = ctx.Process(target=_consumer_that_names_its_semaphores, args=(str(path), face, method, send))
+    consumer.start()
+    send.close()
+    left: list[str] = []
+    try:
+        assert recv.poll(GUARD), "the consumer never started its readers"
+        names, pids, first = recv.recv()
+        assert first == (0.0 if face == "stream" else (BLOCK * 3 - 1) * 4)  # the readers work on, the names gone
+        readers = [psutil.Process(pid) for pid in pids]
+        os.kill(consumer.pid, signal.SIGKILL)
+        consumer.join(GUARD)
+        _, alive = psutil.wait_procs(readers, timeout=GUARD)
+        assert not alive
+        left = [name for name in names if os.path.exists(f"/dev/shm/sem.{name.lstrip('/')}")]
+        assert len(names) == (7 if face == "stream" else 2 + 4 + 4) and left == []
+        assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"{SHM_PREFIX}{consumer.pid}_")]
+    finally:
+        consumer.kill()
+        consumer.join(GUARD)
+        consumer.close()
+        recv.close()
+        for name in left:  # ours alone: made by the consumer above
+            sem_unlink(name)
+            multiprocessing.resource_tracker.unregister(name, "semaphore")

@@ -284,3 +284,31 @@ def test_a_rings_pages_still_to_come_count_as_taken_until_allocated(monkeypatch)
     finally:
         reserved.unlink()
         reserved.close()
+
+
+_SEMAPHORES = r"""
+import gc, multiprocessing, os, sys
+from multitables._shm.semaphores import unlink_names
+
+ctx = multiprocessing.get_context(sys.argv[1])
+sems = [ctx.Semaphore(0), ctx.Lock(), ctx.BoundedSemaphore(2)]
+names = [s._semlock.name for s in sems if s._semlock.name]
+print(unlink_names(sems), unlink_names(sems), [os.path.exists(f"/dev/shm/sem.{n[1:]}") for n in names])
+sems[0].release()
+print(sems[0].acquire(timeout=1))
+del sems
+gc.collect()
+"""
+
+
+@pytest.mark.parametrize("method, unlinked", [("spawn", 3), ("forkserver", 3), ("fork", 0)])
+def test_semaphore_names_go_at_once_and_nothing_unlinks_or_warns_of_them_later(method: str, unlinked: int) -> None:
+    """NOTE [semaphore names]: each name is unlinked once, taken off the resource tracker and off the exit handlers
+    (which would fail on it, and the tracker warn of a leak, at the program's end), and the semaphore still works."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _SEMAPHORES, method], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split("\n") == [f"{unlinked} 0 {[False] * unlinked}", "True", ""]
+    assert run.stderr == ""  # the tracker's output too: it ends after the program

@@ -66,6 +66,7 @@ from .._plan.requests import ReadRows
 from .._shm.inbox import ATTACH, DETACH, READ, STOP, InboxSync, Inboxes, Item
 from .._shm.ring import TICK
 from .._shm.segment import Segment
+from .._shm.semaphores import unlink_names
 from .._shm.space import semaphores_for
 from .._shm.stagemap import DONE, FAILED, StageLayout, StageMap
 from .._sys.awake import Eagerness, acquire
@@ -314,6 +315,8 @@ class ServeReaders:
             self.pool.start(serve_loop, [(settings, sync, self.channels) for sync in self._syncs], files=files or filename,
                             segments=(settings.control_name,))
             self.pool.wait_attached("start", self._check_broken)
+            # Every reader opened them (NOTE [semaphore names] in ``_shm.semaphores``).
+            unlink_names((*self.pool.attached, *self.channels, *(s for sync in self._syncs for s in sync.semaphores)))
         except BaseException:
             self.close()
             raise

@@ -54,6 +54,11 @@ class InboxSync:
     def create(cls, ctx: Any) -> "InboxSync":
         return cls(ctx.Semaphore(0), ctx.Semaphore(INBOX_ITEMS))
 
+    @property
+    def semaphores(self) -> "tuple[Any, ...]":
+        """Both (their names go once the reader opened them: NOTE [semaphore names] in ``semaphores``)."""
+        return (self.work, self.space)
+
 
 class Inboxes:
     """One process's mapping of the control segment: a stop word, then one inbox per reader."""

@@ -84,6 +84,12 @@ class RingSync:
         free = tuple(ctx.Semaphore(len(range(g, n_slots, groups))) for g in range(groups))
         return cls(free, ctx.Semaphore(0), ctx.Lock(), ctx.Semaphore(0))
 
+    @property
+    def semaphores(self) -> "tuple[Any, ...]":
+        """Every primitive of the ring (their names go once the readers opened them: NOTE [semaphore names] in
+        ``semaphores``)."""
+        return (*self.free, self.ready, self.lock, self.more)
+
     def group(self, slot_or_reader: int) -> int:
         """The group of a slot, or of a reader by its index."""
         return slot_or_reader % len(self.free)

@@ -384,12 +384,19 @@ def test_a_reader_the_system_cannot_start_is_named_in_the_error(
     assert err.value.errno == errno.EAGAIN
 
 
-def _consumer_whose_readers_start_late(path: str, face: str) -> None:
-    """A pool worker's part (forked, sharing the test's resource tracker, as a pool's workers share their parent's):
+def _consumer_whose_readers_start_late(path: str, face: str, tracker_held: str = "") -> None:
+    """A pool worker's part (forked, sharing its parent's resource tracker, as a pool's workers share their parent's):
     start readers that wait until this process is killed, then import for a second before their loop, as spawn's
-    readers do."""
+    readers do. ``tracker_held``: the readers are forked while the tracker's lock is held, as by another thread, and
+    stay stuck there (as in a read that hangs), so that their watch thread alone ends them (NOTE [stuck orphans])."""
+    import multiprocessing.resource_tracker
+
     import multitables._procs.pool as pool
     import multitables._procs.process as process
+
+    if tracker_held:
+        lock = multiprocessing.resource_tracker._resource_tracker._lock
+        os.register_at_fork(before=lock.acquire, after_in_parent=lock.release)
 
     reader_main, limit_threads, me = pool.reader_main, process.limit_threads, os.getpid()
 
@@ -399,7 +406,7 @@ def _consumer_whose_readers_start_late(path: str, face: str) -> None:
         reader_main(*args)  # type: ignore[arg-type]
 
     def importing() -> None:
-        time.sleep(1.0)
+        time.sleep(GUARD * 10 if tracker_held else 1.0)
         limit_threads()
 
     pool.reader_main, process.limit_threads = late, importing  # type: ignore[assignment]
@@ -409,41 +416,55 @@ def _consumer_whose_readers_start_late(path: str, face: str) -> None:
         multitables.Reader(path, n_procs=1, start_method="fork")
 
 
-@pytest.mark.parametrize("face", ["stream", "reader"])
+_KILLED_WHILE_READERS_START = r"""
+import json, multiprocessing, multiprocessing.resource_tracker, os, signal, sys, time
+import psutil
+from multitables._shm.segment import SHM_PREFIX
+from test_reader_process import GUARD, _consumer_whose_readers_start_late
+
+multiprocessing.resource_tracker.ensure_running()  # the pool's parent's, which outlives the worker
+consumer = multiprocessing.get_context("fork").Process(target=_consumer_whose_readers_start_late, args=sys.argv[1:4])
+consumer.start()
+try:
+    mine = f"{SHM_PREFIX}{consumer.pid}_"
+    deadline = time.monotonic() + GUARD
+    while not (psutil.Process(consumer.pid).children() and any(n.startswith(mine) for n in os.listdir("/dev/shm"))):
+        assert time.monotonic() < deadline, "the consumer never started its reader"
+        time.sleep(0.01)
+    reader = psutil.Process(consumer.pid).children()[0]
+    os.kill(consumer.pid, signal.SIGKILL)
+    consumer.join(GUARD)
+    gone, alive = psutil.wait_procs([reader], timeout=GUARD)
+    for stuck in alive:  # else it would hold the test's pipes
+        stuck.kill()
+finally:
+    consumer.kill()  # killed already, unless a step above failed
+    consumer.join(GUARD)
+print(json.dumps({"alive": len(alive), "left": [n for n in os.listdir("/dev/shm") if n.startswith(mine)]}))
+"""
+
+
+@pytest.mark.parametrize("face, tracker_held", [("stream", ""), ("reader", ""), ("stream", "held")])
 def test_a_reader_whose_consumer_is_killed_before_it_starts_unlinks_what_it_was_to_map(
-    make_array: Callable[..., Path], face: str, no_leaks: None
+    make_array: Callable[..., Path], face: str, tracker_held: str, no_leaks: None
 ) -> None:
     """A pool that ends its worker (loky's terminate, dask's nanny, a Pool's terminate) while the worker's readers
     still start (spawn imports for seconds) left the ring in /dev/shm: the readers found the consumer gone before they
-    mapped anything, and unlinked nothing (NOTE [stuck orphans])."""
-    import multiprocessing
-    import multiprocessing.resource_tracker
-    import signal
-
-    import psutil
-
-    from multitables._shm.segment import SHM_PREFIX
+    mapped anything, and unlinked nothing (NOTE [stuck orphans]). The reader that unlinks it also takes it off the
+    resource tracker the worker shares with the pool's parent, which at that parent's exit warned of a leaked
+    segment, then of its failure to unlink it; one forked while a thread of the worker held the tracker's lock
+    (held in it for ever) leaves it there, and exits all the same."""
+    import json
 
     path = make_array(np.arange(N_ROWS * 4, dtype="<f4").reshape(N_ROWS, 4), chunkshape=(BLOCK, 4))
-    multiprocessing.resource_tracker.ensure_running()  # the pool's parent's, which outlives the worker
-    consumer = multiprocessing.get_context("fork").Process(target=_consumer_whose_readers_start_late, args=(str(path), face))
-    consumer.start()
-    try:
-        mine = f"{SHM_PREFIX}{consumer.pid}_"
-        deadline = time.monotonic() + GUARD
-        while not (psutil.Process(consumer.pid).children() and any(n.startswith(mine) for n in os.listdir("/dev/shm"))):
-            assert time.monotonic() < deadline, "the consumer never started its reader"
-            time.sleep(0.01)
-        reader = psutil.Process(consumer.pid).children()[0]
-        os.kill(consumer.pid, signal.SIGKILL)
-        consumer.join(GUARD)
-        gone, alive = psutil.wait_procs([reader], timeout=GUARD)
-        assert not alive
-        assert [n for n in os.listdir("/dev/shm") if n.startswith(mine)] == []
-    finally:
-        consumer.kill()
-        consumer.join(GUARD)
-        consumer.close()  # its pipe
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), here, os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-c", _KILLED_WHILE_READERS_START, str(path), face, tracker_held],
+                         capture_output=True, text=True, timeout=GUARD * 2, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout) == {"alive": 0, "left": []}
+    # The tracker's output (it ends after the program): the name unlinked, a warning of its leak, then of its absence.
+    assert ("leaked" in run.stderr) == bool(tracker_held), run.stderr[-3000:]
 
 
 def _consumer_that_names_its_semaphores(path: str, face: str, method: str, conn: object) -> None:

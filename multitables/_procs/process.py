@@ -146,7 +146,7 @@ def _end_when_orphaned(reader: ReaderProcess) -> None:
     else:
         names = ()
     for name in names:
-        unlink_orphan(name)
+        unlink_orphan(name, tracked=True)
     os._exit(0)
 
 
@@ -175,6 +175,6 @@ def reader_main(loop: Callable[..., None], identity: ReaderIdentity, args: tuple
         conn.close()
         if not reader.parent_alive():
             for name in reader.segments:  # the consumer died, maybe before it could unlink these
-                unlink_orphan(name)
+                unlink_orphan(name, tracked=True)
     if failed:
         raise SystemExit(1)

@@ -9,9 +9,11 @@ NOTE [segment lifetime]
     from then on a SIGKILL of every process involved leaves nothing in
     /dev/shm. If the owner dies before it could unlink, each reader unlinks
     the name when it notices (NOTE [shutdown] in ``_procs.pool``); the name is
-    also registered with multiprocessing's resource tracker until the unlink,
-    as a last safety net only. A consumer SIGKILLed between creating a name
-    and registering it leaves the name behind: the next process to create a
+    also registered with multiprocessing's resource tracker until the unlink
+    (the owner's or a reader's), as a last safety net only. The semaphores
+    shared with readers go the same way (NOTE [semaphore names] in
+    ``semaphores``). A consumer SIGKILLed between creating a name and
+    registering it leaves the name behind: the next process to create a
     segment removes names of this library whose creator is dead, that belong
     to its user and are older than any creation can take (NOTE [creation
     span], :func:`sweep_orphans`). Nothing else in /dev/shm is touched.
@@ -462,11 +464,33 @@ def _sweep_once() -> None:
         sweep_orphans()
 
 
-def unlink_orphan(name: str) -> None:
-    """Unlink a segment whose owner died before it could (a reader's last act)."""
+def unlink_orphan(name: str, tracked: bool = False) -> None:
+    """Unlink a segment whose owner died before it could (a reader's last act, or a sweep's). ``tracked``: the name
+    is on the resource tracker this process shares with the owner (a reader's: its owner registered the name before
+    any reader learned it), which then forgets it if this unlink removed it; else, when the tracker's last holder
+    exits (a pool's parent), it warned of a leaked segment, then of its failure to unlink it."""
     if _posixshmem is None:  # pragma: no cover
         return
     try:
         _posixshmem.shm_unlink("/" + name)
     except FileNotFoundError:
+        return
+    if tracked:
+        _untrack(name)
+
+
+def _untrack(name: str) -> None:
+    """Take ``name`` off the resource tracker, unless its lock stays held: a reader forked while a thread of its
+    consumer held it has it held for ever (its own threads take it only here, briefly), and a reader stuck in a read
+    must still end (NOTE [stuck orphans]); nor where this process knows of no tracker (it would start one)."""
+    from multiprocessing import resource_tracker
+
+    tracker = getattr(resource_tracker, "_resource_tracker", None)
+    lock = getattr(tracker, "_lock", None)
+    if getattr(tracker, "_fd", None) is None or lock is None or not lock.acquire(timeout=0.1):
+        return
+    lock.release()
+    try:
+        resource_tracker.unregister("/" + name, "shared_memory")
+    except Exception:  # the tracker gone: nobody to warn
         pass

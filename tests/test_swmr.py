@@ -385,3 +385,24 @@ def test_a_growing_set_too_large_to_describe_to_the_readers_is_refused_saying_so
     with pytest.raises(ValueError, match="swmr=True is too many files.*read fewer files per Reader"):
         describe("h5py", set_node("4000 files", node, parts, 10 * len(files)), files)
     assert len(describe("h5py", set_node("40 files", node, parts[:40], 400), files[:40])) < 1000
+
+
+def test_a_handles_chunk_index_leaves_out_the_chunks_flushed_past_its_extent(writer: tuple[Path, Writer]) -> None:
+    """HDF5 lists the chunks a SWMR writer flushed after a handle's look: a reader that opened the file before the
+    writer's flush failed with FileChangedError ("changed while the chunk index was listed"), the file only grown."""
+    from multitables._io.chunks.grid import ChunkGrid
+    from multitables._io.chunks.storage import ChunkIndex
+
+    path, w = writer
+    with h5py.File(path, "r", libver="latest", swmr=True) as f:
+        ds = f["X"]
+        w.grow()
+        w.grow()
+        listed: list = []
+        ds.id.chunk_iter(listed.append)
+        assert len(listed) > N0 // 25  # what HDF5 lists: the chunks flushed since too
+        index = ChunkIndex(ds.id, ChunkGrid(ds.shape, ds.chunks))
+        assert index.n_listed == N0 // 25
+        for k in range(N0 // 25):
+            assert index.lookup((k, 0)) is not None
+    w.close()

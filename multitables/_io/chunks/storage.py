@@ -227,15 +227,15 @@ class ChunkIndex:
         if n > limit or not hasattr(dsid, "chunk_iter"):
             self._lazy = {}
             return
-        # Python lists: a lookup per chunk read, and list items are Python ints already.
-        self._where: "list[tuple[int, int, int] | None]" = [None] * n
+        self._where: "list[tuple[int, int, int] | None]" = [None] * n  # a lookup per chunk read, of Python ints
         found: list[Any] = []
-        dsid.chunk_iter(found.append)
+        dsid.chunk_iter(found.append)  # in index order; past the extent: what a SWMR writer flushed since ``dsid``'s look
+        if found and found[-1].chunk_offset[0] >= grid.shape[0]:
+            found = [info for info in found if info.chunk_offset[0] < grid.shape[0]]  # rows never read through it
         where = self._where
         if grid.per_chunk_row == 1:
-            # Chunks of whole rows (PyTables' and most layouts): the position is the first
-            # coordinate alone. Listing 2,048 chunks takes 1.7 ms so, 3.3 ms through the
-            # grid's methods: time every reader's start and every small file's read pays.
+            # Chunks of whole rows (PyTables' and most layouts): the position is the first coordinate alone. Listing
+            # 2,048 chunks takes 1.7 ms so, 3.3 ms through the grid's methods: every reader's start pays it.
             c0 = grid.chunks[0]
             for info in found:
                 where[info.chunk_offset[0] // c0] = (int(info.byte_offset) + base, int(info.size), int(info.filter_mask))

@@ -34,7 +34,7 @@ from ._plan.readers import Machine, plan_requests
 from ._plan.requests import effective_chunk_rows, split_shares
 from ._procs.pool import check_start_method
 from ._procs.serve import ServeReaders
-from ._shm.stagemap import MAX_SHARES, describe
+from ._shm.stagemap import MAX_SHARES
 from ._sys.checks import check_int
 from .errors import NoSuchFieldError, ReaderError, StreamClosedError
 
@@ -286,7 +286,7 @@ class Dataset:
         self._reader = reader
         self._node = node
         self._engine = engine
-        self._fields: dict["str | None", tuple[NodeInfo, bytes]] = {None: (node, describe(engine, node, reader.filename))}
+        self._fields: dict["str | None", tuple[NodeInfo, bytes]] = {None: (node, reader._live().describe(engine, node))}
         #: The node's path in the file.
         self.path: str = node.path
         #: The node's shape (rows first).
@@ -312,8 +312,9 @@ class Dataset:
         if got is None:
             if not isinstance(field, str):
                 raise TypeError(f"a column is named by a str, not {type(field).__name__}")
-            node = self._reader._live().inspect(self._node.path, field)  # KeyError for a missing column
-            got = self._fields[field] = (node, describe(self._engine, node, self._reader.filename))
+            core = self._reader._live()
+            node = core.inspect(self._node.path, field)  # KeyError for a missing column
+            got = self._fields[field] = (node, core.describe(self._engine, node))
         return got
 
     def __getitem__(self, key: Any) -> "Request":

@@ -446,7 +446,7 @@ def test_the_sharded_snippet_of_the_training_docs_runs_as_written(tmp_path: Path
 
 
 def test_random_access_over_many_files(tmp_path: Path, no_leaks: None) -> None:
-    """A set's description outgrows a stage header; the readers get the files at start and inspect the set themselves."""
+    """A set's description outgrows a stage header; the readers are handed it apart (NOTE [set descriptions])."""
     files, data = write_shards(tmp_path, [3] * 150, ["zlib", "none"])
     coords = np.array([449, 0, 3, 200, 2])
     with multitables.Reader(tmp_path / "shard-*.h5", n_procs=2) as reader:
@@ -465,6 +465,91 @@ def test_a_file_changed_before_the_readers_look_fails_the_request(tmp_path: Path
         with ds.create_stage(20) as stage:
             with pytest.raises(multitables.FileChangedError):
                 reader.request(ds[:], stage).get()
+
+
+@pytest.mark.parametrize("n_procs", [0, 2])
+def test_a_readers_first_request_opens_only_the_files_it_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_leaks: None, n_procs: int
+) -> None:
+    """The readers are handed the set's node that ``get_dataset`` described (NOTE [set descriptions] in
+    ``_io.setref``): a request opens the files its rows lie in, not every file of the set to find the node again."""
+    files, data = write_shards(tmp_path, [10] * 12)
+    names, log = [str(f) for f in files], tmp_path / "opens.log"
+    real = h5py.h5f.open
+
+    def logged(name: Any, *a: Any, **k: Any) -> Any:  # in the readers too: forked with it
+        with open(log, "a") as f:
+            f.write(os.fsdecode(name) + "\n")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(h5py.h5f, "open", logged)
+    with multitables.Reader(names, n_procs=n_procs, engine="h5py", start_method="fork") as reader:
+        ds = reader.get_dataset("/data")
+        log.unlink()  # the consumer's look at the set
+        with ds.create_stage(10) as stage:
+            assert np.array_equal(reader.request(ds[3:7], stage).get(), data[3:7])
+            assert np.array_equal(reader.request(ds[[25, 21, 29]], stage).get(), data[[25, 21, 29]])
+    assert set(log.read_text().split()) == {names[0], names[2]}
+
+
+@pytest.mark.parametrize("n_procs", [0, 2])
+def test_a_file_replaced_after_get_dataset_fails_each_read_of_it_naming_it(
+    tmp_path: Path, no_leaks: None, n_procs: int
+) -> None:
+    """The node handed to the readers holds each file's identity at ``get_dataset``, checked where the file is read:
+    the other files' rows are read, and each read of the replaced one fails, naming it."""
+    files, data = write_shards(tmp_path, [10, 10, 10])
+    (other,), _ = write_shards(tmp_path, [30], name="other")
+    with multitables.Reader(files, n_procs=n_procs) as reader:
+        ds = reader.get_dataset("/data")
+        os.replace(other, files[1])
+        with ds.create_stage(10) as stage:
+            for _ in range(2):
+                assert np.array_equal(reader.request(ds[0:10], stage).get(), data[0:10])
+                with pytest.raises(multitables.FileChangedError, match=str(files[1])):
+                    reader.request(ds[15:18], stage).get()
+                assert np.array_equal(reader.request(ds[22:30], stage).get(), data[22:30])
+
+
+@pytest.mark.parametrize("n_procs", [0, 2])
+def test_the_nodes_handed_to_the_readers_of_two_datasets_of_one_set_stay_apart(
+    tmp_path: Path, no_leaks: None, n_procs: int
+) -> None:
+    """Two nodes of the same files (each with its files' identities and rows: the same fingerprint) are two nodes."""
+    names = [str(tmp_path / f"two-{i}.h5") for i in range(3)]
+    for i, name in enumerate(names):
+        with h5py.File(name, "w") as f:
+            f["a"], f["b"] = np.arange(10) + 100 * i, -np.arange(10) - 100 * i
+    a_rows = np.concatenate([np.arange(10) + 100 * i for i in range(3)])
+    with multitables.Reader(names, n_procs=n_procs) as reader:
+        a, b = reader.get_dataset("/a"), reader.get_dataset("/b")
+        with a.create_stage(30) as stage:
+            assert np.array_equal(reader.request(a[8:23], stage).get(), a_rows[8:23])
+            assert np.array_equal(reader.request(b[8:23], stage).get(), -a_rows[8:23])
+            assert np.array_equal(reader.request(reader.get_dataset("/a")[::7], stage).get(), a_rows[::7])
+
+
+def test_a_reader_killed_taking_a_sets_node_fails_get_dataset_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_leaks: None
+) -> None:
+    """The segment that hands the readers a set's node (NOTE [set descriptions] in ``_io.setref``) goes with the
+    ``get_dataset`` that made it, whatever its readers did."""
+    import signal
+
+    from multitables._io import setref
+
+    files, _ = write_shards(tmp_path, [10, 10])
+    consumer, real = os.getpid(), setref.Learned.add
+
+    def killed(self: Any, *a: Any) -> None:  # in a reader, forked with it, as it takes the node
+        if os.getpid() != consumer:
+            os.kill(os.getpid(), signal.SIGKILL)
+        real(self, *a)
+
+    monkeypatch.setattr(setref.Learned, "add", killed)
+    with multitables.Reader(files, n_procs=2, start_method="fork") as reader:
+        with pytest.raises(multitables.ReaderError, match="-9|SIGKILL"):
+            reader.get_dataset("/data")
 
 
 @pytest.fixture

@@ -34,8 +34,10 @@ import traceback
 from typing import Any
 
 from .._io.files import FileSignature, GrowingFile
+from .._io.node import NodeInfo
 from .._io.objects.config import Store
 from .._io.objects.identity import ObjectIdentity
+from .._io.setref import Learned, SetRef
 from .._procs.failure import FailureReport
 from .._procs.serve import ServeSettings, ShareReader
 from .._shm.segment import Segment
@@ -71,7 +73,8 @@ class InlineServer:
         self.filename = filename
         self.file_signature = file_signature
         self._settings = ServeSettings(open_kwargs, "", file_signature, files, store)
-        self._shares = ShareReader(filename, self._settings)
+        self._learned = Learned()
+        self._shares = ShareReader(filename, self._settings, self._learned)
         self._owner = os.getpid()
         self._stages: dict[int, StageMap] = {}
         self._reports: dict[int, tuple[FailureReport, Exception]] = {}
@@ -98,7 +101,7 @@ class InlineServer:
         if os.getpid() != self._owner:
             self._owner = os.getpid()
             self._lock = threading.Lock()  # perhaps held at the fork by a thread the child does not have
-            self._shares = ShareReader(self.filename, self._settings)  # the parent's handles: dropped here, not used
+            self._shares = ShareReader(self.filename, self._settings, self._learned)  # the parent's handles: dropped
             self._reports.clear()
 
     def drop_opens(self) -> None:
@@ -107,6 +110,11 @@ class InlineServer:
         with self._lock:
             if not self.closed and os.getpid() == self._owner:
                 self._shares.drop_opens()
+
+    def learn(self, ref: SetRef, node: NodeInfo) -> None:
+        """Keep ``node``, the set's node ``ref`` names, for the reads here (NOTE [set descriptions] in
+        ``_io.setref``); no lock: a read only looks a node up."""
+        self._learned.add(ref, node)
 
     def stage_segment(self, layout: StageLayout) -> Segment:
         return Segment.private(layout.nbytes)

@@ -17,11 +17,12 @@ from .._io.files import GrowingFile, check_same_file, file_signature, grew
 from .._io.fileset import inspect_files, own_flags
 from .._io.node import NodeInfo
 from .._io.objects.config import Store
+from .._io.setref import SetRef
 from .._procs.pool import READER_ELSEWHERE
 from .._procs.serve import ServeReaders
 from .._shm.ring import TICK
 from .._shm.segment import interpreter_exiting
-from .._shm.stagemap import StageMap
+from .._shm.stagemap import StageMap, describe
 from .._sys.awake import Eagerness
 from ..errors import QueueClosed, StreamClosedError
 
@@ -129,6 +130,15 @@ class ReaderCore:
             if grew(now, made):
                 self.looked = now
         return node
+
+    def describe(self, engine: str, node: NodeInfo) -> bytes:
+        """The bytes a stage's header names ``node`` by (``_shm.stagemap.describe``); a set's node handed to the
+        readers first, whose first request then opens no file to find it (NOTE [set descriptions] in ``_io.setref``)."""
+        ref = SetRef.of(node, self.filename) if node.parts and isinstance(self.filename, tuple) else None
+        desc = describe(engine, node, self.filename, ref)
+        if ref is not None and not ref.grown:  # a growing set's readers look at its files themselves
+            self.pool.learn(ref, node)
+        return desc
 
     def check_open(self) -> None:
         """Raise unless new requests can be made: open, not stopped, and no reader dead (looked at now)."""

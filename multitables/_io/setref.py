@@ -16,6 +16,28 @@ NOTE [growing sets]
     with fewer rows than it saw is refused too: each a
     :class:`~multitables.errors.FileChangedError`. Each file's size at the
     readers' look is then the least its reads allow (NOTE [file identity]).
+
+NOTE [set descriptions]
+    A Reader's readers start before its ``get_dataset``, so they have not
+    seen a set's node, and inspecting the set again opens every file with
+    HDF5 in each reader at the dataset's first request (~0.4 ms a file: over
+    a second for 3,000). So ``get_dataset`` hands the readers the node the
+    consumer described, once: pickled into a segment of its own, which each
+    reader maps, copies and unmaps at a ``LEARN`` item of its inbox (NOTE
+    [request protocol] in ``_procs.serve``), and whose name the consumer
+    unlinks once every reader said so, as a stage's (NOTE [segment
+    lifetime]). A reader keeps the last ``LEARNED`` nodes it was handed
+    (:class:`Learned`), each under its :class:`SetRef` (the fingerprint of
+    the files alone would not tell two nodes of one set apart); the consumer
+    keeps the refs, in the same order, and hands over only nodes whose ref
+    is not among them. A ref whose node its reader holds is that node, with
+    no open. The checks lose nothing: each part holds its file's
+    identity at the consumer's look, which the set's source compares at
+    each open of the file and after each read (NOTE [file identity] in
+    ``files``), so a file changed since ``get_dataset`` fails each read of
+    it, named. A set read with ``swmr=True`` is inspected by its readers as
+    before: their own look is what its reads are checked against (NOTE
+    [growing sets]). With ``n_procs=0`` the node stays in the process.
 """
 
 from __future__ import annotations
@@ -40,9 +62,10 @@ class SetRef:
 
     A stage header holds a few KiB and a set's node (every file's
     description) grows with the files; the readers get the Reader's files
-    once, at start, and inspect the set themselves on its first request.
-    ``fingerprint`` (of every part's file, identity and rows) makes sure
-    they found what the consumer checked. ``grown``: for a set read with
+    once, at start, and the node by another way (NOTE [set descriptions]),
+    or else inspect the set themselves on its first request.
+    ``fingerprint`` (of every part's file, identity and rows) names the node
+    and makes sure they found what the consumer checked. ``grown``: for a set read with
     ``swmr=True``, each file's rows and size as the consumer saw them
     (NOTE [growing sets]); empty otherwise.
     """
@@ -69,8 +92,12 @@ class SetRef:
         return cls(node.path, node.field, _fingerprint(node), grown)
 
     def resolve(self, files: "tuple[str, ...]", store: "Store | None" = None, swmr: bool = False,
-                locking: Any = None) -> NodeInfo:
-        """The node this names, inspected now; :class:`FileChangedError` if a file changed since the consumer's inspection."""
+                locking: Any = None, learned: "Learned | None" = None) -> NodeInfo:
+        """The node this names: the consumer's, where ``learned`` holds it (NOTE [set descriptions]), else inspected
+        now; :class:`FileChangedError` if a file changed since the consumer's inspection."""
+        known = learned.get(self) if learned is not None and not self.grown else None
+        if known is not None:
+            return known
         since = f"between the Reader's look at {self.path!r} and its readers': the rows asked for may no longer be there"
         if self.grown:
             node = self._grown_node(files, store, locking, since)
@@ -99,6 +126,30 @@ class SetRef:
             parts.append(Part(replace(node, n_rows=n_rows), offset, now))
             offset += n_rows
         return set_node(describe_files(files), parts[0].node, parts, offset)
+
+
+#: Sets' nodes a reader keeps (NOTE [set descriptions]): those of the last datasets of sets its Reader made.
+LEARNED = 16
+
+
+class Learned:
+    """The last ``LEARNED`` sets' nodes handed to a reader, each under its ref, in the order handed (NOTE [set
+    descriptions]); the consumer's copy keeps the refs alone (nodes None), so it knows which a reader holds."""
+
+    def __init__(self) -> None:
+        self._nodes: "dict[SetRef, NodeInfo | None]" = {}
+
+    def __contains__(self, ref: SetRef) -> bool:
+        return ref in self._nodes
+
+    def get(self, ref: SetRef) -> "NodeInfo | None":
+        return self._nodes.get(ref)
+
+    def add(self, ref: SetRef, node: "NodeInfo | None" = None) -> None:
+        self._nodes.pop(ref, None)
+        self._nodes[ref] = node
+        while len(self._nodes) > LEARNED:
+            del self._nodes[next(iter(self._nodes))]
 
 
 def _fingerprint(node: NodeInfo) -> str:

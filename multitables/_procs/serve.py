@@ -13,6 +13,8 @@ NOTE [request protocol]
     * ``READ request stage_id share a b``: read rows ``a..b`` of the plan held in
       the stage's header into rows ``a..b`` of its data.
     * ``DETACH stage_id``: unmap the stage (it was closed).
+    * ``LEARN name nbytes``: copy a set's node out of the segment ``name``,
+      then release ``attached`` (NOTE [set descriptions] in ``_io.setref``).
     * ``STOP``.
 
     * ``READ request stage_id 0 0 0`` of a *query* (the stage says so): run the
@@ -60,10 +62,10 @@ from .._io.objects.config import Store
 from .._io.objects.identity import ObjectIdentity
 from .._io.engines import open_rows
 from .._io.scattered import Stopped
-from .._io.setref import SetRef
+from .._io.setref import Learned, SetRef
 from .._io.tables_engine import pytables_options
 from .._plan.requests import ReadRows
-from .._shm.inbox import ATTACH, DETACH, READ, STOP, InboxSync, Inboxes, Item
+from .._shm.inbox import ATTACH, DETACH, LEARN, READ, STOP, InboxSync, Inboxes, Item
 from .._shm.ring import TICK
 from .._shm.segment import Segment
 from .._shm.semaphores import unlink_names
@@ -110,8 +112,10 @@ class ShareReader:
     """Reads a request's share into a stage: the nodes, and the engines' rows readers opened on them, kept; PyTables'
     file for queries. A request reader's, or the consumer's where it reads the requests itself (``n_procs=0``)."""
 
-    def __init__(self, filename: str, settings: ServeSettings) -> None:
+    def __init__(self, filename: str, settings: ServeSettings, learned: "Learned | None" = None) -> None:
         self.filename, self.settings = filename, settings
+        #: Sets' nodes the consumer handed over (NOTE [set descriptions] in ``_io.setref``).
+        self.learned = Learned() if learned is None else learned
         self.readers: dict[bytes, Any] = {}
         self.nodes: dict[bytes, tuple[str, NodeInfo]] = {}
         self.tables_file: Any = None  # PyTables' handle on the file, opened by the first query
@@ -128,7 +132,8 @@ class ShareReader:
             if isinstance(node, SetRef):
                 if flags["swmr"]:  # its files looked at by this process's one open of each (NOTE [swmr extent])
                     self.drop_opens(node.path)
-                node = node.resolve(self.settings.files, self.settings.store, **flags)  # type: ignore[arg-type]
+                node = node.resolve(self.settings.files, self.settings.store, **flags,  # type: ignore[arg-type]
+                                    learned=self.learned)
             elif grew(node.identity, self.expected):  # a later look at a growing file: no smaller than it saw
                 self.expected = node.identity
             got = self.nodes[desc] = (engine, node)
@@ -255,6 +260,14 @@ class _Server:
                 stage = self.stages.pop(item.stage_id, None)
                 if stage is not None:
                     stage.close()
+            elif item.kind == LEARN:
+                self.reader.segments.add(item.name)
+                segment = Segment.attach(item.name, item.data_nbytes)
+                try:
+                    self.shares.learned.add(*pickle.loads(segment.buf[:item.data_nbytes]))
+                finally:
+                    segment.close()
+                self.reader.attached()
 
     def read_share(self, item: Item) -> None:
         stage = self.stages[item.stage_id]
@@ -304,6 +317,7 @@ class ServeReaders:
         self._tails = [0] * n_procs
         self._push_lock = threading.Lock()
         self._attach_lock = threading.Lock()
+        self._learned = Learned()  # the refs of the nodes the readers hold, as they hold them
         self.pool = ReaderPool(start_method, filename, name="request", semaphores=SEMAPHORES, n_readers=n_procs)
         ctx = self.pool.ctx
         with semaphores_for(SEMAPHORES):
@@ -418,6 +432,24 @@ class ServeReaders:
             for i in range(self.n_procs):
                 self._push(i, Item(ATTACH, stage_id=stage_id, max_rows=layout.max_rows, data_nbytes=layout.data_nbytes, name=name))
             self.pool.wait_attached("map a new stage", self._check_broken)
+
+    def learn(self, ref: SetRef, node: NodeInfo) -> None:
+        """Hand every reader ``node``, the set's node ``ref`` names, unless they hold it, and wait until they have it
+        (NOTE [set descriptions] in ``_io.setref``)."""
+        if ref in self._learned:
+            return
+        payload = pickle.dumps((ref, node), protocol=pickle.HIGHEST_PROTOCOL)
+        segment = Segment.create(len(payload), what="A set's description")
+        try:
+            segment.buf[:len(payload)] = payload
+            with self._attach_lock:
+                for i in range(self.n_procs):
+                    self._push(i, Item(LEARN, data_nbytes=len(payload), name=segment.name))
+                self.pool.wait_attached("take a set's description", self._check_broken)
+                self._learned.add(ref)
+        finally:
+            segment.unlink()
+            segment.close()
 
     def detach(self, stage_id: int) -> None:
         """Have every live reader unmap a closed stage (does not wait)."""

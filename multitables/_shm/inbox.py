@@ -24,7 +24,7 @@ _NAME_BYTES = (_ITEM_WORDS - _NAME_WORD) * 8
 _INBOX_BYTES = round_up(INBOX_ITEMS * _ITEM_WORDS * 8, PAGE)
 
 # Item kinds.
-STOP, ATTACH, DETACH, READ = 1, 2, 3, 4
+STOP, ATTACH, DETACH, READ, LEARN = 1, 2, 3, 4, 5
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Item:
     share: int = 0
     a: int = 0
     b: int = 0
-    #: ATTACH: the stage's layout and segment name.
+    #: ATTACH: the stage's layout and segment name; LEARN: ``name``, the segment of ``data_nbytes`` bytes.
     max_rows: int = 0
     data_nbytes: int = 0
     name: str = ""

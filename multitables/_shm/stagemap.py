@@ -195,13 +195,14 @@ class StageMap:
 MAX_DESC = HEADER_BYTES - _DESC_AT
 
 
-def describe(engine: str, node: NodeInfo, files: "str | tuple[str, ...]") -> bytes:
+def describe(engine: str, node: NodeInfo, files: "str | tuple[str, ...]", ref: "SetRef | None" = None) -> bytes:
     """The bytes that tell a reader which node to read and how (written into the stage per request).
 
-    A node of a set (``files``) goes as a :class:`~multitables._io.setref.SetRef`,
-    which the reader resolves with the Reader's files.
+    A node of a set (``files``) goes as a :class:`~multitables._io.setref.SetRef`
+    (``ref``, where the caller made it already), which the reader resolves with the Reader's files.
     """
-    ref = SetRef.of(node, files) if node.parts and isinstance(files, tuple) else None
+    if ref is None and node.parts and isinstance(files, tuple):
+        ref = SetRef.of(node, files)
     desc = pickle.dumps((engine, ref or node), protocol=pickle.HIGHEST_PROTOCOL)
     if ref is not None and ref.grown and len(desc) > MAX_DESC:  # NOTE [growing sets] in ``_io.setref``
         raise ValueError(f"{node.filename!r} read with swmr=True is too many files to hand their rows and sizes to the "

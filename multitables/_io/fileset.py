@@ -11,7 +11,7 @@ NOTE [file sets]
     type too) and row shape as the first; a file that differs is refused
     with its name, before any process starts. Files whose node has no rows
     are allowed (a last shard may be empty) and take no part; the set must
-    have rows.
+    have rows. A file named twice is a part twice: its rows come twice.
 
     The set's :class:`~multitables._io.node.NodeInfo` describes the whole
     (rows, dtype, the union of the files' filters) and lists its *parts*:
@@ -256,10 +256,16 @@ def _look_all(urls: "list[str]", store: Store) -> "list[ObjectReader]":
     return look_all(urls, store)
 
 
+def _objects(files: "tuple[str, ...]") -> "list[str]":
+    """The URLs of ``files``, each once: a set may name a file twice (its rows come twice, an object's as a local
+    file's), and one look at it serves every check, while a reader of it is taken by one open only."""
+    return list(dict.fromkeys(name for name in files if is_url(name)))
+
+
 def _identities(files: "tuple[str, ...]", store: "Store | None") -> "tuple[FileSignature | ObjectIdentity, ...] | None":
     """Every file's identity now (objects looked at together), or None where one cannot be had or a file is no regular
     one (the inspection then says which, in its turn)."""
-    urls = [name for name in files if is_url(name)]
+    urls = _objects(files)
     try:
         looked = {}
         if urls:
@@ -281,7 +287,7 @@ def _inspect_set(
     """Check every file of a set in turn (NOTE [file sets]); every file's identity (of the file described, or an
     object's as looked at first), and the set's node. ``look``: as :func:`open_files`; ``identities``: every file's,
     from :func:`_identities` just now (each local file found regular then: not looked at again)."""
-    urls = [name for name in files if is_url(name)]
+    urls = _objects(files)
     readers = dict(zip(urls, _look_all(urls, store))) if urls and store is not None else {}
     try:
         looked: "list[FileSignature | GrowingFile | ObjectIdentity]" = list(identities) if identities is not None else [
@@ -290,8 +296,9 @@ def _inspect_set(
         first: "NodeInfo | None" = None
         offset = 0
         for i, name in enumerate(files):
-            checked = None if identities is None or name in readers else looked[i]
-            node, dataset = open_node(name, path, field, allow_empty=True, store=store, reader=readers.pop(name, None),
+            checked = None if identities is None or is_url(name) else looked[i]
+            reader = readers.pop(name, None)  # None for an object named again: its open looks at it again
+            node, dataset = open_node(name, path, field, allow_empty=True, store=store, reader=reader,
                                       swmr=swmr, locking=locking, identity=checked)  # type: ignore[arg-type]
             try:
                 signature = looked[i] = node.identity or looked[i]  # the file described (a name may mean another since)
@@ -334,7 +341,7 @@ def inspect_files(
 def check_files(files: "tuple[str, ...]", store: "Store | None" = None) -> None:
     """Raise the error :func:`~.node.check_file` raises for the first file of ``files`` that is missing or not HDF5
     (objects looked at together)."""
-    urls = [name for name in files if is_url(name)]
+    urls = _objects(files)
     readers = dict(zip(urls, _look_all(urls, store or make_store(None)))) if urls else {}
     try:
         for name in files:

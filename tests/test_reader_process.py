@@ -467,6 +467,73 @@ def test_a_reader_whose_consumer_is_killed_before_it_starts_unlinks_what_it_was_
     assert ("leaked" in run.stderr) == bool(tracker_held), run.stderr[-3000:]
 
 
+def _consumer_whose_readers_may_not_unlink(path: str) -> None:
+    """A consumer whose readers (forked) may not unlink the names they map (EACCES, as a segment of another user's in
+    /dev/shm) and stay stuck before their loop, as in a read that hangs: their watch thread alone can end them once
+    this process is killed (NOTE [stuck orphans])."""
+    import errno
+
+    import multitables._procs.process as process
+
+    def refused(name: str, tracked: bool = False) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied", f"/dev/shm/{name}")
+
+    process.unlink_orphan = refused  # type: ignore[assignment]
+    process.limit_threads = lambda: time.sleep(GUARD * 10)  # type: ignore[assignment]
+    multitables.Streamer(path, start_method="fork").get_queue("/data", n_procs=1, block_size=BLOCK)
+
+
+_KILLED_WHILE_UNLINK_REFUSED = r"""
+import json, multiprocessing, multiprocessing.resource_tracker, os, signal, sys, time
+import psutil
+from multitables._shm.segment import SHM_PREFIX, unlink_orphan
+from test_reader_process import GUARD, _consumer_whose_readers_may_not_unlink
+
+multiprocessing.resource_tracker.ensure_running()  # shared with the consumer: it forgets what is unlinked below
+consumer = multiprocessing.get_context("fork").Process(target=_consumer_whose_readers_may_not_unlink, args=sys.argv[1:2])
+consumer.start()
+mine, alive, left = f"{SHM_PREFIX}{consumer.pid}_", [], []
+try:
+    deadline = time.monotonic() + GUARD
+    while not (psutil.Process(consumer.pid).children() and any(n.startswith(mine) for n in os.listdir("/dev/shm"))):
+        assert time.monotonic() < deadline, "the consumer never started its reader"
+        time.sleep(0.01)
+    reader = psutil.Process(consumer.pid).children()[0]
+    os.kill(consumer.pid, signal.SIGKILL)
+    consumer.join(GUARD)
+    gone, alive = psutil.wait_procs([reader], timeout=10.0)  # its watch looks every 0.5 s
+    for stuck in alive:
+        stuck.kill()
+finally:
+    consumer.kill()  # killed already, unless a step above failed
+    consumer.join(GUARD)
+    left = [n for n in os.listdir("/dev/shm") if n.startswith(mine)]
+    for name in left:  # the consumer's, which its reader was refused
+        unlink_orphan(name, tracked=True)
+print(json.dumps({"alive": len(alive), "left": len(left)}))
+"""
+
+
+def test_an_orphaned_reader_refused_the_unlink_of_its_segments_still_ends(
+    make_array: Callable[..., Path], no_leaks: None
+) -> None:
+    """An unlink refused for another reason than a name gone (EACCES) escaped the watch thread before its
+    ``os._exit``, and the orphaned reader, stuck in a read, lived on. It ends, saying on stderr what it could not
+    unlink (NOTE [stuck orphans])."""
+    import json
+
+    path = make_array(np.arange(N_ROWS * 4, dtype="<f4").reshape(N_ROWS, 4), chunkshape=(BLOCK, 4))
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), here, os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-c", _KILLED_WHILE_UNLINK_REFUSED, str(path)],
+                         capture_output=True, text=True, timeout=GUARD * 2, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    counts = json.loads(run.stdout)
+    assert counts["alive"] == 0 and counts["left"] > 0, run.stderr[-3000:]
+    said = [line for line in run.stderr.splitlines() if "could not unlink" in line]
+    assert len(said) == 1 and "Permission denied" in said[0], run.stderr[-3000:]
+
+
 def _consumer_that_names_its_semaphores(path: str, face: str, method: str, conn: object) -> None:
     """A pool worker's part (spawned, sharing the test's resource tracker, as a pool's workers share their parent's):
     readers started by ``method`` read once; the names of every semaphore made here, the readers' pids and what they

@@ -15,7 +15,8 @@ NOTE [stuck orphans]
     killed, and a transform or an NFS read can block as long. So each reader
     also runs a thread that looks every ``PARENT_CHECK_INTERVAL`` and, once
     the consumer is gone, unlinks the names the reader mapped and ends the
-    process at once (``os._exit``: nothing it would finish has a reader).
+    process at once (``os._exit``: nothing it would finish has a reader),
+    whatever the unlinks raised (a refused one is said on stderr).
     The names it is handed at start count as mapped from its first
     instruction: a reader started by spawn imports for a second or more,
     and a consumer killed meanwhile (a pool's worker that the pool ended)
@@ -30,7 +31,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from .._io.engines import limit_threads
 from .._shm.segment import unlink_orphan
@@ -137,17 +138,36 @@ def _end_when_orphaned(reader: ReaderProcess) -> None:
     alive = ParentWatch(reader.identity.parent_pid, reader.identity.parent_start)  # its own: not shared across threads
     while alive():
         time.sleep(PARENT_CHECK_INTERVAL)
-    for _ in range(3):  # the reader's thread may be adding a name
-        try:
-            names = tuple(reader.segments)
-            break
-        except RuntimeError:
-            continue
-    else:
-        names = ()
+    try:
+        for _ in range(3):  # the reader's thread may be adding a name
+            try:
+                names = tuple(reader.segments)
+                break
+            except RuntimeError:
+                continue
+        else:
+            names = ()
+        _unlink_left(names)
+    finally:
+        os._exit(0)  # whatever the unlink raised: an orphan that lives on reads for nobody and holds its mappings
+
+
+def _unlink_left(names: "Iterable[str]") -> None:
+    """Unlink the segments ``names`` that a dead consumer left (NOTE [stuck orphans]); a name this process may not
+    unlink (EACCES, EPERM) is said once on stderr, the only listener left (``os.write``: no lock another thread may
+    hold), and the other names are still unlinked."""
+    refused = []
     for name in names:
-        unlink_orphan(name, tracked=True)
-    os._exit(0)
+        try:
+            unlink_orphan(name, tracked=True)
+        except OSError as exc:
+            refused.append(f"{name} ({exc.strerror or exc})")
+    if refused:
+        try:
+            os.write(2, f"multitables: reader {os.getpid()}, its consumer gone, could not unlink its shared memory "
+                        f"segments {', '.join(refused)} from /dev/shm\n".encode(errors="replace"))
+        except OSError:
+            pass
 
 
 def reader_main(loop: Callable[..., None], identity: ReaderIdentity, args: tuple[Any, ...], conn: Any) -> None:
@@ -174,7 +194,6 @@ def reader_main(loop: Callable[..., None], identity: ReaderIdentity, args: tuple
     finally:
         conn.close()
         if not reader.parent_alive():
-            for name in reader.segments:  # the consumer died, maybe before it could unlink these
-                unlink_orphan(name, tracked=True)
+            _unlink_left(reader.segments)  # the consumer died, maybe before it could unlink these
     if failed:
         raise SystemExit(1)

@@ -11,6 +11,7 @@ while its files keep their identities, a set's or one file's.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -550,6 +551,32 @@ def test_a_reader_killed_taking_a_sets_node_fails_get_dataset_and_leaves_nothing
     with multitables.Reader(files, n_procs=2, start_method="fork") as reader:
         with pytest.raises(multitables.ReaderError, match="-9|SIGKILL"):
             reader.get_dataset("/data")
+
+
+@pytest.mark.parametrize("n_procs", [0, 1])
+@pytest.mark.parametrize("change", ["replaced", "deleted"])
+@pytest.mark.parametrize("which", [1, 2], ids=["a file read before", "a file not yet opened"])
+def test_a_file_of_a_readers_set_changed_fails_its_requests_in_the_readers_words(
+    tmp_path: Path, no_leaks: None, n_procs: int, change: str, which: int
+) -> None:
+    """A file of a Reader's set found changed was said in a stream's words ("while it was being streamed ... the
+    stream stops"); as for a Reader of one file, it is the Reader's requests that fail."""
+    files, _ = write_shards(tmp_path, [10, 10, 10])
+    (other,), _ = write_shards(tmp_path, [10], name="other")
+    with multitables.Reader(files, n_procs=n_procs) as reader:
+        ds = reader.get_dataset("/data")
+        with ds.create_stage(30) as stage:
+            reader.request(ds[:20], stage).get()  # the first two files opened
+            if change == "replaced":
+                os.replace(other, files[which])
+                how = "replaced by another file"
+            else:
+                files[which].unlink()
+                how = "deleted or renamed"
+            with pytest.raises(multitables.FileChangedError, match=re.escape(
+                    f"{str(files[which])!r} was {how} since the Reader was made; rows read from it now could hold "
+                    f"other data, so its requests fail")):
+                reader.request(ds[:], stage).get()
 
 
 @pytest.fixture

@@ -44,6 +44,7 @@ import numpy as np
 from ..errors import MissingFilterError, NodeTypeError
 from .chunks.engine import ENGINE as CHUNKS
 from .chunks.transport import ScratchBuffer
+from .files import REQUESTED, STREAMED
 from .fileset import SetSource
 from .h5py_engine import ENGINE as H5PY
 from .h5py_engine import filter_label, h5py_lacks
@@ -451,8 +452,7 @@ def open_source(
     if node.parts:  # NOTE [file sets]
         if dataset is not None:
             close_dataset(dataset)
-        shared = ScratchBuffer()
-        return SetSource(node, engine, lambda part: open_source(engine, part, open_kwargs, cache=cache, scratch=shared))
+        return _open_set(engine, node, open_kwargs, cache)
     chosen = registered(engine)
     while True:
         if cache not in chosen.caches:
@@ -466,10 +466,20 @@ def open_source(
             chosen, dataset = _fallback(chosen, node, open_kwargs), None  # the failed open closed the dataset
 
 
+def _open_set(engine: str, node: NodeInfo, open_kwargs: dict[str, Any], cache: str = "page",
+              since: str = STREAMED) -> SetSource:
+    """The source of the set ``node``: its files' sources, which share one buffer for stored bytes; ``since``: what a
+    file found changed stops (as :class:`SetSource` takes it)."""
+    shared = ScratchBuffer()
+    return SetSource(node, engine, lambda part: open_source(engine, part, open_kwargs, cache=cache, scratch=shared),
+                     since=since)
+
+
 def open_rows(engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]") -> Rows:
-    """Open ``node`` with the concrete ``engine`` for random access (its own :class:`Rows`); a set reads through its files' sources."""
+    """Open ``node`` with the concrete ``engine`` for random access (its own :class:`Rows`); a set reads through its
+    files' sources, a file of it found changed failing the Reader's requests (``REQUESTED``), as a single file does."""
     if node.parts:
-        return GroupRows(open_source(engine, node, open_kwargs), node)
+        return GroupRows(_open_set(engine, node, open_kwargs, since=REQUESTED), node)
     chosen = registered(engine)
     try:
         return chosen.open_rows(node, open_kwargs)

@@ -54,7 +54,7 @@ import numpy as np
 
 from ..errors import EmptyDatasetError, NotHDF5Error
 from .._sys.forks import renew_lock_in_children
-from .files import FileSignature, GrowingFile, as_filename, check_file_unchanged, check_regular, file_signature, from_root, settled
+from .files import STREAMED, FileSignature, GrowingFile, as_filename, check_file_unchanged, check_regular, file_signature, from_root, settled
 from .node import NodeInfo, Part, check_file, close_dataset, open_node, refuse_empty
 from .objects.config import Store, make_store
 from .objects.hdf5 import check_hdf5
@@ -402,11 +402,14 @@ def node_signature(node: NodeInfo) -> "FileSignature | GrowingFile | ObjectIdent
 class SetSource:
     """Reads rows of a set (NOTE [file sets]) through one engine source per file, at most ``max_open`` open at once.
 
-    ``open_part(node)`` opens a part's file and returns its ``Source``.
+    ``open_part(node)`` opens a part's file and returns its ``Source``. ``since``: what a file found changed stops, in
+    :func:`~.files.check_file_unchanged`'s words (a stream's reads; ``REQUESTED``: a Reader's requests).
     """
 
-    def __init__(self, node: NodeInfo, engine: str, open_part: "Callable[[NodeInfo], Any]", max_open: int = MAX_OPEN) -> None:
+    def __init__(self, node: NodeInfo, engine: str, open_part: "Callable[[NodeInfo], Any]", max_open: int = MAX_OPEN,
+                 since: str = STREAMED) -> None:
         assert node.parts, "a SetSource reads a set"
+        self._since = since
         self.engine = engine
         self._parts = node.parts
         self._starts = [p.offset for p in node.parts]
@@ -431,10 +434,10 @@ class SetSource:
             source = self._open_part(part.node)
         except Exception:
             # A file cut short or deleted since the set was inspected fails its open, in HDF5's words without its name.
-            check_file_unchanged(part.node.filename, part.signature)
+            check_file_unchanged(part.node.filename, part.signature, self._since)
             raise
         try:
-            check_file_unchanged(part.node.filename, part.signature)
+            check_file_unchanged(part.node.filename, part.signature, self._since)
         except BaseException:
             source.close()
             raise
@@ -460,9 +463,9 @@ class SetSource:
                 self._source(i).read_into(a, b, out[pos : pos + b - a])
             except Exception:
                 # A file changed under the read explains its failure: say so, the read's error as context.
-                check_file_unchanged(part.node.filename, part.signature)
+                check_file_unchanged(part.node.filename, part.signature, self._since)
                 raise
-            check_file_unchanged(part.node.filename, part.signature)
+            check_file_unchanged(part.node.filename, part.signature, self._since)
             pos += b - a
 
     def prefetch(self, start: int, stop: int) -> None:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -416,27 +416,37 @@ def _consumer_whose_readers_start_late(path: str, face: str, tracker_held: str =
         multitables.Reader(path, n_procs=1, start_method="fork")
 
 
+def _orphan_its_reader(consumer: Any, mine: str, timeout: float) -> list:
+    """Kill ``consumer`` once it has a reader and a segment named ``mine...``; its reader, in a list, if it still
+    lives ``timeout`` seconds later (killed then: else it would hold the test's pipes)."""
+    import signal
+
+    import psutil
+
+    deadline = time.monotonic() + GUARD
+    while not (psutil.Process(consumer.pid).children() and any(n.startswith(mine) for n in os.listdir("/dev/shm"))):
+        assert time.monotonic() < deadline, "the consumer never started its reader"
+        time.sleep(0.01)
+    reader = psutil.Process(consumer.pid).children()[0]
+    os.kill(consumer.pid, signal.SIGKILL)  # a zombie until joined: dead to its reader's watch
+    _gone, alive = psutil.wait_procs([reader], timeout=timeout)
+    for stuck in alive:
+        stuck.kill()
+    consumer.join(GUARD)  # its sentinel's pipe is its reader's too: joined once the reader is gone
+    return alive
+
+
 _KILLED_WHILE_READERS_START = r"""
-import json, multiprocessing, multiprocessing.resource_tracker, os, signal, sys, time
-import psutil
+import json, multiprocessing, multiprocessing.resource_tracker, os, sys
 from multitables._shm.segment import SHM_PREFIX
-from test_reader_process import GUARD, _consumer_whose_readers_start_late
+from test_reader_process import GUARD, _consumer_whose_readers_start_late, _orphan_its_reader
 
 multiprocessing.resource_tracker.ensure_running()  # the pool's parent's, which outlives the worker
 consumer = multiprocessing.get_context("fork").Process(target=_consumer_whose_readers_start_late, args=sys.argv[1:4])
 consumer.start()
 try:
     mine = f"{SHM_PREFIX}{consumer.pid}_"
-    deadline = time.monotonic() + GUARD
-    while not (psutil.Process(consumer.pid).children() and any(n.startswith(mine) for n in os.listdir("/dev/shm"))):
-        assert time.monotonic() < deadline, "the consumer never started its reader"
-        time.sleep(0.01)
-    reader = psutil.Process(consumer.pid).children()[0]
-    os.kill(consumer.pid, signal.SIGKILL)
-    consumer.join(GUARD)
-    gone, alive = psutil.wait_procs([reader], timeout=GUARD)
-    for stuck in alive:  # else it would hold the test's pipes
-        stuck.kill()
+    alive = _orphan_its_reader(consumer, mine, GUARD)
 finally:
     consumer.kill()  # killed already, unless a step above failed
     consumer.join(GUARD)
@@ -484,26 +494,16 @@ def _consumer_whose_readers_may_not_unlink(path: str) -> None:
 
 
 _KILLED_WHILE_UNLINK_REFUSED = r"""
-import json, multiprocessing, multiprocessing.resource_tracker, os, signal, sys, time
-import psutil
+import json, multiprocessing, multiprocessing.resource_tracker, os, sys
 from multitables._shm.segment import SHM_PREFIX, unlink_orphan
-from test_reader_process import GUARD, _consumer_whose_readers_may_not_unlink
+from test_reader_process import GUARD, _consumer_whose_readers_may_not_unlink, _orphan_its_reader
 
 multiprocessing.resource_tracker.ensure_running()  # shared with the consumer: it forgets what is unlinked below
 consumer = multiprocessing.get_context("fork").Process(target=_consumer_whose_readers_may_not_unlink, args=sys.argv[1:2])
 consumer.start()
 mine, alive, left = f"{SHM_PREFIX}{consumer.pid}_", [], []
 try:
-    deadline = time.monotonic() + GUARD
-    while not (psutil.Process(consumer.pid).children() and any(n.startswith(mine) for n in os.listdir("/dev/shm"))):
-        assert time.monotonic() < deadline, "the consumer never started its reader"
-        time.sleep(0.01)
-    reader = psutil.Process(consumer.pid).children()[0]
-    os.kill(consumer.pid, signal.SIGKILL)
-    consumer.join(GUARD)
-    gone, alive = psutil.wait_procs([reader], timeout=10.0)  # its watch looks every 0.5 s
-    for stuck in alive:
-        stuck.kill()
+    alive = _orphan_its_reader(consumer, mine, 10.0)  # its watch looks every 0.5 s
 finally:
     consumer.kill()  # killed already, unless a step above failed
     consumer.join(GUARD)

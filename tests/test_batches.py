@@ -7,10 +7,13 @@ import json
 import os
 import re
 import resource
+import signal
+import sys
 import tempfile
 import textwrap
 import threading
 import traceback
+import types
 import typing
 import warnings
 from pathlib import Path
@@ -304,6 +307,32 @@ class Preempted(Exception):
     """What a job's SIGUSR1 handler raises to leave its loop and checkpoint (SLURM's ``--signal``)."""
 
 
+class SignalAtCall:
+    """A profile hook (``sys.setprofile``) that sends this process SIGUSR1 at the ``landing``-th call or return of the
+    library's frames since :meth:`arm` (none at a generator's yield, where no handler runs, but in the frame it goes
+    to), and ends at the loop's own frame ``loop``, which has the batch by then."""
+
+    def __init__(self, loop: "types.CodeType") -> None:
+        self.loop, self.ours = loop, os.path.dirname(multitables.__file__)
+        self.landing = self.events = 0
+
+    def arm(self) -> None:
+        self.events = 0
+        sys.setprofile(self)
+
+    def __call__(self, frame: "types.FrameType", event: str, arg: object) -> None:
+        if frame.f_code is self.loop:  # back in the loop: it has the batch
+            sys.setprofile(None)
+        elif not frame.f_code.co_filename.startswith(self.ours):
+            return  # not in h5py's finalizers, where Python drops a handler's exception ("Exception ignored")
+        elif event == "return" and frame.f_code.co_flags & inspect.CO_GENERATOR:
+            return  # a yield: no handler runs there (nor at a generator's end), but in the frame it goes to
+        elif self.events == self.landing:
+            sys.setprofile(None)
+            signal.raise_signal(signal.SIGUSR1)  # its handler runs here, as at a check in the library's frame
+        self.events += 1
+
+
 def test_a_signal_handler_that_raises_mid_batch_leaves_no_batch_counted_that_the_loop_did_not_get(data_file) -> None:
     """A signal's Python handler runs between two instructions of whatever runs then. Here a signal comes at each
     call and return in turn while the loop takes a batch (all the library does for it), and its handler raises:
@@ -315,26 +344,11 @@ def test_a_signal_handler_that_raises_mid_batch_leaves_no_batch_counted_that_the
 
     b = multitables.Streamer(data_file(300)).get_batches("/y", batch_size=20, seed=1, n_procs=0, epochs=None)
     planned = [p.tolist() for e in range(3) for p in settings_of(b).rank_epoch(e, 0).batches()]
-    me, ours = sys._getframe().f_code, os.path.dirname(multitables.__file__)
+    hook = SignalAtCall(sys._getframe().f_code)
     got: list[list[int]] = []
-    landing, events, fired = 0, 0, [False]
 
     def preempted(signum, frame):
         raise Preempted
-
-    def send_at_landing(frame, event: str, arg) -> None:
-        nonlocal events
-        if frame.f_code is me:  # back in the loop: it has the batch
-            sys.setprofile(None)
-        elif not frame.f_code.co_filename.startswith(ours):
-            return  # not in h5py's finalizers, where Python drops a handler's exception ("Exception ignored")
-        elif event == "return" and frame.f_code.co_flags & inspect.CO_GENERATOR:
-            return  # a yield: no handler runs there (nor at a generator's end), but in the frame it goes to
-        elif events == landing:
-            sys.setprofile(None)
-            fired[0] = True
-            signal.raise_signal(signal.SIGUSR1)  # its handler runs here, as at a check in the library's frame
-        events += 1
 
     gc.collect()
     gc.disable()  # a collection runs finalizers anywhere: there Python drops a handler's exception too
@@ -348,11 +362,11 @@ def test_a_signal_handler_that_raises_mid_batch_leaves_no_batch_counted_that_the
                     if armed:  # a whole delivery went by with no signal: every call of it had one
                         break
                     if len(got) % 2 == 0:  # every other batch: through the next batch's delivery
-                        events, fired[0], armed = 0, False, True
-                        sys.setprofile(send_at_landing)
+                        hook.arm()
+                        armed = True
             except Preempted:
-                assert b.state_dict()["step"] == len(got), f"signal at call/return {landing} of a delivery"
-                landing, armed = landing + 1, False
+                assert b.state_dict()["step"] == len(got), f"signal at call/return {hook.landing} of a delivery"
+                hook.landing, armed = hook.landing + 1, False
                 continue
             finally:
                 sys.setprofile(None)
@@ -361,7 +375,7 @@ def test_a_signal_handler_that_raises_mid_batch_leaves_no_batch_counted_that_the
         signal.signal(signal.SIGUSR1, old)
         gc.enable()
         b.close()
-    assert landing > 10, "signals came at each call of a delivery"
+    assert hook.landing > 10, "signals came at each call of a delivery"
     assert got[: len(planned)] == planned[: len(got)]
 
 

@@ -21,6 +21,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip insta
 import multitables  # noqa: E402
 import multitables.torch as mtt  # noqa: E402
 from _typecheck import expected_of, mypy_says  # noqa: E402
+from test_batches import SignalAtCall  # noqa: E402
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -518,22 +519,8 @@ def _signal_in_each_call_of_a_step(batches, handler) -> "tuple[list[list[int]], 
     import gc
     import signal
 
-    me, ours = sys._getframe().f_code, os.path.dirname(multitables.__file__)
+    hook = SignalAtCall(sys._getframe().f_code)
     got: "list[list[int]]" = []
-    landing, events = 0, 0
-
-    def send_at_landing(frame, event: str, arg) -> None:
-        nonlocal events
-        if frame.f_code is me:  # back in the loop: it has the batch
-            sys.setprofile(None)
-        elif not frame.f_code.co_filename.startswith(ours):
-            return  # not in h5py's finalizers, where Python drops a handler's exception ("Exception ignored")
-        elif event == "return" and frame.f_code.co_flags & inspect.CO_GENERATOR:
-            return  # a yield: no handler runs there (nor at a generator's end), but in the frame it goes to
-        elif events == landing:
-            sys.setprofile(None)
-            signal.raise_signal(signal.SIGUSR1)  # its handler runs here, as at a check in the library's frame
-        events += 1
 
     gc.collect()
     gc.disable()  # a collection runs finalizers anywhere: there Python drops a handler's exception too
@@ -548,20 +535,20 @@ def _signal_in_each_call_of_a_step(batches, handler) -> "tuple[list[list[int]], 
                         done = True
                         break
                     if len(got) % 2 == 0:  # every other batch: through the next batch's step
-                        events, armed = 0, True
-                        sys.setprofile(send_at_landing)
+                        hook.arm()
+                        armed = True
                 else:
-                    landing, armed = landing + 1, False  # a close: the loop ended at the step
+                    hook.landing, armed = hook.landing + 1, False  # a close: the loop ended at the step
             except Preempted:
-                landing, armed = landing + 1, False
+                hook.landing, armed = hook.landing + 1, False
             finally:
                 sys.setprofile(None)
-            assert batches.state_dict()["step"] == len(got), f"signal at call/return {landing - 1} of a step"
+            assert batches.state_dict()["step"] == len(got), f"signal at call/return {hook.landing - 1} of a step"
     finally:
         signal.signal(signal.SIGUSR1, old)
         gc.enable()
         batches.close()
-    return got, landing
+    return got, hook.landing
 
 
 def _planned_y(path: Path, paths, batch_size: int, epochs: int) -> "list[list[int]]":

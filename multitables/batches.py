@@ -10,6 +10,7 @@ in the window's permuted order into fresh arrays that belong to the caller (NOTE
 
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, Sequence, overload
@@ -24,6 +25,7 @@ from ._stream.options import StreamOptions
 from ._sys.checks import check_bool, check_fields, check_int, check_same_rows, rank_and_world
 from ._train.batch import Batch, BatchT, batch_maker
 from ._train.mix import NOT_COPIED, MixedBatches, mix_batches
+from ._train.resume import check_identity, data_identity
 from ._train.transforms import infer_transforms
 from ._train.feed import EpochPieces, Feed, plan_feed, read_ahead
 from ._train.buffers import WindowMemory
@@ -205,10 +207,8 @@ class Batches(Closing, Generic[BatchT]):
         if self._settings.empty_last_batch:
             warnings.warn(
                 f"{n_rows} rows over {world} ranks in batches of {batch_size}: the last batch of some ranks "
-                f"is empty each epoch (see Batches in the docs); use drop_last=True or another batch_size",
-                stacklevel=3,
-            )
-        self._stream, self._paths = stream, path_list
+                f"is empty each epoch (see Batches in the docs); use drop_last=True or another batch_size", stacklevel=3)
+        self._stream, self._paths, self._identity = stream, path_list, data_identity(nodes)  # NOTE [resumed data]
         #: (dtype, row shape) of each dataset's delivered rows: the transform's output where there is one.
         self._row_types = [delivered(n, t) for n, t in zip(nodes, self._transforms)]
         self._epoch, self._batch = 0, 0  # the epoch, and batches delivered in it
@@ -326,19 +326,19 @@ class Batches(Closing, Generic[BatchT]):
             "rank": self.rank,
             "subset": self._rows.rows.key(),
             "elastic": [list(segment) for segment in self._elastic],
-            "epochs_here": self._feed.epochs_here,
+            "epochs_here": self._feed.epochs_here, "identity": copy.deepcopy(self._identity),  # NOTE [resumed data]
             **{key: getattr(s, key) for key in ORDER_KEYS},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Go to the position of ``state``: the next batch is the one after the last delivered before it was saved.
 
-        Raises ``ValueError`` if ``state`` was saved with settings that give a
-        different order (seed, batch size, block size, shuffle, subset, ...).
-        A state saved at another world size goes on with the rows of that
-        epoch no rank delivered yet, shared among this world's ranks (NOTE
-        [elastic resume] in ``multitables._plan.epoch``).
+        Raises ``ValueError`` if ``state`` was saved with settings that give a different order (seed, batch size,
+        block size, shuffle, subset, ...), or on other data (a copy of the files resumes: NOTE [resumed data] in
+        ``multitables._train.resume``). A state saved at another world size goes on with the rows of that epoch no
+        rank delivered yet, shared among this world's ranks (NOTE [elastic resume] in ``multitables._plan.epoch``).
         """
+        check_identity(state.get("identity"), self._identity, self._stream.options.named)  # before anything moves
         epoch, batch, world, step, elastic, epochs_here = read_state(state, self._settings, self._rows.rows.key())
         if world != self.world_size:
             elastic, batch = elastic + [(world, batch)], 0

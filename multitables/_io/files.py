@@ -90,6 +90,14 @@ def growing(identity: "FileSignature | ObjectIdentity",
     return GrowingFile(identity) if swmr and isinstance(identity, tuple) else identity
 
 
+def identity_size(identity: "FileSignature | GrowingFile | ObjectIdentity | None") -> "int | None":
+    """The bytes of the file or object ``identity`` describes: the part of it a copy keeps (a copy has its own device,
+    inode and times); None for a file read with ``swmr=True``, which may grow, or an identity not taken."""
+    if isinstance(identity, ObjectIdentity):
+        return identity.size
+    return identity[2] if isinstance(identity, tuple) else None
+
+
 def file_signature(filename: "str | int") -> FileSignature:
     """The identity of ``filename`` now (a path, or an open file descriptor); see NOTE [file identity]."""
     return _signature_of(os.stat(filename))

@@ -33,6 +33,7 @@ from .._plan.epoch import rng
 from .._sys.checks import check_int
 from .batch import BatchT
 from .iteration import Closing
+from .resume import check_identity
 
 if TYPE_CHECKING:
     from ..batches import Batches  # bound at run time: NOTE [annotations from above] in ``multitables/__init__.py``
@@ -237,13 +238,16 @@ class MixedBatches(Closing, Generic[BatchT]):
         return {**state, "per": "row", "sources": sources, "taken": taken}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Go to the position of ``state``; ``ValueError`` if it was saved with another schedule or other sources."""
+        """Go to the position of ``state``; ``ValueError`` if it was saved with another schedule or other sources, or on
+        other data (NOTE [resumed data] in ``_train.resume``), before any source moves."""
         if state.get("seed") != self._seed or not np.allclose(state.get("proportions", []), self._proportions) \
                 or len(state.get("sources", [])) != len(self._sources) or state.get("per", "batch") != self._per:  # fmt: skip
             raise ValueError(
                 f"the state was saved for another mix (seed {state.get('seed')!r}, proportions "
                 f"{state.get('proportions')!r}, {len(state.get('sources', []))} sources, per={state.get('per', 'batch')!r})"
             )
+        for i, (source, saved) in enumerate(zip(self._sources, state["sources"])):  # all checked before any moves
+            check_identity(saved.get("identity"), source.state_dict()["identity"], f"source {i}")
         for source, saved in zip(self._sources, state["sources"]):
             source.load_state_dict(saved)
         self._iters = [None] * len(self._sources)

@@ -10,7 +10,6 @@ in the window's permuted order into fresh arrays that belong to the caller (NOTE
 
 from __future__ import annotations
 
-import copy
 import os
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, Sequence, overload
@@ -326,7 +325,7 @@ class Batches(Closing, Generic[BatchT]):
             "rank": self.rank,
             "subset": self._rows.rows.key(),
             "elastic": [list(segment) for segment in self._elastic],
-            "epochs_here": self._feed.epochs_here, "identity": copy.deepcopy(self._identity),  # NOTE [resumed data]
+            "epochs_here": self._feed.epochs_here, "identity": [dict(d) for d in self._identity],  # NOTE [resumed data]
             **{key: getattr(s, key) for key in ORDER_KEYS},
         }
 

@@ -42,7 +42,8 @@ _SHOWN = 4
 
 
 def data_identity(nodes: "Sequence[NodeInfo]") -> "list[dict[str, Any]]":
-    """The identity of each node's data as a state records it (NOTE [resumed data]): JSON-able, one dict a node."""
+    """The identity of each node's data as a state records it (NOTE [resumed data]): one dict a node, its sequences
+    tuples, so that a state can hold shallow copies (JSON and pickle give lists back, which compare the same)."""
     out = []
     for node in nodes:
         if node.parts:
@@ -51,9 +52,9 @@ def data_identity(nodes: "Sequence[NodeInfo]") -> "list[dict[str, Any]]":
             identity = node.remote.identity if node.remote is not None else node.identity
             files = [(node.filename, node.n_rows, identity_size(identity))]
         out.append({
-            "path": node.path, "field": node.field, "dtype": str(node.dtype), "row_shape": list(node.row_shape),
-            "rows": [rows for _, rows, _ in files], "sizes": [size for _, _, size in files],
-            "files": [_name(name) for name, _, _ in files],
+            "path": node.path, "field": node.field, "dtype": str(node.dtype), "row_shape": tuple(node.row_shape),
+            "rows": tuple(rows for _, rows, _ in files), "sizes": tuple(size for _, _, size in files),
+            "files": tuple(_name(name) for name, _, _ in files),
         })  # fmt: skip
     return out
 
@@ -82,9 +83,9 @@ def _differences(saved: Any, mine: "list[dict[str, Any]]") -> "list[str]":
     for old, new in zip(saved, mine):
         at = new["path"] + (f" field {new['field']!r}" if new["field"] is not None else "")
         for key in ("path", "field", "dtype", "row_shape"):
-            was = list(old.get(key) or []) if key == "row_shape" else old.get(key)
-            if was != new[key]:
-                differ.append(f"{at}: {key} {new[key]!r}, the state's {was!r}")
+            was, now = (list(old.get(key) or []), list(new[key])) if key == "row_shape" else (old.get(key), new[key])
+            if was != now:
+                differ.append(f"{at}: {key} {now!r}, the state's {was!r}")
         rows, sizes, names = list(old.get("rows", [])), list(old.get("sizes", [])), list(old.get("files", []))
         if len(rows) != len(new["rows"]):
             differ.append(f"{at}: {len(new['rows'])} file(s), the state's {len(rows)}")

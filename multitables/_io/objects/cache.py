@@ -17,9 +17,20 @@ NOTE [object cache]
     * Several processes fill it at once (the readers of one stream, other
       jobs on the machine): a piece is written to a temporary name, synced,
       and renamed into place, which is atomic; two processes that fetch the
-      same piece write the same bytes, and the last rename wins. A piece is
-      used only if its length is the piece's, so a file cut short by a
-      crash is fetched again.
+      same piece write the same bytes, and the last rename wins. So no
+      reader sees a piece half written, and a crash leaves at most a
+      temporary file.
+    * Checked: what can still happen to a piece is after its write (a bad
+      disk, a program or a user writing into the cache, a file system that
+      keeps a rename but loses its data in a power cut). Each piece ends
+      with the CRC-32 of its bytes (4 bytes, little-endian), checked at
+      every read: one cut short, grown, or with any byte changed is read as
+      missing, fetched again and written anew (a warning says so once per
+      process). libdeflate's CRC-32 (through imagecodecs) costs 0.17 ms on a
+      4 MiB piece against 0.31 ms for its read from the page cache (one core;
+      ``zlib.crc32`` 0.98 ms, ``hashlib.sha1`` 6.9 ms): the fall-back where
+      imagecodecs lacks it is ``zlib.crc32``, the same sum. A piece written
+      before pieces had a sum is 4 bytes short: fetched again.
     * Size: each process counts what it wrote since it last looked; when
       that could take the cache past ``cache_size``, it lists the cache and
       deletes the least recently used pieces (a read touches its piece)
@@ -36,13 +47,29 @@ import os
 import secrets
 import threading
 import time
-from typing import Any
+import warnings
+import zlib
+from typing import Any, Callable
+
+from ..chunks.codecs.libraries import imagecodecs_function
 
 #: A cache's size is looked at again after this many pieces written by this process.
 RESCAN_EVERY = 256
 #: Temporary files older than this (s) are a crashed writer's.
 STALE_TMP_S = 3600.0
 _SUFFIX = ".piece"
+#: Bytes of the CRC-32 each piece ends with (NOTE [object cache]).
+SUM_BYTES = 4
+_crc32: "Callable[[Any], int] | None" = None
+
+
+def piece_sum(data: Any) -> bytes:
+    """The CRC-32 of ``data`` (bytes-like) as a piece ends with it: libdeflate's where imagecodecs has it (NOTE
+    [object cache]), else zlib's, the same sum."""
+    global _crc32
+    if _crc32 is None:
+        _crc32 = imagecodecs_function("deflate_crc32") or zlib.crc32
+    return (_crc32(data) & 0xFFFFFFFF).to_bytes(SUM_BYTES, "little")
 
 
 class DiskCache:
@@ -62,14 +89,15 @@ class DiskCache:
         return os.path.join(self.folder, key, f"{index}{_SUFFIX}")
 
     def get(self, key: str, index: int, into: memoryview) -> bool:
-        """Fill ``into`` with piece ``index`` of object ``key``; False where the cache lacks it (whole)."""
+        """Fill ``into`` with piece ``index`` of object ``key``; False where the cache lacks it whole and intact
+        (``into`` may then hold anything)."""
         path = self._path(key, index)
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError:
             return False
         try:
-            if os.fstat(fd).st_size != len(into):
+            if os.fstat(fd).st_size != len(into) + SUM_BYTES:  # cut short, grown, or a piece written without a sum
                 return False
             got = 0
             while got < len(into):
@@ -77,8 +105,12 @@ class DiskCache:
                 if k == 0:
                     return False
                 got += k
+            stored = os.pread(fd, SUM_BYTES, got)
         finally:
             os.close(fd)
+        if piece_sum(into) != stored:
+            _corrupt(path)
+            return False
         try:
             os.utime(path)  # least recently used goes first
         except OSError:
@@ -93,9 +125,10 @@ class DiskCache:
         view = memoryview(data).cast("B")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600)
         try:
-            done = 0
-            while done < len(view):
-                done += os.write(fd, view[done:])
+            for part in (view, memoryview(piece_sum(view))):  # the bytes, then their sum (NOTE [object cache])
+                done = 0
+                while done < len(part):
+                    done += os.write(fd, part[done:])
             os.fsync(fd)
         except BaseException:
             os.close(fd)
@@ -103,7 +136,19 @@ class DiskCache:
             raise
         os.close(fd)
         os.replace(tmp, self._path(key, index))
-        _counted(self, len(view))
+        _counted(self, len(view) + SUM_BYTES)
+
+
+_CORRUPT: "set[str]" = set()
+
+
+def _corrupt(path: str) -> None:
+    """Say once per process and cache that a piece failed its check (``path``, the first): it is fetched again."""
+    folder = os.path.dirname(os.path.dirname(path))
+    if folder not in _CORRUPT:
+        _CORRUPT.add(folder)
+        warnings.warn(f"cache_dir={folder!r}: the cached piece {path} does not match its CRC-32 (changed on disk since "
+                      f"it was written); it is fetched again, as any other that fails", RuntimeWarning, stacklevel=3)
 
 
 _WRITTEN: "dict[str, list[int]]" = {}  # folder -> [bytes written since the last look, pieces written, bytes found]

@@ -51,6 +51,7 @@ IMAGECODECS_FUNCTIONS = (
     "bz2_decode",
     "lz4h5_decode",
     "lzf_decode",
+    "deflate_crc32",  # the object cache's sums (``_io.objects.cache``)
 )
 
 

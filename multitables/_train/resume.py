@@ -93,12 +93,16 @@ def _differences(saved: Any, mine: "list[dict[str, Any]]") -> "list[str]":
         sizes += [None] * (len(rows) - len(sizes))
         names += ["?"] * (len(rows) - len(names))
         for i, (name, n, size) in enumerate(zip(new["files"], new["rows"], new["sizes"])):
-            which = f"{at}: file {i} ({name}, the state's {names[i]})" if len(rows) > 1 else f"{at} ({name})"
             if int(rows[i]) != n:
-                differ.append(f"{which} has {n} rows, the state's {int(rows[i])}")
+                differ.append(f"{_file(at, i, name, names, rows)} has {n} rows, the state's {int(rows[i])}")
             elif size is not None and sizes[i] is not None and int(sizes[i]) != size:
-                differ.append(f"{which} is {size} bytes, the state's {int(sizes[i])}")
+                differ.append(f"{_file(at, i, name, names, rows)} is {size} bytes, the state's {int(sizes[i])}")
     return differ
+
+
+def _file(at: str, i: int, name: str, names: "list[Any]", rows: "list[Any]") -> str:
+    """File ``i`` of dataset ``at`` as an error names it: its name now, and the state's where a set has several."""
+    return f"{at}: file {i} ({name}, the state's {names[i]})" if len(rows) > 1 else f"{at} ({name})"
 
 
 def _name(filename: str) -> str:

@@ -36,7 +36,7 @@ from .objects.identity import ObjectIdentity
 from .objects.urls import is_url, shown
 from .strings import StringPad, find_string_pads
 from .vlen import vlen_refusal
-from .writers import column_hint, group_hint, matlab_empty, reference_hint
+from .writers import column_hint, group_hint, matlab_empty, netcdf_dimension, reference_hint
 
 if TYPE_CHECKING:  # imported where a URL is read: NOTE [objects on demand] in ``_io.objects``
     from .objects.reader import ObjectReader, RemoteObject
@@ -449,7 +449,7 @@ def _describe(filename: str, path: str, field: "str | None", ds: Any, allow_empt
                 f"{where} has dtype {dt}, which is variable-length, opaque or references; only fixed-size numeric, "
                 f"string and compound rows can be streamed{reference_hint(ds)}"
             )
-    if (empty := matlab_empty(ds, dt, shape)) is not None:
+    if (empty := matlab_empty(ds, dt, shape) or netcdf_dimension(ds, dt, shape)) is not None:
         raise NodeTypeError(f"{where} {empty}")
     n_rows = int(shape[0])
     if n_rows == 0 and not allow_empty:

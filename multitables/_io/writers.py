@@ -1,5 +1,5 @@
-"""Other projects' layouts (pandas' ``to_hdf``, anndata's ``.h5ad``, MATLAB's v7.3 ``.mat``): where the rows a user
-asked for are kept.
+"""Other projects' layouts (pandas' ``to_hdf``, anndata's ``.h5ad``, MATLAB's v7.3 ``.mat``, netCDF-4): where the rows a
+user asked for are kept.
 
 A user whose file another project wrote names what that project calls the
 data: pandas' key (``'/df'``, a group), anndata's ``'/X'`` (a group where X
@@ -8,8 +8,9 @@ is sparse), a DataFrame's column (``field='b'``, kept inside a
 cell array references). Refusing those is right; these helpers add to the
 refusal what the node holds and which dataset or field to read instead. They
 read attributes and a few small datasets, on the error path only, and never
-fail: a layout they do not know is described by its members. The one check
-off the error path, :func:`matlab_empty`, looks at tiny unsigned datasets only.
+fail: a layout they do not know is described by its members. The checks
+off the error path, :func:`matlab_empty` and :func:`netcdf_dimension`, look at
+tiny unsigned datasets and one-dimensional big-endian float32 ones only.
 """
 
 from __future__ import annotations
@@ -164,6 +165,32 @@ def matlab_empty(dataset: Any, dtype: np.dtype, shape: "tuple[int, ...]") -> "st
             f"matrix, not data, so it has no rows to read")
 
 
+#: The start of the ``NAME`` netCDF-C and h5netcdf give the dimension scale that stands for a dimension without a
+#: variable of its name (the rest is the length, ``%10d``).
+NETCDF_DIMENSION = "This is a netCDF dimension but not a netCDF variable."
+
+
+def netcdf_dimension(dataset: Any, dtype: np.dtype, shape: "tuple[int, ...]") -> "str | None":
+    """Why the h5py ``dataset`` of ``dtype`` and ``shape`` holds no rows where it is netCDF-4's placeholder for a
+    dimension with no coordinate variable; None for any other dataset (a coordinate variable included). netCDF-C and
+    h5netcdf write the placeholder as a dimension scale of big-endian float32 that nothing writes to: h5py reads zeros
+    (or no rows at all for an unlimited dimension), which are not the dimension's values, and netCDF has no variable
+    of that name. Only a one-dimensional big-endian float32 dataset's attributes are looked at."""
+    if len(shape) != 1 or dtype != np.dtype(">f4") or "NAME" not in dataset.attrs:
+        return None
+    if not (_text(dataset.attrs["NAME"]) or "").startswith(NETCDF_DIMENSION):
+        return None
+    users = ""
+    try:  # the variables on the dimension, from the scale's back references (error path only)
+        names = sorted({dataset.file[ref].name for ref, _ in dataset.attrs["REFERENCE_LIST"]})
+        users = f"; stream the variables defined on it ({', '.join(repr(n) for n in names[:SHOWN])}" \
+                f"{', ...' if len(names) > SHOWN else ''})" if names else ""
+    except Exception:  # noqa: BLE001 - the refusal stands without them
+        pass
+    return (f"is netCDF-4's placeholder for a dimension with no coordinate variable (a dimension scale named "
+            f"{NETCDF_DIMENSION!r}): it holds no data, so it has no rows to read{users}")
+
+
 def _members(group: Any, path: str) -> str:
     """The first members of ``group`` by name and kind (a group of many is not walked to its end)."""
     import h5py
@@ -173,8 +200,11 @@ def _members(group: Any, path: str) -> str:
         if len(said) == SHOWN:
             break
         member = group.get(name, getlink=True)
+        node = None if isinstance(member, (h5py.ExternalLink, h5py.SoftLink)) else group.get(name)  # a link: not followed
         kind = "an external link" if isinstance(member, h5py.ExternalLink) else "a soft link" \
-            if isinstance(member, h5py.SoftLink) else "a group" if isinstance(group.get(name), h5py.Group) else "a dataset"
+            if isinstance(member, h5py.SoftLink) else "a group" if isinstance(node, h5py.Group) else \
+            "a netCDF dimension, no data" if isinstance(node, h5py.Dataset) and \
+            netcdf_dimension(node, node.dtype, node.shape) else "a dataset"
         said.append(f"{_child(path, name)!r} ({kind})")
     more = f", ... ({total} in all)" if total > len(said) else ""
     return f"{', '.join(said)}{more}"

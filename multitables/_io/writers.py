@@ -168,6 +168,7 @@ def matlab_empty(dataset: Any, dtype: np.dtype, shape: "tuple[int, ...]") -> "st
 #: The start of the ``NAME`` netCDF-C and h5netcdf give the dimension scale that stands for a dimension without a
 #: variable of its name (the rest is the length, ``%10d``).
 NETCDF_DIMENSION = "This is a netCDF dimension but not a netCDF variable."
+_NETCDF_SCALE = np.dtype(">f4")  # the placeholder's type in netCDF-C and h5netcdf (H5T_IEEE_F32BE)
 
 
 def netcdf_dimension(dataset: Any, dtype: np.dtype, shape: "tuple[int, ...]") -> "str | None":
@@ -176,7 +177,7 @@ def netcdf_dimension(dataset: Any, dtype: np.dtype, shape: "tuple[int, ...]") ->
     h5netcdf write the placeholder as a dimension scale of big-endian float32 that nothing writes to: h5py reads zeros
     (or no rows at all for an unlimited dimension), which are not the dimension's values, and netCDF has no variable
     of that name. Only a one-dimensional big-endian float32 dataset's attributes are looked at."""
-    if len(shape) != 1 or dtype != np.dtype(">f4") or "NAME" not in dataset.attrs:
+    if len(shape) != 1 or dtype != _NETCDF_SCALE or "NAME" not in dataset.attrs:
         return None
     if not (_text(dataset.attrs["NAME"]) or "").startswith(NETCDF_DIMENSION):
         return None

@@ -116,14 +116,12 @@ class Batches(Closing, Generic[BatchT]):
     num_samples : int, optional
         Rows drawn per epoch with ``weights``; default: the file's rows.
     transform : callable, or dict of path to callable, optional
-        A function of a block's rows (a numpy array, rows first) returning
-        an array of as many rows (module-level, picklable, for the ``spawn``
-        and ``forkserver`` start methods), run in the readers on each block
-        as it is read, so per-sample work (augmentation, decoding bytes
-        stored per row) runs in parallel as decoding does (NOTE [transforms]
-        in ``multitables._io.blockread``). One function for one path; a dict
-        for several (paths left out stay as read). Its output's dtype and row
-        shape are learnt on the first rows, before readers start. Not with ``fields``.
+        A function of a block's rows (a numpy array, rows first) returning an array of as many rows (module-level,
+        picklable, for the ``spawn`` and ``forkserver`` start methods), run in the readers on each block as it is
+        read, so per-sample work (augmentation, decoding bytes stored per row) runs in parallel as decoding does
+        (NOTE [transforms] in ``multitables._io.blockread``). One function for one path; a dict for several (paths
+        left out stay as read). Its output's dtype and row shape are learnt on the first rows, before readers start,
+        and its time on them, times an epoch's rows, counts in the default ``n_procs``. Not with ``fields``.
     epochs : int or None
         Epochs one iteration runs through, from the current position (the
         rest of the current epoch counts as one). ``None``: endless, for
@@ -264,8 +262,9 @@ class Batches(Closing, Generic[BatchT]):
 
     @property
     def n_procs(self) -> list[int]:
-        """Reader processes per dataset, 0 where a dataset is read in this process (by default, until the epochs
-        read so far would have paid for readers: NOTE [readers bought] in ``multitables._train.feed``)."""
+        """Reader processes per dataset, 0 where a dataset is read in this process (by default, until the epochs read
+        so far, their decoding and a transform's timed work, would have paid for readers: NOTE [readers bought] in
+        ``multitables._train.feed``)."""
         return list(self._feed.reading.n_procs)
 
     @property

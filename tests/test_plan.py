@@ -205,10 +205,30 @@ def test_batches_read_stored_bytes_in_the_consumer_unless_a_transform_runs_on_th
     machine = Machine(cpus=4, start_method="fork")
     stored = DatasetShape(n_rows=1 << 20, row_nbytes=4096, chunk_rows=64)  # 4 GiB, no filter
     assert plan_batches([stored], ["chunks"], machine, n_rows=1 << 20).n_procs == (0,)
-    transformed = DatasetShape(n_rows=1 << 20, row_nbytes=4096, chunk_rows=64, transformed=True)
-    assert plan_batches([transformed], ["chunks"], machine, n_rows=1 << 20).n_procs == (4,)
+    transformed = DatasetShape(n_rows=1 << 20, row_nbytes=4096, chunk_rows=64, transformed=True, transform_row_s=1e-6)
+    assert plan_batches([transformed], ["chunks"], machine, n_rows=1 << 20).n_procs == (4,)  # 1 s of transform
     zlib = DatasetShape(n_rows=1 << 20, row_nbytes=4096, chunk_rows=64, filter_ids=(1,))
     assert plan_batches([zlib], ["chunks"], machine, n_rows=1 << 20).n_procs == (4,)
+
+
+def test_a_transform_is_priced_at_its_time_a_row_over_the_rows_of_the_epochs() -> None:
+    """Readers save ``1 - 1/n`` of a transform's one-core time over a pass's rows and must save twice their start
+    (NOTE [read plan]); the bytes of stored rows count for nothing, however large."""
+    fork, spawn = Machine(cpus=2, start_method="fork"), Machine(cpus=2, start_method="spawn")
+    small = DatasetShape(n_rows=1000, row_nbytes=24, chunk_rows=64, transformed=True)  # 24 KB: a copy to read
+
+    def readers(machine: Machine, row_s: float, n_rows: int = 1000, passes: int = 1) -> "tuple[int, ...]":
+        shape = dataclasses.replace(small, transform_row_s=row_s)
+        return plan_batches([shape], ["h5py"], machine, n_rows=n_rows, passes=passes, block_size=50).n_procs
+
+    assert readers(fork, 3e-3) == (2,) and readers(spawn, 3e-3) == (2,)  # 3 s an epoch: readers share it
+    assert readers(fork, 5e-4) == (2,) and readers(spawn, 5e-4) == (0,)  # 0.5 s: beats a fork's start, not a spawn's
+    assert readers(fork, 1e-6) == (0,)  # 1 ms an epoch: never worth a start
+    assert readers(spawn, 5e-4, passes=20) == (2,)  # over the epochs read so far (NOTE [readers bought])
+    assert readers(fork, 1e-5, n_rows=100_000) == (2,) and readers(fork, 1e-5) == (0,)  # the epoch's rows, a draw's
+    assert readers(Machine(cpus=1, start_method="fork"), 1.0) == (0,)  # one CPU: never
+    for size in (1000, 1 << 30):  # stored bytes without a transform: a copy either way, at any size
+        assert not parallel_pays(size * 24, (), FORK, 64, "h5py") and parallel_pays(size * 24, (), FORK, 2, "h5py", 1.0)
 
 
 def test_hints_go_where_the_kernel_would_not_read_ahead_or_a_decode_leaves_the_disk_idle() -> None:

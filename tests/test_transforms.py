@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import h5py
@@ -221,6 +222,53 @@ def test_the_plan_prices_a_transformed_dataset_as_work_for_the_readers(tmp_path:
     monkeypatch.setattr(feed, "plan_batches", lambda shapes, *a, **k: seen.append(shapes) or real(shapes, *a, **k))
     multitables.Streamer(str(tmp_path / "stored.h5")).get_batches(["/X", "/y"], 32, transform={"/X": lambda r: r * 2}).close()
     assert [s.transformed for s in seen[0]] == [True, False]
+
+
+def sleeps_10ms_a_row(rows: np.ndarray) -> np.ndarray:
+    """A costly transform: 10 ms a row (an image decoder, an augmentation)."""
+    time.sleep(0.01 * len(rows))
+    return rows * 2
+
+
+def doubles(rows: np.ndarray) -> np.ndarray:
+    """A cheap transform: microseconds a call."""
+    return rows * 2
+
+
+class SlowFirstCall:
+    """Cheap, but its first call takes 0.3 s (an import, a cache filled, a JIT), as no reader's call does."""
+
+    def __init__(self) -> None:
+        self.called = False
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        if not self.called:
+            self.called = True
+            time.sleep(0.3)
+        return rows * 2
+
+
+@pytest.mark.parametrize(
+    "transform, n_procs, readers",
+    [(sleeps_10ms_a_row, None, "some"), (doubles, None, 0), (SlowFirstCall(), None, 0),
+     (sleeps_10ms_a_row, 0, 0), (doubles, 1, 1)],
+    ids=["costly-default", "cheap-default", "warm-up-default", "costly-asked-0", "cheap-asked-1"],
+)
+def test_the_default_readers_count_a_transforms_time_on_a_dataset_cheap_to_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, transform, n_procs: "int | None", readers: "int | str"
+) -> None:
+    """1000 stored rows (no filter: a copy to read): a transform of 10 ms a row is 10 s an epoch, which readers share
+    out; one of microseconds is not worth their start, nor is one whose first call only is slow (the quicker of two
+    timed calls stands); an ``n_procs`` given is taken as asked (NOTE [read plan] in ``_plan.readers``)."""
+    monkeypatch.setattr("multitables._plan.readers.available_cpus", lambda: 2)  # the same answer on any machine
+    path = tmp_path / "stored.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("/X", data=np.zeros((1000, 3)), chunks=(64, 3))
+    with multitables.Streamer(path).get_batches("/X", 100, n_procs=n_procs, transform=transform) as batches:
+        if readers == "some":
+            assert batches.n_procs[0] > 0
+        else:
+            assert batches.n_procs == [readers]
 
 
 @pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])

@@ -11,7 +11,10 @@ NOTE [transforms]
     (:meth:`Transform.infer`); the slots are laid out for it, and a later
     call that gives anything else fails with the function's traceback, as
     any error in a reader does. Rows reach it block by block, in file order,
-    before any shuffling; it must map each row on its own. Rows of different
+    before any shuffling; it must map each row on its own. That first call
+    is timed, and a second one on the same rows, the quicker standing (the
+    first may pay for imports or a JIT): the plan prices the function's work
+    at that time a row (NOTE [read plan] in ``_plan.readers``). Rows of different
     sizes (h5py vlen, PyTables VLArray) reach it as an object array, one
     ndarray or bytes a row: NOTE [variable-length rows] in ``_io.vlen``.
 
@@ -247,6 +250,9 @@ class Transform:
     row_shape: tuple[int, ...]
     #: Bytes of a row as read; where rows vary in size, the first rows' mean (NOTE [variable-length rows]).
     read_nbytes: int = 0
+    #: Seconds a row of it takes on one core, timed on the first rows in the consumer (``_train.transforms``); what
+    #: the plan prices it at (NOTE [read plan]). 0: not timed.
+    row_s: float = 0.0
 
     @property
     def row_nbytes(self) -> int:

@@ -1,8 +1,8 @@
 """Whether reader processes pay, and where that is worth measuring: the cost model of NOTE [read plan] (pure).
 
 Readers cost what starting them costs (:data:`START_COST_S`, by start method) and save at most ``1 - 1/n`` of a
-one-core read, ``n`` being the readers that can work at once: the CPUs, or the dataset's chunks of rows where they
-are fewer (a block is whole chunks: :func:`parallel_cpus`). The one-core read time comes from a table of rates by
+one-core read and of a transform's work (timed on its first rows), ``n`` being the readers that can work at once:
+the CPUs, or the dataset's chunks of rows where they are fewer (a block is whole chunks: :func:`parallel_cpus`). The one-core read time comes from a table of rates by
 filter and engine, or from a rate the chunk engine measured on the dataset's first chunks where the answer turns on
 it; such a sample is small beside the dataset or not taken (:func:`rate_sample_rows`).
 """
@@ -33,25 +33,26 @@ _COPY_RATE = 3.5e9
 
 
 def parallel_pays(
-    nbytes: int, filter_ids: "tuple[int, ...]", start_s: float, n_cpus: int, engine: str, transformed: bool = False,
+    nbytes: int, filter_ids: "tuple[int, ...]", start_s: float, n_cpus: int, engine: str, transform_s: float = 0.0,
     rate: "float | None" = None,
 ) -> bool:
     """Whether ``n_cpus`` reader processes can beat ``engine`` reading ``nbytes`` (uncompressed) in the consumer.
 
-    Readers save at most ``(1 - 1/n_cpus)`` of the one-core read time and
+    Readers save at most ``(1 - 1/n_cpus)`` of the one-core time, decoding and a transform's (:func:`saved_s`), and
     cost ``start_s`` to start (:func:`start_cost`); they must save :data:`MARGIN` times what they cost.
     Stored bytes (no filter) they never save: a reader's work is the one copy
     the consumer makes itself, reading into its block (1 GiB of float32 rows
     in 512 KiB chunks, medians of 5, ``benchmarks/stored_bytes.py``: two
     readers 0.77-0.87x one h5py process, the consumer alone 0.99-1.26x, pages
-    dropped and cached, direct and generator), unless a transform runs on them (``transformed``): work
-    whose cost is unknown here, priced as a copy. ``rate``: the one-core rate (bytes/s) measured on the
-    dataset; None: :func:`table_rate`.
+    dropped and cached, direct and generator); a transform's ``transform_s``, its one-core seconds over the rows
+    read (timed on its first rows: ``Transform.row_s``), they do. ``rate``: the one-core rate (bytes/s) measured
+    on the dataset; None: :func:`table_rate`.
     """
-    if n_cpus < 2 or not (filter_ids or transformed):
+    if n_cpus < 2 or not (filter_ids or transform_s > 0):
         return False
     margin = MARGIN["measured" if rate else "table"]
-    return saved_s(nbytes, rate or table_rate(filter_ids, engine), n_cpus) > margin * start_s
+    decoded = nbytes if filter_ids else 0
+    return saved_s(decoded, rate or table_rate(filter_ids, engine), n_cpus, transform_s) > margin * start_s
 
 
 def table_rate(filter_ids: "tuple[int, ...]", engine: str) -> float:
@@ -60,9 +61,10 @@ def table_rate(filter_ids: "tuple[int, ...]", engine: str) -> float:
     return min((_DECODE_RATE.get(f, _COPY_RATE) * speed.get(f, 1.0) for f in filter_ids), default=_COPY_RATE)
 
 
-def saved_s(nbytes: int, rate: float, n_cpus: int) -> float:
-    """Seconds ``n_cpus`` readers save at most of a one-core read of ``nbytes`` at ``rate`` (bytes/s)."""
-    return nbytes / rate * (1 - 1 / n_cpus)
+def saved_s(nbytes: int, rate: float, n_cpus: int, transform_s: float = 0.0) -> float:
+    """Seconds ``n_cpus`` readers save at most of a one-core read of ``nbytes`` at ``rate`` (bytes/s) and of a
+    transform's ``transform_s`` (one core's seconds)."""
+    return (nbytes / rate + transform_s) * (1 - 1 / n_cpus)
 
 
 def start_cost(start_method: str, server_ready: bool = False, forgone_s: float = 0.0) -> float:

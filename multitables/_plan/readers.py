@@ -11,8 +11,9 @@ NOTE [read plan]
     The rules, the same for every face:
 
     * readers: by default, the usable CPUs where they pay (they save what they cost with a margin,
-      ``_plan.costs``; never on stored bytes, whose reading is a copy either way, unless a transform runs on
-      them), else none. What they save is the one-core read time, less what one of as many readers as can decode at
+      ``_plan.costs``; never for stored bytes alone, whose reading is a copy either way), else none. What they save is
+      the one-core time of the read and of a transform (its time a row on its first rows, timed in the consumer,
+      times the rows of a pass: ``DatasetShape.transform_row_s``), less what one of as many readers as can work at
       once takes (the CPUs, or the chunks of rows where fewer), at the rate the chunk engine measured on the
       dataset's first chunks in the consumer where the answer turns on it and the sample is small beside the
       dataset (the default of a stream or of batches: ``DatasetShape.decode_rate``, :func:`rate_decides`), else at a
@@ -135,6 +136,8 @@ class DatasetShape:
     transformed: bool = False
     #: Bytes a second (uncompressed) the consumer read it at, measured here; None: the table's rate for its filters.
     decode_rate: "float | None" = None
+    #: Seconds a row's transform takes on one core, timed in the consumer (``Transform.row_s``); 0: none.
+    transform_row_s: float = 0.0
 
     @classmethod
     def of(cls, node: Any, transformed: bool = False) -> "DatasetShape":
@@ -226,25 +229,19 @@ def default_block_size(
 
 
 def default_read_ahead(n_procs: int, remote: bool = False) -> int:
-    """Slots in the ring: one being filled per reader, as many ready, and the consumer's.
-
-    For an object, one being filled per reader and two ready: its readers are
-    more and its blocks larger (NOTE [read plan]), and a block waits on the
-    network longer than the consumer takes it.
-    """
+    """Slots in the ring: one being filled per reader, as many ready, and the consumer's. For an object, one being
+    filled per reader and two ready: its readers are more and its blocks larger (NOTE [read plan]), and a block waits
+    on the network longer than the consumer takes it."""
     if remote:
         return max(n_procs, 1) + 2
     return 2 * max(n_procs, 1) + 2
 
 
 def hint_distance(n_readers: int, filter_ids: "tuple[int, ...]") -> int:
-    """How many blocks past the one it claimed a reader hints (NOTE [read plan]); 0: none.
-
-    On stored bytes (no filter) read by one process a hint only costs: 1
-    GiB of 4 KiB rows in 512 KiB chunks, in the consumer, medians of 5
-    (``benchmarks/stored_bytes.py``): hinted 0.78x one h5py process,
-    unhinted 1.03x, pages dropped; cached 0.86x and 1.26x.
-    """
+    """How many blocks past the one it claimed a reader hints (NOTE [read plan]); 0: none. On stored bytes (no filter)
+    read by one process a hint only costs: 1 GiB of 4 KiB rows in 512 KiB chunks, in the consumer, medians of 5
+    (``benchmarks/stored_bytes.py``): hinted 0.78x one h5py process, unhinted 1.03x, pages dropped; cached 0.86x and
+    1.26x."""
     if n_readers >= 2:
         return n_readers
     return 1 if filter_ids else 0
@@ -267,9 +264,12 @@ def rate_decides(shape: DatasetShape, engine: str, machine: Machine, looped: boo
     return any(MARGIN["measured"] * cost / RATE_SPREAD < saved < MARGIN["table"] * cost * RATE_SPREAD for cost in costs)
 
 
-def default_readers(shape: DatasetShape, engine: str, machine: Machine, passes: int = 1) -> int:
-    """Readers for ``shape`` when none are asked for: every usable CPU where they pay over ``passes`` passes (a
-    start of readers kept across them), else 0 (read in the consumer; always in a daemonic process).
+def default_readers(
+    shape: DatasetShape, engine: str, machine: Machine, passes: int = 1, n_rows: "int | None" = None
+) -> int:
+    """Readers for ``shape`` when none are asked for: every usable CPU where they pay over ``passes`` passes of
+    ``n_rows`` rows (None: its own), a start of readers kept across them, else 0 (read in the consumer; always in a
+    daemonic process). Its transform is priced at its time a row (``DatasetShape.transform_row_s``) times those rows.
 
     An object's: ``REMOTE_READERS_PER_CPU`` per CPU, at least ``REMOTE_MIN_READERS``, where it has more than two
     blocks (NOTE [read plan]; ``plan_stream`` caps them at ``READERS_PER_CPU`` per CPU).
@@ -280,8 +280,9 @@ def default_readers(shape: DatasetShape, engine: str, machine: Machine, passes: 
         many = max(REMOTE_READERS_PER_CPU * machine.cpus, REMOTE_MIN_READERS)
         return many if shape.nbytes > 2 * REMOTE_BLOCK_BYTES else 0
     cpus = parallel_cpus(machine.cpus, shape.n_rows, shape.chunk_rows)
-    pays = parallel_pays(shape.nbytes * passes, shape.filter_ids, machine.start_cost(), cpus, engine,
-                         shape.transformed, shape.decode_rate)
+    transform_s = shape.transform_row_s * (shape.n_rows if n_rows is None else n_rows) * passes
+    pays = parallel_pays(shape.nbytes * passes, shape.filter_ids, machine.start_cost(), cpus, engine, transform_s,
+                         shape.decode_rate)
     return machine.cpus if pays else 0
 
 
@@ -294,7 +295,9 @@ def would_save_s(shape: DatasetShape, engine: str, machine: Machine) -> float:
     if not default_readers(shape, engine, ready):
         return 0.0
     cpus = parallel_cpus(machine.cpus, shape.n_rows, shape.chunk_rows)
-    return saved_s(shape.nbytes, shape.decode_rate or table_rate(shape.filter_ids, engine), cpus) - ready.start_cost()
+    decoded = shape.nbytes if shape.filter_ids else 0  # stored bytes: a copy either way (``parallel_pays``)
+    rate = shape.decode_rate or table_rate(shape.filter_ids, engine)
+    return saved_s(decoded, rate, cpus, shape.transform_row_s * shape.n_rows) - ready.start_cost()
 
 
 def plan_stream(
@@ -446,7 +449,7 @@ def plan_batches(
         what = "the datasets, which have" if n_rows == file_rows else "an epoch, which has"
         raise ValueError(f"block_size={block_size} is larger than {what} {n_rows} rows")
     nbytes = [s.nbytes for s in shapes]
-    pays = [default_readers(s, e, machine, passes) > 0 for s, e in zip(shapes, engines)]
+    pays = [default_readers(s, e, machine, passes, n_rows) > 0 for s, e in zip(shapes, engines)]
     n_blocks = -(-n_rows // block_size)
     cpus = machine.cpus * (REMOTE_READERS_PER_CPU if any(s.remote for s in shapes) else 1)
     readers = [cap_readers(n, n_blocks, machine.cpus) for n in split_readers(nbytes, pays, n_procs, cpus)]
@@ -468,11 +471,9 @@ def plan_requests(n_procs: "int | None", machine: Machine) -> int:
 def split_readers(nbytes: Sequence[int], pays: Sequence[bool], n_procs: "int | None", cpus: int) -> list[int]:
     """Reader processes per dataset: shared in proportion to bytes, small datasets read in-process.
 
-    ``pays[i]`` says whether readers can pay for dataset ``i`` at all
-    (:func:`parallel_pays`). ``n_procs=None`` shares ``cpus`` among those; if
-    there are none, everything is read in-process. An explicit ``n_procs`` is
-    shared the same way, and goes to the largest dataset when none pays.
-    """
+    ``pays[i]`` says whether readers can pay for dataset ``i`` at all (:func:`parallel_pays`). ``n_procs=None``
+    shares ``cpus`` among those; if there are none, everything is read in-process. An explicit ``n_procs`` is shared
+    the same way, and goes to the largest dataset when none pays."""
     n = len(nbytes)
     if n_procs == 0:
         return [0] * n

@@ -87,7 +87,7 @@ def plan_feed(
     each dataset's engine as ``auto`` chooses it (:meth:`FeedPlan.at` then takes, where the plan gives a dataset
     readers, the one faster there), its shape, at the rate measured where that decides, and the machine.
 
-    A transform's rows are priced as work for the readers (``DatasetShape.transformed``). Warns where a given
+    A transform's work is priced at its time a row, timed on the first rows (``DatasetShape.transform_row_s``). Warns where a given
     ``block_size`` cuts a compressed chunk of a shuffled epoch, whose blocks each decode the whole chunk again.
     """
     engines = [options.resolve(n) for n in nodes]
@@ -121,7 +121,8 @@ def _shape(node: "NodeInfo", transform: Any) -> DatasetShape:
     [variable-length rows] in ``_io.vlen``) and as the transform writes it into a slot (NOTE [read plan])."""
     shape = DatasetShape.of(node, transformed=transform is not None)
     if transform is not None:
-        shape = replace(shape, row_nbytes=max(transform.read_nbytes, transform.row_nbytes, 1))
+        shape = replace(shape, row_nbytes=max(transform.read_nbytes, transform.row_nbytes, 1),
+                        transform_row_s=transform.row_s)
     return shape
 
 

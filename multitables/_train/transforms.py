@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import time
+from dataclasses import replace
 from typing import Any, Protocol
 
 from .._io.blockread import Transform
@@ -23,12 +25,13 @@ class StreamerLike(Protocol):
     def options(self) -> StreamOptions: ...
 
 
-#: Rows a transform is first called on, to learn its output.
+#: Rows a transform is first called on, to learn its output and time it (``Transform.row_s``).
 _SAMPLE_ROWS = 2
 
 
 def infer_transforms(stream: "StreamerLike", paths: list[str], nodes: list[Any], transform: Any, columns: bool) -> list[Any]:
-    """Each dataset's :class:`~multitables._io.blockread.Transform` (None: none), learnt on its first rows here.
+    """Each dataset's :class:`~multitables._io.blockread.Transform` (None: none), learnt and timed on its first rows
+    here.
 
     A node of variable-length rows without one is refused (NOTE [variable-length rows] in ``_io.vlen``)."""
     if transform is None:
@@ -55,8 +58,17 @@ def infer_transforms(stream: "StreamerLike", paths: list[str], nodes: list[Any],
         if function is None:
             out.append(None)
             continue
-        sample = options.read_rows(node, 0, min(_SAMPLE_ROWS, node.n_rows))
+        n = min(_SAMPLE_ROWS, node.n_rows)
+        sample = options.read_rows(node, 0, n)
+        start = time.perf_counter()
         found = Transform.infer(function, sample, repr(path))
+        took = time.perf_counter() - start
+        # The first call may pay for warm-up no reader's call does (an import, a cache, a JIT): a second one, on the
+        # rows read again (the first may have changed its own in place), and the quicker stands (NOTE [transforms]).
+        sample = options.read_rows(node, 0, n)
+        start = time.perf_counter()
+        function(sample)
+        found = replace(found, row_s=min(took, time.perf_counter() - start) / max(n, 1))
         method = start_method(options.start_method)
         if method != "fork":
             try:  # spawned readers get it pickled: say so now rather than in a reader

@@ -213,7 +213,7 @@ def test_batches_read_stored_bytes_in_the_consumer_unless_a_transform_runs_on_th
 
 def test_a_transform_is_priced_at_its_time_a_row_over_the_rows_of_the_epochs() -> None:
     """Readers save ``1 - 1/n`` of a transform's one-core time over a pass's rows and must save twice their start
-    (NOTE [read plan]); the bytes of stored rows count for nothing, however large."""
+    (NOTE [read plan]); stored rows without a transform never pay, however large."""
     fork, spawn = Machine(cpus=2, start_method="fork"), Machine(cpus=2, start_method="spawn")
     small = DatasetShape(n_rows=1000, row_nbytes=24, chunk_rows=64, transformed=True)  # 24 KB: a copy to read
 

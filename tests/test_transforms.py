@@ -249,21 +249,23 @@ class SlowFirstCall:
 
 
 @pytest.mark.parametrize(
-    "transform, n_procs, readers",
-    [(sleeps_10ms_a_row, None, "some"), (doubles, None, 0), (SlowFirstCall(), None, 0),
-     (sleeps_10ms_a_row, 0, 0), (doubles, 1, 1)],
-    ids=["costly-default", "cheap-default", "warm-up-default", "costly-asked-0", "cheap-asked-1"],
+    "transform, n_rows, n_procs, readers",
+    [(sleeps_10ms_a_row, 1000, None, "some"), (doubles, 1000, None, 0), (SlowFirstCall(), 1000, None, 0),
+     (doubles, 1_000_000, None, 0), (sleeps_10ms_a_row, 1000, 0, 0), (doubles, 1000, 1, 1)],
+    ids=["costly-default", "cheap-default", "warm-up-default", "cheap-many-rows-default", "costly-asked-0",
+         "cheap-asked-1"],
 )
 def test_the_default_readers_count_a_transforms_time_on_a_dataset_cheap_to_read(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, transform, n_procs: "int | None", readers: "int | str"
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, transform, n_rows: int, n_procs: "int | None", readers: "int | str"
 ) -> None:
-    """1000 stored rows (no filter: a copy to read): a transform of 10 ms a row is 10 s an epoch, which readers share
-    out; one of microseconds is not worth their start, nor is one whose first call only is slow (the quicker of two
-    timed calls stands); an ``n_procs`` given is taken as asked (NOTE [read plan] in ``_plan.readers``)."""
+    """Rows of 3 float64 stored without a filter (a copy to read): a transform of 10 ms a row is 10 s an epoch of 1000,
+    which readers share out; one of microseconds is not worth their start, nor is one whose first call only is slow,
+    nor a call's own microseconds over a million rows (the second, timed call takes thousands of rows, NOTE
+    [transforms]); an ``n_procs`` given is taken as asked (NOTE [read plan] in ``_plan.readers``)."""
     monkeypatch.setattr("multitables._plan.readers.available_cpus", lambda: 2)  # the same answer on any machine
     path = tmp_path / "stored.h5"
     with h5py.File(path, "w") as f:
-        f.create_dataset("/X", data=np.zeros((1000, 3)), chunks=(64, 3))
+        f.create_dataset("/X", data=np.zeros((n_rows, 3)), chunks=(min(n_rows // 16, 4096), 3))
     with multitables.Streamer(path).get_batches("/X", 100, n_procs=n_procs, transform=transform) as batches:
         if readers == "some":
             assert batches.n_procs[0] > 0

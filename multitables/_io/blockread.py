@@ -12,9 +12,10 @@ NOTE [transforms]
     call that gives anything else fails with the function's traceback, as
     any error in a reader does. Rows reach it block by block, in file order,
     before any shuffling; it must map each row on its own. That first call
-    is timed, and a second one on the same rows, the quicker standing (the
-    first may pay for imports or a JIT): the plan prices the function's work
-    at that time a row (NOTE [read plan] in ``_plan.readers``). Rows of different
+    is timed, and a second one on more rows (about 20 ms of them: a call's
+    own overhead spread thin), the lesser time a row standing (the first may
+    pay for an import or a JIT): the plan prices the function's work at it
+    (NOTE [read plan] in ``_plan.readers``). Rows of different
     sizes (h5py vlen, PyTables VLArray) reach it as an object array, one
     ndarray or bytes a row: NOTE [variable-length rows] in ``_io.vlen``.
 

@@ -44,15 +44,15 @@ def parallel_pays(
     the consumer makes itself, reading into its block (1 GiB of float32 rows
     in 512 KiB chunks, medians of 5, ``benchmarks/stored_bytes.py``: two
     readers 0.77-0.87x one h5py process, the consumer alone 0.99-1.26x, pages
-    dropped and cached, direct and generator); a transform's ``transform_s``, its one-core seconds over the rows
-    read (timed on its first rows: ``Transform.row_s``), they do. ``rate``: the one-core rate (bytes/s) measured
-    on the dataset; None: :func:`table_rate`.
+    dropped and cached, direct and generator), unless a transform runs on them: then the copy is theirs (into a
+    buffer of their own, the transform's output into the slot) and so are ``transform_s``, the transform's one-core
+    seconds over the rows read (timed on its first rows: ``Transform.row_s``). ``rate``: the one-core rate (bytes/s)
+    measured on the dataset; None: :func:`table_rate`.
     """
     if n_cpus < 2 or not (filter_ids or transform_s > 0):
         return False
     margin = MARGIN["measured" if rate else "table"]
-    decoded = nbytes if filter_ids else 0
-    return saved_s(decoded, rate or table_rate(filter_ids, engine), n_cpus, transform_s) > margin * start_s
+    return saved_s(nbytes, rate or table_rate(filter_ids, engine), n_cpus, transform_s) > margin * start_s
 
 
 def table_rate(filter_ids: "tuple[int, ...]", engine: str) -> float:

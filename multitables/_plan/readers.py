@@ -11,10 +11,10 @@ NOTE [read plan]
     The rules, the same for every face:
 
     * readers: by default, the usable CPUs where they pay (they save what they cost with a margin,
-      ``_plan.costs``; never for stored bytes alone, whose reading is a copy either way), else none. What they save is
-      the one-core time of the read and of a transform (its time a row on its first rows, timed in the consumer,
-      times the rows of a pass: ``DatasetShape.transform_row_s``), less what one of as many readers as can work at
-      once takes (the CPUs, or the chunks of rows where fewer), at the rate the chunk engine measured on the
+      ``_plan.costs``; never on stored bytes, whose reading is a copy either way, unless a transform runs on them),
+      else none. What they save is the one-core time of the read and of a transform (its time a row, timed on its
+      first rows in the consumer, times the rows of a pass: ``DatasetShape.transform_row_s``), less what one of as
+      many readers as can work at once takes (the CPUs, or the chunks of rows where fewer), at the rate the chunk engine measured on the
       dataset's first chunks in the consumer where the answer turns on it and the sample is small beside the
       dataset (the default of a stream or of batches: ``DatasetShape.decode_rate``, :func:`rate_decides`), else at a
       table's rate; with none the blocks are read in the consumer; an explicit ``n_procs`` is taken as asked (0
@@ -295,9 +295,8 @@ def would_save_s(shape: DatasetShape, engine: str, machine: Machine) -> float:
     if not default_readers(shape, engine, ready):
         return 0.0
     cpus = parallel_cpus(machine.cpus, shape.n_rows, shape.chunk_rows)
-    decoded = shape.nbytes if shape.filter_ids else 0  # stored bytes: a copy either way (``parallel_pays``)
     rate = shape.decode_rate or table_rate(shape.filter_ids, engine)
-    return saved_s(decoded, rate, cpus, shape.transform_row_s * shape.n_rows) - ready.start_cost()
+    return saved_s(shape.nbytes, rate, cpus, shape.transform_row_s * shape.n_rows) - ready.start_cost()
 
 
 def plan_stream(

@@ -602,3 +602,109 @@ def test_a_killed_consumer_leaves_no_semaphore_behind(make_array: Callable[..., 
         for name in left:  # ours alone: made by the consumer above
             sem_unlink(name)
             multiprocessing.resource_tracker.unregister(name, "semaphore")
+
+
+_KILLED_BEFORE_THE_START_BARRIER = r'''
+"""Run as a file: spawn and forkserver import it in the consumer, and in the readers or their server, as __mp_main__."""
+import json, multiprocessing, multiprocessing.resource_tracker, multiprocessing.synchronize, os, signal, sys, time
+
+import multitables._procs.process as process
+
+MARK, WHEN = os.environ["MT_TEST_KILLED"], os.environ["MT_TEST_WHEN"]
+limit_threads = process.limit_threads
+
+
+def late_start() -> None:
+    """Run where a reader opens its semaphores: reader 1 waits for the consumer's death (reader 0 too if nobody is to
+    have opened them by then), then long enough for reader 0's watch to unlink every name."""
+    index = int(multiprocessing.current_process().name.rpartition("-")[2])
+    if index or WHEN == "none opened":
+        while not os.path.exists(MARK):
+            time.sleep(0.01)
+    if index:
+        time.sleep(4 * process.PARENT_CHECK_INTERVAL)
+    limit_threads()
+
+
+process.limit_threads = late_start
+
+
+def consumer(path, face, method, conn):
+    """A pool worker's part: record the names of the semaphores made here, start readers, send the names (once reader 0
+    passed the barrier, with "one opened"), and wait for the readers until killed."""
+    import multitables
+    from multitables._procs import pool
+
+    names = []
+    init, start = multiprocessing.synchronize.SemLock.__init__, pool.ReaderPool.start
+
+    def recording(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        names.append(self._semlock.name)
+
+    def started(self, *args, **kwargs):
+        start(self, *args, **kwargs)
+        while WHEN == "one opened" and not self.attached[0].get_value():
+            time.sleep(0.01)
+        conn.send((names, self.pids))
+
+    multiprocessing.synchronize.SemLock.__init__, pool.ReaderPool.start = recording, started
+    if face == "stream":
+        multitables.Streamer(path, start_method=method).get_queue("/data", n_procs=2, block_size=500)
+    else:
+        multitables.Reader(path, n_procs=2, max_stages=4, start_method=method)
+
+
+if __name__ == "__main__":
+    import psutil
+    from _multiprocessing import sem_unlink
+    from multitables._shm.segment import SHM_PREFIX
+
+    multiprocessing.resource_tracker.ensure_running()  # the pool's parent's, which outlives its worker
+    ctx = multiprocessing.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    worker = ctx.Process(target=consumer, args=(*sys.argv[1:4], send))
+    worker.start()
+    send.close()
+    names, pids = recv.recv()
+    readers = [psutil.Process(pid) for pid in pids]
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.join()
+    open(MARK, "w").close()
+    _, alive = psutil.wait_procs(readers, timeout=60)
+    for stuck in alive:
+        stuck.kill()
+    left = [name for name in names if os.path.exists(f"/dev/shm/sem.{name.lstrip('/')}")]
+    segments = [n for n in os.listdir("/dev/shm") if n.startswith(f"{SHM_PREFIX}{worker.pid}_")]
+    print(json.dumps({"names": len(names), "left": left, "segments": segments, "alive": len(alive)}), flush=True)
+    for name in left:  # ours alone: made by the worker above
+        sem_unlink(name)
+        multiprocessing.resource_tracker.unregister(name, "semaphore")
+'''
+
+
+@pytest.mark.parametrize("face, method, when", [
+    ("stream", "spawn", "one opened"), ("stream", "spawn", "none opened"), ("reader", "forkserver", "one opened"),
+])
+def test_a_consumer_killed_before_its_readers_start_barrier_leaves_no_semaphore(
+    make_array: Callable[..., Path], tmp_path: Path, face: str, method: str, when: str
+) -> None:
+    """A pool's worker killed while its readers started (spawn imports for a second or more) left its semaphores (7 a
+    stream, 10 this Reader) until the pool's parent exited: only the consumer unlinked them. Each reader is handed the
+    names and unlinks them once it finds the consumer gone; a reader that then opens them finds them gone and exits
+    quietly, as one that opened none yet (NOTE [semaphore names])."""
+    import json
+
+    path = make_array(np.arange(N_ROWS * 4, dtype="<f4").reshape(N_ROWS, 4), chunkshape=(BLOCK, 4))
+    script = tmp_path / "killed_before_barrier.py"
+    script.write_text(_KILLED_BEFORE_THE_START_BARRIER)
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(here), os.environ.get("PYTHONPATH", "")]),
+               MT_TEST_KILLED=str(tmp_path / "killed"), MT_TEST_WHEN=when)
+    run = subprocess.run([sys.executable, str(script), str(path), face, method],
+                         capture_output=True, text=True, timeout=GUARD * 2, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout)
+    assert got == {"names": 7 if face == "stream" else 2 + 2 * 2 + 4, "left": [], "segments": [], "alive": 0}, run.stderr
+    # No reader failed to open a name another unlinked, and the tracker (ending after the script) warned of nothing.
+    assert "Traceback" not in run.stderr and "leaked" not in run.stderr, run.stderr[-3000:]

@@ -90,11 +90,12 @@ from .._io.handles import refuse_written_here
 from .._sys.forks import note_ready_server, running_forkserver, start_method as default_start_method, unguarded_main_call
 from .._sys.release import settle_releases
 from .._shm.ring import TICK
+from .._shm.semaphores import semaphore_names, unlink_names
 from .._shm.space import semaphores_for
 from .._sys.signals import signals_deferred, sigint_held_for_children
 from ..errors import ReaderError
 from .failure import FailureReport, died_error
-from .process import ReaderIdentity, process_start_time, reader_main
+from .process import ReaderIdentity, Sealed, process_start_time, reader_main
 
 #: Seconds readers get to stop by themselves before they are terminated.
 JOIN_TIMEOUT = 2.0
@@ -249,11 +250,12 @@ class ReaderPool:
 
     def start(
         self, loop: Callable[..., None], args: "list[tuple[Any, ...]]", files: "str | tuple[str, ...]" = (),
-        segments: tuple[str, ...] = (),
+        segments: tuple[str, ...] = (), semaphores: "tuple[Any, ...]" = (),
     ) -> None:
         """Start one reader per entry of ``args``, each running ``loop(reader, *args[i])``; ``files``: those they read,
         refused if this process writes one of them and the readers are forked from it (NOTE [files written here]);
-        ``segments``: the names each is to map, which it unlinks if it finds this process gone (NOTE [stuck orphans])."""
+        ``segments``: the names each is to map, which it unlinks if it finds this process gone (NOTE [stuck orphans]);
+        ``semaphores``: those in ``args``, whose names it unlinks too, as :meth:`unlink_semaphores` does later."""
         method = self.ctx.get_start_method()
         if method == "fork":
             refuse_written_here((files,) if isinstance(files, str) else files)
@@ -264,17 +266,18 @@ class ReaderPool:
         if len(args) != len(self.attached):
             raise ValueError(f"{len(args)} readers to start in a pool made for {len(self.attached)}")
         _POOLS.add(self)
-        me = os.getpid()
-        me_start = process_start_time(me)
-        n = len(args)
+        self._semaphores: "tuple[Any, ...]" = self.attached + tuple(semaphores)
+        me, n = os.getpid(), len(args)
+        me_start, names = process_start_time(me), semaphore_names(self._semaphores)
         for i, reader_args in enumerate(args):
-            identity = ReaderIdentity(i, n, self.filename, me, me_start, self.attached[i], segments)
+            identity = ReaderIdentity(i, n, self.filename, me, me_start, segments, names)
             recv, send = self.ctx.Pipe(duplex=False)
             self._conns.append(recv)
             self._listening[recv] = i
             try:
                 proc = self.ctx.Process(
-                    target=reader_main, args=(loop, identity, reader_args, send), name=f"multitables-{self._name}-{i}", daemon=True
+                    target=reader_main, args=(loop, identity, Sealed((self.attached[i], reader_args)), send),
+                    name=f"multitables-{self._name}-{i}", daemon=True,
                 )
                 # Held in this thread (for the child's sake) and, in Python, until the reader is recorded: a Ctrl-C
                 # another thread takes runs Python's handler here at once, between any two instructions.
@@ -291,6 +294,10 @@ class ReaderPool:
                 send.close()
         if self._new_server:
             note_ready_server(running_forkserver())
+
+    def unlink_semaphores(self) -> None:
+        """Unlink the readers' semaphores' names once every reader passed the start barrier (NOTE [semaphore names])."""
+        unlink_names(self._semaphores)
 
     @property
     def n_readers(self) -> int:

@@ -21,20 +21,28 @@ NOTE [stuck orphans]
     instruction: a reader started by spawn imports for a second or more,
     and a consumer killed meanwhile (a pool's worker that the pool ended)
     unlinked nothing, so no other process would (the resource tracker only
-    at the pool's parent's exit).
+    at the pool's parent's exit). The pool's semaphores go the same way
+    (NOTE [semaphore names] in ``_shm.semaphores``): a reader opens them
+    once its watch runs (:class:`Sealed`), and one that finds a name
+    another unlinked fails with nobody left to hear it, and unlinks the
+    rest.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import pickle
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Iterable
 
 from .._io.engines import limit_threads
 from .._shm.segment import unlink_orphan
+from .._shm.semaphores import unlink_orphan_semaphore
 from .._sys.signals import ignore_sigint
 from .failure import FailureReport
 
@@ -89,10 +97,28 @@ class ReaderIdentity:
     filename: str
     parent_pid: int
     parent_start: "str | None"
-    attached: Any  # this reader's semaphore in the pool: released once per segment it maps (the attach barrier)
     #: The segments the consumer made for it to map: a reader that finds its consumer gone before it mapped them
     #: still unlinks them (NOTE [stuck orphans]).
     segments: tuple[str, ...] = ()
+    #: The names of the pool's semaphores, which such a reader unlinks too (NOTE [semaphore names]).
+    semaphores: tuple[str, ...] = ()
+
+
+class Sealed:
+    """What a reader is started with that opens named semaphores when unpickled, pickled apart: the reader opens it
+    (:meth:`open`) once its watch runs, not in its start method's unpickling (NOTE [semaphore names])."""
+
+    def __init__(self, value: Any, pickled: bytes = b"") -> None:
+        self._value, self._pickled = value, pickled
+
+    def __reduce__(self) -> "tuple[type, tuple[None, bytes]]":
+        # Called as the process starts, where multiprocessing lets a semaphore pickle (its spawning popen is set).
+        return Sealed, (None, bytes(ForkingPickler.dumps(self._value)))
+
+    def open(self) -> Any:
+        """The value: unpickled here, in a reader started by spawn or forkserver (FileNotFoundError for a semaphore
+        whose name is gone); the object itself under fork."""
+        return pickle.loads(self._pickled) if self._pickled else self._value
 
 
 @dataclass
@@ -102,6 +128,8 @@ class ReaderProcess:
     identity: ReaderIdentity
     conn: Any  # the write end of this reader's report pipe
     parent_alive: Callable[[], bool]
+    #: This reader's semaphore in the pool: released once per segment it maps (the attach barrier).
+    barrier: Any = None
     #: The dataset and rows being read, named in a failure report.
     path: str = ""
     rows: "tuple[int, int] | None" = None
@@ -112,7 +140,7 @@ class ReaderProcess:
 
     def attached(self) -> None:
         """Tell the consumer one more segment is mapped (NOTE [segment lifetime])."""
-        self.identity.attached.release()
+        self.barrier.release()
 
     def report(self, tag: int, exc: BaseException, path: "str | None" = None, rows: "tuple[int, int] | None" = None) -> None:
         """Send ``(tag, FailureReport)`` to the consumer; tag -1 is the reader's own failure. Never raises."""
@@ -147,31 +175,33 @@ def _end_when_orphaned(reader: ReaderProcess) -> None:
                 continue
         else:
             names = ()
-        _unlink_left(names)
+        _unlink_left(names, reader.identity.semaphores)
     finally:
         os._exit(0)  # whatever the unlink raised: an orphan that lives on reads for nobody and holds its mappings
 
 
-def _unlink_left(names: "Iterable[str]") -> None:
-    """Unlink the segments ``names`` that a dead consumer left (NOTE [stuck orphans]); a name this process may not
-    unlink (EACCES, EPERM) is said once on stderr, the only listener left (``os.write``: no lock another thread may
-    hold), and the other names are still unlinked."""
+def _unlink_left(segments: "Iterable[str]", semaphores: "Iterable[str]") -> None:
+    """Unlink the segments and semaphores that a dead consumer left (NOTE [stuck orphans]); a name this process may
+    not unlink (EACCES, EPERM) is said once on stderr, the only listener left (``os.write``: no lock another thread
+    may hold), and the other names are still unlinked."""
     refused = []
-    for name in names:
+    unlinks = [(name, functools.partial(unlink_orphan, name, tracked=True)) for name in segments]
+    for name, unlink in unlinks + [(name, functools.partial(unlink_orphan_semaphore, name)) for name in semaphores]:
         try:
-            unlink_orphan(name, tracked=True)
+            unlink()
         except OSError as exc:
             refused.append(f"{name} ({exc.strerror or exc})")
     if refused:
         try:
             os.write(2, f"multitables: reader {os.getpid()}, its consumer gone, could not unlink its shared memory "
-                        f"segments {', '.join(refused)} from /dev/shm\n".encode(errors="replace"))
+                        f"segments or semaphores {', '.join(refused)} from /dev/shm\n".encode(errors="replace"))
         except OSError:
             pass
 
 
-def reader_main(loop: Callable[..., None], identity: ReaderIdentity, args: tuple[Any, ...], conn: Any) -> None:
-    """Reader process entry point: run ``loop(reader, *args)``; report its exception and exit 1 if it raises."""
+def reader_main(loop: Callable[..., None], identity: ReaderIdentity, sealed: Sealed, conn: Any) -> None:
+    """Reader process entry point: open ``sealed``, ``(barrier, args)``, and run ``loop(reader, *args)``; report its
+    exception and exit 1 if it raises (silent with its consumer gone: nobody reads the report)."""
     ignore_sigint()  # the consumer decides what Ctrl-C does
     # SIGTERM is the consumer's escalation (NOTE [shutdown]): a handler
     # inherited through fork from the user's program must not keep us alive.
@@ -182,6 +212,7 @@ def reader_main(loop: Callable[..., None], identity: ReaderIdentity, args: tuple
     try:  # the watch's start too: under a process limit it fails, and the consumer must hear why
         threading.Thread(target=_end_when_orphaned, args=(reader,), name="multitables-orphan-watch", daemon=True).start()
         limit_threads()
+        reader.barrier, args = sealed.open()  # a name gone: another reader found the consumer dead
         loop(reader, *args)
     except BaseException as exc:
         failed = True
@@ -194,6 +225,6 @@ def reader_main(loop: Callable[..., None], identity: ReaderIdentity, args: tuple
     finally:
         conn.close()
         if not reader.parent_alive():
-            _unlink_left(reader.segments)  # the consumer died, maybe before it could unlink these
+            _unlink_left(reader.segments, identity.semaphores)  # the consumer died, maybe before it could unlink these
     if failed:
         raise SystemExit(1)

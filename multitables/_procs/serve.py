@@ -68,7 +68,6 @@ from .._plan.requests import ReadRows
 from .._shm.inbox import ATTACH, DETACH, LEARN, READ, STOP, InboxSync, Inboxes, Item
 from .._shm.ring import TICK
 from .._shm.segment import Segment
-from .._shm.semaphores import unlink_names
 from .._shm.space import semaphores_for
 from .._shm.stagemap import DONE, FAILED, StageLayout, StageMap
 from .._sys.awake import Eagerness, acquire
@@ -327,10 +326,10 @@ class ServeReaders:
         try:
             settings = ServeSettings(open_kwargs, self._inboxes.segment.name, file_signature, files, store)
             self.pool.start(serve_loop, [(settings, sync, self.channels) for sync in self._syncs], files=files or filename,
-                            segments=(settings.control_name,))
+                            segments=(settings.control_name,),
+                            semaphores=(*self.channels, *(s for sync in self._syncs for s in sync.semaphores)))
             self.pool.wait_attached("start", self._check_broken)
-            # Every reader opened them (NOTE [semaphore names] in ``_shm.semaphores``).
-            unlink_names((*self.pool.attached, *self.channels, *(s for sync in self._syncs for s in sync.semaphores)))
+            self.pool.unlink_semaphores()  # every reader opened them (NOTE [semaphore names] in ``_shm.semaphores``)
         except BaseException:
             self.close()
             raise

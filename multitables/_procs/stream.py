@@ -46,7 +46,6 @@ from .._plan.blocks import BlockPlan, GrowingPlan, RangePlan
 from .._plan.readers import ReadPlan, available_cpus
 from .._shm.layout import RingLayout, RingSync
 from .._shm.ring import WAIT, PeerGone, Ring, TablePlan
-from .._shm.semaphores import unlink_names
 from .._shm.space import check_space, semaphores_for, shared_memory_free
 from ..errors import ReaderError, StreamClosedError
 from .pool import REPORT_TIMEOUT, ReaderPool
@@ -218,11 +217,12 @@ class StreamReaders:
             settings = StreamSettings(
                 replace(spec, dataset=None), open_kwargs, self.ring.segment.name, layout, node_signature(node), sent
             )
-            self.pool.start(stream_loop, [(settings, sync)] * spec.n_procs, files=node.files, segments=(settings.shm_name,))
+            self.pool.start(stream_loop, [(settings, sync)] * spec.n_procs, files=node.files, segments=(settings.shm_name,),
+                            semaphores=sync.semaphores)
             if spec.n_procs < available_cpus():
                 self.ring.allocate_slots()  # NOTE [slots while readers start]: a CPU is left over
             self.pool.wait_attached("start", self.check)
-            unlink_names(self.pool.attached + sync.semaphores)  # every reader opened them (NOTE [semaphore names])
+            self.pool.unlink_semaphores()  # every reader opened them (NOTE [semaphore names])
         except BaseException:
             self.close()
             raise

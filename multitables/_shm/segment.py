@@ -476,13 +476,14 @@ def unlink_orphan(name: str, tracked: bool = False) -> None:
     except FileNotFoundError:
         return
     if tracked:
-        _untrack(name)
+        untrack("/" + name, "shared_memory")
 
 
-def _untrack(name: str) -> None:
-    """Take ``name`` off the resource tracker, unless its lock stays held: a reader forked while a thread of its
-    consumer held it has it held for ever (its own threads take it only here, briefly), and a reader stuck in a read
-    must still end (NOTE [stuck orphans]); nor where this process knows of no tracker (it would start one)."""
+def untrack(name: str, rtype: str) -> None:
+    """Take ``name`` (as the tracker has it: ``/`` first) of type ``rtype`` off the resource tracker, unless its lock
+    stays held: a reader forked while a thread of its consumer held it has it held for ever (its own threads take it
+    only here, briefly), and a reader stuck in a read must still end (NOTE [stuck orphans]); nor where this process
+    knows of no tracker (it would start one)."""
     from multiprocessing import resource_tracker
 
     tracker = getattr(resource_tracker, "_resource_tracker", None)
@@ -491,6 +492,6 @@ def _untrack(name: str) -> None:
         return
     lock.release()
     try:
-        resource_tracker.unregister("/" + name, "shared_memory")
+        resource_tracker.unregister(name, rtype)
     except Exception:  # the tracker gone: nobody to warn
         pass

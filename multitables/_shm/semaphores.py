@@ -22,13 +22,44 @@ NOTE [semaphore names]
     name off the tracker's list and off the exit handlers (an unlink of
     its own would leave both to fail later). A start that fails keeps
     its names for the finalizers: a reader may still be opening them.
-    Names still there when a consumer dies during its readers' start are
-    left to the tracker.
+
+    A consumer killed before that, while its readers start, unlinks
+    nothing: so each reader is handed the names as text too, and one that
+    finds its consumer gone unlinks them (:func:`unlink_orphan_semaphore`)
+    with its segments (NOTE [stuck orphans] in ``_procs.process``). Another
+    reader may then not have opened them yet: a reader opens them in its
+    own code (``_procs.process.Sealed``), not in the unpickling that its
+    start method runs before any code of ours (whose failure printed a
+    traceback), and one that finds a name gone fails with nobody left to
+    hear it. Names made before the first reader started are left to the
+    tracker: nobody else knows them.
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterable
+
+from .segment import untrack
+
+
+def semaphore_names(semaphores: Iterable[Any]) -> tuple[str, ...]:
+    """The names of ``semaphores`` (multiprocessing's) that have one: none under fork (unlinked at creation) or on
+    Windows."""
+    names = (getattr(getattr(sem, "_semlock", None), "name", None) for sem in semaphores)
+    return tuple(name for name in names if name is not None)
+
+
+def unlink_orphan_semaphore(name: str) -> None:
+    """Unlink the semaphore ``name`` that a consumer made and died before it could unlink (a reader's last act: NOTE
+    [semaphore names]), and take it off the resource tracker the reader shares with that consumer; a name gone
+    already is no error (another reader unlinked it)."""
+    from _multiprocessing import sem_unlink
+
+    try:
+        sem_unlink(name)
+    except FileNotFoundError:
+        return
+    untrack(name, "semaphore")
 
 
 def unlink_names(semaphores: Iterable[Any]) -> int:
@@ -39,7 +70,7 @@ def unlink_names(semaphores: Iterable[Any]) -> int:
     import multiprocessing.synchronize  # here: where sem_open is missing, importing it fails, and n_procs=0 needs none
     import multiprocessing.util
 
-    names = {getattr(getattr(sem, "_semlock", None), "name", None) for sem in semaphores} - {None}
+    names = set(semaphore_names(semaphores))
     if not names:  # fork (unlinked at creation) or Windows (no names)
         return 0
     cleanup = getattr(multiprocessing.synchronize.SemLock, "_cleanup", None)

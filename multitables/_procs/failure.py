@@ -36,6 +36,9 @@ class FailureReport:
     filename: str
     path: str
     rows: "tuple[int, int] | None"
+    #: What the reader did, where no dataset is named: "serving" (a Reader's), or "starting to read" (before it had
+    #: what it was sent).
+    doing: str = "serving"
 
     @classmethod
     def from_exception(
@@ -46,6 +49,7 @@ class FailureReport:
         filename: str,
         path: str,
         rows: "tuple[int, int] | None",
+        doing: str = "serving",
     ) -> "FailureReport":
         text = "".join(traceback.format_exception(exc))
         if len(text) > MAX_TRACEBACK:
@@ -63,6 +67,7 @@ class FailureReport:
             filename=filename,
             path=path,
             rows=rows,
+            doing=doing,
         )
 
     def to_exception(self) -> ReaderError:
@@ -79,7 +84,7 @@ class FailureReport:
             tail = f"\n\nOriginal traceback in the reader:\n{self.traceback}"
         else:  # its cause, chained, shows the traceback
             who, tail = f"this process (pid {self.pid}), which reads without reader processes,", ""
-        what = f"reading {where}{self.path!r} in" if self.path or where else "serving"  # a Reader's, before any dataset
+        what = f"reading {where}{self.path!r} in" if self.path or where else self.doing
         text = f"Caught {short_name} in {who} while {what} {self.filename!r}: {self.message}{tail}"
         exc = ReaderError.like(self.exc_type_name, text)
         exc.reader_index = self.reader_index

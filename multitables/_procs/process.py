@@ -152,6 +152,7 @@ class ReaderProcess:
                 self.identity.filename,
                 self.path if path is None else path,
                 self.rows if path is None else rows,
+                "serving" if self.barrier is not None else "starting to read",  # before its arguments were unpickled
             )
         except BaseException:  # pragma: no cover - formatting the traceback failed
             return

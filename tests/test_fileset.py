@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -342,6 +344,60 @@ def test_a_file_open_in_a_set_costs_one_descriptor_hints_included(
     finally:
         source.close()
     assert sum(fds_on(f) for f in files) == 0
+
+
+@pytest.mark.parametrize("engine", ["chunks", "h5py", "tables"])
+def test_a_hint_over_many_whole_files_opens_none_and_their_read_opens_each_once(
+    tmp_path: Path, no_leaks: None, engine: str
+) -> None:
+    """A block over more small files than stay open was hinted by opening each file through HDF5, closed again before
+    the read, which opened each once more. A file the hint covers whole is hinted by name (its pages reach the cache),
+    and only the files it covers in part are opened for it."""
+    from multitables_bench.cache import evict, resident_fraction
+
+    files, data = write_shards(tmp_path, [6] * 12, ["zlib"], chunk=3)
+    node = inspect_files(tuple(map(str, files)), "/data")
+    opened: list[str] = []
+
+    def open_part(part: Any) -> Any:
+        opened.append(part.filename)
+        return open_source(engine, part, {})
+
+    source = SetSource(node, engine, open_part)
+    try:
+        for f in files:
+            evict(f)
+        source.prefetch(0, len(data))
+        assert opened == []
+        assert all(resident_fraction(f) == 1.0 for f in files)
+        out = np.empty((len(data), ROW), np.float32)
+        source.read_into(0, len(data), out)
+        assert np.array_equal(out, data)
+        assert opened == list(map(str, files))
+        source.prefetch(3, 9)  # two files in part: each opened, its source hinting just those rows
+        assert opened[len(files):] == [str(files[0]), str(files[1])], opened
+    finally:
+        source.close()
+
+
+def test_a_set_of_thousands_of_files_streams_under_a_low_open_file_limit(tmp_path: Path) -> None:
+    """3,000 files of a set streamed by readers under ``ulimit -n 256``: each reader keeps a few open, hints
+    included (a hint by name holds a descriptor only while it is made)."""
+    import h5py
+
+    for i in range(3000):
+        with h5py.File(tmp_path / f"s{i:04d}.h5", "w") as f:
+            f.create_dataset("data", data=np.full(10, i, "<i4"), chunks=(5,), compression="gzip")
+    script = (
+        "import resource, sys, numpy as np, multitables\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+        "for n_procs in (0, 2):\n"
+        "    got = np.array(list(multitables.Streamer(sys.argv[1]).get_generator('/data', n_procs=n_procs, ordered=True)))\n"
+        "    assert np.array_equal(got, np.repeat(np.arange(3000), 10)), n_procs\n"
+        "print('ok')\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "s*.h5")], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
 
 
 def test_readers_of_many_files_hold_few_open(tmp_path: Path, no_leaks: None) -> None:

@@ -472,7 +472,7 @@ def _open_set(engine: str, node: NodeInfo, open_kwargs: dict[str, Any], cache: s
     file found changed stops (as :class:`SetSource` takes it)."""
     shared = ScratchBuffer()
     return SetSource(node, engine, lambda part: open_source(engine, part, open_kwargs, cache=cache, scratch=shared),
-                     since=since)
+                     since=since, hints=cache == "page")
 
 
 def open_rows(engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]") -> Rows:

@@ -261,3 +261,20 @@ def check_regular(filename: str) -> FileSignature:
             f"file allows"
         )
     return _signature_of(st)
+
+
+def will_need_file(filename: str) -> None:
+    """Start reading the whole of a local file into the page cache (``POSIX_FADV_WILLNEED``), with no HDF5 open;
+    returns at once. A hint: a file that cannot be opened now is not hinted, and its read says why."""
+    if not hasattr(os, "posix_fadvise"):  # pragma: no cover - not Linux
+        return
+    try:  # non-blocking: a path swapped for a FIFO since it was checked must not wait for a writer
+        fd = os.open(filename, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+    except OSError:  # pragma: no cover - a filesystem without readahead
+        pass
+    finally:
+        os.close(fd)

@@ -54,7 +54,8 @@ import numpy as np
 
 from ..errors import EmptyDatasetError, NotHDF5Error
 from .._sys.forks import renew_lock_in_children
-from .files import STREAMED, FileSignature, GrowingFile, as_filename, check_file_unchanged, check_regular, file_signature, from_root, settled
+from .files import (STREAMED, FileSignature, GrowingFile, as_filename, check_file_unchanged, check_regular, file_signature,
+                    from_root, settled, will_need_file)
 from .node import NodeInfo, Part, check_file, close_dataset, open_node, refuse_empty
 from .objects.config import Store, make_store
 from .objects.hdf5 import check_hdf5
@@ -403,12 +404,14 @@ class SetSource:
     """Reads rows of a set (NOTE [file sets]) through one engine source per file, at most ``max_open`` open at once.
 
     ``open_part(node)`` opens a part's file and returns its ``Source``. ``since``: what a file found changed stops, in
-    :func:`~.files.check_file_unchanged`'s words (a stream's reads; ``REQUESTED``: a Reader's requests).
+    :func:`~.files.check_file_unchanged`'s words (a stream's reads; ``REQUESTED``: a Reader's requests). ``hints``:
+    whether a file not open may be hinted whole by name (read through the page cache, not ``O_DIRECT``).
     """
 
     def __init__(self, node: NodeInfo, engine: str, open_part: "Callable[[NodeInfo], Any]", max_open: int = MAX_OPEN,
-                 since: str = STREAMED) -> None:
+                 since: str = STREAMED, hints: bool = True) -> None:
         assert node.parts, "a SetSource reads a set"
+        self._hints = hints
         self._since = since
         self.engine = engine
         self._parts = node.parts
@@ -470,6 +473,12 @@ class SetSource:
 
     def prefetch(self, start: int, stop: int) -> None:
         for i, a, b in self._pieces(start, stop):
+            node = self._parts[i].node
+            if self._hints and i not in self._open and b - a == node.n_rows and node.remote is None:
+                # All its rows: the whole file, hinted by name. An HDF5 open for the hint would be closed (at most
+                # max_open stay open) before a block over many small files is read, which opens each file again.
+                will_need_file(node.filename)
+                continue
             try:
                 source = self._source(i)
             except Exception:  # noqa: BLE001 - a hint: the read of these rows opens the file again and says why, naming them
@@ -487,13 +496,4 @@ class SetSource:
     def close(self) -> None:
         while self._open:
             self._open.popitem(last=False)[1].close()
-
-
-def part_of_row(node: NodeInfo, row: int) -> "tuple[str, int]":
-    """The file holding row ``row`` of ``node``, and the row's index in that file (for error messages)."""
-    if not node.parts:
-        return node.filename, row
-    i = bisect_right([p.offset for p in node.parts], row) - 1
-    part = node.parts[max(i, 0)]
-    return part.node.filename, row - part.offset
 

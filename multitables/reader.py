@@ -55,7 +55,9 @@ class Reader:
         PyTables runs on one file, are refused on a set).
     n_procs : int, optional
         Reader processes reading requests; default: the CPUs this process may
-        use, and at most 4 per CPU (:attr:`n_procs` says how many run). A large
+        use (in a pool's worker, its share of them among the pool's workers,
+        and none where that is one CPU), and at most 4 per CPU
+        (:attr:`n_procs` says how many run). A large
         request is split among them, so they decode in parallel. ``0`` reads
         each request in this process, in the thread that makes it, before
         :meth:`request` returns (the default in a daemonic process, such as a

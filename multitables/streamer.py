@@ -260,8 +260,9 @@ class Streamer:
             Reader processes; 0 reads the blocks in this process. Default: the
             CPUs this process may use (those it may run on, at most its
             container's CPU quota, its share where torchrun started several
-            ranks on the machine), or none at all when starting them would
-            cost more than they save: small datasets, one CPU, the fork
+            ranks on the machine or a pool several workers), or none at all
+            when starting them would cost more than they save: small
+            datasets, one CPU, the fork
             server's first start (NOTE [read plan] in
             ``multitables._plan.readers``, NOTE [fork server] in
             ``multitables._sys.forks``). Capped at 4 per usable CPU

@@ -201,3 +201,85 @@ def test_the_plan_travels_whole_to_the_readers(rows_file: Path) -> None:
     spec = StreamSpec(node, "chunks", plan_stream(DatasetShape.of(node), "chunks", Machine(2, "fork"), n_procs=2))
     settings = pickle.loads(pickle.dumps(StreamSettings(spec, {}, "name", None)))
     assert settings.spec == spec and settings.spec.read.n_procs == 2
+
+
+# -- NOTE [pool workers]: a pool's worker counts its share of the CPUs -------------------------------------------------
+
+
+def test_a_pool_workers_defaults_count_its_share_of_the_cpus() -> None:
+    """The defaults count ``cpus // workers``; a Reader's starts none on a share of one CPU; ``n_procs`` given is
+    taken as asked, capped as before (at 4 per CPU of the machine's)."""
+    zlib = DatasetShape(64_000_000, 4096, 256, (1,))
+    for siblings, share in [(0, 16), (1, 8), (3, 4), (7, 2), (15, 1), (40, 1)]:
+        worker = Machine(16, "fork", siblings=siblings)
+        assert worker.share == share
+        assert plan_requests(None, worker) == (share if share > 1 else 0)
+        assert plan_stream(zlib, "h5py", worker).n_procs == (share if share > 1 else 0)
+        assert plan_requests(3, worker) == 3 and plan_requests(1000, worker) == 64
+        assert plan_stream(zlib, "h5py", worker, n_procs=5).n_procs == 5
+    assert plan_requests(None, Machine(1, "fork")) == 1  # a main process on one CPU: as before
+
+
+def _meet(folder: str, stage: str, workers: int) -> None:
+    """Wait until ``workers`` processes reached ``stage`` (a file each: a Manager's barrier would be one more worker)."""
+    import os
+    import time
+
+    Path(folder, f"{stage}-{os.getpid()}").touch()
+    deadline = time.monotonic() + 120
+    while sum(name.startswith(stage) for name in os.listdir(folder)) < workers:
+        assert time.monotonic() < deadline, f"not every worker reached {stage}"
+        time.sleep(0.01)
+
+
+def _defaults_in_a_worker(path: str, folder: str, workers: int) -> "tuple[int, int, int, int]":
+    """In a pool's worker, once every worker runs a task: a Reader's default readers, a Reader's asked for, a stream's
+    default readers, and the worker's siblings."""
+    from multitables._sys.siblings import pool_siblings
+
+    _meet(folder, "started", workers)
+    siblings = pool_siblings()
+    with multitables.Reader(path) as default, multitables.Reader(path, n_procs=1) as asked:
+        n_default, n_asked = default.n_procs, asked.n_procs
+    with multitables.Streamer(path).get_queue("/x") as queue:
+        n_stream = queue.n_procs
+    _meet(folder, "done", workers)  # no worker done (and gone) while another counts
+    return n_default, n_asked, n_stream, siblings
+
+
+def _in_a_pool(path: "Path | str", workers: int, method: str) -> "list[tuple[int, int, int, int]]":
+    import multiprocessing
+    import tempfile
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context(method)
+    with tempfile.TemporaryDirectory() as folder, ProcessPoolExecutor(workers, mp_context=context) as pool:
+        return list(pool.map(_defaults_in_a_worker, [str(path)] * workers, [folder] * workers, [workers] * workers))
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_reader_in_a_pool_of_a_worker_per_cpu_reads_in_the_worker(rows_file: Path, method: str, no_leaks: None) -> None:
+    """``ProcessPoolExecutor(max_workers=cpus)``: each worker's Reader started a reader per CPU, priced at nothing,
+    as many readers per CPU as CPUs. Now it reads in the worker, and a stream's default too; asked for, it starts
+    them. In the main process, a reader per CPU, as before. (The fork server, which outlives its pool, runs in a
+    process of its own.)"""
+    import subprocess
+    import sys
+
+    cpus, workers = planner.available_cpus(), max(planner.available_cpus(), 2)
+    with multitables.Reader(rows_file) as main:
+        assert main.n_procs == planner.cap_readers(cpus, None, cpus)
+    script = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); from test_read_plan import _in_a_pool; " \
+             f"print(_in_a_pool({str(rows_file)!r}, {workers}, {method!r}))"
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == repr([(0, 1, 0, workers - 1)] * workers)
+
+
+def test_a_pools_workers_share_the_cpus(rows_file: Path, monkeypatch: pytest.MonkeyPatch, no_leaks: None) -> None:
+    """Forked workers of a machine of 4 CPUs whose readers always pay: 2 workers start 2 readers each by default, a
+    lone worker 4, as the main process."""
+    monkeypatch.setattr(costs, "START_COST_S", {"fork": 0.0, "forkserver": 0.0, "spawn": 0.0})
+    monkeypatch.setattr(planner, "available_cpus", lambda: 4)
+    assert _in_a_pool(rows_file, 2, "fork") == [(2, 1, 2, 1)] * 2
+    assert _in_a_pool(rows_file, 1, "fork") == [(4, 1, 4, 0)]

@@ -4,10 +4,13 @@ Readers cost what starting them costs (:data:`START_COST_S`, by start method) an
 one-core read and of a transform's work (timed on its first rows), ``n`` being the readers that can work at once:
 the CPUs, or the dataset's chunks of rows where they are fewer (a block is whole chunks: :func:`parallel_cpus`). The one-core read time comes from a table of rates by
 filter and engine, or from a rate the chunk engine measured on the dataset's first chunks where the answer turns on
-it; such a sample is small beside the dataset or not taken (:func:`rate_sample_rows`).
+it; such a sample is small beside the dataset or not taken (:func:`rate_sample_rows`). Readers that pay are shared
+among datasets read together in proportion to their bytes (:func:`split_readers`).
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 #: What it costs to start the readers and see the first block (s), by start method: 2 readers on a 4 MiB file, a
 #: fresh process's first stream, on the 2-core development machine idle and beside two busy processes: fork
@@ -111,3 +114,37 @@ def rate_sample_rows(n_rows: int, row_nbytes: int, chunk_rows: "int | None") -> 
         return 0
     want = min(RATE_SAMPLE_BYTES, int(nbytes * RATE_SAMPLE_SHARE))
     return min(n_rows, unit * -(-want // unit_nbytes))
+
+
+def split_readers(nbytes: Sequence[int], pays: Sequence[bool], n_procs: "int | None", cpus: int) -> list[int]:
+    """Reader processes per dataset: shared in proportion to bytes, small datasets read in-process.
+
+    ``pays[i]`` says whether readers can pay for dataset ``i`` at all
+    (:func:`parallel_pays`). ``n_procs=None`` shares ``cpus`` among those; if
+    there are none, everything is read in-process. An explicit ``n_procs`` is
+    shared the same way, and goes to the largest dataset when none pays.
+    """
+    n = len(nbytes)
+    if n_procs == 0:
+        return [0] * n
+    total = cpus if n_procs is None else n_procs
+    big = [i for i in range(n) if pays[i]]
+    if not big:
+        if n_procs is None:
+            return [0] * n
+        big = [max(range(n), key=lambda i: nbytes[i])]
+    big.sort(key=lambda i: -nbytes[i])
+    big = big[:total]  # more big datasets than processes: the largest get one each
+    weight = sum(nbytes[i] for i in big) or 1
+    out = [0] * n
+    for i in big:
+        out[i] = 1
+    # Largest remainders: hand out what is left beyond one each, in proportion to bytes.
+    spare = total - len(big)
+    shares = {i: spare * nbytes[i] / weight for i in big}
+    for i in big:
+        out[i] += int(shares[i])
+    left = spare - sum(int(x) for x in shares.values())
+    for i in sorted(big, key=lambda i: -(shares[i] - int(shares[i])))[:left]:
+        out[i] += 1
+    return out

@@ -10,7 +10,8 @@ NOTE [read plan]
 
     The rules, the same for every face:
 
-    * readers: by default, the usable CPUs where they pay (they save what they cost with a margin,
+    * readers: by default, the usable CPUs (a pool worker's share of them: NOTE [pool workers] in ``_sys.siblings``)
+      where they pay (they save what they cost with a margin,
       ``_plan.costs``; never on stored bytes, whose reading is a copy either way, unless a transform runs on them),
       else none. What they save is the one-core time of the read and of a transform (its time a row, timed on its
       first rows in the consumer, times the rows of a pass: ``DatasetShape.transform_row_s``), less what one of as
@@ -61,9 +62,11 @@ from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from .._sys.cgroups import cpu_quota, cpuset_size
+from .._sys.siblings import pool_siblings
 from .._sys.forks import forgone_so_far, running_forkserver, server_ready, start_method as default_start_method
 from .blocks import MiB, BlockPlan, GrowingPlan, RangePlan, chunk_part
-from .costs import MARGIN, RATE_SPREAD, parallel_cpus, parallel_pays, rate_sample_rows, saved_s, start_cost, table_rate
+from .costs import (MARGIN, RATE_SPREAD, parallel_cpus, parallel_pays, rate_sample_rows, saved_s, split_readers, start_cost,
+                    table_rate)
 from .room import SHM_SHARE, fewest_slots, readers_that_fit
 from .subset import default_subset_block
 
@@ -104,18 +107,27 @@ class Machine:
     #: library started runs, and the seconds streams forwent while none ran (0 where another's runs).
     server_ready: bool = False
     forgone_s: float = 0.0
+    #: Other live workers of the pool that started this process, on the same CPUs (NOTE [pool workers] in
+    #: ``_sys.siblings``); 0 outside a pool.
+    siblings: int = 0
 
     @classmethod
     def here(cls, start_method: "str | None" = None) -> "Machine":
         """This process's machine; ``start_method`` None: multiprocessing's default."""
         method = default_start_method(start_method)
         daemon = bool(multiprocessing.current_process().daemon)
+        siblings = 0 if daemon else pool_siblings()  # a daemonic worker's defaults start no reader anyway
         if method != "forkserver":
-            return cls(available_cpus(), method, daemon)
+            return cls(available_cpus(), method, daemon, siblings=siblings)
         # What streams forwent buys a server of ours only where none runs: one started elsewhere lacks the readers'
         # modules, and each start from it imports them (0.26 s a stream here, against a fork's 0.011).
         forgone = forgone_so_far() if running_forkserver() is None else 0.0
-        return cls(available_cpus(), method, daemon, server_ready(), forgone)
+        return cls(available_cpus(), method, daemon, server_ready(), forgone, siblings)
+
+    @property
+    def share(self) -> int:
+        """The CPUs the defaults count on: this process's share of ``cpus`` among its pool's workers, at least one."""
+        return max(1, self.cpus // (self.siblings + 1))
 
     def start_cost(self) -> float:
         """Seconds starting readers costs here (``_plan.costs.start_cost``)."""
@@ -252,7 +264,7 @@ def rate_decides(shape: DatasetShape, engine: str, machine: Machine, looped: boo
     :data:`RATE_SPREAD` either way would change the answer, or what a stream forgoes while the fork server is yet to
     start (:func:`would_save_s`). Only then is the rate worth measuring. ``looped``: read as many times as a loop
     runs (batches' epochs: NOTE [readers bought] in ``_train.feed``), so that it may turn on the rate at any size."""
-    cpus = parallel_cpus(machine.cpus, shape.n_rows, shape.chunk_rows)
+    cpus = parallel_cpus(machine.share, shape.n_rows, shape.chunk_rows)
     if shape.remote or cpus < 2 or machine.daemon or not shape.filter_ids or shape.transformed:
         return False
     if not rate_sample_rows(shape.n_rows, shape.row_nbytes, shape.chunk_rows):  # chunks too large to sample: the table
@@ -277,13 +289,13 @@ def default_readers(
     if machine.daemon:
         return 0
     if shape.remote:
-        many = max(REMOTE_READERS_PER_CPU * machine.cpus, REMOTE_MIN_READERS)
+        many = max(REMOTE_READERS_PER_CPU * machine.share, REMOTE_MIN_READERS)
         return many if shape.nbytes > 2 * REMOTE_BLOCK_BYTES else 0
-    cpus = parallel_cpus(machine.cpus, shape.n_rows, shape.chunk_rows)
+    cpus = parallel_cpus(machine.share, shape.n_rows, shape.chunk_rows)
     transform_s = shape.transform_row_s * (shape.n_rows if n_rows is None else n_rows) * passes
     pays = parallel_pays(shape.nbytes * passes, shape.filter_ids, machine.start_cost(), cpus, engine, transform_s,
                          shape.decode_rate)
-    return machine.cpus if pays else 0
+    return machine.share if pays else 0
 
 
 def would_save_s(shape: DatasetShape, engine: str, machine: Machine) -> float:
@@ -294,7 +306,7 @@ def would_save_s(shape: DatasetShape, engine: str, machine: Machine) -> float:
     ready = replace(machine, server_ready=True)
     if not default_readers(shape, engine, ready):
         return 0.0
-    cpus = parallel_cpus(machine.cpus, shape.n_rows, shape.chunk_rows)
+    cpus = parallel_cpus(machine.share, shape.n_rows, shape.chunk_rows)
     rate = shape.decode_rate or table_rate(shape.filter_ids, engine)
     return saved_s(shape.nbytes, rate, cpus, shape.transform_row_s * shape.n_rows) - ready.start_cost()
 
@@ -450,7 +462,7 @@ def plan_batches(
     nbytes = [s.nbytes for s in shapes]
     pays = [default_readers(s, e, machine, passes, n_rows) > 0 for s, e in zip(shapes, engines)]
     n_blocks = -(-n_rows // block_size)
-    cpus = machine.cpus * (REMOTE_READERS_PER_CPU if any(s.remote for s in shapes) else 1)
+    cpus = machine.share * (REMOTE_READERS_PER_CPU if any(s.remote for s in shapes) else 1)
     readers = [cap_readers(n, n_blocks, machine.cpus) for n in split_readers(nbytes, pays, n_procs, cpus)]
     if n_procs is None and read_ahead is None and shm_free is not None:  # the blocks stay: fewer readers (NOTE [read plan])
         readers = readers_that_fit(readers, [block_size * s.row_nbytes for s in shapes], shm_free)
@@ -460,40 +472,10 @@ def plan_batches(
 
 
 def plan_requests(n_procs: "int | None", machine: Machine) -> int:
-    """Readers of a Reader, which serves requests of any size on any dataset of its file: the CPUs by default, capped;
-    by default none in a daemonic process, which may start none (0: read in the consumer, as a stream's)."""
-    if n_procs is None and machine.daemon:
+    """Readers of a Reader, which serves requests of any size on any dataset of its file: by default its CPUs
+    (``Machine.share``: a pool worker's share), capped. No size to price their start against, so by default none
+    where they cannot pay whatever the requests: in a daemonic process, which may start none, and in a pool's worker
+    whose share is one CPU, where a reader only takes turns with it (0: read in the consumer, as a stream's)."""
+    if n_procs is None and (machine.daemon or (machine.siblings and machine.share < 2)):
         return 0
-    return cap_readers(machine.cpus if n_procs is None else n_procs, None, machine.cpus)
-
-
-def split_readers(nbytes: Sequence[int], pays: Sequence[bool], n_procs: "int | None", cpus: int) -> list[int]:
-    """Reader processes per dataset: shared in proportion to bytes, small datasets read in-process.
-
-    ``pays[i]`` says whether readers can pay for dataset ``i`` at all (:func:`parallel_pays`). ``n_procs=None``
-    shares ``cpus`` among those; if there are none, everything is read in-process. An explicit ``n_procs`` is shared
-    the same way, and goes to the largest dataset when none pays."""
-    n = len(nbytes)
-    if n_procs == 0:
-        return [0] * n
-    total = cpus if n_procs is None else n_procs
-    big = [i for i in range(n) if pays[i]]
-    if not big:
-        if n_procs is None:
-            return [0] * n
-        big = [max(range(n), key=lambda i: nbytes[i])]
-    big.sort(key=lambda i: -nbytes[i])
-    big = big[:total]  # more big datasets than processes: the largest get one each
-    weight = sum(nbytes[i] for i in big) or 1
-    out = [0] * n
-    for i in big:
-        out[i] = 1
-    # Largest remainders: hand out what is left beyond one each, in proportion to bytes.
-    spare = total - len(big)
-    shares = {i: spare * nbytes[i] / weight for i in big}
-    for i in big:
-        out[i] += int(shares[i])
-    left = spare - sum(int(x) for x in shares.values())
-    for i in sorted(big, key=lambda i: -(shares[i] - int(shares[i])))[:left]:
-        out[i] += 1
-    return out
+    return cap_readers(machine.share if n_procs is None else n_procs, None, machine.cpus)

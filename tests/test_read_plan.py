@@ -266,10 +266,12 @@ def test_a_reader_in_a_pool_of_a_worker_per_cpu_reads_in_the_worker(rows_file: P
     import subprocess
     import sys
 
-    cpus, workers = planner.available_cpus(), max(planner.available_cpus(), 2)
+    cpus = planner.available_cpus()
     with multitables.Reader(rows_file) as main:
         assert main.n_procs == planner.cap_readers(cpus, None, cpus)
-    script = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); from test_read_plan import _in_a_pool; " \
+    workers = 2  # the pool's process on at most 2 CPUs (its affinity, which its workers inherit): a worker per CPU
+    script = f"import os, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); from test_read_plan import _in_a_pool; " \
+             f"os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2]); " \
              f"print(_in_a_pool({str(rows_file)!r}, {workers}, {method!r}))"
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]

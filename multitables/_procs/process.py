@@ -43,6 +43,7 @@ from typing import Any, Callable, Iterable
 from .._io.engines import limit_threads
 from .._shm.segment import unlink_orphan
 from .._shm.semaphores import unlink_orphan_semaphore
+from .._sys.siblings import stat_fields
 from .._sys.signals import ignore_sigint
 from .failure import FailureReport
 
@@ -53,13 +54,11 @@ PARENT_CHECK_INTERVAL = 0.5
 def process_start_time(pid: int) -> "str | None":
     """The kernel's start time of ``pid`` (tells a live process from a reused pid); None if gone or unknown."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
+        fields = stat_fields(pid)
     except FileNotFoundError:
         return None
     except OSError:  # no procfs, or no fd free (EMFILE: a reader inherits a consumer's table near its limit)
         return "?"
-    fields = stat[stat.rindex(b")") + 2 :].split()
     if fields[0] == b"Z":  # a zombie: dead, not yet reaped
         return None
     return fields[19].decode()

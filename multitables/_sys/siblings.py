@@ -60,13 +60,19 @@ def _children(pid: int) -> "list[int] | None":
     return [child for child in found if _parent(child) == pid]  # not a zombie, nor a pid reused meanwhile
 
 
+def stat_fields(pid: int) -> "list[bytes]":
+    """The fields of ``/proc/PID/stat`` after the process's name (which may hold spaces and parentheses), from its
+    state on; ``OSError`` where it cannot be read (``FileNotFoundError``: gone)."""
+    with open(f"{PROC}/{pid}/stat", "rb") as f:
+        stat = f.read()
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
 def _parent(pid: int) -> "int | None":
     try:
-        with open(f"{PROC}/{pid}/stat", "rb") as f:
-            stat = f.read()
+        fields = stat_fields(pid)
     except OSError:  # gone meanwhile, or not ours to read
         return None
-    fields = stat[stat.rfind(b")") + 2 :].split()  # after the name, which may hold spaces and parentheses
     return int(fields[1]) if len(fields) > 1 and fields[0] != b"Z" else None  # a zombie works no more
 
 

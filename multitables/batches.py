@@ -336,21 +336,19 @@ class Batches(Closing, Generic[BatchT]):
         ``multitables._train.resume``). A state saved at another world size goes on with the rows of that epoch no
         rank delivered yet, shared among this world's ranks (NOTE [elastic resume] in ``multitables._plan.epoch``).
         """
-        check_identity(state.get("identity"), self._identity, self._stream.options.named)  # before anything moves
-        epoch, batch, world, step, elastic, epochs_here = read_state(state, self._settings, self._rows.rows.key())
-        if world != self.world_size:
-            elastic, batch = elastic + [(world, batch)], 0
+        self._go_to(self._position_of(state))
+
+    def _position_of(self, state: dict[str, Any]) -> "tuple[int, int, int, list[tuple[int, int]], int]":
+        """Where ``state`` goes (``read_state``'s answer); ``ValueError`` where it may not be loaded here, before
+        anything moves (a mix checks every source's state so before any source moves)."""
+        check_identity(state.get("identity"), self._identity, self._stream.options.named)
+        return read_state(state, self._settings, self._rows.rows.key())
+
+    def _go_to(self, position: "tuple[int, int, int, list[tuple[int, int]], int]") -> None:
+        """Go to a position :meth:`_position_of` gave."""
         self._current.end(by="load_state_dict")
         self._carry = None  # its epoch's plan may differ now (an elastic resume)
-        self._epoch, self._batch, self._elastic = epoch, 0, elastic
-        self._step = step  # the step goes on from where it was, at any world size
-        settings, _rows = self._epoch_plan(epoch)
-        if settings is None or batch == settings.n_batches:  # every row of the epoch was delivered: on to the next
-            self._epoch, self._elastic = epoch + 1, []
-        elif batch > settings.n_batches:
-            raise ValueError(f"batch={batch} is beyond the {settings.n_batches} batches of that epoch")
-        else:
-            self._batch = batch
+        self._epoch, self._batch, self._step, self._elastic, epochs_here = position
         self._buy_readers(self._feed.resume(epochs_here))
 
     def __reduce__(self) -> Any:  # a copy would share the feed and position; pickle would fail on a weakref

@@ -227,3 +227,32 @@ def test_per_row_refuses_sources_that_cannot_share_a_batch(tmp_path: Path, row_s
     by_batch = row_sources()[0].state_dict()
     with pytest.raises(ValueError, match="another mix"):
         multitables.mix_batches(row_sources()[1], [0.5, 0.3, 0.2]).load_state_dict(by_batch)
+
+
+@pytest.mark.parametrize("per", ["batch", "row"])
+@pytest.mark.parametrize("refused", ["another seed", "a batch beyond its epoch"])
+def test_a_refused_load_leaves_every_source_and_the_mix_where_they_were(tmp_path: Path, refused: str, per: str) -> None:
+    """Source 1 refuses its part of the state after source 0's was found good: neither source, nor the mix, moves."""
+    a = multitables.Streamer(write(tmp_path / "a.h5", 700, 1))
+    b = multitables.Streamer(write(tmp_path / "b.h5", 300, 2))
+
+    def make(seed_b: int) -> "multitables.MixedBatches":
+        return multitables.mix_batches([a.get_batches("/y", batch_size=50, seed=1, n_procs=0),
+                                        b.get_batches("/y", batch_size=50, seed=seed_b, n_procs=0)], [0.7, 0.3], seed=4, per=per)
+
+    saved = make(2)
+    for _ in zip(range(9), saved):
+        pass
+    state = json.loads(json.dumps(saved.state_dict()))
+    if refused == "a batch beyond its epoch":
+        state["sources"][1]["batch"] = 99  # 300 rows are 6 batches
+    other = make(3 if refused == "another seed" else 2)
+    head = [batch.copy() for _, batch in zip(range(3), other)]
+    before = other.state_dict()
+    with pytest.raises(ValueError, match=r"(seed=2 \(here 3\)|batch=99 is beyond the 6)"):
+        other.load_state_dict(state)
+    assert other.state_dict() == before
+    whole = [batch.copy() for _, batch in zip(range(8), make(3 if refused == "another seed" else 2))]
+    rest = [batch.copy() for _, batch in zip(range(5), other)]  # it goes on from where it was
+    for got, want in zip(head + rest, whole, strict=True):
+        np.testing.assert_array_equal(got, want)

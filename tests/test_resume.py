@@ -139,3 +139,17 @@ def test_a_download_of_the_objects_resumes_where_the_objects_stopped(rangesrv, o
     changed = multitables.Streamer([str(p) for p in local[:2]] + [urls[0]]).get_batches("/y", **kw)
     with pytest.raises(ValueError, match=r"/y: file 2 \(shard-0.h5, the state's shard-2.h5\) has 7000 rows"):
         changed.load_state_dict(state)
+
+
+def test_a_batch_beyond_its_epoch_is_refused_before_the_position_moves(tmp_path: Path) -> None:
+    files = write_set(tmp_path / "d", [0, 600])
+    state, _rest = saved_mid_epoch(files, paths=("/y",))
+    b = multitables.Streamer(files).get_batches("/y", **{**KW, "n_procs": 0})
+    head = [y.copy() for _, y in zip(range(2), b)]
+    before = b.state_dict()
+    with pytest.raises(ValueError, match="batch=99 is beyond the 12 batches of that epoch"):
+        b.load_state_dict({**state, "batch": 99, "step": 99})
+    assert b.state_dict() == before
+    whole = [y.copy() for _, y in zip(range(5), multitables.Streamer(files).get_batches("/y", **{**KW, "n_procs": 0}))]
+    for got, want in zip(head + [y.copy() for _, y in zip(range(3), b)], whole, strict=True):
+        np.testing.assert_array_equal(got, want)

@@ -270,10 +270,11 @@ def rest_of_epoch(
 
 def read_state(
     state: "dict[str, Any]", settings: EpochSettings, subset: Any
-) -> "tuple[int, int, int, int, list[tuple[int, int]], int]":
-    """``(epoch, batch, world_size, step, elastic segments, epochs_here)`` of a Batches' saved ``state``;
-    ``ValueError`` unless it was saved with the order of ``settings`` (and of ``subset``, its key) at any world size
-    (NOTE [elastic resume]). ``epochs_here`` (0 in a state without it) does not touch the order."""
+) -> "tuple[int, int, int, list[tuple[int, int]], int]":
+    """``(epoch, batch, step, elastic segments, epochs_here)`` where a Batches' saved ``state`` goes on, at the world
+    size of ``settings`` (an epoch whose rows were all delivered: the next); ``ValueError`` unless it was saved with
+    the order of ``settings`` (and of ``subset``, its key) at any world size (NOTE [elastic resume]), or where its
+    batch is beyond its epoch. ``epochs_here`` (0 in a state without it) does not touch the order."""
     missing = [k for k in ("epoch", "batch", *ORDER_KEYS) if k not in state]
     if missing:
         raise ValueError(f"not a state of Batches: missing {missing}")
@@ -298,4 +299,11 @@ def read_state(
                              f"of {replace(settings, world_size=max(w, 1)).n_batches}")
     epochs_here = check_int("epochs_here", state.get("epochs_here", 0), 0, allow_none=False)
     assert epochs_here is not None
-    return epoch, batch, world, step, elastic, epochs_here
+    if world != settings.world_size:  # the rest of the epoch, shared among this world's ranks
+        elastic, batch = elastic + [(world, batch)], 0
+    rest, _ = rest_of_epoch(settings, epoch, elastic, None)
+    if rest is None or batch == rest.n_batches:  # every row of the epoch was delivered: on to the next
+        return epoch + 1, 0, step, [], epochs_here
+    if batch > rest.n_batches:
+        raise ValueError(f"batch={batch} is beyond the {rest.n_batches} batches of that epoch")
+    return epoch, batch, step, elastic, epochs_here

@@ -246,14 +246,15 @@ class MixedBatches(Closing, Generic[BatchT]):
                 f"the state was saved for another mix (seed {state.get('seed')!r}, proportions "
                 f"{state.get('proportions')!r}, {len(state.get('sources', []))} sources, per={state.get('per', 'batch')!r})"
             )
-        for i, (source, saved) in enumerate(zip(self._sources, state["sources"])):  # all checked before any moves
-            check_identity(saved.get("identity"), source.state_dict()["identity"], f"source {i}")
-        for source, saved in zip(self._sources, state["sources"]):
-            source.load_state_dict(saved)
+        # Every source's state checked before any source moves (as NOTE [resumed data] asks of one source).
+        positions = [_position(i, source, saved) for i, (source, saved) in enumerate(zip(self._sources, state["sources"]))]
+        skip = [int(n) for n in state["taken"]] if self._per == "row" else [0] * len(self._sources)
+        step = int(state["step"])
+        for source, position in zip(self._sources, positions):
+            source._go_to(position)
         self._iters = [None] * len(self._sources)
         self._held = [None] * len(self._sources)
-        self._skip = [int(n) for n in state["taken"]] if self._per == "row" else [0] * len(self._sources)
-        self._step = int(state["step"])
+        self._skip, self._step = skip, step
 
     def __reduce__(self) -> Any:
         raise TypeError(NOT_COPIED.format(type(self).__name__))
@@ -288,6 +289,16 @@ class MixedBatches(Closing, Generic[BatchT]):
     def __repr__(self) -> str:
         shares = ", ".join(f"{p:.3g}" for p in self._proportions)
         return f"<multitables.MixedBatches of {len(self._sources)} sources ({shares}, per {self._per}) at step {self._step}>"
+
+
+def _position(i: int, source: "Batches[Any]", saved: Any) -> Any:
+    """Where source ``i`` goes with its ``saved`` state, moving nothing; ``ValueError`` naming the source where it may
+    not load it."""
+    check_identity(saved.get("identity"), source.state_dict()["identity"], f"source {i}")
+    try:
+        return source._position_of(saved)
+    except ValueError as e:
+        raise ValueError(f"source {i} refuses its state: {e}") from e
 
 
 class _Closed(Exception):

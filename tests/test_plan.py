@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from multitables._plan.blocks import BlockPlan, RangePlan, ahead
 from multitables._plan.costs import (
-    RATE_SAMPLE_BYTES, RATE_SAMPLE_SHARE, parallel_cpus, parallel_pays, rate_sample_rows, start_cost,
+    RATE_SAMPLE_BYTES, RATE_SAMPLE_SHARE, parallel_cpus, parallel_pays, rate_sample_rows, start_cost, transform_s,
 )
 from multitables._plan.readers import (
     READERS_PER_CPU, SHM_SHARE, DatasetShape, Machine, ReadPlan, cap_readers, default_block_size, default_read_ahead,
@@ -229,6 +229,26 @@ def test_a_transform_is_priced_at_its_time_a_row_over_the_rows_of_the_epochs() -
     assert readers(Machine(cpus=1, start_method="fork"), 1.0) == (0,)  # one CPU: never
     for size in (1000, 1 << 30):  # stored bytes without a transform: a copy either way, at any size
         assert not parallel_pays(size * 24, (), FORK, 64, "h5py") and parallel_pays(size * 24, (), FORK, 2, "h5py", 1.0)
+
+
+def test_a_transforms_time_a_call_is_priced_once_a_block_and_its_time_a_row_once_a_row() -> None:
+    """A sleep of 1 ms a call on 100,000 rows of 24 B: priced a row (as the first 2 rows timed it), 0.5 ms a row, 50 s
+    an epoch; priced a call a block (NOTE [read plan]), 1 ms a block, readers pay only where the blocks are many."""
+    fork = Machine(cpus=2, start_method="fork")
+    shape = DatasetShape(n_rows=100_000, row_nbytes=24, chunk_rows=4096, transformed=True, transform_call_s=1e-3)
+
+    def readers(block_size: "int | None", call_s: float = 1e-3, row_s: float = 0.0) -> "tuple[int, ...]":
+        priced = dataclasses.replace(shape, transform_call_s=call_s, transform_row_s=row_s)
+        return plan_batches([priced], ["h5py"], fork, n_rows=100_000, block_size=block_size).n_procs
+
+    assert readers(None) == (0,)  # the default blocks: 1 call of 1 ms a pass (one block of 2.4 MB)
+    assert readers(4096) == (0,) and readers(4096, call_s=0.05) == (2,)  # 25 calls: 25 ms, or 1.25 s at 50 ms a call
+    assert readers(None, call_s=0.0, row_s=5e-4) == (2,)  # the same per row: 50 s an epoch
+    assert transform_s(1e-6, 1e-3, 100_000, 4096) == pytest.approx(25 * 1e-3 + 0.1)
+    assert transform_s(1e-6, 1e-3, 100_000, None) == pytest.approx(1e-3 + 0.1)  # blocks not known: one
+    fork_server = Machine(cpus=2, start_method="forkserver")  # what a stream forgoes counts the same calls
+    assert would_save_s(dataclasses.replace(shape, transform_call_s=0.05), "h5py", fork_server, 4096) > 0
+    assert would_save_s(dataclasses.replace(shape, transform_call_s=0.05), "h5py", fork_server, 100_000) == 0
 
 
 def test_hints_go_where_the_kernel_would_not_read_ahead_or_a_decode_leaves_the_disk_idle() -> None:

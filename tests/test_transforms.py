@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import h5py
 import numpy as np
@@ -268,6 +269,58 @@ def test_the_default_readers_count_a_transforms_time_on_a_dataset_cheap_to_read(
     with h5py.File(path, "w") as f:
         f.create_dataset("/X", data=np.zeros((n_rows, 3)), chunks=(min(n_rows // 16, 4096), 3))
     with multitables.Streamer(path).get_batches("/X", 100, n_procs=n_procs, transform=transform) as batches:
+        if readers == "some":
+            assert batches.n_procs[0] > 0
+        else:
+            assert batches.n_procs == [readers]
+
+
+class SleepsACall:
+    """A transform whose cost is a call's, whatever its rows (a lock, a launch, a round trip)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        time.sleep(self.seconds)
+        return rows * 2
+
+
+@pytest.mark.parametrize(
+    "call_s, row_s, first_s, jitter, fitted",
+    [(1e-3, 0.0, 0.0, 0.0, (1e-3, 0.0)), (0.0, 1e-5, 0.0, 0.0, (0.0, 1e-5)), (1e-4, 1e-6, 0.0, 0.0, (1e-4, 1e-6)),
+     (1e-4, 1e-6, 0.3, 0.0, (1e-4, 1e-6)), (1e-3, 0.0, 0.0, 2e-4, (1e-3, 0.0))],
+    ids=["a-call", "a-row", "both", "warm-up", "tilted-down"],
+)
+def test_a_line_through_a_small_and_a_large_call_prices_a_call_and_a_row(
+    monkeypatch: pytest.MonkeyPatch, call_s: float, row_s: float, first_s: float, jitter: float, fitted: tuple
+) -> None:
+    """NOTE [transforms]: calls on 2 rows and on more give a call's and a row's time; the first call's warm-up never
+    enters (the lesser of two small calls stands), and a small call slowed by noise, which tilts the line down (the
+    larger call no dearer), prices calls only, at the lesser time, never a negative cost."""
+    from multitables._train import transforms
+
+    took = lambda _options, _node, _found, n: call_s + row_s * n + (jitter if n == 2 else 0.0)  # noqa: E731
+    monkeypatch.setattr(transforms, "_time_call", took)
+    node, found = SimpleNamespace(n_rows=100_000), SimpleNamespace(read_nbytes=24, row_nbytes=24)
+    got = transforms._timed(None, node, found, 2, took(None, None, None, 2) + first_s)
+    assert got == pytest.approx(fitted, abs=1e-9) and min(got) >= 0
+
+
+@pytest.mark.parametrize("call_s, block_size, readers", [(1e-3, None, 0), (1e-3, 4096, 0), (0.05, 4096, "some")],
+                         ids=["1ms-one-block", "1ms-25-blocks", "50ms-25-blocks"])
+def test_a_transforms_time_a_call_is_priced_once_a_block_not_once_a_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call_s: float, block_size: "int | None", readers: "int | str"
+) -> None:
+    """100,000 rows of 24 B, stored: a transform that sleeps 1 ms a call, timed on 2 rows, was priced at 0.5 ms a
+    row, 50 s an epoch, and got readers; it costs a call a block (NOTE [transforms]): 1 ms an epoch in one block,
+    25 ms in 25, which no start of readers is worth. At 50 ms a call, 25 calls are 1.25 s: readers share them."""
+    monkeypatch.setattr("multitables._plan.readers.available_cpus", lambda: 2)  # the same answer on any machine
+    path = tmp_path / "stored.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("/X", data=np.zeros((100_000, 3)), chunks=(4096, 3))
+    with multitables.Streamer(path).get_batches("/X", 100, block_size=block_size, shuffle=False,
+                                                transform=SleepsACall(call_s)) as batches:
         if readers == "some":
             assert batches.n_procs[0] > 0
         else:

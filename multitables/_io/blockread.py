@@ -11,11 +11,12 @@ NOTE [transforms]
     (:meth:`Transform.infer`); the slots are laid out for it, and a later
     call that gives anything else fails with the function's traceback, as
     any error in a reader does. Rows reach it block by block, in file order,
-    before any shuffling; it must map each row on its own. That first call
-    is timed, and a second one on more rows (about 20 ms of them: a call's
-    own overhead spread thin), the lesser time a row standing (the first may
-    pay for an import or a JIT): the plan prices the function's work at it
-    (NOTE [read plan] in ``_plan.readers``). Rows of different
+    before any shuffling; it must map each row on its own. It is timed on
+    the first rows twice (the first call may pay for an import or a JIT:
+    the lesser stands) and on more (about 20 ms of rows), and a line through
+    the two gives its time a call (a sleep, a lock, its own overhead) and a
+    row: the plan prices its work at a call a block and a row a row (NOTE
+    [read plan] in ``_plan.readers``). Rows of different
     sizes (h5py vlen, PyTables VLArray) reach it as an object array, one
     ndarray or bytes a row: NOTE [variable-length rows] in ``_io.vlen``.
 
@@ -251,9 +252,10 @@ class Transform:
     row_shape: tuple[int, ...]
     #: Bytes of a row as read; where rows vary in size, the first rows' mean (NOTE [variable-length rows]).
     read_nbytes: int = 0
-    #: Seconds a row of it takes on one core, timed on the first rows in the consumer (``_train.transforms``); what
-    #: the plan prices it at (NOTE [read plan]). 0: not timed.
+    #: Seconds a row of it takes on one core, and a call beyond its rows' (once a block), fitted to calls on the first
+    #: rows in the consumer (``_train.transforms``); what the plan prices it at (NOTE [read plan]). 0: not timed.
     row_s: float = 0.0
+    call_s: float = 0.0
 
     @property
     def row_nbytes(self) -> int:

@@ -1,11 +1,12 @@
 """Whether reader processes pay, and where that is worth measuring: the cost model of NOTE [read plan] (pure).
 
 Readers cost what starting them costs (:data:`START_COST_S`, by start method) and save at most ``1 - 1/n`` of a
-one-core read and of a transform's work (timed on its first rows), ``n`` being the readers that can work at once:
-the CPUs, or the dataset's chunks of rows where they are fewer (a block is whole chunks: :func:`parallel_cpus`). The one-core read time comes from a table of rates by
-filter and engine, or from a rate the chunk engine measured on the dataset's first chunks where the answer turns on
-it; such a sample is small beside the dataset or not taken (:func:`rate_sample_rows`). Readers that pay are shared
-among datasets read together in proportion to their bytes (:func:`split_readers`).
+one-core read and of a transform's work (timed on its first rows: :func:`transform_s`), ``n`` being the readers
+that can work at once: the CPUs, or the dataset's chunks of rows (or its blocks, where they cut chunks) where fewer
+(:func:`parallel_cpus`). The one-core read time comes from a table of rates by filter and engine, or from a rate the
+chunk engine measured on the dataset's first chunks where the answer turns on it; such a sample is small beside the
+dataset or not taken (:func:`rate_sample_rows`). Where several datasets are read together, readers go to those they
+pay for, in proportion to bytes (:func:`split_readers`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,12 @@ def parallel_pays(
     return saved_s(nbytes, rate or table_rate(filter_ids, engine), n_cpus, transform_s) > margin * start_s
 
 
+def transform_s(row_s: float, call_s: float, n_rows: int, block_size: "int | None") -> float:
+    """One core's seconds of a transform of ``row_s`` a row and ``call_s`` a call (beyond its rows') over ``n_rows``
+    rows in blocks of ``block_size`` (None: one block): a call a block (NOTE [transforms] in ``_io.blockread``)."""
+    return call_s * (-(-n_rows // block_size) if block_size else 1) + row_s * n_rows
+
+
 def table_rate(filter_ids: "tuple[int, ...]", engine: str) -> float:
     """The table's one-core rate (bytes/s) for ``engine`` decoding ``filter_ids``: the slowest filter's."""
     speed = _ENGINE_SPEED.get(engine, {})
@@ -97,11 +104,13 @@ RATE_SAMPLE_BYTES = 512 << 10
 RATE_SAMPLE_SHARE = 1 / 32
 
 
-def parallel_cpus(cpus: int, n_rows: int, chunk_rows: "int | None") -> int:
-    """How many of ``cpus`` readers can decode at once: one per chunk of rows at most (a block is whole chunks)."""
+def parallel_cpus(cpus: int, n_rows: int, chunk_rows: "int | None", block_size: "int | None" = None) -> int:
+    """How many of ``cpus`` readers can work at once: one per chunk of rows at most (a block is whole chunks), or one
+    per block of ``block_size`` rows where blocks cut chunks (each reader reads its rows of one)."""
     if not chunk_rows:
         return cpus
-    return max(1, min(cpus, -(-n_rows // chunk_rows)))
+    unit = block_size if block_size and block_size < chunk_rows else chunk_rows
+    return max(1, min(cpus, -(-n_rows // unit)))
 
 
 def rate_sample_rows(n_rows: int, row_nbytes: int, chunk_rows: "int | None") -> int:
@@ -119,11 +128,9 @@ def rate_sample_rows(n_rows: int, row_nbytes: int, chunk_rows: "int | None") -> 
 def split_readers(nbytes: Sequence[int], pays: Sequence[bool], n_procs: "int | None", cpus: int) -> list[int]:
     """Reader processes per dataset: shared in proportion to bytes, small datasets read in-process.
 
-    ``pays[i]`` says whether readers can pay for dataset ``i`` at all
-    (:func:`parallel_pays`). ``n_procs=None`` shares ``cpus`` among those; if
-    there are none, everything is read in-process. An explicit ``n_procs`` is
-    shared the same way, and goes to the largest dataset when none pays.
-    """
+    ``pays[i]`` says whether readers can pay for dataset ``i`` at all (:func:`parallel_pays`). ``n_procs=None``
+    shares ``cpus`` among those; if there are none, everything is read in-process. An explicit ``n_procs`` is shared
+    the same way, and goes to the largest dataset when none pays."""
     n = len(nbytes)
     if n_procs == 0:
         return [0] * n

@@ -13,9 +13,12 @@ NOTE [read plan]
     * readers: by default, the usable CPUs (a pool worker's share of them: NOTE [pool workers] in ``_sys.siblings``)
       where they pay (they save what they cost with a margin,
       ``_plan.costs``; never on stored bytes, whose reading is a copy either way, unless a transform runs on them),
-      else none. What they save is the one-core time of the read and of a transform (its time a row, timed on its
-      first rows in the consumer, times the rows of a pass: ``DatasetShape.transform_row_s``), less what one of as
-      many readers as can work at once takes (the CPUs, or the chunks of rows where fewer), at the rate the chunk engine measured on the
+      else none. What they save is the one-core time of the read and of a transform (its times a call and a row,
+      fitted to its calls on the first rows in the consumer, times the blocks and the rows of a pass: NOTE
+      [transforms] in ``_io.blockread``; a cost a call is a block's, not a row's), less what one of as many readers as
+      can work at once takes (the CPUs, or the chunks of rows where fewer, or the blocks where they cut a chunk: a
+      dataset in one chunk gets none unless its blocks are smaller, asked for with ``block_size``), at the rate the
+      chunk engine measured on the
       dataset's first chunks in the consumer where the answer turns on it and the sample is small beside the
       dataset (the default of a stream or of batches: ``DatasetShape.decode_rate``, :func:`rate_decides`), else at a
       table's rate; with none the blocks are read in the consumer; an explicit ``n_procs`` is taken as asked (0
@@ -65,8 +68,8 @@ from .._sys.cgroups import cpu_quota, cpuset_size
 from .._sys.siblings import pool_siblings
 from .._sys.forks import forgone_so_far, running_forkserver, server_ready, start_method as default_start_method
 from .blocks import MiB, BlockPlan, GrowingPlan, RangePlan, chunk_part
-from .costs import (MARGIN, RATE_SPREAD, parallel_cpus, parallel_pays, rate_sample_rows, saved_s, split_readers, start_cost,
-                    table_rate)
+from .costs import MARGIN, RATE_SPREAD, parallel_cpus, parallel_pays, rate_sample_rows, saved_s, start_cost, table_rate
+from .costs import split_readers, transform_s
 from .room import SHM_SHARE, fewest_slots, readers_that_fit
 from .subset import default_subset_block
 
@@ -148,8 +151,10 @@ class DatasetShape:
     transformed: bool = False
     #: Bytes a second (uncompressed) the consumer read it at, measured here; None: the table's rate for its filters.
     decode_rate: "float | None" = None
-    #: Seconds a row's transform takes on one core, timed in the consumer (``Transform.row_s``); 0: none.
+    #: Seconds its transform takes on one core a row, and a call beyond its rows' (a call a block), timed in the
+    #: consumer (``Transform.row_s``, ``call_s``); 0: none.
     transform_row_s: float = 0.0
+    transform_call_s: float = 0.0
 
     @classmethod
     def of(cls, node: Any, transformed: bool = False) -> "DatasetShape":
@@ -162,6 +167,10 @@ class DatasetShape:
     @property
     def nbytes(self) -> int:
         return self.n_rows * self.row_nbytes
+
+    def transform_s(self, n_rows: int, block_size: "int | None") -> float:
+        """One core's seconds of its transform over ``n_rows`` rows in blocks of ``block_size`` (None: one block)."""
+        return transform_s(self.transform_row_s, self.transform_call_s, n_rows, block_size)
 
 
 @dataclass(frozen=True)
@@ -277,11 +286,12 @@ def rate_decides(shape: DatasetShape, engine: str, machine: Machine, looped: boo
 
 
 def default_readers(
-    shape: DatasetShape, engine: str, machine: Machine, passes: int = 1, n_rows: "int | None" = None
+    shape: DatasetShape, engine: str, machine: Machine, passes: int = 1, n_rows: "int | None" = None,
+    block_size: "int | None" = None,
 ) -> int:
     """Readers for ``shape`` when none are asked for: every usable CPU where they pay over ``passes`` passes of
-    ``n_rows`` rows (None: its own), a start of readers kept across them, else 0 (read in the consumer; always in a
-    daemonic process). Its transform is priced at its time a row (``DatasetShape.transform_row_s``) times those rows.
+    ``n_rows`` rows (None: its own) in blocks of ``block_size`` (None: training's default), a start of readers kept
+    across them, else 0 (read in the consumer; always in a daemonic process). Its transform: ``costs.transform_s``.
 
     An object's: ``REMOTE_READERS_PER_CPU`` per CPU, at least ``REMOTE_MIN_READERS``, where it has more than two
     blocks (NOTE [read plan]; ``plan_stream`` caps them at ``READERS_PER_CPU`` per CPU).
@@ -291,24 +301,26 @@ def default_readers(
     if shape.remote:
         many = max(REMOTE_READERS_PER_CPU * machine.share, REMOTE_MIN_READERS)
         return many if shape.nbytes > 2 * REMOTE_BLOCK_BYTES else 0
-    cpus = parallel_cpus(machine.share, shape.n_rows, shape.chunk_rows)
-    transform_s = shape.transform_row_s * (shape.n_rows if n_rows is None else n_rows) * passes
-    pays = parallel_pays(shape.nbytes * passes, shape.filter_ids, machine.start_cost(), cpus, engine, transform_s,
+    cpus = parallel_cpus(machine.share, shape.n_rows, shape.chunk_rows, block_size)
+    pays = parallel_pays(shape.nbytes * passes, shape.filter_ids, machine.start_cost(), cpus, engine,
+                         shape.transform_s(shape.n_rows if n_rows is None else n_rows, block_size) * passes,
                          shape.decode_rate)
     return machine.share if pays else 0
 
 
-def would_save_s(shape: DatasetShape, engine: str, machine: Machine) -> float:
+def would_save_s(shape: DatasetShape, engine: str, machine: Machine, block_size: "int | None" = None) -> float:
     """Seconds the default's readers would have saved, less their start, had a ready fork server run, where the
-    default reads ``shape`` in the consumer for want of one; else 0 (NOTE [fork server] in ``_sys.forks``)."""
-    if machine.start_method != "forkserver" or machine.server_ready or default_readers(shape, engine, machine):
+    default reads ``shape`` (in blocks of ``block_size``, None: one) in the consumer for want of one; else 0 (NOTE
+    [fork server] in ``_sys.forks``)."""
+    if machine.start_method != "forkserver" or machine.server_ready \
+            or default_readers(shape, engine, machine, 1, None, block_size):  # fmt: skip
         return 0.0
     ready = replace(machine, server_ready=True)
-    if not default_readers(shape, engine, ready):
+    if not default_readers(shape, engine, ready, 1, None, block_size):
         return 0.0
-    cpus = parallel_cpus(machine.share, shape.n_rows, shape.chunk_rows)
+    cpus = parallel_cpus(machine.share, shape.n_rows, shape.chunk_rows, block_size)
     rate = shape.decode_rate or table_rate(shape.filter_ids, engine)
-    return saved_s(shape.nbytes, rate, cpus, shape.transform_row_s * shape.n_rows) - ready.start_cost()
+    return saved_s(shape.nbytes, rate, cpus, shape.transform_s(shape.n_rows, block_size)) - ready.start_cost()
 
 
 def plan_stream(
@@ -460,7 +472,7 @@ def plan_batches(
         what = "the datasets, which have" if n_rows == file_rows else "an epoch, which has"
         raise ValueError(f"block_size={block_size} is larger than {what} {n_rows} rows")
     nbytes = [s.nbytes for s in shapes]
-    pays = [default_readers(s, e, machine, passes, n_rows) > 0 for s, e in zip(shapes, engines)]
+    pays = [default_readers(s, e, machine, passes, n_rows, block_size) > 0 for s, e in zip(shapes, engines)]
     n_blocks = -(-n_rows // block_size)
     cpus = machine.share * (REMOTE_READERS_PER_CPU if any(s.remote for s in shapes) else 1)
     readers = [cap_readers(n, n_blocks, machine.cpus) for n in split_readers(nbytes, pays, n_procs, cpus)]

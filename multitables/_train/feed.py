@@ -87,7 +87,8 @@ def plan_feed(
     each dataset's engine as ``auto`` chooses it (:meth:`FeedPlan.at` then takes, where the plan gives a dataset
     readers, the one faster there), its shape, at the rate measured where that decides, and the machine.
 
-    A transform's work is priced at its time a row, timed on the first rows (``DatasetShape.transform_row_s``). Warns where a given
+    A transform's work is priced at its times a call and a row, timed on the first rows (``DatasetShape.transform_call_s``,
+    ``transform_row_s``). Warns where a given
     ``block_size`` cuts a compressed chunk of a shuffled epoch, whose blocks each decode the whole chunk again.
     """
     engines = [options.resolve(n) for n in nodes]
@@ -99,7 +100,7 @@ def plan_feed(
     planning = FeedPlan(options, tuple(nodes), tuple(shapes), tuple(engines), machine, n_rows, dict(given))
     plan = planning.at()[1]  # the arguments checked here, before anything starts
     if planning.by_default:  # NOTE [fork server] in _sys.forks
-        note_forgone(sum(would_save_s(s, e, machine) for s, e in zip(shapes, engines)))
+        note_forgone(sum(would_save_s(s, e, machine, plan.block_size) for s, e in zip(shapes, engines)))
     if given.get("shuffle") and given.get("block_size") is not None:
         for node in nodes:
             split = node.chunk_rows or 0
@@ -122,7 +123,7 @@ def _shape(node: "NodeInfo", transform: Any) -> DatasetShape:
     shape = DatasetShape.of(node, transformed=transform is not None)
     if transform is not None:
         shape = replace(shape, row_nbytes=max(transform.read_nbytes, transform.row_nbytes, 1),
-                        transform_row_s=transform.row_s)
+                        transform_row_s=transform.row_s, transform_call_s=transform.call_s)
     return shape
 
 

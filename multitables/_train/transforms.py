@@ -26,9 +26,9 @@ class StreamerLike(Protocol):
     def options(self) -> StreamOptions: ...
 
 
-#: Rows a transform is first called on, to learn its output and time it (``Transform.row_s``).
+#: Rows a transform is first called on, to learn its output and time it (``Transform.call_s``, ``row_s``).
 _SAMPLE_ROWS = 2
-#: What its second, timed call aims to take (s): rows enough that a call's own overhead is small beside theirs.
+#: What its rows' time aims at in a larger, timed call (s): enough that a call's own time is small beside theirs.
 _TIMED_S = 0.02
 
 
@@ -65,7 +65,8 @@ def infer_transforms(stream: "StreamerLike", paths: list[str], nodes: list[Any],
         sample = options.read_rows(node, 0, n)
         start = time.perf_counter()
         found = Transform.infer(function, sample, repr(path))
-        found = replace(found, row_s=_row_s(options, node, found, (time.perf_counter() - start) / max(n, 1)))
+        call_s, row_s = _timed(options, node, found, n, time.perf_counter() - start)
+        found = replace(found, call_s=call_s, row_s=row_s)
         method = start_method(options.start_method)
         if method != "fork":
             try:  # spawned readers get it pickled: say so now rather than in a reader
@@ -91,25 +92,46 @@ def infer_transforms(stream: "StreamerLike", paths: list[str], nodes: list[Any],
     return out
 
 
-def _row_s(options: StreamOptions, node: Any, found: Transform, first_row_s: float) -> float:
-    """Seconds a row of ``found`` takes (``Transform.row_s``), the first call's ``first_row_s`` a row or a second
-    call's, whichever is less (NOTE [transforms]).
+def _timed(options: StreamOptions, node: Any, found: Transform, n_first: int, first_s: float) -> "tuple[float, float]":
+    """Seconds a call of ``found`` takes beyond its rows' and seconds a row takes (``Transform.call_s``, ``row_s``),
+    fitted to its calls on ``n_first`` rows (the first took ``first_s``) and on more (NOTE [transforms]).
 
-    The first call may pay for warm-up that no reader's call does (an import, a cache, a JIT), and a call's own
-    overhead, spread over 2 rows, would be priced on every row of an epoch (``r * 2`` on rows of 3 float64: 9 us a
-    row on 2 rows, 0.04 in a block of 4096). So the second call, on rows read again (the first may have changed its
-    own in place), takes as many as :data:`_TIMED_S` holds at the first call's time a row, within
-    ``_plan.costs.RATE_SAMPLE_SHARE`` of the dataset and ``RATE_SAMPLE_BYTES`` as read or as written.
+    The first call may pay for warm-up that no reader's call does (an import, a cache, a JIT): a second call on as
+    many rows times a warm call, and the lesser stands. A call on more rows, read again (the first may have changed its
+    own in place), aims its rows' time at :data:`_TIMED_S` (by the small call's time a row, then, where that was mostly
+    its call's, by the time a row found), within ``_plan.costs.RATE_SAMPLE_SHARE`` of the dataset and
+    ``RATE_SAMPLE_BYTES`` as read or as written. A line through the two prices a call and a row: ``r * 2`` on rows of 3
+    float64 costs 9 us a call, a sleep of 1 ms a call 1 ms, whatever their rows; noise that tilts it down (the larger
+    call no dearer) prices calls only, and a small call no dearer a row than the larger prices rows only.
     """
+    if not n_first:
+        return 0.0, 0.0
+    small = min(first_s, _time_call(options, node, found, n_first))
     nbytes = max(found.read_nbytes, found.row_nbytes, 1)
-    most = min(int(_TIMED_S / max(first_row_s, 1e-9)), int(node.n_rows * RATE_SAMPLE_SHARE), RATE_SAMPLE_BYTES // nbytes)
-    n = min(max(most, _SAMPLE_ROWS), node.n_rows)
-    if not n:
-        return 0.0
+    most = min(node.n_rows, max(int(node.n_rows * RATE_SAMPLE_SHARE), n_first), RATE_SAMPLE_BYTES // nbytes)
+    n, large, row_guess = n_first, small, small / n_first
+    for _ in range(2):
+        want = min(most, n_first + int(_TIMED_S / max(row_guess, 1e-9)))
+        if want <= n:
+            break
+        n, large = want, _time_call(options, node, found, want)
+        if large - small >= _TIMED_S / 2:  # the rows' time is most of it: the line is steep enough to read
+            break
+        row_guess = (large - small) / (n - n_first)
+    if n == n_first or small / n_first <= large / n:  # no call's cost seen: rows only
+        return 0.0, min(small / n_first, large / n)
+    if large <= small:  # the larger call no dearer: calls only, at the lesser time
+        return large, 0.0
+    row_s = (large - small) / (n - n_first)
+    return small - row_s * n_first, row_s
+
+
+def _time_call(options: StreamOptions, node: Any, found: Transform, n: int) -> float:
+    """Seconds a call of ``found`` on the first ``n`` rows takes, read anew."""
     sample = options.read_rows(node, 0, n)
     start = time.perf_counter()
     found.function(sample)
-    return min(first_row_s, (time.perf_counter() - start) / n)
+    return time.perf_counter() - start
 
 
 def _refuse_vlen(paths: list[str], nodes: list[Any], transformed: "set[str]") -> None:

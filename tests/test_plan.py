@@ -161,6 +161,9 @@ def test_the_rate_is_measured_only_where_it_can_change_the_answer() -> None:
 def test_readers_pay_only_for_the_chunks_of_rows_that_can_be_decoded_at_once() -> None:
     """A block is whole chunks of rows: a dataset in k of them keeps at most k readers busy, whatever the CPUs."""
     assert [parallel_cpus(16, 1000, c) for c in (None, 1000, 250, 300, 1)] == [16, 1, 4, 4, 16]
+    # Blocks that cut a chunk: each a reader's, as many as work at once (blocks of whole chunks change nothing).
+    assert [parallel_cpus(16, 1000, 1000, b) for b in (100, 300, 1000, 2000)] == [10, 4, 1, 1]
+    assert parallel_cpus(16, 1000, 250, 500) == 4 and parallel_cpus(16, 1000, None, 10) == 16
     sixteen = Machine(cpus=16, start_method="fork")
     one_chunk = DatasetShape(n_rows=1 << 23, row_nbytes=8, chunk_rows=1 << 23, filter_ids=(1,))  # 64 MiB, one chunk
     for rate in (None, 1e6):  # however slowly it decodes: one reader would decode what the consumer would

@@ -327,6 +327,26 @@ def test_a_transforms_time_a_call_is_priced_once_a_block_not_once_a_row(
             assert batches.n_procs == [readers]
 
 
+@pytest.mark.parametrize("block_size, n_procs, readers", [(None, None, 0), (None, 2, 1), (100, None, 2), (100, 2, 2)],
+                         ids=["default", "asked-2", "blocks-of-100", "blocks-of-100-asked-2"])
+def test_a_dataset_in_one_chunk_gets_readers_for_its_transform_where_its_blocks_cut_the_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block_size: "int | None", n_procs: "int | None", readers: int
+) -> None:
+    """1,000 rows in one chunk, 10 ms a row: its default block is the chunk, which one reader reads, whatever is
+    asked (the limit, NOTE [read plan]); blocks of 100 rows cut the chunk, and the default readers count them (each
+    reads its rows of the chunk), as those asked for do. The rows are the same."""
+    monkeypatch.setattr("multitables._plan.readers.available_cpus", lambda: 2)  # the same answer on any machine
+    path = tmp_path / "one.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("/X", data=np.arange(3000.0).reshape(1000, 3), chunks=(1000, 3))
+    with multitables.Streamer(path).get_batches("/X", 100, block_size=block_size, n_procs=n_procs, seed=1,
+                                                transform=sleeps_10ms_a_row) as batches:
+        assert batches.n_procs == [readers]
+        if readers == 2 and n_procs is None:
+            got = np.concatenate(list(batches))
+            assert sorted(got[:, 0].tolist()) == [6.0 * i for i in range(1000)]
+
+
 @pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
 def test_blocks_of_a_transform_that_writes_more_than_it_reads_are_planned_on_what_it_writes(
     tmp_path: Path, shuffle: bool, no_leaks: None

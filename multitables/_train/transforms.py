@@ -100,11 +100,11 @@ def _timed(options: StreamOptions, node: Any, found: Transform, n_first: int, fi
     many rows times a warm call, and the lesser stands. Calls on more rows, read again (the first may have changed its
     own in place), aim their rows' time at :data:`_TIMED_S` (by the small call's time a row, then, where that was mostly
     its call's, by the time a row found), within ``_plan.costs.RATE_SAMPLE_SHARE`` of the dataset and
-    ``RATE_SAMPLE_BYTES`` as read or as written; each is timed twice, the lesser standing (a busy machine only adds
-    time: a sleep of 1 ms took 3 to 7 ms in one call of four here, beside other work). A line through the two prices a
-    call and a row: ``r * 2`` on rows of 3 float64 costs 9 us a call, a sleep of 1 ms a call 1 ms, whatever their
-    rows; noise that tilts it down (the larger call no dearer) prices calls only, and a small call no dearer a row than
-    the larger prices rows only.
+    ``RATE_SAMPLE_BYTES`` as read or as written; one shorter than that is timed twice, the lesser standing (a busy
+    machine only adds time: a sleep of 1 ms took 3 to 7 ms in one call of four here, beside other work). A line
+    through the two prices a call and a row: ``r * 2`` on rows of 3 float64 costs 9 us a call, a sleep of 1 ms a call
+    1 ms, whatever their rows; noise that tilts it down (the larger call no dearer) prices calls only, and a small
+    call no dearer a row than the larger prices rows only.
     """
     if not n_first:
         return 0.0, 0.0
@@ -116,7 +116,9 @@ def _timed(options: StreamOptions, node: Any, found: Transform, n_first: int, fi
         want = min(most, n_first + int(_TIMED_S / max(row_guess, 1e-9)))
         if want <= n:
             break
-        n, large = want, min(_time_call(options, node, found, want) for _ in range(2))
+        n, large = want, _time_call(options, node, found, want)
+        if large < _TIMED_S:  # short enough for a busy machine's delay to count: the lesser of two
+            large = min(large, _time_call(options, node, found, want))
         if large - small >= _TIMED_S / 2:  # the rows' time is most of it: the line is steep enough to read
             break
         row_guess = (large - small) / (n - n_first)

@@ -337,20 +337,21 @@ class Batches(Closing, Generic[BatchT]):
         ``multitables._train.resume``). A state saved at another world size goes on with the rows of that epoch no
         rank delivered yet, shared among this world's ranks (NOTE [elastic resume] in ``multitables._plan.epoch``).
         """
-        self._go_to(self._position_of(state))
-
-    def _position_of(self, state: dict[str, Any]) -> "tuple[int, int, int, list[tuple[int, int]], int]":
-        """Where ``state`` goes (``read_state``'s answer); ``ValueError`` where it may not be loaded here, before
-        anything moves (a mix checks every source's state so before any source moves)."""
-        check_identity(state.get("identity"), self._identity, self._stream.options.named)
-        return read_state(state, self._settings, self._rows.rows.key())
-
-    def _go_to(self, position: "tuple[int, int, int, list[tuple[int, int]], int]") -> None:
-        """Go to a position :meth:`_position_of` gave."""
+        position = self._position_of(state)
         self._current.end(by="load_state_dict")
         self._carry = None  # its epoch's plan may differ now (an elastic resume)
         self._epoch, self._batch, self._step, self._elastic, epochs_here = position
         self._buy_readers(self._feed.resume(epochs_here))
+
+    def check_state_dict(self, state: dict[str, Any]) -> None:
+        """Raise the ``ValueError`` :meth:`load_state_dict` would raise on ``state``, moving nothing: a checkpoint
+        checked before anything resumes (a mix checks every source's so before any source moves)."""
+        self._position_of(state)
+
+    def _position_of(self, state: dict[str, Any]) -> "tuple[int, int, int, list[tuple[int, int]], int]":
+        """Where ``state`` goes (``read_state``'s answer); ``ValueError`` where it may not be loaded here."""
+        check_identity(state.get("identity"), self._identity, self._stream.options.named)
+        return read_state(state, self._settings, self._rows.rows.key())
 
     def __reduce__(self) -> Any:  # a copy would share the feed and position; pickle would fail on a weakref
         raise TypeError(NOT_COPIED.format(type(self).__name__))

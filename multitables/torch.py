@@ -183,7 +183,8 @@ class TorchBatches(Closing, IterableDataset[TensorBatchT]):
     records without ``fields``) are refused with ``TypeError`` naming the
     path when the adapter is made, not at the first batch.
 
-    :meth:`set_epoch`, :meth:`state_dict` and :meth:`load_state_dict` are
+    :meth:`set_epoch`, :meth:`state_dict`, :meth:`load_state_dict` and
+    :meth:`check_state_dict` are
     those of the wrapped batches (``set_epoch`` as on
     ``DistributedSampler``; a mix has no epochs, and no length unless it
     was given ``steps``).
@@ -327,6 +328,9 @@ class TorchBatches(Closing, IterableDataset[TensorBatchT]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.batches.load_state_dict(state)
+
+    def check_state_dict(self, state: dict[str, Any]) -> None:
+        self.batches.check_state_dict(state)
 
     def close(self) -> None:
         if self._staging is not None:  # first: it holds slots of the batches' queues, and page-locked them

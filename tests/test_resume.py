@@ -54,6 +54,7 @@ def test_a_copy_of_the_files_elsewhere_under_other_names_resumes_with_the_next_b
     (tmp_path / "local").mkdir()
     copies = [shutil.copyfile(f, tmp_path / "local" / f"copy-{k}.h5") for k, f in enumerate(files)]
     resumed = multitables.Streamer([str(c) for c in copies]).get_batches(["/X", "/y"], **KW)
+    resumed.check_state_dict(state)  # accepted, and nothing moved: the batches resumed are those after the state
     resumed.load_state_dict(state)
     got = [y for _x, y in resumed]
     assert len(got) == len(rest) and all(np.array_equal(a, b) for a, b in zip(got, rest))
@@ -84,10 +85,11 @@ def test_a_state_on_other_data_is_refused_naming_what_differs_before_anything_mo
     files, paths, match = _changed(tmp_path, how)
     b = multitables.Streamer(files).get_batches(paths, **KW)
     before = b.state_dict()
-    with pytest.raises(ValueError, match="the state was saved on other data than .* holds now: " + match) as caught:
-        b.load_state_dict(state)
-    assert "A copy of the same files resumes" in str(caught.value)
-    assert b.state_dict() == before and b.reader_pids == []  # nothing moved, nothing started
+    for load in (b.check_state_dict, b.load_state_dict):  # the check alone says the same
+        with pytest.raises(ValueError, match="the state was saved on other data than .* holds now: " + match) as caught:
+            load(state)
+        assert "A copy of the same files resumes" in str(caught.value)
+        assert b.state_dict() == before and b.reader_pids == []  # nothing moved, nothing started
     b.close()
 
 
@@ -114,9 +116,10 @@ def test_a_mix_refuses_a_source_on_other_data_before_any_source_moves(tmp_path: 
     mixed.close()
     other = make(write_set(tmp_path / "b2", [0, 300], scale=3.5))  # /y the same: the file's bytes differ by /X
     before = other.state_dict()
-    with pytest.raises(ValueError, match=r"other data than source 1 holds now: /y \(part-0.h5\) is \d+ bytes"):
-        other.load_state_dict(state)
-    assert other.state_dict() == before
+    for load in (other.check_state_dict, other.load_state_dict):
+        with pytest.raises(ValueError, match=r"other data than source 1 holds now: /y \(part-0.h5\) is \d+ bytes"):
+            load(state)
+        assert other.state_dict() == before
     other.close()
 
 

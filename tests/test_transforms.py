@@ -307,14 +307,15 @@ def test_a_line_through_a_small_and_a_large_call_prices_a_call_and_a_row(
     assert got == pytest.approx(fitted, abs=1e-9) and min(got) >= 0
 
 
-@pytest.mark.parametrize("call_s, block_size, readers", [(1e-3, None, 0), (1e-3, 4096, 0), (0.05, 4096, "some")],
-                         ids=["1ms-one-block", "1ms-25-blocks", "50ms-25-blocks"])
+@pytest.mark.parametrize("call_s, block_size, readers", [(2e-4, None, 0), (2e-4, 4096, 0), (0.05, 4096, "some")],
+                         ids=["0.2ms-one-block", "0.2ms-25-blocks", "50ms-25-blocks"])
 def test_a_transforms_time_a_call_is_priced_once_a_block_not_once_a_row(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call_s: float, block_size: "int | None", readers: "int | str"
 ) -> None:
-    """100,000 rows of 24 B, stored: a transform that sleeps 1 ms a call, timed on 2 rows, was priced at 0.5 ms a
-    row, 50 s an epoch, and got readers; it costs a call a block (NOTE [transforms]): 1 ms an epoch in one block,
-    25 ms in 25, which no start of readers is worth. At 50 ms a call, 25 calls are 1.25 s: readers share them."""
+    """100,000 rows of 24 B, stored: a transform that sleeps 0.2 ms a call, timed on 2 rows, was priced at 0.1 ms a
+    row, 10 s an epoch, and got readers; it costs a call a block (NOTE [transforms]): 0.2 ms an epoch in one block,
+    5 ms in 25, which no start of readers is worth even where a busy machine stretches a sleep several times. At
+    50 ms a call, 25 calls are 1.25 s: readers share them."""
     monkeypatch.setattr("multitables._plan.readers.available_cpus", lambda: 2)  # the same answer on any machine
     path = tmp_path / "stored.h5"
     with h5py.File(path, "w") as f:

@@ -240,6 +240,17 @@ class MixedBatches(Closing, Generic[BatchT]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Go to the position of ``state``; ``ValueError`` if it was saved with another schedule or other sources, or on
         other data (NOTE [resumed data] in ``_train.resume``), before any source moves."""
+        self.check_state_dict(state)
+        skip = [int(n) for n in state["taken"]] if self._per == "row" else [0] * len(self._sources)
+        step = int(state["step"])
+        for source, saved in zip(self._sources, state["sources"]):
+            source.load_state_dict(saved)
+        self._iters = [None] * len(self._sources)
+        self._held = [None] * len(self._sources)
+        self._skip, self._step = skip, step
+
+    def check_state_dict(self, state: dict[str, Any]) -> None:
+        """Raise the ``ValueError`` :meth:`load_state_dict` would raise on ``state``, moving nothing."""
         if state.get("seed") != self._seed or not np.allclose(state.get("proportions", []), self._proportions) \
                 or len(state.get("sources", [])) != len(self._sources) or state.get("per", "batch") != self._per:  # fmt: skip
             raise ValueError(
@@ -247,14 +258,8 @@ class MixedBatches(Closing, Generic[BatchT]):
                 f"{state.get('proportions')!r}, {len(state.get('sources', []))} sources, per={state.get('per', 'batch')!r})"
             )
         # Every source's state checked before any source moves (as NOTE [resumed data] asks of one source).
-        positions = [_position(i, source, saved) for i, (source, saved) in enumerate(zip(self._sources, state["sources"]))]
-        skip = [int(n) for n in state["taken"]] if self._per == "row" else [0] * len(self._sources)
-        step = int(state["step"])
-        for source, position in zip(self._sources, positions):
-            source._go_to(position)
-        self._iters = [None] * len(self._sources)
-        self._held = [None] * len(self._sources)
-        self._skip, self._step = skip, step
+        for i, (source, saved) in enumerate(zip(self._sources, state["sources"])):
+            _check(i, source, saved)
 
     def __reduce__(self) -> Any:
         raise TypeError(NOT_COPIED.format(type(self).__name__))
@@ -291,12 +296,11 @@ class MixedBatches(Closing, Generic[BatchT]):
         return f"<multitables.MixedBatches of {len(self._sources)} sources ({shares}, per {self._per}) at step {self._step}>"
 
 
-def _position(i: int, source: "Batches[Any]", saved: Any) -> Any:
-    """Where source ``i`` goes with its ``saved`` state, moving nothing; ``ValueError`` naming the source where it may
-    not load it."""
+def _check(i: int, source: "Batches[Any]", saved: Any) -> None:
+    """``ValueError`` naming source ``i`` where it may not load its ``saved`` state; moves nothing."""
     check_identity(saved.get("identity"), source.state_dict()["identity"], f"source {i}")
     try:
-        return source._position_of(saved)
+        source.check_state_dict(saved)
     except ValueError as e:
         raise ValueError(f"source {i} refuses its state: {e}") from e
 

@@ -127,8 +127,15 @@ class Reader:
             pool = InlineServer(where, open_kwargs, max_stages, signature, files, store)
         else:
             pool = ServeReaders(where, open_kwargs, n_procs, max_stages, start_method, signature, files, store)
-        self._core = ReaderCore(files, engine, open_kwargs, pool, max_stages, notify, store)
-        self._finalizer = weakref.finalize(self, self._core.stop)
+        try:
+            self._core = ReaderCore(files, engine, open_kwargs, pool, max_stages, notify, store)
+            self._finalizer = weakref.finalize(self, self._core.stop)
+        except BaseException:  # a Ctrl-C: the frames of its traceback, which a notebook keeps, hold the readers
+            if self._core is not None:
+                self._core.stop()
+            else:
+                pool.close()
+            raise
 
     @property
     def filename(self) -> "str | tuple[str, ...]":

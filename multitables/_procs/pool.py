@@ -254,8 +254,8 @@ class ReaderPool:
     ) -> None:
         """Start one reader per entry of ``args``, each running ``loop(reader, *args[i])``; ``files``: those they read,
         refused if this process writes one of them and the readers are forked from it (NOTE [files written here]);
-        ``segments``: the names each is to map, which it unlinks if it finds this process gone (NOTE [stuck orphans]);
-        ``semaphores``: those in ``args``, whose names it unlinks too, as :meth:`unlink_semaphores` does later."""
+        ``segments`` (the names each is to map) and ``semaphores`` (those in ``args``): what it unlinks if it finds this
+        process gone (NOTE [stuck orphans]; :meth:`unlink_semaphores` unlinks the semaphores once all started)."""
         method = self.ctx.get_start_method()
         if method == "fork":
             refuse_written_here((files,) if isinstance(files, str) else files)
@@ -267,14 +267,15 @@ class ReaderPool:
             raise ValueError(f"{len(args)} readers to start in a pool made for {len(self.attached)}")
         _POOLS.add(self)
         self._semaphores: "tuple[Any, ...]" = self.attached + tuple(semaphores)
-        me, n = os.getpid(), len(args)
-        me_start, names = process_start_time(me), semaphore_names(self._semaphores)
+        me, n, names = os.getpid(), len(args), semaphore_names(self._semaphores)
+        me_start = process_start_time(me)
         for i, reader_args in enumerate(args):
-            identity = ReaderIdentity(i, n, self.filename, me, me_start, segments, names)
-            recv, send = self.ctx.Pipe(duplex=False)
-            self._conns.append(recv)
-            self._listening[recv] = i
+            identity, send = ReaderIdentity(i, n, self.filename, me, me_start, segments, names), None
             try:
+                with signals_deferred():  # a Ctrl-C between os.pipe and its fds' owners leaked them
+                    recv, send = self.ctx.Pipe(duplex=False)
+                    self._conns.append(recv)
+                    self._listening[recv] = i
                 proc = self.ctx.Process(
                     target=reader_main, args=(loop, identity, Sealed((self.attached[i], reader_args)), send),
                     name=f"multitables-{self._name}-{i}", daemon=True,
@@ -291,7 +292,8 @@ class ReaderPool:
                 raise type(exc)(exc.errno, f"could not start {self._name} process {i} of {n} for {self.filename!r}: "
                                            f"{exc.strerror} (a limit of processes or of open files?)") from exc
             finally:
-                send.close()
+                if send is not None:
+                    send.close()
         if self._new_server:
             note_ready_server(running_forkserver())
 
@@ -351,13 +353,10 @@ class ReaderPool:
                 self.ended[i] = (proc.pid, proc.exitcode, self._own.pop(i, None))
 
     def _quiet(self) -> bool:
-        """No report waiting and no reader ended: one poll(2) on descriptors registered once.
-
-        ``multiprocessing.connection.wait`` registers every descriptor anew at
-        each call: with 16 readers, 0.1 ms a look, a sixth of the consumer's
-        time a block on the lent H100 (BENCHMARKS.md, issue 30). False where
-        it cannot tell (no ``select.poll``): look the long way.
-        """
+        """No report waiting and no reader ended: one poll(2) on descriptors registered once (``multiprocessing.
+        connection.wait`` registers every one anew at each call: with 16 readers, 0.1 ms a look, a sixth of the
+        consumer's time a block on the lent H100: BENCHMARKS.md, issue 30). False where it cannot tell (no
+        ``select.poll``): look the long way."""
         fds = frozenset([c.fileno() for c in self._listening] + list(self._watched))
         if fds != self._poll_fds:
             if not hasattr(select, "poll"):  # pragma: no cover - Windows

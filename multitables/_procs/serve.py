@@ -330,11 +330,13 @@ class ServeReaders:
                             semaphores=(*self.channels, *(s for sync in self._syncs for s in sync.semaphores)))
             self.pool.wait_attached("start", self._check_broken)
             self.pool.unlink_semaphores()  # every reader opened them (NOTE [semaphore names] in ``_shm.semaphores``)
+            self._inboxes.segment.unlink()  # in the try, as a stream's ring is (``_procs.stream.StreamReaders``)
         except BaseException:
-            self.close()
+            try:
+                self.close()
+            finally:
+                self._inboxes.segment.unlink()
             raise
-        finally:
-            self._inboxes.segment.unlink()
 
     @property
     def closed(self) -> bool:

@@ -223,11 +223,16 @@ class StreamReaders:
                 self.ring.allocate_slots()  # NOTE [slots while readers start]: a CPU is left over
             self.pool.wait_attached("start", self.check)
             self.pool.unlink_semaphores()  # every reader opened them (NOTE [semaphore names])
+            # Every reader has it mapped (NOTE [segment lifetime]). In the try: a Ctrl-C held over the unlink is raised
+            # as it ends, and the readers must stop then, for no frame of a traceback that keeps this one (a
+            # notebook's last error) will.
+            self.ring.segment.unlink()
         except BaseException:
-            self.close()
+            try:
+                self.close()
+            finally:
+                self.ring.segment.unlink()  # none of the readers ever will map it
             raise
-        finally:
-            self.ring.segment.unlink()  # every reader has it mapped, or none ever will (NOTE [segment lifetime])
 
     @property
     def pids(self) -> list[int]:

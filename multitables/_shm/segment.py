@@ -366,7 +366,10 @@ class Segment:
     def unlink(self) -> None:
         """Remove the name (owner only; idempotent). Existing mappings stay valid."""
         if self._unlinker is not None:
-            self._unlinker()
+            # Held over: a Ctrl-C between the finalizer's pop and the unlink, or in the resource tracker's write,
+            # left the name in /dev/shm, or on the tracker's list, until the interpreter's exit.
+            with signals_deferred():
+                self._unlinker()
 
     def close(
         self, keep: "Sequence[tuple[int, int]] | None" = None, held: "Sequence[tuple[int, int]]" = ()

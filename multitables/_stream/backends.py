@@ -214,13 +214,17 @@ class RingBackend:
     def __init__(self, spec: StreamSpec, open_kwargs: dict[str, Any], start_method: "str | None") -> None:
         self._plan = spec.plan
         self._ordered = spec.ordered
-        self._pool = StreamReaders(spec, open_kwargs, start_method)
-        self._ring = self._pool.ring
         self._pending: dict[int, int] = {}  # ordered mode: block -> slot, arrived early
         self._next = 0
-        self.pids = self._pool.pids
         self._warned = False  # NOTE [stalled readers]: once per stream
         self._checking = threading.RLock()  # pool.check reads the readers' pipes: one thread at a time
+        self._pool = StreamReaders(spec, open_kwargs, start_method)
+        try:
+            self._ring = self._pool.ring
+            self.pids = self._pool.pids
+        except BaseException:  # a Ctrl-C right there: see Queue.__init__
+            self._pool.close()
+            raise
 
     def take(self) -> tuple[int, np.ndarray]:
         ring = self._ring

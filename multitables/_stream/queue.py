@@ -161,11 +161,15 @@ class Queue:
             backend = InlineBackend(spec, open_kwargs)
         else:
             backend = RingBackend(spec, open_kwargs, start_method)
-        if split:
-            backend = SplitBackend(backend, split, -(-spec.plan.block_size // split))
-        self._backend = backend
-        self._before_unmap: "list[Callable[[], None]]" = []  # see at_close
-        self._finalizer = weakref.finalize(self, _end_early, backend, self._before_unmap)
+        try:
+            if split:
+                backend = SplitBackend(backend, split, -(-spec.plan.block_size // split))
+            self._backend = backend
+            self._before_unmap: "list[Callable[[], None]]" = []  # see at_close
+            self._finalizer = weakref.finalize(self, _end_early, backend, self._before_unmap)
+        except BaseException:  # a Ctrl-C: the frames of its traceback, which a notebook keeps, hold the readers
+            backend.close()
+            raise
 
     @property
     def reader_pids(self) -> list[int]:

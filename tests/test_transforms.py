@@ -131,19 +131,31 @@ def test_a_transform_spawned_readers_cannot_get_is_refused_up_front(h5: Path) ->
         stream.get_batches("/X", batch_size=10, transform=lambda rows: rows)
 
 
+#: Transforms a notebook's cell makes, and the function or class of the session each names.
+INTERACTIVE = {"function": ("halve", "halve"), "lambda": ("lambda rows: rows / 2", "<lambda>"),
+               "partial": ("functools.partial(halve, by=2)", "halve"), "object": ("Halve()", "Halve")}
+
+
+@pytest.mark.parametrize("kind", sorted(INTERACTIVE))
 @pytest.mark.parametrize("start_method", ["spawn", "forkserver", "fork"])
 def test_a_transform_of_an_interactive_session_is_refused_up_front_where_readers_cannot_import_it(
-    h5: Path, start_method: str
+    h5: Path, start_method: str, kind: str
 ) -> None:
-    """A notebook's functions live in a __main__ without a file: they pickle by name, and a spawned or forkserver
-    reader cannot import them (it died with exit code 1, its AttributeError on stderr only). A forked one has them."""
+    """A notebook's functions and classes live in a __main__ without a file: they pickle by name, and a spawned or
+    forkserver reader cannot import them (it died with exit code 1, its AttributeError on stderr only); so cannot
+    a partial of one or an object of one of its classes (that object's check itself raised an AttributeError). A
+    lambda is told the same, not to become a function of the session. A forked reader has them all."""
+    transform, named = INTERACTIVE[kind]
     script = (
-        "import sys, multitables\n"
-        "def halve(rows):\n"
-        "    return rows / 2\n"
+        "import functools, sys, multitables\n"
+        "def halve(rows, by=2):\n"
+        "    return rows / by\n"
+        "class Halve:\n"
+        "    def __call__(self, rows):\n"
+        "        return rows / 2\n"
         f"stream = multitables.Streamer(sys.argv[1], start_method={start_method!r})\n"
         "try:\n"
-        "    batches = stream.get_batches('/X', batch_size=10, transform=halve, n_procs=1)\n"
+        f"    batches = stream.get_batches('/X', batch_size=10, transform={transform}, n_procs=1)\n"
         "except TypeError as exc:\n"
         "    print('refused:', exc)\n"
         "else:\n"
@@ -155,7 +167,7 @@ def test_a_transform_of_an_interactive_session_is_refused_up_front_where_readers
     if start_method == "fork":
         assert run.stdout.strip() == "rows: 10"
     else:
-        assert run.stdout.startswith("refused: transform for '/X' is defined in an interactive session (halve in a ")
+        assert run.stdout.startswith(f"refused: transform for '/X' is defined in an interactive session ({named} in a ")
         assert "define it in a module (a .py file) and import it, or use start_method='fork'" in run.stdout
 
 

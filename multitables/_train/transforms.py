@@ -5,10 +5,12 @@ See NOTE [transforms] in ``_io.blockread``.
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import sys
 import time
+import types
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -69,6 +71,13 @@ def infer_transforms(stream: "StreamerLike", paths: list[str], nodes: list[Any],
         found = replace(found, call_s=call_s, row_s=row_s)
         method = start_method(options.start_method)
         if method != "fork":
+            interactive = _interactive_names(function)
+            if interactive:  # before pickling: a lambda there would be told to become what fails the same way
+                raise TypeError(
+                    f"transform for {path!r} is defined in an interactive session ({', '.join(interactive)} in a "
+                    f"notebook or at the prompt), which readers started by {method} cannot import: define it in a "
+                    f"module (a .py file) and import it, or use start_method='fork'"
+                )
             try:  # spawned readers get it pickled: say so now rather than in a reader
                 pickle.dumps(function)
             except Exception as exc:
@@ -76,12 +85,6 @@ def infer_transforms(stream: "StreamerLike", paths: list[str], nodes: list[Any],
                     f"transform for {path!r} must be picklable for the {method} start method (a module-level "
                     f"function, not a lambda or a local function): {exc}"
                 ) from exc
-            if _interactive(function):
-                raise TypeError(
-                    f"transform for {path!r} is defined in an interactive session ({function.__qualname__} in a "
-                    f"notebook or at the prompt), which readers started by {method} cannot import: define it in a "
-                    f"module (a .py file) and import it, or use start_method='fork'"
-                )
             if under_main_guard(function):
                 raise TypeError(
                     f"transform for {path!r} ({function.__qualname__}) is defined under 'if __name__ == \"__main__\":', "
@@ -145,8 +148,22 @@ def _refuse_vlen(paths: list[str], nodes: list[Any], transformed: "set[str]") ->
             raise vlen_refusal(f"{node.path!r} in {node.filename!r}", batches=True)
 
 
-def _interactive(function: Any) -> bool:
-    """Whether ``function`` lives in a ``__main__`` without a file (a notebook's kernel, the prompt, ``python -c``):
-    pickled by name, it unpickles in a spawned process only where that process can import its module."""
-    main = sys.modules.get("__main__")
-    return getattr(function, "__module__", None) == "__main__" and getattr(main, "__file__", None) is None
+def _interactive_names(function: Any) -> list[str]:
+    """The functions and classes of a ``__main__`` without a file (a notebook's kernel, the prompt, ``python -c``)
+    that a pickle of ``function`` names: itself, the function a ``functools.partial`` wraps, a callable object's
+    class. Pickled by name, they unpickle in a spawned process only where it can import their module; the reader
+    died there, its error on the kernel's stderr."""
+    if getattr(sys.modules.get("__main__"), "__file__", None) is not None:
+        return []
+    found: list[str] = []
+
+    class Looking(pickle.Pickler):
+        def persistent_id(self, obj: Any) -> None:  # called on every object pickled, a lambda before it fails
+            if isinstance(obj, (type, types.FunctionType)) and getattr(obj, "__module__", None) == "__main__":
+                found.append(obj.__qualname__)
+
+    try:
+        Looking(io.BytesIO()).dump(function)
+    except Exception:  # noqa: BLE001 - what cannot be pickled is said by the check that follows
+        pass
+    return list(dict.fromkeys(found))

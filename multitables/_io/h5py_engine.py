@@ -45,7 +45,7 @@ from .handles import refresh_swmr
 from .node import NodeInfo, Unsupported, close_dataset, reopen_dataset
 from .objects.hdf5 import check_options, file_object
 from .scattered import RowSpans, Stopped, read_progression, rows_decoded_bytes
-from .strings import deliver_strings, stored_strings_type
+from .strings import deliver_strings, find_string_pads, stored_strings_type
 from .vlen import read_objects
 
 
@@ -228,10 +228,11 @@ class H5pySource:
         self._chunk_nbytes = stored_chunk_bytes(node)  # NOTE [blosc chunks as stored]; 0: HDF5 decodes
         if self._chunk_nbytes and not dsid.get_type().equal(self._mtype):
             self._chunk_nbytes = 0  # HDF5 converts the stored numbers (a precision or offset of their own)
-        # Strings read as stored and converted here where HDF5 would convert them member by member (4x slower).
-        # (Never with blosc chunks as stored: a string to convert makes the file's type differ from the memory type.)
-        stored = stored_strings_type(dsid.get_type(), self._mtype) if node.string_pads and self._field_dtype is None else None
-        self._mtype, self._pads = (self._mtype, ()) if stored is None else (stored, node.string_pads)
+        # Strings read as stored and converted here where HDF5 would convert them member by member (4x slower), not
+        # in a column of variable-length rows (read as objects); never with blosc chunks as stored (fails the check above).
+        strings = node.string_pads and (self._field_dtype is None or not node.vlen)
+        stored = stored_strings_type(dsid.get_type(), self._mtype) if strings else None
+        self._mtype, self._pads = (self._mtype, ()) if stored is None else (stored, tuple(find_string_pads(stored)))
         self._stored: "np.ndarray | None" = None  # one stored chunk, made at the first
         self._edge_filtered: "bool | None" = None  # see _edge_chunks_filtered
         if node.vlen:  # rows as objects, as h5py's reads give them (NOTE [variable-length rows]): decided once

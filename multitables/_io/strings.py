@@ -136,14 +136,41 @@ def find_string_pads(tid: Any, offset: int = 0) -> list[StringPad]:
 
 
 def stored_strings_type(tid: Any, mtype: Any) -> Any:
-    """The file's type ``tid``, where reading with it in place of the memory type ``mtype`` differs only in that HDF5
-    leaves fixed-length strings as stored (for :func:`deliver_strings` to convert); else None.
+    """The type to read the file's type ``tid`` with in place of the memory type ``mtype``, where that differs only
+    in that HDF5 leaves fixed-length strings as stored (for :func:`deliver_strings` to convert); else None: ``tid``
+    itself for whole elements, else ``mtype`` with the strings padded as the same members of ``tid`` (a column).
 
     HDF5 converts a compound holding a null-terminated string member by member, 4x slower than reading it as stored:
     64 MiB of a PyTables table of 32-byte rows, an 8-byte string among them, 40 ms against 8, with 10 of
-    :func:`deliver_strings` (``benchmarks/table_strings.py``).
+    :func:`deliver_strings` (``benchmarks/table_strings.py``); a column of 64-byte strings, 2.4x.
     """
-    return tid if find_string_pads(tid) and _nullpadded(tid).equal(mtype) else None
+    if find_string_pads(tid) and _nullpadded(tid).equal(mtype):
+        return tid
+    stored = _padded_as(mtype, tid)
+    return stored if find_string_pads(stored) and _nullpadded(stored).equal(mtype) else None
+
+
+def _padded_as(mtype: Any, tid: Any) -> Any:
+    """``mtype`` with each fixed-length string padded as the string of its size in the same place of ``tid`` (members
+    matched by name, as HDF5 matches them)."""
+    import h5py
+
+    h5t = h5py.h5t
+    cls, fixed = mtype.get_class(), lambda t: t.get_class() == h5t.STRING and not t.is_variable_str()
+    if fixed(mtype) and fixed(tid) and tid.get_size() == mtype.get_size():
+        copy = mtype.copy()
+        copy.set_strpad(tid.get_strpad())
+        return copy
+    if cls == h5t.ARRAY and tid.get_class() == h5t.ARRAY and tid.get_array_dims() == mtype.get_array_dims():
+        return h5t.array_create(_padded_as(mtype.get_super(), tid.get_super()), mtype.get_array_dims())
+    if cls == h5t.COMPOUND and tid.get_class() == h5t.COMPOUND:
+        members = {tid.get_member_name(j): tid.get_member_type(j) for j in range(tid.get_nmembers())}
+        copy = h5t.create(h5t.COMPOUND, mtype.get_size())
+        for i in range(mtype.get_nmembers()):
+            name, member = mtype.get_member_name(i), mtype.get_member_type(i)
+            copy.insert(name, mtype.get_member_offset(i), _padded_as(member, members[name]) if name in members else member)
+        return copy
+    return mtype
 
 
 def _nullpadded(tid: Any) -> Any:

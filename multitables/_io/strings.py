@@ -78,7 +78,7 @@ def _after_nul(items: np.ndarray, pads: "tuple[StringPad, ...]") -> np.ndarray:
     parts = [items[:, lo:hi].view(f"V{hi - lo}")[:, 0] for lo, hi in spans] if width < nbytes else []
     gathered = np.empty((rows, width), np.uint8)
     nul, found = np.empty(rows * width, bool), np.empty(rows * width, bool)
-    after = []
+    after: list[np.ndarray] = []
     for start in range(0, n, rows):
         stop = min(n, start + rows)
         m = (stop - start) * width

@@ -31,6 +31,7 @@ from typing import Any, Generator, Iterator, Sequence, TypeAlias, overload
 import numpy as np
 
 from ._sys.checks import check_bool, check_int
+from ._sys.copies import copy_rows
 from ._sys.forks import note_forgone
 from ._sys.refs import held_elsewhere
 from ._sys.signals import signals_deferred
@@ -377,7 +378,7 @@ class Streamer:
                             if copies[turn] is None or held_elsewhere(copies, turn) or len(copies[turn]) < len(block):  # type: ignore[arg-type]
                                 copies[turn] = empty_block(spec)
                             rows = copies[turn][: len(block)]  # type: ignore[index]
-                            np.copyto(rows, block)
+                            copy_rows(rows, block)  # NOTE [structured copies]
                         del block
                         turn ^= 1
                     active.append(iter(rows))

@@ -21,6 +21,7 @@ from .request import Request
 from .stages import Stage
 from .readercore import not_pickled, quiet_at_exit
 from .._sys.awake import look
+from .._sys.copies import copied
 if TYPE_CHECKING:
     from ..reader import Reader  # bound at run time: NOTE [annotations from above] in ``multitables/__init__.py``
 
@@ -217,7 +218,7 @@ class Future:
         data = self._lend(timeout)  # not through get_unsafe: no generator per request
         try:
             if isinstance(data, (np.ndarray, np.void)) and self.request.zero_copy:
-                return data.copy()
+                return copied(data) if isinstance(data, np.ndarray) else data.copy()
             return data  # gathered into private memory already, or an immutable scalar
         finally:
             del data  # as get_unsafe: no view on the stage left in a traceback's frame (Ctrl-C in the copy)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -16,7 +17,14 @@ if TYPE_CHECKING:
 def field_path(dt: np.dtype, field: str) -> list[str]:
     """The names that lead to column ``field`` of rows of ``dt``: ``field`` itself where a column has that name
     (h5py may name one ``'a/b'``), else its parts (PyTables' path into nested columns, ``'outer/inner'``)."""
-    return [field] if field in (dt.names or ()) else field.split("/")
+    # dt.fields, a mapping, not dt.names: a tuple, whose search made a batch of 2,000 columns quadratic in them
+    return [field] if _is_column(dt, field) else field.split("/")
+
+
+def _is_column(dt: np.dtype, name: str) -> bool:
+    """Whether ``name`` names a column of rows of ``dt`` (not a title, which ``dt.fields`` holds too)."""
+    entry = (dt.fields or {}).get(name)
+    return entry is not None and (len(entry) < 3 or entry[2] != name)
 
 
 def field_of(dt: np.dtype, field: str, where: str = "the rows") -> "tuple[np.dtype, int]":
@@ -30,11 +38,11 @@ def field_of(dt: np.dtype, field: str, where: str = "the rows") -> "tuple[np.dty
     if "" in parts:
         raise NoSuchFieldError(f"{where} has no field {field!r}: a path names a column at each step, 'outer/inner', none empty")
     for depth, name in enumerate(parts):
-        names = dt.names or ()
-        if name not in names:
+        if not _is_column(dt, name):
+            names = dt.names or ()
             at = "/".join(parts[:depth])
-            there = f"its fields are {list(names)}" if not at else \
-                f"the fields of {at!r} are {list(names)}" if names else f"{at!r} has no fields"
+            there = f"its fields are {_listing(names, name)}" if not at else \
+                f"the fields of {at!r} are {_listing(names, name)}" if names else f"{at!r} has no fields"
             if at and dt.subdtype is not None and dt.subdtype[0].names:
                 there = f"{at!r} is an array of records (shape {dt.subdtype[1]}): read {at!r}, then take {name!r} of it"
             raise NoSuchFieldError(f"{where} has no field {field!r}; {there}")
@@ -43,15 +51,30 @@ def field_of(dt: np.dtype, field: str, where: str = "the rows") -> "tuple[np.dty
     return dt, offset
 
 
+#: Names an error lists in full; of more, the first few and those nearest to the name asked for.
+_LISTED = 20
+
+
+def _listing(names: "tuple[str, ...]", wanted: str) -> str:
+    """``names`` for an error about ``wanted``: all of them, or, of a wide table's, the first few and the nearest
+    (a message of 2,000 names hid the one meant)."""
+    if len(names) <= _LISTED:
+        return str(list(names))
+    nearest = difflib.get_close_matches(wanted, names, n=3, cutoff=0.6)
+    near = f"; the nearest to {wanted!r}: {nearest}" if nearest else ""
+    return f"{len(names):,} names, {', '.join(map(repr, names[:4]))} ... {names[-1]!r}{near}"
+
+
 def check_columns(node: NodeInfo, columns: list[str]) -> None:
     """``KeyError`` naming the table's columns unless each of ``columns`` is one (:func:`field_of`'s paths too)."""
     where, names = f"{node.path!r} in {node.filename!r}", node.dtype.names
     if names is None:
         raise NoSuchFieldError(f"fields={columns!r} given, but {where} is not a table (its rows have no fields)")
-    missing = [c for c in columns if field_path(node.dtype, c)[0] not in names]
+    missing = [c for c in columns if not _is_column(node.dtype, field_path(node.dtype, c)[0])]
     if missing:
         hint = stored_column_hint(node, missing)  # a pandas DataFrame's columns: which fields hold them
-        raise NoSuchFieldError(f"{where} has no column {', '.join(map(repr, missing))}; its columns: {list(names)}{hint}")
+        raise NoSuchFieldError(
+            f"{where} has no column {', '.join(map(repr, missing))}; its columns: {_listing(names, missing[0])}{hint}")
     for column in columns:  # a path into a nested column
         field_of(node.dtype, column, where)
 

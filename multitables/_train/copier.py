@@ -31,6 +31,7 @@ from typing import Any, Callable, TypeVar
 import numpy as np
 
 from .._sys.background import on_thread
+from .._sys.copies import copy_rows
 
 
 def copy_threads() -> int:
@@ -79,11 +80,11 @@ class Copier:
         """``out[...] = rows`` (as many rows; cast as that assignment casts)."""
 
         if self._pool is None or out.nbytes < 2 * self.PART:  # one part: no closure, no plan (a small batch's path)
-            np.copyto(out, rows, casting="unsafe")
+            copy_rows(out, rows, casting="unsafe")
             return
 
         def one(a: int, b: int) -> None:
-            np.copyto(out[a:b], rows[a:b], casting="unsafe")
+            copy_rows(out[a:b], rows[a:b], casting="unsafe")
 
         self._run(self._parts(len(out), out.nbytes), one)
 

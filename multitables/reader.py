@@ -228,6 +228,7 @@ class Reader:
             core.check_not_closed()  # by another thread since request() looked at the readers
             core.detach_dropped()
             req = next(core.req_ids)
+            core.hand_over(request._desc)  # a wide table's node, where the readers dropped it since
             stage._map.write_request(req, plan, request._desc)
             if len(shares) == 1 and core.idle_reader is not None:  # NOTE [waiting awake]: it is the one awake
                 readers = [core.idle_reader]

@@ -4,14 +4,18 @@ delivers them per block do not grow with the number of columns."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import h5py
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import multitables
 from multitables._io import fields, strings
+from multitables._io.setref import LEARNED
 from multitables._io.strings import deliver_strings
 from multitables._sys import copies
 from multitables._sys.copies import copied, copy_rows
@@ -125,3 +129,33 @@ def test_strings_of_many_columns_are_made_in_one_pass(monkeypatch: pytest.Monkey
     deliver_strings(rows, pads)
     assert rows["c0003"].tolist() == [b"ab"] * 10 and raw[:, at + 3].tolist() == [0] * 10
     assert len(searched) <= 1, len(searched)
+
+
+@pytest.mark.parametrize("n_procs", [0, 2])
+def test_a_reader_reads_tables_too_wide_for_a_stage_header(tmp_path: Path, n_procs: int, no_leaks: None) -> None:
+    # A table's dtype travelled in each stage's header (7 KiB): a Reader refused any of about 130 columns or more,
+    # blaming the file name. More such tables than the readers keep (LEARNED): each request hands its node again.
+    path = tmp_path / "wide.h5"
+    dt = _wide(400)
+    tables = []
+    with h5py.File(path, "w") as f:
+        for k in range(LEARNED + 2):
+            rows = np.zeros(40, dt)
+            rows["c0001"] = np.arange(40) + 1000 * k
+            rows["c0399"] = [b"k%d_%d" % (k, i) for i in range(40)]
+            rows["nested"]["deep"]["s"] = b"n%d" % k
+            f.create_dataset(f"t{k}", data=rows, chunks=(8,), compression="gzip")
+            tables.append(rows)
+    reader = multitables.Reader(filename=str(path), n_procs=n_procs)
+    try:
+        datasets = [reader.get_dataset(f"/t{k}") for k in range(LEARNED + 2)]  # the first ones dropped by the readers
+        stage = datasets[0].create_stage(40)
+        for k in (0, LEARNED + 1, 1, 0):
+            got = reader.request(datasets[k][3:30], stage).get()
+            assert got.tobytes() == tables[k][3:30].tobytes()
+            column = reader.request(datasets[k].col("c0399")[np.array([7, 2, 39])], stage).get()
+            assert column.tolist() == [tables[k]["c0399"][i] for i in (7, 2, 39)]
+            nested = reader.request(datasets[k]["nested/deep/s"][::13], stage).get()
+            assert nested.tolist() == [b"n%d" % k] * 4
+    finally:
+        reader.close(wait=True)

@@ -37,7 +37,7 @@ from .._io.files import FileSignature, GrowingFile
 from .._io.node import NodeInfo
 from .._io.objects.config import Store
 from .._io.objects.identity import ObjectIdentity
-from .._io.setref import Learned, SetRef
+from .._io.setref import Learned, NodeRef, SetRef
 from .._procs.failure import FailureReport
 from .._procs.serve import ServeSettings, ShareReader
 from .._shm.segment import Segment
@@ -111,7 +111,7 @@ class InlineServer:
             if not self.closed and os.getpid() == self._owner:
                 self._shares.drop_opens()
 
-    def learn(self, ref: SetRef, node: NodeInfo) -> None:
+    def learn(self, ref: "SetRef | NodeRef", node: NodeInfo) -> None:
         """Keep ``node``, the set's node ``ref`` names, for the reads here (NOTE [set descriptions] in
         ``_io.setref``); no lock: a read only looks a node up."""
         self._learned.add(ref, node)

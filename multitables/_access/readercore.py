@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import pickle
 import queue
 import sys
 import threading
@@ -17,12 +18,12 @@ from .._io.files import GrowingFile, check_same_file, file_signature, grew
 from .._io.fileset import inspect_files, own_flags
 from .._io.node import NodeInfo
 from .._io.objects.config import Store
-from .._io.setref import SetRef
+from .._io.setref import NodeRef, SetRef
 from .._procs.pool import READER_ELSEWHERE
 from .._procs.serve import ServeReaders
 from .._shm.ring import TICK
 from .._shm.segment import interpreter_exiting
-from .._shm.stagemap import StageMap, describe
+from .._shm.stagemap import MAX_DESC, StageMap, describe
 from .._sys.awake import Eagerness
 from ..errors import QueueClosed, StreamClosedError
 
@@ -96,6 +97,8 @@ class ReaderCore:
         self._shut_lock = threading.Lock()
         _CORES.add(self)
         self.free_stage_ids = list(range(max_stages - 1, -1, -1))
+        #: Nodes whose descriptions name them by a ref (:meth:`describe`), by description.
+        self.handed: "dict[bytes, tuple[NodeRef, NodeInfo]]" = {}
         self.stages: dict[int, StageMap] = {}
         self.held: set[int] = set()  # ids of stages a future holds
         # Stages dropped by the garbage collector, detached at the next call
@@ -134,11 +137,26 @@ class ReaderCore:
     def describe(self, engine: str, node: NodeInfo) -> bytes:
         """The bytes a stage's header names ``node`` by (``_shm.stagemap.describe``); a set's node handed to the
         readers first, whose first request then opens no file to find it (NOTE [set descriptions] in ``_io.setref``)."""
-        ref = SetRef.of(node, self.filename) if node.parts and isinstance(self.filename, tuple) else None
+        ref: "SetRef | NodeRef | None" = None
+        if node.parts and isinstance(self.filename, tuple):
+            ref = SetRef.of(node, self.filename)
+        else:
+            pickled = pickle.dumps((engine, node), protocol=pickle.HIGHEST_PROTOCOL)
+            if len(pickled) > MAX_DESC:  # a wide table's dtype: handed over as a set's node is
+                ref = NodeRef.of(node, pickled)
         desc = describe(engine, node, self.filename, ref)
-        if ref is not None and not ref.grown:  # a growing set's readers look at its files themselves
+        if isinstance(ref, NodeRef):
+            self.handed[desc] = (ref, node)
+        if ref is not None and not (isinstance(ref, SetRef) and ref.grown):  # a growing set's readers look themselves
             self.pool.learn(ref, node)
         return desc
+
+    def hand_over(self, desc: bytes) -> None:
+        """Have the readers hold the node ``desc`` names where it names one by a :class:`NodeRef` (they keep the last
+        few handed over: NOTE [set descriptions] in ``_io.setref``); a look-up where they hold it."""
+        handed = self.handed.get(desc)
+        if handed is not None:
+            self.pool.learn(*handed)
 
     def check_open(self) -> None:
         """Raise unless new requests can be made: open, not stopped, and no reader dead (looked at now)."""

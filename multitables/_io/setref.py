@@ -38,6 +38,10 @@ NOTE [set descriptions]
     it, named. A set read with ``swmr=True`` is inspected by its readers as
     before: their own look is what its reads are checked against (NOTE
     [growing sets]). With ``n_procs=0`` the node stays in the process.
+    A node of one file whose description a stage header cannot hold (a
+    table of a few hundred columns: its dtype) is handed over the same way,
+    under a :class:`NodeRef`, and handed again at a request where the
+    readers have dropped it since.
 """
 
 from __future__ import annotations
@@ -128,6 +132,28 @@ class SetRef:
         return set_node(describe_files(files), parts[0].node, parts, offset)
 
 
+@dataclass(frozen=True)
+class NodeRef:
+    """A node whose description a stage header does not hold (a table of a few hundred columns or more: its dtype),
+    named by its path, column and the digest of its pickle; its readers are handed the node first, as a set's (NOTE
+    [set descriptions]), and hold it, or are handed it again, whenever a request names it."""
+
+    path: str
+    field: "str | None"
+    digest: str
+
+    @classmethod
+    def of(cls, node: NodeInfo, pickled: bytes) -> "NodeRef":
+        return cls(node.path, node.field, hashlib.sha256(pickled).hexdigest())
+
+    def resolve(self, learned: "Learned") -> NodeInfo:
+        """The node handed over under this ref; ``RuntimeError`` where it was not (a bug: each request hands it)."""
+        node = learned.get(self)
+        if node is None:
+            raise RuntimeError(f"the reader was not handed the description of {self.path!r} (column {self.field!r})")
+        return node
+
+
 #: Sets' nodes a reader keeps (NOTE [set descriptions]): those of the last datasets of sets its Reader made.
 LEARNED = 16
 
@@ -137,15 +163,15 @@ class Learned:
     descriptions]); the consumer's copy keeps the refs alone (nodes None), so it knows which a reader holds."""
 
     def __init__(self) -> None:
-        self._nodes: "dict[SetRef, NodeInfo | None]" = {}
+        self._nodes: "dict[SetRef | NodeRef, NodeInfo | None]" = {}
 
-    def __contains__(self, ref: SetRef) -> bool:
+    def __contains__(self, ref: "SetRef | NodeRef") -> bool:
         return ref in self._nodes
 
-    def get(self, ref: SetRef) -> "NodeInfo | None":
+    def get(self, ref: "SetRef | NodeRef") -> "NodeInfo | None":
         return self._nodes.get(ref)
 
-    def add(self, ref: SetRef, node: "NodeInfo | None" = None) -> None:
+    def add(self, ref: "SetRef | NodeRef", node: "NodeInfo | None" = None) -> None:
         self._nodes.pop(ref, None)
         self._nodes[ref] = node
         while len(self._nodes) > LEARNED:

@@ -62,7 +62,7 @@ from .._io.objects.config import Store
 from .._io.objects.identity import ObjectIdentity
 from .._io.engines import open_rows
 from .._io.scattered import Stopped
-from .._io.setref import Learned, SetRef
+from .._io.setref import Learned, NodeRef, SetRef
 from .._io.tables_engine import pytables_options
 from .._plan.requests import ReadRows
 from .._shm.inbox import ATTACH, DETACH, LEARN, READ, STOP, InboxSync, Inboxes, Item
@@ -128,6 +128,8 @@ class ShareReader:
         if got is None:
             engine, node = pickle.loads(desc)
             flags = own_flags(self.settings.open_kwargs)
+            if isinstance(node, NodeRef):  # handed over before the request (NOTE [set descriptions])
+                node = node.resolve(self.learned)
             if isinstance(node, SetRef):
                 if flags["swmr"]:  # its files looked at by this process's one open of each (NOTE [swmr extent])
                     self.drop_opens(node.path)
@@ -434,7 +436,7 @@ class ServeReaders:
                 self._push(i, Item(ATTACH, stage_id=stage_id, max_rows=layout.max_rows, data_nbytes=layout.data_nbytes, name=name))
             self.pool.wait_attached("map a new stage", self._check_broken)
 
-    def learn(self, ref: SetRef, node: NodeInfo) -> None:
+    def learn(self, ref: "SetRef | NodeRef", node: NodeInfo) -> None:
         """Hand every reader ``node``, the set's node ``ref`` names, unless they hold it, and wait until they have it
         (NOTE [set descriptions] in ``_io.setref``)."""
         if ref in self._learned:

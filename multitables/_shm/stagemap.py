@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._io.setref import SetRef
+from .._io.setref import NodeRef, SetRef
 from ..errors import StreamClosedError
 from .layout import PAGE, round_up
 from .segment import Segment
@@ -195,16 +195,17 @@ class StageMap:
 MAX_DESC = HEADER_BYTES - _DESC_AT
 
 
-def describe(engine: str, node: NodeInfo, files: "str | tuple[str, ...]", ref: "SetRef | None" = None) -> bytes:
+def describe(engine: str, node: NodeInfo, files: "str | tuple[str, ...]", ref: "SetRef | NodeRef | None" = None) -> bytes:
     """The bytes that tell a reader which node to read and how (written into the stage per request).
 
     A node of a set (``files``) goes as a :class:`~multitables._io.setref.SetRef`
-    (``ref``, where the caller made it already), which the reader resolves with the Reader's files.
+    (``ref``, where the caller made it already), which the reader resolves with the Reader's files; a node too
+    large for the header, as the :class:`~multitables._io.setref.NodeRef` ``ref`` its readers were handed it under.
     """
     if ref is None and node.parts and isinstance(files, tuple):
         ref = SetRef.of(node, files)
     desc = pickle.dumps((engine, ref or node), protocol=pickle.HIGHEST_PROTOCOL)
-    if ref is not None and ref.grown and len(desc) > MAX_DESC:  # NOTE [growing sets] in ``_io.setref``
+    if isinstance(ref, SetRef) and ref.grown and len(desc) > MAX_DESC:  # NOTE [growing sets] in ``_io.setref``
         raise ValueError(f"{node.filename!r} read with swmr=True is too many files to hand their rows and sizes to the "
                          f"readers ({len(desc)} bytes described, at most {MAX_DESC}): read fewer files per Reader")
     if len(desc) > MAX_DESC:

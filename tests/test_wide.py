@@ -159,3 +159,46 @@ def test_a_reader_reads_tables_too_wide_for_a_stage_header(tmp_path: Path, n_pro
             assert nested.tolist() == [b"n%d" % k] * 4
     finally:
         reader.close(wait=True)
+
+
+def test_the_generator_copies_wide_rows_as_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_leaks: None) -> None:
+    path = tmp_path / "wide.h5"
+    rows = np.zeros(300, _wide(300))
+    rows["c0001"] = np.arange(300)
+    rows["c0299"] = [b"r%d" % i for i in range(300)]
+    with h5py.File(path, "w") as f:
+        f.create_dataset("t", data=rows, chunks=(16,))
+    copied_as: "list[np.dtype]" = []
+    real = np.copyto
+
+    def counted(out: np.ndarray, src: Any, **kwargs: Any) -> None:
+        copied_as.append(out.dtype)
+        real(out, src, **kwargs)
+
+    monkeypatch.setattr(np, "copyto", counted)
+    got = [row.copy() for row in multitables.Streamer(str(path)).get_generator("/t", n_procs=1, read_ahead=2, block_size=32)]
+    assert np.array(got).tobytes() == rows.tobytes()
+    wide = [dt for dt in copied_as if dt.names]
+    assert copied_as and not wide, (len(copied_as), len(wide))  # the last blocks at least are copied (not lent)
+
+
+def test_a_reader_copies_wide_rows_out_as_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "wide.h5"
+    rows = np.zeros(64, _wide(100))
+    rows["c0001"] = np.arange(64)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("t", data=rows)
+    reader = multitables.Reader(filename=str(path), n_procs=0)
+    try:
+        dataset = reader.get_dataset("/t")
+        stage = dataset.create_stage(64)
+        future = reader.request(dataset[5:60], stage)
+        made: "list[np.dtype]" = []
+        real = np.copyto
+        monkeypatch.setattr(np, "copyto", lambda out, src, **kw: (made.append(out.dtype), real(out, src, **kw)))
+        got = future.get()
+    finally:
+        reader.close(wait=True)
+    assert got.tobytes() == rows[5:60].tobytes() and got.dtype == rows.dtype
+    assert made and not [dt for dt in made if dt.names], made  # one copy, as bytes (not .copy(): field by field)
+

@@ -26,7 +26,8 @@ from ._access.request import Request, field_list
 from ._access.stages import Stage, StagePool
 from ._io.engines import check_engine, check_open_options, resolve_engine
 from ._io.files import growing
-from ._io.fileset import as_files, check_files, describe_files, own_flags
+from ._io.fileset import check_files, describe_files, own_flags
+from ._io.names import as_files
 from ._io.node import NodeInfo, check_file
 from ._io.objects.config import make_store
 from ._io.objects.urls import is_url, shown

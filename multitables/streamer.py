@@ -44,7 +44,7 @@ from ._stream.rows import RowIterator, walked
 from ._procs.stream import StreamSpec
 from ._io.chunks.source import CACHES
 from ._io.engines import check_engine, check_open_options
-from ._io.fileset import as_files
+from ._io.names import as_files
 from ._io.node import close_dataset
 from ._io.objects.config import make_store
 from ._io.objects.urls import is_url
@@ -116,7 +116,10 @@ class Streamer:
         files' rows in turn, in every access mode. Each file must hold the
         node with the same dtype and row shape; one that does not is
         refused, by name, before any reader starts. Readers keep a few files
-        open at a time, however many there are.
+        open at a time, however many there are. A ``file://`` URL is a local
+        file. Readers open files by name: an open h5py or PyTables object,
+        or a file object, is refused (``TypeError``) saying which name and
+        path to pass.
     engine : {"auto", "chunks", "h5py", "tables"}
         What the readers decode with. ``chunks`` reads the stored chunks
         itself and decodes them straight into the slots (zlib + shuffle 2.7x

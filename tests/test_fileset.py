@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 
 import multitables
 from multitables._io.engines import open_source, resolve_engine
-from multitables._io.fileset import MAX_OPEN, SetSource, as_files, inspect_files
+from multitables._io.fileset import MAX_OPEN, SetSource, inspect_files
+from multitables._io.names import as_files
 
 ROW = 16  # values per row
 

@@ -43,8 +43,6 @@ NOTE [file sets]
 from __future__ import annotations
 
 import errno
-import glob
-import os
 import threading
 from bisect import bisect_right
 from collections import OrderedDict
@@ -54,8 +52,8 @@ import numpy as np
 
 from ..errors import EmptyDatasetError, NotHDF5Error
 from .._sys.forks import renew_lock_in_children
-from .files import (STREAMED, FileSignature, GrowingFile, as_filename, check_file_unchanged, check_regular, file_signature,
-                    from_root, settled, will_need_file)
+from .files import (STREAMED, FileSignature, GrowingFile, check_file_unchanged, check_regular, file_signature, settled,
+                    will_need_file)
 from .node import NodeInfo, Part, check_file, close_dataset, open_node, refuse_empty
 from .objects.config import Store, make_store
 from .objects.hdf5 import check_hdf5
@@ -130,44 +128,6 @@ def forget_learned() -> None:
     _FILES.clear()
     forget_layouts()
     forget_verdicts()
-
-
-_GLOB_CHARS = frozenset("*?[")
-
-def as_files(filename: Any, store: "Store | None" = None) -> "str | tuple[str, ...]":
-    """The file, or the set of files in order, that ``filename`` names.
-
-    ``filename``: a file (str, bytes or ``os.PathLike``), a glob pattern
-    (``"train-*.h5"``: its matches in sorted order), or a list, tuple or
-    other iterable of files and patterns (each pattern expanded in place). One file in all
-    gives that file's name (from the root: the working directory now is where a relative one lies, whatever
-    ``os.chdir`` comes later); more give a tuple. A name that exists is never
-    taken as a pattern. ``FileNotFoundError`` for a pattern nothing matches.
-    A URL names an object; an ``s3://`` pattern lists the bucket, with
-    ``store``'s settings (:func:`~multitables._io.objects.listing.expand`).
-    """
-    if not isinstance(filename, (str, bytes, os.PathLike)) and hasattr(filename, "__iter__"):
-        items = list(filename)  # a list, a tuple, or Path.glob's generator
-        if not items:
-            raise ValueError("an empty list of files was given; name at least one HDF5 file")
-        names = [name for item in items for name in _expand(as_filename(item), store)]
-    else:
-        names = _expand(as_filename(filename), store)
-    names = [name if is_url(name) else from_root(name) for name in names]  # a later os.chdir changes nothing
-    return names[0] if len(names) == 1 else tuple(names)
-
-
-def _expand(name: str, store: "Store | None") -> "list[str]":
-    if is_url(name):
-        from .objects.listing import expand
-
-        return expand(name, store or make_store(None))
-    if not _GLOB_CHARS.intersection(name) or os.path.lexists(name):
-        return [name]
-    matches = sorted(glob.glob(name))
-    if not matches:
-        raise FileNotFoundError(errno.ENOENT, "No HDF5 file matches the pattern", name)
-    return matches
 
 
 def describe_files(files: "Sequence[str]") -> str:

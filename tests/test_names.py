@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -147,6 +150,34 @@ def test_a_nul_in_a_name_is_refused_naming_it(no_leaks: None) -> None:
     with pytest.raises(ValueError) as info:
         multitables.Streamer("x\0.h5")
     assert repr("x\0.h5") in str(info.value)
+
+
+_UNREADABLE = """
+import sys, multitables
+for face in (lambda: multitables.Streamer(sys.argv[1]).get_queue("/data", n_procs=2), lambda: multitables.Reader(sys.argv[1])):
+    try:
+        face()
+    except PermissionError as exc:
+        print(exc.filename, "|", exc)
+"""
+
+
+def test_a_file_this_process_may_not_read_is_a_permission_error_naming_it(data_file: Path, no_leaks: None) -> None:
+    """As open() says it. It used to be HDF5's sentence ('Unable to determine if file is accessible as hdf5 (unable
+    to open file: name = ..., errno = 13, ...)'), the name inside it, and no ``filename``."""
+    data_file.chmod(0)
+    command = [sys.executable, "-c", _UNREADABLE, str(data_file)]
+    if os.geteuid() == 0:  # root reads any file: run it without the capabilities that let it
+        if shutil.which("setpriv") is None:
+            pytest.skip("run as root, and no setpriv to drop CAP_DAC_OVERRIDE with")
+        command = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] + command
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2, done.stdout + done.stderr
+    for line in lines:
+        assert line == f"{data_file} | [Errno 13] Permission denied: this process may not read the HDF5 file: '{data_file}'"
 
 
 # -- file:// URLs ------------------------------------------------------------------------------------------------------

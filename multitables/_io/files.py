@@ -240,9 +240,10 @@ _NOT_REGULAR = (
 )
 
 
-def check_regular(filename: str) -> FileSignature:
+def check_regular(filename: str, readable: bool = False) -> FileSignature:
     """Raise unless ``filename`` is a regular file, before anything opens it: opening a FIFO waits for a writer.
-    Returns its identity, from the same ``stat`` (NOTE [file identity])."""
+    Returns its identity, from the same ``stat`` (NOTE [file identity]). ``readable``: raise ``PermissionError`` naming
+    it, as ``open()`` does, where this process may not read it (HDF5 names it only inside a sentence of its own)."""
     try:
         st = os.stat(filename)
     except FileNotFoundError:
@@ -260,6 +261,12 @@ def check_regular(filename: str) -> FileSignature:
             f"{filename!r} is {kind}, not a regular file: HDF5 files are read at offsets, which only a regular "
             f"file allows"
         )
+    if readable:
+        try:
+            os.close(os.open(filename, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+        except PermissionError as exc:
+            raise PermissionError(errno.EACCES, "Permission denied: this process may not read the HDF5 file",
+                                  filename) from exc
     return _signature_of(st)
 
 

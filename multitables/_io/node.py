@@ -167,7 +167,7 @@ def check_file(filename: str, store: "Store | None" = None) -> "FileSignature | 
 
     if is_url(filename):
         return checked_identity(filename, store or make_store(None))
-    check_regular(filename)
+    check_regular(filename, readable=True)
     if not h5py.is_hdf5(os.fsencode(filename)):
         raise NotHDF5Error(f"{filename!r} is not an HDF5 file")
     return file_signature(filename)

@@ -100,6 +100,8 @@ class Stage:
 
     def _claim(self) -> "Stage":
         if self.closed:
+            if not self._closed:  # its Reader was, by another thread since request() looked at it perhaps: say so
+                self._reader._live().check_not_closed()
             raise StreamClosedError("the stage is closed")
         if not self._hold.acquire(blocking=False):
             raise RuntimeError(
@@ -137,6 +139,8 @@ class Stage:
             core = self._reader._core
             if core is not None:  # freed by stop() from another thread meanwhile: say that, not "the stage is closed"
                 core.check_not_stopped()
+                if not self._closed:  # freed at the close of the Reader (n_procs=0: at once), held by no future
+                    core.check_not_closed()
             raise
 
     def _give_back(self) -> None:
@@ -215,6 +219,8 @@ class StagePool:
         core = self._reader._live()
         while True:
             if self.closed:
+                if not any(s._closed for s in self._stages):  # its Reader was, by another thread perhaps: say so
+                    core.check_not_closed()
                 raise StreamClosedError("the stage pool is closed")
             wait = TICK if deadline is None else max(0.0, min(TICK, deadline - time.monotonic()))
             try:

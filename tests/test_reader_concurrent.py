@@ -1,0 +1,93 @@
+"""A Reader used concurrently: awaited from asyncio, shared by threads, closed from elsewhere; exact rows, no hang."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+import tables
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import multitables
+from multitables.reader import Reader
+
+from _guards import hang_guard
+
+#: Guards against a hang only: every wait in these tests ends within it, or the test fails.
+LIMIT = 20.0
+N_ROWS = 3000
+
+
+@pytest.fixture(scope="module")
+def rows_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray]:
+    """An array of ``N_ROWS`` rows of 3 int32 in chunks of 64 rows, zlib; returns (path, data)."""
+    path = tmp_path_factory.mktemp("concurrent") / "rows.h5"
+    data = np.arange(N_ROWS * 3, dtype="<i4").reshape(N_ROWS, 3)
+    with tables.open_file(path, "w") as f:
+        f.create_carray("/", "data", obj=data, filters=tables.Filters(3, "zlib"), chunkshape=(64, 3))
+    return path, data
+
+
+def free_stages(pool: multitables.StagePool) -> int:
+    return pool._free.qsize()
+
+
+@pytest.fixture
+def stopped_reader() -> Iterator[Any]:
+    """``pause(reader)``: SIGSTOP its one reader process (its reads wait) until the test ends or ``resume()``."""
+    paused: list[int] = []
+
+    class Pause:
+        def __call__(self, reader: Reader) -> None:
+            (pid,) = reader.reader_pids
+            os.kill(pid, signal.SIGSTOP)
+            paused.append(pid)
+
+        def resume(self) -> None:
+            while paused:
+                try:
+                    os.kill(paused.pop(), signal.SIGCONT)
+                except ProcessLookupError:  # stop() ended it
+                    pass
+
+    pause = Pause()
+    try:
+        yield pause
+    finally:
+        pause.resume()
+
+
+# -- threads ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n_procs", [0, 1])
+@pytest.mark.parametrize("into", ["stage", "pool"])
+def test_a_request_racing_a_close_in_another_thread_is_told_the_reader_is_closed(
+    rows_file: tuple, n_procs: int, into: str, no_leaks: None
+) -> None:
+    """Closed by another thread after ``request`` looked at the Reader, and before it took the stage, the request
+    said "the stage is closed" (or "the stage pool is closed"): stages the caller never closed."""
+    path, _ = rows_file
+    with Reader(path, n_procs=n_procs) as reader:
+        ds = reader.get_dataset("/data")
+        stage = ds.create_stage(10) if into == "stage" else ds.create_stage_pool(10, 2)
+        fits = stage._check_fits
+
+        def closed_meanwhile(request: Any) -> None:
+            fits(request)
+            reader.close()  # another thread's, landing between the look at the Reader and the take of the stage
+
+        stage._check_fits = closed_meanwhile  # type: ignore[method-assign]
+        with pytest.raises(multitables.StreamClosedError, match=rf"^the Reader of {re.escape(repr(str(path)))} is closed$"):
+            reader.request(ds[:10], stage, timeout=LIMIT)

@@ -91,3 +91,32 @@ def test_a_request_racing_a_close_in_another_thread_is_told_the_reader_is_closed
         stage._check_fits = closed_meanwhile  # type: ignore[method-assign]
         with pytest.raises(multitables.StreamClosedError, match=rf"^the Reader of {re.escape(repr(str(path)))} is closed$"):
             reader.request(ds[:10], stage, timeout=LIMIT)
+
+
+
+
+_LENT_THEN_FREED = r"""
+import sys, numpy as np, multitables
+path, n_procs, how = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+reader = multitables.Reader(path, n_procs=n_procs)
+ds = reader.get_dataset("/data")
+stage = ds.create_stage(1000)
+with reader.request(ds[:1000], stage).get_unsafe() as rows:
+    reader.stop() if how == "stop" else stage.close()
+    print(int(rows.sum()), int(rows[-1, -1]))
+"""
+
+
+@pytest.mark.parametrize("n_procs", [0, 2])
+@pytest.mark.parametrize("how", ["stop", "stage.close"])
+def test_data_lent_by_get_unsafe_stays_readable_when_its_stage_is_freed_meanwhile(
+    rows_file: tuple, n_procs: int, how: str, no_leaks: None
+) -> None:
+    """A stage freed under the data it lends (stop(), here or from another thread, or its close) was unmapped
+    beneath the view: the next read of it crashed the process (SIGSEGV). Its bytes stay, as the segment's NOTE
+    says of rows lent."""
+    path, data = rows_file
+    done = subprocess.run([sys.executable, "-c", _LENT_THEN_FREED, str(path), str(n_procs), how],
+                          capture_output=True, text=True, timeout=LIMIT)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.split() == [str(int(data[:1000].sum())), str(int(data[999, -1]))]

@@ -166,6 +166,10 @@ class Future:
             if self.shape is None:
                 self.shape = np.shape(data)
             return data
+        except StreamClosedError:  # freed by stop() from another thread since the wait saw the data
+            data = None
+            self._reader._live().check_not_stopped("this future's data was got")
+            raise
         except BaseException:
             data = None  # a view on the stage kept by a traceback's frame (Ctrl-C) would keep the mapping
             raise

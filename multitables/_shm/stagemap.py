@@ -18,6 +18,7 @@ NOTE [stage room]
 
 from __future__ import annotations
 
+import math
 import pickle
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -84,7 +85,19 @@ class StageMap:
 
     def data(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         """The first ``shape`` of the data area, as ``dtype``."""
-        arr = np.ndarray(shape, dtype, buffer=self.segment.buf, offset=self._data_at)
+        n = math.prod(shape)
+        try:
+            if n and dtype.itemsize:
+                # An export of the mapping (np.ndarray(buffer=) holds none): closed under this array, by stop() from
+                # another thread or in a `with future.get_unsafe()`, the segment keeps its bytes for it (close())
+                # instead of unmapping them beneath it, a crash.
+                arr = np.frombuffer(self.segment.buf, dtype, n, self._data_at).reshape(shape)
+            else:  # no byte to read (frombuffer refuses a size of 0)
+                arr = np.ndarray(shape, dtype, buffer=self.segment.buf, offset=self._data_at)
+        except ValueError:
+            if self.words is None:  # closed, maybe by another thread just now
+                raise StreamClosedError("the stage is closed") from None
+            raise
         if not self._writable:  # writable as its (writable) buffer is, else
             arr.flags.writeable = False
         return arr
@@ -187,8 +200,10 @@ class StageMap:
             words[_H_STATUS + share] = status
 
     def close(self) -> None:
+        """Unmap; arrays of its data still alive keep their bytes, moved to private memory by the segment's owner
+        (NOTE [segment lifetime]), else the mapping goes with the last of them."""
         self.words = self.rows = None  # type: ignore[assignment]
-        self.segment.close()
+        self.segment.close(keep=[(self._data_at, self.layout.data_nbytes)])
 
 
 #: Longest node description a stage header holds.

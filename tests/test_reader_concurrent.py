@@ -93,6 +93,36 @@ def test_a_request_racing_a_close_in_another_thread_is_told_the_reader_is_closed
             reader.request(ds[:10], stage, timeout=LIMIT)
 
 
+@pytest.mark.parametrize("n_procs", [0, 1])
+def test_a_stop_from_another_thread_while_a_request_is_written_frees_its_stage_after(
+    rows_file: tuple, n_procs: int, no_leaks: None
+) -> None:
+    """stop() from another thread while ``request`` writes into its stage (the stage claimed, not yet held by a
+    future) and the readers' inboxes freed them beneath the write: a crash, a ``TypeError`` or an ``IndexError``.
+    The request ends, then they are freed, and the future says the Reader was stopped (or has its rows)."""
+    path, _ = rows_file
+    reader = Reader(path, n_procs=n_procs)
+    ds = reader.get_dataset("/data")
+    stage = ds.create_stage(10)
+    core = reader._core
+    detach = core.detach_dropped
+    stopper = threading.Thread(target=reader.stop, daemon=True)
+
+    def stopped_meanwhile() -> None:  # called by request() under the Reader's lock, before it writes the stage
+        detach()
+        if not stopper.is_alive() and stopper.ident is None:
+            stopper.start()
+            stopper.join(0.5)  # done at once where stop() frees stages under a request's write
+
+    core.detach_dropped = stopped_meanwhile  # type: ignore[method-assign]
+    with hang_guard(LIMIT, "a stop under a request"):
+        future = reader.request(ds[:10], stage)
+        try:  # with n_procs=0 the request is read before it returns, and its data may come before the stop
+            np.testing.assert_array_equal(future.get(timeout=LIMIT), rows_file[1][:10])
+        except multitables.StreamClosedError as exc:
+            assert "was stopped" in str(exc)
+        stopper.join(LIMIT)
+    assert not stopper.is_alive()
 
 
 _LENT_THEN_FREED = r"""

@@ -221,12 +221,16 @@ class ReaderCore:
             if self.shut:
                 return
             self.shut = True
-            self.pool.close()
-            for stage_id in list(self.stages):
-                if self.stopped or stage_id not in self.held:
-                    smap = self.stages.pop(stage_id, None)  # None: its future gave it back meanwhile, and freed it
-                    if smap is not None:
-                        smap.close()
+            # Under the lock of request()'s writes: a request that looked before stop() (which takes no lock) set
+            # `closed` goes on writing into a stage no future holds yet, and into the readers' inboxes, which would
+            # be freed memory.
+            with self.lock:
+                self.pool.close()
+                for stage_id in list(self.stages):
+                    if self.stopped or stage_id not in self.held:
+                        smap = self.stages.pop(stage_id, None)  # None: its future gave it back meanwhile, and freed it
+                        if smap is not None:
+                            smap.close()
         if self.notifier is not None:
             self.notifier.end()
 

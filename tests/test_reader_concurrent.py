@@ -125,6 +125,36 @@ def test_a_stop_from_another_thread_while_a_request_is_written_frees_its_stage_a
     assert not stopper.is_alive()
 
 
+def test_a_stop_from_another_thread_is_not_told_as_a_reader_death(rows_file: tuple, stopped_reader: Any) -> None:
+    """Readers that exited because stop() told them to were taken for dead by a get that looked at them before the
+    stop was over: "Reader 0 ... died unexpectedly with exit code 0" instead of "was stopped"."""
+    path, _ = rows_file
+    reader = Reader(path, n_procs=1)
+    ds = reader.get_dataset("/data")
+    stage = ds.create_stage(10)
+    serve = reader._core.pool
+    tell, go_on = serve._tell_stop, threading.Event()
+
+    def told() -> None:  # the stop, held a while once the readers are told, and exit
+        tell()
+        stopped_reader.resume()  # a reader stopped by SIGSTOP sees the stop before its inbox's work
+        go_on.wait(LIMIT)
+
+    serve._tell_stop = told
+    stopped_reader(reader)  # the data does not come: get() waits, and looks at the readers every tick
+    future = reader.request(ds[:10], stage)
+    stopper = threading.Thread(target=reader.stop, daemon=True)
+    with hang_guard(LIMIT, "a stop under a get"):
+        stopper.start()
+        time.sleep(1.0)  # the reader exits meanwhile
+        with pytest.raises(multitables.StreamClosedError, match="was stopped"):
+            future.get(timeout=LIMIT)
+        go_on.set()
+        stopper.join(LIMIT)
+    assert not stopper.is_alive()
+    del serve._tell_stop
+
+
 _LENT_THEN_FREED = r"""
 import sys, numpy as np, multitables
 path, n_procs, how = sys.argv[1], int(sys.argv[2]), sys.argv[3]

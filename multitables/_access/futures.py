@@ -125,13 +125,14 @@ class Future:
                 wait = TICK if deadline is None else max(0.0, min(TICK, deadline - time.monotonic()))
                 if channel.acquire(timeout=wait):
                     continue
+                core.check_not_stopped()  # first: readers that stop() told to exit are not dead
                 core.pool.look()
                 for reader, share in zip(self._readers, stage._status(n)):
                     if share == PENDING:
                         died = core.pool.dead_error(reader, self.request.dataset.path)
                         if died is not None:
+                            core.check_not_stopped()  # by another thread since: they exited as told
                             raise died
-                core.check_not_stopped()
                 if deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError(f"the data of {self.request!r} did not come within {timeout} s")
             core.awake.saw(time.perf_counter() - self._asked)

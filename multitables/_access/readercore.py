@@ -165,6 +165,7 @@ class ReaderCore:
         self.pool.look()  # a reader may have died while nothing waited on it
         broken = self.pool.broken()
         if broken is not None:
+            self.check_not_closed()  # by stop() in another thread since the look above: its readers exited as told
             raise broken
 
     def check_not_closed(self) -> None:

@@ -71,6 +71,78 @@ def stopped_reader() -> Iterator[Any]:
 # -- threads ------------------------------------------------------------------
 
 
+@st.composite
+def row_keys(draw: st.DrawFn) -> Any:
+    """A slice (with a step, negative too) or an index list of up to 64 rows, in any order, repeats allowed."""
+    if draw(st.booleans()):
+        start = draw(st.integers(0, N_ROWS - 1))
+        step = draw(st.sampled_from([1, 1, 2, 3, -1]))
+        n = draw(st.integers(0, 64))
+        return slice(start, max(start + step * n, -1) if step < 0 else min(start + step * n, N_ROWS), step)
+    return draw(st.lists(st.integers(-N_ROWS, N_ROWS - 1), min_size=1, max_size=64))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(
+    keys=st.lists(st.lists(row_keys(), min_size=1, max_size=12), min_size=8, max_size=8),
+    n_procs=st.sampled_from([0, 2]),
+    close_after=st.integers(0, 60),
+    how=st.sampled_from(["close", "close_wait", "stop"]),
+)
+def test_eight_threads_share_a_reader_closed_from_another_thread(
+    rows_file: tuple, keys: list[list[Any]], n_procs: int, close_after: int, how: str, no_leaks: None
+) -> None:
+    """8 threads make requests on one Reader and one pool while a ninth closes it after ``close_after`` requests:
+    every row got is exact, every other request raises StreamClosedError, and every thread ends."""
+    path, data = rows_file
+    reader = Reader(path, n_procs=n_procs)
+    ds = reader.get_dataset("/data")
+    pool = ds.create_stage_pool(64, 4)
+    made = threading.Semaphore(0)
+    outcomes: list[list[str]] = [[] for _ in keys]
+    failures: list[BaseException] = []
+
+    def work(k: int) -> None:
+        try:
+            for key in keys[k] * 3:
+                try:
+                    future = reader.request(ds[key], pool, timeout=LIMIT)
+                except multitables.StreamClosedError as exc:
+                    outcomes[k].append(str(exc))
+                    continue
+                finally:
+                    made.release()
+                try:
+                    rows = future.get(timeout=LIMIT)
+                except multitables.StreamClosedError as exc:
+                    outcomes[k].append(str(exc))
+                    continue
+                np.testing.assert_array_equal(rows, data[key])
+                outcomes[k].append("rows")
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(len(keys))]
+    with hang_guard(3 * LIMIT, "8 threads and a close"):
+        for t in threads:
+            t.start()
+        for _ in range(min(close_after, sum(len(k) * 3 for k in keys))):
+            assert made.acquire(timeout=LIMIT)
+        if how == "stop":
+            reader.stop()
+        else:
+            reader.close(wait=how == "close_wait")
+        for t in threads:
+            t.join(LIMIT)
+        assert not [t for t in threads if t.is_alive()]
+        reader.close(wait=True)
+    assert not failures, failures
+    said = {o for got in outcomes for o in got} - {"rows"}
+    closed, stopped = f"the Reader of {str(path)!r} is closed", f"the Reader of {str(path)!r} was stopped"
+    assert all(s == closed or (how == "stop" and s.startswith(stopped)) for s in said), said
+
+
+
 @pytest.mark.parametrize("n_procs", [0, 1])
 @pytest.mark.parametrize("into", ["stage", "pool"])
 def test_a_request_racing_a_close_in_another_thread_is_told_the_reader_is_closed(

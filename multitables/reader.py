@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ._access.awaiting import request_async
 from ._access.compat2x import first_op
 from ._access.futures import Future, RequestPool
 from ._access.inline import InlineServer
@@ -215,6 +216,14 @@ class Reader:
         if core.notifier is not None:
             core.notifier.add(future)
         return future
+
+    async def request_async(
+        self, key: "Request", stage: "Stage | StagePool", *, timeout: "float | None" = None
+    ) -> "Future":
+        """:meth:`request` for asyncio: waits for a free stage of a :class:`StagePool` without blocking the event
+        loop (for up to ``timeout`` seconds if given, then ``TimeoutError``); ``await`` the future it returns for the
+        data (NOTE [awaited futures] in ``_access.awaiting``). Raises as :meth:`request` does."""
+        return await request_async(self, key, stage, timeout)
 
     def _submit(self, core: ReaderCore, request: "Request", stage: "Stage") -> "Future":
         plan = request._plan

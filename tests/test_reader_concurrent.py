@@ -68,6 +68,167 @@ def stopped_reader() -> Iterator[Any]:
         pause.resume()
 
 
+# -- asyncio ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n_procs", [0, 2])
+def test_a_thousand_gathered_awaits_on_eight_stages_give_exact_rows_and_free_every_stage(
+    rows_file: tuple, n_procs: int, no_leaks: None
+) -> None:
+    path, data = rows_file
+    rng = np.random.default_rng(n_procs)
+    keys: list[Any] = [slice(int(a), int(a) + int(n)) for a, n in zip(rng.integers(0, N_ROWS - 64, 500), rng.integers(0, 65, 500))]
+    keys += [np.sort(rng.choice(N_ROWS, int(n), replace=False)) for n in rng.integers(1, 64, 500)]
+
+    async def main() -> None:
+        with Reader(path, n_procs=n_procs) as reader:
+            ds = reader.get_dataset("/data")
+            pool = ds.create_stage_pool(64, 8)
+
+            async def one(key: Any) -> Any:
+                future = await reader.request_async(ds[key], pool, timeout=LIMIT)
+                return await future
+
+            got = await asyncio.wait_for(asyncio.gather(*(one(k) for k in keys)), LIMIT)
+            for key, rows in zip(keys, got):
+                np.testing.assert_array_equal(rows, data[key])
+            assert free_stages(pool) == 8 and not pool._waiting and not reader._core.held
+
+    with hang_guard(2 * LIMIT, "1,000 gathered awaits"):
+        asyncio.run(main())
+
+
+def test_an_await_lets_the_loop_run_while_its_reader_reads(rows_file: tuple, stopped_reader: Any, no_leaks: None) -> None:
+    """The reader is stopped by SIGSTOP: the loop's other task goes on while the await waits, and the data comes once
+    the reader goes on."""
+    path, data = rows_file
+
+    async def main() -> None:
+        with Reader(path, n_procs=1) as reader:
+            ds = reader.get_dataset("/data")
+            stage = ds.create_stage(100)
+            stopped_reader(reader)
+            future = reader.request(ds[10:110], stage)
+            awaited = asyncio.ensure_future(future)
+            ticks = 0
+            while ticks < 20:  # would never run with a blocking wait in the loop
+                await asyncio.sleep(0.005)
+                ticks += 1
+            assert not awaited.done()
+            stopped_reader.resume()
+            np.testing.assert_array_equal(await asyncio.wait_for(awaited, LIMIT), data[10:110])
+
+    with hang_guard(LIMIT, "an await while the reader is stopped"):
+        asyncio.run(main())
+
+
+def test_an_await_cancelled_or_timed_out_gives_its_stage_back_once_the_read_is_done(
+    rows_file: tuple, stopped_reader: Any, no_leaks: None
+) -> None:
+    """Given back at once, the stage would take the next request while the waiter thread still waited on it."""
+    path, data = rows_file
+
+    async def main() -> None:
+        with Reader(path, n_procs=1) as reader:
+            ds = reader.get_dataset("/data")
+            pool = ds.create_stage_pool(100, 2)
+            stopped_reader(reader)
+            first = await reader.request_async(ds[:100], pool)
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(first, 0.05)
+            second = asyncio.ensure_future(reader.request_async(ds[100:200], pool))
+            task = asyncio.ensure_future(await second)
+            await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert free_stages(pool) == 0  # both still being read
+            with pytest.raises(TimeoutError, match="no stage of the pool came free within 0.1 s"):
+                await reader.request_async(ds[:10], pool, timeout=0.1)
+            third = asyncio.ensure_future(reader.request_async(ds[200:300], pool, timeout=LIMIT))
+            await asyncio.sleep(0.05)
+            assert not third.done()
+            stopped_reader.resume()  # the reads end: their stages come back, and the waiting request takes one
+            np.testing.assert_array_equal(await (await asyncio.wait_for(third, LIMIT)), data[200:300])
+            await asyncio.sleep(0)
+            assert free_stages(pool) == 2 and not reader._core.held
+
+    with hang_guard(LIMIT, "cancelled awaits"):
+        asyncio.run(main())
+
+
+def test_many_awaits_cancelled_at_random_leave_every_stage_free(rows_file: tuple, no_leaks: None) -> None:
+    path, data = rows_file
+    rng = np.random.default_rng(5)
+
+    async def main() -> None:
+        with Reader(path, n_procs=2) as reader:
+            ds = reader.get_dataset("/data")
+            pool = ds.create_stage_pool(300, 4)
+
+            async def one(a: int) -> None:
+                future = await reader.request_async(ds[a:a + 300], pool, timeout=LIMIT)
+                await asyncio.sleep(0)  # a task cancelled here leaves its future to the garbage collector
+                np.testing.assert_array_equal(await future, data[a:a + 300])
+
+            tasks = [asyncio.ensure_future(one(int(a))) for a in rng.integers(0, N_ROWS - 300, 200)]
+            for _ in range(20):
+                await asyncio.sleep(float(rng.uniform(0, 0.003)))
+                for i in rng.choice(len(tasks), 5):
+                    tasks[i].cancel()
+            done = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), LIMIT)
+            assert all(r is None or isinstance(r, asyncio.CancelledError) for r in done), done
+            assert any(isinstance(r, asyncio.CancelledError) for r in done) and any(r is None for r in done)
+            while free_stages(pool) < 4:  # the last cancelled reads end, within the hang guard
+                await asyncio.sleep(0.01)
+            assert not pool._waiting
+            np.testing.assert_array_equal(await (await reader.request_async(ds[5:9], pool)), data[5:9])
+
+    with hang_guard(2 * LIMIT, "awaits cancelled at random"):
+        asyncio.run(main())
+
+
+@pytest.mark.parametrize("how", ["close", "stop"])
+def test_closing_the_reader_while_awaits_are_pending_delivers_or_says_so(
+    rows_file: tuple, how: str, stopped_reader: Any, no_leaks: None
+) -> None:
+    """``close()``: the futures made deliver, the tasks still waiting for a stage are told the Reader is closed;
+    ``stop()``: every pending await is told it was stopped. Nothing hangs."""
+    path, data = rows_file
+
+    async def main() -> None:
+        reader = Reader(path, n_procs=1)
+        ds = reader.get_dataset("/data")
+        pool = ds.create_stage_pool(100, 3)
+        stopped_reader(reader)
+
+        async def one(a: int) -> Any:
+            future = await reader.request_async(ds[a:a + 100], pool, timeout=LIMIT)
+            return await future
+
+        tasks = [asyncio.ensure_future(one(a)) for a in range(0, 1000, 100)]
+        while len(pool._waiting) < 7:
+            await asyncio.sleep(0.005)
+        if how == "close":
+            reader.close()
+        else:
+            reader.stop()
+        stopped_reader.resume()
+        got = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), LIMIT)
+        closed = [r for r in got if isinstance(r, multitables.StreamClosedError)]
+        if how == "close":
+            for a, rows in zip(range(0, 300, 100), got[:3]):
+                np.testing.assert_array_equal(rows, data[a:a + 100])
+            assert len(closed) == 7 and all("is closed" in str(e) for e in closed), got
+        else:
+            assert len(closed) == 10, got
+            assert all("closed" in str(e) or "stopped" in str(e) for e in closed)
+        reader.close(wait=True)
+
+    with hang_guard(LIMIT, f"{how}() under pending awaits"):
+        asyncio.run(main())
+
+
 # -- threads ------------------------------------------------------------------
 
 
@@ -140,7 +301,6 @@ def test_eight_threads_share_a_reader_closed_from_another_thread(
     said = {o for got in outcomes for o in got} - {"rows"}
     closed, stopped = f"the Reader of {str(path)!r} is closed", f"the Reader of {str(path)!r} was stopped"
     assert all(s == closed or (how == "stop" and s.startswith(stopped)) for s in said), said
-
 
 
 @pytest.mark.parametrize("n_procs", [0, 1])

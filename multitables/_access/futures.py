@@ -7,7 +7,7 @@ import collections
 import threading
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from ..errors import ReaderError, StreamClosedError
 from .request import Request
 from .stages import Stage
 from .readercore import not_pickled, quiet_at_exit
+from .awaiting import awaited
 from .._sys.awake import look
 from .._sys.copies import copied
 if TYPE_CHECKING:
@@ -233,6 +234,12 @@ class Future:
         """Wait, call ``action(data)`` on the zero-copy data, return what it returns; the stage is then given back."""
         with self.get_unsafe(timeout) as data:
             return action(data)
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        """``await future``: as :meth:`get`, the event loop going on meanwhile (NOTE [awaited futures] in
+        ``_access.awaiting``). Cancelled (``asyncio.wait_for``'s timeout too), it gives the stage back once the
+        readers are done with it."""
+        return awaited(self).__await__()
 
     def release(self) -> None:
         """Give the stage back (idempotent); the data can no longer be got. Does not wait for the read."""

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import os
 import pickle
@@ -25,6 +26,7 @@ from .._shm.ring import TICK
 from .._shm.segment import interpreter_exiting
 from .._shm.stagemap import MAX_DESC, StageMap, describe
 from .._sys.awake import Eagerness
+from .._sys.background import DaemonThreads
 from ..errors import QueueClosed, StreamClosedError
 
 if TYPE_CHECKING:
@@ -61,6 +63,7 @@ def _renew_locks_in_child() -> None:
     first request then waited for it."""
     for core in list(_CORES):
         core.lock, core._shut_lock = threading.Lock(), threading.Lock()
+        core._waiters, core._waiters_lock = None, threading.Lock()  # its threads are the parent's
 
 
 os.register_at_fork(after_in_child=_renew_locks_in_child)
@@ -114,6 +117,22 @@ class ReaderCore:
         self.notifier = Notifier(notify) if notify is not None else None
         #: The latest look at a file read with swmr=True that saw it larger than the Reader did (None: none).
         self.looked: "GrowingFile | None" = None
+        self._waiters: "DaemonThreads | None" = None  # NOTE [awaited futures]
+        self._waiters_lock = threading.Lock()
+
+    def in_thread(self, wait: "Callable[[], Any]") -> "concurrent.futures.Future[Any] | None":
+        """Call ``wait`` in a waiter thread of awaited futures (NOTE [awaited futures] in ``_access.awaiting``);
+        None once the Reader has shut down (every future is done then)."""
+        with self._waiters_lock:  # not _shut_lock, held while the readers stop: the loop would wait on it
+            if self.shut:
+                return None
+            if self._waiters is None:
+                self._waiters = DaemonThreads("multitables-await")
+            waiters = self._waiters
+        try:
+            return waiters.submit(wait)
+        except RuntimeError:  # shut down meanwhile
+            return None
 
     def inspect(self, path: str, field: "str | None" = None) -> NodeInfo:
         """The node at ``path`` (``field``: one column) of the Reader's files, checked now; one of 0 rows too (2.x's
@@ -222,6 +241,10 @@ class ReaderCore:
             if self.shut:
                 return
             self.shut = True
+            with self._waiters_lock:
+                waiters, self._waiters = self._waiters, None
+            if waiters is not None:  # the waits queued end at once now, then its threads
+                waiters.shutdown()
             # Under the lock of request()'s writes: a request that looked before stop() (which takes no lock) set
             # `closed` goes on writing into a stage no future holds yet, and into the readers' inboxes, which would
             # be freed memory.

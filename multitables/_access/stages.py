@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import queue
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 
 from .._shm.stagemap import FAILED, PENDING, StageLayout, StageMap
@@ -155,6 +157,8 @@ class Stage:
         pool = self._pool() if self._pool is not None else None
         if pool is not None:  # a pool dropped meanwhile hands out no stage again
             pool._free.put(self)
+            if pool._waiting:
+                pool._wake()
 
     def close(self) -> None:
         """Free the shared memory (idempotent). Data still held from it stays readable until dropped."""
@@ -196,6 +200,9 @@ class StagePool:
         self._stages = stages
         self._reader = stages[0]._reader
         self._free: "queue.SimpleQueue[Stage]" = queue.SimpleQueue()
+        # Tasks of event loops waiting for a free stage, first come first served: the first is woken when a stage is
+        # given back (NOTE [awaited futures] in ``_access.awaiting``).
+        self._waiting: "collections.deque[Waiting]" = collections.deque()
         for stage in stages:
             stage._pool = weakref.ref(self)
             self._free.put(stage)
@@ -243,6 +250,22 @@ class StagePool:
                 raise
             return stage
 
+    def _wake(self) -> None:
+        """Wake the first task waiting for a stage (from any thread, a finalizer's too: never blocks)."""
+        while True:
+            try:
+                head = self._waiting[0]
+            except IndexError:
+                return
+            try:
+                head.loop.call_soon_threadsafe(head.wake)
+                return
+            except RuntimeError:  # its loop is closed, and the task with it: the next one
+                try:
+                    self._waiting.remove(head)
+                except ValueError:
+                    pass
+
     def close(self) -> None:
         """Close every stage of the pool (idempotent)."""
         for stage in self._stages:
@@ -258,3 +281,32 @@ class StagePool:
 
     def __repr__(self) -> str:
         return f"<multitables.StagePool {len(self)} stages of {self.n_rows} rows>"
+
+
+class Waiting:
+    """A task waiting in its event loop for a stage of a pool (NOTE [awaited futures] in ``_access.awaiting``)."""
+
+    __slots__ = ("loop", "waker")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.waker: "asyncio.Future[None] | None" = None
+
+    def wake(self) -> None:
+        """In its loop: end its :meth:`sleep` (a wake-up while it is awake is not needed: it is about to look)."""
+        if self.waker is not None and not self.waker.done():
+            self.waker.set_result(None)
+
+    async def sleep(self, seconds: "float | None", unless: "Callable[[], bool]") -> None:
+        """Wait until woken, or ``seconds`` have passed (None: no limit); not at all if ``unless()`` is true once
+        ready to be woken (a wake-up that came before then found no one to wake)."""
+        self.waker = self.loop.create_future()
+        if unless():
+            return
+        timer = None if seconds is None else self.loop.call_later(seconds, self.wake)
+        try:
+            await self.waker
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self.waker = None

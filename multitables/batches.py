@@ -70,7 +70,8 @@ class Batches(Closing, Generic[BatchT]):
     drop_last : bool
         Drop the rows that cannot make a full batch on every rank (fewer than
         ``world_size * batch_size`` per epoch). Otherwise every row is
-        delivered once per epoch and each rank's last batch may be short.
+        delivered once per epoch and each rank's last batch may be short,
+        or empty where the last step has fewer rows than ranks (warned of).
     n_procs : int, optional
         Reader processes in all. Default: the CPUs this process may use,
         shared between the datasets in proportion to their size; datasets
@@ -205,7 +206,8 @@ class Batches(Closing, Generic[BatchT]):
         if self._settings.empty_last_batch:
             warnings.warn(
                 f"{n_rows} rows over {world} ranks in batches of {batch_size}: the last batch of some ranks "
-                f"is empty each epoch (see Batches in the docs); use drop_last=True or another batch_size", stacklevel=3)
+                f"is empty each epoch (docs/training.rst, 'Several GPUs'); use drop_last=True or another batch_size",
+                stacklevel=3)
         self._stream, self._paths, self._identity = stream, path_list, data_identity(nodes)  # NOTE [resumed data]
         #: (dtype, row shape) of each dataset's delivered rows: the transform's output where there is one.
         self._row_types = [delivered(n, t) for n, t in zip(nodes, self._transforms)]

@@ -8,18 +8,20 @@ handler before the next instruction of the sending frame)."""
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 import pytest
 
-from multitables import QueueClosed, Reader, ReaderError, Streamer
+from multitables import Queue, QueueClosed, Reader, ReaderError, Streamer
 from multitables._io import h5py_engine, node, tables_engine
 from multitables._io.blockread import read_block
 from multitables._io.node import inspect_node
@@ -30,11 +32,16 @@ from multitables._io.chunks.codecs.blosc import Blosc
 from multitables._io.chunks.codecs.blosc2 import Blosc2
 from multitables._io.chunks.codecs.bzip2 import Bzip2
 from multitables._io.chunks.codecs.deflate import Deflate
+from multitables._plan import readers
 from multitables._plan.blocks import BlockPlan
 from multitables._shm.ring import Ring
+from multitables._stream.backends import SplitBackend
 from multitables._sys.signals import raised_by_handler
 
 from test_failures import corrupt_chunk
+
+if TYPE_CHECKING:
+    import types
 
 
 class Checkpoint(Exception):
@@ -381,3 +388,102 @@ def test_a_handlers_exception_as_get_gives_its_turn_back_leaves_no_next_get_wait
             timer.cancel()
         assert guard is not QueueClosed, "the next get() waited for the turn its own thread was given"
         guard.release()  # type: ignore[union-attr]
+
+
+class SignalInGet:
+    """A profile hook (``sys.setprofile``) that sends this process SIGUSR1 at the ``landing``-th call or return of one
+    ``Queue.get``: its own call, and the calls and returns of every function it calls, and after each C function it
+    calls returns; then stops. None where no handler runs: before a C function is called (the instructions from the
+    check after the last call to it are stores and loads), at a generator's yield (in the frame it goes to), and at
+    the ``get``'s own return, which holds the guard on the stack (one there runs at the caller's next check, the
+    caller's to handle). :meth:`arm` before the ``get``; ``landed`` says whether it landed in it, or whole ``get``s
+    went by first."""
+
+    get = Queue.get.__code__
+
+    def __init__(self) -> None:
+        self.landing = self.events = 0
+        self.inside = self.landed = False
+
+    def arm(self) -> None:
+        self.events, self.inside, self.landed = 0, False, False
+        sys.setprofile(self)
+
+    def __call__(self, frame: "types.FrameType", event: str, arg: object) -> None:
+        if not self.inside and not (event == "call" and frame.f_code is self.get):
+            return  # not in the get yet (the caller's own calls)
+        self.inside = True
+        if event == "return" and frame.f_code is self.get:
+            sys.setprofile(None)
+            return
+        if event == "c_call" or event == "return" and frame.f_code.co_flags & inspect.CO_GENERATOR:
+            return  # before a C call (it runs after the one before), at a yield (in the frame it goes to)
+        if self.events == self.landing:
+            sys.setprofile(None)
+            self.landed = True
+            signal.raise_signal(signal.SIGUSR1)  # its handler runs here, as at a check between two instructions
+        self.events += 1
+
+
+@pytest.fixture
+def many_blocks(make_array: Callable[..., Path]) -> "tuple[Path, np.ndarray]":
+    """A file of 8,192 rows of 16 bytes in chunks of 64 rows (128 blocks of 64 rows), and its rows."""
+    data = np.arange(8192 * 4, dtype="<f4").reshape(8192, 4)
+    return make_array(data, chunkshape=(64, 4)), data
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["whole", "split"])
+@pytest.mark.parametrize("ordered", [True, False])
+def test_a_handlers_exception_anywhere_in_a_get_from_readers_loses_no_block(
+    no_leaks: None, many_blocks: "tuple[Path, np.ndarray]", ordered: bool, split: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A handler raises at each call and return of a get() in turn (every other get), caught by a loop that goes on
+    # iterating: every row comes once, in order where ordered. A block taken from the ring, or its guard made, before
+    # the exception is the next get's (NOTE [a slot in hand] in ``_stream.queue``).
+    import gc
+
+    path, data = many_blocks
+    if not split:  # each block of 64 rows read on its own, not 16 at a time (NOTE [read plan])
+        monkeypatch.setattr(readers, "TOGETHER_BYTES", 1)
+    hook = SignalInGet()
+    stream = Streamer(path, engine="chunks")
+    old = signal.signal(signal.SIGUSR1, functools.partial(_raise, Checkpoint))
+    gc.collect()
+    gc.disable()  # a collection runs finalizers anywhere, where Python drops a handler's exception
+    try:
+        swept, missed = False, 0
+        while not swept:  # passes until gets go by whole with the hook armed: every call of them had its signal
+            with stream.get_queue("/data", n_procs=2, block_size=64, ordered=ordered) as q:
+                assert q.n_procs == 2 and isinstance(q._backend, SplitBackend) == split  # type: ignore[attr-defined]
+                got: "list[np.ndarray]" = []
+                blocks, hook.events = iter(q), 0
+                stuck = threading.Timer(60, q.close)  # a block lost, its readers alive: ends the pass, rows missing
+                stuck.start()
+                while not swept:
+                    try:
+                        for guard in blocks:
+                            with guard as block:
+                                got.append(block.copy())
+                            if hook.events and not hook.landed:  # a get shorter than landing, or all were
+                                missed, hook.events = missed + 1, 0
+                                swept = missed == 20
+                                if swept:
+                                    break
+                            if len(got) % 2 == 0:  # the next get, then one untouched, with the slots all filled
+                                time.sleep(0.002)
+                                hook.arm()
+                    except Checkpoint:
+                        assert hook.landed
+                        hook.landing, missed = hook.landing + 1, 0
+                        continue
+                    break
+                stuck.cancel()
+                if swept:
+                    break
+            rows = np.concatenate(got) if ordered else np.concatenate(sorted(got, key=lambda b: b[0, 0]))
+            np.testing.assert_array_equal(rows, data, err_msg=f"signal at call/return {hook.landing - 1} of a get")
+    finally:
+        sys.setprofile(None)
+        gc.enable()
+        signal.signal(signal.SIGUSR1, old)
+    assert hook.landing > 20

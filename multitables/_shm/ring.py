@@ -15,7 +15,11 @@ NOTE [ring protocol]
     Consumer: acquire ``ready``  ->  pop ``s`` from the ready ring (the consumer
               is its only reader, so no lock)  ->  view slot ``s``  ->  on
               release, under ``lock``: push ``s`` on the free stack  ->  release
-              ``free``.
+              ``free``. The ready ring's tail, not the tokens, says what is
+              there: a token a handler's exception dropped (NOTE [a slot in
+              hand] in ``_stream.queue``) leaves a slot with none, popped
+              after a wait of ``timeout`` (tail read under ``lock``); its
+              token, if it comes later, wakes a take that finds nothing.
 
     Claiming the block and popping its slot happen under one lock, so block
     numbers are handed out in order and every claimed block already owns its
@@ -143,6 +147,9 @@ class Ring:
         self._table = words[HEADER_WORDS + 4 * n :].reshape(layout.table, 2)  # (first row, end) of block k % table
         self._claimed: dict[int, tuple[int, int]] = {}  # reader-local: the entries of blocks this reader claimed
         self._ready_head = 0  # consumer-local
+        #: Consumer-local: the slot :meth:`take` popped last, until its caller records it and sets None (NOTE [a slot
+        #: in hand] in ``_stream.queue``); a take meanwhile gives it again.
+        self.taken: "int | None" = None
         self._lent: "weakref.WeakValueDictionary[int, np.ndarray]" = weakref.WeakValueDictionary()  # slot -> lend()'s
         self._group = 0  # reader-local: the group whose free slots this reader claims
         self._closed = False
@@ -388,10 +395,10 @@ class Ring:
         with self._locked(check):
             waiting = int(self._hdr[_READY_TAIL]) - self._ready_head
         for _ in range(waiting):
-            while not self.sync.ready.acquire(timeout=TICK):
-                check()
-            if self.failed:
+            got = self.sync.ready.acquire(timeout=TICK)  # none after a tick: a token a handler's exception dropped
+            if got and self.failed:
                 self.sync.ready.release()  # the failing reader's wake-up, not a slot: check() raises its error
+            if not got or self.failed:
                 check()
             slot = int(self._ready_ring[self._ready_head % self.layout.n_slots])
             self._ready_head += 1
@@ -400,16 +407,28 @@ class Ring:
 
     # -- consumer side (one thread at a time) ---------------------------------
     def take(self, timeout: float) -> "int | None":
-        """Pop a filled slot, or None if none came within ``timeout`` s or a reader failed."""
+        """Pop a filled slot, or None if none came within ``timeout`` s or a reader failed; it is :attr:`taken` until
+        the caller sets that None."""
         if self._closed:
             return None
-        if not acquire(self.sync.ready, self._awake, timeout):  # NOTE [waiting awake]
-            return None
-        if self.failed:
-            self.sync.ready.release()  # keep the wake-up for the next look
+        if self.taken is not None:
+            return self.taken
+        if acquire(self.sync.ready, self._awake, timeout):  # NOTE [waiting awake]
+            if self.failed:
+                self.sync.ready.release()  # keep the wake-up for the next look
+                return None
+            there = int(self._hdr[_READY_TAIL]) > self._ready_head  # not: the token of a slot popped without it
+        else:  # a slot whose token a handler's exception dropped is there all the same (NOTE [ring protocol])
+            try:
+                with self._locked(lambda: False):  # the tail and the entries before it; a tick's wait, then give up
+                    there = int(self._hdr[_READY_TAIL]) > self._ready_head
+            except PeerGone:
+                return None
+        if not there:
             return None
         s = int(self._ready_ring[self._ready_head % self.layout.n_slots])
         self._ready_head += 1
+        self.taken = s  # no handler runs between the two (stores alone)
         return s
 
     def meta(self, slot: int) -> tuple[int, int]:
@@ -417,12 +436,10 @@ class Ring:
         k, rows = self._meta[slot]
         return int(k), int(rows)
 
-    def ready_count(self) -> "int | None":
-        """Filled slots not yet taken (None where the platform cannot tell)."""
-        try:
-            return int(self.sync.ready.get_value())
-        except NotImplementedError:  # pragma: no cover - macOS
-            return None
+    def ready_count(self) -> int:
+        """Filled slots not yet taken, or taken and not recorded (:attr:`taken`); exact once the readers have
+        exited."""
+        return int(self._hdr[_READY_TAIL]) - self._ready_head + (self.taken is not None)
 
     def release(self, slot: int, check: Callable[[], bool]) -> None:
         """Give a slot back to the readers (nothing to do once the ring is stopped)."""

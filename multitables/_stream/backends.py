@@ -9,7 +9,9 @@ read a block the same way (``_io.blockread.BlockReader``). A back end gives
 goes (NOTE [readers across epochs] in ``_procs.stream``) also takes
 ``extend(starts, stops)`` and ``rewind()``, and says how many blocks are
 ``published`` and which is ``next``. Where each block read holds several of
-the caller's (NOTE [read plan]), :class:`SplitBackend` hands them out.
+the caller's (NOTE [read plan]), :class:`SplitBackend` hands them out. What
+``take`` returns is also its ``out`` until the queue records it and sets None,
+and a take meanwhile returns it again (NOTE [a slot in hand] in ``_stream.queue``).
 
 NOTE [stalled readers]
     A reader that stays alive and delivers nothing is no failure ``check()``
@@ -103,8 +105,11 @@ class InlineBackend:
         self.pids: list[int] = []
         self._failure: "FailureReport | None" = None  # the read that ended the stream
         self._cause: "BaseException | None" = None  # its error, until the take that raises it (then dropped: a cycle)
+        self.out: "tuple[int, np.ndarray] | None" = None  # NOTE [a slot in hand] in ``_stream.queue``
 
     def take(self) -> tuple[int, np.ndarray]:
+        if self.out is not None:
+            return self.out
         if self._failure is not None:  # every later take raises it again, as a failed reader's stream does
             cause, self._cause = self._cause, None
             raise self._failure.to_exception() from cause
@@ -145,11 +150,14 @@ class InlineBackend:
                 self._cause = cause
                 return slot, as_block(memory, self._spec)[:whole]
             raise self._failure.to_exception() from cause
+        i = self._free.index(slot)
+        # Block k from the read's hands to the caller's, in stores alone (NOTE [a slot in hand] in ``_stream.queue``).
         self._next += 1
-        self._free.remove(slot)
+        del self._free[i]
+        self.out = (slot, rows)  # every row is read again for the next block of this slot
         if isinstance(self._spec.plan, GrowingPlan):
             self._spec.plan.forget(k)
-        return slot, rows  # every row is read again for the next block of this slot
+        return self.out
 
     @property
     def failure_held(self) -> bool:
@@ -184,7 +192,11 @@ class InlineBackend:
         self._spec.plan.extend(starts, stops)  # type: ignore[union-attr]
 
     def rewind(self) -> None:
-        """Nothing is read ahead here: withdraw what was published and not taken."""
+        """Nothing is read ahead here: withdraw what was published and not taken (a block read and never handed on
+        too: NOTE [a slot in hand] in ``_stream.queue``)."""
+        if self.out is not None:
+            self._free.append(self.out[0])
+            self._next, self.out = self._next - 1, None
         self._spec.plan.truncate(self._next)  # type: ignore[union-attr]
 
     def check(self, taking: bool = True) -> None:
@@ -218,6 +230,7 @@ class RingBackend:
         self._next = 0
         self._warned = False  # NOTE [stalled readers]: once per stream
         self._checking = threading.RLock()  # pool.check reads the readers' pipes: one thread at a time
+        self.out: "tuple[int, np.ndarray] | None" = None  # NOTE [a slot in hand] in ``_stream.queue``
         self._pool = StreamReaders(spec, open_kwargs, start_method)
         try:
             self._ring = self._pool.ring
@@ -227,26 +240,35 @@ class RingBackend:
             raise
 
     def take(self) -> tuple[int, np.ndarray]:
-        ring = self._ring
+        if self.out is not None:
+            return self.out
+        ring, pending = self._ring, self._pending
         since: "float | None" = None  # when this take began waiting (NOTE [stalled readers])
+        # A slot goes from the ring's hands (``taken``) or ``pending`` to ``out`` in stores alone (NOTE [a slot in hand]).
         while True:
-            if self._ordered and self._next in self._pending:
+            if self._ordered and self._next in pending:
                 self._pool.pool.check_owner()  # check() below asks it of the others (NOTE [forked children])
-                slot = self._pending.pop(self._next)
+                slot = pending[self._next]
+                block = ring.slots[slot][: ring.meta(slot)[1]]
+                self.out = (slot, block)
+                del pending[self._next]
                 break
             self.check()
             slot = ring.take(TICK)  # type: ignore[assignment]
             if slot is None:
                 since = self._stalled(since)
                 continue
-            k, _rows = ring.meta(slot)
+            k, rows = ring.meta(slot)
+            block = ring.slots[slot][:rows]
             if self._ordered and k != self._next:
-                self._pending[k] = slot
+                pending[k] = slot
+                ring.taken = None
                 continue
+            self.out = (slot, block)
+            ring.taken = None
             break
-        k, rows = ring.meta(slot)
         self._next += 1
-        return slot, ring.slots[slot][:rows]
+        return self.out
 
     def _stalled(self, since: "float | None") -> float:
         """A tick passed without a block: when the wait began; warn once the readers took :data:`STALL_WARNING` s."""
@@ -302,9 +324,12 @@ class RingBackend:
 
     def rewind(self) -> None:
         """Withdraw what was published and not claimed; the blocks read meanwhile, early arrivals included, go back."""
-        for slot in self._pending.values():
-            self._ring.release(slot, self.check)
+        held = [*self._pending.values(), *([] if self.out is None else [self.out[0]]), self._ring.taken]
+        for slot in held:
+            if slot is not None:
+                self._ring.release(slot, self.check)
         self._pending.clear()
+        self.out = self._ring.taken = None
         self._next = self._pool.rewind()
 
     def release(self, slot: int) -> None:
@@ -322,6 +347,7 @@ class RingBackend:
         return start.ctypes.data, layout.nbytes - layout.data_offset
 
     def close(self, background: bool = False) -> None:
+        self.out = None
         self._pool.close(background)
 
 
@@ -342,19 +368,23 @@ class SplitBackend:
         self._lock = threading.Lock()  # release() runs in any thread
         self._pid = os.getpid()
         self.pids = inner.pids
+        self.out: "tuple[int, np.ndarray] | None" = None  # NOTE [a slot in hand] in ``_stream.queue``
 
     def take(self) -> tuple[int, np.ndarray]:
+        if self.out is not None:
+            return self.out
         # A fork's take from readers' slots is the inner's, which refuses it; blocks read here are the fork's own copy.
         if self._cut is None or (self._inner.pids and os.getpid() != self._pid):
             self._cut = None
             slot, rows = self._inner.take()
             with self._lock:
                 self._left[slot] = -(-len(rows) // self._rows)
-            self._cut = (slot, rows, 0)
+            self._cut, self._inner.out = (slot, rows, 0), None  # stores alone (NOTE [a slot in hand])
         slot, rows, i = self._cut
         n = self._rows
-        self._cut = (slot, rows, i + 1) if (i + 1) * n < len(rows) else None
-        return slot * self._per_slot + i, rows[i * n : (i + 1) * n]
+        block = rows[i * n : (i + 1) * n]
+        self._cut, self.out = (slot, rows, i + 1) if (i + 1) * n < len(rows) else None, (slot * self._per_slot + i, block)
+        return self.out
 
     def release(self, block: int) -> None:
         slot = block // self._per_slot
@@ -380,5 +410,5 @@ class SplitBackend:
         return self._inner.slot_memory()
 
     def close(self, background: bool = False) -> None:
-        self._cut = None
+        self._cut = self.out = None
         self._inner.close(background)

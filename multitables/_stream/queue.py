@@ -2,6 +2,27 @@
 
 A queue reads through one of two back ends (``_stream.backends``): reader
 processes filling a shared-memory ring, or this process.
+
+NOTE [a slot in hand]
+    A signal's Python handler runs between two instructions (NOTE [a
+    handler's exception] in ``_sys.signals``): after a call returns, or as a
+    function starts, never between plain stores. One that raises in a
+    ``get()`` the caller catches and goes on from must lose no block, so a
+    slot is always in some hands a later ``get()`` looks in: the ready ring
+    (``Ring.take`` pops it into ``Ring.taken``), the back end's ``out``
+    (ordered: its early arrivals), the queue's record (``_holders``, and the
+    guard made for it in ``_made``), the caller. Each hand-off is stores
+    alone, the new hands set and the old cleared, and each ``take`` or
+    ``get`` gives first what its hands hold. So the guard is made ahead
+    (``_spare``, for the next block), and handed its slot with stores: made
+    after, a handler raising as its call returned would drop it, and its
+    finaliser give the slot back unread. A token of ``ready`` dropped as
+    ``acquire`` returned leaves its slot in the ring, seen there after a
+    wait (NOTE [ring protocol] in ``_shm.ring``). Stores alone also keep
+    other threads out (the GIL changes hands where a handler may run), so a
+    thread's ``get()`` returns the guard ``_made`` for it and no other's.
+    No signal mask: holding the signals costs 18 us a span, and one that
+    came before the span still runs in it.
 """
 
 from __future__ import annotations
@@ -51,8 +72,12 @@ NOT_PICKLED = ("{} belongs to this process (its readers, its shared memory), so 
                "Streamer (it pickles) or the file's name, and open the stream in the task that reads it")
 
 
-def _give_back(queue: "Queue", slot: int) -> None:
-    """A dropped guard's slot back to its queue; a stream that failed or closed meanwhile needs nothing."""
+def _give_back(held: list) -> None:
+    """A dropped guard's slot back to its queue (``held``: the guard's ``[queue, slot]``, no queue for a guard never
+    handed a block); a stream that failed or closed meanwhile needs nothing."""
+    queue, slot = held
+    if queue is None:
+        return
     try:
         queue._release(slot)
     except Exception:
@@ -71,17 +96,18 @@ class Guard:
     ``with`` holds the guard from then on (see :meth:`Queue.get`).
     """
 
-    __slots__ = ("_queue", "_slot", "block", "_released", "_entered", "_dropped", "__weakref__")
+    __slots__ = ("_held", "block", "_released", "_entered", "_dropped", "__weakref__")
 
-    def __init__(self, queue: "Queue", slot: int, block: np.ndarray) -> None:
-        self._queue: "Queue | None" = queue
-        self._slot = slot
-        self.block = block
+    def __init__(self) -> None:
+        # Made ahead of its block, which the queue hands it in stores alone (NOTE [a slot in hand]): ``[queue,
+        # slot]`` from then on, shared with the finaliser; no queue till then (a queue keeps its next guard).
+        self._held: "list[Any]" = [None, -1]
+        self.block: np.ndarray = None  # type: ignore[assignment]
         self._released = self._entered = False
         # A guard dropped without ``with`` must not keep its slot for ever: a finaliser gives it back. Not a
         # ``__del__``: that would run Python code at the end of every guard's life, and a Ctrl-C arriving then
         # is raised inside it, where Python ignores it; a finaliser detached at release runs nothing.
-        self._dropped = weakref.finalize(self, _give_back, queue, slot)
+        self._dropped = weakref.finalize(self, _give_back, self._held)
         self._dropped.atexit = False
 
     def __enter__(self) -> np.ndarray:
@@ -89,13 +115,14 @@ class Guard:
             raise StreamClosedError("this guard's block was released already: a guard gives its block once")
         if self._entered:  # the inner with's end would give the slot back under the outer one
             raise RuntimeError("this guard's with is open already: a guard gives its block once, to one with")
-        if self._queue.closed:  # type: ignore[union-attr]
+        queue, slot = self._held
+        if queue.closed:
             # Handed out before the close, as 2.x's guards went on working after it: its block kept its bytes, the
             # slot held by this guard at the close (NOTE [segment lifetime] in ``_shm.segment``).
             self._entered = True
             return self.block
         self._entered = True
-        self._queue._hold(self._slot)  # type: ignore[union-attr]
+        queue._hold(slot)
         return self.block
 
     def __exit__(self, *exc: object) -> None:
@@ -114,8 +141,9 @@ class Guard:
             self._released = True
             self._dropped.detach()
             self.block = None  # type: ignore[assignment]
-            queue, self._queue = self._queue, None  # a released guard must not keep the queue (and its readers) alive
-            queue._release(self._slot)
+            queue, slot = self._held
+            self._held[0] = None  # a released guard must not keep the queue (and its readers) alive
+            queue._release(slot)
 
 
 class Queue:
@@ -152,6 +180,8 @@ class Queue:
         self._held = 0  # guards handed out and not yet released
         self._holders: dict[int, threading.Thread] = {}  # slot -> the thread holding its guard
         self._taker: "threading.Thread | None" = None  # the thread in backend.take(): one at a time
+        self._spare: "Guard | None" = None  # the next block's guard, made ahead (NOTE [a slot in hand])
+        self._made: "dict[threading.Thread, Guard]" = {}  # a guard handed its block, which the thread's get() returns
         # Reentrant: a guard the GC frees while its thread holds the lock releases through it.
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)  # a slot released, a take done, closed
@@ -190,16 +220,26 @@ class Queue:
         the caller once the readers are gone.
         """
         me = threading.current_thread()
+        made = self._made.get(me)  # the guard an exception kept a get() of this thread from returning
+        if made is not None:
+            del self._made[me]
+            if not self._closed:  # else released by the close
+                return made
         slot = None
         try:
             if not self._wait_turn(me):
                 return QueueClosed
             try:
+                if self._spare is None:
+                    self._spare = Guard()
                 slot, block = self._backend.take()  # outside the lock: guards can be released meanwhile
             finally:
                 with self._changed:
                     self._taker = None
-                    if slot is not None:
+                    if slot is not None:  # the back end's hands to the caller's: stores alone (NOTE [a slot in hand])
+                        made, self._spare, self._backend.out = self._spare, None, None
+                        made._held[0], made._held[1], made.block = self, slot, block  # type: ignore[union-attr]
+                        self._made[me] = made  # type: ignore[assignment]
                         self._delivered += 1
                         self._held += 1
                         self._holders[slot] = me
@@ -211,10 +251,12 @@ class Queue:
         except KeyboardInterrupt:  # Ctrl-C ends the stream, as leaving its with does (a 2.x loop has none)
             self.close()
             raise
+        made = self._made[me]
+        del self._made[me]
         if self._closed:  # by another thread while this one took the block: the pass is over for it too
-            self._release(slot)
+            made.release()
             return QueueClosed
-        return Guard(self, slot, block)
+        return made
 
     def _wait_turn(self, me: threading.Thread) -> bool:
         """Wait for a free slot and for no other thread to be taking a block, then take the turn; False once over."""
@@ -280,13 +322,16 @@ class Queue:
         if not self._growing:
             raise TypeError("only a stream made over a GrowingPlan can be rewound")
         with self._lock:
+            for made in list(self._made.values()):  # never the caller's (NOTE [a slot in hand]): withdrawn too
+                made.release()
+            self._made.clear()
             if self._held:
                 raise RuntimeError(f"{self._held} guard(s) of the queue are still held: release them before a rewind")
             self._backend.rewind()
 
     def lend(self, guard: Guard) -> np.ndarray:
         """A new writable array on ``guard``'s slot (ring streams only): NOTE [lent blocks]."""
-        rows = self._backend.lend(guard._slot, len(guard.block))  # type: ignore[union-attr]
+        rows = self._backend.lend(guard._held[1], len(guard.block))
         guard.block = None  # type: ignore[assignment]  # the rows are the block now: the slot's array goes unheld
         return rows
 
@@ -322,6 +367,8 @@ class Queue:
         (NOTE [release off the path] in ``_sys.release``); otherwise (an early stop, an error, an interrupt) before.
         """
         self._closed = True
+        for made in list(self._made.values()):  # never the caller's (NOTE [a slot in hand]): its get returns QueueClosed
+            made.release()  # and no longer keeps this queue
         with self._changed:
             self._changed.notify_all()  # a get() waiting for a slot returns QueueClosed
         if not self._growing and self.at_end and self._finalizer.detach() is not None:

@@ -457,7 +457,9 @@ def test_a_handlers_exception_anywhere_in_a_get_from_readers_loses_no_block(
                 assert q.n_procs == 2 and isinstance(q._backend, SplitBackend) == split  # type: ignore[attr-defined]
                 got: "list[np.ndarray]" = []
                 blocks, hook.events = iter(q), 0
-                stuck = threading.Timer(60, q.close)  # a block lost, its readers alive: ends the pass, rows missing
+                # A block lost, its readers alive and waiting for a slot: killed, so the get fails rather than hangs
+                # (a close from this thread would wait for the get's turn).
+                stuck = threading.Timer(60, lambda: [os.kill(pid, signal.SIGKILL) for pid in q.reader_pids])
                 stuck.start()
                 while not swept:
                     try:

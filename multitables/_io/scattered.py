@@ -11,11 +11,11 @@ rows that share chunks.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .._plan.requests import ReadRows, effective_chunk_rows, group_bounds
+from .._plan.requests import ReadRows, effective_chunk_rows, group_bounds, run_bounds
 from .node import NodeInfo
 
 
@@ -66,6 +66,8 @@ class GroupRows:
         self._node = node
         self._chunk = effective_chunk_rows(node.chunk_rows, node.row_nbytes)
         self._span = RowSpans(node, self._chunk)
+        # A contiguous dataset of the chunk engine reads runs of rows together (its ``read_runs``)
+        self._runs = getattr(source, "reads_runs", False)
 
     def read(self, rows: ReadRows, out: np.ndarray, stopped: Callable[[], bool]) -> None:
         """Rows ``rows`` (sorted) into ``out``; :class:`Stopped` where ``stopped()`` says so between reads."""
@@ -73,6 +75,9 @@ class GroupRows:
             return
         if isinstance(rows, range):
             read_progression(self._source.read_into, rows, out, self._chunk, self._span, stopped)
+            return
+        if self._runs:
+            read_runs(self._source.read_runs, rows, out, stopped)
             return
         edges = group_bounds(rows, self._chunk)
         # The groups' first and last rows only: a Python int of every row costs a request of a million rows 30 MiB.
@@ -89,6 +94,23 @@ class GroupRows:
 
     def close(self) -> None:
         self._source.close()
+
+
+#: Runs of rows read by one ``read_runs`` call: a reader checks between them whether it is to stop.
+RUNS_PER_CALL = 1024
+
+
+def read_runs(read: Callable[[Sequence[int], Sequence[int], np.ndarray], None], rows: np.ndarray, out: np.ndarray,
+              stopped: Callable[[], bool]) -> None:
+    """Sorted unique ``rows`` into ``out`` through ``read(starts, stops, out)``, :data:`RUNS_PER_CALL` runs of
+    consecutive rows a call; :class:`Stopped` where ``stopped()`` says so between calls."""
+    bounds = run_bounds(rows)
+    starts, stops, at = rows[bounds[:-1]].tolist(), (rows[bounds[1:] - 1] + 1).tolist(), bounds.tolist()
+    for r0 in range(0, len(starts), RUNS_PER_CALL):
+        r1 = min(r0 + RUNS_PER_CALL, len(starts))
+        read(starts[r0:r1], stops[r0:r1], out[at[r0] : at[r1]])
+        if stopped():
+            raise Stopped
 
 
 def read_progression(read_into: Callable[[int, int, np.ndarray], None], rows: range, out: np.ndarray, chunk: int,

@@ -429,7 +429,7 @@ def test_reads_that_do_not_follow_one_another_decode_only_their_part_of_a_blosc_
         for a, b, expected in (
             (10, 20, ["whole"]),  # a first read goes on as a stream would: the chunk is kept for what follows
             (20, 40, []),  # which it is: rows 20-40 come from the kept chunk
-            (300, 301, ["part"]),  # a row elsewhere: only its part of chunk 4 (stored as it is: copied)
+            (300, 301, []),  # a row elsewhere, of chunk 4, stored as it is: its bytes read from the file, nothing decoded
             (130, 140, ["part"]),  # one of chunk 2: blosc decodes the blocks that hold it
             (640, 700, ["part"]),  # rows 640-700 after 300-301: chunk 10's part
             (700, 710, ["part", "whole"]),  # going on from there: the rest of chunk 10; chunk 11 whole, kept for 710 on

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import h5py
+import hdf5plugin
 import numpy as np
 import pytest
 import tables
@@ -18,6 +19,8 @@ from multitables._io.chunks.pread import PreadFile
 from multitables._io.chunks.source import ChunkSource
 
 N_ROWS, WIDTH, MAX_BATCH = 3000, 64, 300
+#: h5py, which reads the rows expected, reads blosc through hdf5plugin once imported.
+BLOSC = hdf5plugin.Blosc
 
 #: As a user's file is made: h5py's own chunking (or none), PyTables' defaults.
 LAYOUTS = ("h5py_plain", "h5py_gzip", "tables_blosc", "tables_plain")
@@ -111,3 +114,40 @@ def test_ranges_past_the_end_of_the_file_give_what_is_there(tmp_path: Path) -> N
         assert outs[0].tolist() == list(range(10)) and outs[1].tolist() == [95, 96, 97, 98, 99, 0, 0, 0, 0, 0]
     finally:
         file.close()
+
+
+@pytest.mark.parametrize("n_rows_a_batch", [1, 64])
+def test_random_rows_of_unfiltered_chunks_read_only_their_bytes(files: dict, monkeypatch: pytest.MonkeyPatch,
+                                                                 n_rows_a_batch: int) -> None:
+    """PyTables' chunks of an uncompressed array hold whole rows as stored: a request reads its rows' bytes, not each
+    row's whole chunk."""
+    path, data = files["tables_plain"]
+    read: "list[int]" = []
+    real_into, real_ranges = PreadFile.read_into, PreadFile.read_ranges
+
+    def into(self: PreadFile, offset: int, buf: Any) -> int:
+        read.append(memoryview(buf).nbytes)
+        return real_into(self, offset, buf)
+
+    def ranges(self: PreadFile, offsets: Any, outs: Any) -> "list[int]":
+        read.extend(memoryview(o).nbytes for o in outs)
+        return real_ranges(self, offsets, outs)
+
+    monkeypatch.setattr(PreadFile, "read_into", into)
+    monkeypatch.setattr(PreadFile, "read_ranges", ranges)
+    rng = np.random.default_rng(n_rows_a_batch)
+    with h5py.File(path, "r") as f:
+        chunk = f["X"].chunks[0]
+    assert chunk < N_ROWS // 8  # as PyTables makes them
+    with multitables.Reader(str(path), n_procs=0) as reader:
+        ds = reader.get_dataset("/X")
+        stage = ds.create_stage(n_rows_a_batch)
+        reader.request(ds[[0]], stage).get()  # the file opened, its chunk index read
+        for _ in range(5):
+            idx = rng.integers(0, N_ROWS, n_rows_a_batch)
+            read.clear()
+            np.testing.assert_array_equal(reader.request(ds[idx], stage).get(), data[idx])
+            # Rows of one chunk are read as the span they cover, then picked (a filtered chunk's is decoded once so)
+            rows = np.unique(idx)
+            spans = sum(int(g.max() - g.min() + 1) for g in np.split(rows, np.flatnonzero(np.diff(rows // chunk)) + 1))
+            assert sum(read) == spans * WIDTH * 4

@@ -174,8 +174,8 @@ class Reader:
         core.check_open()
         node = core.inspect(path)
         # Requests resolve as reader processes do, n_procs=0 too: on blosc the chunk engine read requests faster
-        # either way (BENCHMARKS.md, engine choice for in-process reads).
-        engine = resolve_engine(core.engine, node, core.open_kwargs, readers=True)
+        # either way (BENCHMARKS.md, engine choice for in-process reads); unfiltered chunks too, whose streams h5py takes.
+        engine = resolve_engine(core.engine, node, core.open_kwargs, readers=True, requests=True)
         return Dataset(self, node, engine)
 
     def request(self, key: "Request", stage: "Stage | StagePool", *, timeout: "float | None" = None) -> "Future":

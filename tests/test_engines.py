@@ -336,7 +336,7 @@ def test_auto_reads_a_readers_requests_as_reader_processes_do_in_this_process_to
     """A Reader's requests on blosc: the chunk engine read them faster than h5py in reader processes and in this
     process (BENCHMARKS.md, engine choice for in-process reads), where a stream in the consumer takes h5py. A named
     engine stays; deflate takes the chunk engine, and so do chunks with no filter, whose rows it reads as stored (h5py
-    read a random row's whole chunk). Rows exact for each."""
+    read a random row's whole chunk), which a stream leaves to h5py. Rows exact for each."""
     rng = np.random.default_rng(n_procs)
     data = rng.standard_normal((4000, 16)).astype(np.float32)
     paths = {}
@@ -354,6 +354,8 @@ def test_auto_reads_a_readers_requests_as_reader_processes_do_in_this_process_to
             for rows in (np.sort(rng.choice(4000, 300, replace=False)), slice(1234, 1534), np.array([3999])):
                 np.testing.assert_array_equal(reader.request(ds[rows], stage).get(), data[rows])
     with multitables.Streamer(paths["blosc"]).get_queue("/data", n_procs=0) as q:
+        assert q.engine == "h5py"
+    with multitables.Streamer(paths["plain"]).get_queue("/data", n_procs=2) as q:  # h5py streamed it faster
         assert q.engine == "h5py"
 
 

@@ -107,7 +107,8 @@ class Engine(Protocol):
     #: Named, it reads what it can and leaves the rest to ``auto``'s walk (True), or it reads the node or refuses (False).
     falls_back: bool
 
-    def preferred(self, node: NodeInfo, in_set: bool = False, readers: bool = False, opened: bool = False) -> bool:
+    def preferred(self, node: NodeInfo, in_set: bool = False, readers: bool = False, opened: bool = False,
+                  requests: bool = False) -> bool:
         """Whether ``auto`` takes it ahead of the engines that are not (measured faster), for ``node`` (``in_set``: a file
         of a set; ``readers``: read by reader processes, or a Reader's requests wherever they are read, not a stream
         in the consumer; ``opened``: its dataset was opened here just now to describe it, a first look at the file in
@@ -299,13 +300,13 @@ def _reads(engine: "Engine", node: NodeInfo, open_kwargs: "dict[str, Any]", data
 
 
 def _auto_walk(node: NodeInfo, open_kwargs: "dict[str, Any]", in_set: bool = False, readers: bool = False,
-               opened: bool = False) -> "list[Engine]":
+               opened: bool = False, requests: bool = False) -> "list[Engine]":
     """The engines ``auto`` tries for ``node``, in order: those it prefers, then the others, each in :data:`REGISTRY`'s order.
 
     Given open options, only the engines that take the established API's (:data:`AUTO_OPTIONS`), or h5py's where only
     h5py takes them (:data:`H5PY_ONLY_OPTIONS`).
     """
-    walk = [e for e in REGISTRY if e.preferred(node, in_set, readers, opened)]
+    walk = [e for e in REGISTRY if e.preferred(node, in_set, readers, opened, requests)]
     walk += [e for e in REGISTRY if e not in walk]
     if open_kwargs:
         walk = [e for e in walk if e.options == _taking(open_kwargs)]
@@ -313,10 +314,10 @@ def _auto_walk(node: NodeInfo, open_kwargs: "dict[str, Any]", in_set: bool = Fal
 
 
 def _walk(engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]", in_set: bool = False, readers: bool = False,
-          opened: bool = False) -> "list[Engine]":
+          opened: bool = False, requests: bool = False) -> "list[Engine]":
     """The engines to try, in order, for ``engine`` on ``node``: ``auto``'s walk, a named engine alone, or first where it falls back."""
     if engine == "auto":
-        return _auto_walk(node, open_kwargs, in_set, readers, opened)
+        return _auto_walk(node, open_kwargs, in_set, readers, opened, requests)
     named = registered(engine)
     if open_kwargs and named.options is None:
         raise ValueError(
@@ -324,10 +325,11 @@ def _walk(engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]", in_set: bo
         )
     if not named.falls_back:
         return [named]
-    return [named] + [e for e in _auto_walk(node, open_kwargs, in_set, readers) if e is not named]
+    return [named] + [e for e in _auto_walk(node, open_kwargs, in_set, readers, requests=requests) if e is not named]
 
 
-def resolve_engine(engine: str, node: NodeInfo, open_kwargs: dict[str, Any], dataset: Any = None, readers: bool = False) -> str:
+def resolve_engine(engine: str, node: NodeInfo, open_kwargs: dict[str, Any], dataset: Any = None, readers: bool = False,
+                   requests: bool = False) -> str:
     """The concrete engine that reads ``node`` for ``engine`` (``auto`` picks); raises before any reader starts.
 
     ``auto`` takes the first engine that reads the node, in the order of
@@ -342,6 +344,7 @@ def resolve_engine(engine: str, node: NodeInfo, open_kwargs: dict[str, Any], dat
     ``readers``: the node is read by reader processes (the plan says so),
     or by a Reader's requests (in reader processes or in this process),
     where some engines are measured faster than in a stream's consumer.
+    ``requests``: by a Reader's requests (with ``readers``), which read rows here and there.
     """
     check_engine(engine)
     if node.parts:
@@ -349,7 +352,7 @@ def resolve_engine(engine: str, node: NodeInfo, open_kwargs: dict[str, Any], dat
             return _resolve_set_again(engine, node, tuple(sorted(open_kwargs.items())))
         except TypeError:  # an open option that is not hashable
             return _resolve_set(engine, node, open_kwargs)
-    return _resolve(engine, node, open_kwargs, dataset, readers=readers)
+    return _resolve(engine, node, open_kwargs, dataset, readers=readers, requests=requests)
 
 
 def set_look(engine: str, open_kwargs: "dict[str, Any]") -> "Callable[[NodeInfo, Any], Any] | None":
@@ -374,11 +377,12 @@ def readers_may_change(engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]
 
 
 def _resolve(
-    engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]", dataset: Any = None, in_set: bool = False, readers: bool = False
+    engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]", dataset: Any = None, in_set: bool = False, readers: bool = False,
+    requests: bool = False,
 ) -> str:
     """:func:`resolve_engine` for one file's ``node``."""
     problems: dict[str, str] = {}
-    for candidate in _walk(engine, node, open_kwargs, in_set, readers, opened=dataset is not None):
+    for candidate in _walk(engine, node, open_kwargs, in_set, readers, opened=dataset is not None, requests=requests):
         why = candidate.problem(node, open_kwargs, dataset)
         if why is None:
             return candidate.name

@@ -406,7 +406,8 @@ class TablesEngine:
     options = "PyTables'"
     falls_back = False
 
-    def preferred(self, node: NodeInfo, in_set: bool = False, readers: bool = False, opened: bool = False) -> bool:
+    def preferred(self, node: NodeInfo, in_set: bool = False, readers: bool = False, opened: bool = False,
+                  requests: bool = False) -> bool:
         return False
 
     def problem(self, node: NodeInfo, open_kwargs: "dict[str, Any]", dataset: Any = None) -> "str | None":

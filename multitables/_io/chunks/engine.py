@@ -73,7 +73,8 @@ class ChunkEngine:
     options = None  # it reads the file itself
     falls_back = True
 
-    def preferred(self, node: NodeInfo, in_set: bool = False, readers: bool = False, opened: bool = False) -> bool:
+    def preferred(self, node: NodeInfo, in_set: bool = False, readers: bool = False, opened: bool = False,
+                  requests: bool = False) -> bool:
         """Where ``auto`` should take it ahead of h5py (when it reads ``node``): measured faster there.
 
         Contiguous data is one read into the block (1.37x h5py); a file of a
@@ -84,15 +85,16 @@ class ChunkEngine:
         An object (a URL) it reads with merged ranged requests in flight, where
         h5py asks for a chunk at a time through a file object: many times faster
         whatever the filters (BENCHMARKS.md, object storage). Read by reader
-        processes, or a Reader's requests, also blosc (:data:`READER_WIN_FILTERS`) and chunks with no filter, whose
-        rows it reads as stored (random 4 KiB rows of PyTables' 128-row chunks: 6.6x h5py, which read each whole chunk;
-        a stream of them by two readers 1.0-1.5x). Not a small chunked dataset at a first look (:data:`FIRST_LOOK_BYTES`).
+        processes, or a Reader's requests, also blosc (:data:`READER_WIN_FILTERS`); a Reader's requests also chunks with
+        no filter, whose rows it reads as stored (random 4 KiB rows of PyTables' 128-row chunks: 6.6x h5py, which read
+        each whole chunk; a stream of them by two readers took h5py, 0.78-0.91x). Not a small chunked dataset at a first
+        look (:data:`FIRST_LOOK_BYTES`).
         """
         if in_set or node.chunk_rows is None or node.remote is not None:
             return True
         if opened and not readers and node.n_rows * node.row_nbytes <= FIRST_LOOK_BYTES and known_layout(node) is None:
             return False
-        if readers and not node.filter_ids:
+        if requests and not node.filter_ids:
             return True
         return bool((WIN_FILTERS | READER_WIN_FILTERS if readers else WIN_FILTERS).intersection(node.filter_ids))
 

@@ -81,49 +81,41 @@ def run_case(case: str, filename: str, path: str, batch: int, count: int, check:
     if case.startswith("h5py"):
         ds = h5py.File(filename, "r")[path]
         read = (lambda i: h5py_sorted(ds, i)) if case == "h5py_sorted" else (lambda i: np.stack([ds[int(j)] for j in i]))
-        for i in warm:
-            read(i)
-        t = time.perf_counter()
-        for i in idx:
-            read(i)
-        return count / (time.perf_counter() - t)
+        return timed(lambda seq: [read(i) for i in seq], warm, idx)
     if case == "torch2":
         import torch.utils.data as tud
         loader = tud.DataLoader(_H5pyBatches(filename, path, n), sampler=_Fixed(warm + idx), batch_size=None,
                                 num_workers=2, multiprocessing_context="fork")
         it = iter(loader)
-        for _ in warm:
-            next(it)
-        t = time.perf_counter()
-        for _ in idx:
-            next(it)
-        return count / (time.perf_counter() - t)
+        return timed(lambda seq: [next(it) for _ in seq], warm, idx)
     import multitables
     with multitables.Reader(filename, n_procs=0 if case == "reader0" else 2) as reader:
         x = reader.get_dataset(path)
-        if case == "pool2":
-            pool = x.create_stage_pool(batch, 4)
-            futures = []
-            def go(seq):
-                for i in seq:
-                    futures.append(reader.request(x[i], pool))
-                    if len(futures) == 4:
-                        futures.pop(0).get()
-                while futures:
+        into = x.create_stage_pool(batch, 4) if case == "pool2" else x.create_stage(batch)
+        in_flight = 4 if case == "pool2" else 1
+        futures: list = []
+
+        def go(seq):
+            for i in seq:
+                futures.append(reader.request(x[i], into))
+                if len(futures) == in_flight:
                     futures.pop(0).get()
-        else:
-            stage = x.create_stage(batch)
-            def go(seq):
-                for i in seq:
-                    reader.request(x[i], stage).get()
-        go(warm)
+            while futures:
+                futures.pop(0).get()
+
         if check:
-            ds = h5py.File(filename, "r")[path]
-            for i in idx[:5]:
-                assert np.array_equal(reader.request(x[i], stage if case != "pool2" else pool).get(), ds[np.sort(np.unique(i))][np.unique(i, return_inverse=True)[1]])
-        t = time.perf_counter()
-        go(idx)
-        return count / (time.perf_counter() - t)
+            with h5py.File(filename, "r") as f:
+                for i in idx[:5]:
+                    assert np.array_equal(reader.request(x[i], into).get(), h5py_sorted(f[path], i))
+        return timed(go, warm, idx)
+
+
+def timed(go, warm: "list[np.ndarray]", idx: "list[np.ndarray]") -> float:
+    """Batches/s of ``go(idx)``, once ``go(warm)`` has run."""
+    go(warm)
+    t = time.perf_counter()
+    go(idx)
+    return len(idx) / (time.perf_counter() - t)
 
 
 def drop_pages(filename: str) -> None:

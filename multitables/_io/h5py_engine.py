@@ -470,8 +470,7 @@ class H5pyEngine:
     options = "h5py.File's"
     falls_back = False
 
-    def preferred(self, node: NodeInfo, in_set: bool = False, readers: bool = False, opened: bool = False,
-                  requests: bool = False) -> bool:
+    def preferred(self, node: NodeInfo, *_: Any, **__: Any) -> bool:  # the chunk engine's arguments (in_set, ...)
         return True
 
     def problem(self, node: NodeInfo, open_kwargs: "dict[str, Any]", dataset: Any = None) -> "str | None":

@@ -181,6 +181,8 @@ class Blocks:
         self.released: "list[int]" = []
         self.pids: "list[int]" = []
 
+    out = None  # what take() gave, until the caller records it (NOTE [a slot in hand] in ``_stream.queue``)
+
     def take(self) -> "tuple[int, np.ndarray]":
         return self._blocks.pop(0)
 
@@ -192,7 +194,11 @@ def test_blocks_cut_from_a_block_read_come_in_order_and_its_slot_goes_back_after
     rows = np.arange(23 * 2).reshape(23, 2)
     inner = Blocks([rows[:12], rows[12:]])  # blocks read of 12 rows, the last short; the caller's of 5
     split = backends.SplitBackend(inner, 5, 3)
-    taken = [split.take() for _ in range(6)]
+    taken = []
+    for _ in range(6):
+        taken.append(split.take())
+        assert split.take() is taken[-1]  # again, until the caller records it (NOTE [a slot in hand])
+        split.out = None  # recorded, as the queue does
     assert [len(block) for _, block in taken] == [5, 5, 2, 5, 5, 1]
     np.testing.assert_array_equal(np.concatenate([block for _, block in taken]), rows)
     assert all(np.shares_memory(block, rows) for _, block in taken)  # views: nothing copied

@@ -36,7 +36,6 @@ NOTE [awaited futures]
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +51,8 @@ if TYPE_CHECKING:
 
 async def awaited(future: "Future") -> Any:
     """The data of ``future``, as :meth:`Future.get` gives it, waited for in a waiter thread (NOTE [awaited futures])."""
+    import asyncio  # here, not at import: 20 ms and ssl, for users who never await (loaded by their loop already)
+
     if not future.done():  # in the loop: its first look, and a forked child's refusal
         waited = future._reader._live().in_thread(future.wait)
         if waited is not None:  # None: the Reader has shut down, and the future is done
@@ -73,6 +74,8 @@ async def request_async(reader: "Reader", key: "Request", stage: "Stage | StageP
             return reader.request(key, stage, timeout=0)
         except TimeoutError:
             pass
+    import asyncio  # as in awaited()
+
     deadline = None if timeout is None else time.monotonic() + timeout
     me = Waiting(asyncio.get_running_loop())
     stage._waiting.append(me)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import queue
 import threading
@@ -19,6 +18,8 @@ from ..errors import SharedMemoryError, StreamClosedError
 from .readercore import ReaderCore, not_pickled
 from .request import Request
 if TYPE_CHECKING:
+    import asyncio  # at run time where a loop runs: importing it costs 20 ms, and ssl with it
+
     from ..reader import Reader  # bound at run time: NOTE [annotations from above] in ``multitables/__init__.py``
 
 class Stage:

@@ -27,7 +27,7 @@ import io
 import os
 import re
 from typing import Any
-from urllib.request import url2pathname
+from urllib.parse import unquote
 
 from .files import as_filename, from_root
 from .objects.config import Store, make_store
@@ -95,7 +95,7 @@ def _local(name: str) -> str:
         if host.lower() not in ("", "localhost"):
             raise ValueError(f"{name!r} names a file on host {host!r}; a file:// URL names a file of this machine "
                              f"(file:///path/file.h5): mount it, or pass an s3:// or https:// URL")
-        return url2pathname(slash + path)  # its %-escapes decoded
+        return unquote(slash + path)  # its %-escapes decoded (url2pathname on POSIX; urllib.request imports ssl)
     if (scheme is None and not name.startswith("~")) or os.path.lexists(name):  # a stat only for names in doubt
         return name
     if scheme is not None:

@@ -101,7 +101,7 @@ def test_the_names_a_refusal_gives_read_the_node(handles: dict[str, Any], data_f
     """What a refusal says to pass works: the file's name and the dataset's path."""
     dataset = handles["h5py.Dataset"][0]
     stream = multitables.Streamer(dataset.file.filename)
-    assert np.array_equal(np.stack(list(stream.get_generator(dataset.name, n_procs=2))), dataset[()])
+    assert np.array_equal(np.stack(list(stream.get_generator(dataset.name, n_procs=2, ordered=True))), dataset[()])
 
 
 # -- names that cannot mean a file -------------------------------------------------------------------------------------

@@ -406,3 +406,51 @@ def test_a_handles_chunk_index_leaves_out_the_chunks_flushed_past_its_extent(wri
         for k in range(N0 // 25):
             assert index.lookup((k, 0)) is not None
     w.close()
+
+
+@pytest.mark.parametrize("n_procs", [0, 1])
+def test_a_look_while_this_process_reads_the_dataset_sees_the_rows_flushed_since(writer: tuple[Path, Writer],
+                                                                                n_procs: int, no_leaks: None) -> None:
+    """A stream, batches and a Reader reading here (``n_procs=0``) hold an open of the dataset, which HDF5 shares
+    with every later open in the process: a stream, batches or ``get_dataset`` made after a flush saw only the rows
+    there were at the first open (their readers, forked from here, too). They see the rows flushed by then, and the
+    first ones go on reading exactly their own rows (NOTE [swmr extent] in ``multitables._io.handles``)."""
+    path, w = writer
+    stream = multitables.Streamer(str(path), swmr=True)
+    with hang_guard(GUARD, "looks at a growing SWMR file while this process reads it"):
+        first = stream.get_generator("/X", n_procs=0, block_size=100, ordered=True)
+        batches = stream.get_batches("/X", 100, shuffle=False, n_procs=0, block_size=100)
+        mine = multitables.Reader(str(path), n_procs=0, swmr=True)
+        ds = mine.get_dataset("/X")
+        stage = ds.create_stage(N0)
+        np.testing.assert_array_equal(mine.request(ds[:3], stage).get(), rows(0, 3))
+        got = [next(first).copy() for _ in range(10)]
+        held = iter(batches)
+        taken = [next(held)]
+        n = N0
+        for look in ("stream", "batches", "get_dataset"):
+            w.grow()
+            n += ADD
+            if look == "stream":
+                new = [r.copy() for r in stream.get_generator("/X", n_procs=n_procs, block_size=100, ordered=True)]
+                np.testing.assert_array_equal(np.stack(new), rows(0, n))
+            elif look == "batches":
+                with stream.get_batches("/X", 100, shuffle=False, n_procs=n_procs, block_size=100) as later:
+                    np.testing.assert_array_equal(np.concatenate(list(later)), rows(0, n))
+            else:
+                with multitables.Reader(str(path), n_procs=n_procs, swmr=True) as reader:
+                    newer = reader.get_dataset("/X")
+                    assert len(newer) == n
+                    np.testing.assert_array_equal(reader.request(newer[n - 5 :], newer.create_stage(5)).get(),
+                                                  rows(n - 5, n))
+            got += [next(first).copy() for _ in range(10)]
+            taken.append(next(held))
+        got += [r.copy() for r in first]
+        taken += list(held)
+        np.testing.assert_array_equal(mine.request(ds[N0 - 7 :], stage).get(), rows(N0 - 7, N0))
+        newest = mine.get_dataset("/X")
+        assert len(newest) == n
+        mine.close()
+        batches.close()
+    np.testing.assert_array_equal(np.stack(got), rows(0, N0))
+    np.testing.assert_array_equal(np.concatenate(taken), rows(0, N0))

@@ -46,8 +46,8 @@ from .chunks.engine import ENGINE as CHUNKS
 from .chunks.transport import ScratchBuffer
 from .files import REQUESTED, STREAMED
 from .fileset import SetSource
+from .h5filters import filter_label, h5py_lacks
 from .h5py_engine import ENGINE as H5PY
-from .h5py_engine import filter_label, h5py_lacks
 from .node import NodeInfo, Unsupported, close_dataset
 from .scattered import GroupRows
 from .tables_engine import ENGINE as TABLES

@@ -26,7 +26,6 @@ NOTE [blosc chunks as stored]
 from __future__ import annotations
 
 import functools
-import importlib
 import math
 from typing import Any, Callable, Sequence
 
@@ -40,36 +39,14 @@ from .chunks.codecs.blosc import Blosc
 from .chunks.hdf5lib import leaves_edge_chunks_unfiltered
 from .chunks.pread import resident, will_need
 from .chunks.storage import Layout, known_layout, learn_layout
-from .files import check_opened
-from .handles import refresh_swmr
+from .files import GrowingFile, check_opened
+from .h5filters import filter_label, h5py_lacks, register_filters
+from .handles import HeldOpen, refresh_swmr
 from .node import NodeInfo, Unsupported, close_dataset, reopen_dataset
 from .objects.hdf5 import check_options, file_object
 from .scattered import RowSpans, Stopped, read_progression, rows_decoded_bytes
 from .strings import deliver_strings, find_string_pads, stored_strings_type
 from .vlen import read_objects
-
-
-@functools.cache
-def _register_filters() -> None:
-    """Give h5py's HDF5 hdf5plugin's filters (blosc, blosc2, bzip2, lz4, zstd, bitshuffle...): importing it registers them.
-
-    Once per process: ``import_module`` of a loaded module still walks a dozen frames, twice a small file's pass."""
-    importlib.import_module("hdf5plugin")
-
-
-def h5py_lacks(node: NodeInfo) -> list[int]:
-    """The filters of ``node`` that h5py's HDF5 (with hdf5plugin's filters) cannot decode."""
-    import h5py
-
-    _register_filters()
-    return [fid for fid in node.filter_ids if not h5py.h5z.filter_avail(fid)]
-
-
-def filter_label(node: NodeInfo, fid: int) -> str:
-    """How messages name filter ``fid`` of ``node``: its name as the file gives it, and its id."""
-    names = dict(zip(node.filter_ids, node.filter_names))
-    name = names.get(fid) or "unnamed"
-    return f"{name!r} (id {fid})"
 
 
 def _chunk_cache_bytes(node: NodeInfo, plan: Any) -> int:
@@ -169,7 +146,7 @@ class H5pySource:
                  chunk_cache: "int | None" = None) -> None:
         import h5py
 
-        _register_filters()
+        register_filters()
         cache_bytes = _chunk_cache_bytes(node, plan) if chunk_cache is None else chunk_cache
         # close() closes the file opened here, or else the dataset ids: the
         # checks' file closes with its last object (node.close_dataset).
@@ -389,6 +366,16 @@ class H5pySource:
             fid.close()
         return fd, layout
 
+    @property
+    def dataset_id(self) -> Any:
+        return self._dsid
+
+    def use_dataset(self, dsid: Any) -> None:
+        """Read through ``dsid``, this dataset opened again, from now on (NOTE [swmr extent] in ``handles``)."""
+        self._dsid, self._fspace, self._hints = dsid, dsid.get_space(), None
+        if self._node.vlen:
+            self._read_selected = functools.partial(read_objects, dsid, self._fspace, self._mtype)  # type: ignore
+
     def close(self) -> None:
         self._hints = False  # HDF5's descriptor: closed with the file
         self._stored = None  # a spare again (NOTE [spare buffers] in ``_sys.spares``)
@@ -398,6 +385,14 @@ class H5pySource:
             self._dsid.close()
         if self._fileobj is not None:
             self._fileobj.close()
+
+
+class _GrowingSource(HeldOpen, H5pySource):
+    """A source of a file read with ``swmr=True``, whose open another look may refresh (NOTE [swmr extent])."""
+
+
+def _source(node: NodeInfo, *args: Any, **kwargs: Any) -> H5pySource:
+    return (_GrowingSource if isinstance(node.identity, GrowingFile) else H5pySource)(node, *args, **kwargs)
 
 
 @functools.cache
@@ -490,10 +485,10 @@ class H5pyEngine:
 
     def open(self, node: NodeInfo, open_kwargs: "dict[str, Any]", plan: Any = None, dataset: Any = None, *,
              cache: str = "page", scratch: Any = None) -> "H5pySource":
-        return H5pySource(node, open_kwargs, plan, dataset)
+        return _source(node, open_kwargs, plan, dataset)
 
     def open_rows(self, node: NodeInfo, open_kwargs: "dict[str, Any]") -> "H5pyRows":
-        return H5pyRows(H5pySource(node, open_kwargs, chunk_cache=rows_decoded_bytes(node) or None), node)
+        return H5pyRows(_source(node, open_kwargs, chunk_cache=rows_decoded_bytes(node) or None), node)
 
 
 #: The h5py engine.

@@ -41,21 +41,32 @@ NOTE [swmr extent]
     (``H5Drefresh``) brings it to the extent flushed last, but only where it
     is the dataset's one open in the process: with two, HDF5 reads wrong rows
     through the refreshed one and fails the other's reads ("can't insert
-    duplicate key"). So :func:`refresh_swmr` refreshes only a dataset open
-    once, where it has fewer rows than planned with (a Reader's readers,
-    asked for rows of a new ``get_dataset``) or where it is described, and a
-    Reader's readers close their open of a dataset before opening it for a
-    dataset of more rows (``_procs.serve``). A dataset that is still short
-    (an h5py handle on it held here) is refused, saying so.
+    duplicate key"). So :func:`refresh_swmr`, where a dataset has fewer rows
+    than planned with (a Reader's readers, asked for rows of a new
+    ``get_dataset``) or where it is described, first closes the library's
+    other opens of it in this process (a stream, batches or a Reader reading
+    here, ``n_procs=0``, or those a forked reader inherited: each a
+    :class:`HeldOpen`), refreshes it, and opens them again, each through its
+    own file and with its own access list: the opens share the refreshed
+    extent, and each still reads only the rows it planned with. Their reads
+    and that swap hold one lock, so a read on another thread never meets a
+    closed open. A Reader's readers also close their open of a dataset before
+    opening it for a dataset of more rows (``_procs.serve``). An open the
+    library does not hold (an h5py handle of the caller's) is left alone: the
+    dataset is then not refreshed, described with the rows that handle saw,
+    and refused where it is still short of the rows planned with, saying so.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
+from .._sys.forks import renew_lock_in_children
 from ..errors import FileBusyError, FileChangedError
 from .objects.urls import is_url
 
@@ -203,26 +214,92 @@ def busy_error(exc: BaseException, filename: str) -> "FileBusyError | None":
     return None
 
 
+#: Held around each read through a :class:`HeldOpen` and around :func:`refresh_swmr`, which may swap its open.
+_SWMR_LOCK = threading.RLock()
+renew_lock_in_children(globals(), "_SWMR_LOCK", threading.RLock)
+#: The library's opens of datasets read with ``swmr=True`` in this process: each holder, and its dataset's open.
+_HELD: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+class HeldOpen:
+    """A mixin for a rows source whose dataset is of a file read with ``swmr=True``: its reads hold the lock
+    :func:`refresh_swmr` takes to close its open and open it again (NOTE [swmr extent]). The source has
+    ``dataset_id`` (its open, an h5py ``DatasetID``) and ``use_dataset(dsid)`` (read through ``dsid`` from now on)."""
+
+    dataset_id: Any
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        with _SWMR_LOCK:
+            super().__init__(*args, **kwargs)
+            _HELD[self] = self.dataset_id
+
+    def read_into(self, *args: Any) -> None:
+        with _SWMR_LOCK:
+            super().read_into(*args)  # type: ignore[misc]
+
+    def read_runs(self, *args: Any) -> None:
+        with _SWMR_LOCK:
+            super().read_runs(*args)  # type: ignore[misc]
+
+    def read_strided(self, *args: Any) -> None:
+        with _SWMR_LOCK:
+            super().read_strided(*args)  # type: ignore[misc]
+
+    def prefetch(self, *args: Any) -> None:
+        with _SWMR_LOCK:
+            super().prefetch(*args)  # type: ignore[misc]
+
+    def close(self) -> None:
+        with _SWMR_LOCK:
+            _HELD.pop(self, None)
+            super().close()  # type: ignore[misc]
+
+
 def refresh_swmr(dsid: Any, n_rows: "int | None", where: str) -> None:
     """Bring ``dsid``, of a file read with ``swmr=True``, to the extent flushed last where it has fewer than
-    ``n_rows`` rows (None: whatever it has) and is its dataset's one open in this process (NOTE [swmr extent]);
-    ``OSError`` naming ``where`` if it still has fewer."""
+    ``n_rows`` rows (None: whatever it has), the library's other opens of it here closed meanwhile and opened again
+    (NOTE [swmr extent]); ``OSError`` naming ``where`` if it still has fewer (an open that is not the library's)."""
     import h5py
 
     if n_rows is not None and dsid.get_space().shape[:1] >= (n_rows,):
         return
-    fid = h5py.h5i.get_file_id(dsid)
-    try:
-        if not fid.get_intent() & h5py.h5f.ACC_SWMR_READ:
-            return
-        addr = h5py.h5o.get_info(dsid).addr
-        opens = sum(h5py.h5o.get_info(d).addr == addr for d in h5py.h5f.get_obj_ids(fid, types=h5py.h5f.OBJ_DATASET))
-    finally:
-        fid.close()
-    if opens == 1:
-        dsid.refresh()
+    with _SWMR_LOCK:
+        fid = h5py.h5i.get_file_id(dsid)
+        try:
+            if not fid.get_intent() & h5py.h5f.ACC_SWMR_READ:
+                return
+            addr = h5py.h5o.get_info(dsid).addr
+            opens = {d.id for d in h5py.h5f.get_obj_ids(fid, types=h5py.h5f.OBJ_DATASET)
+                     if h5py.h5o.get_info(d).addr == addr}  # ids: h5py's == says "the same object"
+            _refresh_alone(dsid, opens)
+        finally:
+            fid.close()
     shape = dsid.get_space().shape
     if n_rows is not None and shape[:1] < (n_rows,):
         raise OSError(f"{where} has {shape[0]} rows in this process, not the {n_rows} planned with: another open of "
                       f"it here (an h5py handle) keeps the rows HDF5 saw when it was first opened, and HDF5 refreshes "
                       f"a dataset only where it is open once; close that handle")
+
+
+def _refresh_alone(dsid: Any, opens: "set[int]") -> None:
+    """``dsid.refresh()`` where the opens ``opens`` (ids) other than it are all :class:`HeldOpen`'s, closed meanwhile
+    and each opened again through its own file (its ``h5py.File`` closes only what was opened through it)."""
+    import h5py
+
+    held = [(holder, other) for holder, other in list(_HELD.items())
+            if other.valid and other.id in opens and other.id != dsid.id]
+    if len(opens) - len(held) != 1:  # another open, not the library's: HDF5 would read wrong rows
+        return
+    closed = []
+    try:
+        for holder, other in held:
+            closed.append((holder, h5py.h5i.get_file_id(other), h5py.h5i.get_name(other), other.get_access_plist()))
+            other.close()
+        dsid.refresh()
+    finally:
+        for holder, ofid, name, dapl in closed:
+            try:
+                _HELD[holder] = again = h5py.h5d.open(ofid, name, dapl)
+                holder.use_dataset(again)
+            finally:
+                ofid.close()

@@ -62,11 +62,12 @@ import threading
 from typing import Any, Iterable
 
 
-def renew_lock_in_children(scope: "dict[str, Any]", name: str) -> None:
-    """Make ``scope[name]`` (a module's ``globals()``, a lock it holds) a new lock in every child this process forks."""
+def renew_lock_in_children(scope: "dict[str, Any]", name: str, make: Any = threading.Lock) -> None:
+    """Make ``scope[name]`` (a module's ``globals()``, a lock it holds) a new lock (``make()``: a ``threading.Lock``,
+    or an ``RLock``) in every child this process forks."""
 
     def renew() -> None:
-        scope[name] = threading.Lock()
+        scope[name] = make()
 
     os.register_at_fork(after_in_child=renew)
 

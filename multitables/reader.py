@@ -168,7 +168,12 @@ class Reader:
         """A :class:`Dataset` to make requests on: an Array, CArray, EArray or Table at ``path``.
 
         Raises ``KeyError`` if there is no such node and
-        :class:`NodeTypeError` if it cannot be read by rows.
+        :class:`NodeTypeError` if it cannot be read by rows. Of a file read
+        with ``swmr=True``, the dataset has the rows its writer had flushed by
+        this call, and keeps them: its requests read those rows, and one past
+        them is refused as numpy refuses it (``IndexError``; a slice stops at
+        its length), as an h5py dataset not refreshed. Call ``get_dataset``
+        again for the rows flushed since (h5py's ``refresh()``).
         """
         core = self._live()
         core.check_open()

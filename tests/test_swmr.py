@@ -454,3 +454,28 @@ def test_a_look_while_this_process_reads_the_dataset_sees_the_rows_flushed_since
         batches.close()
     np.testing.assert_array_equal(np.stack(got), rows(0, N0))
     np.testing.assert_array_equal(np.concatenate(taken), rows(0, N0))
+
+
+@pytest.mark.parametrize("n_procs", [0, 2])
+def test_a_dataset_got_before_the_file_grew_keeps_its_rows_as_h5py_without_refresh(writer: tuple[Path, Writer],
+                                                                                   n_procs: int,
+                                                                                   no_leaks: None) -> None:
+    """A dataset of ``get_dataset`` keeps the rows it was given, as an h5py dataset not refreshed: a request past them
+    is refused as numpy refuses it (IndexError; a slice stops at them), though the file has more rows and a later
+    ``get_dataset`` of the same Reader serves them; its own rows are read as they were."""
+    path, w = writer
+    with hang_guard(GUARD, "an older dataset of a growing SWMR file"):
+        with multitables.Reader(str(path), n_procs=n_procs, swmr=True) as reader:
+            ds = reader.get_dataset("/X")
+            w.grow()
+            newer = reader.get_dataset("/X")
+            stage = newer.create_stage(len(newer))
+            np.testing.assert_array_equal(reader.request(newer[N0 + 1], stage).get(), rows(N0 + 1, N0 + 2)[0])
+            assert len(ds) == N0 and ds.shape == (N0, 4) and len(newer) == N0 + ADD
+            for key in (N0 + 1, [N0 - 1, N0], -N0 - 1):
+                with pytest.raises(IndexError, match=f"size {N0}"):
+                    ds[key]
+            np.testing.assert_array_equal(reader.request(ds[N0 - 2 : N0 + 5], stage).get(), rows(N0 - 2, N0))
+            assert len(reader.request(ds[N0:], stage).get()) == 0
+            np.testing.assert_array_equal(reader.request(ds[::-97], stage).get(), rows(0, N0)[::-97])
+            np.testing.assert_array_equal(reader.request(newer[-1], stage).get(), rows(N0 + ADD - 1, N0 + ADD)[0])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -479,3 +480,40 @@ def test_a_dataset_got_before_the_file_grew_keeps_its_rows_as_h5py_without_refre
             assert len(reader.request(ds[N0:], stage).get()) == 0
             np.testing.assert_array_equal(reader.request(ds[::-97], stage).get(), rows(0, N0)[::-97])
             np.testing.assert_array_equal(reader.request(newer[-1], stage).get(), rows(N0 + ADD - 1, N0 + ADD)[0])
+
+
+def test_looks_on_one_thread_while_others_read_the_dataset_here_read_exact_rows(writer: tuple[Path, Writer],
+                                                                                no_leaks: None) -> None:
+    """Threads stream a growing file in this process (``n_procs=0``) while another makes new looks after each flush:
+    a refresh made while another thread opened the dataset failed reads with "can't insert duplicate key". Each
+    stream reads exactly the rows 0..n of its look, n never fewer than a look before it saw."""
+    path, w = writer
+    stream = multitables.Streamer(str(path), swmr=True)
+    failures: list[BaseException] = []
+    done = threading.Event()
+
+    def read() -> None:
+        try:
+            while not done.is_set():
+                got = np.stack([r.copy() for r in stream.get_generator("/X", n_procs=0, block_size=25, ordered=True)])
+                np.testing.assert_array_equal(got, rows(0, len(got)))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=read) for _ in range(2)]
+    with hang_guard(GUARD, "looks at a growing SWMR file while threads read it here"):
+        for t in threads:
+            t.start()
+        try:
+            seen = N0
+            for _ in range(20):
+                w.grow()
+                got = np.stack([r.copy() for r in stream.get_generator("/X", n_procs=0, block_size=200, ordered=True)])
+                assert len(got) >= seen
+                seen = len(got)
+                np.testing.assert_array_equal(got, rows(0, seen))
+        finally:
+            done.set()
+            for t in threads:
+                t.join(GUARD)
+    assert not failures, failures

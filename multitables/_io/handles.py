@@ -50,7 +50,12 @@ NOTE [swmr extent]
     own file and with its own access list: the opens share the refreshed
     extent, and each still reads only the rows it planned with. Their reads
     and that swap hold one lock, so a read on another thread never meets a
-    closed open. A Reader's readers also close their open of a dataset before
+    closed open, and the swap holds h5py's own lock too, so no thread opens
+    the dataset between the count of its opens and the refresh (which then
+    failed reads with "can't insert duplicate key"). An open that another
+    thread holds while it describes the dataset is not a held one: a look
+    made meanwhile has the rows that open saw, never other rows. A Reader's
+    readers also close their open of a dataset before
     opening it for a dataset of more rows (``_procs.serve``). An open the
     library does not hold (an h5py handle of the caller's) is left alone: the
     dataset is then not refreshed, described with the rows that handle saw,
@@ -263,7 +268,9 @@ def refresh_swmr(dsid: Any, n_rows: "int | None", where: str) -> None:
 
     if n_rows is not None and dsid.get_space().shape[:1] >= (n_rows,):
         return
-    with _SWMR_LOCK:
+    from h5py._objects import phil  # the lock every h5py call holds: no open of it elsewhere meanwhile
+
+    with _SWMR_LOCK, phil:
         fid = h5py.h5i.get_file_id(dsid)
         try:
             if not fid.get_intent() & h5py.h5f.ACC_SWMR_READ:

@@ -226,6 +226,17 @@ renew_lock_in_children(globals(), "_SWMR_LOCK", threading.RLock)
 _HELD: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
 
+def _locked(name: str) -> Any:
+    """:class:`HeldOpen`'s method ``name``: the source's own, under the lock."""
+
+    def method(self: Any, *args: Any) -> Any:
+        with _SWMR_LOCK:
+            return getattr(super(HeldOpen, self), name)(*args)
+
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
 class HeldOpen:
     """A mixin for a rows source whose dataset is of a file read with ``swmr=True``: its reads hold the lock
     :func:`refresh_swmr` takes to close its open and open it again (NOTE [swmr extent]). The source has
@@ -238,21 +249,10 @@ class HeldOpen:
             super().__init__(*args, **kwargs)
             _HELD[self] = self.dataset_id
 
-    def read_into(self, *args: Any) -> None:
-        with _SWMR_LOCK:
-            super().read_into(*args)  # type: ignore[misc]
-
-    def read_runs(self, *args: Any) -> None:
-        with _SWMR_LOCK:
-            super().read_runs(*args)  # type: ignore[misc]
-
-    def read_strided(self, *args: Any) -> None:
-        with _SWMR_LOCK:
-            super().read_strided(*args)  # type: ignore[misc]
-
-    def prefetch(self, *args: Any) -> None:
-        with _SWMR_LOCK:
-            super().prefetch(*args)  # type: ignore[misc]
+    read_into = _locked("read_into")
+    read_runs = _locked("read_runs")
+    read_strided = _locked("read_strided")
+    prefetch = _locked("prefetch")
 
     def close(self) -> None:
         with _SWMR_LOCK:

@@ -1272,3 +1272,37 @@ def test_ranks_launched_but_not_joined_are_warned_that_each_reads_every_row(data
         multitables.Streamer(path).get_batches("/y", 10, n_procs=0, rank=1, world_size=2)
         monkeypatch.setenv("WORLD_SIZE", "1")
         multitables.Streamer(path).get_batches("/y", 10, n_procs=0)
+
+
+def test_batches_over_more_datasets_than_open_files_say_why_and_what_to_do(tmp_path: Path) -> None:
+    """Batches over 300 datasets, read in this process under ``ulimit -n 200``, failed at their first batch with a
+    bare "[Errno 24] Too many open files": they hold one descriptor per dataset and file. The error says that, the
+    limit and the ways out, names the file and the count, keeps the original as its cause, and leaves no open."""
+    import subprocess
+
+    with h5py.File(tmp_path / "many.h5", "w") as f:
+        for i in range(300):
+            f[f"d{i:03d}"] = np.arange(40, dtype="<i4") + i
+    script = textwrap.dedent("""
+        import errno, os, resource, sys, multitables
+        resource.setrlimit(resource.RLIMIT_NOFILE, (200, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        batches = multitables.Streamer(sys.argv[1]).get_batches([f"/d{i:03d}" for i in range(300)], 10, n_procs=0)
+        before = len(os.listdir("/proc/self/fd"))
+        try:
+            next(iter(batches))
+        except OSError as exc:
+            assert exc.errno == errno.EMFILE and exc.filename == sys.argv[1], exc
+            assert type(exc.__cause__) is OSError and exc.__cause__.errno == errno.EMFILE, repr(exc.__cause__)
+            assert len(os.listdir("/proc/self/fd")) == before, "the datasets opened before stay open"
+            print(exc)
+        batches.close()
+    """)
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "many.h5")], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    said = run.stdout
+    assert re.search(r"could not open dataset \d+ of 300, '/d\d+', for batches", said), said
+    assert "this process reached its limit of 200 open files" in said, said
+    assert "one descriptor per dataset per file" in said and "`ulimit -n`" in said, said
+    assert "resource.setrlimit(resource.RLIMIT_NOFILE" in said and "or read fewer datasets at once" in said, said
+    assert str(tmp_path / "many.h5") in said, said

@@ -55,7 +55,7 @@ class FailureReport:
         if len(text) > MAX_TRACEBACK:
             half = MAX_TRACEBACK // 2
             text = f"{text[:half]}\n[... {len(text) - 2 * half} characters left out ...]\n{text[-half:]}"
-        message = str(exc) + _fd_limit(exc)
+        message = str(exc) + fd_limit(exc)
         if len(message) > MAX_TRACEBACK:
             message = message[:MAX_TRACEBACK] + " [...]"
         return cls(
@@ -96,13 +96,19 @@ class FailureReport:
         return exc
 
 
-def _fd_limit(exc: BaseException) -> str:
-    """For a full fd table (EMFILE, whose words name no limit): the limit reached, and that it can be raised."""
+#: What holds a reader's descriptors, for :func:`fd_limit`.
+_A_READER_HOLDS = "a reader holds its pipes, its shared memory and up to a few files of a set"
+
+
+def fd_limit(exc: BaseException, who: str = "the process that read", holds: str = _A_READER_HOLDS,
+             instead: str = "") -> str:
+    """For a full fd table (EMFILE, whose words name no limit): the limit ``who`` reached, what ``holds`` its
+    descriptors, and that the limit can be raised (or, with ``instead``, what else to do); "" for another error."""
     if not isinstance(exc, OSError) or exc.errno != errno.EMFILE:
         return ""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return (f" [the process that read reached its limit of {soft} open files: a reader holds its pipes, its shared memory and up "
-            f"to a few files of a set; raise the limit (`ulimit -n`, at most {hard} here)]")
+    return (f" [{who} reached its limit of {soft} open files: {holds}; raise the limit (`ulimit -n`, or "
+            f"resource.setrlimit(resource.RLIMIT_NOFILE, ...) in Python, at most {hard} here){instead}]")
 
 
 def died_error(reader_index: int, pid: int, exitcode: "int | None", filename: str, path: str) -> ReaderError:

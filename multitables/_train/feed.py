@@ -28,6 +28,7 @@ NOTE [readers bought]
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 import warnings
@@ -41,6 +42,7 @@ from .._plan.blocks import GrowingPlan, RangePlan
 from .._plan.epoch import RankEpoch
 from .._plan.readers import BatchPlan, DatasetShape, Machine, plan_batches, rate_decides, would_save_s
 from .._plan.subset import piece_spans
+from .._procs.failure import fd_limit
 from .._shm.space import shared_memory_free
 from .._sys.forks import note_forgone
 from ..errors import QueueClosed
@@ -312,12 +314,24 @@ class Feed:
                         node, engine, blocks, n_procs, self._reading.read_ahead, transform, table=self._table, most_blocks=n
                     )
                 )
-        except BaseException:
+        except BaseException as exc:
             for queue in queues:
                 queue.close()
+            if type(exc) is OSError and exc.errno == errno.EMFILE:  # the table filled up dataset by dataset
+                raise self._too_many_open(exc, len(queues)) from exc
             raise
         self._queues, self._opened_in = queues, os.getpid()
         self._pending = deque(pieces.keys)
+
+    def _too_many_open(self, exc: OSError, i: int) -> OSError:
+        """EMFILE at the open of dataset ``i``, said with what holds the descriptors and the ways out."""
+        n, node = len(self._nodes), self._nodes[i]
+        holds = (f"batches over {n} datasets keep one descriptor per dataset per file open while they last, in the "
+                 f"process that reads the dataset (this one, without reader processes; with them, this one holds pipes to "
+                 f"each dataset's readers)")
+        said = fd_limit(exc, "this process", holds, ", or read fewer datasets at once")
+        return OSError(errno.EMFILE, f"could not open dataset {i + 1} of {n}, {node.path!r}, for batches: "
+                                     f"{exc.strerror or exc}{said}", node.filename)
 
     def _publish(self, pieces: EpochPieces, skip: int) -> None:
         blocks = RangePlan(pieces.starts[skip:], pieces.stops[skip:])

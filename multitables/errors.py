@@ -202,7 +202,9 @@ class ObjectStorageError(MultitablesError, OSError):
     the byte range (never a credential).
 
     A missing object is also a ``FileNotFoundError``, a refusal of the
-    credentials also a ``PermissionError``.
+    credentials also a ``PermissionError``; a connection that failed past the
+    retries (refused, reset, a name that does not resolve) also a
+    ``ConnectionError``, one that timed out also a ``TimeoutError``.
     """
 
 

@@ -11,6 +11,7 @@ import os
 import logging
 import multiprocessing
 import pickle
+import socket
 import threading
 import time
 import types
@@ -210,6 +211,30 @@ def test_a_cut_body_resumes_where_it_stopped(rangesrv, truth) -> None:
     assert asked == ["bytes=0-599999", "bytes=200000-599999"]
 
 
+def test_no_server_past_the_retries_is_also_a_connection_error_and_no_answer_a_timeout() -> None:
+    """A URL with no server gave an ObjectStorageError that ``except ConnectionError`` (what requests, urllib3 and
+    fsspec users write) missed: refused past the retries it is both, and a server that never answers gives a
+    TimeoutError; each still an ObjectStorageError and an OSError."""
+    import multitables
+
+    with socket.socket() as closed:  # a port that was free: nothing listens there once closed
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    with pytest.raises(ConnectionError) as caught:
+        multitables.Streamer(f"https://127.0.0.1:{port}/f.h5", storage_options={"attempts": 2, "backoff_base": 0.01}
+                             ).get_queue("/d", n_procs=0)
+    assert isinstance(caught.value, ObjectStorageError) and not isinstance(caught.value, TimeoutError)
+    assert f"https://127.0.0.1:{port}/f.h5 bytes [0, " in str(caught.value) and "ConnectionRefusedError" in str(caught.value)
+    with socket.socket() as silent:  # accepts (the kernel's backlog), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/f.h5"
+        with pytest.raises(TimeoutError) as caught:
+            opened(url, attempts=2, backoff_base=0.01, read_timeout=0.2)
+    assert isinstance(caught.value, ObjectStorageError) and not isinstance(caught.value, ConnectionError)
+    assert "gave up after 2 attempts; last: no answer (timed out" in str(caught.value), str(caught.value)
+
+
 def test_giving_up_names_the_object_and_range_and_no_secret(proxy, caplog) -> None:
     caplog.set_level(logging.DEBUG, logger="multitables")
     with opened(DATA, open_readahead=1, attempts=3, token=TOKEN, **s3_options(proxy.url)) as reader:
@@ -218,6 +243,7 @@ def test_giving_up_names_the_object_and_range_and_no_secret(proxy, caplog) -> No
             reader.read(1000, 2000)
     message = str(caught.value)
     assert f"{DATA} bytes [1000, 3000): gave up after 3 attempts; last: HTTP 503 SlowDown" in message
+    assert not isinstance(caught.value, (ConnectionError, TimeoutError))  # the server answered, with a refusal
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "attempt 2 of 3" in logged
     for secret in (SECRET, TOKEN):

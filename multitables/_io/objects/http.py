@@ -46,11 +46,13 @@ log = logging.getLogger(__name__)
 
 
 class Retryable(Exception):
-    """A failure worth another attempt; ``reason`` says what, ``retry_after`` what the server asked for."""
+    """A failure worth another attempt; ``reason`` says what, ``retry_after`` what the server asked for, ``lost``
+    the builtin a connection's failure is (``ConnectionError``, ``TimeoutError``; None for the server's answer)."""
 
-    def __init__(self, reason: str, retry_after: "float | None" = None) -> None:
+    def __init__(self, reason: str, retry_after: "float | None" = None,
+                 lost: "type[ConnectionError] | type[TimeoutError] | None" = None) -> None:
         super().__init__(reason)
-        self.reason, self.retry_after = reason, retry_after
+        self.reason, self.retry_after, self.lost = reason, retry_after, lost
 
 
 class _Stale(Exception):
@@ -63,6 +65,25 @@ class ObjectNotFoundError(ObjectStorageError, FileNotFoundError):
 
 class ObjectAccessError(ObjectStorageError, PermissionError):
     """The credentials (or their absence) do not allow reading the object."""
+
+
+class ObjectConnectionError(ObjectStorageError, ConnectionError):
+    """No connection, or none that answered, past the retries: refused, reset, a name that does not resolve."""
+
+
+class ObjectTimeoutError(ObjectStorageError, TimeoutError):
+    """The connection or its answer timed out, past the retries."""
+
+
+def lost(exc: BaseException) -> "type[ConnectionError] | type[TimeoutError]":
+    """The builtin a connection's failure ``exc`` is said as, once the retries are spent (what requests says too)."""
+    return TimeoutError if isinstance(exc, (socket.timeout, TimeoutError)) else ConnectionError
+
+
+#: The error raised past the retries, by what the last attempt's failure was (:attr:`Retryable.lost`).
+_GIVEN_UP: "dict[Any, type[ObjectStorageError]]" = {
+    None: ObjectStorageError, ConnectionError: ObjectConnectionError, TimeoutError: ObjectTimeoutError,
+}
 
 
 # -- connections ----------------------------------------------------------------------------------------------------
@@ -176,7 +197,7 @@ def retrying(attempt: "Callable[[], Any]", tuning: Tuning, where: str, stats: An
             if stats is not None:
                 stats["retries"] += 1
             if k == tuning.attempts:
-                raise ObjectStorageError(f"{where}: gave up after {k} attempts; last: {exc.reason}") from None
+                raise _GIVEN_UP[exc.lost](f"{where}: gave up after {k} attempts; last: {exc.reason}") from None
             delay = random.uniform(0, min(tuning.backoff_max, tuning.backoff_base * 2 ** (k - 1)))
             if exc.retry_after is not None:
                 delay = max(delay, min(tuning.backoff_max, exc.retry_after))
@@ -260,7 +281,7 @@ class Endpoint:
                     f"{self.shown}: the server's TLS certificate is refused ({exc.verify_message}); give its CA with "
                     f"storage_options={{'verify': '/path/to/ca.pem'}}, or verify=False to skip the check"
                 ) from None
-            raise Retryable(f"connecting: {type(exc).__name__}: {self.scrub(str(exc))}") from None
+            raise Retryable(f"connecting: {type(exc).__name__}: {self.scrub(str(exc))}", lost=lost(exc)) from None
         try:
             conn.request(method, path, headers=headers)
             return conn, conn.getresponse()
@@ -269,8 +290,8 @@ class Endpoint:
             # RemoteDisconnected is a ConnectionResetError: on a kept-alive connection, the server closed it while idle
             if reused and isinstance(exc, (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)):
                 raise _Stale() from None
-            kind = "timed out" if isinstance(exc, (socket.timeout, TimeoutError)) else type(exc).__name__
-            raise Retryable(f"no answer ({kind}: {self.scrub(str(exc)) or 'connection lost'})") from None
+            kind = "timed out" if lost(exc) is TimeoutError else type(exc).__name__
+            raise Retryable(f"no answer ({kind}: {self.scrub(str(exc)) or 'connection lost'})", lost=lost(exc)) from None
 
     def release(self, conn: Any, resp: Any) -> None:
         """Give a connection whose answer was read whole back to the pool (or close it where it will not be reused)."""

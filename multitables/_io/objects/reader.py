@@ -35,7 +35,6 @@ import collections
 import concurrent.futures as cf
 import http.client
 import os
-import socket
 import threading
 import warnings
 from dataclasses import dataclass
@@ -45,7 +44,7 @@ from ...errors import NotHDF5Error, ObjectStorageError
 from ..._sys.forks import renew_lock_in_children
 from .cache import DiskCache
 from .config import Store
-from .http import Endpoint, Retryable, content_range, retrying, use_pool
+from .http import Endpoint, Retryable, content_range, lost, retrying, use_pool
 from .identity import ObjectIdentity, changed
 from .urls import parse_url, shown, unsigned
 
@@ -279,9 +278,9 @@ class ObjectReader:
             size = found[2]
         try:
             head = resp.read()
-        except (OSError, http.client.HTTPException):
+        except (OSError, http.client.HTTPException) as exc:
             conn.close()
-            raise Retryable("the first bytes were cut short") from None
+            raise Retryable("the first bytes were cut short", lost=lost(exc)) from None
         ep.release(conn, resp)
         self.stats["bytes"] += len(head)
         return _identity(resp, size), head
@@ -406,8 +405,8 @@ class ObjectReader:
                 self.stats["bytes"] += k
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
-            kind = "timed out" if isinstance(exc, (socket.timeout, TimeoutError)) else type(exc).__name__
-            raise Retryable(f"body cut short ({kind}) at byte {group.start + group.done}") from None
+            kind = "timed out" if lost(exc) is TimeoutError else type(exc).__name__
+            raise Retryable(f"body cut short ({kind}) at byte {group.start + group.done}", lost=lost(exc)) from None
         ep.release(conn, resp)
 
     def _retrying(self, attempt: "Callable[[], Any]", start: int, stop: int, abort: "threading.Event | None" = None) -> Any:

@@ -58,6 +58,15 @@ def test_each_reader_claims_blocks_in_order_into_its_own_slots(rings: tuple[Ring
     assert got == [(0, 0), (1, 1), (2, 3), (3, 2)]  # blocks in claim order; slots even for reader 0, odd for 1
 
 
+def _took(consumer: Ring) -> "int | None":
+    """A slot taken and recorded, as the back end records it (the ring gives it again until then: NOTE [a slot in
+    hand] in ``multitables._stream.queue``)."""
+    slot = consumer.take(1.0)
+    assert consumer.take(1.0) == slot
+    consumer.taken = None
+    return slot
+
+
 def test_a_reader_writes_next_into_its_slot_given_back_last(rings: tuple[Ring, list[Ring]]) -> None:
     """NOTE [warm slots]: while the consumer keeps up, a reader takes turns between two slots, not all of its own."""
     consumer, (r0, _r1) = rings
@@ -67,7 +76,7 @@ def test_a_reader_writes_next_into_its_slot_given_back_last(rings: tuple[Ring, l
         k, s = _claims(r0)
         used.append(s)
         r0.publish(s, k, 256, _always)
-        assert consumer.take(1.0) == s
+        assert _took(consumer) == s
         if held is not None:
             consumer.release(held, _always)  # the block before: a consumer holds one while it takes the next
         held = s
@@ -87,7 +96,7 @@ def test_a_reader_whose_slots_are_all_taken_waits_for_one_of_its_own(rings: tupl
     for k, s in mine + [(3, theirs)]:
         (r0 if s % 2 == 0 else r1).publish(s, k, 256, _always)
     for k, s in mine + [(3, theirs)]:  # the consumer takes them in the order published, and gives them back
-        assert consumer.take(1.0) == s and consumer.meta(s)[0] == k
+        assert _took(consumer) == s and consumer.meta(s)[0] == k
         consumer.release(s, _always)
     k, s = _claims(r0)
     assert k == 4 and s % 2 == 0

@@ -418,7 +418,9 @@ def test_readers_of_many_files_hold_few_open(tmp_path: Path, no_leaks: None) -> 
                     continue
                 most = max(most, len(held))
     assert np.array_equal(np.concatenate(got), data)
-    assert 1 <= most <= MAX_OPEN
+    # MAX_OPEN held, and one more for the length of a hint's call: a file hinted whole is opened by name, advised and
+    # closed (``files.will_need_file``), one at a time.
+    assert 1 <= most <= MAX_OPEN + 1
 
 
 # -- each file's identity, where it is read --------------------------------------

@@ -36,6 +36,7 @@ from ._sys.forks import note_forgone
 from ._sys.refs import held_elsewhere
 from ._sys.signals import signals_deferred
 from .batches import Batches
+from ._train.batch import refuse_dataloader_keywords
 from ._stream.backends import empty_block
 from ._stream.options import StreamOptions
 from ._stream import queue as _queue
@@ -441,8 +442,10 @@ class Streamer:
 
         See :class:`multitables.Batches` for the arguments. A single array per
         batch for one path (a string), a tuple of them for a sequence of paths,
-        a dict of columns with ``fields``.
+        a dict of columns with ``fields``. ``DataLoader``'s keywords (``num_workers``, ``sampler``...) raise
+        ``TypeError`` saying what takes their place.
         """
+        refuse_dataloader_keywords(kwargs)
         return Batches(self, paths, batch_size, **kwargs)
 
     def get_remainder(self, path: str, block_size: "int | None" = None, field: "str | None" = None) -> np.ndarray:

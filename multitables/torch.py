@@ -65,7 +65,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
 from .batches import Batches, MixedBatches
 from .streamer import Streamer  # for the annotations only, but at run time: typing.get_type_hints resolves them
 from ._sys.checks import check_bool
-from ._train.batch import BatchT, as_batch
+from ._train.batch import BatchT, as_batch, refuse_dataloader_keywords
 from ._train.iteration import Closing
 
 __all__ = ["TorchBatches", "get_batches", "to_tensor"]
@@ -458,6 +458,9 @@ def get_batches(
     :class:`~multitables.batches.Batches`; the tensors follow its arrays: a
     type checker sees ``TorchBatches[torch.Tensor]`` for one path,
     ``TorchBatches[tuple[torch.Tensor, ...]]`` for a sequence of paths and
-    ``TorchBatches[dict[str, torch.Tensor]]`` with ``fields``.
+    ``TorchBatches[dict[str, torch.Tensor]]`` with ``fields``. ``DataLoader``'s
+    other keywords (``num_workers``, ``sampler``...) raise ``TypeError``
+    saying what takes their place.
     """
+    refuse_dataloader_keywords(kwargs)
     return TorchBatches(Batches(stream, paths, batch_size, **kwargs), device=device, pin_memory=pin_memory)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import typing
@@ -401,6 +403,26 @@ def test_torch_batches_are_generic_in_the_tensors_they_yield() -> None:
 
 
 @needs_overloads
+@pytest.mark.parametrize(
+    "keyword, value, told",
+    [("num_workers", 2, "n_procs="), ("persistent_workers", True, "live from epoch to epoch"),
+     ("sampler", None, "rank= and world_size="), ("generator", None, "seed="), ("collate_fn", None, "transform="),
+     ("worker_init_fn", None, "transform="), ("prefetch_factor", 2, "read_ahead=")],
+)
+def test_dataloader_keywords_given_to_get_batches_say_what_takes_their_place(
+        h5: Path, keyword: str, value: object, told: str) -> None:
+    """Code moved from a DataLoader keyword by keyword hears where each went, before any reader starts, from both
+    get_batches; the pin_memory of the batches (which multitables.torch takes) points at the adapter."""
+    stream = multitables.Streamer(h5)
+    for make in (stream.get_batches, functools.partial(mtt.get_batches, stream)):
+        with pytest.raises(TypeError, match=f"takes no {keyword} .*{re.escape(told)}.*Coming from DataLoader"):
+            make(["/X", "/y"], 64, **{keyword: value})
+    with pytest.raises(TypeError, match=r"takes no pin_memory .*multitables\.torch\.get_batches"):
+        stream.get_batches(["/X", "/y"], 64, pin_memory=True)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'n_workers'"):  # not DataLoader's: Python's own
+        stream.get_batches(["/X", "/y"], 64, n_workers=2)
+
+
 def test_get_batches_spells_out_its_own_keywords_then_every_keyword_of_batches() -> None:
     """``device`` and ``pin_memory``, then each keyword as ``Batches`` takes it: a typo is a type checker's error."""
     batches = keywords(multitables.Batches.__init__)

@@ -52,3 +52,33 @@ def batch_maker(
     if convert is None:
         return make
     return lambda arrays: convert(make(arrays))
+
+
+#: ``DataLoader`` keywords ``get_batches`` does not take, each with what does its work here (docs/training.rst, "Coming
+#: from DataLoader"): code moved over keyword by keyword is told where each one went, not only that it is unknown.
+_DATALOADER_KEYWORDS = {
+    "num_workers": "the rows are read in multitables' own reader processes: n_procs= (default: the CPUs this process "
+                   "may use)",
+    "persistent_workers": "the readers live from epoch to epoch already; leave it out",
+    "prefetch_factor": "read_ahead= (blocks read ahead per reader)",
+    "sampler": "shuffle= and seed= order the rows, rank= and world_size= share them (DistributedSampler), indices= "
+               "picks some (SubsetRandomSampler), weights= and num_samples= draw them (WeightedRandomSampler)",
+    "batch_sampler": "batch_size=, shuffle=, drop_last=, rank= and world_size= make the batches",
+    "generator": "seed= (an int: the order depends on (seed, epoch) alone)",
+    "collate_fn": "each batch is made already (a tuple of one array per path); per-row work goes in transform= (run "
+                  "in the readers), the rest in your loop",
+    "worker_init_fn": "no reader runs your code but transform=; set up what it needs lazily, in the transform's module",
+    "pin_memory": "multitables.torch.get_batches(..., pin_memory=True), or TorchBatches(batches, pin_memory=True)",
+    "multiprocessing_context": "Streamer(..., start_method=...)",
+    "timeout": "a reader that stops is reported by itself (docs/failures.rst); leave it out",
+}
+
+
+def refuse_dataloader_keywords(kwargs: "dict[str, Any]") -> None:
+    """Raise ``TypeError`` for a ``DataLoader`` keyword in ``kwargs`` (``get_batches``' keywords), saying what takes
+    its place."""
+    found = [name for name in kwargs if name in _DATALOADER_KEYWORDS]
+    if found:
+        told = "; ".join(f"{name}: {_DATALOADER_KEYWORDS[name]}" for name in found)
+        raise TypeError(f"get_batches() takes no {', '.join(found)} (DataLoader's keywords). {told}. "
+                        f"Each DataLoader option's place: 'Coming from DataLoader' in docs/training.rst")

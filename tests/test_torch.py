@@ -403,6 +403,20 @@ def test_torch_batches_are_generic_in_the_tensors_they_yield() -> None:
 
 
 @needs_overloads
+def one_torch_draw_a_block(rows: np.ndarray) -> np.ndarray:
+    """Each row: its /y value and a draw from torch's CPU generator (one a call)."""
+    return np.stack([rows.astype(np.float64), np.full(len(rows), torch.rand(1, dtype=torch.float64).item())], axis=1)
+
+
+def test_each_reader_draws_its_own_torch_random_numbers(h5: Path, no_leaks: None) -> None:
+    """torch.rand in a transform, as in a DataLoader worker's __getitem__, gives other numbers in each reader (NOTE
+    [random draws in readers]): torch's generator starts from one seed in every process, and forks copy its state."""
+    b = mtt.get_batches(multitables.Streamer(h5), "/y", 64, shuffle=False, n_procs=2, block_size=64,
+                        transform=one_torch_draw_a_block, drop_last=True)
+    draws = [float(x[0, 1]) for x in b]  # unshuffled, a batch of 64 is one block of 64
+    assert len(draws) == 15 and len(set(draws)) == len(draws), sorted(draws)
+
+
 @pytest.mark.parametrize(
     "keyword, value, told",
     [("num_workers", 2, "n_procs="), ("persistent_workers", True, "live from epoch to epoch"),

@@ -75,6 +75,26 @@ def test_a_transform_runs_where_the_rows_are_read_and_its_rows_stay_aligned(h5: 
         assert pids == {os.getpid()}
 
 
+def one_draw_a_block_with_pid(rows: np.ndarray) -> np.ndarray:
+    """Each row: its /X value, a draw from numpy's global generator (one a call), who ran it."""
+    return np.stack([rows[:, 0], np.full(len(rows), np.random.random()), np.full(len(rows), os.getpid())], axis=1)
+
+
+def test_each_reader_draws_its_own_random_numbers(h5: Path, no_leaks) -> None:
+    """An augmentation drawing from np.random in the readers, as a DataLoader's __getitem__ did in its workers, gets
+    other numbers in each reader (NOTE [random draws in readers]): forked readers drew the same ones, block for block."""
+    b = multitables.Streamer(h5).get_batches(
+        "/X", batch_size=64, shuffle=False, n_procs=2, block_size=64, transform=one_draw_a_block_with_pid
+    )
+    draws, pids = [], set()
+    for x in b:  # unshuffled, a batch of 64 is one block of 64
+        assert len(set(x[:, 1])) == 1
+        draws.append(x[0, 1])
+        pids.add(int(x[0, 2]))
+    assert len(draws) == 16 and len(pids) == 2, (len(draws), pids)
+    assert len(set(draws)) == len(draws), sorted(draws)
+
+
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_an_error_in_a_transform_comes_back_with_its_traceback(h5: Path, shuffle: bool, no_leaks) -> None:
     """It names the rows the transform was given: a block of 256, which a reader reads a chunk at a time at first."""

@@ -26,6 +26,21 @@ NOTE [stuck orphans]
     once its watch runs (:class:`Sealed`), and one that finds a name
     another unlinked fails with nobody left to hear it, and unlinks the
     rest.
+
+NOTE [random draws in readers]
+    A transform (NOTE [transforms] in ``_io.blockread``) runs in the
+    readers, where a ``DataLoader``'s ``__getitem__`` ran in its workers, and
+    augmentations draw from the global generators there. Readers forked from
+    one consumer inherit its numpy state, and torch's CPU generator starts
+    from one fixed seed in any process, so every reader drew the same
+    numbers: the same flips and crops in each reader's blocks. PyTorch seeds
+    each worker's generators apart for this reason. Each reader draws new
+    seeds from the OS at start for numpy's global generator and, where the
+    process has imported PyTorch, torch's CPU generator (``random`` is
+    reseeded after a fork by Python itself, and fresh under spawn). The draws
+    are not reproducible from ``seed``: which reader reads which block, and
+    whether readers read at all, varies (NOTE [readers bought] in
+    ``_train.feed``).
 """
 
 from __future__ import annotations
@@ -34,11 +49,14 @@ import functools
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Iterable
+
+import numpy as np
 
 from .._io.engines import limit_threads
 from .._shm.segment import unlink_orphan
@@ -199,6 +217,14 @@ def _unlink_left(segments: "Iterable[str]", semaphores: "Iterable[str]") -> None
             pass
 
 
+def _fresh_random_state() -> None:
+    """New seeds, from the OS, for the global generators a transform draws from (NOTE [random draws in readers])."""
+    np.random.seed()
+    torch = sys.modules.get("torch")  # never imported here: a reader of a consumer without PyTorch stays without it
+    if torch is not None:
+        torch.random.default_generator.seed()
+
+
 def reader_main(loop: Callable[..., None], identity: ReaderIdentity, sealed: Sealed, conn: Any) -> None:
     """Reader process entry point: open ``sealed``, ``(barrier, args)``, and run ``loop(reader, *args)``; report its
     exception and exit 1 if it raises (silent with its consumer gone: nobody reads the report)."""
@@ -212,6 +238,7 @@ def reader_main(loop: Callable[..., None], identity: ReaderIdentity, sealed: Sea
     try:  # the watch's start too: under a process limit it fails, and the consumer must hear why
         threading.Thread(target=_end_when_orphaned, args=(reader,), name="multitables-orphan-watch", daemon=True).start()
         limit_threads()
+        _fresh_random_state()
         reader.barrier, args = sealed.open()  # a name gone: another reader found the consumer dead
         loop(reader, *args)
     except BaseException as exc:

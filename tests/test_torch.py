@@ -417,6 +417,12 @@ def test_each_reader_draws_its_own_torch_random_numbers(h5: Path, no_leaks: None
     assert len(draws) == 15 and len(set(draws)) == len(draws), sorted(draws)
 
 
+def test_a_transform_that_returns_a_tensor_is_told_to_return_an_array(h5: Path) -> None:
+    """A DataLoader's __getitem__ often ends in a tensor; moved into a transform as it was, the error says what to give."""
+    with pytest.raises(TypeError, match=r"got Tensor; return np\.asarray\(\.\.\.\) of it"):
+        mtt.get_batches(multitables.Streamer(h5), "/X", 64, transform=lambda rows: torch.from_numpy(rows).float())
+
+
 @pytest.mark.parametrize(
     "keyword, value, told",
     [("num_workers", 2, "n_procs="), ("persistent_workers", True, "live from epoch to epoch"),

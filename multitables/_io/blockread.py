@@ -270,9 +270,11 @@ class Transform:
         out = function(sample.copy())
         if not isinstance(out, np.ndarray) or out.ndim < 1 or len(out) != len(sample):
             got = f"shape {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
+            # A tensor (PyTorch's, JAX's...): what a DataLoader's __getitem__ returned, moved here as it was.
+            fix = "; return np.asarray(...) of it: the batches become tensors after" if hasattr(out, "__array__") else ""
             raise TypeError(
                 f"transform for {what} must return a numpy array with one row per row it is given "
-                f"({len(sample)} given, got {got})"
+                f"({len(sample)} given, got {got}{fix})"
             )
         if out.dtype.hasobject:
             raise TypeError(f"transform for {what} returned dtype {out.dtype}; shared memory holds plain numbers and records only")

@@ -10,6 +10,7 @@ import pickle
 import re
 import subprocess
 import sys
+import textwrap
 import typing
 import warnings
 from pathlib import Path
@@ -24,6 +25,7 @@ import multitables  # noqa: E402
 import multitables.torch as mtt  # noqa: E402
 from _typecheck import expected_of, mypy_says  # noqa: E402
 from test_batches import SignalAtCall  # noqa: E402
+from test_docs import _example_files  # noqa: E402
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -421,6 +423,22 @@ def test_a_transform_that_returns_a_tensor_is_told_to_return_an_array(h5: Path) 
     """A DataLoader's __getitem__ often ends in a tensor; moved into a transform as it was, the error says what to give."""
     with pytest.raises(TypeError, match=r"got Tensor; return np\.asarray\(\.\.\.\) of it"):
         mtt.get_batches(multitables.Streamer(h5), "/X", 64, transform=lambda rows: torch.from_numpy(rows).float())
+
+
+def test_the_coming_from_dataloader_example_runs_as_written_and_resumes_after_its_last_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_leaks: None) -> None:
+    """docs/training.rst's "Coming from DataLoader": 1,000 rows in batches of 64, drop_last: 15 a pass, 45 steps; the
+    last checkpoint (step 40) is at batch 10 of epoch 2, so the resumed batches give the 5 batches left."""
+    text = (ROOT / "docs" / "training.rst").read_text()
+    section = text[text.index("Coming from DataLoader\n---") :]
+    snippet = re.search(r"\.\. code-block:: python\n\n((?:   .*\n|\n)+)", section).group(1)  # type: ignore[union-attr]
+    _example_files(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {"__name__": "__main__"}
+    exec(compile(textwrap.dedent(snippet), "docs/training.rst, Coming from DataLoader", "exec"), scope)
+    assert len(scope["train"]) == 1000 // 64 and scope["step"] == 3 * (1000 // 64)
+    assert scope["left"] == 5 * 64
+    assert 0 <= scope["correct"] <= 1000
 
 
 @pytest.mark.parametrize(

@@ -81,4 +81,4 @@ def refuse_dataloader_keywords(kwargs: "dict[str, Any]") -> None:
     if found:
         told = "; ".join(f"{name}: {_DATALOADER_KEYWORDS[name]}" for name in found)
         raise TypeError(f"get_batches() takes no {', '.join(found)} (DataLoader's keywords). {told}. "
-                        f"Each DataLoader option's place: 'Coming from DataLoader' in docs/training.rst")
+                        f"Each DataLoader option's place: (docs/training.rst, 'Coming from DataLoader')")

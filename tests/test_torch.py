@@ -26,6 +26,7 @@ import multitables.torch as mtt  # noqa: E402
 from _typecheck import expected_of, mypy_says  # noqa: E402
 from test_batches import SignalAtCall  # noqa: E402
 from test_docs import _example_files  # noqa: E402
+from test_transforms import drawn_by_each_reader  # noqa: E402
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -405,18 +406,17 @@ def test_torch_batches_are_generic_in_the_tensors_they_yield() -> None:
 
 
 @needs_overloads
-def one_torch_draw_a_block(rows: np.ndarray) -> np.ndarray:
-    """Each row: its /y value and a draw from torch's CPU generator (one a call)."""
-    return np.stack([rows.astype(np.float64), np.full(len(rows), torch.rand(1, dtype=torch.float64).item())], axis=1)
+def torch_draw() -> float:
+    return torch.rand(1, dtype=torch.float64).item()
 
 
-def test_each_reader_draws_its_own_torch_random_numbers(h5: Path, no_leaks: None) -> None:
+def test_each_reader_draws_its_own_torch_random_numbers(h5: Path, tmp_path: Path, no_leaks: None) -> None:
     """torch.rand in a transform, as in a DataLoader worker's __getitem__, gives other numbers in each reader (NOTE
     [random draws in readers]): torch's generator starts from one seed in every process, and forks copy its state."""
-    b = mtt.get_batches(multitables.Streamer(h5), "/y", 64, shuffle=False, n_procs=2, block_size=64,
-                        transform=one_torch_draw_a_block, drop_last=True)
-    draws = [float(x[0, 1]) for x in b]  # unshuffled, a batch of 64 is one block of 64
-    assert len(draws) == 15 and len(set(draws)) == len(draws), sorted(draws)
+    drawn = drawn_by_each_reader(h5, tmp_path / "in", torch_draw, mtt.get_batches)
+    assert len(drawn) == 2 and sum(map(len, drawn.values())) == 1003 // 64, drawn
+    draws = [d for each in drawn.values() for d in each]
+    assert len(set(draws)) == len(draws), drawn
 
 
 def test_a_transform_that_returns_a_tensor_is_told_to_return_an_array(h5: Path) -> None:

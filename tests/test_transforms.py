@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any, Callable
 
 import h5py
 import numpy as np
@@ -75,24 +77,40 @@ def test_a_transform_runs_where_the_rows_are_read_and_its_rows_stay_aligned(h5: 
         assert pids == {os.getpid()}
 
 
-def one_draw_a_block_with_pid(rows: np.ndarray) -> np.ndarray:
-    """Each row: its /X value, a draw from numpy's global generator (one a call), who ran it."""
-    return np.stack([rows[:, 0], np.full(len(rows), np.random.random()), np.full(len(rows), os.getpid())], axis=1)
+def draws_once_every_reader_is_in(folder: str, consumer: int, draw: Callable[[], float], rows: np.ndarray) -> np.ndarray:
+    """Each row: its first value, then ``draw()`` (one a call) and who ran it. A reader's first call waits (10 s at
+    most) until two readers have made one, so that both take blocks, whichever starts first; the consumer's calls
+    (learning the output, timing it) do not."""
+    if os.getpid() != consumer:
+        Path(folder, str(os.getpid())).touch()
+        deadline = time.monotonic() + 10
+        while len(os.listdir(folder)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    first = rows[:, 0] if rows.ndim > 1 else rows
+    return np.stack([first.astype(np.float64), np.full(len(rows), draw()), np.full(len(rows), os.getpid())], axis=1)
 
 
-def test_each_reader_draws_its_own_random_numbers(h5: Path, no_leaks) -> None:
+def drawn_by_each_reader(h5: Path, folder: Path, draw: Callable[[], float], make: Callable[..., Any]) -> "dict[int, list[float]]":
+    """The draws of each of two readers, a call a block: ``make(stream, path, batch_size, **kwargs)`` makes the
+    batches (either get_batches)."""
+    folder.mkdir()
+    b = make(multitables.Streamer(h5), "/X", 64, shuffle=False, n_procs=2, block_size=64, drop_last=True,
+             transform=functools.partial(draws_once_every_reader_is_in, str(folder), os.getpid(), draw))
+    drawn: dict[int, list[float]] = {}
+    for x in b:  # unshuffled, a batch of 64 is one block of 64
+        assert len(set(x[:, 1].tolist())) == 1
+        drawn.setdefault(int(x[0, 2]), []).append(float(x[0, 1]))
+    b.close()
+    return drawn
+
+
+def test_each_reader_draws_its_own_random_numbers(h5: Path, tmp_path: Path, no_leaks) -> None:
     """An augmentation drawing from np.random in the readers, as a DataLoader's __getitem__ did in its workers, gets
     other numbers in each reader (NOTE [random draws in readers]): forked readers drew the same ones, block for block."""
-    b = multitables.Streamer(h5).get_batches(
-        "/X", batch_size=64, shuffle=False, n_procs=2, block_size=64, transform=one_draw_a_block_with_pid
-    )
-    draws, pids = [], set()
-    for x in b:  # unshuffled, a batch of 64 is one block of 64
-        assert len(set(x[:, 1])) == 1
-        draws.append(x[0, 1])
-        pids.add(int(x[0, 2]))
-    assert len(draws) == 16 and len(pids) == 2, (len(draws), pids)
-    assert len(set(draws)) == len(draws), sorted(draws)
+    drawn = drawn_by_each_reader(h5, tmp_path / "in", np.random.random, lambda s, *a, **k: s.get_batches(*a, **k))
+    assert len(drawn) == 2 and sum(map(len, drawn.values())) == 15, drawn
+    draws = [d for each in drawn.values() for d in each]
+    assert len(set(draws)) == len(draws), drawn
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

@@ -326,9 +326,9 @@ class Feed:
     def _too_many_open(self, exc: OSError, i: int) -> OSError:
         """EMFILE at the open of dataset ``i``, said with what holds the descriptors and the ways out."""
         n, node = len(self._nodes), self._nodes[i]
-        holds = (f"batches over {n} datasets keep one descriptor per dataset per file open while they last, in the "
-                 f"process that reads the dataset (this one, without reader processes; with them, this one holds pipes to "
-                 f"each dataset's readers)")
+        # NOTE [shared descriptors] in ``_io.chunks.descriptors``: files cost one descriptor each, whatever the datasets.
+        holds = (f"batches over {n} datasets keep descriptors open while they last: one per file that this process reads "
+                 f"(shared by its datasets), and pipes to each dataset's reader processes")
         said = fd_limit(exc, "this process", holds, ", or read fewer datasets at once")
         return OSError(errno.EMFILE, f"could not open dataset {i + 1} of {n}, {node.path!r}, for batches: "
                                      f"{exc.strerror or exc}{said}", node.filename)

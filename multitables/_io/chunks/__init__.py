@@ -7,5 +7,6 @@ the few HDF5 calls h5py lacks); ``grid``: which chunks a row range covers and
 where each part lands; ``source``: the engine's source, decoding the stored
 bytes (``codecs``) straight into the block, keeping decoded chunks for a
 request reader (``decoded``); ``transport``: how the bytes are
-reached, a protocol with one module per way (``pread``: a local file).
+reached, a protocol with one module per way (``pread``: a local file, its
+descriptor shared in the process: ``descriptors``).
 """

@@ -18,6 +18,7 @@ import sys
 from typing import Any, Sequence
 
 from ..files import FileSignature, file_signature
+from .descriptors import SharedFd, open_shared
 from .grid import Extent, coalesce
 
 #: Where chunk bytes come from: the page cache, or the disk past it (``O_DIRECT``).
@@ -101,8 +102,9 @@ class PreadFile:
 
     ``cache``: one of :data:`CACHES`. ``random``: the reads are a few KiB
     each, here and there (the chunk index's nodes), so the kernel is told not
-    to read ahead; the stream's own reads and hints fetch the rest. Holds one
-    file descriptor until :meth:`close`.
+    to read ahead; the stream's own reads and hints fetch the rest. Holds a
+    file descriptor until :meth:`close`, shared with this process's other
+    openers of the file (NOTE [shared descriptors] in ``descriptors``).
     """
 
     max_gap = MAX_GAP
@@ -116,22 +118,18 @@ class PreadFile:
         self.name = filename
         self.align = DIRECT_ALIGN if direct else 1
         self.hints = not direct  # past the page cache there is nothing to warm
-        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+        flags = os.O_RDONLY
         if direct:
             if not hasattr(os, "O_DIRECT"):  # pragma: no cover - not Linux
                 raise ValueError("cache='direct' needs O_DIRECT, which this platform lacks")
             flags |= os.O_DIRECT
         try:
-            self.fd = os.open(filename, flags)
+            self._shared: "SharedFd | None" = open_shared(filename, flags, random)  # NOTE [shared descriptors]
         except OSError as exc:
             if direct and exc.errno == errno.EINVAL:
                 raise OSError(exc.errno, f"cache='direct': the filesystem refuses O_DIRECT ({exc.strerror})", filename) from None
             raise
-        if random:
-            try:
-                os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
-            except OSError:  # pragma: no cover - advice is advice
-                pass
+        self.fd = self._shared.fd
 
     def read_into(self, offset: int, into: Any) -> int:
         """Fill ``into`` (a writable byte buffer) from file ``offset``; returns the bytes read (fewer only at the end of the file)."""
@@ -167,7 +165,7 @@ class PreadFile:
         return file_signature(self.fd)
 
     def close(self) -> None:
-        """Close the descriptor (idempotent)."""
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        """Let go of the descriptor, closed with its last opener in this process (idempotent)."""
+        shared, self._shared, self.fd = self._shared, None, -1
+        if shared is not None:
+            shared.release()

@@ -119,13 +119,15 @@ _FILES = _Described(4096)
 
 
 def forget_learned() -> None:
-    """Forget what this process learned of files, their nodes and chunk layouts, as a process that never read them:
-    the benchmark times each pass as a first read of its file."""
+    """Forget what this process learned of files, their nodes, chunk layouts and sums, as a process that never read
+    them: the benchmark times each pass as a first read of its file."""
     from .chunks.engine import forget_verdicts
     from .chunks.storage import forget_layouts
+    from .sums import forget_sums
 
     _SETS.clear()
     _FILES.clear()
+    forget_sums()
     forget_layouts()
     forget_verdicts()
 

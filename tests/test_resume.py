@@ -1,6 +1,7 @@
 """A saved position and the data it was taken on (``multitables._train.resume``, NOTE [resumed data]): a copy of the
-files resumes, other data is refused naming what differs before the position moves or a reader starts, and a state
-saved before the identity was recorded still loads."""
+files resumes, other data is refused naming what differs before the position moves or a reader starts (other values
+of the same bytes too: NOTE [data sums]), and a state saved before the identity, or its sums, were recorded still
+loads."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import multitables
 
@@ -134,6 +137,7 @@ def test_a_download_of_the_objects_resumes_where_the_objects_stopped(rangesrv, o
     state = json.loads(json.dumps(b.state_dict()))
     rest = list(it)
     assert state["identity"][0]["files"] == ["shard-0.h5", "shard-1.h5", "shard-2.h5"]
+    assert state["identity"][0]["sums"] == [None] * 3  # an object is not read to be summed (NOTE [data sums])
     local = [shutil.copyfile(obj_files["folder"] / f"shard-{i}.h5", tmp_path / f"s{i}.h5") for i in range(3)]
     resumed = multitables.Streamer([str(p) for p in local]).get_batches("/y", **kw)
     resumed.load_state_dict(state)
@@ -156,3 +160,65 @@ def test_a_batch_beyond_its_epoch_is_refused_before_the_position_moves(tmp_path:
     whole = [y.copy() for _, y in zip(range(5), multitables.Streamer(files).get_batches("/y", **{**KW, "n_procs": 0}))]
     for got, want in zip(head + [y.copy() for _, y in zip(range(3), b)], whole, strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def write_plain(folder: Path, parts: "list[np.ndarray]") -> "list[str]":
+    """A set of files of /X ``parts[k]`` and /y its row numbers, stored as they are: other values keep every file's
+    bytes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths, offset = [], 0
+    for k, x in enumerate(parts):
+        path = folder / f"plain-{k}.h5"
+        with h5py.File(path, "w") as f:
+            f.create_dataset("X", data=x, chunks=(50, 2))
+            f.create_dataset("y", data=np.arange(offset, offset + len(x)), chunks=(50,))
+        offset += len(x)
+        paths.append(str(path))
+    return paths
+
+
+PLAIN = [np.arange(300.0).reshape(150, 2), np.arange(300.0, 500.0).reshape(100, 2)]  # files of 3 and 2 chunks
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_one_value_written_again_in_one_file_is_refused_and_a_copy_is_not(
+    tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
+) -> None:
+    folder = tmp_path_factory.mktemp("values")
+    state = multitables.Streamer(write_plain(folder / "old", PLAIN)).get_batches(["/X", "/y"], **KW).state_dict()
+    k = data.draw(st.integers(0, len(PLAIN) - 1), label="file")
+    row, col = data.draw(st.integers(0, len(PLAIN[k]) - 1), label="row"), data.draw(st.integers(0, 1), label="col")
+    new = [x.copy() for x in PLAIN]
+    new[k][row, col] = data.draw(st.floats(allow_nan=False).filter(lambda v: v != PLAIN[k][row, col]), label="value")
+    copy = multitables.Streamer(write_plain(folder / "copy", PLAIN)).get_batches(["/X", "/y"], **KW)
+    copy.check_state_dict(json.loads(json.dumps(state)))
+    changed = multitables.Streamer(write_plain(folder / "new", new)).get_batches(["/X", "/y"], **KW)
+    with pytest.raises(ValueError, match=rf"/X: file {k} \(plain-{k}.h5, the state's plain-{k}.h5\) holds other "
+                                         rf"values: the sum of its sampled stored bytes is "
+                                         rf"[0-9a-f]{{8}}, the state's [0-9a-f]{{8}} \(NOTE \[data sums\]\)"):
+        changed.check_state_dict(state)
+
+
+def test_rows_shuffled_otherwise_are_refused_and_resume_once_the_state_drops_its_sums(tmp_path: Path) -> None:
+    """Preprocessing run again with another seed: the same file bytes, other rows at each place. A user who means it
+    takes the sums out of the state and keeps the other checks; a state saved before sums were taken loads so too."""
+    files = write_plain(tmp_path / "old", PLAIN)
+    state, _rest = saved_mid_epoch(files)
+    assert all(len(d["sums"]) == 2 and None not in d["sums"] for d in state["identity"])
+    shuffled = [x[np.random.default_rng(k).permutation(len(x))] for k, x in enumerate(PLAIN)]
+    again = write_plain(tmp_path / "again", shuffled)
+    assert [Path(p).stat().st_size for p in again] == [Path(p).stat().st_size for p in files]
+    b = multitables.Streamer(again).get_batches(["/X", "/y"], **KW)
+    before = b.state_dict()
+    with pytest.raises(ValueError, match=r"/X: file 0 \(plain-0.h5, .*\) holds other values: .*; /X: file 1 .* holds "
+                                         r"other values: .*without each dataset's 'sums': the other checks stay"):
+        b.load_state_dict(state)
+    assert b.state_dict() == before and b.reader_pids == []
+    unsummed = {**state, "identity": [{k: v for k, v in d.items() if k != "sums"} for d in state["identity"]]}
+    with pytest.raises(ValueError, match=r"/X: file 1 \(plain-1.h5, the state's plain-1.h5\) has 100 rows"):
+        b.load_state_dict({**unsummed, "identity": [{**d, "rows": [100, 150]} for d in unsummed["identity"]]})
+    b.load_state_dict(unsummed)  # the other checks stay; these pass
+    _state, rest = saved_mid_epoch(again)
+    got = [y for _x, y in b]
+    assert len(got) == len(rest) and all(np.array_equal(g, r) for g, r in zip(got, rest))

@@ -7,7 +7,7 @@ NOTE [resumed data]
     written again, a file of a set replaced, rows appended, another dataset)
     it would give rows of another order, or other rows, silently. So a state
     records the identity of its data, per dataset: its path (and field), its
-    rows' type and shape, and each file's rows and bytes in order; a load
+    rows' type and shape, and each file's rows, bytes and sum in order; a load
     refuses a state whose data differs, naming what differs, before the
     position moves or a reader starts.
 
@@ -17,13 +17,18 @@ NOTE [resumed data]
     NOTE [file identity] in ``_io.files``) is not its copy's, and names and
     folders may differ (the names are recorded to be shown, not compared).
     The bytes are the file's or object's size (``identity_size``): the same
-    rows written again compress to other bytes. What this cannot see is a
-    dataset stored uncompressed written again with other values of the same
-    type and shape; and a file read with ``swmr=True`` may grow, so its bytes
-    are not compared. A copy whose bytes differ though its rows do not (one
-    repacked, or given another dataset or an attribute) is refused too: the
-    error says so, and a state without its ``identity`` loads unchecked, as
-    a state saved before the identity was recorded does.
+    rows written again compress to other bytes, mostly. Other values in the
+    same bytes (stored uncompressed, or a reshuffle that compresses alike)
+    are told by each file's *sum*, of a sample of its stored bytes taken
+    once when the batches are made (NOTE [data sums] in ``_io.sums``: what
+    it sees and misses; none for an object, which it would download, nor
+    for a file that may grow). A file read with ``swmr=True`` may grow, so
+    its bytes are not compared. A copy whose bytes differ though its rows do
+    not (one repacked, or given another dataset or an attribute) is refused
+    too: the error says so. Where data was changed on purpose, a state
+    without each dataset's ``sums`` loads with the other checks, and one
+    without its ``identity`` loads unchecked, as states saved before the
+    sums, or the identity, were recorded do.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from urllib.parse import urlsplit
 from .._io.files import identity_size
 from .._io.node import NodeInfo
 from .._io.objects.urls import is_url
+from .._io.sums import file_sum
 
 #: Differences an error names; the rest are counted.
 _SHOWN = 4
@@ -47,14 +53,13 @@ def data_identity(nodes: "Sequence[NodeInfo]") -> "list[dict[str, Any]]":
     out = []
     for node in nodes:
         if node.parts:
-            files = [(p.node.filename, p.node.n_rows, identity_size(p.signature)) for p in node.parts]
+            files = [(p.node, identity_size(p.signature)) for p in node.parts]
         else:
-            identity = node.remote.identity if node.remote is not None else node.identity
-            files = [(node.filename, node.n_rows, identity_size(identity))]
+            files = [(node, identity_size(node.remote.identity if node.remote is not None else node.identity))]
         out.append({
             "path": node.path, "field": node.field, "dtype": str(node.dtype), "row_shape": tuple(node.row_shape),
-            "rows": tuple(rows for _, rows, _ in files), "sizes": tuple(size for _, _, size in files),
-            "files": tuple(_name(name) for name, _, _ in files),
+            "rows": tuple(f.n_rows for f, _ in files), "sizes": tuple(size for _, size in files),
+            "files": tuple(_name(f.filename) for f, _ in files), "sums": tuple(file_sum(f) for f, _ in files),
         })  # fmt: skip
     return out
 
@@ -70,7 +75,8 @@ def check_identity(saved: Any, mine: "list[dict[str, Any]]", named: str) -> None
         raise ValueError(
             f"the state was saved on other data than {named} holds now: {'; '.join(differ[:_SHOWN])}{more}. Its "
             f"batches would hold other rows, or the same in another order. A copy of the same files resumes (names "
-            f"and folders may differ); to resume on these files anyway, load the state without its 'identity'"
+            f"and folders may differ); to resume on these files anyway, load the state without its 'identity' (or, "
+            f"where only values differ, without each dataset's 'sums': the other checks stay)"
         )
 
 
@@ -90,13 +96,17 @@ def _differences(saved: Any, mine: "list[dict[str, Any]]") -> "list[str]":
         if len(rows) != len(new["rows"]):
             differ.append(f"{at}: {len(new['rows'])} file(s), the state's {len(rows)}")
             continue
-        sizes += [None] * (len(rows) - len(sizes))
+        sums = list(old.get("sums") or [])  # none in a state saved before sums were taken: not compared
+        sizes, sums = (x + [None] * (len(rows) - len(x)) for x in (sizes, sums))
         names += ["?"] * (len(rows) - len(names))
-        for i, (name, n, size) in enumerate(zip(new["files"], new["rows"], new["sizes"])):
+        for i, (name, n, size, total) in enumerate(zip(new["files"], new["rows"], new["sizes"], new["sums"])):
             if int(rows[i]) != n:
                 differ.append(f"{_file(at, i, name, names, rows)} has {n} rows, the state's {int(rows[i])}")
             elif size is not None and sizes[i] is not None and int(sizes[i]) != size:
                 differ.append(f"{_file(at, i, name, names, rows)} is {size} bytes, the state's {int(sizes[i])}")
+            elif total is not None and sums[i] is not None and int(sums[i]) != total:
+                differ.append(f"{_file(at, i, name, names, rows)} holds other values: the sum of its sampled stored "
+                              f"bytes is {total:08x}, the state's {int(sums[i]):08x} (NOTE [data sums])")
     return differ
 
 

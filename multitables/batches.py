@@ -187,7 +187,7 @@ class Batches(Closing, Generic[BatchT]):
         self._rank, world = rank_and_world(rank, world_size)
 
         # The files are looked at once, here: a later epoch's readers check that each is still the file seen now.
-        nodes = [stream.options.inspect(p, self._field, vlen=True) for p in path_list]  # vlen: for a transform
+        nodes = [stream.options.inspect(p, self._field, vlen=True, summed=True) for p in path_list]  # NOTE [data sums]
         if self._columns is not None:
             check_columns(nodes[0], self._columns)
         check_same_rows(path_list, [n.n_rows for n in nodes])

@@ -59,6 +59,7 @@ from .objects.config import Store, make_store
 from .objects.hdf5 import check_hdf5
 from .objects.identity import ObjectIdentity
 from .objects.urls import is_url, shown
+from .sums import unsummed, with_sum
 from .vlen import row_dtype, vlen_refusal
 
 if TYPE_CHECKING:  # imported where a URL is read: NOTE [objects on demand] in ``_io.objects``
@@ -119,15 +120,13 @@ _FILES = _Described(4096)
 
 
 def forget_learned() -> None:
-    """Forget what this process learned of files, their nodes, chunk layouts and sums, as a process that never read
-    them: the benchmark times each pass as a first read of its file."""
+    """Forget what this process learned of files, their nodes and chunk layouts, as a process that never read them:
+    the benchmark times each pass as a first read of its file."""
     from .chunks.engine import forget_verdicts
     from .chunks.storage import forget_layouts
-    from .sums import forget_sums
 
     _SETS.clear()
     _FILES.clear()
-    forget_sums()
     forget_layouts()
     forget_verdicts()
 
@@ -149,6 +148,7 @@ Look = Callable[[NodeInfo, Any], Any]
 def open_files(
     files: "str | tuple[str, ...]", path: str, field: "str | None" = None, store: "Store | None" = None,
     swmr: bool = False, allow_empty: bool = False, locking: Any = None, vlen: bool = False, look: "Look | None" = None,
+    summed: bool = False,
 ) -> "tuple[NodeInfo, Any]":
     """The node at ``path`` of one file (with its open ``h5py.Dataset``, as :func:`~.node.open_node`) or of a set (None).
 
@@ -164,9 +164,10 @@ def open_files(
     rows as it is inspected (not where the set was described before).
     ``allow_empty``: a node of 0 rows is given, not refused (random access takes it, as 2.x did); for a set, the first
     file's. ``vlen``: a node of variable-length rows is given (for batches' transforms), not refused (NOTE
-    [variable-length rows] in ``vlen``).
+    [variable-length rows] in ``vlen``). ``summed``: each local file's node has its ``data_sum``, taken while the
+    inspection has it open (NOTE [data sums] in ``sums``; a node kept without one is described again).
     """
-    node, dataset = _open_files(files, path, field, store, swmr, allow_empty, locking, look)
+    node, dataset = _open_files(files, path, field, store, swmr, allow_empty, locking, look, summed)
     if node.vlen and not vlen:
         close_dataset(dataset)
         raise vlen_refusal(f"{node.path!r} in {node.filename!r}")
@@ -174,7 +175,7 @@ def open_files(
 
 
 def _open_files(files: "str | tuple[str, ...]", path: str, field: "str | None", store: "Store | None", swmr: bool,
-                allow_empty: bool, locking: Any, look: "Look | None") -> "tuple[NodeInfo, Any]":
+                allow_empty: bool, locking: Any, look: "Look | None", summed: bool = False) -> "tuple[NodeInfo, Any]":
     """:func:`open_files`, whatever the rows."""
     if isinstance(files, str):
         if is_url(files) or swmr:  # an object is looked at by the open; a file open for SWMR grows
@@ -183,8 +184,9 @@ def _open_files(files: "str | tuple[str, ...]", path: str, field: "str | None", 
         identity = (check_regular(files),)  # missing, a directory, a FIFO: said here, as the open would
         node = _FILES.recall(key, identity)
         dataset = None  # an engine opens the file only where it needs HDF5 (NOTE [layout cache])
-        if node is None:
+        if node is None or (summed and unsummed(node)):
             node, dataset = open_node(files, path, field, identity=identity[0], allow_empty=True, locking=locking)
+            node = with_sum(node, dataset) if summed else node
             if not _elsewhere(node):  # kept under the file described: the name may mean another since the stat
                 _FILES.remember(key, (node.identity,), node)
         if not allow_empty and not node.n_rows:
@@ -196,8 +198,8 @@ def _open_files(files: "str | tuple[str, ...]", path: str, field: "str | None", 
     key = (files, path, field, store, swmr)
     identities = _identities(files, store)
     node = _SETS.recall(key, identities)
-    if node is None:
-        signatures, node = _inspect_set(files, path, field, store, swmr, locking, look, identities)
+    if node is None or (summed and any(unsummed(part.node) for part in node.parts)):
+        signatures, node = _inspect_set(files, path, field, store, swmr, locking, look, identities, summed)
         if not _elsewhere(node) and not any(_elsewhere(part.node) for part in node.parts):
             _SETS.remember(key, signatures, node)
     if not allow_empty and not node.n_rows:
@@ -245,11 +247,11 @@ def _identities(files: "tuple[str, ...]", store: "Store | None") -> "tuple[FileS
 def _inspect_set(
     files: "tuple[str, ...]", path: str, field: "str | None", store: "Store | None", swmr: bool = False,
     locking: Any = None, look: "Look | None" = None,
-    identities: "tuple[FileSignature | ObjectIdentity, ...] | None" = None,
+    identities: "tuple[FileSignature | ObjectIdentity, ...] | None" = None, summed: bool = False,
 ) -> "tuple[tuple[FileSignature | GrowingFile | ObjectIdentity, ...], NodeInfo]":
     """Check every file of a set in turn (NOTE [file sets]); every file's identity (of the file described, or an
-    object's as looked at first), and the set's node. ``look``: as :func:`open_files`; ``identities``: every file's,
-    from :func:`_identities` just now (each local file found regular then: not looked at again)."""
+    object's as looked at first), and the set's node. ``look``, ``summed``: as :func:`open_files`; ``identities``:
+    every file's, from :func:`_identities` just now (each local file found regular then: not looked at again)."""
     urls = _objects(files)
     readers = dict(zip(urls, _look_all(urls, store))) if urls and store is not None else {}
     try:
@@ -264,6 +266,7 @@ def _inspect_set(
             node, dataset = open_node(name, path, field, allow_empty=True, store=store, reader=reader,
                                       swmr=swmr, locking=locking, identity=checked)  # type: ignore[arg-type]
             try:
+                node = with_sum(node, dataset) if summed else node
                 signature = looked[i] = node.identity or looked[i]  # the file described (a name may mean another since)
                 if first is None:
                     first = node
@@ -293,9 +296,10 @@ def _inspect_set(
 def inspect_files(
     files: "str | tuple[str, ...]", path: str, field: "str | None" = None, store: "Store | None" = None,
     swmr: bool = False, allow_empty: bool = False, locking: Any = None, vlen: bool = False, look: "Look | None" = None,
+    summed: bool = False,
 ) -> NodeInfo:
     """As :func:`open_files`, without the open dataset."""
-    node, dataset = open_files(files, path, field, store, swmr, allow_empty, locking, vlen, look)
+    node, dataset = open_files(files, path, field, store, swmr, allow_empty, locking, vlen, look, summed)
     if dataset is not None:
         close_dataset(dataset)
     return node

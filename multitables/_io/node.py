@@ -91,6 +91,7 @@ class NodeInfo:
     #: it is kept under, so that a file replaced after its description is not read as described (None: an object; a
     #: :class:`~.files.GrowingFile` for a file open for SWMR reading, which may grow, and of which nothing is kept).
     identity: "FileSignature | GrowingFile | None" = None
+    data_sum: "int | None" = None  # its data's sum, where the inspection was asked for it (NOTE [data sums] in ``sums``)
 
     @property
     def data_file(self) -> str:

@@ -51,10 +51,11 @@ class StreamOptions:
         """The node at ``path`` of the files, and its open ``h5py.Dataset`` (None for a set): ``_io.fileset.open_files``."""
         return open_files(self.files, path, field, self.store, look=self._look, **own_flags(self.open_kwargs))
 
-    def inspect(self, path: str, field: "str | None" = None, vlen: bool = False) -> NodeInfo:
+    def inspect(self, path: str, field: "str | None" = None, vlen: bool = False, summed: bool = False) -> NodeInfo:
         """The node at ``path`` of the files, checked (every file of a set; NOTE [file sets] in ``_io.fileset``);
-        ``vlen``: one of variable-length rows is given, not refused (NOTE [variable-length rows] in ``_io.vlen``)."""
-        return inspect_files(self.files, path, field, self.store, vlen=vlen, look=self._look,
+        ``vlen``: one of variable-length rows is given, not refused (NOTE [variable-length rows] in ``_io.vlen``);
+        ``summed``: each file's node with its ``data_sum`` (NOTE [data sums] in ``_io.sums``)."""
+        return inspect_files(self.files, path, field, self.store, vlen=vlen, look=self._look, summed=summed,
                              **own_flags(self.open_kwargs))
 
     @property

@@ -307,6 +307,35 @@ def test_a_reader_whose_fd_table_is_full_still_sees_its_consumer_alive(make_arra
     assert run.stdout.split() == ["?", "True", "False"]
 
 
+def test_a_request_reader_holds_the_names_of_the_stages_it_maps_not_of_every_stage_it_mapped(
+    make_array: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, no_leaks: None
+) -> None:
+    """A Reader that makes and drops stages all its life (a stage a batch): each request reader's list of names to
+    unlink if orphaned (NOTE [stuck orphans]) holds the control segment's and the stages mapped now, whatever the
+    number of stages made before (it grew by a name a stage, unlinked long ago: reader memory without end)."""
+    from multitables._procs import serve
+
+    path = make_array(np.arange(N_ROWS, dtype="<f8"), chunkshape=(BLOCK,))
+    real_close = serve._Server.close
+
+    def close(self: Any) -> None:  # in each forked reader, at its loop's end: what it would unlink
+        (tmp_path / f"held-{os.getpid()}").write_text("\n".join(sorted(self.reader.segments)))
+        real_close(self)
+
+    monkeypatch.setattr(serve._Server, "close", close)  # the readers are forked: they inherit it
+    with hang_guard(GUARD, "stages"), multitables.Reader(filename=str(path), n_procs=2, start_method="fork") as reader:
+        dataset = reader.get_dataset("/data")
+        for i in range(40):
+            stage = dataset.create_stage(10)
+            assert reader.request(dataset[i:i + 10], stage).get().tolist() == list(range(i, i + 10))
+            stage.close()
+        kept = dataset.create_stage(10)  # mapped while the readers stop
+        assert reader.request(dataset[5:15], kept).get().tolist() == list(range(5, 15))
+        pids = reader.reader_pids
+    held = {pid: (tmp_path / f"held-{pid}").read_text().split() for pid in pids}
+    assert [len(names) for names in held.values()] == [2, 2], held  # the control segment and the kept stage
+
+
 def test_readers_that_leave_before_they_map_the_ring_are_an_error_at_once(
     make_array: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, no_leaks: None
 ) -> None:

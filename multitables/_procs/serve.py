@@ -260,6 +260,9 @@ class _Server:
             elif item.kind == DETACH:
                 stage = self.stages.pop(item.stage_id, None)
                 if stage is not None:
+                    # Its consumer unlinked the name once every reader mapped it, before any DETACH: kept, it would
+                    # grow the orphan's list by a name a stage ever made (a Reader making stages all its life).
+                    self.reader.segments.discard(stage.segment.name)
                     stage.close()
             elif item.kind == LEARN:
                 self.reader.segments.add(item.name)

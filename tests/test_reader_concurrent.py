@@ -150,7 +150,10 @@ def test_an_await_cancelled_or_timed_out_gives_its_stage_back_once_the_read_is_d
             assert not third.done()
             stopped_reader.resume()  # the reads end: their stages come back, and the waiting request takes one
             np.testing.assert_array_equal(await (await asyncio.wait_for(third, LIMIT)), data[200:300])
-            await asyncio.sleep(0)
+            # The cancelled awaits' stages come back from their waiter threads once their reads end: not at once.
+            deadline = time.monotonic() + LIMIT
+            while free_stages(pool) < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
             assert free_stages(pool) == 2 and not reader._core.held
 
     with hang_guard(LIMIT, "cancelled awaits"):

@@ -15,7 +15,7 @@ from multitables._plan.costs import (
 )
 from multitables._plan.readers import (
     READERS_PER_CPU, SHM_SHARE, DatasetShape, Machine, ReadPlan, cap_readers, default_block_size, default_read_ahead,
-    hint_distance, plan_batches, plan_blocks, plan_stream, rate_decides, would_save_s, TOGETHER_BYTES,
+    hint_distance, plan_batches, plan_blocks, plan_stream, rate_decides, transform_stake, would_save_s, TOGETHER_BYTES,
     TOGETHER_RING_BYTES,
 )
 
@@ -252,6 +252,41 @@ def test_a_transforms_time_a_call_is_priced_once_a_block_and_its_time_a_row_once
     fork_server = Machine(cpus=2, start_method="forkserver")  # what a stream forgoes counts the same calls
     assert would_save_s(dataclasses.replace(shape, transform_call_s=0.05), "h5py", fork_server, 4096) > 0
     assert would_save_s(dataclasses.replace(shape, transform_call_s=0.05), "h5py", fork_server, 100_000) == 0
+
+
+@given(st.integers(1, 16), st.integers(1, 1 << 16), st.sampled_from([(), (1,), (32001,)]),
+       st.sampled_from(["fork", "spawn", "forkserver"]), st.sampled_from([0.5, 0.99, 1.01, 2.0]))
+def test_a_transforms_stake_is_what_its_work_must_exceed_for_the_default_readers_to_pay(
+    cpus: int, chunks: int, filter_ids: "tuple[int, ...]", method: str, factor: float
+) -> None:
+    """``transform_stake``: work above it gets the default's readers, work below it none (what a transform is timed
+    against: NOTE [transforms]); None where no work changes that, after any number of epochs."""
+    machine = Machine(cpus=cpus, start_method=method)
+    shape = DatasetShape(n_rows=chunks * 64, row_nbytes=24, chunk_rows=64, filter_ids=filter_ids, transformed=True)
+
+    def readers(work_s: float, passes: int = 1) -> int:
+        priced = dataclasses.replace(shape, transform_row_s=work_s / shape.n_rows)
+        return plan_batches([priced], ["h5py"], machine, n_rows=shape.n_rows, block_size=64, passes=passes).n_procs[0]
+
+    stake = transform_stake(shape, "h5py", machine, 64)
+    if stake is None:
+        assert len({readers(w, p) for w in (1e-12, 1e3) for p in (1, 1000)}) == 1
+    else:
+        assert (readers(stake * factor) > 0) == (factor > 1)
+
+
+def test_a_transforms_stake_is_none_where_no_work_changes_the_default_readers() -> None:
+    fork = Machine(cpus=4, start_method="fork")
+    many = DatasetShape(n_rows=64 * 1024, row_nbytes=24, chunk_rows=64, transformed=True)
+    assert transform_stake(many, "h5py", fork, 64) == pytest.approx(2 * FORK / 0.75 - many.nbytes / 3.5e9)
+    one_chunk = dataclasses.replace(many, chunk_rows=many.n_rows)
+    assert transform_stake(one_chunk, "h5py", fork, many.n_rows) is None  # its one block: one reader at work
+    assert transform_stake(one_chunk, "h5py", fork, 64) is not None  # blocks that cut it: several
+    assert transform_stake(many, "h5py", Machine(cpus=1, start_method="fork"), 64) is None
+    assert transform_stake(many, "h5py", Machine(cpus=4, start_method="fork", daemon=True), 64) is None
+    assert transform_stake(dataclasses.replace(many, remote=True), "h5py", fork, 64) is None
+    large = DatasetShape(n_rows=1 << 20, row_nbytes=4096, chunk_rows=64, filter_ids=(1,), transformed=True)
+    assert transform_stake(large, "h5py", fork, 64) is None  # 4 GiB of zlib: readers pay for the read alone
 
 
 def test_hints_go_where_the_kernel_would_not_read_ahead_or_a_decode_leaves_the_disk_idle() -> None:

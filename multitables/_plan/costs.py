@@ -65,6 +65,15 @@ def transform_s(row_s: float, call_s: float, n_rows: int, block_size: "int | Non
     return call_s * (-(-n_rows // block_size) if block_size else 1) + row_s * n_rows
 
 
+def transform_stake_s(
+    nbytes: int, filter_ids: "tuple[int, ...]", start_s: float, n_cpus: int, engine: str, rate: "float | None" = None
+) -> float:
+    """One core's seconds of a transform above which :func:`parallel_pays` says ``n_cpus`` readers (2 or more) pay:
+    what its price is weighed against; 0 or less where they pay for the read alone, with any transform."""
+    margin = MARGIN["measured" if rate else "table"]
+    return margin * start_s / (1 - 1 / n_cpus) - nbytes / (rate or table_rate(filter_ids, engine))
+
+
 def table_rate(filter_ids: "tuple[int, ...]", engine: str) -> float:
     """The table's one-core rate (bytes/s) for ``engine`` decoding ``filter_ids``: the slowest filter's."""
     speed = _ENGINE_SPEED.get(engine, {})

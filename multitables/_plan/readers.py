@@ -69,7 +69,7 @@ from .._sys.siblings import pool_siblings
 from .._sys.forks import forgone_so_far, running_forkserver, server_ready, start_method as default_start_method
 from .blocks import MiB, BlockPlan, GrowingPlan, RangePlan, chunk_part
 from .costs import MARGIN, RATE_SPREAD, parallel_cpus, parallel_pays, rate_sample_rows, saved_s, start_cost, table_rate
-from .costs import split_readers, transform_s
+from .costs import split_readers, transform_s, transform_stake_s
 from .room import SHM_SHARE, fewest_slots, readers_that_fit
 from .subset import default_subset_block
 
@@ -308,6 +308,17 @@ def default_readers(
     return machine.share if pays else 0
 
 
+def transform_stake(shape: DatasetShape, engine: str, machine: Machine, block_size: int) -> "float | None":
+    """One core's seconds of ``shape``'s transform an epoch, in blocks of ``block_size``, above which the default's
+    readers pay on the first (:func:`default_readers`); None where no price changes their answer after any number of
+    epochs: a daemonic process, an object, fewer than two readers at work at once, readers paid by the read alone."""
+    cpus = parallel_cpus(machine.share, shape.n_rows, shape.chunk_rows, block_size)
+    if machine.daemon or shape.remote or cpus < 2:
+        return None
+    stake = transform_stake_s(shape.nbytes, shape.filter_ids, machine.start_cost(), cpus, engine, shape.decode_rate)
+    return stake if stake > 0 else None
+
+
 def would_save_s(shape: DatasetShape, engine: str, machine: Machine, block_size: "int | None" = None) -> float:
     """Seconds the default's readers would have saved, less their start, had a ready fork server run, where the
     default reads ``shape`` (in blocks of ``block_size``, None: one) in the consumer for want of one; else 0 (NOTE
@@ -398,15 +409,8 @@ def read_together(
 
 
 def plan_blocks(
-    blocks: "BlockPlan | RangePlan | GrowingPlan",
-    machine: Machine,
-    *,
-    n_procs: int,
-    read_ahead: "int | None" = None,
-    table: int = 0,
-    most_blocks: "int | None" = None,
-    remote: bool = False,
-    slot_bytes: int = 0,
+    blocks: "BlockPlan | RangePlan | GrowingPlan", machine: Machine, *, n_procs: int, read_ahead: "int | None" = None,
+    table: int = 0, most_blocks: "int | None" = None, remote: bool = False, slot_bytes: int = 0,
     shm_free: "int | None" = None,
 ) -> ReadPlan:
     """How given blocks are read: ``n_procs`` readers, capped (NOTE [read plan]); the default read-ahead.

@@ -122,8 +122,8 @@ class Batches(Closing, Generic[BatchT]):
         read, so per-sample work (augmentation, decoding bytes stored per row) runs in parallel as decoding does
         (NOTE [transforms] in ``multitables._io.blockread``). One function for one path; a dict for several (paths
         left out stay as read). Its output's dtype and row shape are learnt on the first rows, before readers start,
-        and its times a call and a row on them, over an epoch's blocks and rows, count in the default ``n_procs``
-        (a dataset in one chunk gets readers only with a ``block_size`` that is a part of it). Not with ``fields``.
+        and its times a call and a row on them count in the default ``n_procs``: it is called here, on copies of the
+        first rows, once to six times (docs/training.rst, "Work per sample in the readers"). Not with ``fields``.
     epochs : int or None
         Epochs one iteration runs through, from the current position (the
         rest of the current epoch counts as one). ``None``: endless, for

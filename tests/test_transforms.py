@@ -350,11 +350,69 @@ def test_a_line_through_a_small_and_a_large_call_prices_a_call_and_a_row(
     larger call no dearer), prices calls only, at the lesser time, never a negative cost."""
     from multitables._train import transforms
 
-    took = lambda _options, _node, _found, n: call_s + row_s * n + (jitter if n == 2 else 0.0)  # noqa: E731
+    took = lambda _found, _rows, n: call_s + row_s * n + (jitter if n == 2 else 0.0)  # noqa: E731
     monkeypatch.setattr(transforms, "_time_call", took)
-    node, found = SimpleNamespace(n_rows=100_000), SimpleNamespace(read_nbytes=24, row_nbytes=24)
-    got = transforms._timed(None, node, found, 2, took(None, None, None, 2) + first_s)
+    node = SimpleNamespace(n_rows=100_000)
+    found = SimpleNamespace(read_nbytes=24, row_nbytes=24, first_s=took(None, None, 2) + first_s)
+    options = SimpleNamespace(read_rows=lambda _node, start, stop: np.zeros((stop - start, 3)))
+    got = transforms.price(options, node, found, 1e9, 100_000, 25)  # readers never shown to pay: the line is drawn
     assert got == pytest.approx(fitted, abs=1e-9) and min(got) >= 0
+
+
+class Clock:
+    """The transforms module's clock, moved only by the transform :meth:`costing` makes: each of its calls takes what
+    it says, whatever else runs on the machine."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.calls: list[np.ndarray] = []
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def costing(self, call_s: float, row_s: float) -> Callable[[np.ndarray], np.ndarray]:
+        """A transform (a closure: its calls here are construction's) of ``call_s`` a call and ``row_s`` a row that
+        records the first column of each call's rows and then doubles them in place."""
+
+        def transform(rows: np.ndarray) -> np.ndarray:
+            self.calls.append(rows[:, 0].copy())
+            self.now += call_s + row_s * len(rows)
+            rows *= 2
+            return rows
+
+        return transform
+
+
+@pytest.mark.parametrize(
+    "call_s, row_s, chunk, n_procs, sizes, readers",
+    [(0.0, 0.01, 64, 0, [2], [0]), (0.0, 0.01, 64, 2, [2], [2]), (0.0, 0.01, 1000, None, [2], [0]),
+     (0.0, 0.01, 64, None, [2, 4], [2]), (0.05, 0.0, 64, None, [2, 3], [2])],
+    ids=["asked-0", "asked-2", "one-chunk-default", "10ms-a-row-default", "50ms-a-call-default"],
+)
+def test_construction_calls_a_transform_no_more_than_the_readers_need(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call_s: float, row_s: float, chunk: int, n_procs: "int | None",
+    sizes: list, readers: list
+) -> None:
+    """1,000 rows: construction calls a transform on its first 2 rows to learn its output, and on more only where its
+    price can change the readers (NOTE [transforms]): not where ``n_procs`` is given for one dataset, nor where one
+    reader would read the dataset's one chunk; a costly one, once more, on as few rows as show that readers pay
+    (10 ms a row: 4 rows, 40 ms, over 6 blocks; 50 ms a call: 3 rows, which also tell a call's cost from a row's).
+    Each call gets a fresh copy of the first rows."""
+    from multitables._train import transforms
+
+    monkeypatch.setattr("multitables._plan.readers.available_cpus", lambda: 2)  # the same answer on any machine
+    clock = Clock()
+    monkeypatch.setattr(transforms, "time", clock)
+    path = tmp_path / "stored.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("/X", data=np.arange(3000.0).reshape(1000, 3), chunks=(chunk, 3))
+    with multitables.Streamer(path, start_method="fork").get_batches(
+            "/X", 100, n_procs=n_procs, transform=clock.costing(call_s, row_s)) as batches:
+        assert [len(rows) for rows in clock.calls] == sizes
+        assert all((rows == 3.0 * np.arange(len(rows))).all() for rows in clock.calls)
+        assert batches.n_procs == readers
+        priced = batches._feed._planning.shapes[0]  # a call's cost as a call's, a row's as a row's
+        assert (priced.transform_call_s, priced.transform_row_s) == pytest.approx((call_s, row_s))
 
 
 @pytest.mark.parametrize("call_s, block_size, readers", [(2e-4, None, 0), (2e-4, 4096, 0), (0.05, 4096, "some")],

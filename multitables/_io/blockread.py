@@ -11,12 +11,22 @@ NOTE [transforms]
     (:meth:`Transform.infer`); the slots are laid out for it, and a later
     call that gives anything else fails with the function's traceback, as
     any error in a reader does. Rows reach it block by block, in file order,
-    before any shuffling; it must map each row on its own. It is timed on
-    the first rows twice (the first call may pay for an import or a JIT:
-    the lesser stands) and on more (about 20 ms of rows), and a line through
+    before any shuffling; it must map each row on its own. That first call,
+    on the first 2 rows, is timed; where the readers can turn on its price
+    (not with ``n_procs`` given for one dataset, nor where fewer than two
+    readers could work at once, as on a dataset's one chunk read as one
+    block, nor where the read alone pays for readers:
+    ``_plan.readers.transform_stake``) it is called on a copy of more of
+    the first rows, about 20 ms of them by the first call's time a row, no
+    more than show readers pay, and a line through
     the two gives its time a call (a sleep, a lock, its own overhead) and a
-    row: the plan prices its work at a call a block and a row a row (NOTE
-    [read plan] in ``_plan.readers``). Rows of different
+    row; a short larger call is timed twice, and a cheap first call or one
+    no cheaper than the larger (an import or a JIT that no reader's call
+    pays) once more, warm, the lesser standing: one call (an ``n_procs``
+    given), two (a costly transform), at most six (a cheap one), always on
+    copies of the first rows (``_train.transforms.price``). The plan prices
+    its work at a call a block and a row a row (NOTE [read plan] in
+    ``_plan.readers``). Rows of different
     sizes (h5py vlen, PyTables VLArray) reach it as an object array, one
     ndarray or bytes a row: NOTE [variable-length rows] in ``_io.vlen``.
 
@@ -252,10 +262,9 @@ class Transform:
     row_shape: tuple[int, ...]
     #: Bytes of a row as read; where rows vary in size, the first rows' mean (NOTE [variable-length rows]).
     read_nbytes: int = 0
-    #: Seconds a row of it takes on one core, and a call beyond its rows' (once a block), fitted to calls on the first
-    #: rows in the consumer (``_train.transforms``); what the plan prices it at (NOTE [read plan]). 0: not timed.
-    row_s: float = 0.0
-    call_s: float = 0.0
+    #: Seconds its first call took, in the consumer (warm-up included): what its price starts from, where the plan
+    #: needs one (``_train.transforms.price``; NOTE [read plan]). 0: not called yet.
+    first_s: float = 0.0
 
     @property
     def row_nbytes(self) -> int:

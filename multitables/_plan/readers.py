@@ -152,7 +152,7 @@ class DatasetShape:
     #: Bytes a second (uncompressed) the consumer read it at, measured here; None: the table's rate for its filters.
     decode_rate: "float | None" = None
     #: Seconds its transform takes on one core a row, and a call beyond its rows' (a call a block), timed in the
-    #: consumer (``Transform.row_s``, ``call_s``); 0: none.
+    #: consumer where the plan turns on them (``_train.transforms.price``); 0: none.
     transform_row_s: float = 0.0
     transform_call_s: float = 0.0
 

@@ -40,12 +40,13 @@ import numpy as np
 
 from .._plan.blocks import GrowingPlan, RangePlan
 from .._plan.epoch import RankEpoch
-from .._plan.readers import BatchPlan, DatasetShape, Machine, plan_batches, rate_decides, would_save_s
+from .._plan.readers import BatchPlan, DatasetShape, Machine, plan_batches, rate_decides, transform_stake, would_save_s
 from .._plan.subset import piece_spans
 from .._procs.failure import fd_limit
 from .._shm.space import shared_memory_free
 from .._sys.forks import note_forgone
 from ..errors import QueueClosed
+from .transforms import price
 
 if TYPE_CHECKING:
     from .._io.node import NodeInfo
@@ -89,8 +90,7 @@ def plan_feed(
     each dataset's engine as ``auto`` chooses it (:meth:`FeedPlan.at` then takes, where the plan gives a dataset
     readers, the one faster there), its shape, at the rate measured where that decides, and the machine.
 
-    A transform's work is priced at its times a call and a row, timed on the first rows (``DatasetShape.transform_call_s``,
-    ``transform_row_s``). Warns where a given
+    A transform's work is priced at its times a call and a row (:func:`_priced`). Warns where a given
     ``block_size`` cuts a compressed chunk of a shuffled epoch, whose blocks each decode the whole chunk again.
     """
     engines = [options.resolve(n) for n in nodes]
@@ -99,6 +99,8 @@ def plan_feed(
     if given.get("n_procs") is None:  # NOTE [read plan]: measured where the answer turns on it, as for a stream
         shapes = [replace(s, decode_rate=options.measure_rate(n, e)) if rate_decides(s, e, machine, looped=True) else s
                   for s, n, e in zip(shapes, nodes, engines)]
+    if any(t is not None for t in transforms):
+        shapes = _priced(options, nodes, transforms, shapes, engines, machine, n_rows, given)
     planning = FeedPlan(options, tuple(nodes), tuple(shapes), tuple(engines), machine, n_rows, dict(given))
     plan = planning.at()[1]  # the arguments checked here, before anything starts
     if planning.by_default:  # NOTE [fork server] in _sys.forks
@@ -124,9 +126,27 @@ def _shape(node: "NodeInfo", transform: Any) -> DatasetShape:
     [variable-length rows] in ``_io.vlen``) and as the transform writes it into a slot (NOTE [read plan])."""
     shape = DatasetShape.of(node, transformed=transform is not None)
     if transform is not None:
-        shape = replace(shape, row_nbytes=max(transform.read_nbytes, transform.row_nbytes, 1),
-                        transform_row_s=transform.row_s, transform_call_s=transform.call_s)
+        shape = replace(shape, row_nbytes=max(transform.read_nbytes, transform.row_nbytes, 1))
     return shape
+
+
+def _priced(options: "StreamOptions", nodes: "Sequence[NodeInfo]", transforms: Sequence[Any],
+            shapes: "list[DatasetShape]", engines: "list[str]", machine: Machine, n_rows: int,
+            given: "dict[str, Any]") -> "list[DatasetShape]":
+    """``shapes`` with their transforms' times a call and a row (``_train.transforms.price``), timed only where the
+    readers can turn on them: by default, or where an ``n_procs`` given is shared among datasets by which pay
+    (``_plan.costs.split_readers``); each against what makes its readers pay (``_plan.readers.transform_stake``)."""
+    n_procs = given.get("n_procs")
+    turns = n_procs is None or (n_procs > 0 and len(shapes) > 1)
+    block_size = plan_batches(shapes, engines, machine, n_rows=n_rows, **given).block_size  # the arguments checked first
+    out = []
+    for shape, node, engine, transform in zip(shapes, nodes, engines, transforms):
+        if transform is not None:
+            stake = transform_stake(shape, engine, machine, block_size) if turns else None
+            call_s, row_s = price(options, node, transform, stake, n_rows, -(-n_rows // block_size))
+            shape = replace(shape, transform_call_s=call_s, transform_row_s=row_s)
+        out.append(shape)
+    return out
 
 
 #: Room for what a block table may hold unclaimed, over two epochs' pieces: a few pieces more or less per epoch.

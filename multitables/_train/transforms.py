@@ -5,6 +5,7 @@ See NOTE [transforms] in ``_io.blockread``.
 
 from __future__ import annotations
 
+import copy
 import io
 import os
 import pickle
@@ -13,6 +14,8 @@ import time
 import types
 from dataclasses import replace
 from typing import Any, Protocol
+
+import numpy as np
 
 from .._io.blockread import Transform
 from .._io.vlen import vlen_refusal
@@ -28,15 +31,15 @@ class StreamerLike(Protocol):
     def options(self) -> StreamOptions: ...
 
 
-#: Rows a transform is first called on, to learn its output and time it (``Transform.call_s``, ``row_s``).
+#: Rows a transform is first called on, to learn its output (and what that call took: ``Transform.first_s``).
 _SAMPLE_ROWS = 2
 #: What its rows' time aims at in a larger, timed call (s): enough that a call's own time is small beside theirs.
 _TIMED_S = 0.02
 
 
 def infer_transforms(stream: "StreamerLike", paths: list[str], nodes: list[Any], transform: Any, columns: bool) -> list[Any]:
-    """Each dataset's :class:`~multitables._io.blockread.Transform` (None: none), learnt and timed on its first rows
-    here.
+    """Each dataset's :class:`~multitables._io.blockread.Transform` (None: none), learnt by one call on its first
+    rows here, which is timed (:func:`price` goes on from it where the plan needs to).
 
     A node of variable-length rows without one is refused (NOTE [variable-length rows] in ``_io.vlen``)."""
     if transform is None:
@@ -63,12 +66,10 @@ def infer_transforms(stream: "StreamerLike", paths: list[str], nodes: list[Any],
         if function is None:
             out.append(None)
             continue
-        n = min(_SAMPLE_ROWS, node.n_rows)
-        sample = options.read_rows(node, 0, n)
+        sample = options.read_rows(node, 0, min(_SAMPLE_ROWS, node.n_rows))
         start = time.perf_counter()
         found = Transform.infer(function, sample, repr(path))
-        call_s, row_s = _timed(options, node, found, n, time.perf_counter() - start)
-        found = replace(found, call_s=call_s, row_s=row_s)
+        found = replace(found, first_s=time.perf_counter() - start)
         method = start_method(options.start_method)
         if method != "fork":
             interactive = _interactive_names(function)
@@ -95,36 +96,55 @@ def infer_transforms(stream: "StreamerLike", paths: list[str], nodes: list[Any],
     return out
 
 
-def _timed(options: StreamOptions, node: Any, found: Transform, n_first: int, first_s: float) -> "tuple[float, float]":
-    """Seconds a call of ``found`` takes beyond its rows' and seconds a row takes (``Transform.call_s``, ``row_s``),
-    fitted to its calls on ``n_first`` rows (the first took ``first_s``) and on more (NOTE [transforms]).
+def price(options: StreamOptions, node: Any, found: Transform, stake: "float | None", n_rows: int,
+          n_blocks: int) -> "tuple[float, float]":
+    """Seconds a call of ``found`` takes beyond its rows' and seconds a row takes (``DatasetShape.transform_call_s``,
+    ``transform_row_s``), priced for an epoch of ``n_rows`` rows in ``n_blocks`` blocks whose readers pay where its
+    work exceeds ``stake`` seconds (``_plan.readers.transform_stake``; None: where no price changes the plan, the
+    first call's time, as rows', and no call). NOTE [transforms] says which calls it takes.
 
-    The first call may pay for warm-up that no reader's call does (an import, a cache, a JIT): a second call on as
-    many rows times a warm call, and the lesser stands. Calls on more rows, read again (the first may have changed its
-    own in place), aim their rows' time at :data:`_TIMED_S` (by the small call's time a row, then, where that was mostly
-    its call's, by the time a row found), within ``_plan.costs.RATE_SAMPLE_SHARE`` of the dataset and
-    ``RATE_SAMPLE_BYTES`` as read or as written; one shorter than that is timed twice, the lesser standing (a busy
-    machine only adds time: a sleep of 1 ms took 3 to 7 ms in one call of four here, beside other work). A line
-    through the two prices a call and a row: ``r * 2`` on rows of 3 float64 costs 9 us a call, a sleep of 1 ms a call
-    1 ms, whatever their rows; noise that tilts it down (the larger call no dearer) prices calls only, and a small
-    call no dearer a row than the larger prices rows only.
+    A line through its first call, on :data:`_SAMPLE_ROWS` rows, and a call on more prices a call and a row: ``r *
+    2`` on rows of 3 float64 costs 9 us a call, a sleep of 1 ms a call 1 ms, whatever their rows. The larger call's
+    rows aim at :data:`_TIMED_S` by the first call's time a row (by the line's, where that was mostly its call's, in
+    one call more), within ``_plan.costs.RATE_SAMPLE_SHARE`` of the dataset and ``RATE_SAMPLE_BYTES`` as read or as
+    written, and no more than a warm call needs to show that readers pay at twice that price a row (their work then
+    exceeds ``stake`` at any split between calls and rows: no call more). One shorter than :data:`_TIMED_S` is
+    timed twice, the lesser standing (a busy machine only adds time: a sleep of 1 ms took 3 to 7 ms in one call of
+    four here, beside other work). The first call may pay for warm-up that no reader's call does (an import, a
+    cache, a JIT): where it was short, or no cheaper than the larger, the small call is timed again, warm, and the
+    lesser stands. Noise that tilts the line down (the larger call no dearer) prices calls only, and a small call no
+    dearer a row than the larger prices rows only.
     """
+    n_first = min(_SAMPLE_ROWS, node.n_rows)
     if not n_first:
         return 0.0, 0.0
-    small = min(first_s, _time_call(options, node, found, n_first))
+    first = found.first_s
+    if stake is None:
+        return 0.0, first / n_first
     nbytes = max(found.read_nbytes, found.row_nbytes, 1)
-    most = min(node.n_rows, max(int(node.n_rows * RATE_SAMPLE_SHARE), n_first), RATE_SAMPLE_BYTES // nbytes)
-    n, large, row_guess = n_first, small, small / n_first
+    most = max(min(node.n_rows, max(int(node.n_rows * RATE_SAMPLE_SHARE), n_first), RATE_SAMPLE_BYTES // nbytes), n_first)
+    rows = options.read_rows(node, 0, most)  # read once: each call gets a copy (a call may change its rows in place)
+
+    def pays(seconds: float, n: int) -> bool:  # a warm call's time shows readers pay, however it splits
+        return seconds * min(max(n_blocks, 1), n_rows / n) > stake
+
+    n, large, row_guess = n_first, first, first / n_first
     for _ in range(2):
-        want = min(most, n_first + int(_TIMED_S / max(row_guess, 1e-9)))
+        # Rows for pays() at twice row_guess (the first call's holds its own overhead and its warm-up); at least twice
+        # the first call's, for a line that a few ms of noise do not tilt.
+        enough = int(2 * stake / (max(n_blocks, 1) * max(row_guess, 1e-12))) + 1
+        want = min(most, n_first + max(n_first, int(_TIMED_S / max(row_guess, 1e-9))), max(enough, n_first + 1))
         if want <= n:
             break
-        n, large = want, _time_call(options, node, found, want)
+        n, large = want, _time_call(found, rows, want)
         if large < _TIMED_S:  # short enough for a busy machine's delay to count: the lesser of two
-            large = min(large, _time_call(options, node, found, want))
-        if large - small >= _TIMED_S / 2:  # the rows' time is most of it: the line is steep enough to read
+            large = min(large, _time_call(found, rows, want))
+        if pays(large, n) or large - first >= _TIMED_S / 2:  # decided, or the line steep enough to read
             break
-        row_guess = (large - small) / (n - n_first)
+        row_guess = (large - first) / (n - n_first)
+    small = first
+    if not (n > n_first and pays(large, n)) and (first < _TIMED_S or large <= first):  # warm-up: costs little, or shows
+        small = min(first, _time_call(found, rows, n_first))
     if n == n_first or small / n_first <= large / n:  # no call's cost seen: rows only
         return 0.0, min(small / n_first, large / n)
     if large <= small:  # the larger call no dearer: calls only, at the lesser time
@@ -133,9 +153,9 @@ def _timed(options: StreamOptions, node: Any, found: Transform, n_first: int, fi
     return small - row_s * n_first, row_s
 
 
-def _time_call(options: StreamOptions, node: Any, found: Transform, n: int) -> float:
-    """Seconds a call of ``found`` on the first ``n`` rows takes, read anew."""
-    sample = options.read_rows(node, 0, n)
+def _time_call(found: Transform, rows: np.ndarray, n: int) -> float:
+    """Seconds a call of ``found`` on a copy of the first ``n`` of ``rows`` takes."""
+    sample = copy.deepcopy(rows[:n]) if rows.dtype.hasobject else rows[:n].copy()
     start = time.perf_counter()
     found.function(sample)
     return time.perf_counter() - start

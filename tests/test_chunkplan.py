@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multitables._io.chunks.grid import ChunkGrid, Extent, chunk_parts, coalesce
+from multitables._io.chunks.grid import ChunkGrid, Extent, chunk_indices, chunk_parts, coalesce
 
 
 @st.composite
@@ -56,6 +56,16 @@ def test_parts_assemble_the_rows_exactly_once(case: tuple[ChunkGrid, int, int]) 
     indices = [p.index for p in parts]
     assert indices == sorted(indices)
     assert len(parts) == len(set(indices))
+
+
+@settings(max_examples=200, deadline=None)
+@given(grids_and_ranges())
+def test_chunk_indices_are_the_parts_chunks_in_order(case: tuple[ChunkGrid, int, int]) -> None:
+    grid, start, stop = case
+    count, indices = chunk_indices(grid, start, stop)
+    expected = [part.index for part in chunk_parts(grid, start, stop)]
+    assert list(indices) == expected and count == len(expected)
+    assert chunk_indices(grid, start, start)[0] == 0
 
 
 @settings(max_examples=200, deadline=None)

@@ -371,3 +371,26 @@ np.save(sys.argv[3], np.concatenate(got))
         hints.append(cold_disk.stats().hints)
     assert hints[0] >= 8  # ten blocks of 2,000 rows: each reader hints the blocks ahead of it
     assert hints[1] == hints[0]  # the second pass: every byte cached, nothing hinted
+
+
+def test_a_hint_over_many_small_chunks_looks_at_them_as_it_goes(tmp_path: Path) -> None:
+    """A block of small chunks is hinted again at each leaf of the chunk index read in it, the rest of the block each
+    time (NOTE [chunk index in file order]): listing all the rest's chunks first made a pass over 256-byte chunks
+    quadratic in a block's chunks (2.2x the CPU time of the whole pass). A hint looks at the chunks it needs."""
+    import tracemalloc
+
+    path = tmp_path / "f.h5"
+    n_chunks = 200_000  # listed: 200,000 index tuples, ~16 MB
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data", data=np.arange(4 * n_chunks, dtype=np.uint32).astype(np.uint8), chunks=(4,))
+    layout = learned(path)
+    for cached in (True, False):
+        hinted: list[list[Any]] = []
+        tracemalloc.start()
+        try:
+            layout.hint(0, 4 * n_chunks, 1, hinted.append, resident=lambda a, b: cached)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 1 << 20, f"a hint over {n_chunks} chunks took {peak} bytes at its peak"
+        assert hinted == [] if cached else len(hinted) == 1 and hinted[0]

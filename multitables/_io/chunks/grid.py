@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import itertools
 from dataclasses import dataclass, field
-from typing import NamedTuple, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,21 @@ def chunk_parts(grid: ChunkGrid, start: int, stop: int) -> list[ChunkPart]:
         for index, chunk_sel, out_sel in combos:
             parts.append(ChunkPart((i0, *index), (rows_in_chunk, *chunk_sel), (rows_in_out, *out_sel), whole))
     return parts
+
+
+def chunk_indices(grid: ChunkGrid, start: int, stop: int) -> "tuple[int, Iterator[tuple[int, ...]]]":
+    """How many chunks hold rows ``[start, stop)``, and their grid indices in C order (as :func:`chunk_parts`), made as
+    they are taken: a hint looks at the first few of a block's chunks, once for each leaf of the index read in it,
+    and listing thousands of small chunks each time made a pass over 256-byte chunks take 1.4x as long."""
+    if start >= stop or any(s == 0 for s in grid.shape[1:]):
+        return 0, iter(())
+    c0 = grid.chunks[0]
+    rows = range(start // c0, (stop - 1) // c0 + 1)
+    if grid.per_chunk_row == 1:
+        rest = (0,) * (len(grid.chunks) - 1)
+        return len(rows), ((i, *rest) for i in rows)
+    trailing = [t[0] for t in grid.trailing]
+    return len(rows) * len(trailing), ((i, *t) for i in rows for t in trailing)
 
 
 class Extent(NamedTuple):

@@ -42,7 +42,7 @@ from typing import Any, Callable, Container
 
 import numpy as np
 
-from .grid import ChunkGrid, Extent, chunk_parts
+from .grid import ChunkGrid, Extent, chunk_indices
 from .btree import UNREAD, BTreeIndex, open_btree_index
 from .codecs.base import FilterSpec, UnsupportedFilter, filters_of
 from .codecs.registry import build_pipeline
@@ -296,14 +296,8 @@ class Layout:
 
     def chunks(self, start: int, stop: int) -> "list[tuple[int, ...]]":
         """The grid indices of the chunks that hold rows ``[start, stop)``, in C order."""
-        grid = self.grid
-        assert grid is not None
-        if grid.per_chunk_row == 1:
-            # One chunk per chunk-row: its index alone, without the parts' selections
-            # (a reader hints every block; this costs half as much).
-            c0, rest = grid.chunks[0], (0,) * (len(grid.chunks) - 1)
-            return [(i, *rest) for i in range(start // c0, (stop - 1) // c0 + 1)]
-        return [part.index for part in chunk_parts(grid, start, stop)]
+        assert self.grid is not None
+        return list(chunk_indices(self.grid, start, stop)[1])
 
     def find(self, start: int, stop: int, ahead: int = 0) -> None:
         """Read the leaves of the chunk index that rows ``[start, stop)`` need and it has not read, and up to ``ahead``
@@ -330,12 +324,14 @@ class Layout:
             return
         assert self.index is not None
         index = self.index
-        indices = self.chunks(start, stop)
+        assert self.grid is not None
+        count, indices = chunk_indices(self.grid, start, stop)
         asked = False
-        if resident is not None and indices:  # the chunks' ends known: asked before working out the extents
+        if resident is not None and count:  # the chunks' ends known: asked before working out the extents
             # The bytes from the first chunk's to the last's hold the others where the file stores them in order
             # (rows written in order); a file stored otherwise may miss a hint, never a row.
-            first, last = index.peek(indices[0]), index.peek(indices[-1])
+            c0, trailing = self.grid.chunks[0], self.grid.trailing  # C order: the first's trailing index and the last's
+            first, last = index.peek((start // c0, *trailing[0][0])), index.peek(((stop - 1) // c0, *trailing[-1][0]))
             if isinstance(first, tuple) and isinstance(last, tuple):
                 if resident(first[0], last[0] + last[1]):
                     return
@@ -356,7 +352,7 @@ class Layout:
                 mean = index.mean_size
                 frontier = max(e.offset + e.size for e in extents) if extents else index.guess_offset(chunk)
                 if mean and frontier is not None:
-                    extents.append(Extent(frontier, mean * (len(indices) - n + 1) * 5 // 4, 0))
+                    extents.append(Extent(frontier, mean * (count - n + 1) * 5 // 4, 0))
                     break
                 if extents:
                     break

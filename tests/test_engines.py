@@ -388,3 +388,21 @@ def test_auto_leaves_a_small_chunked_dataset_at_a_first_look_to_h5py_and_reads_i
     with multitables.Streamer(tmp_path / "small.h5").get_queue("/data", n_procs=2) as q:
         assert q.engine == "chunks"
     forget_learned()
+
+
+
+@pytest.mark.parametrize("chunks, expected", [((1, 6), "h5py"), ((64, 1), "h5py"), ((256, 1), "chunks")])
+def test_auto_leaves_a_stream_of_small_chunks_to_h5py(
+    tmp_path: Path, no_leaks: None, chunks: tuple[int, int], expected: str
+) -> None:
+    """Chunks of under 1 KiB (a table written row by row in one-row chunks, a column in 64-row ones) cost the chunk
+    engine more around each chunk than HDF5 takes: ``auto`` leaves them to h5py, in the consumer and in readers
+    (``SMALL_CHUNK_BYTES``); 1 KiB chunks stay the chunk engine's."""
+    data = np.arange(4096 * 6, dtype=np.float32).reshape(4096, 6)
+    path = tmp_path / "f.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data", data=data, chunks=chunks, compression="gzip", shuffle=True)
+    for n_procs in (0, 2):
+        with multitables.Streamer(path).get_queue("/data", n_procs=n_procs, ordered=True, remainder=True) as q:
+            assert q.engine == expected, n_procs
+            np.testing.assert_array_equal(np.concatenate([g.__enter__().copy() for g in q.iter()]), data)

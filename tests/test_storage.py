@@ -188,7 +188,7 @@ def test_a_second_stream_of_a_known_file_checks_it_without_learning_it_again(
     make_array: Callable[..., Path], settled: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = rows(40, 5)
-    path = make_array(data, chunkshape=(8, 8), complib="zlib", complevel=3)
+    path = make_array(data, chunkshape=(32, 8), complib="zlib", complevel=3)  # 1 KiB chunks: auto takes the chunk engine
     learned: list[str] = []
     learn = storage.learn_layout
 

@@ -983,7 +983,7 @@ def test_a_ctrl_c_between_the_rows_and_their_blocks_stops_the_readers_before_the
 
 
 def test_a_queue_and_its_guards_say_what_they_are(make_array) -> None:
-    path = make_array(np.arange(1000, dtype="<f4"), chunkshape=(100,))
+    path = make_array(np.arange(1000, dtype="<f4"), chunkshape=(256,))  # 1 KiB chunks: the chunk engine's
     stream = multitables.Streamer(path)
     assert repr(stream) == f"<multitables.Streamer {str(path)!r}>"
     asked = multitables.Streamer([path, path], engine="h5py", start_method="spawn")

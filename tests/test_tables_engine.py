@@ -58,3 +58,111 @@ def test_a_file_just_written_is_tried_at_every_stream(make_array, probes) -> Non
     for _ in range(2):
         np.testing.assert_array_equal(_rows(path), data)
     assert probes == ["/data"] * 2  # a write within the clock's tick could keep its identity
+
+
+# -- many files and datasets: one probe a call ------------------------------------
+
+
+@pytest.fixture
+def forked(monkeypatch) -> "list[str]":
+    """The names of the processes forked (the probe's: ``multitables-probe``)."""
+    import multiprocessing.context
+
+    names: list[str] = []
+    start = multiprocessing.context.ForkProcess.start
+
+    def counted(process: Any) -> None:
+        names.append(process.name)
+        start(process)
+
+    monkeypatch.setattr(multiprocessing.context.ForkProcess, "start", counted)
+    return names
+
+
+def _files(tmp_path: Any, n_files: int, n_datasets: int, odd: "tuple[int, int] | None" = None) -> "list[str]":
+    """``n_files`` files of ``n_datasets`` int32 datasets ``/d0``, ``/d1``...: 50 rows, dataset ``d`` of file ``f`` holding
+    ``1000 * f + 100 * d + row``; ``odd``: (file, dataset) written as an HDF5 16-bit bitfield, which PyTables reads as
+    1-byte bools and so refuses (h5py delivers it as uint16)."""
+    import h5py
+
+    paths = []
+    for f in range(n_files):
+        paths.append(str(tmp_path / f"f{f}.h5"))
+        with h5py.File(paths[-1], "w") as h5:
+            for d in range(n_datasets):
+                rows = np.arange(50, dtype="i4") + 1000 * f + 100 * d
+                if (f, d) == odd:
+                    h5py.h5d.create(h5.id, f"d{d}".encode(), h5py.h5t.STD_B16LE.copy(), h5py.h5s.create_simple((50,)))
+                    h5[f"d{d}"][...] = rows.astype("u2")
+                else:
+                    h5.create_dataset(f"d{d}", data=rows if odd is None else rows.astype("u2"))
+    return paths
+
+
+def _expected(n_files: int, d: int) -> np.ndarray:
+    return np.concatenate([np.arange(50) + 1000 * f + 100 * d for f in range(n_files)])
+
+
+def test_batches_over_many_datasets_of_many_files_fork_one_probe(tmp_path, forked, no_leaks) -> None:
+    files = _files(tmp_path, 4, 5)
+    paths = [f"/d{d}" for d in range(5)]
+    with multitables.Batches(multitables.Streamer(files, engine="tables"), paths, 40, shuffle=False, n_procs=0) as b:
+        got = [np.concatenate(column) for column in zip(*b)]
+    for d in range(5):
+        np.testing.assert_array_equal(got[d], _expected(4, d))
+    assert forked == ["multitables-probe"]  # was one a dataset and file: 20
+
+
+def test_a_stream_and_a_reader_over_many_files_fork_one_probe(tmp_path, forked, no_leaks) -> None:
+    files = _files(tmp_path, 6, 2)
+    with multitables.Streamer(files, engine="tables").get_queue("/d1", n_procs=0, remainder=True) as q:
+        got = []
+        for guard in q.iter():
+            with guard as block:
+                got.append(block.copy())
+    np.testing.assert_array_equal(np.concatenate(got), _expected(6, 1))
+    assert forked == ["multitables-probe"]  # was one a file: 6
+    with multitables.Reader(files, engine="tables", n_procs=0) as reader:
+        ds = reader.get_dataset("/d0")
+        with ds.create_stage(300) as stage:
+            np.testing.assert_array_equal(reader.request(ds[:], stage).get(), _expected(6, 0))
+    assert forked == ["multitables-probe"] * 2
+
+
+def test_a_file_pytables_refuses_among_many_is_named_with_its_dataset(tmp_path, forked, no_leaks) -> None:
+    files = _files(tmp_path, 4, 3, odd=(2, 1))
+    paths = [f"/d{d}" for d in range(3)]
+    with pytest.raises(multitables.NodeTypeError) as raised:
+        multitables.Batches(multitables.Streamer(files, engine="tables"), paths, 40, n_procs=0)
+    assert str(raised.value) == (
+        f"engine='tables' cannot read '/d1' in {files[2]!r} (tables: PyTables fails on it (TypeError: PyTables reads "
+        f"the 2-byte elements (h5py: uint16) as 1-byte bools)); engine='chunks' (or 'auto') reads it")
+    assert forked == ["multitables-probe"]
+    with pytest.raises(multitables.NodeTypeError) as alone:  # the set of /d1 alone: the same refusal
+        multitables.Streamer(files, engine="tables").get_queue("/d1", n_procs=0)
+    assert str(alone.value) == str(raised.value)
+
+
+def test_a_crash_of_pytables_on_one_file_is_that_files_refusal(tmp_path, forked, monkeypatch, no_leaks) -> None:
+    """A probe killed by SIGSEGV while on one dataset of one file refuses that one, named; the files after it are
+    tried in another probe, the one crashed on first (its crash its own, not what came before it)."""
+    import os
+    import signal
+
+    files = _files(tmp_path, 4, 2)
+    read_into = tables_engine.TablesSource.read_into
+
+    def crashing(self: Any, start: int, stop: int, out: np.ndarray) -> None:
+        if self._file.filename == files[2] and self._node._v_pathname == "/d1":
+            signal.signal(signal.SIGSEGV, signal.SIG_DFL)  # no faulthandler dump
+            os.kill(os.getpid(), signal.SIGSEGV)
+        read_into(self, start, stop, out)
+
+    monkeypatch.setattr(tables_engine.TablesSource, "read_into", crashing)
+    with pytest.raises(multitables.NodeTypeError) as raised:
+        multitables.Batches(multitables.Streamer(files, engine="tables"), ["/d0", "/d1"], 40, n_procs=0)
+    assert str(raised.value) == (f"engine='tables' cannot read '/d1' in {files[2]!r} (tables: PyTables crashed on it "
+                                 f"(signal SIGSEGV)); engine='chunks' (or 'auto') reads it")
+    # Tried in one probe; it crashed on /d1 of the third file after six others, which alone crashed it again; the last
+    # file's /d1 was tried in a third.
+    assert forked == ["multitables-probe"] * 3

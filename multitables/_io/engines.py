@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, ContextManager, Protocol, Sequence
 
 import numpy as np
 
@@ -50,7 +50,7 @@ from .h5filters import filter_label, h5py_lacks
 from .h5py_engine import ENGINE as H5PY
 from .node import NodeInfo, Unsupported, close_dataset
 from .scattered import GroupRows
-from .tables_engine import ENGINE as TABLES
+from .tables_engine import ENGINE as TABLES, probed_together
 
 
 class Source(Protocol):
@@ -255,10 +255,7 @@ def _refuse(node: NodeInfo, problems: "dict[str, str]", open_kwargs: "dict[str, 
     plain = None
     if other is None and open_kwargs:  # the options may be what stops the others (PyTables' DRIVER= is no h5py option)
         plain = next((e.name for e in REGISTRY if e.name not in problems and _reads(e, node, {}, dataset)), None)
-    if len(problems) == 1:
-        reasons = "{}: {}".format(*next(iter(problems.items())))
-    else:
-        reasons = "; ".join(f"{engine}: {why}" for engine, why in problems.items())
+    reasons = "; ".join(f"{engine}: {why}" for engine, why in problems.items())
     # h5py's HDF5, with hdf5plugin's filters, is what says which filters are installed.
     lacking = h5py_lacks(node) if not node.h5py_problem else []
     if other is not None:
@@ -348,11 +345,21 @@ def resolve_engine(engine: str, node: NodeInfo, open_kwargs: dict[str, Any], dat
     """
     check_engine(engine)
     if node.parts:
-        try:
-            return _resolve_set_again(engine, node, tuple(sorted(open_kwargs.items())))
-        except TypeError:  # an open option that is not hashable
-            return _resolve_set(engine, node, open_kwargs)
+        with checked_together(engine, [node], open_kwargs):  # one PyTables probe for the files, not one a file
+            try:
+                return _resolve_set_again(engine, node, tuple(sorted(open_kwargs.items())))
+            except TypeError:  # an open option that is not hashable
+                return _resolve_set(engine, node, open_kwargs)
     return _resolve(engine, node, open_kwargs, dataset, readers=readers, requests=requests)
+
+
+def checked_together(engine: str, nodes: "Sequence[NodeInfo]", open_kwargs: "dict[str, Any]") -> ContextManager[None]:
+    """Within it, :func:`resolve_engine` of ``nodes`` tries PyTables on all their files in one forked probe where ``engine``
+    tries it first (``tables``; ``auto`` given its options), not one a file (``tables_engine.probed_together``)."""
+    files = [part.node for node in nodes for part in node.parts] + [node for node in nodes if not node.parts]
+    # Never preferred, PyTables leads the walk for every node or none (the chunk engine's refuses PyTables' options).
+    leads = engine != CHUNKS.name and bool(files) and _walk(engine, files[0], open_kwargs)[0] is TABLES
+    return probed_together(files if leads else [], open_kwargs)
 
 
 def set_look(engine: str, open_kwargs: "dict[str, Any]") -> "Callable[[NodeInfo, Any], Any] | None":

@@ -3,49 +3,49 @@
 :data:`ENGINE` is the engine in the registry (:mod:`multitables._io.engines`).
 :func:`tables_problem` says whether PyTables reads a node by trying it (open
 the file, read the first row) in a forked child, as PyTables can crash on a
-damaged file where h5py fails cleanly.
+damaged file where h5py fails cleanly; within :func:`probed_together`, many
+nodes (a set's files, a batches' datasets) are tried in one child.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
 from .._sys.forks import renew_lock_in_children
 from .._sys.signals import raised_by_handler
 from ..errors import FileBusyError, FileChangedError
+from .apart import Died, each_apart
 from .fields import field_of, select_field
 from .files import check_opened, file_signature, settled
 from .handles import raise_if_busy
 from .node import NodeInfo, close_dataset, raise_if_switched
-from .prefork import before_fork
 from .strings import deliver_strings
 from .scattered import GroupRows
 from .vlen import VLEN_PROBLEM
 
 
 def tables_problem(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "str | None":
-    """Why PyTables cannot read ``node`` as h5py delivers it (None: it can), tried for real.
+    """Why PyTables cannot read ``node`` as h5py delivers it (None: it can), tried for real (with other nodes, within
+    :func:`probed_together`).
 
     A bad PyTables open option in ``open_kwargs`` raises PyTables' own error.
     """
-    if node.remote is not None:
-        return REMOTE
-    if node.vlen:
-        return VLEN_PROBLEM
-    if _nested_gaps(node.file_dtype):
-        # PyTables 3.11 packs nested members and then writes past its buffer (a crash at exit, or at once).
-        return "PyTables misreads compounds with gaps between their members that are nested or hold nested ones"
-    if _big_endian_complex_arrays(node.file_dtype):
-        return "PyTables misreads big-endian complex sub-arrays in a compound (wrong values)"
+    known = _known_problem(node)
+    if known is not None:
+        return known
     if open_kwargs:  # the user's PyTables options: a bad one raises PyTables' own error (the file's open only: a
         _open_file(node, open_kwargs).close()  # node PyTables fails on is a problem, as without options)
     key = _answer_key(node, open_kwargs)
     if key in _ANSWERS:
         return _ANSWERS[key]
-    why = _first_row_problem_apart(node, open_kwargs)
+    group = getattr(_TOGETHER, "group", None)
+    why = group.answer(node, open_kwargs) if group is not None else _UNGROUPED
+    if why is _UNGROUPED:
+        why = _first_row_problem_apart(node, open_kwargs)
     if key is not None and why != _TIMED_OUT and _still_settled(node):
         with _ANSWERS_LOCK:  # streams made in several threads
             while len(_ANSWERS) >= ANSWERS_KEPT:
@@ -62,6 +62,91 @@ _ANSWERS: "dict[tuple[NodeInfo, tuple[tuple[str, Any], ...]] | None, str | None]
 ANSWERS_KEPT = 64
 _ANSWERS_LOCK = threading.Lock()
 renew_lock_in_children(globals(), "_ANSWERS_LOCK")
+
+
+def _known_problem(node: NodeInfo) -> "str | None":
+    """Why PyTables cannot read ``node``, known without trying it (None: only a try tells)."""
+    if node.remote is not None:
+        return REMOTE
+    if node.vlen:
+        return VLEN_PROBLEM
+    if _nested_gaps(node.file_dtype):
+        # PyTables 3.11 packs nested members and then writes past its buffer (a crash at exit, or at once).
+        return "PyTables misreads compounds with gaps between their members that are nested or hold nested ones"
+    if _big_endian_complex_arrays(node.file_dtype):
+        return "PyTables misreads big-endian complex sub-arrays in a compound (wrong values)"
+    return None
+
+
+@contextlib.contextmanager
+def probed_together(nodes: "Iterable[NodeInfo]", open_kwargs: "dict[str, Any]") -> Iterator[None]:
+    """Within it (in this thread), the first of ``nodes`` PyTables is tried on is tried with all of them not yet
+    answered, in one forked probe (:func:`_first_row_problems_apart`); each answer is given when its node is asked.
+
+    A batches' 300 datasets of 4 files forked 1,200 probes, 0.23 s each. Inside another, the nodes join the outer group.
+    """
+    outer = getattr(_TOGETHER, "group", None)
+    if outer is not None:
+        outer.add(nodes, open_kwargs)
+        yield
+        return
+    _TOGETHER.group = _Group(open_kwargs)
+    _TOGETHER.group.add(nodes, open_kwargs)
+    try:
+        yield
+    finally:
+        _TOGETHER.group = None
+
+
+_TOGETHER = threading.local()
+#: :meth:`_Group.answer` for a node not in the group.
+_UNGROUPED = object()
+
+
+class _Group:
+    """The nodes of :func:`probed_together` with the same open options, and PyTables' answers on those tried."""
+
+    def __init__(self, open_kwargs: "dict[str, Any]") -> None:
+        self._options = _options_key(open_kwargs)
+        self._waiting: "dict[NodeInfo, None]" = {}  # in the order given
+        self._answers: "dict[NodeInfo, Any]" = {}
+
+    def add(self, nodes: "Iterable[NodeInfo]", open_kwargs: "dict[str, Any]") -> None:
+        if self._options is None or _options_key(open_kwargs) != self._options:
+            return  # other options: their nodes are tried alone
+        for node in nodes:
+            if _hashable(node) and node not in self._answers and _known_problem(node) is None:
+                self._waiting[node] = None
+
+    def answer(self, node: NodeInfo, open_kwargs: "dict[str, Any]") -> Any:
+        """PyTables' answer on ``node`` (the probe's exception raised), trying every node waiting with it;
+        :data:`_UNGROUPED` where ``node`` is not in the group."""
+        if not _hashable(node) or _options_key(open_kwargs) != self._options:
+            return _UNGROUPED
+        if node not in self._answers:
+            if node not in self._waiting:
+                return _UNGROUPED
+            tried = [node] + [n for n in self._waiting if n != node and _answer_key(n, open_kwargs) not in _ANSWERS]
+            self._waiting.clear()  # ``node`` first: a crash there is its own, told at once
+            self._answers.update(zip(tried, _first_row_problems_apart(tried, open_kwargs)))
+        said = self._answers[node]
+        if isinstance(said, BaseException):
+            raise said
+        return said
+
+
+def _options_key(open_kwargs: "dict[str, Any]") -> "tuple[tuple[str, Any], ...] | None":
+    """``open_kwargs`` as a key (None: an option is not hashable)."""
+    key = tuple(sorted(open_kwargs.items()))
+    return key if _hashable(key) else None
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
 
 
 def _still_settled(node: NodeInfo) -> bool:
@@ -150,61 +235,32 @@ def _first_row_problem(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "str | 
     return None
 
 
-def _probe_child(conn: Any, node: NodeInfo, open_kwargs: "dict[str, Any]") -> None:
-    from .._sys.signals import ignore_sigint
-
-    ignore_sigint()
-    try:
-        conn.send(_first_row_problem(node, open_kwargs))
-    except (FileChangedError, FileBusyError) as exc:  # the caller's to raise
-        conn.send(exc)
-    conn.close()
-
-
 def _first_row_problem_apart(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "str | None":
-    """:func:`_first_row_problem`, in a forked child where there is fork and this process may start one.
+    """:func:`_first_row_problem`, in a forked child (:func:`_first_row_problems_apart`)."""
+    said = _first_row_problems_apart([node], open_kwargs)[0]
+    if isinstance(said, BaseException):
+        raise said
+    return said
+
+
+def _first_row_problems_apart(nodes: "list[NodeInfo]", open_kwargs: "dict[str, Any]") -> "list[Any]":
+    """:func:`_first_row_problem` of each of ``nodes``, all in one forked child where there is fork and this process
+    may start one (``_io.apart.each_apart``): each node's answer, or the :class:`FileChangedError` or
+    :class:`FileBusyError` to raise for it.
 
     PyTables can crash (SIGSEGV) on a damaged file's metadata, where h5py
-    reads it or fails cleanly; a crash of the probe is a refusal, not the
-    death of the user's process. The fork costs a few milliseconds, paid only
-    where PyTables is a candidate.
+    reads it or fails cleanly; a crash of the probe is a refusal of the node
+    it crashed on, not the death of the user's process.
     """
-    import multiprocessing
-    import signal
-
-    if "fork" not in multiprocessing.get_all_start_methods() or multiprocessing.current_process().daemon:
-        return _first_row_problem(node, open_kwargs)  # not Linux, or a daemonic process, which may start none
-    ctx = multiprocessing.get_context("fork")
-    before_fork()  # as a reader's fork
-    recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_probe_child, args=(send, node, open_kwargs), name="multitables-probe", daemon=True)
-    try:
-        proc.start()
-        send.close()
-        answered = recv.poll(PROBE_TIMEOUT)
+    def here(node: NodeInfo) -> Any:
         try:
-            if answered:
-                said = recv.recv()
-                if isinstance(said, (FileChangedError, FileBusyError)):
-                    raise said
-                return said
-        except EOFError:
-            pass  # it died before answering
-        proc.join(PROBE_TIMEOUT if answered else 0)
-        if proc.exitcode is None:
-            return _TIMED_OUT
-        how = f"exit code {proc.exitcode}"
-        if proc.exitcode < 0:
-            how = f"signal {signal.Signals(-proc.exitcode).name}"
-        return f"PyTables crashed on it ({how})"
-    finally:
-        send.close()
-        recv.close()
-        if proc.is_alive():
-            proc.kill()
-        if proc.pid is not None:
-            proc.join()
-            proc.close()
+            return _first_row_problem(node, open_kwargs)
+        except (FileChangedError, FileBusyError) as exc:  # no verdict on PyTables: the caller's to raise
+            return exc
+
+    said = each_apart(here, nodes, PROBE_TIMEOUT)
+    return [(_TIMED_OUT if s.how is None else f"PyTables crashed on it ({s.how})") if isinstance(s, Died) else s
+            for s in said]
 
 
 def _gist(message: str) -> str:

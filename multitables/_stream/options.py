@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from .._io.blockread import Transform, delivered
-from .._io.engines import open_source, readers_may_change, resolve_engine, set_look
+from .._io.engines import checked_together, open_source, readers_may_change, resolve_engine, set_look
 from .._io.fileset import describe_files, inspect_files, open_files, own_flags
 from .._io.node import NodeInfo
 from .._io.objects.config import Store
@@ -73,6 +73,11 @@ class StreamOptions:
                 f"(it would be read by {engine!r})"
             )
         return engine
+
+    def resolve_each(self, nodes: "list[NodeInfo]") -> "list[str]":
+        """:meth:`resolve` of each of ``nodes``, PyTables tried on all their files in one probe (``checked_together``)."""
+        with checked_together(self._asked, nodes, self.open_kwargs):
+            return [self.resolve(node) for node in nodes]
 
     def engine_for_readers(self, node: NodeInfo, engine: str, readers: int, dataset: Any = None) -> str:
         """The engine that reads ``node`` once the plan gives it ``readers`` processes: ``engine`` (as :meth:`resolve`

@@ -93,7 +93,7 @@ def plan_feed(
     A transform's work is priced at its times a call and a row (:func:`_priced`). Warns where a given
     ``block_size`` cuts a compressed chunk of a shuffled epoch, whose blocks each decode the whole chunk again.
     """
-    engines = [options.resolve(n) for n in nodes]
+    engines = options.resolve_each(list(nodes))
     shapes = [_shape(n, t) for n, t in zip(nodes, transforms)]
     machine = options.machine
     if given.get("n_procs") is None:  # NOTE [read plan]: measured where the answer turns on it, as for a stream

@@ -30,7 +30,7 @@ def _die() -> None:
     os.kill(os.getpid(), signal.SIGSEGV)
 
 
-def test_many_items_are_checked_in_one_child(forked) -> None:
+def test_many_items_are_checked_in_one_child(forked, no_leaks) -> None:
     assert each_apart(lambda i: (i * i, os.getpid()), list(range(50)), 10.0)[7][0] == 49
     assert len({pid for _, pid in each_apart(lambda i: (i, os.getpid()), list(range(50)), 10.0)}) == 1
     assert len(forked) == 2
@@ -49,7 +49,7 @@ def test_the_items_a_child_dies_on_are_told_and_the_others_answered(n: int, data
     assert each_apart(check, list(range(n)), 10.0) == [Died("signal SIGSEGV") if i in fatal else i * 10 for i in range(n)]
 
 
-def test_a_death_caused_by_the_items_before_is_no_verdict(forked) -> None:
+def test_a_death_caused_by_the_items_before_is_no_verdict(forked, no_leaks) -> None:
     checked: list[int] = []  # in the child: what it checked before
 
     def check(i: int) -> int:
@@ -62,7 +62,7 @@ def test_a_death_caused_by_the_items_before_is_no_verdict(forked) -> None:
     assert len(forked) == 2  # item 3 first in the second child
 
 
-def test_an_exit_and_a_hang_are_told(forked) -> None:
+def test_an_exit_and_a_hang_are_told(forked, no_leaks) -> None:
     def check(i: int) -> int:
         if i == 1:
             os._exit(3)

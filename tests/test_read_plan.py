@@ -203,7 +203,7 @@ def test_the_plan_travels_whole_to_the_readers(rows_file: Path) -> None:
     assert settings.spec == spec and settings.spec.read.n_procs == 2
 
 
-# -- NOTE [pool workers]: a pool's worker counts its share of the CPUs -------------------------------------------------
+# -- NOTE [CPU siblings]: a pool's worker counts its share of the CPUs -------------------------------------------------
 
 
 def test_a_pool_workers_defaults_count_its_share_of_the_cpus() -> None:
@@ -235,10 +235,10 @@ def _meet(folder: str, stage: str, workers: int) -> None:
 def _defaults_in_a_worker(path: str, folder: str, workers: int) -> "tuple[int, int, int, int]":
     """In a pool's worker, once every worker runs a task: a Reader's default readers, a Reader's asked for, a stream's
     default readers, and the worker's siblings."""
-    from multitables._sys.siblings import pool_siblings
+    from multitables._sys.siblings import cpu_siblings
 
     _meet(folder, "started", workers)
-    siblings = pool_siblings()
+    siblings = cpu_siblings()
     with multitables.Reader(path) as default, multitables.Reader(path, n_procs=1) as asked:
         n_default, n_asked = default.n_procs, asked.n_procs
     with multitables.Streamer(path).get_queue("/x") as queue:

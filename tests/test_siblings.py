@@ -1,19 +1,25 @@
-"""NOTE [pool workers] in ``_sys.siblings``: a pool's other workers, this process's siblings, read from /proc."""
+"""NOTE [CPU siblings] in ``_sys.siblings``: the processes that share this one's CPUs (a pool's other workers, a
+launcher's or a shell's other jobs), read from /proc; and, with real processes, the default readers each starts."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+
+import _jobs
 
 import pytest
 
+_JOBS = str(Path(__file__).parent / "_jobs.py")
+
 
 @pytest.mark.parametrize("children_lists", [True, False], ids=["children lists", "every process scanned"])
-def test_a_workers_siblings_are_its_parents_live_children_of_its_command_line(
+def test_a_processs_siblings_are_its_parents_live_children_of_its_command_line_on_its_cpus(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, children_lists: bool
 ) -> None:
-    """Counted: the parent's other children running this command line, its descriptors' numbers aside. Not counted:
-    the pool's helpers (another line), a zombie, another parent's child of the same line; nothing outside a process
-    multiprocessing started."""
+    """Counted: the parent's other children running this command line, its descriptors' numbers aside, on one of its
+    CPUs. Not counted: the pool's helpers (another line), a zombie, another parent's child of the same line, one
+    pinned to other CPUs; none where torchrun started this process (``LOCAL_WORLD_SIZE`` counts its ranks)."""
     import multiprocessing
     import os
 
@@ -28,18 +34,103 @@ def test_a_workers_siblings_are_its_parents_live_children_of_its_command_line(
         900003: (parent, "S", b"python\0-c\0from multiprocessing.resource_tracker import main;main(5)\0"),
         900004: (parent, "Z", worker % (5, 7)),  # dead, not yet reaped
         900005: (other, "S", worker % (5, 7)),
+        900006: (parent, "S", worker % (5, 7)),  # pinned to CPUs of its own
+        900010: (900020, "S", b"python\0train.py\0"),  # a pool's owner: a shell's job, one of two
+        900011: (900020, "S", b"python\0train.py\0"),
     }
     for pid, (ppid, state, line) in procs.items():
         (tmp_path / str(pid)).mkdir()
         (tmp_path / str(pid) / "stat").write_bytes(b"%d (py thon) %s %d 1 1" % (pid, state.encode(), ppid))
         (tmp_path / str(pid) / "cmdline").write_bytes(line)
+        (tmp_path / str(pid) / "status").write_text(f"Name:\tpy\nCpus_allowed_list:\t{'6-7' if pid == 900006 else '0-3,5'}\n")
     if children_lists:
-        for ppid in (parent, other):
+        for ppid in (parent, other, 900020):
             task = tmp_path / str(ppid) / "task" / str(ppid)
             task.mkdir(parents=True)
             task.joinpath("children").write_text(" ".join(str(p) for p, (pp, _, _) in procs.items() if pp == ppid) + " ")
     monkeypatch.setattr(siblings, "PROC", str(tmp_path))
-    monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())
-    assert siblings.pool_siblings() == 2
-    monkeypatch.setattr(multiprocessing, "parent_process", lambda: None)  # a main script: no pool
-    assert siblings.pool_siblings() == 0
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: SimpleNamespace(pid=None))  # its owner unknown
+    assert siblings.cpu_siblings() == 2
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: None)  # a launcher's or a shell's job: the same
+    assert siblings.cpu_siblings() == 2
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: SimpleNamespace(pid=900010))
+    assert siblings.cpu_siblings() == 3 * 2 - 1  # a pool of 3 workers in each of 2 jobs
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # torchrun's ranks: available_cpus divides by them
+    assert siblings.cpu_siblings() == 2
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: None)
+    assert siblings.cpu_siblings() == 0
+
+
+# -- real processes: each reports its default readers (``tests/_jobs.py``) -----------------------------------------------
+
+
+def _run(args: "list[str]", timeout: float = 300) -> str:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "LOCAL_WORLD_SIZE"}
+    run = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout
+
+
+def _shell_jobs(path: Path, cpus: "list[str]", folder: Path) -> "list[tuple[int, int]]":
+    """Jobs started as a shell's ``python job.py &`` (or a launcher's ranks): children of one process, running one
+    command line, each pinned to its entry of ``cpus`` ("-": not pinned). Their (siblings, a Reader's readers)."""
+    folder.mkdir(parents=True)
+    script = f"import subprocess, sys; jobs = [subprocess.Popen([sys.executable, {_JOBS!r}, {str(folder)!r}, " \
+             f"{str(path)!r}, cpu, {str(len(cpus))!r}]) for cpu in {cpus!r}]; sys.exit(max(j.wait() for j in jobs))"
+    _run(["-c", script])
+    return sorted(_jobs.read(folder))  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def rows_file(tmp_path: Path) -> Path:
+    import h5py
+    import numpy as np
+
+    path = tmp_path / "rows.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=np.arange(4000.0).reshape(1000, 4), chunks=(100, 4), compression="gzip")
+    return path
+
+
+@pytest.fixture
+def two_cpus() -> "list[str]":
+    import os
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs 2 CPUs")
+    return [str(cpu) for cpu in cpus[:2]]
+
+
+def test_a_shells_jobs_share_their_cpus(rows_file: Path, tmp_path: Path, two_cpus: "list[str]", no_leaks: None) -> None:
+    """``for i in 1 2; do python job.py & done`` (``mpirun`` and ``srun`` start their ranks alike, whatever their
+    environment says): each job started a reader per CPU, two jobs two per CPU. Now each counts the other and splits
+    the CPUs with it (on a share of one CPU a Reader reads in the job); jobs pinned to CPUs of their own share none."""
+    import os
+
+    share = len(os.sched_getaffinity(0)) // 2
+    assert _shell_jobs(rows_file, ["-", "-"], tmp_path / "free") == [(1, share if share > 1 else 0)] * 2
+    assert _shell_jobs(rows_file, [two_cpus[0]] * 2, tmp_path / "same") == [(1, 0)] * 2
+    assert _shell_jobs(rows_file, two_cpus, tmp_path / "own") == [(0, 1)] * 2
+
+
+def test_spawned_ranks_pinned_to_cpus_of_their_own_do_not_share_them(
+    rows_file: Path, tmp_path: Path, two_cpus: "list[str]", no_leaks: None
+) -> None:
+    """Ranks that ``multiprocessing`` spawned (as ``torch.multiprocessing.spawn`` does), each pinned to a CPU of its
+    own: each counted the other all the same, halving its one CPU, and a Reader read in the rank. Now each reads
+    with one reader, as a process alone on one CPU; unpinned, they share the CPUs as before."""
+    import os
+
+    share = len(os.sched_getaffinity(0)) // 2
+    script = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import _jobs; " \
+             f"_jobs.spawn_ranks({str(tmp_path / '%s')!r}, {str(rows_file)!r}, %r)"
+    _run(["-c", script % ("own", two_cpus)])
+    assert sorted(_jobs.read(tmp_path / "own")) == [(0, 1)] * 2
+    _run(["-c", script % ("free", ["-", "-"])])
+    assert sorted(_jobs.read(tmp_path / "free")) == [(1, share if share > 1 else 0)] * 2

@@ -10,7 +10,7 @@ NOTE [read plan]
 
     The rules, the same for every face:
 
-    * readers: by default, the usable CPUs (a pool worker's share of them: NOTE [pool workers] in ``_sys.siblings``)
+    * readers: by default, the usable CPUs (this process's share of them: NOTE [CPU siblings] in ``_sys.siblings``)
       where they pay (they save what they cost with a margin,
       ``_plan.costs``; never on stored bytes, whose reading is a copy either way, unless a transform runs on them),
       else none. What they save is the one-core time of the read and of a transform (its times a call and a row,
@@ -65,7 +65,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from .._sys.cgroups import cpu_quota, cpuset_size
-from .._sys.siblings import pool_siblings
+from .._sys.siblings import cpu_siblings
 from .._sys.forks import forgone_so_far, running_forkserver, server_ready, start_method as default_start_method
 from .blocks import MiB, BlockPlan, GrowingPlan, RangePlan, chunk_part
 from .costs import MARGIN, RATE_SPREAD, parallel_cpus, parallel_pays, rate_sample_rows, saved_s, start_cost, table_rate
@@ -110,8 +110,8 @@ class Machine:
     #: library started runs, and the seconds streams forwent while none ran (0 where another's runs).
     server_ready: bool = False
     forgone_s: float = 0.0
-    #: Other live workers of the pool that started this process, on the same CPUs (NOTE [pool workers] in
-    #: ``_sys.siblings``); 0 outside a pool.
+    #: Other live processes doing the same work on this one's CPUs: its pool's workers, a launcher's ranks, a shell's
+    #: jobs (NOTE [CPU siblings] in ``_sys.siblings``); 0: none.
     siblings: int = 0
 
     @classmethod
@@ -119,7 +119,7 @@ class Machine:
         """This process's machine; ``start_method`` None: multiprocessing's default."""
         method = default_start_method(start_method)
         daemon = bool(multiprocessing.current_process().daemon)
-        siblings = 0 if daemon else pool_siblings()  # a daemonic worker's defaults start no reader anyway
+        siblings = 0 if daemon else cpu_siblings()  # a daemonic worker's defaults start no reader anyway
         if method != "forkserver":
             return cls(available_cpus(), method, daemon, siblings=siblings)
         # What streams forwent buys a server of ours only where none runs: one started elsewhere lacks the readers'
@@ -129,7 +129,7 @@ class Machine:
 
     @property
     def share(self) -> int:
-        """The CPUs the defaults count on: this process's share of ``cpus`` among its pool's workers, at least one."""
+        """The CPUs the defaults count on: this process's share of ``cpus`` among it and its siblings, at least one."""
         return max(1, self.cpus // (self.siblings + 1))
 
     def start_cost(self) -> float:
@@ -489,9 +489,10 @@ def plan_batches(
 
 def plan_requests(n_procs: "int | None", machine: Machine) -> int:
     """Readers of a Reader, which serves requests of any size on any dataset of its file: by default its CPUs
-    (``Machine.share``: a pool worker's share), capped. No size to price their start against, so by default none
-    where they cannot pay whatever the requests: in a daemonic process, which may start none, and in a pool's worker
-    whose share is one CPU, where a reader only takes turns with it (0: read in the consumer, as a stream's)."""
+    (``Machine.share``: its share beside its siblings), capped. No size to price their start against, so by default
+    none where they cannot pay whatever the requests: in a daemonic process, which may start none, and in a process
+    with siblings whose share is one CPU, where a reader only takes turns with it (0: read in the consumer, as a
+    stream's)."""
     if n_procs is None and (machine.daemon or (machine.siblings and machine.share < 2)):
         return 0
     return cap_readers(machine.share if n_procs is None else n_procs, None, machine.cpus)

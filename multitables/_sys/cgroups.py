@@ -72,7 +72,7 @@ def cpuset_size() -> "int | None":
     for directory, name in cgroup_dirs("cpuset", "cpuset.effective_cpus", "cpuset.cpus.effective"):
         try:
             with open(os.path.join(directory, name)) as f:
-                n = _count_cpus(f.read())
+                n = len(cpu_list(f.read()))
         except (OSError, ValueError):
             continue
         if n:
@@ -80,11 +80,11 @@ def cpuset_size() -> "int | None":
     return None
 
 
-def _count_cpus(listing: str) -> int:
-    """CPUs in a kernel CPU list such as ``"0-3,8,10-11"``."""
-    n = 0
+def cpu_list(listing: str) -> "set[int]":
+    """The CPUs of a kernel CPU list such as ``"0-3,8,10-11"``; ``ValueError`` where it is not one."""
+    cpus: "set[int]" = set()
     for part in listing.strip().split(","):
         if part:
             first, _, last = part.partition("-")
-            n += int(last or first) - int(first) + 1
-    return n
+            cpus.update(range(int(first), int(last or first) + 1))
+    return cpus

@@ -73,7 +73,8 @@ class Batches(Closing, Generic[BatchT]):
         delivered once per epoch and each rank's last batch may be short,
         or empty where the last step has fewer rows than ranks (warned of).
     n_procs : int, optional
-        Reader processes in all. Default: the CPUs this process may use,
+        Reader processes in all. Default: the CPUs this process may use (as
+        for :meth:`Streamer.get_queue <multitables.Streamer.get_queue>`),
         shared between the datasets in proportion to their size; datasets
         too small for processes to pay (see :meth:`Streamer.get_queue
         <multitables.Streamer.get_queue>`) are read in this process.

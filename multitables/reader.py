@@ -57,8 +57,10 @@ class Reader:
         PyTables runs on one file, are refused on a set).
     n_procs : int, optional
         Reader processes reading requests; default: the CPUs this process may
-        use (in a pool's worker, its share of them among the pool's workers,
-        and none where that is one CPU), and at most 4 per CPU
+        use (its share beside the ranks, jobs or pool workers started like it
+        on them, as for :meth:`Streamer.get_queue
+        <multitables.Streamer.get_queue>`, and none where that share is one
+        CPU), and at most 4 per CPU
         (:attr:`n_procs` says how many run). A large
         request is split among them, so they decode in parallel. ``0`` reads
         each request in this process, in the thread that makes it, before

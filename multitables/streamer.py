@@ -264,8 +264,9 @@ class Streamer:
         n_procs : int, optional
             Reader processes; 0 reads the blocks in this process. Default: the
             CPUs this process may use (those it may run on, at most its
-            container's CPU quota, its share where torchrun started several
-            ranks on the machine or a pool several workers), or none at all
+            container's CPU quota, its share where torchrun, a launcher, a
+            shell or a pool started several like it on those CPUs: NOTE [CPU
+            siblings] in ``multitables._sys.siblings``), or none at all
             when starting them would cost more than they save: small
             datasets, one CPU, the fork
             server's first start (NOTE [read plan] in

@@ -27,6 +27,7 @@ NOTE [a slot in hand]
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from typing import Any, Callable, Iterator, Literal
@@ -116,13 +117,13 @@ class Guard:
         if self._entered:  # the inner with's end would give the slot back under the outer one
             raise RuntimeError("this guard's with is open already: a guard gives its block once, to one with")
         queue, slot = self._held
-        if queue.closed:
-            # Handed out before the close, as 2.x's guards went on working after it: its block kept its bytes, the
-            # slot held by this guard at the close (NOTE [segment lifetime] in ``_shm.segment``).
-            self._entered = True
-            return self.block
+        # Handed out before a close, as 2.x's guards went on working after it: its block kept its bytes, the slot
+        # held by this guard at the close (NOTE [segment lifetime] in ``_shm.segment``).
+        if not queue.closed:
+            queue._hold(slot)
+        # Entered last, after the calls: a handler's exception in them leaves the with unopened (no __exit__ runs)
+        # and the guard as it was, for the caller to enter again (NOTE [a slot in hand]).
         self._entered = True
-        queue._hold(slot)
         return self.block
 
     def __exit__(self, *exc: object) -> None:
@@ -219,12 +220,20 @@ class Queue:
         while it waits closes the queue: the ``KeyboardInterrupt`` reaches
         the caller once the readers are gone.
         """
+        return self._get(None)
+
+    def _get(self, into: "list[Guard | None] | None") -> "Guard | Literal[QueueClosedType.QueueClosed]":
+        """:meth:`get`; the guard also stored in ``into[0]`` before it is returned, for a caller of ours that a
+        handler's exception as this returns must not leave without it (NOTE [a slot in hand])."""
         me = threading.current_thread()
         made = self._made.get(me)  # the guard an exception kept a get() of this thread from returning
         if made is not None:
-            del self._made[me]
             if not self._closed:  # else released by the close
+                if into is not None:
+                    into[0] = made
+                del self._made[me]
                 return made
+            del self._made[me]
         slot = None
         try:
             if not self._wait_turn(me):
@@ -252,10 +261,13 @@ class Queue:
             self.close()
             raise
         made = self._made[me]
-        del self._made[me]
         if self._closed:  # by another thread while this one took the block: the pass is over for it too
+            del self._made[me]
             made.release()
             return QueueClosed
+        if into is not None:
+            into[0] = made  # the caller's hands, then ours cleared: stores alone
+        del self._made[me]
         return made
 
     def _wait_turn(self, me: threading.Thread) -> bool:
@@ -371,8 +383,13 @@ class Queue:
             made.release()  # and no longer keeps this queue
         with self._changed:
             self._changed.notify_all()  # a get() waiting for a slot returns QueueClosed
-        if not self._growing and self.at_end and self._finalizer.detach() is not None:
-            _end(self._backend, self._before_unmap, background=True)
+        if not self._growing and self.at_end and self._finalizer.alive:
+            # Detached once ended: a handler's exception that cuts the end short leaves it to the finalizer (a
+            # close again, the queue dropped), which ends what is left (each step is idempotent). Readers' ends are
+            # held over whole: one cut short is not always done again (``_sys.signals.HELD``).
+            with signals_deferred() if self._backend.pids else contextlib.nullcontext():
+                _end(self._backend, self._before_unmap, background=True)
+            self._finalizer.detach()
         else:
             self._finalizer()
 

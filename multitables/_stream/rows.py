@@ -12,7 +12,7 @@ from typing import Any, Generator, Iterator
 import numpy as np
 
 from .._sys.signals import raised_by_handler
-from ..errors import QueueClosed, QueueClosedType
+from ..errors import QueueClosed
 from .queue import Guard, Queue
 
 
@@ -34,24 +34,30 @@ def walked(queue: Queue) -> "Iterator[Guard | Iterator[np.ndarray]]":
 
     An exception that left the blocks' generator would end it, and the chain with it: the caller who caught it
     (a timeout, a checkpoint saved) would find the rows over. Raised from the rows walked instead, it leaves both
-    going, and the next row is the first of the block ``get()`` was taking.
+    going, and the next row is the first of the block ``get()`` was taking. One that comes as ``get()`` returns,
+    before its guard is stored (Python 3.10 runs a handler there), finds the guard in ``held``: yielded next.
     """
-    guard: "Guard | QueueClosedType | Iterator[np.ndarray]"
+    guard: "Guard | Iterator[np.ndarray]"
+    held: "list[Guard | None]" = [None]  # the guard get() handed over, till yielded (NOTE [a slot in hand])
     while True:
         try:
-            guard = queue.get()
+            if held[0] is None and queue._get(held) is QueueClosed:
+                return
         except Exception as exc:
             if not raised_by_handler(exc):
                 raise
             guard = _raising(exc)  # not kept in this frame once raised: its traceback holds the frame
-        if guard is QueueClosed:
-            return
+        else:
+            guard, held[0] = held[0], None  # type: ignore[assignment]  # stores alone
         yield guard
 
 
 def _raising(exc: Exception) -> Iterator[np.ndarray]:
     """Rows that raise ``exc`` at the first ``next``, and then end."""
-    raise exc
+    try:
+        raise exc
+    finally:
+        del exc  # this frame is in exc's traceback: a cycle, which would keep the stream until a collection
     yield  # pragma: no cover - a generator
 
 

@@ -300,8 +300,8 @@ class StreamReaders:
     def close(self, background: bool = False) -> None:
         """Stop every reader and free everything; see NOTE [shutdown]. Idempotent. ``background``: the ring's
         pages are given back after this returns (NOTE [release off the path] in ``_sys.release``)."""
-        if self.pool.closed:
-            return
+        # Each step idempotent, none skipped for the one before: a close cut short (a handler's exception) is ended
+        # by the next (the queue's finalizer).
         self.pool.close(self._tell_stop)
         self.ring.segment.unlink()
         self.ring.close(background)

@@ -150,7 +150,9 @@ class Ring:
         #: Consumer-local: the slot :meth:`take` popped last, until its caller records it and sets None (NOTE [a slot
         #: in hand] in ``_stream.queue``); a take meanwhile gives it again.
         self.taken: "int | None" = None
-        self._lent: "weakref.WeakValueDictionary[int, np.ndarray]" = weakref.WeakValueDictionary()  # slot -> lend()'s
+        # slot -> lend()'s array, weakly: plain references, no callback, so that no Python code runs where the
+        # last row of a block dies (a signal's handler run there has its exception dropped: "Exception ignored")
+        self._lent: "dict[int, weakref.ref[np.ndarray]]" = {}
         self._group = 0  # reader-local: the group whose free slots this reader claims
         self._closed = False
         self._awake = Eagerness()  # this side's: whether it looks for a token before sleeping (NOTE [waiting awake])
@@ -181,7 +183,7 @@ class Ring:
             count=rows * layout.row_items,
             offset=layout.slot_offset(slot),
         )
-        self._lent[slot] = flat
+        self._lent[slot] = weakref.ref(flat)
         return flat.reshape((rows,) + layout.row_shape)
 
     # -- set-up ---------------------------------------------------------------
@@ -238,7 +240,9 @@ class Ring:
                 for slot in range(len(self.slots)) if self.segment.owner and held_elsewhere(self.slots, slot)]
         self.slots = []
         self._hdr = self._free_stack = self._ready_ring = self._meta = self._table = None  # type: ignore[assignment]
-        still_lent = [(self.layout.slot_offset(slot), flat.nbytes) for slot, flat in list(self._lent.items())]
+        lent = {slot: ref() for slot, ref in self._lent.items()}
+        still_lent = [(self.layout.slot_offset(slot), flat.nbytes) for slot, flat in lent.items() if flat is not None]
+        del lent
         if background and not still_lent and self.segment.owner:
             release_later(functools.partial(self.segment.close, keep=still_lent, held=held))
         else:

@@ -177,7 +177,10 @@ class InlineBackend:
         for slot in reversed(self._free):
             if buffers[slot] is not None and not held_elsewhere(buffers, slot):
                 return slot
-        return next((slot for slot in self._free if buffers[slot] is None), self._free[-1])
+        for slot in self._free:  # no generator: one dropped runs its frame again to close it, as a finalizer
+            if buffers[slot] is None:
+                return slot
+        return self._free[-1]
 
     @property
     def next(self) -> int:

@@ -11,7 +11,7 @@ NOTE [shared descriptors]
     a file (``st_dev``, ``st_ino``), with the same flags (``O_DIRECT`` or not)
     and advice (``POSIX_FADV_RANDOM`` or not: advice is the open file's, so
     openers that advise differently keep apart), the one descriptor this
-    process holds for it, counted; the last :meth:`SharedFd.release` closes
+    process holds for it, counted; the last :meth:`Lease.release` closes
     it. 300 datasets over 4 files: 4 descriptors.
 
     The file is looked up by a ``stat`` of its name, before anything is
@@ -48,30 +48,48 @@ renew_lock_in_children(globals(), "_OPEN_LOCK")
 
 class SharedFd:
     """One descriptor of a local file open for reading at offsets, held by ``count`` openers in this process (or, in a
-    forked child, by the openers it inherited). Made by :func:`open_shared`; each opener calls :meth:`release` once."""
+    forked child, by the openers it inherited), each through a :class:`Lease` of its own."""
 
     __slots__ = ("fd", "key", "count")
 
     def __init__(self, fd: int, key: "tuple[int, int, int, bool]") -> None:
         self.fd = fd
         self.key = key
-        self.count = 1
+        self.count = 0
+
+
+class Lease:
+    """One opener's hold on a :class:`SharedFd` (made by :func:`open_shared`): ``fd`` to read through, and
+    :meth:`release` once done."""
+
+    __slots__ = ("fd", "_shared")
+
+    def __init__(self, shared: SharedFd) -> None:
+        shared.count += 1  # under _OPEN_LOCK, by open_shared
+        self.fd = shared.fd
+        self._shared: "SharedFd | None" = shared
 
     def release(self) -> None:
-        """One opener is done with the descriptor; the last closes it."""
+        """This opener is done with the descriptor; the last closes it. Idempotent, and whole or not at all where a
+        signal handler's exception may land (between calls): the steps below make no call until the last, the close,
+        so a release cut short before them is done again by the next (tests/test_landings.py)."""
         with _OPEN_LOCK:
-            self.count -= 1
-            if self.count > 0:
+            shared = self._shared
+            if shared is None:
                 return
-            if _OPEN.get(self.key) is self:  # not after a fork: the child's table forgot the parent's entries
-                del _OPEN[self.key]
-        os.close(self.fd)
+            self._shared = None
+            shared.count -= 1
+            if shared.count > 0:
+                return
+            if shared.key in _OPEN and _OPEN[shared.key] is shared:  # not after a fork: the child forgot the parent's
+                del _OPEN[shared.key]
+            os.close(shared.fd)
 
 
-def open_shared(filename: str, flags: int, random: bool = False) -> SharedFd:
+def open_shared(filename: str, flags: int, random: bool = False) -> Lease:
     """This process's descriptor of ``filename`` opened with ``flags`` (``os.O_RDONLY`` and friends; ``O_CLOEXEC`` is
     added) and, with ``random``, ``POSIX_FADV_RANDOM`` advice: the one held already (NOTE [shared descriptors]), or a
-    new one. The caller releases it once (:meth:`SharedFd.release`). Errors are ``os.open``'s, naming ``filename``."""
+    new one, as a lease the caller releases (:meth:`Lease.release`). Errors are ``os.open``'s, naming ``filename``."""
     flags |= getattr(os, "O_CLOEXEC", 0)
     try:
         st = os.stat(filename)
@@ -81,8 +99,7 @@ def open_shared(filename: str, flags: int, random: bool = False) -> SharedFd:
         with _OPEN_LOCK:
             held = _OPEN.get((st.st_dev, st.st_ino, flags, random))
             if held is not None:
-                held.count += 1
-                return held
+                return Lease(held)
     fd = os.open(filename, flags)
     try:
         st = os.fstat(fd)  # the file opened: its name may mean another file than a moment ago
@@ -99,10 +116,10 @@ def open_shared(filename: str, flags: int, random: bool = False) -> SharedFd:
         held = _OPEN.get(key)
         if held is None:
             held = _OPEN[key] = SharedFd(fd, key)
-            return held
-        held.count += 1  # another thread opened it meanwhile: one descriptor still
+            return Lease(held)
+        lease = Lease(held)  # another thread opened it meanwhile: one descriptor still
     os.close(fd)
-    return held
+    return lease
 
 
 def _forget_in_child() -> None:

@@ -141,9 +141,11 @@ def chunk_indices(grid: ChunkGrid, start: int, stop: int) -> "tuple[int, Iterato
     rows = range(start // c0, (stop - 1) // c0 + 1)
     if grid.per_chunk_row == 1:
         rest = (0,) * (len(grid.chunks) - 1)
-        return len(rows), ((i, *rest) for i in rows)
+        return len(rows), map(lambda i: (i, *rest), rows)
     trailing = [t[0] for t in grid.trailing]
-    return len(rows) * len(trailing), ((i, *t) for i in rows for t in trailing)
+    # map/starmap, not a generator: a generator dropped unfinished runs Python code as it closes, where a signal
+    # handler's exception is dropped (tests/test_landings.py)
+    return len(rows) * len(trailing), itertools.starmap(lambda i, t: (i, *t), itertools.product(rows, trailing))
 
 
 class Extent(NamedTuple):

@@ -18,7 +18,7 @@ import sys
 from typing import Any, Sequence
 
 from ..files import FileSignature, file_signature
-from .descriptors import SharedFd, open_shared
+from .descriptors import Lease, open_shared
 from .grid import Extent, coalesce
 
 #: Where chunk bytes come from: the page cache, or the disk past it (``O_DIRECT``).
@@ -124,12 +124,12 @@ class PreadFile:
                 raise ValueError("cache='direct' needs O_DIRECT, which this platform lacks")
             flags |= os.O_DIRECT
         try:
-            self._shared: "SharedFd | None" = open_shared(filename, flags, random)  # NOTE [shared descriptors]
+            self._lease: "Lease | None" = open_shared(filename, flags, random)  # NOTE [shared descriptors]
         except OSError as exc:
             if direct and exc.errno == errno.EINVAL:
                 raise OSError(exc.errno, f"cache='direct': the filesystem refuses O_DIRECT ({exc.strerror})", filename) from None
             raise
-        self.fd = self._shared.fd
+        self.fd = self._lease.fd
 
     def read_into(self, offset: int, into: Any) -> int:
         """Fill ``into`` (a writable byte buffer) from file ``offset``; returns the bytes read (fewer only at the end of the file)."""
@@ -166,6 +166,7 @@ class PreadFile:
 
     def close(self) -> None:
         """Let go of the descriptor, closed with its last opener in this process (idempotent)."""
-        shared, self._shared, self.fd = self._shared, None, -1
-        if shared is not None:
-            shared.release()
+        lease = self._lease
+        if lease is not None:
+            lease.release()  # first: one cut short by a handler's exception is done again by the next close
+            self._lease, self.fd = None, -1

@@ -565,6 +565,18 @@ def test_a_filter_pytables_lacks_behind_many_chunks_unfiltered_or_never_written(
     _refused_by_tables_read_by_auto(path, "/late", "lz4")
 
 
+def test_a_filter_pytables_lacks_behind_a_first_column_of_chunks_stored_unfiltered(tmp_path: Path, no_leaks: None) -> None:
+    """The probe reads one element (one row lay in every chunk of chunks one column wide): of the first chunk
+    filtered, wherever along the other axes it begins."""
+    path = tmp_path / "columns.h5"
+    data = np.zeros((256, 8), "u1")
+    data[:, 0] = np.random.default_rng(0).integers(0, 256, 256)  # the first column's chunk does not shrink
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=data, chunks=(256, 1), compression="lzf")
+        assert [f["x"].id.get_chunk_info(i).filter_mask for i in (0, 1)] == [1, 0]
+    _refused_by_tables_read_by_auto(path, "/x", "lzf")
+
+
 # -- 11. an external link into another file -------------------------------------
 
 

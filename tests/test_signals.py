@@ -345,7 +345,7 @@ def test_a_handlers_exception_in_a_pytables_probe_here_is_no_verdict_on_pytables
 ) -> None:
     # The probe runs here where no process may be forked (a daemonic one): its exception was "PyTables fails on it".
     path = make_array(data)
-    monkeypatch.setattr(tables_engine.TablesSource, "read_into", signalling(tables_engine.TablesSource.read_into))
+    monkeypatch.setattr(tables_engine.TablesSource, "read_element", signalling(tables_engine.TablesSource.read_element))
     found = inspect_node(path, "/data")
     with pytest.raises(Checkpoint):
         tables_engine._first_row_problem(found, {})

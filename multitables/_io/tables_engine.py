@@ -2,7 +2,7 @@
 
 :data:`ENGINE` is the engine in the registry (:mod:`multitables._io.engines`).
 :func:`tables_problem` says whether PyTables reads a node by trying it (open
-the file, read the first row) in a forked child, as PyTables can crash on a
+the file, read an element, of a table a row) in a forked child, as PyTables can crash on a
 damaged file where h5py fails cleanly; within :func:`probed_together`, many
 nodes (a set's files, a batches' datasets) are tried in one child.
 """
@@ -173,30 +173,29 @@ def _answer_key(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "tuple[NodeInf
     return key
 
 
-
 #: Why PyTables does not read an object (``s3://``, ``http(s)://``).
 REMOTE = "PyTables reads local files only (it cannot read through a file object); engine='chunks' or 'h5py' read URLs"
 
-#: Seconds a forked PyTables probe may take (it opens the file and reads one row).
+#: Seconds a forked PyTables probe may take (it opens the file and reads an element).
 PROBE_TIMEOUT = 60.0
 #: The probe's answer when it took longer (a slow disk, not the file: not kept).
 _TIMED_OUT = f"PyTables did not open it within {PROBE_TIMEOUT:.0f} s"
 
 
-#: Chunks looked at for one that went through every filter where HDF5 cannot list them (see :func:`_filtered_row`).
+#: Chunks looked at for one that went through every filter where HDF5 cannot list them (see :func:`_filtered_chunk`).
 FILTERED_LOOKS = 64
 
 
-def _filtered_row(node: NodeInfo) -> int:
-    """A row of the first chunk stored through every filter (else 0; where HDF5 cannot list chunks, among the first
-    :data:`FILTERED_LOOKS`).
+def _filtered_chunk(node: NodeInfo) -> "tuple[int, ...]":
+    """Where the first chunk stored through every filter begins, an index per leading axis, the rest 0 (else 0;
+    where HDF5 cannot list chunks, among the first :data:`FILTERED_LOOKS` along axis 0).
 
     A filter that may be skipped (lzf, deflate) leaves a chunk that did not
-    shrink stored as it was: a first row read from there would not show that
+    shrink stored as it was: an element read from there would not show that
     PyTables lacks the filter, which fails later, mid-stream.
     """
     if not node.filter_ids or not node.chunk_rows:
-        return 0
+        return (0,)
     import h5py
 
     with h5py.File(node.filename, "r") as f:
@@ -204,25 +203,24 @@ def _filtered_row(node: NodeInfo) -> int:
         if hasattr(dsid, "chunk_iter"):
             # Every stored chunk in the index's order, up to the first one filtered: chunks never written, or
             # stored unfiltered, may lead by any number (a dataset written in parts, data that did not shrink).
-            found = dsid.chunk_iter(lambda info: info.chunk_offset[0] if info.filter_mask == 0 else None)
-            return 0 if found is None else int(found)
-        tail = (0,) * (len(dsid.shape) - 1)
+            found = dsid.chunk_iter(lambda info: info.chunk_offset if info.filter_mask == 0 else None)
+            return (0,) if found is None else tuple(int(i) for i in found)
         for row in range(0, min(node.n_rows, FILTERED_LOOKS * node.chunk_rows), node.chunk_rows):
-            info = dsid.get_chunk_info_by_coord((row,) + tail)
+            info = dsid.get_chunk_info_by_coord((row,) + (0,) * (dsid.rank - 1))
             if info.byte_offset is not None and info.filter_mask == 0:
-                return row
-    return 0
+                return (row,)
+    return (0,)
 
 
 def _first_row_problem(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "str | None":
-    """Open ``node`` with PyTables and read a row of it (one every filter decoded, see :func:`_filtered_row`): why
-    that fails, or None."""
+    """Open ``node`` with PyTables and read one element of it (of a table, a row), in a chunk every filter decoded
+    (see :func:`_filtered_chunk`): why that fails, or None."""
     source = None
     try:
-        row = _filtered_row(node)
+        at = _filtered_chunk(node)
         source = TablesSource(node, open_kwargs)
         if node.n_rows:  # a Reader takes a node of no rows: its open is the whole check
-            source.read_into(row, row + 1, np.empty((1,) + node.row_shape, node.dtype))
+            source.read_element(at)
     except (FileChangedError, FileBusyError):
         raise  # no fault of PyTables': the name came to mean another file, or a program writes it
     except Exception as exc:
@@ -299,7 +297,6 @@ def _big_endian_complex_arrays(dt: np.dtype, in_compound: bool = False) -> bool:
     return dt.names is not None and any(_big_endian_complex_arrays(dt.fields[name][0], True) for name in dt.names)
 
 
-
 class TablesSource:
     """PyTables' ``read``, made to deliver what h5py's ``dataset[()]`` gives.
 
@@ -332,6 +329,7 @@ class TablesSource:
                 self._field, self._inner = node.field.split("/", 1)
             self._element_nbytes, self._pads = node.delivered_pads
             self._zero_first = node.zero_first
+            self._row_shape, self._dtype = node.row_shape, node.dtype
             if node.field is not None:  # coldtypes names the innermost columns only ('y/p', not 'y')
                 read = field_of(np.dtype(leaf.dtype), node.field)[0]
             elif isinstance(leaf, tables.Table):
@@ -369,6 +367,21 @@ class TablesSource:
                 got = self._node[start:stop]  # along axis 0, whatever PyTables' main dimension
             _copy_by_name(out, np.asarray(got).reshape(out.shape))
         deliver_strings(out, self._pads, self._element_nbytes)
+
+    def read_element(self, at: "tuple[int, ...]") -> np.ndarray:
+        """The element at ``at`` (an index per leading axis, the rest 0) as delivered, in a new array; of a table, the
+        row (a row of an array in (1 M, 1) chunks decodes every chunk: the PyTables probe reads an element)."""
+        if self._field is not None or self._node.ndim < 2:  # a table's too (PyTables' tables have one axis)
+            out = np.empty((1,) + self._row_shape, self._dtype)
+            self.read_into(at[0], at[0] + 1, out)
+            return out
+        at = (tuple(at) + (0,) * self._node.ndim)[:self._node.ndim]
+        # A point (as np.where gives) keeps HDF5's words in an error; PyTables' points miss an element's own axes.
+        got = self._node[tuple(slice(i, i + 1) if self._node.atom.shape else np.array([i]) for i in at)]
+        out = np.zeros((1,) * len(at) + self._row_shape[len(at) - 1:], self._dtype)
+        _copy_by_name(out, np.asarray(got).reshape(out.shape))
+        deliver_strings(out, self._pads, self._element_nbytes)
+        return out
 
     def prefetch(self, start: int, stop: int) -> None:
         pass  # HDF5 reads its chunks itself; see the chunk engine

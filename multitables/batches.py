@@ -73,11 +73,10 @@ class Batches(Closing, Generic[BatchT]):
         delivered once per epoch and each rank's last batch may be short,
         or empty where the last step has fewer rows than ranks (warned of).
     n_procs : int, optional
-        Reader processes in all. Default: the CPUs this process may use (as
-        for :meth:`Streamer.get_queue <multitables.Streamer.get_queue>`),
+        Reader processes in all. Default: the CPUs this process may use,
         shared between the datasets in proportion to their size; datasets
-        too small for processes to pay (see :meth:`Streamer.get_queue
-        <multitables.Streamer.get_queue>`) are read in this process.
+        too small for processes to pay are read in this process (both as
+        :meth:`Streamer.get_queue <multitables.Streamer.get_queue>` says).
     rank, world_size : int, optional
         This process's part for data-parallel training: the ranks of an
         epoch together get every row once, and the same number of batches.

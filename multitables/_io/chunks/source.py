@@ -42,6 +42,7 @@ import numpy as np
 
 from ..._sys.spares import spare_bytes
 from .grid import ChunkPart, Extent, ReadGroup, chunk_parts, coalesce
+from .tiles import TileRows
 from .codecs.base import ChunkDecodeError
 from .decoded import DecodedChunks
 from .codecs.pipeline import Pipeline
@@ -133,6 +134,7 @@ class ChunkSource:
         self._grid = layout.grid
         self._parts = False  # whether a part of a chunk can be decoded alone (see _decode_part)
         self._raw_parts = False
+        self._tiles: "TileRows | None" = None
         if storage.chunks is None:
             return
         self._chunk_nbytes = math.prod(storage.chunks) * self._dtype.itemsize
@@ -144,6 +146,8 @@ class ChunkSource:
         # Chunks of whole rows stored as they are: a part of one is its rows' bytes in the file (_read_stored_parts).
         self._raw_parts = layout.grid is not None and layout.grid.whole_rows and self._bytes.align == 1
         self._fill = np.frombuffer(storage.fill, self._edtype)[0]
+        if layout.grid is not None and not layout.grid.whole_rows:  # tiles: a chunk-row copied at a time
+            self._tiles = TileRows(layout.grid, self._edtype, self._chunk_nbytes)
 
     # -- reading -------------------------------------------------------------
 
@@ -298,6 +302,11 @@ class ChunkSource:
         out_bytes = out.reshape(-1).view(np.uint8)
         if self._raw_parts and not self._fetched:
             pending = self._read_stored_parts(pending, out_bytes)
+        tiles = self._tiles if self._decoded is None else None
+        if tiles is not None:  # all but the chunk-row kept for the next block (:meth:`_keeps`, the one holding row stop - 1)
+            c0 = self._grid.chunks[0]
+            kept_row = stop // c0 if stop % c0 and stop < self._grid.shape[0] else -1
+            tiles.expect([part for part, *_ in pending], kept_row)
         extents = [Extent(offset, size, k) for k, (_, offset, size, _) in enumerate(pending)]
         for group in coalesce(extents, transport.max_gap, transport.max_read, transport.align):
             rows = self._stored_run(group, pending) if transport.align == 1 else None
@@ -326,6 +335,9 @@ class ChunkSource:
                     self._decode(part, raw, offset, mask, chunk)
                     self._copy_part(part, chunk, out)
                     self._free.extend(self._decoded.put(part.index, chunk))
+                elif tiles is not None and part.index[0] != kept_row:
+                    self._decode(part, raw, offset, mask, tiles.into(part))
+                    tiles.decoded(part, out)
                 elif not (self._parts and self._decode_part(part, raw, offset, mask, out_bytes, stop)):
                     chunk = self._take()
                     self._decode(part, raw, offset, mask, chunk)
@@ -402,7 +414,7 @@ class ChunkSource:
     def _keeps(self, part: ChunkPart, stop: int) -> bool:
         """Whether the chunk of ``part`` is kept for the next block, which starts inside it (the block ends at ``stop``)."""
         assert self._grid is not None and self._storage.chunks is not None
-        chunk_stop = self._grid.origin(part.index)[0] + self._storage.chunks[0]
+        chunk_stop = (part.index[0] + 1) * self._storage.chunks[0]  # its origin's row, plus its rows
         return stop < min(chunk_stop, self._grid.shape[0])
 
     def _error(self, part: ChunkPart, offset: int, size: int, why: str) -> ChunkDecodeError:

@@ -302,10 +302,11 @@ def test_auto_reads_a_set_with_the_chunk_engine_where_one_file_would_take_h5py(t
 
 
 def test_auto_reads_one_blosc_file_with_h5py_in_the_consumer_and_the_chunk_engine_in_readers(tmp_path) -> None:
+    # Chunks of 128 KiB: smaller ones readers leave to h5py too (READER_CHUNK_BYTES, tests/test_tiles.py).
     path = str(tmp_path / "b.h5")
     data = np.arange(4000 * 16, dtype=np.float32).reshape(4000, 16)
     with tables.open_file(path, "w") as f:
-        f.create_carray("/", "data", obj=data, filters=tables.Filters(3, "blosc"), chunkshape=(100, 16))
+        f.create_carray("/", "data", obj=data, filters=tables.Filters(3, "blosc"), chunkshape=(2048, 16))
     node = inspect_node(path, "/data")
     assert resolve_engine("auto", node, {}) == "h5py"
     assert resolve_engine("auto", node, {}, readers=True) == "chunks"

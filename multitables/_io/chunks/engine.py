@@ -31,6 +31,13 @@ WIN_FILTERS = frozenset({1, 32000})
 #: (0.98x against 0.92x of one h5py process, 256 MiB). A Reader's requests of 1-4,096 rows, in reader processes or
 #: in this process: 1.20-1.88x the h5py engine's rows/s (geometric means; single request shapes 0.33-13x).
 READER_WIN_FILTERS = frozenset({32001})
+#: Decoded bytes of a chunk from which reader processes' streams of :data:`READER_WIN_FILTERS` are the chunk engine's.
+#: Blosc decodes as fast here as in HDF5, so the engine wins by reading the stored bytes of many chunks at once and
+#: loses by its Python around each chunk (~3 us more than HDF5's, a tile's chunk-row copied at once,
+#: :mod:`multitables._io.chunks.tiles`). Blosc 5 + shuffle, uint16 images of 512 x 512 in tiles, one process, CPU a
+#: pass against h5py's (medians of 3): 8 KiB chunks 1.29x, 32 KiB 1.14x, 128 KiB 1.01x, 256-512 KiB 0.76-1.02x;
+#: PyTables' 4 MiB chunks of 4 KiB rows are where two readers gained (above). A Reader's requests are measured apart.
+READER_CHUNK_BYTES = 128 << 10
 #: Decoded bytes up to which a chunked dataset described just now, in the consumer, is left to h5py: it reads through
 #: the open that described it, where this engine would first learn the layout (~50 us) and set up its pipeline. First
 #: reads of zlib-3 files (scratch, 40 files a size): 1 KiB 1.62x h5py's time, 6 KiB 1.58x, 62 KiB 1.28x, 250 KiB
@@ -104,7 +111,8 @@ class ChunkEngine:
         processes, or a Reader's requests, also blosc (:data:`READER_WIN_FILTERS`); a Reader's requests also chunks with
         no filter, whose rows it reads as stored (random 4 KiB rows of PyTables' 128-row chunks: 6.6x h5py, which read
         each whole chunk; a stream of them by two readers took h5py, 0.78-0.91x). Not a small chunked dataset at a first
-        look (:data:`FIRST_LOOK_BYTES`), nor a stream of small chunks (:data:`SMALL_CHUNK_BYTES`).
+        look (:data:`FIRST_LOOK_BYTES`), nor a stream of small chunks (:data:`SMALL_CHUNK_BYTES`), nor readers' stream of
+        blosc chunks too small to earn their Python back (:data:`READER_CHUNK_BYTES`).
         """
         if in_set or node.chunk_rows is None or node.remote is not None:
             return True
@@ -114,7 +122,10 @@ class ChunkEngine:
             return True
         if not requests and _chunk_nbytes(node) < SMALL_CHUNK_BYTES:
             return False
-        return bool((WIN_FILTERS | READER_WIN_FILTERS if readers else WIN_FILTERS).intersection(node.filter_ids))
+        wins = WIN_FILTERS
+        if readers and (requests or _chunk_nbytes(node) >= READER_CHUNK_BYTES):
+            wins = wins | READER_WIN_FILTERS
+        return bool(wins.intersection(node.filter_ids))
 
     def problem(self, node: NodeInfo, open_kwargs: "dict[str, Any]", dataset: Any = None) -> "str | None":
         """Why the chunk engine cannot read ``node`` (:func:`~multitables._io.chunks.storage.chunks_problem`); None: it can.

@@ -33,7 +33,8 @@ class TileRows:
         self._chunk_nbytes = chunk_nbytes
         self._nbytes = grid.per_chunk_row * chunk_nbytes
         trailing = len(grid.chunks) - 1
-        #: Where the chunks tile the rows exactly: the buffer as (k1.., c0, c1..), and the axes that make it (c0, k1, c1, ..).
+        #: Where the chunks tile the rows exactly: the buffer as (k1.., c0, c1..), and the axes that make it
+        #: (c0, k1, c1, ..).
         self._even = all(s == k * c for s, k, c in zip(grid.shape[1:], grid.counts[1:], grid.chunks[1:]))
         self._tiled = grid.counts[1:] + grid.chunks
         self._axes = (trailing,) + tuple(a for i in range(trailing) for a in (i, trailing + 1 + i))
@@ -46,8 +47,8 @@ class TileRows:
         self._free: list[np.ndarray] = []
 
     def expect(self, parts: "list[ChunkPart]", kept_row: int) -> None:
-        """The chunks of ``parts`` but those of chunk-row ``kept_row`` will be decoded into :meth:`into`'s bytes (what an
-        earlier read left is dropped)."""
+        """The chunks of ``parts`` but those of chunk-row ``kept_row`` will be decoded into :meth:`into`'s bytes
+        (what an earlier read left is dropped)."""
         self.clear()
         left = self._left
         for part in parts:
@@ -67,8 +68,8 @@ class TileRows:
         return row[at : at + self._chunk_nbytes]
 
     def decoded(self, part: ChunkPart, out: np.ndarray) -> None:
-        """The chunk of ``part`` is decoded: where it was its chunk-row's last, copy the chunk-row into ``out`` (C-contiguous,
-        the block's elements)."""
+        """The chunk of ``part`` is decoded: where it was its chunk-row's last, copy the chunk-row into ``out``
+        (C-contiguous, the block's elements)."""
         i0 = part.index[0]
         self._left[i0] -= 1
         if self._left[i0]:

@@ -89,7 +89,7 @@ class Pipeline:
         """Decode the stored bytes ``raw`` of a chunk with filter ``mask`` into ``out`` (uint8, ``chunk_nbytes``)."""
         steps = self._steps_for(mask)
         if len(steps) == 1 and steps[0][1] is not None and steps[0][0].writes_into:
-            # One filter, straight into ``out``: the loop's bookkeeping was an eighth of an 8 KiB blosc tile's decode (profiled).
+            # One filter, straight into ``out``: the loop's bookkeeping was an eighth of an 8 KiB blosc tile's decode.
             buf = steps[0][0].decode(raw, steps[0][1], out)
         else:
             buf = self._run(steps, raw, out)

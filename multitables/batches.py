@@ -178,9 +178,9 @@ class Batches(Closing, Generic[BatchT]):
         if not path_list:
             raise ValueError("paths is empty; give at least one dataset")
         self._field, self._columns = check_fields(path_list, self._single, field, fields)
-        batch_size = check_int("batch_size", batch_size, 1, allow_none=False)  # type: ignore[assignment]
+        batch_size = check_int("batch_size", batch_size, 1, allow_none=False)
         shuffle, drop_last = check_bool("shuffle", shuffle), check_bool("drop_last", drop_last)
-        seed = check_int("seed", seed, 0, allow_none=False)  # type: ignore[assignment]
+        seed = check_int("seed", seed, 0, allow_none=False)
         n_procs, block_size = check_int("n_procs", n_procs, 0), check_int("block_size", block_size, 1)
         window, read_ahead = check_int("window", window, 1), check_int("read_ahead", read_ahead, 1)
         self._epochs = check_int("epochs", epochs, 1)
@@ -305,7 +305,7 @@ class Batches(Closing, Generic[BatchT]):
     def set_epoch(self, epoch: int) -> None:
         """Go to the start of ``epoch``; nothing changes when already in it, so the usual ``set_epoch(epoch)`` at the
         top of the epoch loop keeps a position restored by :meth:`load_state_dict` in the middle of it."""
-        epoch = check_int("epoch", epoch, 0, allow_none=False)  # type: ignore[assignment]
+        epoch = check_int("epoch", epoch, 0, allow_none=False)
         self._looping = True  # set_epoch is what an epoch loop calls: read ahead into the next one
         if epoch != self._epoch:
             self._current.end(by=f"set_epoch({epoch})")
@@ -439,15 +439,15 @@ class Batches(Closing, Generic[BatchT]):
 
     def _iterate(self, epoch: int, start: int, alloc: Alloc, made: "Callable[[list[np.ndarray]], Any]", ahead: bool,
                  staging: "Staging | None") -> Iterator[Batch]:
-        """The batches of ``epoch`` from batch ``start``, each ``made`` of its arrays; ``ahead``: have the readers go
-        on with the next epoch."""
+        """The batches of ``epoch`` from batch ``start``, each ``made`` of its arrays; ``ahead``: readers go on to the next."""
         s, rows = self._epoch_plan(epoch)
         if s is None:  # an elastic resume found the epoch done
             self._epoch, self._batch, self._elastic = epoch + 1, 0, []
             return
         carry, self._carry = self._carry, None
-        known = carry is not None and carry.epoch == epoch and carry.plan is not None and s is self._settings
-        plan = carry.plan if known else s.rank_epoch(epoch, self.rank)  # type: ignore[union-attr]
+        plan = carry.plan if carry is not None and carry.epoch == epoch and s is self._settings else None
+        if plan is None:  # no carry, or one for another epoch or plan: planned now
+            plan = s.rank_epoch(epoch, self.rank)
         w0, skip = plan.locate(start * s.batch_size)
         if carry is not None and (carry.epoch != epoch or w0 != 0 or not carry.good_for(staging)):
             carry = None  # NOTE [window pipelining]: good for that epoch from its first window only

@@ -406,7 +406,8 @@ class Dataset:
         dtype = self.dtype
         for part in sortby.split("/"):  # PyTables names a nested column 'outer/inner'
             if dtype.names is None or part not in dtype.names:
-                raise NoSuchFieldError(f"{self.path!r} has no column {sortby!r} to sort by; its columns are {list(self.dtype.names)}")
+                raise NoSuchFieldError(f"{self.path!r} has no column {sortby!r} to sort by; its columns are "
+                                      f"{list(self.dtype.names or ())}")  # a table's (_need_table): names, never None
             dtype = dtype[part]
         n = len(self) if start is None and stop is None and step in (None, 1) else None
         kwargs = dict(sortby=sortby, checkCSI=bool(checkCSI), field=field, start=start, stop=stop, step=step)

@@ -26,7 +26,7 @@ import dataclasses
 import functools
 import os
 import sys
-from typing import Any, Generator, Iterator, Sequence, TypeAlias, overload
+from typing import Any, Generator, Iterator, Sequence, TypeAlias, cast, overload
 
 import numpy as np
 
@@ -376,13 +376,14 @@ class Streamer:
                     lent = _give_back_unused(lent)
                     if len(lent) < lendable and not queue.at_end:
                         rows = queue.lend(guard)
-                        lent.append((guard, rows.base))  # every row's base
+                        lent.append((guard, cast(np.ndarray, rows.base)))  # every row's base: Ring.lend's flat array
                         del guard
                     else:
                         with guard as block:
+                            # copies[turn] is bound to no name (held_elsewhere counts them), so mypy cannot narrow it
                             if copies[turn] is None or held_elsewhere(copies, turn) or len(copies[turn]) < len(block):  # type: ignore[arg-type]
                                 copies[turn] = empty_block(spec)
-                            rows = copies[turn][: len(block)]  # type: ignore[index]
+                            rows = copies[turn][: len(block)]  # type: ignore[index]  # not None: set just above
                             copy_rows(rows, block)  # NOTE [structured copies]
                         del block
                         turn ^= 1

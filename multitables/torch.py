@@ -275,8 +275,9 @@ class TorchBatches(Closing, IterableDataset[TensorBatchT]):
             made = Delivery(self.device, self.pin_memory, None, ())
             send = functools.partial(made.send, gathered=False)
             return self.batches.iter_as(send) if isinstance(self.batches, MixedBatches) else self.batches.iter_into(convert=send)
-        if self.device is not None and self.device.type == "cuda" and self.batches.shuffle:
-            return self._gathered_on_device(lambda: CudaOps(self.device))  # a generator: its end settles the copies
+        device = self.device  # the lambda's, narrowed: made a CudaOps later, at the first batch
+        if device is not None and device.type == "cuda" and self.batches.shuffle:
+            return self._gathered_on_device(lambda: CudaOps(device))  # a generator: its end settles the copies
         delivery = Delivery(self.device, self.pin_memory, self.batches.row_types, self.batches.paths)
         return self.batches.iter_into(delivery.alloc, convert=functools.partial(delivery.send, gathered=True))
 

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 from .._io.engines import set_look
 from .._io.files import GrowingFile, check_same_file, file_signature, grew
@@ -42,7 +42,7 @@ def quiet_at_exit() -> None:
         threading.Event().wait()
 
 
-def not_pickled(obj: Any) -> None:
+def not_pickled(obj: Any) -> NoReturn:
     """Raise the ``TypeError`` a Reader's objects give when pickled or copied, saying why and what to do instead."""
     name = type(obj).__name__
     what = "a Reader" if name == "Reader" else "a Reader's " + name

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -14,6 +14,10 @@ class EstablishedValueError(ValueError, RuntimeError):
     """A bad value that the established (2.x) API refused with ``RuntimeError``: both, so either ``except`` holds."""
 
 
+@overload
+def check_int(name: str, value: Any, minimum: int, allow_none: Literal[False], established: bool = False) -> int: ...
+@overload
+def check_int(name: str, value: Any, minimum: int, allow_none: bool = True, established: bool = False) -> "int | None": ...
 def check_int(name: str, value: Any, minimum: int, allow_none: bool = True, established: bool = False) -> "int | None":
     """``value`` as an int of at least ``minimum`` (None passes where allowed); ``TypeError``/``ValueError`` naming
     ``name`` (``established``: a value too small is also a ``RuntimeError``, as 2.x raised it)."""

@@ -57,7 +57,7 @@ import math
 import os
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Generator, Iterator, Sequence
 
 import numpy as np
 
@@ -395,7 +395,7 @@ def _forked() -> None:
 os.register_at_fork(after_in_child=_forked)
 
 
-def cut(source: Windows, skip: int, batch_size: int, alloc: Alloc) -> Iterator[list[np.ndarray]]:
+def cut(source: Windows, skip: int, batch_size: int, alloc: Alloc) -> Generator[list[np.ndarray], None, None]:
     """Consecutive batches of ``batch_size`` rows over the windows (the last may be short); skips ``skip`` rows first.
 
     Each batch's rows are written straight into arrays from ``alloc``,

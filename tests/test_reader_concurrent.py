@@ -415,3 +415,31 @@ def test_data_lent_by_get_unsafe_stays_readable_when_its_stage_is_freed_meanwhil
                           capture_output=True, text=True, timeout=LIMIT)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert done.stdout.split() == [str(int(data[:1000].sum())), str(int(data[999, -1]))]
+
+
+@pytest.mark.parametrize("n_procs", [0, 1])
+@pytest.mark.parametrize("kind", ["query", "read"])
+def test_a_stop_from_another_thread_after_a_wait_saw_the_data_is_told_as_a_stop(
+    tmp_path: Path, n_procs: int, kind: str, no_leaks: None
+) -> None:
+    """stop() from another thread landing once a future's wait saw its data, before the data was taken: a query's
+    future read the count of rows its reader wrote off the freed stage, a ``TypeError`` ('NoneType' object is not
+    subscriptable), where a read's said "was stopped"."""
+    path = tmp_path / "table.h5"
+    with tables.open_file(path, "w") as f:
+        table = f.create_table("/", "t", {"c": tables.Int32Col()})
+        table.append([(int(x),) for x in range(50, 0, -1)])
+        table.cols.c.create_csindex()  # read_sorted's
+    reader = Reader(path, n_procs=n_procs)
+    ds = reader.get_dataset("/t")
+    future = reader.request(ds.read_sorted("c") if kind == "query" else ds[:10], ds.create_stage(50))
+    wait = future._wait
+
+    def stopped_after(timeout: Any) -> None:
+        wait(timeout)
+        reader.stop()  # another thread's, landing between the wait and the take of the data
+
+    future._wait = stopped_after  # type: ignore[method-assign]
+    with hang_guard(LIMIT, "a stop after a wait"), pytest.raises(multitables.StreamClosedError, match="was stopped"):
+        future.get(timeout=LIMIT)
+    reader.close(wait=True)

@@ -102,9 +102,16 @@ class StageMap:
             arr.flags.writeable = False
         return arr
 
+    def _words(self) -> np.ndarray:
+        """The header's words; ``StreamClosedError`` once closed (by another thread, say: stop(), a stage's close)."""
+        words = self.words  # once: close() may set it to None meanwhile
+        if words is None:
+            raise StreamClosedError("the stage is closed")
+        return words
+
     def write_desc(self, desc: bytes) -> None:
         self.segment.buf[_DESC_AT : _DESC_AT + len(desc)] = desc
-        self.words[_H_DESC_LEN] = len(desc)
+        self._words()[_H_DESC_LEN] = len(desc)
 
     # -- the consumer's side of the header: the one place that knows its words ----------------
     def write_request(self, req: int, plan: "RowPlan | None", desc: bytes) -> None:
@@ -112,7 +119,7 @@ class StageMap:
         ``ShmSpaceError`` before anything is written where /dev/shm has no room for its row positions."""
         if plan is not None and plan.rows is not None:
             self._room_for_rows(plan.n_read)
-        w = self.words
+        w = self._words()
         w[_H_REQ] = req
         w[_H_QUERY] = plan is None
         w[_H_RESULT_ROWS] = 0
@@ -152,25 +159,25 @@ class StageMap:
     @property
     def result_rows(self) -> int:
         """Rows a query's reader wrote."""
-        return int(self.words[_H_RESULT_ROWS])
+        return int(self._words()[_H_RESULT_ROWS])
 
     # -- the reader's side -------------------------------------------------------------------
     def read_desc(self) -> bytes:
         """The node (or query) description the consumer wrote."""
-        return bytes(self.segment.buf[_DESC_AT : _DESC_AT + int(self.words[_H_DESC_LEN])])
+        return bytes(self.segment.buf[_DESC_AT : _DESC_AT + int(self._words()[_H_DESC_LEN])])
 
     @property
     def request_id(self) -> int:
-        return int(self.words[_H_REQ])
+        return int(self._words()[_H_REQ])
 
     @property
     def is_query(self) -> bool:
-        return bool(self.words[_H_QUERY])
+        return bool(self._words()[_H_QUERY])
 
     @property
     def n_read(self) -> int:
         """Rows the request reads (the first dimension of its data)."""
-        return int(self.words[_H_N_READ])
+        return int(self._words()[_H_N_READ])
 
     def rows_of(self, a: int, b: int) -> "ReadRows":
         """The source rows of positions ``a..b`` of the request: a view of the explicit rows in the stage, else a range.
@@ -181,7 +188,7 @@ class StageMap:
         of the request has a status (NOTE [request protocol]), and a view
         kept past the stage's close keeps its mapping (``Segment.close``).
         """
-        w = self.words
+        w = self._words()
         if w[_H_EXPLICIT]:
             return self.rows[a:b]
         start, step = int(w[_H_START]), int(w[_H_STEP])
@@ -189,7 +196,7 @@ class StageMap:
 
     def set_result_rows(self, n: int) -> None:
         """A query's reader wrote ``n`` rows."""
-        self.words[_H_RESULT_ROWS] = n
+        self._words()[_H_RESULT_ROWS] = n
 
     def set_status(self, share: int, status: int) -> None:
         """Share ``share`` is read (DONE) or failed (FAILED); set after its data and report. Nothing where the map was

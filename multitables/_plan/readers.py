@@ -353,22 +353,23 @@ def plan_stream(
     than the dataset is its number of rows. Small blocks asked for are read several at a time (:func:`read_together`;
     ``ReadPlan.split_rows``); ``rows_only``: the caller sees rows, not blocks (the generator), so the slots are fewer.
     """
-    defaulted, asked = n_procs is None, block_size is not None
+    defaulted, asked = n_procs is None, block_size
     if n_procs is None:
         n_procs = default_readers(shape, engine, machine)
     n_procs = cap_readers(n_procs, None, machine.cpus)  # first: the default block size depends on it
-    block_size = min(block_size, shape.n_rows) if asked else None  # at most one block of every row, as 2.x read it
     while True:
-        if not asked:  # its slots (those asked, or the fewest the defaults allow) within the room for the ring
+        if asked is None:  # its slots (those asked, or the fewest the defaults allow) within the room for the ring
             room = int(SHM_SHARE * shm_free) if n_procs and shm_free is not None else None
             most = None if room is None else room // (read_ahead or fewest_slots(n_procs))
             block_size = default_block_size(shape.n_rows, shape.row_nbytes, shape.chunk_rows, n_procs, shape.remote, most)
+        else:
+            block_size = min(asked, shape.n_rows)  # at most one block of every row, as 2.x read it
         # The defaults' fewest slots of their smallest blocks still too large: fewer readers, down to none.
         if not (defaulted and n_procs and read_ahead is None and shm_free is not None
                 and fewest_slots(n_procs) * block_size * shape.row_nbytes > SHM_SHARE * shm_free):
             break
         n_procs -= 1
-    times = read_together(shape, block_size, n_procs, cyclic, read_ahead, shm_free) if asked else 1
+    times = read_together(shape, block_size, n_procs, cyclic, read_ahead, shm_free) if asked is not None else 1
     if times == 1:
         blocks = BlockPlan(shape.n_rows, block_size, cyclic=cyclic, remainder=remainder)
     else:  # the caller's rows: all of them, cyclic or with the remainder; else up to its last whole block

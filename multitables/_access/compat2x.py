@@ -79,7 +79,7 @@ _BOUND: dict[str, type] = {}
 
 class _OpMeta(type):
     def __instancecheck__(cls, obj: Any) -> bool:
-        return isinstance(obj, _BOUND["Request"]) and _is_a(obj._op, cls.__name__)
+        return isinstance(obj, _BOUND["Request"]) and _is_a(getattr(obj, "_op"), cls.__name__)  # a Request bound at run time
 
     def __subclasscheck__(cls, sub: Any) -> bool:
         return isinstance(sub, type) and issubclass(sub, _OpMeta) and _is_a(sub.__name__, cls.__name__)
@@ -88,7 +88,7 @@ class _OpMeta(type):
 class _DatasetMeta(type):
     def __instancecheck__(cls, obj: Any) -> bool:
         want = cls.__dict__.get("_table")
-        return isinstance(obj, _BOUND["Dataset"]) and (want is None or obj.is_table == want)
+        return isinstance(obj, _BOUND["Dataset"]) and (want is None or getattr(obj, "is_table") == want)  # as above
 
 
 def _module(name: str, doc: str, **members: Any) -> types.ModuleType:

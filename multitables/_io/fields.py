@@ -18,13 +18,14 @@ def field_path(dt: np.dtype, field: str) -> list[str]:
     """The names that lead to column ``field`` of rows of ``dt``: ``field`` itself where a column has that name
     (h5py may name one ``'a/b'``), else its parts (PyTables' path into nested columns, ``'outer/inner'``)."""
     # dt.fields, a mapping, not dt.names: a tuple, whose search made a batch of 2,000 columns quadratic in them
-    return [field] if _is_column(dt, field) else field.split("/")
+    return [field] if _column(dt, field) is not None else field.split("/")
 
 
-def _is_column(dt: np.dtype, name: str) -> bool:
-    """Whether ``name`` names a column of rows of ``dt`` (not a title, which ``dt.fields`` holds too)."""
-    entry = (dt.fields or {}).get(name)
-    return entry is not None and (len(entry) < 3 or entry[2] != name)
+def _column(dt: np.dtype, name: str) -> "tuple[np.dtype, int] | None":
+    """The dtype and offset of column ``name`` of rows of ``dt``; None where it has none (a title, which ``dt.fields``
+    holds too, names none)."""
+    entry = None if dt.fields is None else dt.fields.get(name)
+    return None if entry is None or (len(entry) > 2 and entry[2] == name) else (entry[0], entry[1])
 
 
 def field_of(dt: np.dtype, field: str, where: str = "the rows") -> "tuple[np.dtype, int]":
@@ -38,7 +39,8 @@ def field_of(dt: np.dtype, field: str, where: str = "the rows") -> "tuple[np.dty
     if "" in parts:
         raise NoSuchFieldError(f"{where} has no field {field!r}: a path names a column at each step, 'outer/inner', none empty")
     for depth, name in enumerate(parts):
-        if not _is_column(dt, name):
+        column = _column(dt, name)
+        if column is None:
             names = dt.names or ()
             at = "/".join(parts[:depth])
             there = f"its fields are {_listing(names, name)}" if not at else \
@@ -46,7 +48,7 @@ def field_of(dt: np.dtype, field: str, where: str = "the rows") -> "tuple[np.dty
             if at and dt.subdtype is not None and dt.subdtype[0].names:
                 there = f"{at!r} is an array of records (shape {dt.subdtype[1]}): read {at!r}, then take {name!r} of it"
             raise NoSuchFieldError(f"{where} has no field {field!r}; {there}")
-        dt, at_offset = dt.fields[name][:2]
+        dt, at_offset = column
         offset += at_offset
     return dt, offset
 
@@ -70,7 +72,7 @@ def check_columns(node: NodeInfo, columns: list[str]) -> None:
     where, names = f"{node.path!r} in {node.filename!r}", node.dtype.names
     if names is None:
         raise NoSuchFieldError(f"fields={columns!r} given, but {where} is not a table (its rows have no fields)")
-    missing = [c for c in columns if not _is_column(node.dtype, field_path(node.dtype, c)[0])]
+    missing = [c for c in columns if _column(node.dtype, field_path(node.dtype, c)[0]) is None]
     if missing:
         hint = stored_column_hint(node, missing)  # a pandas DataFrame's columns: which fields hold them
         raise NoSuchFieldError(

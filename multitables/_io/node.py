@@ -146,7 +146,7 @@ class Part:
 
 def _has_object(dt: np.dtype) -> bool:
     if dt.names:
-        return any(_has_object(dt.fields[n][0]) for n in dt.names)
+        return any(_has_object(dt[n]) for n in dt.names)
     if dt.subdtype is not None:
         return _has_object(dt.subdtype[0])
     return dt.kind in "OV" or dt.hasobject

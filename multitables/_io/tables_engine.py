@@ -282,7 +282,7 @@ def _nested_gaps(dt: np.dtype, nested: bool = False) -> bool:
         return _nested_gaps(dt.subdtype[0], nested)
     if dt.names is None:
         return False
-    members = [dt.fields[name][0] for name in dt.names]
+    members = [dt[name] for name in dt.names]
     holds = any((m.subdtype[0] if m.subdtype is not None else m).names for m in members)
     if (nested or holds) and dt.itemsize != sum(m.itemsize for m in members):
         return True
@@ -294,7 +294,7 @@ def _big_endian_complex_arrays(dt: np.dtype, in_compound: bool = False) -> bool:
     if dt.subdtype is not None:
         base = dt.subdtype[0]
         return (in_compound and base.kind == "c" and base.byteorder == ">") or _big_endian_complex_arrays(base, in_compound)
-    return dt.names is not None and any(_big_endian_complex_arrays(dt.fields[name][0], True) for name in dt.names)
+    return dt.names is not None and any(_big_endian_complex_arrays(dt[name], True) for name in dt.names)
 
 
 class TablesSource:

@@ -115,8 +115,8 @@ def _known_layout(group: Any, path: str) -> "str | None":
     encoding = _text(attrs.get("encoding-type"))
     if encoding in ("csr_matrix", "csc_matrix"):
         shape = tuple(int(n) for n in attrs.get("shape", ()))
-        parts = ", ".join(repr(_child(path, name)) for name in ("data", "indices", "indptr"))
-        return (f"It holds a sparse matrix (anndata's {encoding!r} encoding, shape {shape}) as the datasets {parts}: "
+        named = ", ".join(repr(_child(path, name)) for name in ("data", "indices", "indptr"))
+        return (f"It holds a sparse matrix (anndata's {encoding!r} encoding, shape {shape}) as the datasets {named}: "
                 f"multitables streams the rows of a dense dataset, not a sparse matrix; read it with anndata or "
                 f"scipy.sparse, or stream those datasets as flat arrays")
     if encoding == "categorical":

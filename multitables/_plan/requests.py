@@ -210,13 +210,13 @@ def normalize_key(key: Any, shape: Sequence[int]) -> tuple[Entry, ...]:
     while axis < ndim:  # no Ellipsis: the remaining axes are taken whole
         out.append(slice(None))
         axis += 1
-    advanced = [e.shape for e in out if isinstance(e, np.ndarray)]
-    selected = advanced[0] if advanced else ()
-    if len(advanced) > 1:
+    array_shapes = [e.shape for e in out if isinstance(e, np.ndarray)]
+    selected = array_shapes[0] if array_shapes else ()
+    if len(array_shapes) > 1:
         try:
-            selected = np.broadcast_shapes(*advanced)
+            selected = np.broadcast_shapes(*array_shapes)
         except ValueError:
-            shapes = " ".join(str(s) for s in advanced)
+            shapes = " ".join(str(s) for s in array_shapes)
             raise IndexError(f"shape mismatch: indexing arrays could not be broadcast together with shapes {shapes}") from None
     if out_of_bounds is not None:
         if math.prod(selected):
@@ -246,9 +246,9 @@ def result_shape(nkey: Sequence[Entry], shape: Sequence[int]) -> tuple[int, ...]
         return tuple(out)
     # Advanced indexing: ints join the arrays; their broadcast shape goes where the
     # first of them is when they are all next to each other, else first.
-    advanced = [i for i, e in enumerate(nkey) if e is not None and e is not Ellipsis and not isinstance(e, slice)]
+    advanced = [i for i, e in enumerate(nkey) if isinstance(e, (int, np.ndarray))]  # neither None, ... nor a slice
     contiguous = advanced == list(range(advanced[0], advanced[-1] + 1))
-    broadcast = np.broadcast_shapes(*(np.shape(nkey[i]) for i in advanced))
+    broadcast = np.broadcast_shapes(*(np.shape(e) for e in nkey if isinstance(e, (int, np.ndarray))))
     for i, e in enumerate(nkey):
         if e is None:
             out.append(1)
@@ -303,6 +303,7 @@ def compose_keys(nkey: tuple[Entry, ...], shape: Sequence[int], key: Any) -> "tu
     if isinstance(e0, slice):
         rows: "range | np.ndarray" = range(*e0.indices(shape[0]))
     else:
+        assert isinstance(e0, np.ndarray)  # normalized: an Ellipsis only ever parts advanced entries, never first
         rows = e0
     if isinstance(f0, int):
         c0: Entry = int(rows[f0])

@@ -109,7 +109,8 @@ class Inboxes:
         """The item at ``position`` of ``reader``'s inbox."""
         words = self._boxes[reader][position % INBOX_ITEMS].tolist()
         name = np.array(words[_NAME_WORD:], dtype=np.int64).tobytes().rstrip(b"\0").decode()
-        return Item(*words[:8], name=name)
+        kind, req, stage_id, share, a, b, max_rows, data_nbytes = words[:8]
+        return Item(kind, req, stage_id, share, a, b, max_rows, data_nbytes, name)
 
     def close(self) -> None:
         self._flags = None

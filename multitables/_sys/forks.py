@@ -59,6 +59,7 @@ import importlib
 import os
 import sys
 import threading
+from types import FrameType
 from typing import Any, Iterable
 
 
@@ -127,7 +128,7 @@ def unguarded_main_call() -> "tuple[str, int] | None":
     if found is None:
         return None
     main, tree = found
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and not (frame.f_code.co_name == "<module>" and frame.f_globals is vars(main)):
         frame = frame.f_back
     if frame is None:

@@ -39,8 +39,8 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
-from types import CodeType
-from typing import Iterator
+from types import CodeType, FrameType
+from typing import Callable, Iterator
 
 
 #: Signals sent to every process of a job, which the consumer alone acts on: Ctrl-C (the terminal's whole foreground
@@ -121,7 +121,7 @@ def signals_deferred(later: bool = False) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    caught: list[tuple[int, object]] = []
+    caught: list[tuple[int, FrameType | None]] = []
     old = _held()  # before any is replaced: a handler's exception while they are leaves them to the finally
     try:
         # All at once in C (map): no handler runs between two, so none is left replaced, nor one raises halfway.
@@ -133,11 +133,12 @@ def signals_deferred(later: bool = False) -> Iterator[None]:
         if first and later:
             threading.Thread(target=_send_again, args=(list(first),), name="multitables-signal", daemon=True).start()
         elif first:
-            for signum, frame in first.items():
-                if callable(old[signum]):
-                    old[signum](signum, frame)
-                elif old[signum] == signal.SIG_DFL:
-                    os.kill(os.getpid(), signum)
+            for caught_signum, frame in first.items():
+                handler = old[caught_signum]
+                if callable(handler):
+                    handler(caught_signum, frame)
+                elif handler == signal.SIG_DFL:
+                    os.kill(os.getpid(), caught_signum)
 
 
 #: Seconds a signal held over a clean-up waits to be sent again: the finalizer around it returns in microseconds.

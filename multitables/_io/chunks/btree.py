@@ -29,9 +29,10 @@ any row is delivered from it.
 from __future__ import annotations
 
 import bisect
+import enum
 import math
 import struct
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Final, Iterable, cast
 
 import numpy as np
 
@@ -53,15 +54,17 @@ _MESSAGE_LAYOUT = 0x0008
 _MESSAGE_CONTINUATION = 0x0010
 
 
-class _Unread:
-    """The type of :data:`UNREAD`."""
+class _Unread(enum.Enum):
+    """The type of :data:`UNREAD`: an enum of one, so that ``is UNREAD`` narrows a type checker's union."""
+
+    UNREAD = "UNREAD"
 
     def __repr__(self) -> str:
         return "UNREAD"
 
 
 #: What :meth:`BTreeIndex.peek` answers for a chunk whose leaf is not read yet.
-UNREAD = _Unread()
+UNREAD: Final = _Unread.UNREAD
 
 
 class _Unusual(Exception):
@@ -195,7 +198,7 @@ class BTreeIndex:
     def lookup(self, index: tuple[int, ...]) -> "tuple[int, int, int] | None":
         found = self.peek(index)
         if found is not UNREAD:
-            return found  # type: ignore[return-value]
+            return found
         k = self._grid.linear(index)
         self._load(bisect.bisect_right(self._firsts, k) - 1)
         return self._where.get(k)
@@ -288,7 +291,7 @@ def positions(grid: ChunkGrid, offsets: np.ndarray, filename: str, where: int) -
     linear = np.zeros(len(index), np.int64)
     for axis, count in enumerate(grid.counts):
         linear = linear * count + index[:, axis]
-    return linear.tolist(), inside.tolist()
+    return linear.tolist(), cast("list[bool]", inside.tolist())  # numpy's stubs: a bool array's list is Any
 
 
 def read_node(file: Transport, base: int, addr: int, entry: np.dtype, filename: str,

@@ -94,7 +94,7 @@ class ChunkPart(NamedTuple):
     those rows' bytes of a C-contiguous block.
     """
 
-    index: tuple[int, ...]
+    index: tuple[int, ...]  # type: ignore[assignment]  # shadows tuple.index(), never called on a part
     chunk_sel: tuple[slice, ...]
     out_sel: tuple[slice, ...]
     whole: bool

@@ -131,13 +131,14 @@ def _type_problem(tid: Any, dt: np.dtype) -> "str | None":
             if n != 2 or tid.get_member_offset(1) != dt.itemsize // 2:
                 return "its complex numbers are stored in an unusual layout"
             return _type_problem(tid.get_member_type(0), half) or _type_problem(tid.get_member_type(1), half)
-        if dt.names is None or len(dt.names) != n:
+        fields = dt.fields  # None exactly where names is
+        if dt.names is None or fields is None or len(dt.names) != n:
             return f"its compound members do not match {dt}"
         for i in range(n):
             name = tid.get_member_name(i).decode("utf-8", "replace")
             if name != dt.names[i]:
                 return f"its compound member {name!r} is delivered as {dt.names[i]!r}"
-            field_dt, field_offset = dt.fields[name][:2]
+            field_dt, field_offset = fields[name][:2]
             if tid.get_member_offset(i) != field_offset:
                 return f"its compound member {name!r} moves from offset {tid.get_member_offset(i)} to {field_offset}"
             problem = _type_problem(tid.get_member_type(i), field_dt)

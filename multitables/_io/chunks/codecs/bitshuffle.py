@@ -63,14 +63,15 @@ class Bitshuffle(Codec):
                 got = self._lib(src_arr.ctypes.data, address(dst), size // elem, elem, block)
                 if got < 0:
                     raise ChunkDecodeError(f"bitshuffle: error {got} from the bitshuffle library")
+            # Else imagecodecs: _unshuffle is not None, as the registry makes this codec only where available() says so.
             elif self.compression == 0:
-                self._unshuffle(body, itemsize=elem, blocksize=block, out=dst)
+                self._unshuffle(body, itemsize=elem, blocksize=block, out=dst)  # type: ignore[misc]
             else:
                 if self._scratch is None or len(self._scratch) < size:
                     self._scratch = spare_bytes(size)  # NOTE [spare buffers]
                 shuffled = self._scratch[:size]
                 self._decompress_blocks(body, shuffled, size // elem, block)
-                self._unshuffle(memoryview(shuffled), itemsize=elem, blocksize=block, out=dst)
+                self._unshuffle(shuffled.data, itemsize=elem, blocksize=block, out=dst)  # type: ignore[misc]
         except ChunkDecodeError:
             raise
         except Exception as exc:

@@ -23,9 +23,10 @@ def imagecodecs() -> Any:
     if "imagecodecs" not in _cache:
         try:
             import imagecodecs
+
+            _cache["imagecodecs"] = imagecodecs
         except ImportError:  # pragma: no cover - a declared dependency
-            imagecodecs = None
-        _cache["imagecodecs"] = imagecodecs
+            _cache["imagecodecs"] = None
     return _cache["imagecodecs"]
 
 

@@ -110,7 +110,7 @@ class Pipeline:
                 dst = out
             else:
                 dst = self._buffer(1 if held == 0 else 0, size)
-            got = codec.decode(buf, size, dst)
+            got = codec.decode(buf, size, dst)  # type: ignore[arg-type]  # None for no compressor: __init__
             if dst is not None and got is dst:
                 held = -1 if dst is out else (1 if held == 0 else 0)
             elif not isinstance(got, memoryview):

@@ -382,7 +382,7 @@ class Dataset:
         if not isinstance(condition, str):
             raise TypeError(f"condition must be a str (a PyTables condition), not {type(condition).__name__}")
         kwargs = dict(condition=condition, condvars=dict(condvars or {}), start=start, stop=stop, step=step)
-        return Request._query(self, None, "read_where", kwargs, None, op="WhereOp")
+        return Request._of_query(self, None, "read_where", kwargs, None, op="WhereOp")
 
     def read_sorted(
         self,
@@ -411,7 +411,7 @@ class Dataset:
             dtype = dtype[part]
         n = len(self) if start is None and stop is None and step in (None, 1) else None
         kwargs = dict(sortby=sortby, checkCSI=bool(checkCSI), field=field, start=start, stop=stop, step=step)
-        return Request._query(self, field, "read_sorted", kwargs, n, op="SortOp")
+        return Request._of_query(self, field, "read_sorted", kwargs, n, op="SortOp")
 
     def _need_table(self, what: str) -> None:
         if not self.is_table:

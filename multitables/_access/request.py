@@ -108,8 +108,11 @@ class Request:
         self.shape: "tuple[int, ...] | None" = self._plan.shape
         self.dtype: np.dtype = node.dtype
 
+    #: The records' dtype before :meth:`_with_fields` narrowed them (set with ``_fields``).
+    _whole_dtype: np.dtype
+
     @classmethod
-    def _query(
+    def _of_query(
         cls, dataset: Dataset, field: "str | None", method: str, kwargs: dict[str, Any], n_rows: "int | None", *, op: str
     ) -> "Request":
         """A request the readers answer by a PyTables call (NOTE [request protocol])."""
@@ -175,7 +178,7 @@ class Request:
             if isinstance(key, str):
                 if self.field is None and len(self._nkey) == 1 and self._nkey[0] is not None:
                     # records[k]['col'] reads only that column
-                    first = self._nkey[0]
+                    first: object = self._nkey[0]  # a key of the records
                     if self._plan is not None and self._plan.local_key[-1] is Ellipsis:
                         first = (first, Ellipsis)  # records[i, ...]['col'] is 0-d, as numpy's
                     return Request(self.dataset, key, first, op=op, field_last=True)

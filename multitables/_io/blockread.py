@@ -75,7 +75,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .._plan.blocks import BlockPlan, RangePlan, ahead
+from .._plan.blocks import BlockPlan, GrowingPlan, RangePlan, ahead
 from .._plan.readers import hint_distance
 from .._sys.signals import raised_by_handler
 from .engines import Source
@@ -85,7 +85,7 @@ from .vlen import row_payload
 
 def read_block(
     source: Source,
-    plan: "BlockPlan | RangePlan",
+    plan: "BlockPlan | RangePlan | GrowingPlan",
     k: int,
     out: np.ndarray,
     hints: int,
@@ -169,7 +169,7 @@ class BlockReader:
     def __init__(
         self,
         source: Source,
-        plan: "BlockPlan | RangePlan",
+        plan: "BlockPlan | RangePlan | GrowingPlan",
         node: NodeInfo,
         n_readers: int,
         transform: "Transform | None" = None,

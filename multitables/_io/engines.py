@@ -99,11 +99,14 @@ class Engine(Protocol):
     name: str
     #: How messages name it ("the chunk engine").
     title: str
-    #: The ``cache=`` values it reads with (:func:`open_source` refuses the others).
-    caches: "tuple[str, ...]"
-    #: Whose open options it takes: :data:`AUTO_OPTIONS` (the established API's), another library's
-    #: (passed on), or None (none: a named engine given some is refused).
-    options: "str | None"
+    @property
+    def caches(self) -> "tuple[str, ...]":
+        """The ``cache=`` values it reads with (:func:`open_source` refuses the others)."""
+
+    @property
+    def options(self) -> "str | None":
+        """Whose open options it takes: :data:`AUTO_OPTIONS` (the established API's), another library's (passed on),
+        or None (none: a named engine given some is refused)."""
     #: Named, it reads what it can and leaves the rest to ``auto``'s walk (True), or it reads the node or refuses (False).
     falls_back: bool
 

@@ -55,7 +55,7 @@ import os
 import stat
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..errors import FileChangedError, NotHDF5Error
 from .objects.identity import ObjectIdentity
@@ -76,7 +76,7 @@ class GrowingFile:
     signature: FileSignature
 
 
-def grew(later: Any, than: Any) -> bool:
+def grew(later: object, than: object) -> TypeGuard[GrowingFile]:
     """Whether ``later``, a later look at the file read with ``swmr=True`` that ``than`` describes, saw it larger:
     smaller than that is cut short for every check after it (NOTE [file identity])."""
     return (isinstance(later, GrowingFile) and isinstance(than, GrowingFile)

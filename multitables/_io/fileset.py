@@ -180,15 +180,15 @@ def _open_files(files: "str | tuple[str, ...]", path: str, field: "str | None", 
     if isinstance(files, str):
         if is_url(files) or swmr:  # an object is looked at by the open; a file open for SWMR grows
             return open_node(files, path, field, store=store, swmr=swmr, allow_empty=allow_empty, locking=locking)
-        key = (files, path, field)
+        key: "tuple[Any, ...]" = (files, path, field)
         identity = (check_regular(files),)  # missing, a directory, a FIFO: said here, as the open would
         node = _FILES.recall(key, identity)
         dataset = None  # an engine opens the file only where it needs HDF5 (NOTE [layout cache])
         if node is None or (summed and unsummed(node)):
             node, dataset = open_node(files, path, field, identity=identity[0], allow_empty=True, locking=locking)
             node = with_sum(node, dataset) if summed else node
-            if not _elsewhere(node):  # kept under the file described: the name may mean another since the stat
-                _FILES.remember(key, (node.identity,), node)
+            if not _elsewhere(node) and node.identity is not None:  # kept under the file described: the name may
+                _FILES.remember(key, (node.identity,), node)  # mean another since the stat; its identity is taken
         if not allow_empty and not node.n_rows:
             close_dataset(dataset)
             refuse_empty(node)

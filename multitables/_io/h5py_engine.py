@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
@@ -201,7 +201,7 @@ class H5pySource:
         self._node = node
         self._row_nbytes = math.prod(self._file_row_shape) * node.file_dtype.itemsize
         # For prefetch: the file's descriptor and the dataset's layout; None until asked, False where unknown.
-        self._hints: "tuple[int, Layout] | None | bool" = None
+        self._hints: "tuple[int, Layout] | None | Literal[False]" = None
         self._chunk_nbytes = stored_chunk_bytes(node)  # NOTE [blosc chunks as stored]; 0: HDF5 decodes
         if self._chunk_nbytes and not dsid.get_type().equal(self._mtype):
             self._chunk_nbytes = 0  # HDF5 converts the stored numbers (a precision or offset of their own)
@@ -345,7 +345,7 @@ class H5pySource:
     def fetch(self, spans: "list[tuple[int, int]]") -> None:
         pass  # HDF5 reads its chunks itself
 
-    def _open_hints(self) -> "tuple[int, Layout] | bool":
+    def _open_hints(self) -> "tuple[int, Layout] | Literal[False]":
         import h5py
 
         if self._node.remote is not None:  # no page cache to warm

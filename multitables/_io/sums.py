@@ -102,7 +102,7 @@ def _summed(node: NodeInfo, dataset: Any) -> int:
         return _sampled(node.n_rows, unit, lambda start: _rows(dataset[start:start + unit]))
     shape, chunk_shape = dataset.shape, node.chunk_shape
     grid = [math.ceil(n / c) for n, c in zip(shape, chunk_shape)]  # chunks along each axis
-    listed = None
+    listed: "dict[tuple[int, ...], Any] | None" = None  # h5py's StoreInfo of each chunk, by its offset
     if math.prod(grid) <= SIZES_LIMIT:  # every chunk's place, and where it is, in one call
         listed = {}
         dataset.id.chunk_iter(lambda info: listed.__setitem__(info.chunk_offset, info))

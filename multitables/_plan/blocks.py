@@ -70,7 +70,7 @@ class BlockPlan:
         return (Piece(start, self.n_rows, 0), Piece(0, n - first, first))
 
 
-def ahead(plan: "BlockPlan | RangePlan", k: int, distance: int) -> tuple[Piece, ...]:
+def ahead(plan: "BlockPlan | RangePlan | GrowingPlan", k: int, distance: int) -> tuple[Piece, ...]:
     """The pieces a reader that claimed block ``k`` hints before reading it: block ``k + distance``, the one it is likely to read next.
 
     Readers claim blocks in increasing order from one counter, so with

@@ -5,17 +5,13 @@ a Reader's request readers (``serve.ServeReaders``) differ only in the loop
 their readers run and in what they do with what the pool sees.
 
 NOTE [failure reports]
-    Modelled on PyTorch's DataLoader. A reader that raises catches the
-    exception at the top of :func:`~multitables._procs.process.reader_main`
-    (or, for one request, in its loop) and sends ``(tag, FailureReport)``
-    over its own one-way pipe: the exception's type *name*, message and
-    formatted traceback, the reader's index and pid, the file, the dataset
-    and the rows it was reading. Tag -1 is the reader's own failure (it then
-    exits with code 1); a tag >= 0 is the request that failed (the reader
-    goes on). A stream's reader also sets the ring's error flag first, which
-    wakes the consumer. A reader that dies without a word (SIGKILL, a crash
-    in C) shows up as its process sentinel becoming ready with a non-zero
-    exit code.
+    Modelled on PyTorch's DataLoader. A reader that raises catches the exception at the top of
+    :func:`~multitables._procs.process.reader_main` (or, for one request, in its loop) and sends
+    ``(tag, FailureReport)`` over its own one-way pipe: the exception's type *name*, message and formatted traceback, the
+    reader's index and pid, the file, the dataset and the rows it was reading. Tag -1 is the reader's own failure
+    (it then exits with code 1); a tag >= 0 is the request that failed (the reader goes on). A stream's reader also
+    sets the ring's error flag first, which wakes the consumer. A reader that dies without a word (SIGKILL, a crash
+    in C) shows up as its process sentinel becoming ready with a non-zero exit code.
 
     :meth:`ReaderPool.look` collects both, cheaply enough to run every
     ``TICK`` of any wait: reports waiting on the pipes, and readers that
@@ -56,20 +52,16 @@ NOTE [shutdown]
     it mapped itself, in case the consumer died before it could.
 
 NOTE [forked children]
-    A program may fork while it holds a stream, batches or a Reader (an
-    ``os.fork`` of its own, a library's). The readers are the parent's: a
-    child that closed or dropped its copy told them to stop and tried to
-    join them, and the parent then waited for ever on its next batch. So a
-    pool remembers the process that started it (:attr:`ReaderPool.owner`);
-    in any other, :meth:`ReaderPool.close` closes only that process's copies
-    of the pipes, looking reads no report (they are the parent's), and using
-    the readers raises a ``RuntimeError`` that says why (the front ends call
-    :meth:`ReaderPool.check_owner`; a slot or stage given back there touches
-    nothing shared). Training batches, a position more than a stream, start
-    readers of the child's own at the child's first iteration
-    (``_train.feed``). multiprocessing's exit handler, which a forked child
-    runs when it exits normally, would also terminate every daemonic process
-    it believes it started: the readers leave its list in every forked child.
+    A program may fork while it holds a stream, batches or a Reader (an ``os.fork`` of its own, a library's). The
+    readers are the parent's: a child that closed or dropped its copy told them to stop and tried to join them, and
+    the parent then waited for ever on its next batch. So a pool remembers the process that started it
+    (:attr:`ReaderPool.owner`); in any other, :meth:`ReaderPool.close` closes only that process's copies of the
+    pipes, looking reads no report (they are the parent's), and using the readers raises a ``RuntimeError`` that
+    says why (the front ends call :meth:`ReaderPool.check_owner`; a slot or stage given back there touches nothing
+    shared). Training batches, a position more than a stream, start readers of the child's own at the child's first
+    iteration (``_train.feed``). multiprocessing's exit handler, which a forked child runs when it exits normally,
+    would also terminate every daemonic process it believes it started: the readers leave its list in every forked
+    child.
 """
 
 from __future__ import annotations
@@ -83,7 +75,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 from .._io.prefork import READING_LIBRARIES, before_fork
 from .._io.handles import refuse_written_here
@@ -96,6 +88,10 @@ from .._sys.signals import signals_deferred, sigint_held_for_children
 from ..errors import ReaderError
 from .failure import FailureReport, died_error
 from .process import ReaderIdentity, Sealed, process_start_time, reader_main
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+    from multiprocessing.context import ForkContext, ForkServerContext, SpawnContext
 
 #: Seconds readers get to stop by themselves before they are terminated.
 JOIN_TIMEOUT = 2.0
@@ -216,7 +212,8 @@ class ReaderPool:
                 f"{where} needs reader processes, but this process is daemonic (a multiprocessing.Pool or DataLoader "
                 f"worker, say), and multiprocessing lets a daemonic process start none: {instead}."
             )
-        self.ctx = multiprocessing.get_context(default_start_method(start_method))  # the default's, not fixing it
+        self.ctx = cast("ForkContext | ForkServerContext | SpawnContext",  # get_context(str) is typed their base
+                        multiprocessing.get_context(default_start_method(start_method)))  # the default's, not fixing it
         method = self.ctx.get_start_method()
         unguarded = None if method == "fork" else unguarded_main_call()
         if unguarded is not None:
@@ -286,7 +283,7 @@ class ReaderPool:
                     proc.start()
                     # Recorded before a Ctrl-C held meanwhile is let through: closing the pool then stops it too.
                     self._procs.append(proc)
-                    self._pids.append(proc.pid)
+                    self._pids.append(cast(int, proc.pid))  # started: an int
                     self._watched[proc.sentinel] = i
             except OSError as exc:  # EAGAIN: past ulimit -u; EMFILE: past ulimit -n
                 raise type(exc)(exc.errno, f"could not start {self._name} process {i} of {n} for {self.filename!r}: "
@@ -372,7 +369,8 @@ class ReaderPool:
         while self._listening:
             if until is not None and (until in self._own or until not in self._listening.values()):
                 return
-            ready = multiprocessing.connection.wait(list(self._listening), timeout=max(0.0, deadline - time.monotonic()))
+            ready = cast("list[Connection]",  # of the report pipes listened to: Connections
+                         multiprocessing.connection.wait(list(self._listening), timeout=max(0.0, deadline - time.monotonic())))
             if not ready:
                 return
             for conn in ready:
@@ -434,7 +432,7 @@ class ReaderPool:
             return None
         return died_error(i, pid, exitcode, self.filename, self.path if path is None else path)
 
-    def wait_attached(self, what: str, check: Callable[[], None]) -> None:
+    def wait_attached(self, what: str, check: Callable[[], object]) -> None:
         """Wait until every reader has mapped one more segment, calling ``check`` every tick. A reader that ended
         first is an error at once, not after the timeout: its own (``check``'s), or, with no report (one that found
         its consumer gone, or whose code called ``os._exit(0)``: exit 0), one naming it."""

@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 from dataclasses import field as dc_field
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 
@@ -42,6 +42,7 @@ from .._io.engines import open_source
 from .._io.fileset import node_signature
 from .._io.files import FileSignature, GrowingFile, check_file_unchanged
 from .._io.node import NodeInfo
+from .._io.objects.identity import ObjectIdentity
 from .._plan.blocks import BlockPlan, GrowingPlan, RangePlan
 from .._plan.readers import ReadPlan, available_cpus
 from .._shm.layout import RingLayout, RingSync
@@ -113,7 +114,7 @@ class StreamSettings:
     shm_name: str
     layout: RingLayout
     #: The file's identity when the stream started (None: not checked); see NOTE [file identity] in ``_io.files``.
-    file_signature: "FileSignature | GrowingFile | None" = None
+    file_signature: "FileSignature | GrowingFile | ObjectIdentity | None" = None
     #: ``(key, layout)`` the consumer learned, for readers that do not inherit it (NOTE [layout cache] in
     #: ``_io.chunks.storage``); empty under fork.
     layouts: "tuple[tuple[Any, Any], ...]" = ()
@@ -210,6 +211,7 @@ class StreamReaders:
         self._n_readers = spec.n_procs
         try:
             if layout.table:  # the first blocks are there when the readers start
+                assert not isinstance(spec.plan, BlockPlan)  # a table of blocks: blocks given one by one
                 self.extend(spec.plan.starts, spec.plan.stops)
             # Readers not forked from here need not learn the layout again (NOTE [layout cache] in ``_io.chunks.storage``).
             forked = self.pool.ctx.get_start_method() == "fork"
@@ -286,7 +288,7 @@ class StreamReaders:
         pool.look()
         for i in sorted(pool.ended):
             if pool.end_error(i) is not None:
-                return functools.partial(pool.end_error, i)
+                return cast("Callable[[], ReaderError]", functools.partial(pool.end_error, i))  # it ended failing
         if taking and not pool.running and not ring.stopped and ring.ready_count() == 0:
             return lambda: ReaderError(f"every reader of {where} has exited, but the block the consumer waits for never came")
         return None

@@ -208,6 +208,9 @@ class InlineBackend:
     def release(self, slot: int) -> None:
         self._free.append(slot)
 
+    def lend(self, slot: int, rows: int) -> np.ndarray:
+        raise TypeError("a queue whose blocks are read in this process lends none (each block is private already)")
+
     def slot_memory(self) -> None:
         """None: each block is read into an array of its own (see :meth:`take`)."""
 

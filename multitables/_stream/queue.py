@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator, Literal
 import numpy as np
 
 from .._io.objects.urls import shown
-from .._plan.blocks import GrowingPlan, RangePlan
+from .._plan.blocks import BlockPlan, GrowingPlan, RangePlan
 from .._procs.stream import StreamSpec
 from .._shm.ring import TICK
 from .._sys.signals import signals_deferred
@@ -173,6 +173,7 @@ class Queue:
         self._growing = isinstance(spec.plan, GrowingPlan)  # NOTE [readers across epochs]
         self._n_blocks = None if self._growing else spec.plan.n_blocks
         if split and self._n_blocks is not None:
+            assert isinstance(spec.plan, BlockPlan)  # blocks read several at a time: a regular plan's (plan_stream)
             self._n_blocks = -(-spec.plan.n_rows // split)
         self._delivered = 0
         #: Slots, the blocks the readers and the caller hold at once (``read_ahead``); a ``get()`` waits while the
@@ -317,8 +318,8 @@ class Queue:
 
         For a stream that grows: whether every block published so far has been handed out.
         """
-        if self._growing:
-            return self._backend.next >= self._backend.published
+        if self._growing:  # never a SplitBackend, which only a regular plan gets (no check here: once a block)
+            return self._backend.next >= self._backend.published  # type: ignore[union-attr]
         # Not while a failure waits: the rows before it came as a block of their own, the last one if it was last.
         return self._n_blocks is not None and self._delivered >= self._n_blocks and not self._backend.failure_held
 
@@ -327,7 +328,7 @@ class Queue:
         if not self._growing:
             raise TypeError("only a stream made over a GrowingPlan takes more blocks")
         with self._lock:
-            self._backend.extend(blocks.starts, blocks.stops)
+            self._backend.extend(blocks.starts, blocks.stops)  # type: ignore[union-attr]  # growing: as at_end
 
     def rewind(self) -> None:
         """Withdraw the blocks published and not handed out; those read meanwhile are dropped. No guard may be held."""
@@ -339,7 +340,7 @@ class Queue:
             self._made.clear()
             if self._held:
                 raise RuntimeError(f"{self._held} guard(s) of the queue are still held: release them before a rewind")
-            self._backend.rewind()
+            self._backend.rewind()  # type: ignore[union-attr]  # growing: as at_end
 
     def lend(self, guard: Guard) -> np.ndarray:
         """A new writable array on ``guard``'s slot (ring streams only): NOTE [lent blocks]."""

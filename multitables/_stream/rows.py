@@ -7,7 +7,7 @@ import itertools
 import sys
 import threading
 import weakref
-from typing import Any, Generator, Iterator
+from typing import Any, Generator, Iterator, cast
 
 import numpy as np
 
@@ -117,7 +117,7 @@ class RowIterator(itertools.chain[np.ndarray]):
     ) -> "RowIterator":
         """The rows of ``blocks``; ``active`` holds the row iterator being walked (none between blocks); ``source``:
         the dataset and file, for the repr; ``n_rows``: the rows of the pass (None: cyclic, endless)."""
-        rows = cls.from_iterable(_OneTaker(blocks))
+        rows = cast(RowIterator, cls.from_iterable(_OneTaker(blocks)))  # a cls; typeshed says a chain
         rows._blocks, rows._active, rows._source, rows._n_rows = blocks, active, source, n_rows
         return rows
 

@@ -37,7 +37,8 @@ _SAMPLE_ROWS = 2
 _TIMED_S = 0.02
 
 
-def infer_transforms(stream: "StreamerLike", paths: list[str], nodes: list[Any], transform: Any, columns: bool) -> list[Any]:
+def infer_transforms(stream: "StreamerLike", paths: list[str], nodes: list[Any], transform: Any,
+                     columns: bool) -> "list[Transform | None]":
     """Each dataset's :class:`~multitables._io.blockread.Transform` (None: none), learnt by one call on its first
     rows here, which is timed (:func:`price` goes on from it where the plan needs to).
 
@@ -60,7 +61,7 @@ def infer_transforms(stream: "StreamerLike", paths: list[str], nodes: list[Any],
         raise TypeError(f"transform must be a function or a dict of path to function, not {type(transform).__name__}")
     _refuse_vlen(paths, nodes, set(functions))
     options = stream.options
-    out = []
+    out: "list[Transform | None]" = []
     for path, node in zip(paths, nodes):
         function = functions.get(path)
         if function is None:

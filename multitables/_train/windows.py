@@ -264,7 +264,8 @@ class ShuffledWindows(Windows):
             selections: "list[np.ndarray | None]" = [None] * len(rows)
         else:  # a carry's pieces (before ``pieces.first``) were pulled last epoch, and are not pulled again
             carried = max(0, pieces.first - lo)
-            selections = [None] * carried + list(pieces.selections[lo + carried - pieces.first : hi - pieces.first])
+            selections = [None] * carried
+            selections += pieces.selections[lo + carried - pieces.first : hi - pieces.first]
         return _Fill(plan, w, rows, selections, buffer)
 
     def _pace(self, j: int, rows: int) -> None:

@@ -232,7 +232,7 @@ class ChunkSource:
         self._fetched = []
         if transport is None or not transport.index_ahead or grid is None or index is None:
             return
-        extents = []
+        extents: list[Extent] = []
         for start, stop in spans:
             self._layout.find(start, stop, LEAVES_AHEAD)
             for chunk in self._layout.chunks(start, stop):

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import functools
 import http.client
 import os
 import threading
@@ -322,7 +323,7 @@ class ObjectReader:
             self._read_cached(todo, views)
             return
         groups = plan(todo, views, self._tuning.merge_gap if gap is None else gap, self._tuning.part_size)
-        self._run([lambda abort, g=g: self._fetch(g, abort) for g in groups], inflight)
+        self._run([functools.partial(self._fetch, g) for g in groups], inflight)
 
     def _run(self, jobs: "list[Callable[[threading.Event | None], None]]", inflight: "int | None" = None) -> None:
         """Run ``jobs`` (each given an abort event), on this reader's threads where there are several (on threads of
@@ -426,7 +427,7 @@ class ObjectReader:
             if not cache.get(key, i, buf):
                 missing.append(i)
         if missing:
-            self._run([lambda abort, i=i: self._fill(i, pieces[i], abort) for i in missing])
+            self._run([functools.partial(self._fill, i, pieces[i]) for i in missing])
         for (offset, n), view in zip(ranges, views):
             done = 0
             while done < n:

@@ -999,6 +999,21 @@ def test_a_queue_and_its_guards_say_what_they_are(make_array) -> None:
         assert "read in this process, blocks of 1000 rows" in repr(queue)
 
 
+
+def test_a_queue_read_in_this_process_lends_no_block_and_says_why(make_array) -> None:
+    """``Queue.lend`` (NOTE [lent blocks]) on a queue whose blocks are read here was an ``AttributeError`` of an
+    internal class ('InlineBackend' object has no attribute 'lend'); a ``TypeError`` that says why, as for a queue
+    whose blocks are cut from larger ones. The guard is still the caller's, with its rows."""
+    path = make_array(np.arange(1000, dtype="<f4"), chunkshape=(100,))
+    with multitables.Streamer(path).get_queue("/data", n_procs=0) as queue:  # one block of every row
+        guard = queue.get()
+        assert isinstance(guard, multitables.Guard)
+        with pytest.raises(TypeError, match="read in this process lends none"):
+            queue.lend(guard)
+        with guard as block:
+            np.testing.assert_array_equal(block, np.arange(1000, dtype="<f4"))
+        assert queue.get() is QueueClosed
+
 def test_the_generator_is_a_with_block_whose_end_stops_its_readers(make_array, no_leaks: None) -> None:
     """In a notebook, a traceback or ``Out[]`` keeps a generator alive after its loop: a ``with`` ends it anyway."""
     path = make_array(np.arange(4000.0).reshape(1000, 4), chunkshape=(100, 4))

@@ -131,8 +131,7 @@ def _type_problem(tid: Any, dt: np.dtype) -> "str | None":
             if n != 2 or tid.get_member_offset(1) != dt.itemsize // 2:
                 return "its complex numbers are stored in an unusual layout"
             return _type_problem(tid.get_member_type(0), half) or _type_problem(tid.get_member_type(1), half)
-        fields = dt.fields  # None exactly where names is
-        if dt.names is None or fields is None or len(dt.names) != n:
+        if dt.names is None or (fields := dt.fields) is None or len(dt.names) != n:
             return f"its compound members do not match {dt}"
         for i in range(n):
             name = tid.get_member_name(i).decode("utf-8", "replace")

@@ -174,7 +174,7 @@ class Batches(Closing, Generic[BatchT]):
         if not isinstance(getattr(stream, "options", None), StreamOptions):  # a Streamer: what batches read through
             raise TypeError(f"stream must be a multitables.Streamer (for a file: Streamer(path)), not {type(stream).__name__}")
         self._single = isinstance(paths, (str, os.PathLike))
-        path_list = [os.fspath(paths)] if self._single else [os.fspath(p) for p in paths]  # type: ignore[arg-type]
+        path_list = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
         if not path_list:
             raise ValueError("paths is empty; give at least one dataset")
         self._field, self._columns = check_fields(path_list, self._single, field, fields)

@@ -343,9 +343,9 @@ class TorchBatches(Closing, IterableDataset[TensorBatchT]):
 def _caller_level() -> int:
     """The ``stacklevel`` that points a warning raised in this module at the first frame outside it: the user's line,
     whether they made the adapter themselves or through :func:`get_batches`."""
-    level, frame = 1, sys._getframe(1)
+    level, frame = 1, cast(Optional[FrameType], sys._getframe(1))
     while frame is not None and frame.f_globals.get("__name__") == __name__:
-        level, frame = level + 1, frame.f_back  # type: ignore[assignment]
+        level, frame = level + 1, frame.f_back
     return level
 
 

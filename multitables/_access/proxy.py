@@ -36,7 +36,7 @@ class DataProxy:
 
     __slots__ = ("_lease", "_data")
 
-    @property  # type: ignore[misc]
+    @property  # type: ignore[misc]  # read-only on purpose: isinstance sees the data's class
     def __class__(self) -> type:
         if not object.__getattribute__(self, "_lease").alive:
             return DataProxy
@@ -120,4 +120,4 @@ for _name in (
     "eq ne lt le gt ge neg pos abs invert float int index complex"
 ).split():
     setattr(DataProxy, f"__{_name}__", _proxy_op(f"__{_name}__"))
-DataProxy.__hash__ = None  # type: ignore[assignment]
+DataProxy.__hash__ = None  # type: ignore[assignment]  # unhashable, as the arrays it stands for

@@ -305,7 +305,7 @@ class Notifier:
         try:
             self._callback(arg)
         except Exception:  # keep notifying the others; show it as an uncaught thread exception would be
-            threading.excepthook(threading.ExceptHookArgs((*sys.exc_info(), self._thread)))  # type: ignore[arg-type]
+            threading.excepthook(threading.ExceptHookArgs((*sys.exc_info(), self._thread)))
 
     def _run(self) -> None:
         while self._step():

@@ -264,7 +264,7 @@ def _inspect_set(
             checked = None if identities is None or is_url(name) else looked[i]
             reader = readers.pop(name, None)  # None for an object named again: its open looks at it again
             node, dataset = open_node(name, path, field, allow_empty=True, store=store, reader=reader,
-                                      swmr=swmr, locking=locking, identity=checked)  # type: ignore[arg-type]
+                                      swmr=swmr, locking=locking, identity=checked)  # type: ignore[arg-type]  # a file's or None
             try:
                 node = with_sum(node, dataset) if summed else node
                 signature = looked[i] = node.identity or looked[i]  # the file described (a name may mean another since)

@@ -213,7 +213,7 @@ class H5pySource:
         self._stored: "np.ndarray | None" = None  # one stored chunk, made at the first
         self._edge_filtered: "bool | None" = None  # see _edge_chunks_filtered
         if node.vlen:  # rows as objects, as h5py's reads give them (NOTE [variable-length rows]): decided once
-            self._read_selected = functools.partial(read_objects, dsid, self._fspace, self._mtype)  # type: ignore
+            self._read_selected = functools.partial(read_objects, dsid, self._fspace, self._mtype)  # type: ignore[method-assign]  # once: vlen
 
     def read_into(self, start: int, stop: int, out: np.ndarray) -> None:
         """Read rows ``[start, stop)`` into ``out`` (C-contiguous, ``stop - start`` rows, the delivered dtype)."""
@@ -374,7 +374,7 @@ class H5pySource:
         """Read through ``dsid``, this dataset opened again, from now on (NOTE [swmr extent] in ``handles``)."""
         self._dsid, self._fspace, self._hints = dsid, dsid.get_space(), None
         if self._node.vlen:
-            self._read_selected = functools.partial(read_objects, dsid, self._fspace, self._mtype)  # type: ignore
+            self._read_selected = functools.partial(read_objects, dsid, self._fspace, self._mtype)  # type: ignore[method-assign]  # once: vlen
 
     def close(self) -> None:
         self._hints = False  # HDF5's descriptor: closed with the file

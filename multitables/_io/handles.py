@@ -258,7 +258,7 @@ class HeldOpen:
     def close(self) -> None:
         with _SWMR_LOCK:
             _HELD.pop(self, None)
-            super().close()  # type: ignore[misc]
+            super().close()  # type: ignore[misc]  # a mixin's: the close of the source it is mixed into
 
 
 def refresh_swmr(dsid: Any, n_rows: "int | None", where: str) -> None:

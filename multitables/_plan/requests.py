@@ -411,19 +411,19 @@ def plan_rows(nkey: tuple[Entry, ...], shape: Sequence[int], *, keep_0d: bool = 
         if r.step > 0:
             return plan(len(r), r.start, r.step, slice(None))
         return plan(len(r), r[-1] if len(r) else 0, -r.step, slice(None, None, -1))
-    arr: np.ndarray = e0  # type: ignore[assignment]
+    assert isinstance(e0, np.ndarray)  # normalized, neither an int nor a slice: rows, an array of them
     others = [e for i, e in enumerate(nkey) if i != pos0 and e is not None and e is not Ellipsis and not isinstance(e, slice)]
     # Replacing the array by a slice keeps numpy's semantics only when no other
     # advanced entry could change where its axis goes.
     alone = not any(isinstance(e, np.ndarray) for e in others) and (not others or pos0 == 0)
-    if arr.ndim == 1 and alone and len(arr) > 0:
-        steps = np.diff(arr)
+    if e0.ndim == 1 and alone and len(e0) > 0:
+        steps = np.diff(e0)
         if (steps > 0).all():
-            return plan_array(arr, slice(None))
+            return plan_array(e0, slice(None))
         if (steps < 0).all():
-            return plan_array(arr[::-1], slice(None, None, -1))
-    rows, inverse = np.unique(arr, return_inverse=True)
-    return plan_array(rows, inverse.reshape(arr.shape).astype(np.intp, copy=False))
+            return plan_array(e0[::-1], slice(None, None, -1))
+    rows, inverse = np.unique(e0, return_inverse=True)
+    return plan_array(rows, inverse.reshape(e0.shape).astype(np.intp, copy=False))
 
 
 def effective_chunk_rows(chunk_rows: "int | None", row_nbytes: int) -> int:

@@ -342,7 +342,7 @@ class ReaderPool:
             if not self._watched:
                 return
             for sentinel in multiprocessing.connection.wait(list(self._watched), timeout=0):
-                i = self._watched.pop(sentinel)  # type: ignore[call-overload]
+                i = self._watched.pop(sentinel)
                 proc = self._procs[i]
                 proc.join(TICK)
                 # A reader sends its report before it exits; wait for one that is still in flight.

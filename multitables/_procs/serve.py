@@ -133,7 +133,7 @@ class ShareReader:
             if isinstance(node, SetRef):
                 if flags["swmr"]:  # its files looked at by this process's one open of each (NOTE [swmr extent])
                     self.drop_opens(node.path)
-                node = node.resolve(self.settings.files, self.settings.store, **flags,  # type: ignore[arg-type]
+                node = node.resolve(self.settings.files, self.settings.store, **flags,  # type: ignore[arg-type]  # a set's: a tuple
                                     learned=self.learned)
             elif grew(node.identity, self.expected):  # a later look at a growing file: no smaller than it saw
                 self.expected = node.identity
@@ -417,7 +417,7 @@ class ServeReaders:
             if self.closed:
                 raise StreamClosedError(f"the Reader of {self.filename!r} was closed")
             if reader in self._dead():
-                raise self.broken()  # type: ignore[misc]
+                raise self.broken()  # type: ignore[misc]  # not None: a reader is dead
         with self._push_lock:
             self._inboxes.put(reader, self._tails[reader], item)
             self._tails[reader] += 1

@@ -156,7 +156,7 @@ def stream_loop(reader: ReaderProcess, settings: StreamSettings, sync: RingSync)
                 if not ring.wait_for_more(keep_going):
                     break
                 continue
-            k, slot = claimed  # type: ignore[misc]
+            k, slot = claimed  # type: ignore[misc]  # neither None nor WAIT (above): a (block, slot)
             blocks.read(k, ring.slots[slot], before_read)
             reader.rows = blocks.named(k)  # what a change of the file found now names
             check_file_unchanged(filename, settings.file_signature)

@@ -239,7 +239,7 @@ class Ring:
         held = [(self.layout.slot_offset(slot), self.slots[slot].nbytes)
                 for slot in range(len(self.slots)) if self.segment.owner and held_elsewhere(self.slots, slot)]
         self.slots = []
-        self._hdr = self._free_stack = self._ready_ring = self._meta = self._table = None  # type: ignore[assignment]
+        self._hdr = self._free_stack = self._ready_ring = self._meta = self._table = None  # type: ignore[assignment]  # closed: unmapped
         lent = {slot: ref() for slot, ref in self._lent.items()}
         still_lent = [(self.layout.slot_offset(slot), flat.nbytes) for slot, flat in lent.items() if flat is not None]
         del lent

@@ -172,8 +172,8 @@ def cgroup_free_bytes() -> "tuple[int, int, int] | None":
         if tightest is None or free < tightest[0]:
             tightest = (free, limit, used)
     promised = promised_bytes() if tightest is not None else 0
-    if promised:  # charged to the cgroup once the readers map them (the readers are in it too)
-        free, limit, used = tightest  # type: ignore[misc]
+    if promised and tightest is not None:  # charged to the cgroup once the readers map them (the readers are in it too)
+        free, limit, used = tightest
         tightest = (max(0, free - promised), limit, used + promised)
     return tightest
 

@@ -150,7 +150,7 @@ class StageMap:
         descriptor, alive.
         """
         try:
-            return self.words[_H_STATUS : _H_STATUS + n_shares].tolist()  # type: ignore[index]
+            return self.words[_H_STATUS : _H_STATUS + n_shares].tolist()  # type: ignore[index]  # None once closed: below
         except TypeError:
             if self.words is None:  # closed, maybe by another thread just now
                 raise StreamClosedError("the stage is closed") from None
@@ -209,7 +209,7 @@ class StageMap:
     def close(self) -> None:
         """Unmap; arrays of its data still alive keep their bytes, moved to private memory by the segment's owner
         (NOTE [segment lifetime]), else the mapping goes with the last of them."""
-        self.words = self.rows = None  # type: ignore[assignment]
+        self.words = self.rows = None  # type: ignore[assignment]  # closed: unmapped (words is checked)
         self.segment.close(keep=[(self._data_at, self.layout.data_nbytes)])
 
 

@@ -39,7 +39,8 @@ import sys
 import threading
 import time
 import warnings
-from typing import Any
+from types import FrameType
+from typing import Any, cast
 
 import numpy as np
 
@@ -86,9 +87,9 @@ def as_block(memory: np.ndarray, spec: StreamSpec) -> np.ndarray:
 
 def _outside_level() -> int:
     """The ``stacklevel`` that points a warning given by its caller at the first frame outside this package."""
-    level, frame = 2, sys._getframe(2)
+    level, frame = 2, cast("FrameType | None", sys._getframe(2))
     while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == __name__.partition(".")[0]:
-        level, frame = level + 1, frame.f_back  # type: ignore[assignment]
+        level, frame = level + 1, frame.f_back
     return level
 
 
@@ -189,10 +190,10 @@ class InlineBackend:
 
     @property
     def published(self) -> int:
-        return self._spec.plan.n_blocks  # type: ignore[return-value]
+        return self._spec.plan.n_blocks  # type: ignore[return-value]  # growing only: a GrowingPlan's, an int
 
     def extend(self, starts: Any, stops: Any) -> None:
-        self._spec.plan.extend(starts, stops)  # type: ignore[union-attr]
+        self._spec.plan.extend(starts, stops)  # type: ignore[union-attr]  # growing only: a GrowingPlan
 
     def rewind(self) -> None:
         """Nothing is read ahead here: withdraw what was published and not taken (a block read and never handed on
@@ -200,7 +201,7 @@ class InlineBackend:
         if self.out is not None:
             self._free.append(self.out[0])
             self._next, self.out = self._next - 1, None
-        self._spec.plan.truncate(self._next)  # type: ignore[union-attr]
+        self._spec.plan.truncate(self._next)  # type: ignore[union-attr]  # as extend
 
     def check(self, taking: bool = True) -> None:
         """Nothing to watch: no reader processes."""
@@ -260,7 +261,7 @@ class RingBackend:
                 del pending[self._next]
                 break
             self.check()
-            slot = ring.take(TICK)  # type: ignore[assignment]
+            slot = ring.take(TICK)  # type: ignore[assignment]  # None: looked at next
             if slot is None:
                 since = self._stalled(since)
                 continue

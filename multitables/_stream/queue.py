@@ -103,7 +103,7 @@ class Guard:
         # Made ahead of its block, which the queue hands it in stores alone (NOTE [a slot in hand]): ``[queue,
         # slot]`` from then on, shared with the finaliser; no queue till then (a queue keeps its next guard).
         self._held: "list[Any]" = [None, -1]
-        self.block: np.ndarray = None  # type: ignore[assignment]
+        self.block: np.ndarray = None  # type: ignore[assignment]  # None until handed a block, and once released
         self._released = self._entered = False
         # A guard dropped without ``with`` must not keep its slot for ever: a finaliser gives it back. Not a
         # ``__del__``: that would run Python code at the end of every guard's life, and a Ctrl-C arriving then
@@ -141,7 +141,7 @@ class Guard:
         if not self._released:
             self._released = True
             self._dropped.detach()
-            self.block = None  # type: ignore[assignment]
+            self.block = None  # type: ignore[assignment]  # released: no block to read
             queue, slot = self._held
             self._held[0] = None  # a released guard must not keep the queue (and its readers) alive
             queue._release(slot)
@@ -248,8 +248,8 @@ class Queue:
                     self._taker = None
                     if slot is not None:  # the back end's hands to the caller's: stores alone (NOTE [a slot in hand])
                         made, self._spare, self._backend.out = self._spare, None, None
-                        made._held[0], made._held[1], made.block = self, slot, block  # type: ignore[union-attr]
-                        self._made[me] = made  # type: ignore[assignment]
+                        made._held[0], made._held[1], made.block = self, slot, block  # type: ignore[union-attr]  # _spare: set above
+                        self._made[me] = made  # type: ignore[assignment]  # as above
                         self._delivered += 1
                         self._held += 1
                         self._holders[slot] = me

@@ -7,7 +7,7 @@ import itertools
 import sys
 import threading
 import weakref
-from typing import Any, Generator, Iterator, cast
+from typing import Any, Generator, Iterator, NoReturn, cast
 
 import numpy as np
 
@@ -16,7 +16,7 @@ from ..errors import QueueClosed
 from .queue import Guard, Queue
 
 
-def _another_thread_takes(_: object) -> None:
+def _another_thread_takes(_: object) -> NoReturn:
     raise ValueError(
         "generator already executing: another thread is taking its next block. A generator serves one thread at a "
         "time, as Python's do (try again, or share a queue, get_queue, between threads)"
@@ -85,7 +85,7 @@ class _OneTaker:
 
     def __next__(self) -> "Iterator[np.ndarray]":
         if not self._lock.acquire(blocking=False):
-            return _TAKING  # type: ignore[return-value]
+            return _TAKING
         try:
             # No local: the frame must not hold the blocks (see __init__). Dropped, they have no more.
             return next(iter(self._blocks() or ()))

@@ -11,6 +11,8 @@ NOTE [structured copies]
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 
 
@@ -21,12 +23,13 @@ def _bytes_of(dtype: np.dtype) -> "np.dtype | None":
     return np.dtype((np.void, dtype.itemsize))
 
 
-def copy_rows(out: np.ndarray, rows: np.ndarray, casting: str = "same_kind") -> None:
+def copy_rows(out: np.ndarray, rows: np.ndarray,
+              casting: Literal["no", "equiv", "safe", "same_kind", "unsafe"] = "same_kind") -> None:
     """``np.copyto(out, rows, casting=casting)``, as bytes where both have one structured dtype (NOTE [structured
     copies]); ``out`` is the caller's memory, written in place."""
     raw = _bytes_of(out.dtype) if out.dtype == rows.dtype else None
     if raw is None:
-        np.copyto(out, rows, casting=casting)  # type: ignore[arg-type]
+        np.copyto(out, rows, casting=casting)
     else:
         np.copyto(out.view(raw), rows.view(raw))
 

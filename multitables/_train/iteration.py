@@ -23,10 +23,10 @@ class Closing:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()  # type: ignore[attr-defined]
+        self.close()  # type: ignore[attr-defined]  # a mixin's: its class's close()
 
 
-class Iteration(itertools.chain):  # type: ignore[type-arg]
+class Iteration(itertools.chain[Any]):  # of batches, whatever their kind
     """The batches of one iteration, until it ends or a newer iteration ends it (``ended_by``).
 
     A :class:`~multitables.batches.Batches` has one position, which every
@@ -76,7 +76,7 @@ class Iteration(itertools.chain):  # type: ignore[type-arg]
     @property
     def running(self) -> bool:
         """Whether a step is under way: what runs now was called from inside it (a signal's handler)."""
-        return bool(self._it.gi_running)  # type: ignore[attr-defined]
+        return bool(self._it.gi_running)  # type: ignore[attr-defined]  # a generator, typed Iterator where made
 
     def after_step(self, then: "Callable[[], None]") -> None:
         """Call ``then`` once the generator, in the middle of a step, has ended (NOTE [closed mid-step])."""
@@ -92,7 +92,7 @@ class Iteration(itertools.chain):  # type: ignore[type-arg]
         self._end.ended_by = value
 
     def close(self) -> None:
-        self._it.close()  # type: ignore[attr-defined]
+        self._it.close()  # type: ignore[attr-defined]  # a generator, as above
 
 
 class _End:

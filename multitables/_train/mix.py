@@ -268,7 +268,7 @@ class MixedBatches(Closing, Generic[BatchT]):
         """Stop every source's readers and free their buffers (the positions stay). From a signal's handler in the
         middle of a step, the loop ends at that step and closes then (NOTE [closed mid-step])."""
         running = None if self._running is None else self._running()
-        if running is not None and running.gi_running:  # type: ignore[attr-defined]
+        if running is not None and running.gi_running:  # type: ignore[attr-defined]  # _steps_on's generator
             self._closing = True
             for source in self._sources:  # one in its step ends it uncounted (and closes then); the rest close now
                 source.close()
@@ -289,7 +289,7 @@ class MixedBatches(Closing, Generic[BatchT]):
         iters, self._iters = self._iters, [None] * len(self._sources)
         for it in iters:
             if it is not None:
-                it.close()  # type: ignore[attr-defined]
+                it.close()  # type: ignore[attr-defined]  # a source's generator
 
     def __repr__(self) -> str:
         shares = ", ".join(f"{p:.3g}" for p in self._proportions)

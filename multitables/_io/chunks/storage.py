@@ -452,7 +452,7 @@ def learn_layout(ds: Any, node: NodeInfo, index_limit: int = INDEX_ALL_LIMIT) ->
         elif node.remote is not None and index.n_leaves <= REMOTE_LEAVES_AT_OPEN:
             index.load_all()  # a few round trips here, none in the readers this process forks
     layout = Layout(storage, grid, index)
-    keep = before is not None and (node.remote is not None or settled(before))  # type: ignore[arg-type]
+    keep = before is not None and (node.remote is not None or settled(before))  # type: ignore[arg-type]  # a file's, not remote
     if (index is None or not index.needs_handle) and keep and before == _named(node):  # unchanged while listed
         if index is not None:
             index.release()

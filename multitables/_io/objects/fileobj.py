@@ -44,7 +44,7 @@ def read_small(reader: ObjectReader, ranges: "Sequence[tuple[int, int]]", outs: 
     key = (reader.remote.url, reader.identity.key)
     wanted = sorted({i for offset, n in ranges if n for i in range(offset // BLOCK, (offset + n - 1) // BLOCK + 1)})
     with _BLOCKS_LOCK:
-        found = {i: _BLOCKS.get(key + (i,)) for i in wanted}
+        found: "dict[int, bytes | None]" = {i: _BLOCKS.get(key + (i,)) for i in wanted}
     missing = [i for i in wanted if found[i] is None]
     if missing:
         bufs = [bytearray(min(BLOCK, reader.size - i * BLOCK)) for i in missing]
@@ -53,7 +53,7 @@ def read_small(reader: ObjectReader, ranges: "Sequence[tuple[int, int]]", outs: 
             found[i] = bytes(buf)
     with _BLOCKS_LOCK:
         for i in wanted:
-            _BLOCKS[key + (i,)] = found[i]  # type: ignore[assignment]
+            _BLOCKS[key + (i,)] = found[i]  # type: ignore[assignment]  # every one fetched: bytes
             _BLOCKS.move_to_end(key + (i,))
         while len(_BLOCKS) > BLOCKS_KEPT:
             _BLOCKS.popitem(last=False)

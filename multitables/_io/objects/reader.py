@@ -476,8 +476,8 @@ def look_all(urls: "Sequence[str]", store: Store) -> "list[ObjectReader]":
         cf.wait(futures)
     readers = [f.result() for f in futures if f.exception() is None]
     for f in futures:
-        if f.exception() is not None:
+        if (exc := f.exception()) is not None:
             for r in readers:
                 r.close()
-            raise f.exception()  # type: ignore[misc]
+            raise exc
     return readers

@@ -83,7 +83,8 @@ class Pipeline:
                 return False
             dst[:] = stored[first : first + len(dst)]
             return True
-        return self.decodes_parts and self._codecs[0].decode_part(raw, self.chunk_nbytes, first, dst)  # type: ignore[attr-defined]  # decodes_parts: it has one
+        # decodes_parts: the codec has a decode_part, which Codec does not declare
+        return self.decodes_parts and self._codecs[0].decode_part(raw, self.chunk_nbytes, first, dst)  # type: ignore[attr-defined]
 
     def decode(self, raw: Any, mask: int, out: np.ndarray) -> None:
         """Decode the stored bytes ``raw`` of a chunk with filter ``mask`` into ``out`` (uint8, ``chunk_nbytes``)."""

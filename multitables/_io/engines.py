@@ -7,9 +7,8 @@ Three engines read HDF5 here, one object each in :data:`REGISTRY`
   itself (``os.pread``, or ``O_DIRECT`` with ``cache="direct"``) and
   decodes them with faster codecs than HDF5's, straight into the block.
   ``auto`` prefers it where it is measured faster and can read the node;
-  where it cannot (an unknown filter, a type h5py converts...),
-  :func:`resolve_engine` answers ``h5py`` instead, so the stream reports the
-  engine that really reads.
+  elsewhere (an unknown filter, a type h5py converts...) :func:`resolve_engine`
+  answers ``h5py``, so the stream reports the engine that really reads.
 * ``h5py`` (:mod:`multitables._io.h5py_engine`): HDF5's own reads with
   hdf5plugin's filters. Measured on this project's machine it decodes zlib
   ~1.8x and blosc ~2.3x faster per core than the PyTables wheel (see
@@ -102,11 +101,9 @@ class Engine(Protocol):
     @property
     def caches(self) -> "tuple[str, ...]":
         """The ``cache=`` values it reads with (:func:`open_source` refuses the others)."""
-
     @property
     def options(self) -> "str | None":
-        """Whose open options it takes: :data:`AUTO_OPTIONS` (the established API's), another library's (passed on),
-        or None (none: a named engine given some is refused)."""
+        """Whose open options it takes: :data:`AUTO_OPTIONS`, another library's (passed on), or None (refused)."""
     #: Named, it reads what it can and leaves the rest to ``auto``'s walk (True), or it reads the node or refuses (False).
     falls_back: bool
 

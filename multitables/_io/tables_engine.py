@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import threading
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, cast
 
 import numpy as np
 
@@ -44,9 +44,8 @@ def tables_problem(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "str | None
     if key in _ANSWERS:
         return _ANSWERS[key]
     group = getattr(_TOGETHER, "group", None)
-    why = group.answer(node, open_kwargs) if group is not None else _UNGROUPED
-    if why is _UNGROUPED:
-        why = _first_row_problem_apart(node, open_kwargs)
+    answer = group.answer(node, open_kwargs) if group is not None else _UNGROUPED
+    why = _first_row_problem_apart(node, open_kwargs) if answer is _UNGROUPED else cast("str | None", answer)
     if key is not None and why != _TIMED_OUT and _still_settled(node):
         with _ANSWERS_LOCK:  # streams made in several threads
             while len(_ANSWERS) >= ANSWERS_KEPT:

@@ -40,7 +40,7 @@ import threading
 import time
 from contextlib import contextmanager
 from types import CodeType, FrameType
-from typing import Callable, Iterator
+from typing import Any, Iterator
 
 
 #: Signals sent to every process of a job, which the consumer alone acts on: Ctrl-C (the terminal's whole foreground
@@ -88,7 +88,7 @@ def ignore_sigint() -> None:
 HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def _held() -> "dict[int, object]":
+def _held() -> "dict[int, Any]":
     """The signals to hold, each with its handler now: those of :data:`HELD` Python handles and does not ignore, and
     every signal whose handler is Python code (read raw, as :func:`raised_by_handler` does: ~3 us for all)."""
     held = {}

@@ -304,8 +304,10 @@ class ChunkSource:
             pending = self._read_stored_parts(pending, out_bytes)
         tiles = self._tiles if self._decoded is None else None
         if tiles is not None:  # all but the chunk-row kept for the next block (:meth:`_keeps`, the one holding row stop - 1)
-            c0 = self._grid.chunks[0]
-            kept_row = stop // c0 if stop % c0 and stop < self._grid.shape[0] else -1
+            grid = self._grid
+            assert grid is not None  # tiles are made for a chunked node only
+            c0 = grid.chunks[0]
+            kept_row = stop // c0 if stop % c0 and stop < grid.shape[0] else -1
             tiles.expect([part for part, *_ in pending], kept_row)
         extents = [Extent(offset, size, k) for k, (_, offset, size, _) in enumerate(pending)]
         for group in coalesce(extents, transport.max_gap, transport.max_read, transport.align):

@@ -172,6 +172,9 @@ def _left(before: dict[str, Any]) -> dict[str, Any]:
     """What a closed stream left since ``before`` (after a grace period): empty when nothing."""
     deadline = time.monotonic() + SETTLE_TIMEOUT
     while True:
+        # A handler's exception's traceback can hold a frame that holds the closed queue in a cycle (its 7
+        # semaphores kept until a collection: once in a full run, at the return of _rows_alive with readers).
+        gc.collect()
         after = _state()
         left = {key: after[key] - before[key] for key in before if after[key] != before[key]}
         left = {key: value for key, value in left.items() if value and not (isinstance(value, int) and value < 0)}

@@ -6,15 +6,30 @@ read in tests/test_batches.py and tests/test_torch.py) still hold the keywords a
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 import multitables
+
+
+_CACHE: "list[str]" = []
+
+
+def _cache_dir() -> str:
+    """One mypy cache for this session's runs: the package is analysed once (~20 s cold), not once a test; made
+    afresh each session (nothing stale), removed at exit."""
+    if not _CACHE:
+        _CACHE.append(tempfile.mkdtemp(prefix="multitables-mypy-"))
+        atexit.register(shutil.rmtree, _CACHE[0], True)
+    return _CACHE[0]
 
 
 def mypy_says(code: str, tmp_path: Path) -> "tuple[dict[int, str], dict[int, str]]":
@@ -23,7 +38,7 @@ def mypy_says(code: str, tmp_path: Path) -> "tuple[dict[int, str], dict[int, str
     pytest.importorskip("mypy", reason="mypy is not installed (the overloads' run-time tests hold without it)")
     (tmp_path / "user.py").write_text(code)
     env = {**os.environ, "PYTHONPATH": str(Path(multitables.__file__).resolve().parents[1])}
-    out = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--cache-dir", os.devnull, "--no-error-summary",
+    out = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--cache-dir", _cache_dir(), "--no-error-summary",
                           "--hide-error-context", "user.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=300).stdout
     out = re.sub(r"numpy\.ndarray\[tuple\[Any, \.\.\.\], numpy\.dtype\[Any\]\]", "ndarray", out)

@@ -366,7 +366,7 @@ def test_a_handlers_exception_as_get_gives_its_turn_back_leaves_no_next_get_wait
         armed = False
 
         def __enter__(self) -> bool:
-            if Interrupted.armed and sys._getframe(1).f_code.co_name == "_get":  # its finally (its turn: _wait_turn)
+            if Interrupted.armed and sys._getframe(1).f_code.co_name == "get":  # its finally (its turn: _wait_turn)
                 Interrupted.armed = False
                 raise Checkpoint
             return super().__enter__()

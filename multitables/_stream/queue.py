@@ -208,7 +208,7 @@ class Queue:
         """Process ids of the reader processes (empty when reading in this process)."""
         return list(self._backend.pids)
 
-    def get(self) -> "Guard | Literal[QueueClosedType.QueueClosed]":
+    def get(self, _into: "list[Guard | None] | None" = None) -> "Guard | Literal[QueueClosedType.QueueClosed]":
         """Wait for the next block; return its :class:`Guard`, or ``QueueClosed`` at the end of the pass.
 
         While every slot is held, waits for another thread to release a guard
@@ -221,11 +221,10 @@ class Queue:
         while it waits closes the queue: the ``KeyboardInterrupt`` reaches
         the caller once the readers are gone.
         """
-        return self._get(None)
-
-    def _get(self, into: "list[Guard | None] | None") -> "Guard | Literal[QueueClosedType.QueueClosed]":
-        """:meth:`get`; the guard also stored in ``into[0]`` before it is returned, for a caller of ours that a
-        handler's exception as this returns must not leave without it (NOTE [a slot in hand])."""
+        # ``_into`` (ours, the row generator's): the guard is also stored in ``_into[0]`` before it is returned, so that
+        # a handler's exception as this returns does not leave the caller without it (NOTE [a slot in hand]). One frame
+        # for both: a get() calling an inner one had a return, between the two, where such an exception lost the guard.
+        into = _into
         me = threading.current_thread()
         made = self._made.get(me)  # the guard an exception kept a get() of this thread from returning
         if made is not None:

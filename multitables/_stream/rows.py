@@ -41,7 +41,7 @@ def walked(queue: Queue) -> "Iterator[Guard | Iterator[np.ndarray]]":
     held: "list[Guard | None]" = [None]  # the guard get() handed over, till yielded (NOTE [a slot in hand])
     while True:
         try:
-            if held[0] is None and queue._get(held) is QueueClosed:
+            if held[0] is None and queue.get(held) is QueueClosed:
                 return
         except Exception as exc:
             if not raised_by_handler(exc):

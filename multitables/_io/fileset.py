@@ -210,8 +210,8 @@ def _open_files(files: "str | tuple[str, ...]", path: str, field: "str | None", 
 
 def _elsewhere(node: NodeInfo) -> bool:
     """Whether ``node``'s rows lie in a file other than its own, whose identity was not taken (an external link, a
-    virtual dataset): a description of it is not kept."""
-    return node.linked_file is not None or node.virtual
+    virtual dataset, external raw files): a description of it is not kept."""
+    return node.linked_file is not None or node.virtual or node.external
 
 
 def _look_all(urls: "list[str]", store: Store) -> "list[ObjectReader]":

@@ -44,6 +44,7 @@ from .h5filters import filter_label, h5py_lacks, register_filters
 from .handles import HeldOpen, refresh_swmr
 from .node import NodeInfo, Unsupported, close_dataset, reopen_dataset
 from .objects.hdf5 import check_options, file_object
+from .outside import h5py_outside_problem
 from .scattered import RowSpans, Stopped, read_progression, rows_decoded_bytes
 from .strings import deliver_strings, find_string_pads, stored_strings_type
 from .vlen import read_objects
@@ -469,12 +470,16 @@ class H5pyEngine:
         return True
 
     def problem(self, node: NodeInfo, open_kwargs: "dict[str, Any]", dataset: Any = None) -> "str | None":
-        """Why h5py cannot deliver ``node`` (an element type it has no numpy type for, a filter its HDF5 lacks); None: it can."""
+        """Why h5py cannot deliver ``node`` (an element type it has no numpy type for, a filter its HDF5 lacks, a piece
+        kept outside the file it cannot read); None: it can."""
         if node.h5py_problem:
             return node.h5py_problem
         lacks = h5py_lacks(node)
         if lacks:
             return "its HDF5 cannot decode filter " + ", ".join(filter_label(node, fid) for fid in lacks)
+        outside = h5py_outside_problem(node, dataset)  # NOTE [data outside the file]
+        if outside:
+            return outside
         if open_kwargs and node.remote is not None:  # a bad option raises, naming the object, here
             check_options(node.remote, open_kwargs)
         elif open_kwargs and not node.parts:  # a bad option raises h5py's own error, here

@@ -86,6 +86,8 @@ class NodeInfo:
     linked_file: "str | None" = None
     #: A virtual dataset: its rows, and how many, come from other files (whose identities are not this file's).
     virtual: bool = False
+    #: Its raw data lies in external files (HDF5's external storage): NOTE [data outside the file] in ``outside``.
+    external: bool = False
     #: The identity of the local file that was described, from the descriptor HDF5 read it through (not the name,
     #: which can mean another file a moment later): what a stream checks the file against, and what is learned of
     #: it is kept under, so that a file replaced after its description is not read as described (None: an object; a
@@ -430,17 +432,14 @@ def _describe(filename: str, path: str, field: "str | None", ds: Any, allow_empt
                                 f"local files only") from None
         try:
             dt = _tables_dtype(filename, path if path.startswith("/") else "/" + path)  # PyTables' paths are absolute
-        except NodeTypeError:
-            raise
         except Exception as texc:
-            if raised_by_handler(texc):
+            if raised_by_handler(texc) or isinstance(texc, NodeTypeError):
                 raise
             raise NodeTypeError(f"{where} cannot be read: {h5py_problem}, and PyTables cannot open it ({texc})") from texc
-    # Asked once, of the id: ``Dataset.shape`` asks HDF5 for the dataspace on
-    # every call (~20 us), a cost a 1 MB file notices.
-    shape = dsid.shape
+    shape = dsid.shape  # asked once, of the id: ``Dataset.shape`` asks HDF5 every call (~20 us), which 1 MB files notice
     if shape is None or len(shape) == 0:
-        raise NodeTypeError(f"{where} is a scalar; only datasets with rows can be streamed")
+        empty = "empty: its dataspace is null (h5py.Empty)"
+        raise NodeTypeError(f"{where} is {'a scalar' if shape is not None else empty}; only datasets with rows can be streamed")
     if _has_object(dt):
         if dt.kind == "O" and h5py.check_vlen_dtype(dt) is not None:  # a PyTables VLArray, an h5py vlen dataset
             if field is not None:  # described, for a transform (NOTE [variable-length rows]); refused by callers
@@ -496,5 +495,6 @@ def _describe(filename: str, path: str, field: "str | None", ds: Any, allow_empt
         zero_first=_fill_may_leave_holes(dsid, plist),
         h5py_problem=h5py_problem,
         virtual=layout == getattr(h5py.h5d, "VIRTUAL", None),
+        external=plist.get_external_count() > 0,
         identity=identity,
     )

@@ -55,6 +55,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .node import NodeInfo, close_dataset, reopen_dataset
+from .outside import h5py_outside_problem
 
 #: Units of rows summed per file (NOTE [data sums]).
 SAMPLED = 4
@@ -77,8 +78,12 @@ def unsummed(node: NodeInfo) -> bool:
 
 
 def with_sum(node: NodeInfo, dataset: Any) -> NodeInfo:
-    """``node`` with its ``data_sum`` where summable, read through ``dataset`` (its ``h5py.Dataset``, left open)."""
-    return replace(node, data_sum=_summed(node, dataset)) if summable(node) else node
+    """``node`` with its ``data_sum`` where summable, read through ``dataset`` (its ``h5py.Dataset``, left open); not
+    where h5py cannot read a piece of it kept outside the file, which the engines' checks refuse, naming it (NOTE
+    [data outside the file] in ``outside``)."""
+    if not summable(node) or h5py_outside_problem(node, dataset):
+        return node
+    return replace(node, data_sum=_summed(node, dataset))
 
 
 def file_sum(node: NodeInfo) -> "int | None":

@@ -24,6 +24,7 @@ from .fields import field_of, select_field
 from .files import check_opened, file_signature, settled
 from .handles import raise_if_busy
 from .node import NodeInfo, close_dataset, raise_if_switched
+from .outside import node_places
 from .strings import deliver_strings
 from .scattered import GroupRows
 from .vlen import VLEN_PROBLEM
@@ -160,9 +161,9 @@ def _still_settled(node: NodeInfo) -> bool:
 
 def _answer_key(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "tuple[NodeInfo, tuple[tuple[str, Any], ...]] | None":
     """Where :data:`_ANSWERS` keeps PyTables' answer on ``node`` (None: not kept). Not for a node whose rows lie in
-    other files (an external link, a virtual dataset: their identities are not the node's), nor for unhashable
-    options."""
-    if not isinstance(node.identity, tuple) or node.linked_file is not None or node.virtual:
+    other files (an external link, a virtual dataset, external raw files: their identities are not the node's), nor
+    for unhashable options."""
+    if not isinstance(node.identity, tuple) or node.linked_file is not None or node.virtual or node.external:
         return None
     key = (node, tuple(sorted(open_kwargs.items())))
     try:
@@ -213,12 +214,12 @@ def _filtered_chunk(node: NodeInfo) -> "tuple[int, ...]":
 
 def _first_row_problem(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "str | None":
     """Open ``node`` with PyTables and read one element of it (of a table, a row), in a chunk every filter decoded
-    (see :func:`_filtered_chunk`): why that fails, or None."""
+    (:func:`_filtered_chunk`), and of each piece outside the file (NOTE [data outside the file]): why that fails, or None."""
     source = None
     try:
-        at = _filtered_chunk(node)
+        places = [_filtered_chunk(node), *node_places(node)]
         source = TablesSource(node, open_kwargs)
-        if node.n_rows:  # a Reader takes a node of no rows: its open is the whole check
+        for at in places if node.n_rows else ():  # a Reader takes a node of no rows: its open is the whole check
             source.read_element(at)
     except (FileChangedError, FileBusyError):
         raise  # no fault of PyTables': the name came to mean another file, or a program writes it

@@ -911,3 +911,22 @@ def test_a_readers_dataset_of_a_file_changed_since_the_reader_was_made_is_refuse
         os.replace(newer, path)
         with pytest.raises(multitables.FileChangedError, match="since the Reader was made"):
             reader.get_dataset("/data")
+
+
+def test_a_sum_that_fails_leaves_the_file_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 fds_on: Callable[[Path], int]) -> None:
+    """Batches' inspection sums the file it holds open (NOTE [data sums]): an error there closed nothing, and the
+    file stayed open as long as the error was held."""
+    from multitables._io import fileset
+
+    path = tmp_path / "one.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data", data=rows_of(10, 0))
+
+    def fails(node: Any, dataset: Any) -> Any:
+        raise OSError("Can't synchronously read data")
+
+    monkeypatch.setattr(fileset, "with_sum", fails)
+    with pytest.raises(OSError, match="synchronously") as raised:
+        inspect_files(str(path), "/data", summed=True)
+    assert raised.value is not None and fds_on(path) == 0  # the error still held

@@ -186,7 +186,11 @@ def _open_files(files: "str | tuple[str, ...]", path: str, field: "str | None", 
         dataset = None  # an engine opens the file only where it needs HDF5 (NOTE [layout cache])
         if node is None or (summed and unsummed(node)):
             node, dataset = open_node(files, path, field, identity=identity[0], allow_empty=True, locking=locking)
-            node = with_sum(node, dataset) if summed else node
+            try:
+                node = with_sum(node, dataset) if summed else node
+            except BaseException:
+                close_dataset(dataset)  # its file too, not left open with the error (a set's are, below)
+                raise
             if not _elsewhere(node) and node.identity is not None:  # kept under the file described: the name may
                 _FILES.remember(key, (node.identity,), node)  # mean another since the stat; its identity is taken
         if not allow_empty and not node.n_rows:

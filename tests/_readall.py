@@ -17,6 +17,7 @@ from typing import Any
 
 import h5py
 import numpy as np
+import psutil
 
 import multitables
 
@@ -130,6 +131,19 @@ def read(path: Any, name: str, engine: str, mode: str, field: "str | None" = Non
         with own:
             return read_random(own, name, field)
     raise ValueError(f"mode={mode!r} is not one of {MODES}")
+
+
+def live_children() -> "set[int]":
+    """Live child processes, multiprocessing's resource tracker aside (it lives as long as this process): the same
+    before and after a refusal, which starts no reader."""
+    kids = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(child.cmdline()):
+                kids.add(child.pid)
+        except psutil.Error:
+            pass
+    return kids
 
 
 def h5py_reference(path: Any, name: str, field: "str | None" = None) -> np.ndarray:

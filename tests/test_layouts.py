@@ -16,11 +16,11 @@ from typing import Any, Callable, Iterator
 
 import h5py
 import numpy as np
-import psutil
 import pytest
 
 import multitables
 from _guards import hang_guard
+from _readall import live_children
 
 ENGINES = ("auto", "chunks", "h5py", "tables")
 N = 23
@@ -281,18 +281,6 @@ def test_every_face_and_engine_reads_h5py_rows_or_refuses_up_front(tmp_path: Pat
 # -- pieces outside the file that an engine cannot read (NOTE [data outside the file]) --------------------
 
 
-def _children() -> "set[int]":
-    """Live child processes, the resource tracker aside."""
-    kids = set()
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if child.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(child.cmdline()):
-                kids.add(child.pid)
-        except psutil.Error:
-            pass
-    return kids
-
-
 def _external_file_missing(f: h5py.File) -> str:
     Path("rows_a.bin").write_bytes(BASE[:5].tobytes())
     f.create_dataset("data", shape=BASE.shape, dtype=BASE.dtype,
@@ -348,10 +336,10 @@ def test_a_piece_outside_the_file_no_engine_reads_is_refused_before_any_reader_s
     path = tmp_path / "case.h5"
     with h5py.File(path, "w") as f:
         piece = UNREADABLE[case](f)
-    before = _children()
+    before = live_children()
     with pytest.raises(multitables.NodeTypeError) as refused:
         _start(path, engine, face)
-    assert _children() == before
+    assert live_children() == before
     assert "'/data'" in str(refused.value) and str(path) in str(refused.value)
     if engine != "tables":  # PyTables' words name no piece
         assert piece in str(refused.value)
@@ -373,10 +361,10 @@ def test_the_tables_engine_refuses_a_virtual_source_pytables_cannot_decode(
         layout[:12] = h5py.VirtualSource(f["plain"])
         layout[12:] = h5py.VirtualSource("lzf.h5", "x", shape=(12, 64))
         f.create_virtual_dataset("data", layout)
-    before = _children()
+    before = live_children()
     with pytest.raises(multitables.NodeTypeError, match="lzf.*engine='h5py' \\(or 'auto'\\) reads it"):
         list(multitables.Streamer(path, engine="tables").get_generator("/data", n_procs=1))
-    assert _children() == before
+    assert live_children() == before
     _same(_generator(path, "auto", 1), _h5py_rows(path))
 
 

@@ -16,7 +16,6 @@ from typing import Iterator
 
 import h5py
 import numpy as np
-import psutil
 import pytest
 import tables
 from hypothesis import given, settings
@@ -24,7 +23,7 @@ from hypothesis import strategies as st
 
 import multitables
 from _guards import hang_guard
-from _readall import ENGINES, MissingFilterError, h5py_reference, read_all
+from _readall import ENGINES, MissingFilterError, h5py_reference, live_children, read_all
 
 #: PyTables' own test files: real inputs written by others (never copied into this repository).
 TABLES_TESTS = Path(tables.__file__).parent / "tests"
@@ -448,18 +447,6 @@ def test_python_flavor_array(tmp_path: Path, no_leaks: None) -> None:
 LZO_NODE = "/group0/group1/tuple2"
 
 
-def _children() -> set[int]:
-    """Live child processes, multiprocessing's resource tracker aside (it lives as long as this process)."""
-    kids = set()
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if child.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(child.cmdline()):
-                kids.add(child.pid)
-        except psutil.Error:
-            pass
-    return kids
-
-
 def _check_missing_filter(exc: BaseException) -> None:
     text = str(exc)
     assert isinstance(exc, OSError), f"{type(exc).__name__} is no OSError"
@@ -472,16 +459,16 @@ def test_a_filter_nothing_decodes_is_refused_before_any_process_starts(no_leaks:
 
     path = pytables_file("Tables_lzo1.h5")
     assert not h5py.h5z.filter_avail(305), "h5py decodes LZO here: this test needs a filter nothing decodes"
-    before = _children()
+    before = live_children()
     with pytest.raises(MissingFilterError) as direct:
         multitables.Streamer(path, engine=engine).get_queue(LZO_NODE, n_procs=1)
-    assert _children() == before
+    assert live_children() == before
     with pytest.raises(MissingFilterError) as generated:
         next(multitables.Streamer(path, engine=engine).get_generator(LZO_NODE, n_procs=1))
-    assert _children() == before
+    assert live_children() == before
     with pytest.raises(MissingFilterError) as column:
         multitables.Streamer(path, engine=engine).get_queue(LZO_NODE, n_procs=1, field="var1")
-    assert _children() == before
+    assert live_children() == before
     with multitables.Reader(path, n_procs=1, engine=engine) as reader:
         with pytest.raises(MissingFilterError) as random:
             reader.get_dataset(LZO_NODE)

@@ -35,6 +35,25 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     gc.freeze()
 
 
+@pytest.fixture(autouse=True)
+def alone_on_its_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under pytest-xdist this process is one of the runner's workers: one parent, one command line, so NOTE [CPU
+    siblings] counts the others as jobs sharing its CPUs and every default would be a share of the machine. The tests
+    assert defaults for a process alone on its CPUs (the sibling tests make their siblings themselves, in processes
+    of their own): the worker's own siblings are not counted here, in the worker and the pools it forks. Anything
+    else is counted as the library counts it."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    from multitables._sys import siblings
+
+    worker, count = os.getpid(), siblings._siblings
+
+    def without_the_runners(pid: int, parent: "int | None", on: int) -> int:
+        return 0 if pid == worker and siblings.PROC == "/proc" else count(pid, parent, on)
+
+    monkeypatch.setattr(siblings, "_siblings", without_the_runners)
+
+
 def own_segments() -> set[str]:
     """This process's segments in /dev/shm: the library's prefix and our pid (nothing else is looked at)."""
     mine = f"{SHM_PREFIX}{os.getpid()}_"

@@ -1,5 +1,6 @@
 """The CPUs a process may use for readers: its affinity, its control groups' CPU quota, its share among the ranks
-torchrun started on the machine. The groups are files written here, as the kernel lays them out (v1 and v2)."""
+torchrun started on the machine (NOTE [CPU siblings]). The groups are files written here, as the kernel lays them out
+(v1 and v2)."""
 
 from __future__ import annotations
 
@@ -68,34 +69,42 @@ def test_no_groups_no_limits(groups: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "affinity,cpuset,quota,ranks,expected",
+    "affinity,cpuset,quota,ranks,sharing,expected",
     [
-        (16, 16, None, None, 16),
-        (16, 16, 2.5, None, 3),  # a quota's worth, rounded up
-        (16, 16, 0.2, None, 1),  # at least one
-        (16, 16, None, "8", 2),  # eight ranks share the machine
-        (16, 16, 8.0, "8", 1),  # and its quota
-        (2, 16, None, "8", 2),  # each rank pinned to its own two CPUs: they are its own
-        (2, 16, 8.0, "8", 1),  # the quota is the group's, shared all the same
-        (16, None, None, "4", 4),  # no cpuset found: the machine's CPUs
-        (16, 16, None, "nonsense", 16),
-        (16, 16, None, "1", 16),
+        (16, 16, None, None, 0, 16),
+        (16, 16, 2.5, None, 0, 3),  # a quota's worth, rounded up
+        (16, 16, 0.2, None, 0, 1),  # at least one
+        (16, 16, None, "8", 0, 2),  # eight ranks share the machine
+        (16, 16, 8.0, "8", 0, 1),  # and its quota
+        (2, 16, None, "8", 0, 2),  # each rank pinned to its own two CPUs: they are its own
+        (2, 16, 8.0, "8", 0, 1),  # the quota is the group's, shared all the same
+        (4, 16, None, "2", 1, 2),  # taskset -c 0-3 torchrun: the ranks share the launcher's four
+        (4, 16, 8.0, "2", 1, 2),  # and the quota, of which they take no more than their CPUs
+        (4, 16, 2.0, "2", 1, 1),
+        (16, None, None, "4", 0, 4),  # no cpuset found: the machine's CPUs
+        (16, 16, None, "nonsense", 0, 16),
+        (16, 16, None, "1", 0, 16),
     ],
 )
 def test_the_cpus_for_readers(
     monkeypatch: pytest.MonkeyPatch, affinity: int, cpuset: "int | None", quota: "float | None", ranks: "str | None",
-    expected: int,
+    sharing: int, expected: int,
 ) -> None:
+    """A process's share of the CPUs (``Machine.share``): its affinity and its quota, among torchrun's ranks; where the
+    affinity is narrower than the cpuset, among the ranks that ``/proc`` shows on it (``sharing`` beside this one)."""
+    from multitables._sys import siblings
+
     monkeypatch.setattr(planner.os, "sched_getaffinity", lambda pid: set(range(affinity)))
     monkeypatch.setattr(planner.os, "cpu_count", lambda: 16)
-    monkeypatch.setattr(planner, "cpuset_size", lambda: cpuset)
+    monkeypatch.setattr(siblings, "cpuset_size", lambda: cpuset)
     monkeypatch.setattr(planner, "cpu_quota", lambda: quota)
+    monkeypatch.setattr(siblings, "_siblings", lambda pid, parent, on: sharing)
+    monkeypatch.setattr(siblings, "_launched", lambda pid: 0)
     if ranks is None:
         monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     else:
         monkeypatch.setenv("LOCAL_WORLD_SIZE", ranks)
-    assert planner.available_cpus() == expected
-    assert planner.Machine.here("fork").cpus == expected  # what every plan is made for
+    assert planner.Machine.here("fork").share == expected  # what every plan is made for
 
 
 def test_a_stream_under_a_quota_of_one_cpu_reads_in_this_process(

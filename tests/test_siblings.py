@@ -19,7 +19,8 @@ def test_a_processs_siblings_are_its_parents_live_children_of_its_command_line_o
 ) -> None:
     """Counted: the parent's other children running this command line, its descriptors' numbers aside, on one of its
     CPUs. Not counted: the pool's helpers (another line), a zombie, another parent's child of the same line, one
-    pinned to other CPUs; none where torchrun started this process (``LOCAL_WORLD_SIZE`` counts its ranks)."""
+    pinned to other CPUs. Where torchrun started this process, its ranks (``LOCAL_WORLD_SIZE``) on the launcher's
+    affinity, which they all inherit, stand for its siblings."""
     import multiprocessing
     import os
 
@@ -56,10 +57,11 @@ def test_a_processs_siblings_are_its_parents_live_children_of_its_command_line_o
     assert siblings.cpu_siblings() == 2
     monkeypatch.setattr(multiprocessing, "parent_process", lambda: SimpleNamespace(pid=900010))
     assert siblings.cpu_siblings() == 3 * 2 - 1  # a pool of 3 workers in each of 2 jobs
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # torchrun's ranks: available_cpus divides by them
-    assert siblings.cpu_siblings() == 2
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # torchrun's ranks, on the CPUs of the cpuset: each pool's owner
+    monkeypatch.setattr(siblings, "cpuset_size", lambda: len(os.sched_getaffinity(0)))
+    assert siblings.cpu_siblings() == 3 * 3 - 1
     monkeypatch.setattr(multiprocessing, "parent_process", lambda: None)
-    assert siblings.cpu_siblings() == 0
+    assert siblings.cpu_siblings() == 2
 
 
 # -- real processes: each reports its default readers (``tests/_jobs.py``) -----------------------------------------------
@@ -134,3 +136,93 @@ def test_spawned_ranks_pinned_to_cpus_of_their_own_do_not_share_them(
     assert sorted(_jobs.read(tmp_path / "own")) == [(0, 1)] * 2
     _run(["-c", script % ("free", ["-", "-"])])
     assert sorted(_jobs.read(tmp_path / "free")) == [(1, share if share > 1 else 0)] * 2
+
+
+def test_a_program_is_the_same_however_its_command_line_spells_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lightning's ranks run ``[sys.executable, os.path.abspath(sys.argv[0]), *sys.argv[1:]]`` beside the user's
+    ``python -u train.py``: the same program. Another script, other arguments or another interpreter are not."""
+    from multitables._sys import siblings
+
+    (tmp_path / "work").mkdir()
+    (tmp_path / "bin").mkdir()
+    lines = {
+        1: ("python", "work", b"python\0-u\0-X\0dev\0train.py\0--lr\0001\0"),
+        2: ("python", "bin", b"/v/bin/python\0../work/./train.py\0--lr\0002\0"),  # digits aside
+        3: ("python", "work", b"python\0eval.py\0--lr\0001\0"),
+        4: ("python", "work", b"python\0train.py\0--lr\0"),
+        5: ("python2", "work", b"python\0train.py\0--lr\0001\0"),
+        6: ("python", "work", b"python\0-m\0pkg.train\0"),
+        7: ("python", "bin", b"/v/bin/python\0-m\0pkg.train\0"),
+    }
+    for pid, (exe, cwd, line) in lines.items():
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "exe").symlink_to(tmp_path / "bin" / exe)
+        (tmp_path / str(pid) / "cwd").symlink_to(tmp_path / cwd)
+        (tmp_path / str(pid) / "cmdline").write_bytes(line)
+    monkeypatch.setattr(siblings, "PROC", str(tmp_path))
+    programs = {pid: siblings._program(pid) for pid in lines}
+    assert programs[1] == programs[2] and programs[6] == programs[7]
+    assert len({programs[p] for p in (1, 3, 4, 5, 6)}) == 5
+    assert siblings._program(8) is None  # gone
+
+
+
+def _torchrun(launcher: str, path: Path, folder: Path, pinned: str, cpus: str) -> "list[tuple[int, int]]":
+    """Two ranks torchrun started (``launcher``: its script, or ``-m torch.distributed.run --nnodes 1``), itself
+    pinned to the CPUs ``pinned`` as ``taskset -c`` does ("-": not), each rank to its entry of ``cpus`` ("-,-":
+    neither). Their (siblings, a Reader's readers)."""
+    import sys
+
+    pytest.importorskip("torch")
+    folder.mkdir(parents=True)
+    run = [str(Path(sys.executable).parent / "torchrun")] if launcher == "torchrun" else launcher.split()
+    command = [*run, "--standalone", "--nproc_per_node=2", _JOBS, str(folder), str(path), cpus, "2"]
+    pin = "" if pinned == "-" else f"os.sched_setaffinity(0, {{{pinned}}}); "
+    _run(["-c", f"import os, sys; {pin}os.execv(sys.executable, [sys.executable, *{command!r}])"])
+    return sorted(_jobs.read(folder))  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "-m torch.distributed.run --nnodes 1"])
+def test_torchruns_ranks_on_one_narrowed_affinity_share_it(
+    launcher: str, rows_file: Path, tmp_path: Path, two_cpus: "list[str]", no_leaks: None
+) -> None:
+    """``taskset -c 0 torchrun --nproc_per_node=2``: the ranks inherit an affinity narrower than the cpuset, which read
+    as ranks pinned to CPUs of their own, so each counted the CPU as its own and a Reader started a reader in each.
+    Now they share it, and read in the ranks."""
+    assert _torchrun(launcher, rows_file, tmp_path / "one", two_cpus[0], "-,-") == [(1, 0)] * 2
+
+
+def test_torchruns_ranks_share_what_they_inherit_and_not_what_each_is_pinned_to(
+    rows_file: Path, tmp_path: Path, two_cpus: "list[str]", no_leaks: None
+) -> None:
+    """Unpinned, torchrun's ranks share the launcher's CPUs as a shell's jobs do (a share of one CPU: a Reader reads in
+    the rank); each pinned to a CPU of its own, they share none."""
+    import os
+
+    share = len(os.sched_getaffinity(0)) // 2
+    assert _torchrun("torchrun", rows_file, tmp_path / "free", "-", "-,-") == [(1, share if share > 1 else 0)] * 2
+    assert _torchrun("torchrun", rows_file, tmp_path / "own", "-", ",".join(two_cpus)) == [(0, 1)] * 2
+
+
+def test_lightnings_ranks_count_the_rank_that_started_them_and_it_counts_them(
+    rows_file: Path, tmp_path: Path, two_cpus: "list[str]", no_leaks: None
+) -> None:
+    """PyTorch Lightning's ``strategy="ddp"`` (its process tree, without Lightning): rank 0 is the user's ``python -u
+    _jobs.py``, which starts the other ranks as ``[sys.executable, os.path.abspath(sys.argv[0]), *sys.argv[1:]]`` with
+    ``LOCAL_RANK`` set, and holds a forked worker. Rank 0 counted no sibling (its parent's only child) and rank 1 none
+    either (its parent's only child of its command line): each took every CPU. Now each counts the other, not the
+    forked worker; pinned each to CPUs of its own, none."""
+    import os
+    import subprocess
+    import sys
+
+    share = len(os.sched_getaffinity(0)) // 2
+    for name, cpus, expected in [("free", "-,-", (1, share if share > 1 else 0)), ("own", ",".join(two_cpus), (0, 1))]:
+        (tmp_path / name).mkdir()
+        args = [sys.executable, "-u", Path(_JOBS).name, str(tmp_path / name), str(rows_file), cpus, "2", "launch"]
+        env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_WORLD_SIZE", "LOCAL_RANK")}
+        run = subprocess.run(args, cwd=Path(_JOBS).parent, env=env, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert sorted(_jobs.read(tmp_path / name)) == [expected] * 2, name

@@ -64,8 +64,8 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
-from .._sys.cgroups import cpu_quota, cpuset_size
-from .._sys.siblings import cpu_siblings
+from .._sys.cgroups import cpu_quota
+from .._sys.siblings import cpu_siblings, torchrun_ranks
 from .._sys.forks import forgone_so_far, running_forkserver, server_ready, start_method as default_start_method
 from .blocks import MiB, BlockPlan, GrowingPlan, RangePlan, chunk_part
 from .costs import MARGIN, RATE_SPREAD, parallel_cpus, parallel_pays, rate_sample_rows, saved_s, start_cost, table_rate
@@ -110,8 +110,8 @@ class Machine:
     #: library started runs, and the seconds streams forwent while none ran (0 where another's runs).
     server_ready: bool = False
     forgone_s: float = 0.0
-    #: Other live processes doing the same work on this one's CPUs: its pool's workers, a launcher's ranks, a shell's
-    #: jobs (NOTE [CPU siblings] in ``_sys.siblings``); 0: none.
+    #: Other live processes doing the same work on this one's CPUs: its pool's workers, a launcher's ranks (torchrun's,
+    #: Lightning's), a shell's jobs (NOTE [CPU siblings] in ``_sys.siblings``); 0: none.
     siblings: int = 0
 
     @classmethod
@@ -192,23 +192,19 @@ class ReadPlan:
 
 
 def available_cpus() -> int:
-    """CPUs this process may use for readers, at least one: those it may run on (its affinity), at most its CPU
-    quota's worth, rounded up (``_sys.cgroups``: a container's ``--cpus``, a pod's CPU limit), and its share of
-    them where torchrun started several ranks on this machine (``LOCAL_WORLD_SIZE``): of the quota always, of
-    the CPUs unless its affinity was narrowed to its own (fewer than its cpuset allows)."""
+    """CPUs this process and its siblings may use for readers (NOTE [CPU siblings] in ``_sys.siblings``), at least
+    one: those it may run on (its affinity), at most its CPU quota's worth, rounded up (``_sys.cgroups``: a
+    container's ``--cpus``, a pod's CPU limit); where torchrun started several ranks on this machine
+    (``LOCAL_WORLD_SIZE``), the quota's part of the ranks that share its CPUs (the quota is the group's, and ranks
+    pinned to CPUs of their own share it too). ``Machine.share`` divides them among the siblings."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
-    try:
-        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        ranks = 1
-    if ranks > 1 and cpus >= (cpuset_size() or os.cpu_count() or cpus):  # not pinned: the ranks share them
-        cpus //= ranks
     quota = cpu_quota()
     if quota is not None:
-        cpus = min(cpus, math.ceil(quota / ranks))
+        ranks = torchrun_ranks()
+        cpus = min(cpus, math.ceil(quota if ranks is None else quota * ranks[1] / ranks[0]))
     return max(1, cpus)
 
 

@@ -449,8 +449,8 @@ def _describe(filename: str, path: str, field: "str | None", ds: Any, allow_empt
                 f"{where} has dtype {dt}, which is variable-length, opaque or references; only fixed-size numeric, "
                 f"string and compound rows can be streamed{reference_hint(ds)}"
             )
-    if (empty := matlab_empty(ds, dt, shape) or netcdf_dimension(ds, dt, shape)) is not None:
-        raise NodeTypeError(f"{where} {empty}")
+    if (unread := matlab_empty(ds, dt, shape) or netcdf_dimension(ds, dt, shape)) is not None:
+        raise NodeTypeError(f"{where} {unread}")
     n_rows = int(shape[0])
     if n_rows == 0 and not allow_empty:
         raise EmptyDatasetError(_EMPTY.format(where))

@@ -184,15 +184,20 @@ def _stream_rows(path: Path, n_rows: int) -> np.ndarray:
     return np.concatenate(got)
 
 
-@pytest.mark.parametrize("cpus, allocated", [(4, True), (1, False)], ids=["a-cpu-left-over", "a-reader-per-cpu"])
+@pytest.mark.parametrize("cpus, siblings, allocated", [(4, 0, True), (1, 0, False), (4, 3, False)],
+                         ids=["a-cpu-left-over", "a-reader-per-cpu", "a-cpu-each-beside-siblings"])
 def test_the_consumer_allocates_the_slots_while_its_readers_start_where_a_cpu_is_left_over(
-    make_array: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, no_leaks: None, cpus: int, allocated: bool
+    make_array: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, no_leaks: None, cpus: int, siblings: int,
+    allocated: bool
 ) -> None:
-    from multitables._procs import stream
+    """Counted in this process's share of the CPUs: 4 CPUs shared with 3 siblings (NOTE [CPU siblings]) leave none
+    over for the consumer beside one reader."""
+    from multitables._plan import readers
 
     rings_allocated: list[int] = []
     real = Ring.allocate_slots
-    monkeypatch.setattr(stream, "available_cpus", lambda: cpus)
+    monkeypatch.setattr(readers, "available_cpus", lambda: cpus)
+    monkeypatch.setattr(readers, "cpu_siblings", lambda: siblings)
     monkeypatch.setattr(Ring, "allocate_slots", lambda self: rings_allocated.append(self.layout.n_slots) or real(self))
     data = np.arange(4000 * 16, dtype="<f4").reshape(4000, 16)
     path = make_array(data, chunkshape=(100, 16))
@@ -217,7 +222,7 @@ def test_slots_the_consumer_cannot_allocate_are_left_to_its_readers(
             raise OSError(errno.EFAULT, "Bad address")
         real(buf, advice, offset, nbytes)
 
-    monkeypatch.setattr(stream, "available_cpus", lambda: 4)
+    monkeypatch.setattr(stream, "cpu_share", lambda: 4)
     monkeypatch.setattr(_shm, "_madvise", full_in_the_consumer)  # the forked reader inherits it, with another pid
     data = np.arange(4000 * 16, dtype="<f4").reshape(4000, 16)
     path = make_array(data, chunkshape=(100, 16))

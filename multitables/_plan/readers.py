@@ -137,6 +137,11 @@ class Machine:
         return start_cost(self.start_method, self.server_ready, self.forgone_s)
 
 
+def cpu_share() -> int:
+    """This process's share of the CPUs beside its siblings (``Machine.share``), whatever starts its readers."""
+    return Machine(available_cpus(), "fork", siblings=cpu_siblings()).share
+
+
 @dataclass(frozen=True)
 class DatasetShape:
     """What the plan needs of a dataset: its rows, their bytes, its chunks' rows and its filters."""

@@ -44,7 +44,7 @@ from .._io.files import FileSignature, GrowingFile, check_file_unchanged
 from .._io.node import NodeInfo
 from .._io.objects.identity import ObjectIdentity
 from .._plan.blocks import BlockPlan, GrowingPlan, RangePlan
-from .._plan.readers import ReadPlan, available_cpus
+from .._plan.readers import ReadPlan, cpu_share
 from .._shm.layout import RingLayout, RingSync
 from .._shm.ring import WAIT, PeerGone, Ring, TablePlan
 from .._shm.space import check_space, semaphores_for, shared_memory_free
@@ -221,8 +221,8 @@ class StreamReaders:
             )
             self.pool.start(stream_loop, [(settings, sync)] * spec.n_procs, files=node.files, segments=(settings.shm_name,),
                             semaphores=sync.semaphores)
-            if spec.n_procs < available_cpus():
-                self.ring.allocate_slots()  # NOTE [slots while readers start]: a CPU is left over
+            if spec.n_procs < cpu_share():
+                self.ring.allocate_slots()  # NOTE [slots while readers start]: a CPU of this process's share is left over
             self.pool.wait_attached("start", self.check)
             self.pool.unlink_semaphores()  # every reader opened them (NOTE [semaphore names])
             # Every reader has it mapped (NOTE [segment lifetime]). In the try: a Ctrl-C held over the unlink is raised

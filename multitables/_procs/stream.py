@@ -46,8 +46,9 @@ from .._io.objects.identity import ObjectIdentity
 from .._plan.blocks import BlockPlan, GrowingPlan, RangePlan
 from .._plan.readers import ReadPlan, cpu_share
 from .._shm.layout import RingLayout, RingSync
-from .._shm.ring import WAIT, PeerGone, Ring, TablePlan
+from .._shm.ring import WAIT, PeerGone, Ring
 from .._shm.space import check_space, semaphores_for, shared_memory_free
+from .._shm.tableplan import TablePlan
 from ..errors import ReaderError, StreamClosedError
 from .pool import REPORT_TIMEOUT, ReaderPool
 from .process import PARENT_CHECK_INTERVAL, ReaderProcess

@@ -95,6 +95,7 @@ NOTE [warm slots]
 from __future__ import annotations
 
 import functools
+import threading
 import time
 import weakref
 from contextlib import contextmanager
@@ -102,7 +103,6 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .._plan.blocks import Piece
 from .._sys.awake import Eagerness, acquire
 from .._sys.refs import held_elsewhere
 from .._sys.release import release_later
@@ -150,6 +150,11 @@ class Ring:
         #: Consumer-local: the slot :meth:`take` popped last, until its caller records it and sets None (NOTE [a slot
         #: in hand] in ``_stream.queue``); a take meanwhile gives it again.
         self.taken: "int | None" = None
+        #: Consumer-local: the slots given back and not yet the readers' (NOTE [a slot given back] in
+        #: ``_stream.queue``); the first may be pushed on the free stack already (``_pushed``), its token not posted.
+        self.returned: list[int] = []
+        self._giving = threading.RLock()  # one thread gives back at a time, and once: not in a finalizer run inside
+        self._pushed = self._giving_now = False
         # slot -> lend()'s array, weakly: plain references, no callback, so that no Python code runs where the
         # last row of a block dies (a signal's handler run there has its exception dropped: "Exception ignored")
         self._lent: "dict[int, weakref.ref[np.ndarray]]" = {}
@@ -446,53 +451,50 @@ class Ring:
         return int(self._hdr[_READY_TAIL]) - self._ready_head + (self.taken is not None)
 
     def release(self, slot: int, check: Callable[[], bool]) -> None:
-        """Give a slot back to the readers (nothing to do once the ring is stopped)."""
-        if self.stopped:
-            return
+        """Give a slot back to the readers (nothing to do once the ring is stopped): :meth:`give_back`."""
+        self.returned.append(slot)  # the one call before the work: a handler's exception after it leaves it recorded
+        self.give_back(check)
+
+    def give_back(self, check: Callable[[], bool]) -> None:
+        """Give the slots of :attr:`returned` back to the readers, in order, each once (NOTE [a slot given back] in
+        ``_stream.queue``); ``check()`` runs every tick while the lock is waited for."""
+        returned = self.returned
+        with self._giving:  # entered in C: no handler runs between its acquire and the with's hold of it
+            if self._giving_now:  # a finalizer run inside the loop below (this thread's): the loop gives its slot
+                return
+            self._giving_now = True
+            try:
+                while returned:
+                    slot = returned[0]  # the first: a finalizer that runs in this loop appends, never moves it
+                    if self._closed or self._hdr[_STOP] or not self._pushed and not self._push(slot, check):
+                        returned.clear()  # stopped (or while waiting for the lock): nobody needs them any more
+                        return
+                    free = self.sync.free[slot % len(self.sync.free)]
+                    del returned[0]  # stores, then the call: a handler runs after the token only
+                    self._pushed = False
+                    free.release()
+            finally:
+                self._giving_now = False
+
+    def _push(self, slot: int, check: Callable[[], bool]) -> bool:
+        """Push ``slot`` on the free stack under the lock, and record it pushed (stores alone); False once stopped."""
+        lock = self.sync.lock
         try:
-            with self._locked(check):
-                self._free_stack[self._hdr[_FREE_TOP]] = slot
-                self._hdr[_FREE_TOP] += 1
-        except PeerGone:  # stopped while waiting: nobody needs the slot any more
-            return
-        self.sync.free[self.sync.group(slot)].release()
+            while not lock.acquire(timeout=TICK):
+                if self._closed or self._hdr[_STOP] or not check():
+                    return False
+            self._free_stack[self._hdr[_FREE_TOP]] = slot
+            self._hdr[_FREE_TOP] += 1
+            self._pushed = True
+            lock.release()
+        except BaseException:  # a handler's exception as acquire returned: the lock is ours, and no record says so
+            if lock._semlock._is_mine():
+                lock.release()
+            raise
+        return True
 
     def wake_readers(self, n: int) -> None:
         """A free and a ``more`` token for each of ``n`` readers: those blocked on a slot or a block see the stop now."""
         for reader in range(n):
             self.sync.free[self.sync.group(reader)].release()
             self.sync.more.release()
-
-
-class TablePlan:
-    """A reader's view of its ring's block table, as a plan (``_plan.blocks.RangePlan``'s protocol).
-
-    A block this reader claimed reads from the copy made under the lock; a
-    later one (for hints) from the table as it is, or not at all.
-    """
-
-    def __init__(self, ring: Ring) -> None:
-        self._ring = ring
-        self.block_size = ring.layout.block_size
-
-    @property
-    def n_blocks(self) -> int:
-        """Blocks published so far."""
-        return self._ring.published
-
-    def _entry(self, k: int) -> tuple[int, int]:
-        got = self._ring.entry(k)
-        if got is None:
-            raise KeyError(f"block {k} is not in the table")
-        return got
-
-    def start(self, k: int) -> int:
-        return self._entry(k)[0]
-
-    def rows(self, k: int) -> int:
-        a, b = self._entry(k)
-        return b - a
-
-    def pieces(self, k: int) -> tuple[Piece, ...]:
-        got = self._ring.entry(k)
-        return () if got is None else (Piece(got[0], got[1], 0),)

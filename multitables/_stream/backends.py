@@ -4,8 +4,10 @@
 shared-memory ring (``_procs.stream.StreamReaders``); :class:`InlineBackend`
 reads them in this process, for datasets too small for processes to pay. Both
 read a block the same way (``_io.blockread.BlockReader``). A back end gives
-``take() -> (slot, rows)``, ``release(slot)``, ``check()``, ``close()`` and
-``pids``; the ring's also ``lend``. A stream whose blocks are published as it
+``take() -> (slot, rows)``, ``returned`` (the slots the queue gave back,
+appended to) and ``give_back()`` (what it holds to the readers: NOTE [a slot
+given back] in ``_stream.queue``), ``check()``, ``close()`` and ``pids``; the
+ring's also ``lend``. A stream whose blocks are published as it
 goes (NOTE [readers across epochs] in ``_procs.stream``) also takes
 ``extend(starts, stops)`` and ``rewind()``, and says how many blocks are
 ``published`` and which is ``next``. Where each block read holds several of
@@ -102,6 +104,7 @@ class InlineBackend:
         self._signature = node_signature(spec.node)
         self._buffers: "list[np.ndarray | None]" = [None] * spec.read.read_ahead  # allocated on first use
         self._free = list(range(spec.read.read_ahead))  # given back last at the end (see _pick)
+        self.returned = self._free  # a slot given back is free at once: nothing is left to give_back
         self._next = 0
         self.pids: list[int] = []
         self._failure: "FailureReport | None" = None  # the read that ended the stream
@@ -206,8 +209,8 @@ class InlineBackend:
     def check(self, taking: bool = True) -> None:
         """Nothing to watch: no reader processes."""
 
-    def release(self, slot: int) -> None:
-        self._free.append(slot)
+    def give_back(self) -> None:
+        """Nothing to do: the slots given back are free once in :attr:`returned`."""
 
     def lend(self, slot: int, rows: int) -> np.ndarray:
         raise TypeError("a queue whose blocks are read in this process lends none (each block is private already)")
@@ -242,6 +245,7 @@ class RingBackend:
         try:
             self._ring = self._pool.ring
             self.pids = self._pool.pids
+            self.returned = self._ring.returned  # consumer-local, the ring's (NOTE [a slot given back])
         except BaseException:  # a Ctrl-C right there: see Queue.__init__
             self._pool.close()
             raise
@@ -253,6 +257,8 @@ class RingBackend:
         since: "float | None" = None  # when this take began waiting (NOTE [stalled readers])
         # A slot goes from the ring's hands (``taken``) or ``pending`` to ``out`` in stores alone (NOTE [a slot in hand]).
         while True:
+            if ring.returned:  # given back, and a handler's exception cut the giving short (or it runs elsewhere)
+                self.give_back()
             if self._ordered and self._next in pending:
                 self._pool.pool.check_owner()  # check() below asks it of the others (NOTE [forked children])
                 slot = pending[self._next]
@@ -339,10 +345,11 @@ class RingBackend:
         self.out = self._ring.taken = None
         self._next = self._pool.rewind()
 
-    def release(self, slot: int) -> None:
-        if self._pool.pool.foreign:
-            return  # a fork's copy of a block: the ring is the owner's (NOTE [forked children] in ``_procs.pool``)
-        self._ring.release(slot, self.check)
+    def give_back(self) -> None:
+        if self._pool.pool.foreign:  # a fork's copy of a block: the ring is the owner's (NOTE [forked children] in
+            self.returned.clear()  # ``_procs.pool``)
+            return
+        self._ring.give_back(self.check)
 
     def lend(self, slot: int, rows: int) -> np.ndarray:
         return self._ring.lend(slot, rows)
@@ -376,10 +383,13 @@ class SplitBackend:
         self._pid = os.getpid()
         self.pids = inner.pids
         self.out: "tuple[int, np.ndarray] | None" = None  # NOTE [a slot in hand] in ``_stream.queue``
+        self.returned: list[int] = []  # blocks given back, not yet counted (NOTE [a slot given back])
 
     def take(self) -> tuple[int, np.ndarray]:
         if self.out is not None:
             return self.out
+        if self.returned:  # a handler's exception cut a give_back short
+            self.give_back()
         # A fork's take from readers' slots is the inner's, which refuses it; blocks read here are the fork's own copy.
         if self._cut is None or (self._inner.pids and os.getpid() != self._pid):
             self._cut = None
@@ -393,15 +403,19 @@ class SplitBackend:
         self._cut, self.out = (slot, rows, i + 1) if (i + 1) * n < len(rows) else None, (slot * self._per_slot + i, block)
         return self.out
 
-    def release(self, block: int) -> None:
-        slot = block // self._per_slot
-        with self._lock:
-            self._left[slot] -= 1
-            done = not self._left[slot]
-            if done:
-                del self._left[slot]
-        if done:
-            self._inner.release(slot)
+    def give_back(self) -> None:
+        """Count the blocks given back; a slot whose every block is back goes to the inner's ``returned``, each in
+        stores and one call at the end (NOTE [a slot given back] in ``_stream.queue``)."""
+        returned, left = self.returned, self._left
+        with self._lock:  # entered in C, and no finalizer runs inside: nothing in it allocates an object it tracks
+            while returned:
+                slot = returned[0] // self._per_slot
+                del returned[0]
+                left[slot] -= 1
+                if not left[slot]:
+                    del left[slot]
+                    self._inner.returned.append(slot)
+        self._inner.give_back()
 
     def check(self, taking: bool = True) -> None:
         self._inner.check(taking)

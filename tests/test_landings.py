@@ -28,6 +28,7 @@ import psutil
 import pytest
 
 from multitables import Queue, QueueClosed, Streamer
+from multitables._sys import spares
 
 from conftest import SETTLE_TIMEOUT, open_fds, own_segments
 
@@ -67,10 +68,11 @@ class SignalAtEachCheck:
     return; a Python function's return to a call instruction, its result not yet stored (Python 3.10 checks there).
     None at a return Python makes in C without a check: a ``with``'s ``__enter__``, a ``for``'s ``__next__``, a
     property, a generator's yield (it runs in the frame it goes to). Stops back in ``loop``, at a call of ``until``,
-    or once it sent."""
+    or once it sent. Not in a finaliser unless ``finalizers`` (Python drops the exception there: see
+    :func:`_in_finalizer`)."""
 
-    def __init__(self, loop: "types.CodeType", until: "types.CodeType | None" = None) -> None:
-        self.loop, self.until = loop, until
+    def __init__(self, loop: "types.CodeType", until: "types.CodeType | None" = None, finalizers: bool = False) -> None:
+        self.loop, self.until, self.finalizers = loop, until, finalizers
         self.landing = self.events = 0
         self.landed = False
         self.where = ""
@@ -81,7 +83,7 @@ class SignalAtEachCheck:
 
     def __call__(self, frame: "types.FrameType", event: str, arg: object) -> None:
         code = frame.f_code
-        if code is _ARM or _in_finalizer(frame) or code is self.loop and self.until is not None:
+        if code is _ARM or not self.finalizers and _in_finalizer(frame) or code is self.loop and self.until is not None:
             return
         if code is self.loop or event == "call" and code is self.until:
             sys.setprofile(None)  # back in the loop, or at the next get: the loop has the block
@@ -309,6 +311,46 @@ def test_a_handlers_exception_anywhere_in_a_guards_with_loses_no_block_and_no_sl
         np.testing.assert_array_equal(np.concatenate(loop.got), data, err_msg=hook.where)
         del loop, queue  # a closed queue's semaphores go with it
         assert _left(before) == {}, hook.where
+        if not hook.landed:
+            break
+        hook.landing += 1
+    assert hook.landing > 5
+
+
+def _drop(memory: list, hook: SignalAtEachCheck) -> None:
+    """Drop the only reference to a buffer, the hook armed: its finaliser runs in the ``clear``."""
+    hook.arm()
+    try:
+        memory.clear()
+    finally:
+        _dropped()
+
+
+def _dropped() -> None:
+    """Where the hook of :func:`_drop` stops."""
+
+
+def test_a_handlers_exception_in_a_spare_buffers_finaliser_leaves_no_lock_held(
+    raised: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # NOTE [spare buffers]: the mapping of a buffer nobody references is kept by a finaliser, under the spares' lock;
+    # Python drops the exception there, and a lock it left held would hang the next buffer asked for.
+    dropped: list = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: dropped.append(type(unraisable.exc_value)))
+    monkeypatch.setattr(spares, "_SPARES", [])
+    hook = SignalAtEachCheck(_dropped.__code__, finalizers=True)
+    while True:
+        dropped.clear()
+        try:
+            _drop([spares.spare_bytes(1 << 16)], hook)
+        except Checkpoint:  # as the clear returned, after the finaliser
+            assert dropped == [], hook.where
+        else:
+            assert dropped == ([Checkpoint] if hook.landed else []), hook.where
+        taken = threading.Thread(target=spares.spare_bytes, args=(1 << 16,), daemon=True)
+        taken.start()
+        taken.join(20)
+        assert not taken.is_alive() and not spares._LOCK.locked(), f"{hook.where}: the spares' lock was left held"
         if not hook.landed:
             break
         hook.landing += 1

@@ -90,11 +90,15 @@ def new_mapping(nbytes: int) -> mmap.mmap:
 def _keep(spare: mmap.mmap) -> None:
     """Keep ``spare`` (a mapping nothing references now) for a later buffer, unmapping the oldest spares past the
     limits; unmap it instead if another thread is taking a spare."""
-    if not _LOCK.acquire(blocking=False):
-        return
+    # A finaliser, where a signal's handler may run too: its exception is dropped, and must leave no lock held. One
+    # that comes as acquire returns would find no answer stored, so the answer goes into ``got`` in the same C call.
+    got: "list[bool]" = []
     try:
-        _SPARES.append(spare)
-        while len(_SPARES) > MAX_SPARES or sum(len(kept) for kept in _SPARES) > MAX_SPARE_BYTES:
-            del _SPARES[0]
+        got.extend(map(_LOCK.acquire, (False,)))
+        if got[0]:
+            _SPARES.append(spare)
+            while len(_SPARES) > MAX_SPARES or sum(len(kept) for kept in _SPARES) > MAX_SPARE_BYTES:
+                del _SPARES[0]
     finally:
-        _LOCK.release()
+        if got and got[0]:
+            _LOCK.release()

@@ -28,6 +28,7 @@ import psutil
 import pytest
 
 from multitables import Queue, QueueClosed, Streamer
+from multitables._io.handles import HeldOpen
 from multitables._sys import spares
 
 from conftest import SETTLE_TIMEOUT, open_fds, own_segments
@@ -317,11 +318,11 @@ def test_a_handlers_exception_anywhere_in_a_guards_with_loses_no_block_and_no_sl
     assert hook.landing > 5
 
 
-def _drop(memory: list, hook: SignalAtEachCheck) -> None:
-    """Drop the only reference to a buffer, the hook armed: its finaliser runs in the ``clear``."""
+def _drop(held: list, hook: SignalAtEachCheck) -> None:
+    """Drop the only reference to an object, the hook armed: its finaliser (or weak callback) runs in the ``clear``."""
     hook.arm()
     try:
-        memory.clear()
+        held.clear()
     finally:
         _dropped()
 
@@ -355,3 +356,47 @@ def test_a_handlers_exception_in_a_spare_buffers_finaliser_leaves_no_lock_held(
             break
         hook.landing += 1
     assert hook.landing > 5
+
+class _Source:
+    """A rows source's open of its dataset, as :class:`HeldOpen` knows it."""
+
+    def __init__(self, dataset_id: object) -> None:
+        self.dataset_id = dataset_id
+
+    def close(self) -> None:
+        pass
+
+
+class _Held(HeldOpen, _Source):
+    """A source of a file read with ``swmr=True``."""
+
+
+class _Open:
+    """What a dataset's open is: an h5py ``DatasetID``, which keeps its file open (a descriptor) while it lives."""
+
+
+def test_a_handlers_exception_in_the_weak_callback_of_a_dropped_swmr_source_keeps_no_open(
+    raised: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # NOTE [swmr extent]: the library's opens of a file read with swmr=True are held for each source, weakly; a source
+    # dropped unclosed goes by a weak container's callback, where Python drops the exception.
+    dropped: list = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: dropped.append(type(unraisable.exc_value)))
+    hook = SignalAtEachCheck(_dropped.__code__, finalizers=True)
+    while True:
+        dropped.clear()
+        opened = _Open()
+        gone = weakref.ref(opened)
+        held = [_Held(opened)]
+        del opened
+        try:
+            _drop(held, hook)
+        except Checkpoint:  # as the clear returned, after the callback
+            assert dropped == [], hook.where
+        else:
+            assert dropped == ([Checkpoint] if hook.landed else []), hook.where
+        assert gone() is None, f"{hook.where}: the open of a source dropped is kept"
+        if not hook.landed:
+            break
+        hook.landing += 1
+    assert hook.landing > 3

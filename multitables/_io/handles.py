@@ -223,8 +223,10 @@ def busy_error(exc: BaseException, filename: str) -> "FileBusyError | None":
 #: Held around each read through a :class:`HeldOpen` and around :func:`refresh_swmr`, which may swap its open.
 _SWMR_LOCK = threading.RLock()
 renew_lock_in_children(globals(), "_SWMR_LOCK", threading.RLock)
-#: The library's opens of datasets read with ``swmr=True`` in this process: each holder, and its dataset's open.
-_HELD: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+#: The holders of the library's opens of datasets read with ``swmr=True`` in this process (each its ``dataset_id``).
+#: A set, not holder -> open: a holder dropped unclosed leaves by the set's callback, where a signal's handler may
+#: run and its exception is dropped; cut short, it left the entry, whose open kept the file open in this process.
+_HELD: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 def _locked(name: str) -> Any:
@@ -248,7 +250,7 @@ class HeldOpen:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         with _SWMR_LOCK:
             super().__init__(*args, **kwargs)
-            _HELD[self] = self.dataset_id
+            _HELD.add(self)
 
     read_into = _locked("read_into")
     read_runs = _locked("read_runs")
@@ -257,7 +259,7 @@ class HeldOpen:
 
     def close(self) -> None:
         with _SWMR_LOCK:
-            _HELD.pop(self, None)
+            _HELD.discard(self)
             super().close()  # type: ignore[misc]  # a mixin's: the close of the source it is mixed into
 
 
@@ -297,8 +299,8 @@ def _refresh_alone(dsid: Any, opens: "set[int]") -> None:
     and each opened again through its own file (its ``h5py.File`` closes only what was opened through it)."""
     import h5py
 
-    held = [(holder, other) for holder, other in list(_HELD.items())
-            if other.valid and other.id in opens and other.id != dsid.id]
+    held = [(holder, holder.dataset_id) for holder in list(_HELD)]
+    held = [(holder, other) for holder, other in held if other.valid and other.id in opens and other.id != dsid.id]
     if len(opens) - len(held) != 1:  # another open, not the library's: HDF5 would read wrong rows
         return
     closed = []
@@ -310,7 +312,6 @@ def _refresh_alone(dsid: Any, opens: "set[int]") -> None:
     finally:
         for holder, ofid, name, dapl in closed:
             try:
-                _HELD[holder] = again = h5py.h5d.open(ofid, name, dapl)
-                holder.use_dataset(again)
+                holder.use_dataset(h5py.h5d.open(ofid, name, dapl))
             finally:
                 ofid.close()

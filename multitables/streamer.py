@@ -339,8 +339,9 @@ class Streamer:
         self, spec: StreamSpec, active: "list[Iterator[np.ndarray]]"
     ) -> "Generator[Iterator[np.ndarray], None, None]":
         """An iterator over the rows of each block in turn, also held in ``active`` while the caller walks it."""
-        with self._options.open_queue(spec, whole=True) as queue:
-            if queue.n_procs == 0:
+        queue = self._options.open_queue(spec, whole=True)
+        if queue.n_procs == 0:
+            with queue:
                 # Read in this process: the blocks are private already, and the
                 # backend never refills one whose rows someone holds. A copy
                 # would cost ~10% of reading a small file.
@@ -355,56 +356,59 @@ class Streamer:
                     del rows
                     yield active[0]
                     active.clear()
-                return
-            # Lend the slots themselves while the caller keeps no more than
-            # _LENT_BLOCKS of them, and never all (NOTE [lent blocks]).
+            return
+        # Lend the slots themselves while the caller keeps no more than
+        # _LENT_BLOCKS of them, and never all (NOTE [lent blocks]).
+        lent: "list[tuple[Guard, np.ndarray]]" = []
+        # Otherwise two private copies in turn: reuse the older one's memory
+        # unless the caller kept one of its rows (every row is a view
+        # holding a reference to it); a fresh 4 MiB array page-faults on
+        # every block. (The caller's loop variable still holds the newer
+        # one's last row.)
+        copies: "list[np.ndarray | None]" = [None, None]
+        turn = 0
+        try:  # from here no call until it (a handler's exception before the finally left the queue to its finalizer)
             lendable = min(_LENT_BLOCKS, spec.read.read_ahead - 1)
-            lent: "list[tuple[Guard, np.ndarray]]" = []
-            # Otherwise two private copies in turn: reuse the older one's memory
-            # unless the caller kept one of its rows (every row is a view
-            # holding a reference to it); a fresh 4 MiB array page-faults on
-            # every block. (The caller's loop variable still holds the newer
-            # one's last row.)
-            copies: "list[np.ndarray | None]" = [None, None]
-            turn = 0
             _WALKED_FROM_READERS[id(active)] = active
-            try:
-                for guard in walked(queue):
-                    if not isinstance(guard, Guard):  # rows that raise a signal handler's exception
-                        yield guard
-                        continue
-                    lent = _give_back_unused(lent)
-                    if len(lent) < lendable and not queue.at_end:
-                        rows = queue.lend(guard)
-                        lent.append((guard, cast(np.ndarray, rows.base)))  # every row's base: Ring.lend's flat array
-                        del guard
-                    else:
-                        with guard as block:
-                            # copies[turn] is bound to no name (held_elsewhere counts them), so mypy cannot narrow it
-                            if copies[turn] is None or held_elsewhere(copies, turn) or len(copies[turn]) < len(block):  # type: ignore[arg-type]
-                                copies[turn] = empty_block(spec)
-                            rows = copies[turn][: len(block)]  # type: ignore[index]  # not None: set just above
-                            copy_rows(rows, block)  # NOTE [structured copies]
-                        del block
-                        turn ^= 1
-                    active.append(iter(rows))
-                    del rows
-                    yield active[0]
-                    active.clear()
-            finally:
-                # Close with every lent slot still lent (given back now, one could be
-                # refilled before the readers stop), having dropped the arrays of
-                # those with no row alive: closing moves only the others to private
-                # memory (NOTE [lent blocks]). Releasing the guards after the close
-                # is a no-op. A dropped generator runs this as a finalizer, where a
-                # signal's exception would be dropped, and the clean-up cut short.
-                with signals_deferred(later=True):
-                    _WALKED_FROM_READERS.pop(id(active), None)
-                    active.clear()
-                    guards = [entry[0] for entry in lent]
-                    lent = [entry for entry in lent if _rows_alive(entry)]
-                    queue.close()
-                    del guards, lent
+            for guard in walked(queue):
+                if not isinstance(guard, Guard):  # rows that raise a signal handler's exception
+                    yield guard
+                    continue
+                lent = _give_back_unused(lent)
+                if len(lent) < lendable and not queue.at_end:
+                    rows = queue.lend(guard)
+                    lent.append((guard, cast(np.ndarray, rows.base)))  # every row's base: Ring.lend's flat array
+                    del guard
+                else:
+                    with guard as block:
+                        # copies[turn] is bound to no name (held_elsewhere counts them), so mypy cannot narrow it
+                        if copies[turn] is None or held_elsewhere(copies, turn) or len(copies[turn]) < len(block):  # type: ignore[arg-type]
+                            copies[turn] = empty_block(spec)
+                        rows = copies[turn][: len(block)]  # type: ignore[index]  # not None: set just above
+                        copy_rows(rows, block)  # NOTE [structured copies]
+                    del block
+                    turn ^= 1
+                active.append(iter(rows))
+                del rows
+                yield active[0]
+                active.clear()
+        finally:
+            # Close with every lent slot still lent (given back now, one could be
+            # refilled before the readers stop), having dropped the arrays of
+            # those with no row alive: closing moves only the others to private
+            # memory (NOTE [lent blocks]). Releasing the guards after the close
+            # is a no-op. A dropped generator runs this as a finalizer, where a
+            # signal's exception would be dropped, and the clean-up cut short.
+            with signals_deferred(later=True):
+                _WALKED_FROM_READERS.pop(id(active), None)
+                active.clear()
+                guards = [entry[0] for entry in lent]
+                lent = [entry for entry in lent if _rows_alive(entry)]
+                queue.close()
+                # Dropped here, its objects end under the hold too: their finalizers (a pipe's, a semaphore's entry
+                # in a registry) run Python code, where a handler's exception is dropped.
+                guard = None  # type: ignore[assignment]  # a lent guard not yet recorded holds the queue
+                del guards, lent, guard, queue
 
     # The keywords, and the kind of batch each call gives, as Batches.__init__'s overloads say (a type checker's view).
     # A str is also a Sequence[str]: the first overload takes it, as Batches does.

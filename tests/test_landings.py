@@ -31,6 +31,7 @@ import pytest
 from multitables import Queue, QueueClosed, Streamer
 from multitables._io.handles import HeldOpen
 from multitables._sys import spares
+from multitables._sys.signals import signals_deferred
 
 from conftest import SETTLE_TIMEOUT, open_fds, own_segments
 
@@ -417,3 +418,38 @@ def test_a_handlers_exception_in_the_weak_callback_of_a_dropped_swmr_source_keep
             break
         hook.landing += 1
     assert hook.landing > 3
+
+
+def _held_over(hook: SignalAtEachCheck) -> None:
+    """A span of held signals, the hook armed."""
+    hook.arm()
+    try:
+        with signals_deferred():
+            pass
+    finally:
+        _dropped()
+
+
+def test_a_handlers_exception_as_signals_are_held_or_given_back_leaves_every_handler_as_it_was(raised: list) -> None:
+    # The handlers are replaced at a span's start and put back at its end, each in turn: a handler run between two
+    # (another signal's, as this one's is put back) must find none of them left replaced.
+    def other(signum: int, frame: Any) -> None:
+        pass
+
+    old = signal.signal(signal.SIGUSR2, other)
+    try:
+        hook = SignalAtEachCheck(_dropped.__code__)
+        while True:
+            try:
+                _held_over(hook)
+            except Checkpoint:
+                pass
+            sys.setprofile(None)
+            assert signal.getsignal(signal.SIGUSR2) is other, f"{hook.where}: SIGUSR2's handler was left replaced"
+            assert signal.getsignal(signal.SIGUSR1) is hook.handler, f"{hook.where}: SIGUSR1's handler left replaced"
+            if not hook.landed:
+                break
+            hook.landing += 1
+        assert hook.landing > 5
+    finally:
+        signal.signal(signal.SIGUSR2, old)

@@ -124,11 +124,12 @@ def signals_deferred(later: bool = False) -> Iterator[None]:
     caught: list[tuple[int, FrameType | None]] = []
     old = _held()  # before any is replaced: a handler's exception while they are leaves them to the finally
     try:
-        # All at once in C (map): no handler runs between two, so none is left replaced, nor one raises halfway.
-        list(map(signal.signal, old, itertools.repeat(lambda signum, frame: caught.append((signum, frame)))))
+        # All at once in C (map, and ``_signal``'s: ``signal.signal`` is Python, a handler ran between its lines and
+        # left the signals after replaced): no handler runs between two, so none is left replaced, nor one raises halfway.
+        list(map(_signal.signal, old, itertools.repeat(lambda signum, frame: caught.append((signum, frame)))))
         yield
     finally:
-        list(map(signal.signal, old, old.values()))
+        list(map(_signal.signal, old, old.values()))
         first = {signum: frame for signum, frame in reversed(caught)}  # each signal once, as the kernel has it
         if first and later:
             threading.Thread(target=_send_again, args=(list(first),), name="multitables-signal", daemon=True).start()

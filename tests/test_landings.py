@@ -1,9 +1,11 @@
 """A signal handler's exception at each place it can land while a block passes from the library to the caller's loop
 (NOTE [a handler's exception] in ``_sys.signals``, NOTE [a slot in hand] in ``_stream.queue``): between two blocks
-of the generator, in a guard's ``with`` and its release. Wherever it lands, the caller gets the very exception its
-handler raised; a generator it left going goes on from the row it stood at (one it ended is ended, as Python's
-generators are); a queue goes on with every block and every slot; and once closed, nothing is left: no reader, no
-segment, no semaphore, no fd, no thread.
+of the generator and at its end, in a guard's ``with`` and its release (NOTE [a slot given back]). Wherever it lands,
+the caller gets the very exception its handler raised; a generator it left going goes on from the row it stood at (one
+it ended is ended, as Python's generators are); a queue goes on with every block and every slot; and once closed,
+nothing is left: no reader, no segment, no semaphore, no fd, no thread. In the finalizers the library runs (a spare
+buffer's, a swmr source's entry), where Python drops the exception, nothing is left half-done: no lock held, no open
+kept; nor a handler left replaced by a span of held signals.
 
 Real readers (``n_procs=2``) and reads in this process (``n_procs=0``); ``test_signals`` covers ``Queue.get`` itself.
 """
@@ -33,6 +35,7 @@ from multitables._io.handles import HeldOpen
 from multitables._sys import spares
 from multitables._sys.signals import signals_deferred
 
+from _guards import hang_guard
 from conftest import SETTLE_TIMEOUT, open_fds, own_segments
 
 if TYPE_CHECKING:
@@ -123,6 +126,9 @@ class SignalAtEachCheck:
             signal.raise_signal(signal.SIGUSR1)  # its handler runs now: the Checkpoint leaves this hook's caller
         self.events += 1
 
+
+#: Seconds a pass of landings may take before it fails as hung (each takes under 20 s on two loaded cores).
+HANG_S = 240
 
 _ARM = SignalAtEachCheck.arm.__code__
 _FINALIZER = weakref.finalize.__call__.__code__
@@ -224,31 +230,33 @@ def test_a_handlers_exception_anywhere_between_two_blocks_of_the_generator(
 
     hook = SignalAtEachCheck(walk.__code__, distinct=at == 512)
     assert len(list(stream.get_generator("/data", n_procs=n_procs, block_size=64))) == 512  # a fork server started
-    while True:
-        before, got = _state(), []
-        rows = stream.get_generator("/data", n_procs=n_procs, block_size=64, ordered=True)
-        try:
-            walk(rows, got)
-        except Checkpoint as exc:
-            assert hook.landed and id(exc) == raised[-1], hook.where
-        else:
-            np.testing.assert_array_equal(got, data)
-            if not hook.landed:
-                break
-            # Held over the end (its clean-up), the signal is sent again from a thread: its exception comes now.
+    with hang_guard(HANG_S, "a pass of landings over the generator"):
+        while True:
+            before, got = _state(), []
+            rows = stream.get_generator("/data", n_procs=n_procs, block_size=64, ordered=True)
             try:
-                time.sleep(SETTLE_TIMEOUT)
-            except Checkpoint:
-                pass
+                walk(rows, got)
+            except Checkpoint as exc:
+                assert hook.landed and id(exc) == raised[-1], hook.where
             else:
-                pytest.fail(f"{hook.where}: the handler's exception was dropped")
-        finally:
-            sys.setprofile(None)
-        rest = list(rows)  # left going, it goes on from where it stood; ended, it gives none
-        np.testing.assert_array_equal(got + rest if rest else got, data if rest else data[: len(got)], err_msg=hook.where)
-        rows.close()
-        assert _left(before) == {}, hook.where
-        hook.landing += 1
+                np.testing.assert_array_equal(got, data)
+                if not hook.landed:
+                    break
+                # Held over the end (its clean-up), the signal is sent again from a thread: its exception comes now.
+                try:
+                    time.sleep(SETTLE_TIMEOUT)
+                except Checkpoint:
+                    pass
+                else:
+                    pytest.fail(f"{hook.where}: the handler's exception was dropped")
+            finally:
+                sys.setprofile(None)
+            rest = list(rows)  # left going, it goes on from where it stood; ended, it gives none
+            np.testing.assert_array_equal(got + rest if rest else got, data if rest else data[: len(got)],
+                                          err_msg=hook.where)
+            rows.close()
+            assert _left(before) == {}, hook.where
+            hook.landing += 1
     assert hook.landing > 20
 
 
@@ -308,30 +316,31 @@ def test_a_handlers_exception_anywhere_in_a_guards_with_loses_no_block_and_no_sl
     hook = SignalAtEachCheck(_Loop.run.__code__, until=until and until.__code__)
     with stream.get_queue("/data", n_procs=n_procs, block_size=64) as queue:  # a fork server started
         assert sum(1 for _ in queue) == 8
-    while True:
-        before = _state()
-        with stream.get_queue("/data", n_procs=n_procs, block_size=64, ordered=True, read_ahead=4) as queue:
-            loop = _Loop(queue)
-            loop.hook = hook
-            try:
-                loop.run()
-            except Checkpoint as exc:
-                assert hook.landed and id(exc) == raised[-1], hook.where
-                sys.setprofile(None)
-                loop.hook = None
-                loop.recover()
-                loop.hold_every_slot()
-                loop.run()
-            else:
-                assert not hook.landed, f"{hook.where}: the handler's exception was dropped"
-            finally:
-                sys.setprofile(None)
-        np.testing.assert_array_equal(np.concatenate(loop.got), data, err_msg=hook.where)
-        del loop, queue  # a closed queue's semaphores go with it
-        assert _left(before) == {}, hook.where
-        if not hook.landed:
-            break
-        hook.landing += 1
+    with hang_guard(HANG_S, "a pass of landings over a guard's with"):
+        while True:
+            before = _state()
+            with stream.get_queue("/data", n_procs=n_procs, block_size=64, ordered=True, read_ahead=4) as queue:
+                loop = _Loop(queue)
+                loop.hook = hook
+                try:
+                    loop.run()
+                except Checkpoint as exc:
+                    assert hook.landed and id(exc) == raised[-1], hook.where
+                    sys.setprofile(None)
+                    loop.hook = None
+                    loop.recover()
+                    loop.hold_every_slot()
+                    loop.run()
+                else:
+                    assert not hook.landed, f"{hook.where}: the handler's exception was dropped"
+                finally:
+                    sys.setprofile(None)
+            np.testing.assert_array_equal(np.concatenate(loop.got), data, err_msg=hook.where)
+            del loop, queue  # a closed queue's semaphores go with it
+            assert _left(before) == {}, hook.where
+            if not hook.landed:
+                break
+            hook.landing += 1
     assert hook.landing > 5
 
 

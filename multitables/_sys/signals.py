@@ -124,8 +124,8 @@ def signals_deferred(later: bool = False) -> Iterator[None]:
     caught: list[tuple[int, FrameType | None]] = []
     old = _held()  # before any is replaced: a handler's exception while they are leaves them to the finally
     try:
-        # All at once in C (map, and ``_signal``'s: ``signal.signal`` is Python, a handler ran between its lines and
-        # left the signals after replaced): no handler runs between two, so none is left replaced, nor one raises halfway.
+        # All at once in C (map, and ``_signal``'s: ``signal.signal`` is Python, where a handler ran between two and
+        # left the later ones replaced): no handler runs between two, so none is left replaced, nor one raises halfway.
         list(map(_signal.signal, old, itertools.repeat(lambda signum, frame: caught.append((signum, frame)))))
         yield
     finally:

@@ -407,7 +407,7 @@ class SplitBackend:
         """Count the blocks given back; a slot whose every block is back goes to the inner's ``returned``, each in
         stores and one call at the end (NOTE [a slot given back] in ``_stream.queue``)."""
         returned, left = self.returned, self._left
-        with self._lock:  # entered in C, and no finalizer runs inside: nothing in it allocates an object it tracks
+        with self._lock:  # entered in C; no finalizer runs inside: nothing in it makes an object the collector tracks
             while returned:
                 slot = returned[0] // self._per_slot
                 del returned[0]

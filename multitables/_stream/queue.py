@@ -108,7 +108,7 @@ def _give_back(held: list) -> None:
             if not queue._closed:  # else the readers are gone
                 queue._backend.returned.append(slot)  # the step's one call: a handler runs after it
         queue._changed.notify_all()
-    queue._backend.give_back()  # first: a waiting get() may take the slot at once
+    queue._backend.give_back()  # outside the queue's lock: the ring's lock may be waited for
 
 
 def _dropped(held: list) -> None:

@@ -462,3 +462,34 @@ def test_a_handlers_exception_as_signals_are_held_or_given_back_leaves_every_han
         assert hook.landing > 5
     finally:
         signal.signal(signal.SIGUSR2, old)
+
+
+def test_a_handlers_exception_in_a_dropped_queues_finaliser_leaves_nothing(
+    blocks: "tuple[Path, np.ndarray]", raised: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A queue dropped unclosed is ended by its finaliser, under held signals; a handler's exception before they are
+    # held (Python drops it there) must not leave the readers, the ring or its semaphores.
+    path, _ = blocks
+    stream = Streamer(path, engine="chunks")
+    dropped: list = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: dropped.append(type(unraisable.exc_value)))
+    hook = SignalAtEachCheck(_dropped.__code__, finalizers=True, distinct=True)
+    # Past the finaliser's first instruction: a landing as weakref.finalize's call starts, as it pops its entry or as
+    # _end_early starts loses the finaliser whole (no code of ours has run: not mended here).
+    hook.landing = 3
+    with stream.get_queue("/data", n_procs=2, block_size=64):  # a fork server started
+        pass
+    with hang_guard(HANG_S, "a pass of landings over a dropped queue's finaliser"):
+        while True:
+            before = _state()
+            held = [stream.get_queue("/data", n_procs=2, block_size=64)]
+            try:
+                _drop(held, hook)
+                time.sleep(0.2)  # a signal held over the end is sent again from a thread: its exception comes now
+            except Checkpoint:
+                pass
+            assert _left(before) == {}, hook.where
+            if not hook.landed:
+                break
+            hook.landing += 1
+    assert hook.landing > 5

@@ -82,8 +82,12 @@ def _end_early(backend: "InlineBackend | RingBackend | SplitBackend", before_unm
     """:func:`_end` before a pass's end (a ``break``, an error, a queue dropped), done whole: it may run as a finalizer,
     where a Ctrl-C raised would be printed as "Exception ignored" and lost (18 us a call, which a pass's end, the path
     of every small stream, does not pay)."""
-    with signals_deferred(later=True):
+    try:
+        with signals_deferred(later=True):
+            _end(backend, before_unmap)
+    except BaseException:  # a handler's, before the signals were held (each step of _end is idempotent): end the rest
         _end(backend, before_unmap)
+        raise
 
 
 #: Why a queue or a guard refuses a pickle or a copy (a process pool's task pickles its arguments; Python's own error

@@ -227,3 +227,45 @@ def test_slots_the_consumer_cannot_allocate_are_left_to_its_readers(
     data = np.arange(4000 * 16, dtype="<f4").reshape(4000, 16)
     path = make_array(data, chunkshape=(100, 16))
     np.testing.assert_array_equal(_stream_rows(path, len(data)), data)
+
+
+class _RaisesAsAcquireReturns:
+    """A ring lock whose first ``acquire`` takes it and then raises, as a signal handler's exception landing just as
+    ``acquire`` returned does."""
+
+    def __init__(self, lock: object) -> None:
+        self.lock, self.armed = lock, True
+        self._semlock = lock._semlock  # type: ignore[attr-defined]
+
+    def acquire(self, *args: object, **kwargs: object) -> bool:
+        got = self.lock.acquire(*args, **kwargs)  # type: ignore[attr-defined]
+        if got and self.armed:
+            self.armed = False
+            raise KeyboardInterrupt
+        return got
+
+    def release(self) -> None:
+        self.lock.release()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("side", ["reader publishes", "consumer rewinds"])
+def test_a_handlers_exception_as_the_ring_lock_is_taken_leaves_it_free(
+    rings: tuple[Ring, list[Ring]], side: str
+) -> None:
+    """The exception reaches the caller, and the lock is free: every other reader and the consumer would else wait on
+    it for ever."""
+    import dataclasses
+
+    consumer, readers = rings
+    k, slot = _claims(readers[0])  # type: ignore[misc]
+    real = consumer.sync.lock
+    raising = dataclasses.replace(consumer.sync, lock=_RaisesAsAcquireReturns(real))
+    ring = readers[0] if side == "reader publishes" else consumer
+    ring.sync = raising  # type: ignore[misc]
+    with pytest.raises(KeyboardInterrupt):
+        if side == "reader publishes":
+            ring.publish(slot, k, 256, _always)
+        else:
+            ring.rewind(_always)
+    assert real.acquire(False), "the ring's lock was left held"
+    real.release()

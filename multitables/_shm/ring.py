@@ -103,7 +103,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .._sys.awake import Eagerness, acquire
+from .._sys.awake import Eagerness, acquire, release_if_held
 from .._sys.refs import held_elsewhere
 from .._sys.release import release_later
 from ..errors import ShmSpaceError
@@ -278,13 +278,14 @@ class Ring:
         A process killed while holding the lock would otherwise leave every
         other one waiting forever.
         """
-        while not self.sync.lock.acquire(timeout=TICK):
-            if self.stopped or not check():
-                raise PeerGone
+        lock = self.sync.lock
         try:
+            while not lock.acquire(timeout=TICK):
+                if self.stopped or not check():
+                    raise PeerGone
             yield
-        finally:
-            self.sync.lock.release()
+        finally:  # held or not: a handler's exception as acquire returned leaves it held, and no record says so
+            release_if_held(lock)
 
     # -- reader side ----------------------------------------------------------
     def claim(self, n_blocks: "int | None", keep_going: Callable[[], bool]) -> "tuple[int, int] | _Wait | None":
@@ -488,8 +489,7 @@ class Ring:
             self._pushed = True
             lock.release()
         except BaseException:  # a handler's exception as acquire returned: the lock is ours, and no record says so
-            if lock._semlock._is_mine():
-                lock.release()
+            release_if_held(lock)
             raise
         return True
 

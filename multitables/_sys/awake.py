@@ -70,3 +70,10 @@ def acquire(semaphore: Any, eagerness: Eagerness, timeout: float) -> bool:
     got = (eagerness.eager and look(lambda: semaphore.acquire(False))) or semaphore.acquire(timeout=timeout)
     eagerness.saw(time.perf_counter() - asked)
     return got
+
+
+def release_if_held(lock: Any) -> None:
+    """Release ``lock`` (a ``multiprocessing.Lock``) where this process's thread holds it: a handler's exception that
+    came as its ``acquire`` returned left it held, and nothing recorded that."""
+    if lock._semlock._is_mine():
+        lock.release()

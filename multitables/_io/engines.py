@@ -48,6 +48,7 @@ from .fileset import SetSource
 from .h5filters import filter_label, h5py_lacks
 from .h5py_engine import ENGINE as H5PY
 from .node import NodeInfo, Unsupported, close_dataset
+from .outside import lacking_sources
 from .scattered import GroupRows
 from .tables_engine import ENGINE as TABLES, probed_together
 
@@ -245,36 +246,34 @@ def engine_problem(engine: str, node: NodeInfo, open_kwargs: "dict[str, Any]", d
 
 
 def _refuse(node: NodeInfo, problems: "dict[str, str]", open_kwargs: "dict[str, Any]", dataset: Any) -> Exception:
-    """The error for a node that none of the engines in ``problems`` reads (each with its reason).
-
-    Names an engine that does read it, if one does; a filter that h5py's HDF5
-    cannot decode makes it a :class:`~multitables.MissingFilterError`.
-    """
+    """The error for a node that none of the engines in ``problems`` reads (each with its reason): names an engine that
+    does, if one does; a filter h5py's HDF5 cannot decode, of the node or a virtual source, makes it a
+    :class:`~multitables.MissingFilterError`."""
     where = f"{node.path!r} in {node.filename!r}"
     other = next((e.name for e in REGISTRY if e.name not in problems and _reads(e, node, open_kwargs, dataset)), None)
     plain = None
     if other is None and open_kwargs:  # the options may be what stops the others (PyTables' DRIVER= is no h5py option)
         plain = next((e.name for e in REGISTRY if e.name not in problems and _reads(e, node, {}, dataset)), None)
     reasons = "; ".join(f"{engine}: {why}" for engine, why in problems.items())
-    # h5py's HDF5, with hdf5plugin's filters, is what says which filters are installed.
-    lacking = h5py_lacks(node) if not node.h5py_problem else []
+    # h5py's HDF5, with hdf5plugin's filters, is what says which filters are installed; of a virtual source's too.
+    lacking = [(fid, filter_label(node, fid), "") for fid in h5py_lacks(node)] if not node.h5py_problem else []
+    if not lacking and other is None and plain is None:  # NOTE [data outside the file]
+        lacking = [(fid, name, f" (its {label})") for fid, name, label in lacking_sources(node)]
     if other is not None:
         message = f"engine={'/'.join(problems)!r} cannot read {where} ({reasons}); engine={other!r} (or 'auto') reads it"
     elif plain is not None:
         message = (f"engine={'/'.join(problems)!r} cannot read {where} ({reasons}); engine={plain!r} (or 'auto') reads "
                    f"it without the open options {sorted(open_kwargs)}")
     elif lacking:
-        named = ", ".join(filter_label(node, fid) for fid in lacking)
-        provide = "; ".join(f"{filter_label(node, fid)}: {_FILTER_PROVIDERS.get(fid, 'an HDF5 plugin for it')}" for fid in lacking)
-        message = (
-            f"{where} was written with filter {named}, which no engine here decodes ({reasons}). "
-            f"Install what provides it ({provide}) and point HDF5_PLUGIN_PATH at its plugin folder"
-        )
+        named = ", ".join(name + whose for _, name, whose in lacking)
+        provide = "; ".join(f"{name}: {_FILTER_PROVIDERS.get(fid, 'an HDF5 plugin for it')}" for fid, name, _ in lacking)
+        message = (f"{where} was written with filter {named}, which no engine here decodes ({reasons}). "
+                   f"Install what provides it ({provide}) and point HDF5_PLUGIN_PATH at its plugin folder")
     else:
         message = f"no engine reads {where} as h5py would: {reasons}"
     if lacking:
         err = MissingFilterError(message)
-        err.filter_ids = tuple(lacking)
+        err.filter_ids = tuple(fid for fid, _, _ in lacking)
         return err
     return NodeTypeError(message)
 

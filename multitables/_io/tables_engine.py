@@ -215,11 +215,11 @@ def _filtered_chunk(node: NodeInfo) -> "tuple[int, ...]":
 def _first_row_problem(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "str | None":
     """Open ``node`` with PyTables and read one element of it (of a table, a row), in a chunk every filter decoded
     (:func:`_filtered_chunk`), and of each piece outside the file (NOTE [data outside the file]): why that fails, or None."""
-    source = None
+    source, label = None, ""
     try:
-        places = [_filtered_chunk(node), *node_places(node)]
+        places = [(_filtered_chunk(node), ""), *node_places(node)]
         source = TablesSource(node, open_kwargs)
-        for at in places if node.n_rows else ():  # a Reader takes a node of no rows: its open is the whole check
+        for at, label in places if node.n_rows else ():  # a Reader takes a node of no rows: its open is the whole check
             source.read_element(at)
     except (FileChangedError, FileBusyError):
         raise  # no fault of PyTables': the name came to mean another file, or a program writes it
@@ -227,7 +227,7 @@ def _first_row_problem(node: NodeInfo, open_kwargs: "dict[str, Any]") -> "str | 
         if raised_by_handler(exc):
             raise  # the user's own (a probe in this process): NOTE [a handler's exception]
         raise_if_switched(exc, node.filename)  # PyTables' words for it: an HDF5ExtError
-        return f"PyTables fails on it ({type(exc).__name__}: {_gist(str(exc))})"
+        return f"PyTables fails on {'its ' + label if label else 'it'} ({type(exc).__name__}: {_gist(str(exc))})"
     finally:
         if source is not None:
             source.close()

@@ -179,6 +179,7 @@ class Blocks:
     def __init__(self, blocks: "list[np.ndarray]") -> None:
         self._blocks = list(enumerate(blocks))
         self.released: "list[int]" = []
+        self.returned: "list[int]" = []
         self.pids: "list[int]" = []
 
     out = None  # what take() gave, until the caller records it (NOTE [a slot in hand] in ``_stream.queue``)
@@ -186,8 +187,10 @@ class Blocks:
     def take(self) -> "tuple[int, np.ndarray]":
         return self._blocks.pop(0)
 
-    def release(self, slot: int) -> None:
-        self.released.append(slot)
+    def give_back(self) -> None:
+        """Take back the slots ``returned`` lists (NOTE [a slot given back] in ``_stream.queue``)."""
+        self.released += self.returned
+        self.returned.clear()
 
 
 def test_blocks_cut_from_a_block_read_come_in_order_and_its_slot_goes_back_after_the_last_is_released() -> None:
@@ -204,12 +207,17 @@ def test_blocks_cut_from_a_block_read_come_in_order_and_its_slot_goes_back_after
     assert all(np.shares_memory(block, rows) for _, block in taken)  # views: nothing copied
     names = [name for name, _ in taken]
     assert len(set(names)) == 6
+
+    def release(name: int) -> None:  # as a guard does
+        split.returned.append(name)
+        split.give_back()
+
     for name in (names[1], names[0], names[4], names[3]):
-        split.release(name)
+        release(name)
     assert inner.released == []  # each slot still has a block out
-    split.release(names[5])
+    release(names[5])
     assert inner.released == [1]
-    split.release(names[2])
+    release(names[2])
     assert inner.released == [1, 0]
 
 

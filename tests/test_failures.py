@@ -337,7 +337,11 @@ def test_a_lock_held_by_a_dead_process_does_not_block_the_end(no_leaks: None, h5
         q.get().release()
         pids = q.reader_pids
         lock = ring_of(q).sync.lock
-        assert lock.acquire(timeout=GUARD)  # as a reader killed inside the lock would leave it
+        held = []  # taken by another thread, as a reader killed inside the lock would leave it: held, not ours
+        taker = threading.Thread(target=lambda: held.append(lock.acquire(timeout=GUARD)))
+        taker.start()
+        taker.join()
+        assert held == [True]
         try:
             time.sleep(0.2)  # the readers now wait for the lock
             os.kill(pids[0], signal.SIGKILL)

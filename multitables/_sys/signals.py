@@ -36,6 +36,7 @@ import functools
 import itertools
 import os
 import signal
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -129,10 +130,14 @@ def signals_deferred(later: bool = False) -> Iterator[None]:
         list(map(_signal.signal, old, itertools.repeat(lambda signum, frame: caught.append((signum, frame)))))
         yield
     finally:
+        sent = later and bool(caught)
+        if sent:  # started while they are held: a handler landing inside Thread.start left it half-made
+            _send_later(caught)
         list(map(_signal.signal, old, old.values()))
         first = {signum: frame for signum, frame in reversed(caught)}  # each signal once, as the kernel has it
-        if first and later:
-            threading.Thread(target=_send_again, args=(list(first),), name="multitables-signal", daemon=True).start()
+        if later:
+            if first and not sent:
+                _send_later(caught)  # one that came between the two (microseconds)
         elif first:
             for caught_signum, frame in first.items():
                 handler = old[caught_signum]
@@ -142,13 +147,52 @@ def signals_deferred(later: bool = False) -> Iterator[None]:
                     os.kill(os.getpid(), caught_signum)
 
 
-#: Seconds a signal held over a clean-up waits to be sent again: the finalizer around it returns in microseconds.
-REDELIVER_S = 0.01
+#: Seconds a signal held over a clean-up waits at most for the main thread to leave it (NOTE [a signal sent again]).
+REDELIVER_S = 2.0
 
 
-def _send_again(signums: "list[int]") -> None:
-    time.sleep(REDELIVER_S)
-    for signum in signums:
+def _send_later(caught: "list[tuple[int, FrameType | None]]") -> None:
+    """Send the signals ``caught`` (read once the main thread has left the clean-up, so those caught meanwhile too)
+    again from a thread of its own (NOTE [a signal sent again])."""
+    inside: "list[tuple[int, object]]" = []
+    frame: "FrameType | None" = sys._getframe(2)  # the clean-up's: from the ``with``'s frame out to the first not ours
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _CLEAN_UP_MODULES:
+        inside.append((id(frame), frame.f_code))
+        frame = frame.f_back
+    thread = threading.Thread(target=_send_again, args=(caught, inside, threading.main_thread().ident),
+                              name="multitables-signal", daemon=True)
+    thread.start()
+
+
+#: The modules whose frames a clean-up run as a finalizer spans: ours, the ``with``'s and a ``weakref.finalize``'s.
+_CLEAN_UP_MODULES = frozenset({"multitables", "contextlib", "weakref"})
+
+
+def _send_again(caught: "list[tuple[int, FrameType | None]]", inside: "list[tuple[int, object]]", main: "int | None"
+                ) -> None:
+    """Send the signals ``caught`` again once the main thread has left the frames ``inside``.
+
+    NOTE [a signal sent again]
+        A signal held over a clean-up that may run as a finalizer is sent again once the main thread has left it:
+        its handler, run in the main thread, then raises in the user's own code, not in the finalizer, where Python
+        would print the exception and drop it. A fixed delay did not do (10 ms: a loaded machine's finalizer ran
+        longer, and the handler raised inside it). Its thread looks at the main thread's frames every millisecond
+        (by identity and code: the frames are not kept alive) for at most :data:`REDELIVER_S`, then sends anyway.
+    """
+    deadline = time.monotonic() + REDELIVER_S
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(main) if main is not None else None
+        if frame is None or not inside:
+            break
+        on_stack = set()
+        while frame is not None:
+            on_stack.add((id(frame), frame.f_code))
+            frame = frame.f_back
+        del frame
+        if on_stack.isdisjoint(inside):
+            break
+        time.sleep(0.001)
+    for signum in {signum: None for signum, _ in caught}:  # each once, in the order they came
         signal.raise_signal(signum)  # whatever handles it then: a Python handler runs in the main thread
 
 

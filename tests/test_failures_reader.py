@@ -32,7 +32,7 @@ N_ROWS = 4000
 ROW = 8
 CHUNK = 100  # rows per chunk: 40 chunks
 #: Guards against a hang, not speed limits: a reader gone, an error raised, a subprocess message.
-GONE_WITHIN = 10.0
+GONE_WITHIN = 30.0
 GUARD = 30.0
 TEST_GUARD = 120.0
 #: Open/close cycles of the leak test: a leak of one of anything per cycle shows after a few; the default run

@@ -31,7 +31,7 @@ from multitables._stream import queue as queue_module
 
 from _guards import wait_until
 
-GONE_WITHIN = 10.0  # a guard against a hang only
+GONE_WITHIN = 30.0  # a guard against a hang only
 
 
 @pytest.fixture

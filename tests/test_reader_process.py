@@ -578,7 +578,10 @@ def _consumer_that_names_its_semaphores(path: str, face: str, method: str, conn:
 
     multiprocessing.synchronize.SemLock.__init__ = recording  # type: ignore[method-assign]
     if face == "stream":
-        held: object = multitables.Streamer(path, start_method=method).get_queue("/data", n_procs=2, block_size=BLOCK)
+        # ordered: the first block is block 0 (in finishing order, any block a reader finished first: block 5 once)
+        held: object = multitables.Streamer(path, start_method=method).get_queue(
+            "/data", n_procs=2, block_size=BLOCK, ordered=True
+        )
         with held.get() as block:  # type: ignore[attr-defined]
             first = float(block[0, 0])
     else:

@@ -26,7 +26,7 @@ from multitables.reader import DataProxy, Future, Reader
 from _guards import hang_guard, wait_until
 
 #: Guards against a hang only (how soon is measured by benchmarks/failure_latency.py).
-GONE_WITHIN = 10.0
+GONE_WITHIN = 30.0
 
 ARRAYS = {
     # name: (shape, dtype, filters, chunk rows or None for contiguous)

@@ -467,10 +467,10 @@ class Ring:
             try:
                 while returned:
                     slot = returned[0]  # the first: a finalizer that runs in this loop appends, never moves it
-                    if self._closed or self._hdr[_STOP] or not self._pushed and not self._push(slot, check):
+                    if self.stopped or not self._pushed and not self._push(slot, check):
                         returned.clear()  # stopped (or while waiting for the lock): nobody needs them any more
                         return
-                    free = self.sync.free[slot % len(self.sync.free)]
+                    free = self.sync.free[self.sync.group(slot)]
                     del returned[0]  # stores, then the call: a handler runs after the token only
                     self._pushed = False
                     free.release()
@@ -482,7 +482,7 @@ class Ring:
         lock = self.sync.lock
         try:
             while not lock.acquire(timeout=TICK):
-                if self._closed or self._hdr[_STOP] or not check():
+                if self.stopped or not check():
                     return False
             self._free_stack[self._hdr[_FREE_TOP]] = slot
             self._hdr[_FREE_TOP] += 1

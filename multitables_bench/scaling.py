@@ -38,7 +38,6 @@ from typing import Any, Callable, Sequence
 from multitables_bench.cache import resident_fraction
 from multitables_bench.counters import FAULT_TARGET, pages_per_gib
 from multitables_bench.files import h5py_with_filters, read_through_cache, write_file
-from multitables._sys.cgroups import cpu_quota
 from multitables_bench.machine import cpu_model, memory_bytes, usable_cpus
 from multitables_bench.records import MB, NODE, ROW_NBYTES, Codec
 from multitables_bench.scaling_passes import PassResult, PassSpec
@@ -253,6 +252,10 @@ def _figure(codec: str, spec: PassSpec, results: Sequence[PassResult]) -> Scalin
 def machine_facts(figures: Sequence[ScalingFigure]) -> dict[str, Any]:
     """Cores, threads per core, CPU, memory, the CPU quota (CPUs' worth; None: none) and the memory copy rates
     measured (GB/s)."""
+    # Imported here: the GPU section's run against an older package (lent_machine.sh's gpu-before) imports this
+    # module through the command line's, with a package that may not have this function.
+    from multitables._sys.cgroups import cpu_quota
+
     copies = {f.n: f.mb_per_s * MB / 1e9 for f in figures if f.kind == "memcpy"}
     return {"cores": usable_cpus(), "cpus": os.cpu_count(), "threads_per_core": threads_per_core(), "cpu": cpu_model(),
             "memory_bytes": memory_bytes(), "cpu_quota": cpu_quota(), "memcpy_gb_per_s": copies}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -112,6 +113,34 @@ def test_each_reader_draws_its_own_random_numbers(h5: Path, tmp_path: Path, no_l
     draws = [d for each in drawn.values() for d in each]
     assert len(set(draws)) == len(draws), drawn
 
+
+
+def draw_importing_numpy_random() -> float:
+    import numpy.random
+
+    return float(numpy.random.random())
+
+
+def test_readers_draw_their_own_numbers_where_the_consumer_never_imported_numpy_random(h5: Path, tmp_path: Path) -> None:
+    """numpy 2 imports ``numpy.random`` when first used, and readers do not import it at start (it cost each 10-18
+    ms): one whose transform imports it seeds it from the OS then, so the readers' draws still differ."""
+    script = (
+        "import json, sys\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "import test_transforms as t\n"
+        "from pathlib import Path\n"
+        "assert 'numpy.random' not in sys.modules, 'imported before the stream: the test tries nothing'\n"
+        "drawn = t.drawn_by_each_reader(Path(sys.argv[2]), Path(sys.argv[3]), t.draw_importing_numpy_random,\n"
+        "                               lambda s, *a, **k: s.get_batches(*a, **k))\n"
+        "print(json.dumps(drawn))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent), str(h5), str(tmp_path / "in")],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    drawn = json.loads(run.stdout)
+    assert len(drawn) == 2 and sum(map(len, drawn.values())) == 15, drawn
+    draws = [d for each in drawn.values() for d in each]
+    assert len(set(draws)) == len(draws), drawn
 
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_an_error_in_a_transform_comes_back_with_its_traceback(h5: Path, shuffle: bool, no_leaks) -> None:

@@ -37,7 +37,9 @@ NOTE [random draws in readers]
     each worker's generators apart for this reason. Each reader draws new
     seeds from the OS at start for numpy's global generator and, where the
     process has imported PyTorch, torch's CPU generator (``random`` is
-    reseeded after a fork by Python itself, and fresh under spawn). The draws
+    reseeded after a fork by Python itself, and fresh under spawn); where the
+    consumer has not imported ``numpy.random``, a reader that does seeds it
+    from the OS as it imports it, and is left to. The draws
     are not reproducible from ``seed``: which reader reads which block, and
     whether readers read at all, varies (NOTE [readers bought] in
     ``_train.feed``).
@@ -219,7 +221,10 @@ def _unlink_left(segments: "Iterable[str]", semaphores: "Iterable[str]") -> None
 
 def _fresh_random_state() -> None:
     """New seeds, from the OS, for the global generators a transform draws from (NOTE [random draws in readers])."""
-    np.random.seed(np.frombuffer(os.urandom(16), np.uint32))  # 0.1 ms; seed() with no argument takes 0.7 ms
+    # numpy 2 imports numpy.random when first used: where the consumer had not, a reader that imports it later seeds
+    # it from the OS itself, and importing it here cost each reader's start 10-18 ms.
+    if "numpy.random" in sys.modules:
+        np.random.seed(np.frombuffer(os.urandom(16), np.uint32))  # 0.1 ms; seed() with no argument takes 0.7 ms
     torch = sys.modules.get("torch")  # never imported here: a reader of a consumer without PyTorch stays without it
     if torch is not None:
         torch.random.default_generator.seed()

@@ -5,7 +5,7 @@
 #
 # OUT gets each step's log (the sections print their tables there), packed into OUT/logs.tgz at the end.
 # MIB (default 512) sizes the scaling and GPU sections' files; the probe takes half. STEP names the steps to
-# run (scaling, probe, probe-before, startup, startup-forkserver, start-methods, gpu, gpu-before, batches,
+# run (scaling, probe, probe-before, startup, startup-before, startup-forkserver, start-methods, gpu, gpu-before, batches,
 # batches-readers, batches-before, epoch-start, cuda-tests; default all). Each step runs under its own time limit (9 min 45 s together at 512 MiB, in
 # proportion above), so one that hangs leaves the others theirs; the steps before startup-forkserver,
 # start-methods and gpu-before took 3 min 7 s together on a lent H100 machine with 16 cores (2026-11-26); on
@@ -29,7 +29,7 @@ set -u
 out=${1:?usage: bash benchmarks/lent_machine.sh OUT [MIB]}
 mib=${2:-512}
 shift $(($# < 2 ? $# : 2))
-steps=" ${*:-scaling probe probe-before startup startup-forkserver start-methods gpu gpu-before batches batches-readers batches-before epoch-start cuda-tests} "
+steps=" ${*:-scaling probe probe-before startup startup-before startup-forkserver start-methods gpu gpu-before batches batches-readers batches-before epoch-start cuda-tests} "
 mkdir -p "$out" && out=$(cd "$out" && pwd)  # absolute: a step may run elsewhere
 work=$(mktemp -d "${TMPDIR:-/tmp}/lent_machine.XXXXXX")  # fresh: a file left by an earlier run is refused
 trap 'rm -rf "$work"' EXIT
@@ -86,6 +86,10 @@ step cuda-tests 60 python3 -m pytest -q -p no:cacheprovider tests/test_torch_dev
 started=("$work/probe/probe-zlib-3-$((mib / 2)).h5")
 [ -f "${started[0]}" ] || started=("$work/gpu.h5" --path /X)
 step startup 30 python3 benchmarks/stream_startup.py "${started[@]}" --procs 16 --repeats 5
+if [ -d .devrun/before/multitables ]; then  # the same start with the carried older package
+    PYTHONPATH="$PWD/.devrun/before:$PYTHONPATH" step startup-before 30 \
+        python3 benchmarks/stream_startup.py "${started[@]}" --procs 16 --repeats 5
+fi
 step startup-forkserver 30 python3 benchmarks/stream_startup.py "${started[@]}" --procs 16 --repeats 5 --start-method forkserver
 step start-methods 60 python3 benchmarks/start_methods.py "${started[@]}" --procs 16 --hold-mib 4096 --repeats 3
 # The device tool brings back at most 8 files: every log and JSON in one archive (tar -xzf OUT/logs.tgz).

@@ -6,7 +6,7 @@
 # OUT gets each step's log (the sections print their tables there), packed into OUT/logs.tgz at the end.
 # MIB (default 512) sizes the scaling and GPU sections' files; the probe takes half. STEP names the steps to
 # run (scaling, probe, probe-before, startup, startup-before, startup-forkserver, start-methods, gpu, gpu-before, batches,
-# batches-readers, batches-before, epoch-start, cuda-tests; default all). Each step runs under its own time limit (9 min 45 s together at 512 MiB, in
+# batches-readers, batches-before, window-waits, epoch-start, cuda-tests; default all). Each step runs under its own time limit (9 min 45 s together at 512 MiB, in
 # proportion above), so one that hangs leaves the others theirs; the steps before startup-forkserver,
 # start-methods and gpu-before took 3 min 7 s together on a lent H100 machine with 16 cores (2026-11-26); on
 # another (2026-11-28) gpu, gpu-before, batches, epoch-start and cuda-tests took 83 s at 512 MiB, scaling 137 s at 1024.
@@ -29,7 +29,7 @@ set -u
 out=${1:?usage: bash benchmarks/lent_machine.sh OUT [MIB]}
 mib=${2:-512}
 shift $(($# < 2 ? $# : 2))
-steps=" ${*:-scaling probe probe-before startup startup-before startup-forkserver start-methods gpu gpu-before batches batches-readers batches-before epoch-start cuda-tests} "
+steps=" ${*:-scaling probe probe-before startup startup-before startup-forkserver start-methods gpu gpu-before batches batches-readers batches-before window-waits epoch-start cuda-tests} "
 mkdir -p "$out" && out=$(cd "$out" && pwd)  # absolute: a step may run elsewhere
 work=$(mktemp -d "${TMPDIR:-/tmp}/lent_machine.XXXXXX")  # fresh: a file left by an earlier run is refused
 trap 'rm -rf "$work"' EXIT
@@ -64,9 +64,10 @@ if [ -d .devrun/before/multitables ]; then  # a checkout's package to compare wi
         python3 benchmarks/scaling_probe.py --dir "$work/probe" --mib $((mib / 2)) --procs 8 16 --json "$out/probe-before.json"
 fi
 step gpu 60 python3 multitables_benchmark.py --sections gpu --section-mib "$mib" --file "$work/gpu.h5"
+# The gpu step's own step length, for the steps after it, so that their rows with the step compare with its (each
+# package's rate would size its own).
+step_ms=$(grep -o 'a step of [0-9.]* ms' "$out/gpu.log" 2>/dev/null | grep -o '[0-9.]*' | head -1)
 if [ -d .devrun/before/multitables ]; then  # the same with the carried older package, started outside the checkout
-    # and the gpu step's own step length, so that the rows with the step compare (each package's rate would size its own)
-    step_ms=$(grep -o 'a step of [0-9.]* ms' "$out/gpu.log" 2>/dev/null | grep -o '[0-9.]*' | head -1)
     (cd "$work" && PYTHONPATH="$OLDPWD/.devrun/before:$PYTHONPATH" step gpu-before 60 python3 -c \
         'import sys, multitables; print(multitables.__file__); from multitables_bench.cli import main; main()' \
         --sections gpu --section-mib "$mib" --file "$work/gpu.h5" ${step_ms:+--gpu-step-ms "$step_ms"})
@@ -79,6 +80,8 @@ if [ -d .devrun/before/multitables ]; then  # the GPU section's CPU-only loop, t
     step batches-before 60 python3 benchmarks/ab_batches.py --file "$work/gpu.h5" --mib "$mib" --packages .devrun/before . \
         --rounds 3
 fi
+# Where a window's first batch waits on the device= path: the host's time in each call that can block it.
+step window-waits 45 python3 benchmarks/window_waits.py --file "$work/gpu.h5" --mib "$mib" ${step_ms:+--step-ms "$step_ms"}
 # The consumer's CPU at an epoch's start against mid-epoch (the machine's copy threads make the windows' orders).
 step epoch-start 45 python3 benchmarks/epoch_start.py --file "$work/gpu.h5" --mib "$mib"
 step cuda-tests 60 python3 -m pytest -q -p no:cacheprovider tests/test_torch_device.py

@@ -37,7 +37,10 @@ NOTE [windows on a device]
     is pulled, with ``non_blocking=True``, and an event recorded after it.
     The training stream waits for a window's last event on the GPU before
     its first gather (``index_select`` out of the device buffer, into a new
-    tensor: the caller's), and a host buffer is written with another
+    tensor: the caller's); the window's order is on the device by then,
+    copied on this stream by the copy thread that made it (made by the
+    window's first batch, it cost that batch 0.23-0.27 ms on a lent H200;
+    ``benchmarks/window_waits.py``), and a host buffer is written with another
     window's rows only after its copies are done (the CPU waits on their
     event then: :meth:`DeviceStaging.reusing`); the copies into a device
     buffer wait on the GPU for the training stream's gathers out of its
@@ -86,7 +89,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 import torch
 
-from .windows import Staging, Window
+from .windows import Order, Staging, Window
 
 if TYPE_CHECKING:
     from .._stream.queue import Guard, Queue
@@ -173,7 +176,8 @@ class CudaOps:
         self.device = device
         self._stream = torch.cuda.Stream(device=device)
         self._cudart = torch.cuda.cudart()
-        self._index: "dict[int, tuple[torch.Tensor, Any]]" = {}  # per window buffer: page-locked index, its copy's event
+        #: Per window buffer, and whether copied ahead: a page-locked index, and its last copy's event.
+        self._index: "dict[tuple[int, bool], tuple[torch.Tensor, Any]]" = {}
 
     def lock(self, array: np.ndarray) -> None:
         """Page-lock ``array``'s memory where it lies, until :meth:`unlock` (for every device: "portable")."""
@@ -245,27 +249,46 @@ class CudaOps:
         self._stream.wait_event(event)
 
     def index(self, perm: np.ndarray, buffer: int) -> torch.Tensor:
-        """``perm`` on the device, for the gathers out of window buffer ``buffer``.
+        """``perm`` on the device, for the gathers out of window buffer ``buffer``, copied on the training stream.
 
         Through page-locked memory, kept per buffer: from pageable memory the
         copy would first wait for the training stream, and a fresh page-locked
         array (``pin_memory()``) cost 6.5 ms a window on the lent H200. On the
         CPU (where the tests run these calls): the array itself.
         """
+        return self._copied_index(perm, buffer, ahead=False)[0]
+
+    def index_ahead(self, perm: np.ndarray, buffer: int) -> "tuple[torch.Tensor, Any]":
+        """As :meth:`index`, from any thread, before the window is delivered: copied on this staging's stream; the
+        index, and the event after its copy, for :meth:`ordered`."""
+        return self._copied_index(perm, buffer, ahead=True)
+
+    def ordered(self, index: torch.Tensor, copied: Any) -> None:
+        """The training stream waits for :meth:`index_ahead`'s copy (on the GPU), and is its user: the index's
+        memory, made on this staging's stream, is not reused before the training stream's gathers out of it ran."""
+        if copied is None:  # on the CPU
+            return
+        training = torch.cuda.current_stream(self.device)
+        training.wait_event(copied)
+        index.record_stream(training)
+
+    def _copied_index(self, perm: np.ndarray, buffer: int, ahead: bool) -> "tuple[torch.Tensor, Any]":
         perm = np.ascontiguousarray(perm, dtype=np.int64)
         if self.device.type != "cuda":
-            return torch.from_numpy(perm)
-        host, copied = self._index.get(buffer, (None, None))
+            return torch.from_numpy(perm), None
+        stream = self._stream if ahead else torch.cuda.current_stream(self.device)
+        host, copied = self._index.get((buffer, ahead), (None, None))
         if copied is not None:
             copied.synchronize()  # the last copy out of it has run (a window ago: long done)
         if host is None or len(host) < len(perm):
             host = torch.empty(len(perm), dtype=torch.int64, pin_memory=True)
         host[: len(perm)].numpy()[...] = perm
-        on_device = host[: len(perm)].to(self.device, non_blocking=True)
-        copied = torch.cuda.Event(blocking=True)
-        copied.record(torch.cuda.current_stream(self.device))
-        self._index[buffer] = (host, copied)
-        return on_device
+        with torch.cuda.stream(stream):
+            on_device = host[: len(perm)].to(self.device, non_blocking=True)
+            copied = torch.cuda.Event(blocking=True)
+            copied.record(stream)
+        self._index[buffer, ahead] = (host, copied)
+        return on_device, copied
 
     def gather(self, src: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> None:
         torch.index_select(src, 0, index, out=out)
@@ -353,12 +376,20 @@ class DeviceStaging(Staging):
     def let_go(self) -> None:
         self._give_back(0)
 
-    def window(self, buffer: int, arrays: "list[np.ndarray]", rows: int, perm: "np.ndarray | None") -> Window:
+    def order(self, buffer: int, perm: "np.ndarray | None") -> Order:
+        """The window's order on the device already, copied from the copy thread that made ``perm``."""
+        return Order(perm) if perm is None else Order(perm, self._ops.index_ahead(perm, buffer), self)
+
+    def window(self, buffer: int, arrays: "list[np.ndarray]", rows: int, order: Order) -> Window:
         if not rows:  # nothing to gather (nor, maybe, anything copied)
             return DeviceWindow(self._ops, [], None, 0, lambda mark: None)
         assert self._copied[buffer] >= rows, (self._copied[buffer], rows)
         self._ops.device_wait(self._done[buffer])
-        index = self._ops.index(np.arange(rows) if perm is None else perm, buffer)
+        if order.by is self:  # copied ahead (a carry's order made by another staging is not)
+            index = order.prepared[0]
+            self._ops.ordered(*order.prepared)
+        else:
+            index = self._ops.index(np.arange(rows) if order.perm is None else order.perm, buffer)
         return DeviceWindow(self._ops, [d[:rows] for d in self._device[buffer]], index, rows,
                             functools.partial(self._gathered.__setitem__, buffer))
 

@@ -26,9 +26,10 @@ NOTE [window pipelining]
     What an epoch's first batch would still compute is made ahead too: the
     next epoch is planned once this epoch's first batch is out (its pieces
     published then, and handed to :meth:`Windows.then`), a window's order
-    (a permutation of up to 65,536 rows, 0.5-0.7 ms here) by the prefetch
-    that starts pulling it, on a copy thread where the batches have some
-    (NOTE [parallel copies]), and the carry brings the next epoch's plan and
+    (a permutation of up to 65,536 rows, 0.5-0.7 ms here, and what the
+    staging makes of it: :meth:`Staging.order`) by the prefetch that starts
+    pulling it, on a copy thread where the batches have some (NOTE
+    [parallel copies]), and the carry brings the next epoch's plan and
     first order with it. Without copy threads an epoch's first batch cost
     the consumer 1.02-1.05 ms before, 0.22 ms after, its second 0.18-0.20
     and 0.91-0.98 ms, others 0.06-0.08 ms (``benchmarks/epoch_start.py``:
@@ -57,7 +58,7 @@ import math
 import os
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Generator, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Sequence
 
 import numpy as np
 
@@ -72,6 +73,16 @@ if TYPE_CHECKING:
 #: Rows of a window below which its permutation is made at once where there are no copy threads: a thread of
 #: its own takes longer to start (84 us) than permuting 8,192 rows (about 0.1 ms; NOTE [parallel copies]).
 ORDER_THREAD_ROWS = 8192
+
+
+@dataclass(frozen=True)
+class Order:
+    """A window's order: its permutation (None: as read), and what the staging ``by`` made of it ahead
+    (:meth:`Staging.order`), for that staging's :meth:`Staging.window`."""
+
+    perm: "np.ndarray | None"
+    prepared: Any = None
+    by: "Staging | None" = None
 
 
 class Staging:
@@ -104,9 +115,14 @@ class Staging:
     def let_go(self) -> None:
         """Release every guard :meth:`take_slots` took (the queues may be rewound or closed next)."""
 
-    def window(self, buffer: int, arrays: "list[np.ndarray]", rows: int, perm: "np.ndarray | None") -> "Window":
-        """The window held in the first ``rows`` rows of ``arrays``, delivered in the order ``perm``."""
-        return BufferWindow([a[:rows] for a in arrays], perm, self.copier)
+    def order(self, buffer: int, perm: "np.ndarray | None") -> Order:
+        """The order of the window that goes to ``buffer``, as this staging delivers it; called where the
+        permutation is made (a copy thread, where there are some), so what it prepares costs no batch."""
+        return Order(perm)
+
+    def window(self, buffer: int, arrays: "list[np.ndarray]", rows: int, order: Order) -> "Window":
+        """The window held in the first ``rows`` rows of ``arrays``, delivered in ``order``."""
+        return BufferWindow([a[:rows] for a in arrays], order.perm, self.copier)
 
     def settle(self) -> None:
         """Return once nothing of this staging reads the buffers any more (another staging writes them next)."""
@@ -158,6 +174,10 @@ class BufferWindow(Window):
             self._copier.take(buf, idx, o)
 
 
+def _made_order(staging: Staging, plan: RankEpoch, w: int, buffer: int) -> Order:
+    return staging.order(buffer, plan.window_perm(w))
+
+
 def _selected(block: np.ndarray, selection: "np.ndarray | None") -> np.ndarray:
     return block if selection is None else np.take(block, selection, axis=0)
 
@@ -177,7 +197,7 @@ class Carry:
     staging: "Staging | None" = None  # the staging that saw them pulled (NOTE [staging])
     on_host: bool = True  # whether the buffer holds its rows (not so where the staging took slots: take_slots)
     plan: "RankEpoch | None" = None  # that epoch's plan, and its first window's order: made while it was pulled
-    perm: "Future[np.ndarray | None] | None" = None
+    perm: "Future[Order] | None" = None
 
     def good_for(self, staging: "Staging | None") -> bool:
         """Whether an iteration with ``staging`` (None: on the host) can go on from it: its rows are where it looks."""
@@ -237,7 +257,7 @@ class ShuffledWindows(Windows):
         # Each window's order, started by the prefetch() that starts pulling it (a carry's: by the last epoch) on
         # a copy thread where there are some (a permutation lets the GIL go), not by the batch that delivers its
         # first rows: an epoch's first batch waits for no permutation, and where threads make them, no batch does.
-        self._perms: "dict[int, Future[np.ndarray | None]]" = {}
+        self._perms: "dict[int, Future[Order]]" = {}
         if carry is not None and carry.perm is not None and carry.plan == plan:
             self._perms[0] = carry.perm
         self._after: "tuple[RankEpoch, EpochPieces] | None" = None
@@ -274,12 +294,12 @@ class ShuffledWindows(Windows):
             self._next = j + 1
             self._rate = math.ceil(len(self._fills[j + 1].rows) / max(1, rows // self._batch_size))
 
-    def _order(self, j: int) -> "Future[np.ndarray | None]":
-        """Window ``j``'s permutation, made (or being made) on a copy thread (see ``_perms``)."""
+    def _order(self, j: int) -> "Future[Order]":
+        """Window ``j``'s order, made (or being made) on a copy thread (see ``_perms``)."""
         if j not in self._perms:
             fill = self._fills[j]
             small = fill.plan.window_rows(fill.w) < ORDER_THREAD_ROWS
-            self._perms[j] = self._copier.later(fill.plan.window_perm, fill.w, small=small)
+            self._perms[j] = self._copier.later(_made_order, self._staging, fill.plan, fill.w, fill.buffer, small=small)
         return self._perms[j]
 
     def _pull(self, fill: _Fill, n: int) -> None:

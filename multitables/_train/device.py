@@ -82,6 +82,7 @@ NOTE [slots on a device]
 from __future__ import annotations
 
 import functools
+import threading
 import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -178,6 +179,7 @@ class CudaOps:
         self._cudart = torch.cuda.cudart()
         #: Per window buffer, and whether copied ahead: a page-locked index, and its last copy's event.
         self._index: "dict[tuple[int, bool], tuple[torch.Tensor, Any]]" = {}
+        self._indexing = threading.Lock()
 
     def lock(self, array: np.ndarray) -> None:
         """Page-lock ``array``'s memory where it lies, until :meth:`unlock` (for every device: "portable")."""
@@ -251,11 +253,9 @@ class CudaOps:
     def index(self, perm: np.ndarray, buffer: int) -> torch.Tensor:
         """``perm`` on the device, for the gathers out of window buffer ``buffer``, copied on the training stream.
 
-        Through page-locked memory, kept per buffer: from pageable memory the
-        copy would first wait for the training stream, and a fresh page-locked
-        array (``pin_memory()``) cost 6.5 ms a window on the lent H200. On the
-        CPU (where the tests run these calls): the array itself.
-        """
+        Through page-locked memory, kept per buffer: from pageable memory the copy would first wait for the training
+        stream, and a fresh page-locked array (``pin_memory()``) cost 6.5 ms a window on the lent H200. On the CPU
+        (where the tests run these calls): the array itself."""
         return self._copied_index(perm, buffer, ahead=False)[0]
 
     def index_ahead(self, perm: np.ndarray, buffer: int) -> "tuple[torch.Tensor, Any]":
@@ -268,26 +268,26 @@ class CudaOps:
         memory, made on this staging's stream, is not reused before the training stream's gathers out of it ran."""
         if copied is None:  # on the CPU
             return
-        training = torch.cuda.current_stream(self.device)
-        training.wait_event(copied)
-        index.record_stream(training)
+        torch.cuda.current_stream(self.device).wait_event(copied)
+        index.record_stream(torch.cuda.current_stream(self.device))
 
     def _copied_index(self, perm: np.ndarray, buffer: int, ahead: bool) -> "tuple[torch.Tensor, Any]":
         perm = np.ascontiguousarray(perm, dtype=np.int64)
         if self.device.type != "cuda":
             return torch.from_numpy(perm), None
         stream = self._stream if ahead else torch.cuda.current_stream(self.device)
-        host, copied = self._index.get((buffer, ahead), (None, None))
-        if copied is not None:
-            copied.synchronize()  # the last copy out of it has run (a window ago: long done)
-        if host is None or len(host) < len(perm):
-            host = torch.empty(len(perm), dtype=torch.int64, pin_memory=True)
-        host[: len(perm)].numpy()[...] = perm
-        with torch.cuda.stream(stream):
-            on_device = host[: len(perm)].to(self.device, non_blocking=True)
-            copied = torch.cuda.Event(blocking=True)
-            copied.record(stream)
-        self._index[buffer, ahead] = (host, copied)
+        with self._indexing:  # copy threads: an abandoned iteration's order, a new one's, for one buffer
+            host, copied = self._index.get((buffer, ahead), (None, None))
+            if copied is not None:
+                copied.synchronize()  # the last copy out of it has run (a window ago: long done)
+            if host is None or len(host) < len(perm):
+                host = torch.empty(len(perm), dtype=torch.int64, pin_memory=True)
+            host[: len(perm)].numpy()[...] = perm
+            with torch.cuda.stream(stream):
+                on_device = host[: len(perm)].to(self.device, non_blocking=True)
+                copied = torch.cuda.Event(blocking=True)
+                copied.record(stream)
+            self._index[buffer, ahead] = (host, copied)
         return on_device, copied
 
     def gather(self, src: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> None:

@@ -369,19 +369,19 @@ class Ring:
     def extend(self, starts: "np.ndarray | tuple[int, ...]", stops: "np.ndarray | tuple[int, ...]", n_readers: int,
                check: Callable[[], bool]) -> None:
         """Publish blocks ``[starts[i], stops[i])`` after those published; wake the readers waiting for some."""
-        table = self.layout.table
+        table, a, b = self.layout.table, np.asarray(starts, np.int64), np.asarray(stops, np.int64)
+        bad = np.flatnonzero((a < 0) | (b <= a) | (b - a > self.layout.block_size))  # at once: the readers wait on the lock
+        if len(bad):
+            raise ValueError(f"block [{a[bad[0]]}, {b[bad[0]]}) does not fit a slot of {self.layout.block_size} rows")
         with self._locked(check):
             first, claimed = int(self._hdr[_PUBLISHED]), int(self._hdr[_NEXT])
-            if first + len(starts) - table > claimed:
+            if first + len(a) - table > claimed:
                 raise ValueError(
                     f"the block table holds {table} blocks, and {first - claimed} published ones are not claimed yet: "
-                    f"{len(starts)} more do not fit"
+                    f"{len(a)} more do not fit"
                 )
-            for i, (a, b) in enumerate(zip(starts, stops)):
-                if not 0 <= a < b or b - a > self.layout.block_size:
-                    raise ValueError(f"block [{a}, {b}) does not fit a slot of {self.layout.block_size} rows")
-                self._table[(first + i) % table] = (a, b)
-            self._hdr[_PUBLISHED] = first + len(starts)
+            self._table[(first + np.arange(len(a))) % table] = np.stack([a, b], axis=1)
+            self._hdr[_PUBLISHED] = first + len(a)
         for _ in range(n_readers):
             self.sync.more.release()
 

@@ -38,8 +38,8 @@ NOTE [random draws in readers]
     seeds from the OS at start for numpy's global generator and, where the
     process has imported PyTorch, torch's CPU generator (``random`` is
     reseeded after a fork by Python itself, and fresh under spawn); where the
-    consumer has not imported ``numpy.random``, a reader that does seeds it
-    from the OS as it imports it, and is left to. The draws
+    consumer has not imported ``numpy.random``, a reader leaves it to seed
+    itself from the OS when something in the reader first imports it. The draws
     are not reproducible from ``seed``: which reader reads which block, and
     whether readers read at all, varies (NOTE [readers bought] in
     ``_train.feed``).

@@ -39,11 +39,13 @@ AWAKE = 250e-6
 def look(ready: Callable[[], bool], seconds: float = AWAKE) -> bool:
     """Whether ``ready()`` became true within ``seconds``, asked again and again with the CPU yielded between."""
     end = time.perf_counter() + seconds
-    while not ready():
-        if time.perf_counter() >= end:
+    while True:
+        over = time.perf_counter() >= end  # read before asking: the last ask comes after the seconds, not just before
+        if ready():
+            return True
+        if over:
             return False
         os.sched_yield()
-    return True
 
 
 class Eagerness:

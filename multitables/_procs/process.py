@@ -69,6 +69,18 @@ from .failure import FailureReport
 
 #: Seconds between checks that the consumer is still alive while busy.
 PARENT_CHECK_INTERVAL = 0.5
+#: A reader's main thread (its end) and its watch (NOTE [stuck orphans]) both unlink what a dead consumer left: one
+#: at a time, so that the watch's ``os._exit`` does not cut the other short between a name's unlink and its removal
+#: from the resource tracker (which then warned of a leaked semaphore at its exit). Seconds the watch waits for them.
+_UNLINKING, UNLINKING_WAIT = threading.Lock(), 5.0
+
+
+def _unlinking_free_in_child() -> None:
+    global _UNLINKING
+    _UNLINKING = threading.Lock()  # a child has none of its parent's threads, one of which may have held it
+
+
+os.register_at_fork(after_in_child=_unlinking_free_in_child)
 
 
 def process_start_time(pid: int) -> "str | None":
@@ -195,7 +207,8 @@ def _end_when_orphaned(reader: ReaderProcess) -> None:
                 continue
         else:
             names = ()
-        _unlink_left(names, reader.identity.semaphores)
+        _UNLINKING.acquire(timeout=UNLINKING_WAIT)  # held until the exit: the main thread's unlinks ended first
+        _unlink_left(names, reader.identity.semaphores)  # what they left, or all of it where they never ended
     finally:
         os._exit(0)  # whatever the unlink raised: an orphan that lives on reads for nobody and holds its mappings
 
@@ -257,6 +270,7 @@ def reader_main(loop: Callable[..., None], identity: ReaderIdentity, sealed: Sea
     finally:
         conn.close()
         if not reader.parent_alive():
-            _unlink_left(reader.segments, identity.semaphores)  # the consumer died, maybe before it could unlink these
+            with _UNLINKING:  # the consumer died, maybe before it could unlink these
+                _unlink_left(reader.segments, identity.semaphores)
     if failed:
         raise SystemExit(1)

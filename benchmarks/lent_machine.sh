@@ -6,7 +6,7 @@
 # OUT gets each step's log (the sections print their tables there), packed into OUT/logs.tgz at the end.
 # MIB (default 512) sizes the scaling and GPU sections' files; the probe takes half. STEP names the steps to
 # run (scaling, probe, probe-before, startup, startup-before, startup-forkserver, start-methods, gpu, gpu-before, batches,
-# batches-readers, batches-before, window-waits, epoch-start, cuda-tests; default all). Each step runs under its own time limit (9 min 45 s together at 512 MiB, in
+# batches-readers, batches-before, device-ratio, window-waits, epoch-start, cuda-tests; default all). Each step runs under its own time limit (9 min 45 s together at 512 MiB, in
 # proportion above), so one that hangs leaves the others theirs; the steps before startup-forkserver,
 # start-methods and gpu-before took 3 min 7 s together on a lent H100 machine with 16 cores (2026-11-26); on
 # another (2026-11-28) gpu, gpu-before, batches, epoch-start and cuda-tests took 83 s at 512 MiB, scaling 137 s at 1024.
@@ -29,7 +29,7 @@ set -u
 out=${1:?usage: bash benchmarks/lent_machine.sh OUT [MIB]}
 mib=${2:-512}
 shift $(($# < 2 ? $# : 2))
-steps=" ${*:-scaling probe probe-before startup startup-before startup-forkserver start-methods gpu gpu-before batches batches-readers batches-before window-waits epoch-start cuda-tests} "
+steps=" ${*:-scaling probe probe-before startup startup-before startup-forkserver start-methods gpu gpu-before batches batches-readers batches-before device-ratio window-waits epoch-start cuda-tests} "
 mkdir -p "$out" && out=$(cd "$out" && pwd)  # absolute: a step may run elsewhere
 work=$(mktemp -d "${TMPDIR:-/tmp}/lent_machine.XXXXXX")  # fresh: a file left by an earlier run is refused
 trap 'rm -rf "$work"' EXIT
@@ -80,6 +80,9 @@ if [ -d .devrun/before/multitables ]; then  # the GPU section's CPU-only loop, t
     step batches-before 60 python3 benchmarks/ab_batches.py --file "$work/gpu.h5" --mib "$mib" --packages .devrun/before . \
         --rounds 3
 fi
+# Batches into GPU memory against the stream of the same readers, alternated over rounds, with the variants
+# (more slots, one reader fewer): batches' measures each once, 0.12-0.15 s, and swung 0.86-0.95 on the H200.
+step device-ratio 60 python3 benchmarks/device_ratio.py --file "$work/gpu.h5" --mib "$mib" --rounds 5 --passes 8
 # Where a window's first batch waits on the device= path: the host's time in each call that can block it.
 step window-waits 45 python3 benchmarks/window_waits.py --file "$work/gpu.h5" --mib "$mib" ${step_ms:+--step-ms "$step_ms"}
 # The consumer's CPU at an epoch's start against mid-epoch (the machine's copy threads make the windows' orders).

@@ -457,7 +457,7 @@ class Batches(Closing, Generic[BatchT]):
             source: "Windows" = NoWindows()
             if w0 < plan.n_windows:
                 pieces = EpochPieces.of(plan, plan.bounds[w0] if carry is None else carry.pulled, rows)
-                self._feed.provide(pieces)
+                self._feed.provide(pieces, 0.0 if staging is None else staging.held)
                 source = epoch_windows(plan, w0, self._feed, pieces, self._window_memory(), carry, staging)
             k = start
             last = int(plan.window_offsets[max(0, plan.n_windows - 1)]) // s.batch_size  # the last window's first batch

@@ -473,3 +473,16 @@ def test_training_blocks_are_never_fitted_only_their_slots() -> None:
     assert plan_blocks(blocks, machine, n_procs=8, slot_bytes=4 << 20, shm_free=1 << 30).read_ahead == default_read_ahead(8)
     assert plan_blocks(blocks, machine, n_procs=8, read_ahead=30, slot_bytes=4 << 20, shm_free=64 << 20).read_ahead == 30
     assert plan_blocks(blocks, machine, n_procs=0, slot_bytes=4 << 20, shm_free=0).read_ahead == default_read_ahead(0)
+
+
+def test_a_caller_that_holds_a_share_of_the_slots_gets_as_many_more_by_default() -> None:
+    # NOTE [slots on a device]: the readers keep the default's slots; fitted to the room as any default; given, kept.
+    blocks = BlockPlan(1 << 16, 1024)
+    machine = Machine(16, "fork")
+    assert plan_blocks(blocks, machine, n_procs=16, held=0.5).read_ahead == 2 * default_read_ahead(16)
+    assert plan_blocks(blocks, machine, n_procs=16, held=0.25).read_ahead == -(-default_read_ahead(16) * 4 // 3)
+    room = int(40 / SHM_SHARE) << 20  # a ring of 40 MiB: 10 slots of 4 MiB, fewer than 16 readers' fewest
+    assert plan_blocks(blocks, machine, n_procs=16, held=0.5, slot_bytes=4 << 20, shm_free=room).read_ahead == 16 + 1
+    room = int(200 / SHM_SHARE) << 20
+    assert plan_blocks(blocks, machine, n_procs=16, held=0.5, slot_bytes=4 << 20, shm_free=room).read_ahead == 50
+    assert plan_blocks(blocks, machine, n_procs=16, read_ahead=30, held=0.5).read_ahead == 30

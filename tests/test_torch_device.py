@@ -378,6 +378,27 @@ def test_slots_held_for_their_copies_with_the_fewest_slots_a_short_shared_memory
         staging.close()
 
 
+def test_queues_started_for_a_staging_that_holds_slots_get_as_many_more(data_file: Path, no_leaks: None) -> None:
+    """A staging may hold half of each queue's slots while their copies run (NOTE [slots on a device]): queues it
+    starts get twice the default's slots, so that the readers keep the default's; host batches keep the default's,
+    and a ``read_ahead`` given is the slots, whoever iterates."""
+    from multitables._plan.readers import default_read_ahead
+    from multitables._train.device import DeviceStaging
+
+    want = epoch_rows(data_file, 1, paths=["/X"])[0]
+    for read_ahead, on_device, slots in [(None, True, 2 * default_read_ahead(2)), (None, False, default_read_ahead(2)),
+                                         (5, True, 5)]:
+        b = batches(data_file, ["/X"], epochs=1, n_procs=2, read_ahead=read_ahead)
+        staging = DeviceStaging(LateDevice(), b.row_types) if on_device else None
+        got = [tuple(a.copy() for a in batch) for batch in
+               (b.iter_into(staging.alloc, staging) if staging is not None else b)]
+        same(got, want)
+        assert b._feed.queues[0].read_ahead == slots, (read_ahead, on_device)
+        b.close()
+        if staging is not None:
+            staging.close()
+
+
 def test_an_epochs_start_waits_for_no_copy_more_recent_than_one_a_batch_in_mid_epoch_waits_for(
         data_file: Path, checked_releases: list, no_leaks: None) -> None:
     """A loop of epochs pulls each next epoch's first window straight out of its slots during the last one. Those

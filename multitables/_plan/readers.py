@@ -413,18 +413,19 @@ def read_together(
 def plan_blocks(
     blocks: "BlockPlan | RangePlan | GrowingPlan", machine: Machine, *, n_procs: int, read_ahead: "int | None" = None,
     table: int = 0, most_blocks: "int | None" = None, remote: bool = False, slot_bytes: int = 0,
-    shm_free: "int | None" = None,
+    shm_free: "int | None" = None, held: float = 0.0,
 ) -> ReadPlan:
     """How given blocks are read: ``n_procs`` readers, capped (NOTE [read plan]); the default read-ahead.
 
-    ``table``: for a :class:`GrowingPlan`, the entries of the readers' block table; ``most_blocks``: the most blocks
-    it will ever hold unread at once (caps the readers, as a fixed plan's blocks do); ``remote``: the blocks are an
-    object's; ``slot_bytes``: a block's bytes as delivered, and ``shm_free``: the shared memory free for the ring
-    (None: not known), which the default read-ahead fits into.
+    ``table``: a :class:`GrowingPlan`'s block table's entries; ``most_blocks``: the most blocks it will ever hold unread
+    (caps the readers, as a fixed plan's blocks do); ``remote``: an object's blocks; ``slot_bytes``: a block's bytes as
+    delivered; ``shm_free``: the shared memory free for the ring (None: not known), which the default read-ahead fits
+    into; ``held``: the share of the slots the caller may hold at once (a staging that takes slots: NOTE [slots on a
+    device] in ``_train.device``), which a default read-ahead adds, so that the readers keep the default's slots.
     """
     n_procs = cap_readers(n_procs, blocks.n_blocks if most_blocks is None else most_blocks, machine.cpus)
     if read_ahead is None:
-        read_ahead = default_read_ahead(n_procs, remote)
+        read_ahead = math.ceil(default_read_ahead(n_procs, remote) / (1 - held))
         if n_procs and slot_bytes and shm_free is not None:
             fits = int(SHM_SHARE * shm_free) // slot_bytes
             read_ahead = max(fewest_slots(n_procs), min(read_ahead, fits))

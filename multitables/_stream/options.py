@@ -149,6 +149,7 @@ class StreamOptions:
         *,
         table: int = 0,
         most_blocks: "int | None" = None,
+        held: float = 0.0,
     ) -> Queue:
         """An ordered queue over explicitly planned blocks of ``node`` (for the training layer; ``n_procs=0`` reads here).
 
@@ -156,7 +157,8 @@ class StreamOptions:
         layer was made; the readers check the file is still that one. A
         :class:`~multitables._plan.blocks.GrowingPlan` makes a stream that
         takes more blocks as it goes, through a block table of ``table``
-        entries (NOTE [readers across epochs] in ``_procs.stream``).
+        entries (NOTE [readers across epochs] in ``_procs.stream``). ``held``: the share of its slots that its
+        caller may hold at once, which a default ``read_ahead`` adds (``_plan.readers.plan_blocks``).
         """
         if blocks.stops and max(blocks.stops) > node.n_rows:
             raise ValueError(f"the plan reads up to row {max(blocks.stops)} but {node.path!r} has {node.n_rows} rows")
@@ -164,6 +166,6 @@ class StreamOptions:
         read = plan_blocks(
             blocks, self.machine, n_procs=n_procs, read_ahead=read_ahead, table=table, most_blocks=most_blocks,
             remote=DatasetShape.of(node).remote, slot_bytes=blocks.block_size * dtype.itemsize * int(np.prod(row_shape)),
-            shm_free=shared_memory_free() if n_procs and read_ahead is None else None,
+            shm_free=shared_memory_free() if n_procs and read_ahead is None else None, held=held,
         )
         return self.open_queue(StreamSpec(node, engine, read, True, self.cache, transform))

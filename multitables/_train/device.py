@@ -53,30 +53,23 @@ NOTE [windows on a device]
     gather read rows not yet copied.
 
 NOTE [slots on a device]
-    With the copy into the window buffer, the consumer still spent 3.25
-    CPU-seconds a second for 3.0 GB/s of batches on a lent H100, 0.36 of
-    the 8.5 GB/s that the readers put into the ring. The readers' slots are
-    shared memory that the consumer maps too, so they are page-locked where
-    they lie instead (``Queue.slot_memory``, ``cudaHostRegister``, once per
-    queue: the queues live across epochs) and each piece goes to the
-    device buffer straight out of its slots: the host copies nothing, and
-    its work per piece is a copy's launch and an event. A slot is held
-    (``DeviceStaging.take_slots``) until the event of its copy has passed:
-    given back before, a reader could write the next block into it under
-    the copy. Held slots are given back as their events pass, at the
-    latest when half of a queue's slots are held (a ``get()`` waits while
-    its caller holds them all) and before the queues are rewound or closed
-    (no held slot may outlast that): when an iteration is left or fails,
-    and when one drops a carry. A carry's slots stay held through its
-    epoch's start, as within an epoch: giving them all back when an epoch
-    ended made the host wait there for the copy just queued. The slots
-    are unlocked before their queue unmaps them, whichever way it closes
-    (``Queue.at_close``), once the copies out of them are done. A dataset
-    read in the consumer (no readers: its blocks are not in shared
-    memory), rows of another dtype, or slots that cannot be locked go
-    through the window buffer as above; a carry whose rows are on the
-    device only is dropped by a host iteration (``Carry.good_for``), which
-    reads that window again.
+    With the copy into the window buffer, the consumer still spent 3.25 CPU-seconds a second for 3.0 GB/s of batches
+    on a lent H100, 0.36 of the 8.5 GB/s that the readers put into the ring. The readers' slots are shared memory
+    that the consumer maps too, so they are page-locked where they lie instead (``Queue.slot_memory``,
+    ``cudaHostRegister``, once per queue: the queues live across epochs) and each piece goes to the device buffer
+    straight out of its slots: the host copies nothing, and its work per piece is a copy's launch and an event. A
+    slot is held (``DeviceStaging.take_slots``) until the event of its copy has passed: given back before, a reader
+    could write the next block into it under the copy. Held slots are given back as their events pass, at the latest
+    when half of a queue's slots are held (a ``get()`` waits while its caller holds them all; so queues started for
+    this staging get twice the default's slots: on a lent H200, 16 readers delivered 0.86 of their stream's rate
+    with the default's, 0.95 with twice as many, in ``benchmarks/device_ratio.py``'s rounds), and before the queues
+    are rewound or closed (no held slot may outlast that): when an iteration is left or fails, and when one drops a
+    carry. A carry's slots stay held through its epoch's start, as within an epoch: giving them all back when an
+    epoch ended made the host wait there for the copy just queued. The slots are unlocked before their queue unmaps
+    them, whichever way it closes (``Queue.at_close``), once the copies out of them are done. A dataset read in the
+    consumer (no readers: its blocks are not in shared memory), rows of another dtype, or slots that cannot be
+    locked go through the window buffer as above; a carry whose rows are on the device only is dropped by a host
+    iteration (``Carry.good_for``), which reads that window again.
 """
 
 from __future__ import annotations
@@ -323,6 +316,8 @@ class DeviceStaging(Staging):
     the host buffers and the slots, and lets the device's go.
     """
 
+    held = 0.5
+
     def __init__(self, ops: Any, types: "Sequence[tuple[np.dtype, tuple[int, ...]]]") -> None:
         self._ops, self._types = ops, [(np.dtype(d), tuple(s)) for d, s in types]
         self._host: "list[list[np.ndarray] | None]" = [None, None]  # each window buffer's arrays, page-locked
@@ -370,7 +365,7 @@ class DeviceStaging(Staging):
         self._queue_copies(buffer, sources, a, b)
         self._held.append((self._done[buffer], held))
         # A get() waits while this thread's guards hold every slot: keep at most half of the fewest slots.
-        self._give_back(min(queue.read_ahead for queue in queues) // 2)
+        self._give_back(int(min(queue.read_ahead for queue in queues) * self.held))
         return True
 
     def let_go(self) -> None:

@@ -251,14 +251,15 @@ class Feed:
         self._engines, self._reading = engines, reading
         return True
 
-    def provide(self, pieces: EpochPieces) -> None:
-        """Make :meth:`get` give ``pieces`` next, in order; readers start here the first time."""
+    def provide(self, pieces: EpochPieces, held: float = 0.0) -> None:
+        """Make :meth:`get` give ``pieces`` next, in order; readers start here the first time, their rings with room
+        for a share ``held`` of their slots held at once by the caller (``Staging.held``)."""
         wanted = pieces.keys
         if self._queues is not None and self._opened_in != os.getpid() and not multiprocessing.current_process().daemon:
             self.close()  # a fork's copy: the readers stay the parent's (NOTE [forked children]); it starts its own
         if self._queues is None or pieces.most_rows > self._slot_rows or 2 * len(wanted) + _TABLE_SLACK > self._table:
             self.close()
-            self._open(pieces)
+            self._open(pieces, held)
             return
         same = 0
         for have, want in zip(self._pending, wanted):
@@ -316,7 +317,7 @@ class Feed:
         if error is not None:
             raise error
 
-    def _open(self, pieces: EpochPieces) -> None:
+    def _open(self, pieces: EpochPieces, held: float) -> None:
         """The queues, sized for ``pieces`` with room to grow, with ``pieces`` published before their readers start."""
         n = len(pieces.starts)
         # Slots for a little more than the largest piece (a weighted draw's spans vary from epoch to epoch),
@@ -331,7 +332,8 @@ class Feed:
                 blocks.extend(pieces.starts, pieces.stops)
                 queues.append(
                     self._options.queue_over(
-                        node, engine, blocks, n_procs, self._reading.read_ahead, transform, table=self._table, most_blocks=n
+                        node, engine, blocks, n_procs, self._reading.read_ahead, transform, table=self._table, most_blocks=n,
+                        held=held,
                     )
                 )
         except BaseException as exc:

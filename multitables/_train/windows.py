@@ -93,6 +93,10 @@ class Staging:
     its first ones).
     """
 
+    #: The share of each queue's slots that this staging may hold at once (:meth:`take_slots`): queues started for it
+    #: get as many more slots by default, so that their readers keep the default's (NOTE [slots on a device]).
+    held = 0.0
+
     def __init__(self, copier: Copier) -> None:
         self.copier = copier
 

@@ -9,8 +9,10 @@ second, and PyTorch's threads share the cores with 16 readers). Here each
 round runs, in turn: the cyclic stream (``get_queue(cyclic=True)``, direct
 blocks, nothing copied: passes 2 on), and shuffled batches of 1,024 rows
 with ``device=`` (epochs 2 on), each over ``--passes`` passes after the
-one that starts its readers; the variants: the default readers with more
-slots (``read_ahead``), and one reader fewer than the default. Prints
+one that starts its readers; the variants: the default readers with the
+stream's default slots (``read_ahead``: two per reader and two, as
+``device=`` had them before it took twice as many) and with twice
+``device=``'s, and one reader fewer than the default. Prints
 every round and the medians, each against the stream's median, with the
 readers' and the consumer's CPU seconds a second.
 
@@ -113,7 +115,6 @@ def main() -> None:
     p.add_argument("--passes", type=int, default=4, help="passes (epochs) timed after the first, per run")
     p.add_argument("--procs", type=int, default=0, help="readers (0: the CPUs this process may use)")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--read-ahead", type=int, default=0, help="the variant's slots (0: four per reader and two)")
     args = p.parse_args()
     import torch
 
@@ -129,13 +130,17 @@ def main() -> None:
         while f.read(16 << 20):
             pass
     n = args.procs or len(os.sched_getaffinity(0))
-    slots = args.read_ahead or 4 * n + 2
+    from multitables._plan.readers import default_read_ahead
+
+    stream_slots = default_read_ahead(n)
     stream = multitables.Streamer(args.file)
     runs: "dict[str, Callable[[], tuple[float, float, float]]]" = {
         f"stream, {n} readers, cyclic": lambda: stream_rate(stream, n, args.passes),
         f"device={args.device!r}, {n} readers": lambda: batches_rate(stream, n, args.passes, args.device),
-        f"device={args.device!r}, {n} readers, read_ahead={slots}":
-            lambda: batches_rate(stream, n, args.passes, args.device, read_ahead=slots),
+        f"device={args.device!r}, {n} readers, read_ahead={stream_slots} (the stream's default)":
+            lambda: batches_rate(stream, n, args.passes, args.device, read_ahead=stream_slots),
+        f"device={args.device!r}, {n} readers, read_ahead={4 * stream_slots}":
+            lambda: batches_rate(stream, n, args.passes, args.device, read_ahead=4 * stream_slots),
         f"device={args.device!r}, {max(1, n - 1)} readers": lambda: batches_rate(stream, max(1, n - 1), args.passes, args.device),
     }
     got: "dict[str, list[tuple[float, float, float]]]" = {label: [] for label in runs}

@@ -460,7 +460,7 @@ class Batches(Closing, Generic[BatchT]):
                 self._feed.provide(pieces, 0.0 if staging is None else staging.held)
                 source = epoch_windows(plan, w0, self._feed, pieces, self._window_memory(), carry, staging)
             k = start
-            last = int(plan.window_offsets[max(0, plan.n_windows - 1)]) // s.batch_size  # the last window's first batch
+            last = plan.window_offsets[max(0, plan.n_windows - 1)] // s.batch_size  # the last window's first batch
             for arrays in (cutting := cut(source, skip, s.batch_size, alloc)):
                 batch, k = made(arrays), k + 1  # made (tensors too), then counted: NOTE [delivered batches]
                 if self._closing:  # closed under the step: not counted, closed at the chain's end, NOTE [closed mid-step]

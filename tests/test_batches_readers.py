@@ -330,7 +330,7 @@ def test_the_next_epochs_first_window_is_read_during_this_epoch(rows_file, no_le
 
     def get(feed: Feed):  # type: ignore[no-untyped-def]
         if watched and feed is watched[0]._feed:
-            epoch, piece = feed._pending[0]
+            epoch, piece = feed._pending.next()
             taken.append((watched[0].epoch, epoch, piece))
         return real_get(feed)
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from multitables._plan.epoch import EpochSettings
+from multitables._plan.epoch import EpochSettings, RankEpoch
 
 
 @st.composite
@@ -79,6 +79,18 @@ def test_reads_stay_within_blocks_and_keep_whole_blocks(s: EpochSettings, epoch:
             if 0 < i < len(plan.starts) - 1:  # only a rank's first and last piece may be part of a block
                 assert a % s.block_size == 0 and b == min(a + s.block_size, s.n_rows)
         assert all(hi - lo <= s.window for lo, hi in zip(plan.bounds, plan.bounds[1:]))
+
+
+@given(epoch_settings(), st.integers(0, 5))
+def test_a_plans_piece_sizes_and_window_offsets_are_those_of_its_pieces(s: EpochSettings, epoch: int) -> None:
+    # rank_epoch makes them from its arrays; a plan made of its pieces alone, from those.
+    for r in range(s.world_size):
+        plan = s.rank_epoch(epoch, r)
+        again = RankEpoch(s, epoch, r, plan.starts, plan.stops, plan.bounds)
+        assert plan.sizes == again.sizes == tuple(b - a for a, b in zip(plan.starts, plan.stops))
+        assert plan.window_offsets == again.window_offsets == tuple(sum(again.sizes[:i]) for i in plan.bounds)
+        assert all(type(x) is int for x in plan.sizes + plan.window_offsets)  # Python's: looked up one at a time
+        assert plan == again and plan.n_rows == s.rank_rows(r)
 
 
 @settings(max_examples=200, deadline=None)

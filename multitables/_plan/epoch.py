@@ -51,8 +51,9 @@ NOTE [elastic resume]
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from functools import cached_property
+import bisect
+import itertools
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
 import numpy as np
@@ -157,7 +158,10 @@ class EpochSettings:
         piece_stops = starts[first : last + 1] + np.minimum(sizes[first : last + 1], hi - seq_start)
         n_pieces = len(piece_starts)
         bounds = tuple(range(0, n_pieces, self.window)) + (n_pieces,)
-        return RankEpoch(self, epoch, rank, tuple(piece_starts.tolist()), tuple(piece_stops.tolist()), bounds)
+        sizes = piece_stops - piece_starts
+        offsets = np.concatenate([[0], np.cumsum(sizes)])[np.asarray(bounds)]
+        return RankEpoch(self, epoch, rank, tuple(piece_starts.tolist()), tuple(piece_stops.tolist()), bounds,
+                         tuple(sizes.tolist()), tuple(offsets.tolist()))
 
 
 @dataclass(frozen=True)
@@ -174,6 +178,20 @@ class RankEpoch:
     starts: tuple[int, ...]
     stops: tuple[int, ...]
     bounds: tuple[int, ...]
+    # Made from the arrays they come of where the plan is (rank_epoch), and Python ints (an epoch's first batch looks
+    # them up: made there from the tuples, and searched as an array, they cost it 70 us of its 0.5 ms on the 2-core VM,
+    # benchmarks/epoch_start.py).
+    #: Rows of each piece.
+    sizes: "tuple[int, ...]" = field(default=(), compare=False, repr=False)
+    #: Where each window starts in the rank's delivered order, and (last) the rank's row count.
+    window_offsets: "tuple[int, ...]" = field(default=(), compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if len(self.sizes) != len(self.starts):
+            object.__setattr__(self, "sizes", tuple(b - a for a, b in zip(self.starts, self.stops)))
+        if len(self.window_offsets) != len(self.bounds):
+            ends = (0, *itertools.accumulate(self.sizes))
+            object.__setattr__(self, "window_offsets", tuple(ends[b] for b in self.bounds))
 
     @property
     def n_windows(self) -> int:
@@ -181,17 +199,10 @@ class RankEpoch:
 
     @property
     def n_rows(self) -> int:
-        return int(self.window_offsets[-1])
-
-    @cached_property
-    def window_offsets(self) -> np.ndarray:
-        """Where each window starts in the rank's delivered order, and (last) the rank's row count."""
-        sizes = np.asarray(self.stops, np.int64) - np.asarray(self.starts, np.int64)
-        piece_ends = np.concatenate([[0], np.cumsum(sizes)])
-        return piece_ends[list(self.bounds)]
+        return self.window_offsets[-1]
 
     def window_rows(self, w: int) -> int:
-        return int(self.window_offsets[w + 1] - self.window_offsets[w])
+        return self.window_offsets[w + 1] - self.window_offsets[w]
 
     def window_perm(self, w: int) -> "np.ndarray | None":
         """The order of window ``w``'s rows (positions in the window as read), or None when not shuffled."""
@@ -201,9 +212,8 @@ class RankEpoch:
 
     def locate(self, row: int) -> tuple[int, int]:
         """The window holding position ``row`` of the rank's delivered order, and the position within it."""
-        w = int(np.searchsorted(self.window_offsets, row, side="right")) - 1
-        w = min(w, self.n_windows)
-        return w, row - int(self.window_offsets[w])
+        w = min(bisect.bisect_right(self.window_offsets, row) - 1, self.n_windows)
+        return w, row - self.window_offsets[w]
 
     def window_order(self, w: int) -> np.ndarray:
         """Source rows of window ``w`` in delivered order."""

@@ -254,9 +254,7 @@ def default_read_ahead(n_procs: int, remote: bool = False) -> int:
     """Slots in the ring: one being filled per reader, as many ready, and the consumer's. For an object, one being
     filled per reader and two ready: its readers are more and its blocks larger (NOTE [read plan]), and a block waits
     on the network longer than the consumer takes it."""
-    if remote:
-        return max(n_procs, 1) + 2
-    return 2 * max(n_procs, 1) + 2
+    return max(n_procs, 1) + 2 if remote else 2 * max(n_procs, 1) + 2
 
 
 def hint_distance(n_readers: int, filter_ids: "tuple[int, ...]") -> int:

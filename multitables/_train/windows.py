@@ -283,7 +283,7 @@ class ShuffledWindows(Windows):
     @staticmethod
     def _fill(plan: RankEpoch, w: int, pieces: "EpochPieces", buffer: int) -> _Fill:
         lo, hi = plan.bounds[w], plan.bounds[w + 1]
-        rows = [b - a for a, b in zip(plan.starts[lo:hi], plan.stops[lo:hi])]
+        rows = list(plan.sizes[lo:hi])
         if pieces.selections is None:
             selections: "list[np.ndarray | None]" = [None] * len(rows)
         else:  # a carry's pieces (before ``pieces.first``) were pulled last epoch, and are not pulled again

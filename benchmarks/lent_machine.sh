@@ -84,7 +84,7 @@ fi
 # (more slots, one reader fewer): batches' measures each once, 0.12-0.15 s, and swung 0.86-0.95 on the H200.
 step device-ratio 60 python3 benchmarks/device_ratio.py --file "$work/gpu.h5" --mib "$mib" --rounds 5 --passes 8
 # Where a window's first batch waits on the device= path: the host's time in each call that can block it.
-step window-waits 45 python3 benchmarks/window_waits.py --file "$work/gpu.h5" --mib "$mib" ${step_ms:+--step-ms "$step_ms"}
+step window-waits 45 python3 benchmarks/window_waits.py --file "$work/gpu.h5" --mib "$mib" --epochs 6 ${step_ms:+--step-ms "$step_ms"}
 # The consumer's CPU at an epoch's start against mid-epoch (the machine's copy threads make the windows' orders).
 step epoch-start 45 python3 benchmarks/epoch_start.py --file "$work/gpu.h5" --mib "$mib"
 step cuda-tests 60 python3 -m pytest -q -p no:cacheprovider tests/test_torch_device.py

@@ -11,7 +11,8 @@ and charged to the batch being fetched:
 
 * ``host_wait``: the host waits for a copy's event (a window buffer to be written again, a slot to be given back);
 * ``index``: a window's order copied to the device;
-* ``device_wait``, ``copy``, ``record``: queued device work (should be short);
+* ``device_wait``, ``copy``, ``record``, ``ordered``, ``training_mark``: queued device work (should be short);
+* ``done``: whether a copy's event has passed (a slot can be given back);
 * ``Queue.get``: the wait for the readers' next block;
 * ``Future.result``: a window's order (made on another thread), the copy threads' work.
 
@@ -69,7 +70,7 @@ def main() -> None:
     if device.type == "cuda":
         from multitables._train.device import CudaOps
 
-        for name in ("host_wait", "index", "device_wait", "copy", "record"):
+        for name in ("host_wait", "index", "device_wait", "copy", "record", "ordered", "training_mark", "done"):
             time_calls(CudaOps, name, charge(name))
     time_calls(Queue, "get", charge("Queue.get"))
     time_calls(Future, "result", charge("Future.result"))

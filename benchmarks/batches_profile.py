@@ -113,7 +113,7 @@ def host_copies(device: str) -> None:
     import numpy as np
     import torch
 
-    from multitables._train.device import CudaOps
+    from multitables._train.cuda import cuda_ops
 
     windows = _buffers_home()
 
@@ -121,7 +121,7 @@ def host_copies(device: str) -> None:
     src = np.ones((piece, 1024), np.float32)
     buf = windows.empty_window_buffer((rows, 1024), np.float32)
     copier = windows.Copier(windows.copy_threads())
-    ops = CudaOps(torch.device(device)) if device.startswith("cuda") else None
+    ops = cuda_ops(torch.device(device)) if device.startswith("cuda") else None
     dev = ops.window(buf.shape, buf.dtype) if ops is not None else None
     try:
         for label in ("as it is", "page-locked", "page-locked, each piece then copied to the device"):

@@ -87,7 +87,7 @@ step device-ratio 60 python3 benchmarks/device_ratio.py --file "$work/gpu.h5" --
 step window-waits 45 python3 benchmarks/window_waits.py --file "$work/gpu.h5" --mib "$mib" --epochs 6 ${step_ms:+--step-ms "$step_ms"}
 # The consumer's CPU at an epoch's start against mid-epoch (the machine's copy threads make the windows' orders).
 step epoch-start 45 python3 benchmarks/epoch_start.py --file "$work/gpu.h5" --mib "$mib"
-step cuda-tests 60 python3 -m pytest -q -p no:cacheprovider tests/test_torch_device.py
+step cuda-tests 60 python3 -m pytest -q -p no:cacheprovider tests/test_torch_device.py tests/test_cuda.py
 # Starting 16 readers: the probe's zlib file, or else the GPU section's (its rows are /X).
 started=("$work/probe/probe-zlib-3-$((mib / 2)).h5")
 [ -f "${started[0]}" ] || started=("$work/gpu.h5" --path /X)

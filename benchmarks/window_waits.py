@@ -68,10 +68,12 @@ def main() -> None:
 
     device = torch.device(args.device)
     if device.type == "cuda":
-        from multitables._train.device import CudaOps
+        from multitables._train.cuda import CudaOps, RuntimeOps
 
         for name in ("host_wait", "index", "device_wait", "copy", "record", "ordered", "training_mark", "done"):
             time_calls(CudaOps, name, charge(name))
+            if name in RuntimeOps.__dict__:  # the runtime's own calls (NOTE [the runtime's own calls])
+                time_calls(RuntimeOps, name, charge(name))
     time_calls(Queue, "get", charge("Queue.get"))
     time_calls(Future, "result", charge("Future.result"))
     if not os.path.exists(args.file):

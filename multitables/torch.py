@@ -268,16 +268,17 @@ class TorchBatches(Closing, IterableDataset[TensorBatchT]):
 
     def _delivered(self) -> Iterator[TensorBatch]:
         """Batches gathered into page-locked memory, and copied to the device (NOTE [batches on a device])."""
-        from ._train.device import CudaOps, Delivery
+        from ._train.cuda import cuda_ops
+        from ._train.device import Delivery
 
         if isinstance(self.batches, MixedBatches) or any(dtype.names for dtype, _ in self.batches.row_types):
             # A mix's batches, and a table's columns (fields=), are made before they come: copied to page-locked memory.
             made = Delivery(self.device, self.pin_memory, None, ())
             send = functools.partial(made.send, gathered=False)
             return self.batches.iter_as(send) if isinstance(self.batches, MixedBatches) else self.batches.iter_into(convert=send)
-        device = self.device  # the lambda's, narrowed: made a CudaOps later, at the first batch
+        device = self.device  # the lambda's, narrowed: the device's calls made later, at the first batch
         if device is not None and device.type == "cuda" and self.batches.shuffle:
-            return self._gathered_on_device(lambda: CudaOps(device))  # a generator: its end settles the copies
+            return self._gathered_on_device(lambda: cuda_ops(device))  # a generator: its end settles the copies
         delivery = Delivery(self.device, self.pin_memory, self.batches.row_types, self.batches.paths)
         return self.batches.iter_into(delivery.alloc, convert=functools.partial(delivery.send, gathered=True))
 

@@ -507,7 +507,7 @@ def test_any_turns_of_device_and_host_iterations_give_the_planned_batches(data_f
 def test_the_adapters_device_way_on_cpu_tensors_gives_the_rows_of_plain_batches(data_file: Path, no_leaks: None) -> None:
     """The adapter's way for a GPU (NOTE [windows on a device]) run with ``CudaOps``' copies, index and gather on CPU
     tensors: all of it but the stream, the events and the page-locking, which need CUDA."""
-    from multitables._train.device import CudaOps
+    from multitables._train.cuda import CudaOps
 
     class CpuTensorOps(CudaOps):
         def __init__(self) -> None:

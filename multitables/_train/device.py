@@ -47,7 +47,7 @@ NOTE [windows on a device]
     last window (an event recorded when that window is closed: waiting for
     all the training stream had queued held the next window's copies, and
     their slots, behind the steps in flight). The GPU holds two window
-    buffers per dataset (2 x 256 MiB by default). The device calls are :class:`CudaOps`'; the tests drive
+    buffers per dataset (2 x 256 MiB by default). The device calls are ``_train.cuda``'s; the tests drive
     :class:`DeviceStaging` on the CPU with calls that run each copy late,
     at its wait, and fail where a copy's rows changed before it ran or a
     gather read rows not yet copied.
@@ -75,7 +75,6 @@ NOTE [slots on a device]
 from __future__ import annotations
 
 import functools
-import threading
 import weakref
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable, Sequence
@@ -83,22 +82,11 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 import torch
 
+from .cuda import torch_dtype
 from .windows import Order, Staging, Window
 
 if TYPE_CHECKING:
     from .._stream.queue import Guard, Queue
-
-
-def _torch_dtype(dtype: np.dtype, path: str) -> torch.dtype:
-    if not dtype.isnative:
-        raise TypeError(
-            f"rows of {path!r} are stored in non-native byte order ({dtype}); device= and pin_memory= need "
-            f"native rows: leave them out (the batches are then converted on the CPU)"
-        )
-    try:
-        return torch.from_numpy(np.empty(0, dtype)).dtype
-    except TypeError as exc:
-        raise TypeError(f"rows of {path!r} have dtype {dtype}, which PyTorch cannot hold in a tensor") from exc
 
 
 class Delivery:
@@ -114,7 +102,7 @@ class Delivery:
         self.device = device
         self._on_gpu = device is not None and device.type == "cuda"
         self._pin = pin_memory or self._on_gpu
-        self._types = None if types is None else [(_torch_dtype(np.dtype(d), p), tuple(s)) for (d, s), p in zip(types, paths)]
+        self._types = None if types is None else [(torch_dtype(np.dtype(d), p), tuple(s)) for (d, s), p in zip(types, paths)]
         self._stream = torch.cuda.Stream(device=device) if self._on_gpu else None
         self._current: "list[torch.Tensor]" = []  # the page-locked tensors of the batch being gathered
 
@@ -141,7 +129,7 @@ class Delivery:
         return out[0] if isinstance(batch, np.ndarray) else tuple(out)
 
     def _locked(self, array: np.ndarray) -> torch.Tensor:
-        host = torch.empty(array.shape, dtype=_torch_dtype(array.dtype, ""), pin_memory=self._pin)
+        host = torch.empty(array.shape, dtype=torch_dtype(array.dtype, ""), pin_memory=self._pin)
         host.numpy()[...] = array
         return host
 
@@ -156,135 +144,6 @@ class Delivery:
         training.wait_stream(self._stream)
         moved.record_stream(training)
         return moved
-
-
-#: ``cudaHostRegisterPortable``: the memory is page-locked for every CUDA context, whichever device is current.
-_PORTABLE = 1
-
-
-class CudaOps:
-    """The CUDA calls of a :class:`DeviceStaging` (NOTE [windows on a device]): page-locking in place, copies on a
-    stream of their own, events, and the gather."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self._stream = torch.cuda.Stream(device=device)
-        self._cudart = torch.cuda.cudart()
-        #: Per window buffer, and whether copied ahead: a page-locked index, and its last copy's event.
-        self._index: "dict[tuple[int, bool], tuple[torch.Tensor, Any]]" = {}
-        self._indexing = threading.Lock()
-
-    def lock(self, array: np.ndarray) -> None:
-        """Page-lock ``array``'s memory where it lies, until :meth:`unlock` (for every device: "portable")."""
-        if array.nbytes:
-            self.lock_memory(array.ctypes.data, array.nbytes, "a shuffle window's buffer")
-
-    def unlock(self, array: np.ndarray) -> None:
-        if array.nbytes:
-            self.unlock_memory(array.ctypes.data)
-
-    def lock_memory(self, address: int, nbytes: int, what: str) -> None:
-        """Page-lock ``nbytes`` bytes at ``address`` where they lie, until :meth:`unlock_memory`; ``what`` they are, for
-        the error."""
-        try:
-            torch.cuda.check_error(self._cudart.cudaHostRegister(address, nbytes, _PORTABLE))
-        except torch.cuda.CudaError as exc:
-            raise RuntimeError(f"device={str(self.device)!r}: {what} ({nbytes:,} bytes) could not be page-locked in "
-                               f"place (cudaHostRegister: {exc})") from exc
-
-    def unlock_memory(self, address: int) -> None:
-        self._cudart.cudaHostUnregister(address)
-
-    def done(self, event: Any) -> bool:
-        """Whether the copies before ``event`` have run (the CPU does not wait)."""
-        return bool(event.query())
-
-    def drain(self) -> None:
-        """Return once every copy queued on this staging's stream has run."""
-        self._stream.synchronize()
-
-    def empty(self, shape: "tuple[int, ...]", dtype: np.dtype) -> torch.Tensor:
-        return torch.empty(shape, dtype=_torch_dtype(np.dtype(dtype), ""), device=self.device)
-
-    def window(self, shape: "tuple[int, ...]", dtype: np.dtype) -> torch.Tensor:
-        """A window buffer's copy on the device."""
-        try:
-            return self.empty(shape, dtype)
-        except torch.cuda.OutOfMemoryError as exc:
-            raise torch.cuda.OutOfMemoryError(
-                f"the shuffle window's copy on {self.device} ({int(np.prod(shape)) * np.dtype(dtype).itemsize:,} bytes, "
-                f"two per dataset: NOTE [windows on a device]) does not fit; give get_batches a smaller window=. {exc}"
-            ) from exc
-
-    def copy(self, dst: torch.Tensor, src: np.ndarray) -> None:
-        """``dst[...] = src``, queued on this staging's stream (``src`` page-locked: the CPU does not wait)."""
-        with torch.cuda.stream(self._stream):
-            dst.copy_(torch.from_numpy(src), non_blocking=True)
-
-    def record(self) -> Any:
-        """An event after the copies queued so far (a CPU waiting for it sleeps: the readers need the cores)."""
-        event = torch.cuda.Event(blocking=True)
-        event.record(self._stream)
-        return event
-
-    def host_wait(self, event: Any) -> None:
-        event.synchronize()
-
-    def device_wait(self, event: Any) -> None:
-        torch.cuda.current_stream(self.device).wait_event(event)
-
-    def training_mark(self) -> Any:
-        """An event after what the training stream has queued so far."""
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(self.device))
-        return event
-
-    def copies_after(self, event: Any) -> None:
-        """Copies queued from now on run after ``event`` (on the GPU: the CPU does not wait)."""
-        self._stream.wait_event(event)
-
-    def index(self, perm: np.ndarray, buffer: int) -> torch.Tensor:
-        """``perm`` on the device, for the gathers out of window buffer ``buffer``, copied on the training stream.
-
-        Through page-locked memory, kept per buffer: from pageable memory the copy would first wait for the training
-        stream, and a fresh page-locked array (``pin_memory()``) cost 6.5 ms a window on the lent H200. On the CPU
-        (where the tests run these calls): the array itself."""
-        return self._copied_index(perm, buffer, ahead=False)[0]
-
-    def index_ahead(self, perm: np.ndarray, buffer: int) -> "tuple[torch.Tensor, Any]":
-        """As :meth:`index`, from any thread, before the window is delivered: copied on this staging's stream; the
-        index, and the event after its copy, for :meth:`ordered`."""
-        return self._copied_index(perm, buffer, ahead=True)
-
-    def ordered(self, index: torch.Tensor, copied: Any) -> None:
-        """The training stream waits for :meth:`index_ahead`'s copy (on the GPU), and is its user: the index's
-        memory, made on this staging's stream, is not reused before the training stream's gathers out of it ran."""
-        if copied is None:  # on the CPU
-            return
-        torch.cuda.current_stream(self.device).wait_event(copied)
-        index.record_stream(torch.cuda.current_stream(self.device))
-
-    def _copied_index(self, perm: np.ndarray, buffer: int, ahead: bool) -> "tuple[torch.Tensor, Any]":
-        perm = np.ascontiguousarray(perm, dtype=np.int64)
-        if self.device.type != "cuda":
-            return torch.from_numpy(perm), None
-        stream = self._stream if ahead else torch.cuda.current_stream(self.device)
-        with self._indexing:  # copy threads: an abandoned iteration's order, a new one's, for one buffer
-            host, copied = self._index.get((buffer, ahead), (None, None))
-            if copied is not None:
-                copied.synchronize()  # the last copy out of it has run (a window ago: long done)
-            if host is None or len(host) < len(perm):
-                host = torch.empty(len(perm), dtype=torch.int64, pin_memory=True)
-            host[: len(perm)].numpy()[...] = perm
-            with torch.cuda.stream(stream):
-                on_device = host[: len(perm)].to(self.device, non_blocking=True)
-                copied = torch.cuda.Event(blocking=True)
-                copied.record(stream)
-            self._index[buffer, ahead] = (host, copied)
-        return on_device, copied
-
-    def gather(self, src: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> None:
-        torch.index_select(src, 0, index, out=out)
 
 
 class DeviceWindow(Window):
@@ -310,7 +169,7 @@ class DeviceWindow(Window):
 class DeviceStaging(Staging):
     """Shuffled windows copied to a device as their pieces are pulled, and gathered there (NOTE [windows on a device]).
 
-    ``ops``: the device's calls (:class:`CudaOps`); ``types``: the delivered
+    ``ops``: the device's calls (``_train.cuda.cuda_ops``); ``types``: the delivered
     dtype and row shape of each path, for :meth:`alloc`. Owned by one
     adapter over one batches; :meth:`close` waits for the copies, unlocks
     the host buffers and the slots, and lets the device's go.

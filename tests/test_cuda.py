@@ -1,0 +1,168 @@
+"""A device staging's CUDA calls (``_train.cuda``): PyTorch's, or the runtime's own (NOTE [the runtime's own calls]).
+
+Without CUDA, the runtime's calls are driven by a fake runtime that records
+them; with it, the adapter's batches through either kind of calls are the
+rows of CPU batches.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+mt = pytest.importorskip("multitables.torch")
+
+import multitables  # noqa: E402
+from multitables._train import cuda  # noqa: E402
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="needs CUDA: torch.cuda.is_available() is False on this machine")
+
+
+class FakeRuntime:
+    """The runtime's calls that :class:`cuda.Event` and :class:`cuda.RuntimeOps` make, recorded; events are numbered
+    and belong to the device current where they were made."""
+
+    def __init__(self, device: int = 0) -> None:
+        self.device, self.calls, self.events, self.destroyed = device, [], {}, []
+        self.pending: set = set()  # events whose work has not run
+
+    def get_device(self, out: object) -> int:
+        ctypes.cast(out, ctypes.POINTER(ctypes.c_int))[0] = self.device
+        return 0
+
+    def set_device(self, device: int) -> int:
+        self.calls.append(("set_device", device))
+        self.device = device
+        return 0
+
+    def event_create(self, out: object, flags: int) -> int:
+        handle = 1000 + len(self.events)
+        self.events[handle] = (self.device, flags)
+        ctypes.cast(out, ctypes.POINTER(ctypes.c_void_p))[0] = handle
+        return 0
+
+    def event_destroy(self, handle: int) -> int:
+        self.destroyed.append(handle)
+        return 0
+
+    def event_record(self, handle: int, stream: int) -> int:
+        self.calls.append(("record", handle, stream))
+        return 0
+
+    def event_query(self, handle: int) -> int:
+        return cuda._NOT_READY if handle in self.pending else 0
+
+    def memcpy_async(self, dst: int, src: int, nbytes: int, kind: int, stream: int) -> int:
+        self.calls.append(("memcpy", dst, src, nbytes, kind, stream))
+        return 0
+
+    def stream_wait_event(self, stream: int, handle: int, flags: int) -> int:
+        self.calls.append(("wait", stream, handle))
+        return 0
+
+    check = cuda.Runtime.check
+
+    def _error(self, rc: int) -> bytes:
+        return b"an error of the fake"
+
+
+def test_an_event_is_made_on_the_stagings_device_and_the_current_one_kept() -> None:
+    runtime = FakeRuntime(device=1)
+    here = cuda.Event(runtime, cuda._BLOCKING, 1)  # type: ignore[arg-type]
+    there = cuda.Event(runtime, cuda._NO_TIMING, 0)  # type: ignore[arg-type]
+    assert runtime.events[here.handle] == (1, cuda._BLOCKING) and runtime.events[there.handle] == (0, cuda._NO_TIMING)
+    assert runtime.calls == [("set_device", 0), ("set_device", 1)] and runtime.device == 1
+    handles = [here.handle, there.handle]
+    del here, there
+    assert runtime.destroyed == handles
+
+
+def test_a_forked_child_leaves_its_parents_events_alone() -> None:
+    runtime = FakeRuntime()
+    event = cuda.Event(runtime, 0, 0)  # type: ignore[arg-type]
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child drops its copy: no call of a runtime it may not have
+        os.close(read)
+        del event
+        os.write(write, str(len(runtime.destroyed)).encode())
+        os._exit(0)
+    os.close(write)
+    assert os.read(read, 16) == b"0"
+    os.close(read)
+    os.waitpid(pid, 0)
+    handle = event.handle
+    del event
+    assert runtime.destroyed == [handle]
+
+
+def test_a_failed_call_is_raised_with_the_runtimes_words() -> None:
+    with pytest.raises(RuntimeError, match="cudaEventRecord failed: CUDA error 700, an error of the fake"):
+        FakeRuntime().check(700, "cudaEventRecord")
+
+
+def fake_ops(runtime: FakeRuntime) -> "cuda.RuntimeOps":
+    """RuntimeOps over ``runtime``, with its streams numbered (no CUDA here: made without its __init__)."""
+    ops = cuda.RuntimeOps.__new__(cuda.RuntimeOps)
+    ops.device, ops._stream, ops._runtime, ops._ordinal, ops._raw = torch.device("cpu"), None, runtime, 0, 77
+    ops._training_stream = lambda: 55
+    return ops
+
+
+def test_the_runtimes_copies_events_and_waits_go_where_pytorchs_did() -> None:
+    runtime = FakeRuntime()
+    ops = fake_ops(runtime)  # type: ignore[arg-type]
+    src = np.arange(24, dtype=np.float32).reshape(6, 4)
+    dst = torch.empty(10, 4)
+    ops.copy(dst[2:8], src)
+    assert runtime.calls.pop() == ("memcpy", dst[2:].data_ptr(), src.ctypes.data, src.nbytes, cuda._HOST_TO_DEVICE, 77)
+    ops.copy(dst[0:0], src[:0])  # nothing to copy: no call
+    with pytest.raises(RuntimeError, match="must match"):  # sizes that differ: PyTorch's copy, which refuses them
+        ops.copy(dst[:3], src[:2])
+    assert runtime.calls == []
+    copied = ops.record()
+    assert runtime.calls.pop() == ("record", copied.handle, 77) and runtime.events[copied.handle][1] == cuda._NO_TIMING | cuda._BLOCKING
+    mark = ops.training_mark()
+    assert runtime.calls.pop() == ("record", mark.handle, 55) and runtime.events[mark.handle][1] == cuda._NO_TIMING
+    ops.device_wait(copied)
+    ops.copies_after(mark)
+    assert runtime.calls == [("wait", 55, copied.handle), ("wait", 77, mark.handle)]
+    runtime.pending.add(copied.handle)
+    assert not ops.done(copied) and ops.done(mark)
+
+
+@pytest.fixture
+def data_file(tmp_path: Path) -> Path:
+    path = tmp_path / "d.h5"
+    i = np.arange(3000)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("X", data=np.stack([i, -i], axis=1).astype("<f4"), chunks=(50, 2), compression="gzip")
+        f.create_dataset("y", data=i.astype("<i8"), chunks=(100,))
+    return path
+
+
+@needs_cuda
+@pytest.mark.parametrize("runtime", [True, False])
+def test_shuffled_batches_on_the_gpu_through_either_calls_are_the_rows_of_cpu_batches(
+        data_file: Path, runtime: bool, monkeypatch: pytest.MonkeyPatch, no_leaks: None) -> None:
+    if not runtime:
+        monkeypatch.setattr(cuda, "_runtime_path", lambda: None)
+    else:
+        assert cuda._runtime_path() is not None, "no libcudart mapped: the runtime's own calls are not tried here"
+    kw = dict(n_procs=2, block_size=100, window=4, seed=1, epochs=3)
+    stream = multitables.Streamer(data_file)
+    plain = [tuple(t.clone() for t in b) for b in mt.get_batches(stream, ["/X", "/y"], 64, **kw)]
+    gpu = mt.get_batches(stream, ["/X", "/y"], 64, device="cuda", **kw)
+    got = [tuple(t.cpu() for t in b) for b in gpu]
+    assert type(gpu._staging._ops) is (cuda.RuntimeOps if runtime else cuda.CudaOps)
+    torch.cuda.synchronize()
+    assert len(got) == len(plain)
+    assert all(torch.equal(m, t) for mine, theirs in zip(got, plain) for m, t in zip(mine, theirs))
+    gpu.close()

@@ -273,6 +273,10 @@ class Event:
             self._runtime.event_destroy(self.handle)
 
 
+#: PyTorch's current stream of a device, as the runtime's handle, in one C call (None: a PyTorch without it).
+_CURRENT_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 class RuntimeOps(CudaOps):
     """:class:`CudaOps` with the copies, events and waits made by the CUDA runtime itself (NOTE [the runtime's own
     calls]); ``runtime``: the library PyTorch loaded."""
@@ -282,9 +286,13 @@ class RuntimeOps(CudaOps):
         self._runtime = runtime
         self._ordinal = self._stream.device_index  # the stream's device: the staging's
         self._raw = self._stream.cuda_stream
-        current = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # a C call; else through a Stream object
-        self._training_stream = (lambda: current(self._ordinal)) if current is not None else \
-            (lambda: torch.cuda.current_stream(self.device).cuda_stream)
+
+    def _training_stream(self) -> int:
+        """The current stream of the staging's device: the training stream (a method: a lambda kept here would make
+        this object a cycle, left to the collector, whose page-locked index would be freed in a reader)."""
+        if _CURRENT_RAW_STREAM is not None:  # a C call
+            return int(_CURRENT_RAW_STREAM(self._ordinal))
+        return int(torch.cuda.current_stream(self.device).cuda_stream)
 
     def copy(self, dst: torch.Tensor, src: np.ndarray) -> None:
         nbytes = src.nbytes

@@ -13,7 +13,9 @@ asking for readers is refused, saying why, before anything starts.
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -112,6 +114,74 @@ def ids_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with h5py.File(path, "w") as f:
         f.create_dataset("x", data=np.arange(1000, dtype="<i8").reshape(1000, 1), chunks=(50, 1), compression="gzip")
     return path
+
+
+class _Garbage:
+    """A cycle left to the collector, whose finalizer writes the pid of the process that collected it to ``fd``."""
+
+    def __init__(self, fd: int) -> None:
+        self.me, self.fd = self, fd
+
+    def __del__(self) -> None:
+        os.write(self.fd, f"{os.getpid()} ".encode())
+
+
+def _collected_by(read: int, write: int) -> "list[int]":
+    os.close(write)
+    got = b""
+    while chunk := os.read(read, 4096):
+        got += chunk
+    os.close(read)
+    return [int(pid) for pid in got.split()]
+
+
+@pytest.mark.parametrize("collecting", [True, False])
+def test_a_process_forked_as_a_reader_never_collects_the_garbage_it_inherited(collecting: bool) -> None:
+    # NOTE [the consumer's garbage]: a CUDA tensor freed in a forked child aborts it. The child's own collections go
+    # on, with the collector on or off as it was in the parent.
+    from multitables._sys.forks import collector_paused_for_readers
+
+    read, write = os.pipe()
+    was = gc.isenabled()
+    (gc.enable if collecting else gc.disable)()
+    try:
+        with collector_paused_for_readers():
+            _Garbage(write)  # here the garbage waits for the collector, as at any fork
+            pid = os.fork()
+            if pid == 0:
+                gc.collect()
+                os._exit(0 if gc.isenabled() == collecting else 3)
+        assert gc.isenabled() == collecting
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert os.waitpid(pid, 0)[1] == 0
+    gc.collect()
+    assert _collected_by(read, write) == [os.getpid()]
+
+
+def test_readers_leave_the_consumers_garbage_to_the_consumer(ids_file: Path, no_leaks: None) -> None:
+    import multitables
+
+    consumer = os.getpid()
+
+    def collecting(rows: np.ndarray) -> np.ndarray:  # a transform that makes the readers collect (as any might)
+        if os.getpid() != consumer:
+            gc.collect()
+        return rows
+
+    read, write = os.pipe()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        _Garbage(write)
+        b = multitables.Streamer(ids_file).get_batches("/x", 100, n_procs=2, shuffle=False, transform=collecting)
+        assert np.concatenate(list(b)).ravel().tolist() == list(range(1000))
+        assert len(set(b.reader_pids)) == 2
+        b.close()
+    finally:
+        (gc.enable if was else gc.disable)()
+    gc.collect()
+    assert _collected_by(read, write) == [consumer]
 
 
 @pytest.mark.parametrize("how", ["exit", "close", "drop"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence, TypeVar
 
+from .._sys.forks import collector_paused_for_readers
 from .prefork import before_fork
 
 T = TypeVar("T")
@@ -63,7 +64,8 @@ def _run(check: Callable[[T], Any], items: Sequence[T], timeout: float, ctx: Any
     proc = ctx.Process(target=_child, args=(send, check, items), name="multitables-probe", daemon=True)
     answers: "list[Any]" = []
     try:
-        proc.start()
+        with collector_paused_for_readers():  # NOTE [the consumer's garbage]
+            proc.start()
         send.close()
         answered = True
         while answered and len(answers) < len(items):

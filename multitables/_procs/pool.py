@@ -79,7 +79,10 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 
 from .._io.prefork import READING_LIBRARIES, before_fork
 from .._io.handles import refuse_written_here
-from .._sys.forks import note_ready_server, running_forkserver, start_method as default_start_method, unguarded_main_call
+from .._sys.forks import (
+    collector_paused_for_readers, note_ready_server, running_forkserver, start_method as default_start_method,
+    unguarded_main_call,
+)
 from .._sys.release import settle_releases
 from .._shm.ring import TICK
 from .._shm.semaphores import semaphore_names, unlink_names
@@ -279,7 +282,7 @@ class ReaderPool:
                 )
                 # Held in this thread (for the child's sake) and, in Python, until the reader is recorded: a Ctrl-C
                 # another thread takes runs Python's handler here at once, between any two instructions.
-                with signals_deferred(), sigint_held_for_children():
+                with signals_deferred(), sigint_held_for_children(), collector_paused_for_readers():
                     proc.start()
                     # Recorded before a Ctrl-C held meanwhile is let through: closing the pool then stops it too.
                     self._procs.append(proc)

@@ -18,6 +18,20 @@ NOTE [forking among threads]
       engine takes (``_io.prefork.before_fork``): no reader loads one of
       those itself; each finds them loaded.
 
+NOTE [the consumer's garbage]
+    A forked reader inherits the consumer's heap, with whatever garbage
+    waited there for Python's cycle collector: a PyTorch model's, a CUDA
+    tensor in a cycle. A reader's own collections would free it in the
+    reader, and a CUDA tensor freed in a forked child aborts it (CUDA cannot
+    run there: on a lent H200 a reader died of SIGABRT so, freeing a
+    PyTorch tensor of a device staging the consumer had left to the
+    collector), besides writing to pages it shared with the consumer. So the collector is
+    paused in the consumer while it forks readers
+    (:func:`collector_paused_for_readers`), and each reader first freezes the
+    heap it inherited (``gc.freeze``: no collection looks at those objects
+    again), then collects its own as the consumer did. Other forks of the
+    consumer (the user's own) are left as they were.
+
 NOTE [fork server]
     Where multiprocessing's fork server starts readers (``forkserver``, Python
     3.14's default on Linux), what a start costs depends on that server, which
@@ -54,13 +68,15 @@ NOTE [the main script again]
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
+import gc
 import importlib
 import os
 import sys
 import threading
 from types import FrameType
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 
 def renew_lock_in_children(scope: "dict[str, Any]", name: str, make: Any = threading.Lock) -> None:
@@ -75,6 +91,38 @@ def renew_lock_in_children(scope: "dict[str, Any]", name: str, make: Any = threa
 
 _PARSE_LOCK = threading.Lock()
 renew_lock_in_children(globals(), "_PARSE_LOCK")
+
+#: While readers are forked: whether the collector was on in the consumer, for the child to turn on again after it
+#: froze its inherited heap (None: the forks now are not readers).
+_COLLECTING: "bool | None" = None
+
+
+@contextlib.contextmanager
+def collector_paused_for_readers() -> Iterator[None]:
+    """Around the forks of readers: no collection runs from before a fork until the child froze the heap it inherited
+    (NOTE [the consumer's garbage]); the collector as it was in the consumer after."""
+    global _COLLECTING
+    collecting = gc.isenabled()
+    gc.disable()
+    _COLLECTING = collecting
+    try:
+        yield
+    finally:
+        _COLLECTING = None
+        if collecting:
+            gc.enable()
+
+
+def _freeze_inherited_heap() -> None:
+    global _COLLECTING
+    if _COLLECTING is not None:  # a reader: the consumer's garbage is not this process's to collect
+        gc.freeze()
+        if _COLLECTING:
+            gc.enable()
+        _COLLECTING = None
+
+
+os.register_at_fork(after_in_child=_freeze_inherited_heap)
 
 
 def start_method(asked: "str | None" = None) -> str:

@@ -13,6 +13,8 @@ and charged to the batch being fetched:
 * ``index``: a window's order copied to the device;
 * ``device_wait``, ``copy``, ``record``, ``ordered``, ``training_mark``: queued device work (should be short);
 * ``done``: whether a copy's event has passed (a slot can be given back);
+* ``(in ordered) ...``: the parts of ``ordered``, the training stream's waits (``device_wait``'s too) and the index's
+  ``record_stream``, within the calls above (not added up);
 * ``Queue.get``: the wait for the readers' next block;
 * ``Future.result``: a window's order (made on another thread), the copy threads' work.
 
@@ -74,6 +76,11 @@ def main() -> None:
             time_calls(CudaOps, name, charge(name))
             if name in RuntimeOps.__dict__:  # the runtime's own calls (NOTE [the runtime's own calls])
                 time_calls(RuntimeOps, name, charge(name))
+        # Parts of ``ordered``, timed within it (not added to the rest's sum): the training stream's wait, the index's
+        # record_stream.
+        time_calls(CudaOps, "_training_waits", charge("(in ordered) wait"))
+        time_calls(RuntimeOps, "_training_waits", charge("(in ordered) wait"))
+        time_calls(torch.Tensor, "record_stream", charge("(in ordered) record_stream"))
     time_calls(Queue, "get", charge("Queue.get"))
     time_calls(Future, "result", charge("Future.result"))
     if not os.path.exists(args.file):
@@ -111,7 +118,7 @@ def main() -> None:
             continue
         came = [waits[per_epoch + i] for i in ids]
         parts = {label: [SPENT.get((i, label), 0.0) for i in ids] for label in labels}
-        rest = [c - sum(parts[label][j] for label in labels) for j, c in enumerate(came)]
+        rest = [c - sum(parts[label][j] for label in labels if not label.startswith("(in ")) for j, c in enumerate(came)]
         ms = lambda xs: f"{statistics.median(xs) * 1e3:.3f}"  # noqa: E731
         print(f"| {kind} | {len(ids)} | {ms(came)} | " + " | ".join(ms(parts[label]) for label in labels)
               + f" | {ms(rest)} |")

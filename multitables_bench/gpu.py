@@ -53,7 +53,7 @@ import numpy as np
 #: Rows per batch (4 MiB of 4 KiB rows).
 BATCH = 1024
 ROW = 1024  # float32 values per row
-EPOCHS = 3
+EPOCHS = 5
 #: A step waited on data when getting its batch took more than this fraction of a step.
 WAITED = 0.1
 

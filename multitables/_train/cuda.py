@@ -286,6 +286,18 @@ class RuntimeOps(CudaOps):
         self._runtime = runtime
         self._ordinal = self._stream.device_index  # the stream's device: the staging's
         self._raw = self._stream.cuda_stream
+        self._training: "tuple[int, Any]" = (0, None)  # the last training stream's handle, and PyTorch's object
+
+    def ordered(self, index: torch.Tensor, copied: Any) -> None:
+        # PyTorch's object for the training stream, for record_stream, made again only where that stream changed:
+        # made at each call (torch.cuda.current_stream) it took 0.07 of this call's 0.09 ms on the lent H200.
+        if copied is None:  # nothing copied ahead
+            return
+        self._training_waits(copied)
+        raw = self._training_stream()
+        if raw != self._training[0]:
+            self._training = (raw, torch.cuda.current_stream(self.device))
+        index.record_stream(self._training[1])
 
     def _training_stream(self) -> int:
         """The current stream of the staging's device: the training stream (a method: a lambda kept here would make

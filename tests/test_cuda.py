@@ -112,7 +112,7 @@ def fake_ops(runtime: FakeRuntime) -> "cuda.RuntimeOps":
     """RuntimeOps over ``runtime``, with its streams numbered (no CUDA here: made without its __init__)."""
     ops = cuda.RuntimeOps.__new__(cuda.RuntimeOps)
     ops.device, ops._stream, ops._runtime, ops._ordinal, ops._raw = torch.device("cpu"), None, runtime, 0, 77
-    ops._training_stream, ops._training = (lambda: 55), (0, None)
+    ops._training_stream = lambda: 55
     return ops
 
 
@@ -172,7 +172,7 @@ def test_the_training_streams_object_is_made_again_only_where_that_stream_change
     # ordered(): the training stream waits for the index's copy, and the index is recorded as that stream's.
     runtime, made = FakeRuntime(), []
     ops = fake_ops(runtime)  # type: ignore[arg-type]
-    current = iter([55, 55, 66])
+    current = iter([0, 0, 66])  # the default stream (its handle is 0: NULL), twice; then another
     ops._training_stream = lambda: next(current)  # three looks of the training stream: ordered, ordered, ordered
 
     def current_stream(device: object) -> str:

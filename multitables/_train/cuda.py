@@ -288,12 +288,14 @@ class RuntimeOps(CudaOps):
     """:class:`CudaOps` with the copies, events and waits made by the CUDA runtime itself (NOTE [the runtime's own
     calls]); ``runtime``: the library PyTorch loaded."""
 
+    #: The last training stream's handle and PyTorch's object for it (none yet: the default stream's handle is 0).
+    _training: "tuple[int | None, Any]" = (None, None)
+
     def __init__(self, device: torch.device, runtime: Runtime) -> None:
         super().__init__(device)
         self._runtime = runtime
         self._ordinal = self._stream.device_index  # the stream's device: the staging's
         self._raw = self._stream.cuda_stream
-        self._training: "tuple[int, Any]" = (0, None)  # the last training stream's handle, and PyTorch's object
 
     def ordered(self, index: torch.Tensor, copied: Any) -> None:
         # PyTorch's object for the training stream, for record_stream, made again only where that stream changed:

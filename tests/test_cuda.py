@@ -166,33 +166,3 @@ def test_shuffled_batches_on_the_gpu_through_either_calls_are_the_rows_of_cpu_ba
     assert len(got) == len(plain)
     assert all(torch.equal(m, t) for mine, theirs in zip(got, plain) for m, t in zip(mine, theirs))
     gpu.close()
-
-
-def test_the_training_streams_object_is_made_again_only_where_that_stream_changed(monkeypatch: pytest.MonkeyPatch) -> None:
-    # ordered(): the training stream waits for the index's copy, and the index is recorded as that stream's.
-    runtime, made = FakeRuntime(), []
-    ops = fake_ops(runtime)  # type: ignore[arg-type]
-    current = iter([0, 0, 66])  # the default stream (its handle is 0: NULL), twice; then another
-    ops._training_stream = lambda: next(current)  # three looks of the training stream: ordered, ordered, ordered
-
-    def current_stream(device: object) -> str:
-        made.append(f"stream {len(made)}")
-        return made[-1]
-
-    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
-
-    class Index:
-        def __init__(self) -> None:
-            self.streams: list = []
-
-        def record_stream(self, stream: str) -> None:
-            self.streams.append(stream)
-
-    copied, index = cuda.Event(runtime, 0, 0), Index()  # type: ignore[arg-type]
-    ops._training_waits = lambda event: runtime.calls.append(("training waits", event.handle))  # type: ignore[method-assign]
-    for _ in range(3):
-        ops.ordered(index, copied)  # type: ignore[arg-type]
-    assert runtime.calls == [("training waits", copied.handle)] * 3
-    assert made == ["stream 0", "stream 1"] and index.streams == ["stream 0", "stream 0", "stream 1"]
-    ops.ordered(index, None)  # type: ignore[arg-type]  # nothing copied ahead: nothing to wait for
-    assert len(runtime.calls) == 3 and len(index.streams) == 3

@@ -288,25 +288,11 @@ class RuntimeOps(CudaOps):
     """:class:`CudaOps` with the copies, events and waits made by the CUDA runtime itself (NOTE [the runtime's own
     calls]); ``runtime``: the library PyTorch loaded."""
 
-    #: The last training stream's handle and PyTorch's object for it (none yet: the default stream's handle is 0).
-    _training: "tuple[int | None, Any]" = (None, None)
-
     def __init__(self, device: torch.device, runtime: Runtime) -> None:
         super().__init__(device)
         self._runtime = runtime
         self._ordinal = self._stream.device_index  # the stream's device: the staging's
         self._raw = self._stream.cuda_stream
-
-    def ordered(self, index: torch.Tensor, copied: Any) -> None:
-        # PyTorch's object for the training stream, for record_stream, made again only where that stream changed:
-        # made at each call (torch.cuda.current_stream) it took 0.07 of this call's 0.09 ms on the lent H200.
-        if copied is None:  # nothing copied ahead
-            return
-        self._training_waits(copied)
-        raw = self._training_stream()
-        if raw != self._training[0]:
-            self._training = (raw, torch.cuda.current_stream(self.device))
-        index.record_stream(self._training[1])
 
     def _training_stream(self) -> int:
         """The current stream of the staging's device: the training stream (a method: a lambda kept here would make

@@ -29,7 +29,6 @@ NOTE [the runtime's own calls]
 from __future__ import annotations
 
 import ctypes
-import functools
 import os
 import threading
 from typing import Any
@@ -50,15 +49,9 @@ def torch_dtype(dtype: np.dtype, path: str) -> torch.dtype:
             f"native rows: leave them out (the batches are then converted on the CPU)"
         )
     try:
-        return _as_torch(dtype)
+        return torch.from_numpy(np.empty(0, dtype)).dtype
     except TypeError as exc:
         raise TypeError(f"rows of {path!r} have dtype {dtype}, which PyTorch cannot hold in a tensor") from exc
-
-
-@functools.lru_cache(maxsize=None)
-def _as_torch(dtype: np.dtype) -> torch.dtype:
-    """Looked up once a dtype: each batch's arrays are made with it (1 us a look here, through an array from numpy)."""
-    return torch.from_numpy(np.empty(0, dtype)).dtype
 
 
 class CudaOps:
@@ -102,7 +95,7 @@ class CudaOps:
         self._stream.synchronize()
 
     def empty(self, shape: "tuple[int, ...]", dtype: np.dtype) -> torch.Tensor:
-        return torch.empty(shape, dtype=_as_torch(np.dtype(dtype)), device=self.device)
+        return torch.empty(shape, dtype=torch_dtype(np.dtype(dtype), ""), device=self.device)
 
     def window(self, shape: "tuple[int, ...]", dtype: np.dtype) -> torch.Tensor:
         """A window buffer's copy on the device."""

@@ -24,6 +24,11 @@ NOTE [the runtime's own calls]
     index's copy (into memory of that allocator) and the gather stay
     PyTorch's. Where no such library is mapped (a PyTorch that links the
     runtime in), :class:`CudaOps` makes them through PyTorch, as before.
+    On the H200 with them (a later call, BENCHMARKS.md): a piece's copy
+    0.018-0.022 ms, an event 0.012, the training stream's wait 0.011, the
+    event after a window's gathers 0.012-0.014; a batch in mid-epoch came in
+    0.19 ms against 0.27. ``ordered`` took 0.09 ms against 0.03 (its wait
+    0.011, ``record_stream`` 0.010, the rest not placed).
 """
 
 from __future__ import annotations

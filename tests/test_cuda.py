@@ -166,3 +166,35 @@ def test_shuffled_batches_on_the_gpu_through_either_calls_are_the_rows_of_cpu_ba
     assert len(got) == len(plain)
     assert all(torch.equal(m, t) for mine, theirs in zip(got, plain) for m, t in zip(mine, theirs))
     gpu.close()
+
+
+def test_the_runtime_taken_is_the_one_of_pytorchs_cuda_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    maps = tmp_path / "maps"
+    lines = [
+        "7f0000000000-7f0000001000 r-xp 00000000 fd:01 1 /opt/cupy/lib/libcudart.so.12.4.127",  # another library's
+        "7f0000002000-7f0000003000 rw-p 00000000 00:00 0 ",  # anonymous: no path
+        "7f0000004000-7f0000005000 r-xp 00000000 fd:01 2 /site/nvidia/cu13/lib/libcudart.so.13",
+        "7f0000006000-7f0000007000 r-xp 00000000 fd:01 3 /usr/lib/libcudart.so.130.1",  # not version 13's name
+    ]
+    maps.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    assert cuda._runtime_path(str(maps)) == "/site/nvidia/cu13/lib/libcudart.so.13"
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    assert cuda._runtime_path(str(maps)) == "/opt/cupy/lib/libcudart.so.12.4.127"
+    monkeypatch.setattr(torch.version, "cuda", "11.8")  # none of PyTorch's version: PyTorch's own calls
+    assert cuda._runtime_path(str(maps)) is None
+    monkeypatch.setattr(torch.version, "cuda", None)  # a PyTorch without CUDA
+    assert cuda._runtime_path(str(maps)) is None
+    assert cuda._runtime_path(str(tmp_path / "gone")) is None  # no /proc
+
+
+def test_an_events_finalizer_is_quiet_where_the_runtime_is_gone() -> None:
+    # At the interpreter's exit the library's functions may fail: the event has nothing left to free then.
+    runtime = FakeRuntime()
+    event = cuda.Event(runtime, 0, 0)  # type: ignore[arg-type]
+
+    def gone(handle: int) -> int:
+        raise OSError("the library is unloaded")
+
+    runtime.event_destroy = gone  # type: ignore[method-assign]
+    event.__del__()  # no error

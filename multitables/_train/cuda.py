@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import threading
 from typing import Any
 
@@ -198,15 +199,20 @@ def cuda_ops(device: torch.device) -> CudaOps:
     return CudaOps(device) if path is None else RuntimeOps(device, Runtime.at(path))
 
 
-def _runtime_path() -> "str | None":
-    """The file of the CUDA runtime library this process mapped (PyTorch's), or None."""
+def _runtime_path(maps: str = "/proc/self/maps") -> "str | None":
+    """The file of the CUDA runtime library of PyTorch's CUDA version that this process mapped, or None: none mapped
+    (a PyTorch that links it in), no ``/proc``, or none of that version (another library's runtime, not PyTorch's)."""
+    major = (torch.version.cuda or "").split(".")[0]
+    if not major.isdigit():
+        return None
+    name = re.compile(rf"libcudart\.so\.{major}(\.|$)")  # libcudart.so.13, or a file it links to: libcudart.so.13.0.96
     try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.rstrip("\n").split(maxsplit=5)[-1]
-                if os.path.basename(path).startswith("libcudart.so"):
-                    return path
-    except OSError:  # no /proc: PyTorch's calls
+        with open(maps) as lines:
+            for line in lines:
+                fields = line.rstrip("\n").split(maxsplit=5)
+                if len(fields) == 6 and name.match(os.path.basename(fields[5])):
+                    return fields[5]
+    except OSError:
         pass
     return None
 
@@ -254,6 +260,9 @@ def _bind(fn: Any, *argtypes: Any) -> Any:
     return fn
 
 
+_getpid = os.getpid  # kept here: a finalizer at the interpreter's exit may find the os module's names gone
+
+
 class Event:
     """A CUDA event of the runtime's own, made on device ``ordinal`` (``flags``: ``cudaEventCreateWithFlags``'),
     destroyed with the last reference to it in the process that made it (a forked child leaves it alone)."""
@@ -274,8 +283,11 @@ class Event:
         self.handle = handle.value
 
     def __del__(self) -> None:
-        if self.handle is not None and self._pid == os.getpid():
-            self._runtime.event_destroy(self.handle)
+        if self.handle is not None and self._pid == _getpid():
+            try:
+                self._runtime.event_destroy(self.handle)
+            except Exception:  # noqa: BLE001 - at the interpreter's exit the library may be gone: nothing to free then
+                pass
 
 
 #: PyTorch's current stream of a device, as the runtime's handle, in one C call (None: a PyTorch without it).

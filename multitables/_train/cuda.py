@@ -13,7 +13,8 @@ NOTE [the runtime's own calls]
     and order 0.05-0.07 ms: a third of a batch's 0.27 ms in mid-epoch, and most
     of what a window's first batch adds. What they do is one call of the CUDA
     runtime each, of a microsecond or two. So where the runtime that PyTorch
-    loaded is a library of its own in this process (``libcudart``, mapped),
+    loaded is a library of its own in this process (a ``libcudart`` of
+    ``torch.version.cuda``'s major version, mapped),
     :class:`RuntimeOps` makes those calls there, through ctypes, on the same
     streams (PyTorch's training stream, this staging's), with events of its
     own (:class:`Event`: destroyed with the last reference to it, in the

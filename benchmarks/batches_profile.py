@@ -41,16 +41,12 @@ def main() -> None:
     import h5py
 
     import multitables
-    from multitables_bench.gpu import write_file
+    from multitables_bench.gpu import ready_file
 
     windows = _buffers_home()
     default = windows.copy_threads
 
-    if not os.path.exists(args.file):
-        write_file(args.file, args.mib)
-    with open(args.file, "rb") as f:  # into the page cache
-        while f.read(16 << 20):
-            pass
+    ready_file(args.file, args.mib)
     n = args.procs or len(os.sched_getaffinity(0))
     stream = multitables.Streamer(args.file)
     size = os.path.getsize(args.file)

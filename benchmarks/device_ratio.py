@@ -119,16 +119,12 @@ def main() -> None:
     import torch
 
     import multitables
-    from multitables_bench.gpu import write_file
+    from multitables_bench.gpu import ready_file
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print(f"device={args.device!r}: skipped, torch.cuda.is_available() is False")
         return
-    if not os.path.exists(args.file):
-        write_file(args.file, args.mib)
-    with open(args.file, "rb") as f:  # into the page cache
-        while f.read(16 << 20):
-            pass
+    ready_file(args.file, args.mib)
     n = args.procs or len(os.sched_getaffinity(0))
     from multitables._plan.readers import default_read_ahead
 

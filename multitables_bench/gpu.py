@@ -50,6 +50,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from multitables_bench.files import read_through_cache
+
 #: Rows per batch (4 MiB of 4 KiB rows).
 BATCH = 1024
 ROW = 1024  # float32 values per row
@@ -88,6 +90,15 @@ def write_file(path: str, mib: int) -> None:
         for start in range(0, rows, 8192):
             n = min(8192, rows - start)
             ds[start : start + n] = np.cumsum(rng.standard_normal((n, ROW), dtype=np.float32), axis=1)
+
+
+def ready_file(path: str, mib: int, log: "Callable[[str], None] | None" = None) -> None:
+    """The section's file at ``path`` (written where missing: ``mib`` MiB), read into the page cache."""
+    if not os.path.exists(path):
+        if log is not None:
+            log(f"writing {mib} MiB to {path}")
+        write_file(path, mib)
+    read_through_cache(path)
 
 
 class _Slices:
@@ -323,12 +334,7 @@ def run_gpu(workdir: str, mib: int, n_procs: "int | None", log: Callable[[str], 
     if not torch.cuda.is_available():
         return "### Training on a GPU\n\nSkipped: torch.cuda.is_available() is False on this machine.\n"
     path = path or os.path.join(workdir, "gpu.h5")
-    if not os.path.exists(path):
-        log(f"writing {mib} MiB to {path}")
-        write_file(path, mib)
-    with open(path, "rb") as f:  # into the page cache
-        while f.read(16 << 20):
-            pass
+    ready_file(path, mib, log)
     n_procs = n_procs or len(os.sched_getaffinity(0))
     figures, step_s = gpu_section(path, n_procs, log, step_s=None if step_ms is None else step_ms / 1e3)
     return gpu_markdown(figures, mib, n_procs, step_s, step_given=step_ms is not None)

@@ -139,27 +139,28 @@ def test_the_runtimes_copies_events_and_waits_go_where_pytorchs_did() -> None:
 
 
 @pytest.fixture
-def data_file(tmp_path: Path) -> Path:
-    path = tmp_path / "d.h5"
-    i = np.arange(3000)
+def rows_file(tmp_path: Path) -> Path:
+    """``/X``: 2,000 rows of three float32 columns, zlib in chunks of 40 rows; ``/y``: their numbers, int32."""
+    path = tmp_path / "rows.h5"
+    i = np.arange(2000)
     with h5py.File(path, "w") as f:
-        f.create_dataset("X", data=np.stack([i, -i], axis=1).astype("<f4"), chunks=(50, 2), compression="gzip")
-        f.create_dataset("y", data=i.astype("<i8"), chunks=(100,))
+        f.create_dataset("X", data=np.stack([i, 2 * i, -i], axis=1).astype("<f4"), chunks=(40, 3), compression="gzip")
+        f.create_dataset("y", data=i.astype("<i4"), chunks=(80,))
     return path
 
 
 @needs_cuda
 @pytest.mark.parametrize("runtime", [True, False])
 def test_shuffled_batches_on_the_gpu_through_either_calls_are_the_rows_of_cpu_batches(
-        data_file: Path, runtime: bool, monkeypatch: pytest.MonkeyPatch, no_leaks: None) -> None:
+        rows_file: Path, runtime: bool, monkeypatch: pytest.MonkeyPatch, no_leaks: None) -> None:
     if not runtime:
         monkeypatch.setattr(cuda, "_runtime_path", lambda: None)
     else:
         assert cuda._runtime_path() is not None, "no libcudart mapped: the runtime's own calls are not tried here"
-    kw = dict(n_procs=2, block_size=100, window=4, seed=1, epochs=3)
-    stream = multitables.Streamer(data_file)
-    plain = [tuple(t.clone() for t in b) for b in mt.get_batches(stream, ["/X", "/y"], 64, **kw)]
-    gpu = mt.get_batches(stream, ["/X", "/y"], 64, device="cuda", **kw)
+    kw = dict(n_procs=2, block_size=80, window=3, seed=2, epochs=3)
+    stream = multitables.Streamer(rows_file)
+    plain = [tuple(t.clone() for t in b) for b in mt.get_batches(stream, ["/X", "/y"], 50, **kw)]
+    gpu = mt.get_batches(stream, ["/X", "/y"], 50, device="cuda", **kw)
     got = [tuple(t.cpu() for t in b) for b in gpu]
     assert type(gpu._staging._ops) is (cuda.RuntimeOps if runtime else cuda.CudaOps)
     torch.cuda.synchronize()

@@ -8,6 +8,7 @@ rows of CPU batches.
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 from pathlib import Path
 
@@ -88,12 +89,18 @@ def test_a_forked_child_leaves_its_parents_events_alone() -> None:
     runtime = FakeRuntime()
     event = cuda.Event(runtime, 0, 0)  # type: ignore[arg-type]
     read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child drops its copy: no call of a runtime it may not have
-        os.close(read)
-        del event
-        os.write(write, str(len(runtime.destroyed)).encode())
-        os._exit(0)
+    collecting = gc.isenabled()
+    gc.disable()  # the child collects none of this process's garbage (where CUDA runs, a tensor's would abort it)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child drops its copy: no call of a runtime it may not have
+            os.close(read)
+            del event
+            os.write(write, str(len(runtime.destroyed)).encode())
+            os._exit(0)
+    finally:
+        if collecting:
+            gc.enable()
     os.close(write)
     assert os.read(read, 16) == b"0"
     os.close(read)

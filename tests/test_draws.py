@@ -46,3 +46,54 @@ def test_a_draw_made_ahead_on_its_thread_is_the_epochs_and_its_error_is_raised_w
         rows.close()  # waits for both: no thread left
     assert not [t for t in threading.enumerate() if t.name == "multitables-draw"]
     assert DrawsAhead(EpochRows(None, None, 40, 0)).ready(1)  # nothing to draw: always ready
+
+
+def test_a_fork_draws_an_epoch_itself_where_the_parents_draw_of_it_was_in_progress() -> None:
+    # The draw's thread is the parent's: the fork has none, and its copy of the draw would never end there.
+    import gc
+    import json
+    import os
+    import signal
+
+    class Rows:  # a draw that, in the parent, waits until told to go on
+        def __init__(self) -> None:
+            self.parent, self.go = os.getpid(), threading.Event()
+
+        def kept(self, epoch: int) -> bool:
+            return False
+
+        def draw(self, epoch: int) -> np.ndarray:
+            if os.getpid() == self.parent:
+                self.go.wait()
+            return np.array([epoch, os.getpid()])
+
+        def of(self, epoch: int, drawn: object = None) -> np.ndarray:
+            return drawn() if drawn is not None else self.draw(epoch)  # type: ignore[operator]
+
+    rows = Rows()
+    ahead = DrawsAhead(rows)  # type: ignore[arg-type]
+    ahead.draw_ahead(1)
+    read, write = os.pipe()
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(20)  # a hang ends the child
+            os.close(read)
+            os.write(write, json.dumps([ahead.ready(1), ahead.of(1).tolist(), os.getpid()]).encode())
+            ahead.close()
+            os._exit(0)
+    finally:
+        if collecting:
+            gc.enable()
+    os.close(write)
+    said = os.read(read, 4096)
+    os.close(read)
+    assert os.waitpid(pid, 0)[1] == 0
+    ready, (epoch, drawn_in), child = json.loads(said)
+    assert ready and (epoch, drawn_in) == (1, child)
+    assert not ahead.ready(1)  # the parent's draw still waits
+    rows.go.set()
+    assert ahead.of(1).tolist() == [1, os.getpid()]
+    ahead.close()

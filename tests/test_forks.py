@@ -16,10 +16,12 @@ from __future__ import annotations
 import gc
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Callable
 
 import h5py
 import numpy as np
@@ -182,6 +184,89 @@ def test_readers_leave_the_consumers_garbage_to_the_consumer(ids_file: Path, no_
         (gc.enable if was else gc.disable)()
     gc.collect()
     assert _collected_by(read, write) == [consumer]
+
+
+def _in_a_fork(run: "Callable[[], object]", seconds: int = 60) -> object:
+    """``run()`` in a forked child (killed by an alarm after ``seconds``), its result as JSON; the collector off
+    across the fork, so that the child frees nothing of this process's by collecting."""
+    read, write = os.pipe()
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os.close(read)
+            signal.alarm(seconds)
+            try:
+                got = {"result": run()}
+            except BaseException as exc:  # noqa: BLE001 - said to the parent
+                got = {"error": repr(exc)}
+            os.write(write, json.dumps(got).encode())
+            os._exit(0)
+    finally:
+        if collecting:
+            gc.enable()
+    os.close(write)
+    said = b""
+    while chunk := os.read(read, 65536):  # before the wait: a child blocks on a full pipe until it is read
+        said += chunk
+    os.close(read)
+    status = os.waitpid(pid, 0)[1]
+    assert status == 0, f"the child ended with status {status} (a signal's number in the low bits: 14, it hung)"
+    return json.loads(said)
+
+
+def test_a_forked_child_reads_the_next_epochs_first_window_itself(tmp_path: Path, no_leaks: None) -> None:
+    # The parent read the next epoch's first window ahead into its window buffers, which a fork does not copy (NOTE
+    # [window buffers and fork]): a child going on with that epoch reads it again, and gets its rows, not zeros.
+    import multitables
+
+    path = tmp_path / "ids.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=np.arange(1, 20001, dtype="<i8").reshape(-1, 1), chunks=(500, 1), compression="gzip")
+    kw = dict(batch_size=100, shuffle=True, seed=1, window=4, block_size=500)
+    reference = multitables.Streamer(path).get_batches("/x", n_procs=0, **kw)
+    reference.set_epoch(2)
+    want = np.concatenate(list(reference)).ravel().tolist()
+    batches = multitables.Streamer(path).get_batches("/x", n_procs=2, **kw)
+    for epoch in range(2):  # a loop of epochs: epoch 2's first window is read during epoch 1
+        batches.set_epoch(epoch)
+        for _ in batches:
+            pass
+    assert batches._carry is not None and batches._carry.filled > 0
+
+    def next_epoch() -> object:
+        batches.set_epoch(2)
+        got = np.concatenate(list(batches)).ravel().tolist()
+        batches.close()
+        return got
+
+    assert _in_a_fork(next_epoch) == {"result": want}
+    batches.set_epoch(2)  # the parent's own read ahead serves it still
+    assert np.concatenate(list(batches)).ravel().tolist() == want
+    batches.close()
+
+
+def test_a_forked_child_iterates_its_copy_with_copy_threads_of_its_own(
+        ids_file: Path, monkeypatch: pytest.MonkeyPatch, no_leaks: None) -> None:
+    # Where the batches copy on threads (8 CPUs or more: NOTE [parallel copies]), a fork has none of them: a child
+    # that used the parent's copier waited for ever on threads it believed idle.
+    import multitables
+    import multitables._train.buffers as buffers
+
+    monkeypatch.setattr(buffers, "copy_threads", lambda: 4)
+    batches = multitables.Streamer(ids_file).get_batches("/x", 100, n_procs=2, seed=3, window=4, block_size=50)
+    first = [x.ravel().tolist() for x in batches]  # the copier's threads made, idle now
+    assert batches._memory is not None and batches._memory.copier.threads == 4
+
+    def again() -> object:
+        batches.set_epoch(0)
+        got = [x.ravel().tolist() for x in batches]
+        batches.close()
+        return got
+
+    assert _in_a_fork(again) == {"result": first}
+    batches.close()
 
 
 @pytest.mark.parametrize("how", ["exit", "close", "drop"])

@@ -58,10 +58,10 @@ NOTE [forked children]
     (:attr:`ReaderPool.owner`); in any other, :meth:`ReaderPool.close` closes only that process's copies of the
     pipes, looking reads no report (they are the parent's), and using the readers raises a ``RuntimeError`` that
     says why (the front ends call :meth:`ReaderPool.check_owner`; a slot or stage given back there touches nothing
-    shared). Training batches, a position more than a stream, start readers of the child's own at the child's first
-    iteration (``_train.feed``). multiprocessing's exit handler, which a forked child runs when it exits normally,
-    would also terminate every daemonic process it believes it started: the readers leave its list in every forked
-    child.
+    shared). Training batches, a position more than a stream, start readers, copy threads and draws of the child's
+    own at its first iteration, and read the next epoch's window read ahead again (the parent's threads and window
+    buffers are not in a fork). multiprocessing's exit handler, which a forked child runs when it exits normally,
+    would also terminate every daemonic process it believes it started: the readers leave its list in every fork.
 """
 
 from __future__ import annotations

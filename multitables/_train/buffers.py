@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import mmap
+import os
 import platform
 import sys
 from typing import TYPE_CHECKING, Any, Sequence
@@ -76,7 +77,15 @@ class WindowMemory:
         self._rows, self._row_types = rows, row_types
         self._buffers: "list[list[np.ndarray]] | None" = None
         self._staging: "Staging | None" = None  # the last to take rows out of the buffers
-        self.copier = Copier(copy_threads())
+        self._copier, self._pid = Copier(copy_threads()), os.getpid()
+
+    @property
+    def copier(self) -> Copier:
+        """The copier of this process: in a fork of the one that made it, a new one (a fork copies no thread: the
+        parent's copier, used here, would wait for ever on threads it believes idle; it is left to the parent)."""
+        if self._pid != os.getpid():
+            self._copier, self._pid = Copier(copy_threads()), os.getpid()
+        return self._copier
 
     def buffers(self) -> "list[list[np.ndarray]]":
         if self._buffers is None:

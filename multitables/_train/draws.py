@@ -10,6 +10,7 @@ last window at the latest (``Batches._iterate``).
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import Future, wait
 
 import numpy as np
@@ -27,7 +28,20 @@ class DrawsAhead:
 
     def __init__(self, rows: EpochRows) -> None:
         self.rows = rows
-        self._ahead: "dict[int, Future[np.ndarray]]" = {}  # draws in progress (or done, not yet taken), by epoch
+        self._drawing: "dict[int, Future[np.ndarray]]" = {}  # draws in progress (or done, not yet taken), by epoch
+        self._pid = os.getpid()
+
+    @property
+    def _ahead(self) -> "dict[int, Future[np.ndarray]]":
+        """The draws started by this process: in a fork of the one that started them, none (their threads are the
+        parent's, and a draw in progress there would never end here: the fork draws its epochs itself)."""
+        if self._pid != os.getpid():
+            self._drawing, self._pid = {}, os.getpid()
+        return self._drawing
+
+    @_ahead.setter
+    def _ahead(self, value: "dict[int, Future[np.ndarray]]") -> None:
+        self._drawing = value
 
     def of(self, epoch: int) -> "np.ndarray | None":
         """:meth:`EpochRows.of`: waits for a draw of ``epoch`` in progress (raising its error, with the thread's

@@ -57,7 +57,7 @@ from __future__ import annotations
 import math
 import os
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, Sequence
 
 import numpy as np
@@ -202,10 +202,13 @@ class Carry:
     on_host: bool = True  # whether the buffer holds its rows (not so where the staging took slots: take_slots)
     plan: "RankEpoch | None" = None  # that epoch's plan, and its first window's order: made while it was pulled
     perm: "Future[Order] | None" = None
+    pid: int = field(default_factory=os.getpid)  # the process that pulled it
 
     def good_for(self, staging: "Staging | None") -> bool:
-        """Whether an iteration with ``staging`` (None: on the host) can go on from it: its rows are where it looks."""
-        return self.on_host or (staging is not None and staging is self.staging)
+        """Whether an iteration with ``staging`` (None: on the host) can go on from it: its rows are where it looks.
+        Not in a fork of the process that pulled it: a fork copies no window buffer (NOTE [window buffers and fork]
+        in ``buffers``: the child found zeros there), nor the thread making its order."""
+        return self.pid == os.getpid() and (self.on_host or (staging is not None and staging is self.staging))
 
 
 @dataclass

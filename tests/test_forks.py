@@ -161,6 +161,24 @@ def test_a_process_forked_as_a_reader_never_collects_the_garbage_it_inherited(co
     assert _collected_by(read, write) == [os.getpid()]
 
 
+def test_the_collector_comes_back_once_the_last_of_several_threads_forking_readers_is_done() -> None:
+    # Two threads' starts overlapping: the first to end leaves the collector off for the other's forks.
+    from multitables._sys.forks import collector_paused_for_readers
+
+    was = gc.isenabled()
+    gc.enable()
+    try:
+        first, second = collector_paused_for_readers(), collector_paused_for_readers()
+        first.__enter__()
+        second.__enter__()
+        first.__exit__(None, None, None)
+        assert not gc.isenabled()
+        second.__exit__(None, None, None)
+        assert gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
 def test_readers_leave_the_consumers_garbage_to_the_consumer(ids_file: Path, no_leaks: None) -> None:
     import multitables
 

@@ -92,34 +92,42 @@ def renew_lock_in_children(scope: "dict[str, Any]", name: str, make: Any = threa
 _PARSE_LOCK = threading.Lock()
 renew_lock_in_children(globals(), "_PARSE_LOCK")
 
-#: While readers are forked: whether the collector was on in the consumer, for the child to turn on again after it
-#: froze its inherited heap (None: the forks now are not readers).
+#: While readers are forked (by any thread: ``_PAUSES`` at once): whether the collector was on in the consumer before
+#: the first, for the child to turn on again after it froze its inherited heap (None: the forks now are not readers).
 _COLLECTING: "bool | None" = None
+_PAUSES = 0
+_PAUSING = threading.Lock()
+renew_lock_in_children(globals(), "_PAUSING")
 
 
 @contextlib.contextmanager
 def collector_paused_for_readers() -> Iterator[None]:
     """Around the forks of readers: no collection runs from before a fork until the child froze the heap it inherited
-    (NOTE [the consumer's garbage]); the collector as it was in the consumer after."""
-    global _COLLECTING
-    collecting = gc.isenabled()
-    gc.disable()
-    _COLLECTING = collecting
+    (NOTE [the consumer's garbage]); the collector as it was in the consumer after the last thread's forks."""
+    global _COLLECTING, _PAUSES
+    with _PAUSING:
+        if not _PAUSES:
+            _COLLECTING = gc.isenabled()
+            gc.disable()
+        _PAUSES += 1
     try:
         yield
     finally:
-        _COLLECTING = None
-        if collecting:
-            gc.enable()
+        with _PAUSING:
+            _PAUSES -= 1
+            if not _PAUSES:
+                if _COLLECTING:
+                    gc.enable()
+                _COLLECTING = None
 
 
 def _freeze_inherited_heap() -> None:
-    global _COLLECTING
+    global _COLLECTING, _PAUSES
     if _COLLECTING is not None:  # a reader: the consumer's garbage is not this process's to collect
         gc.freeze()
         if _COLLECTING:
             gc.enable()
-        _COLLECTING = None
+    _COLLECTING, _PAUSES = None, 0  # the pauses are the parent's threads'
 
 
 os.register_at_fork(after_in_child=_freeze_inherited_heap)

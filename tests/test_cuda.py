@@ -8,13 +8,12 @@ rows of CPU batches.
 from __future__ import annotations
 
 import ctypes
-import gc
-import os
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
+from _forked import in_a_fork
 
 torch = pytest.importorskip("torch")
 mt = pytest.importorskip("multitables.torch")
@@ -87,26 +86,15 @@ def test_an_event_is_made_on_the_stagings_device_and_the_current_one_kept() -> N
 
 def test_a_forked_child_leaves_its_parents_events_alone() -> None:
     runtime = FakeRuntime()
-    event = cuda.Event(runtime, 0, 0)  # type: ignore[arg-type]
-    read, write = os.pipe()
-    collecting = gc.isenabled()
-    gc.disable()  # the child collects none of this process's garbage (where CUDA runs, a tensor's would abort it)
-    try:
-        pid = os.fork()
-        if pid == 0:  # the child drops its copy: no call of a runtime it may not have
-            os.close(read)
-            del event
-            os.write(write, str(len(runtime.destroyed)).encode())
-            os._exit(0)
-    finally:
-        if collecting:
-            gc.enable()
-    os.close(write)
-    assert os.read(read, 16) == b"0"
-    os.close(read)
-    os.waitpid(pid, 0)
-    handle = event.handle
-    del event
+    held = [cuda.Event(runtime, 0, 0)]  # type: ignore[arg-type]  # the one reference, dropped in the child
+    handle = held[0].handle
+
+    def drop() -> object:  # no call of a runtime the child may not have
+        held.clear()
+        return len(runtime.destroyed)
+
+    assert in_a_fork(drop, seconds=20) == {"result": 0}
+    held.clear()
     assert runtime.destroyed == [handle]
 
 

@@ -8,6 +8,7 @@ from unittest.mock import patch
 
 import numpy as np
 import pytest
+from _forked import in_a_fork
 
 from multitables._plan.subset import EpochRows, weighted_draw
 from multitables._train.draws import DrawsAhead
@@ -50,10 +51,7 @@ def test_a_draw_made_ahead_on_its_thread_is_the_epochs_and_its_error_is_raised_w
 
 def test_a_fork_draws_an_epoch_itself_where_the_parents_draw_of_it_was_in_progress() -> None:
     # The draw's thread is the parent's: the fork has none, and its copy of the draw would never end there.
-    import gc
-    import json
     import os
-    import signal
 
     class Rows:  # a draw that, in the parent, waits until told to go on
         def __init__(self) -> None:
@@ -73,25 +71,13 @@ def test_a_fork_draws_an_epoch_itself_where_the_parents_draw_of_it_was_in_progre
     rows = Rows()
     ahead = DrawsAhead(rows)  # type: ignore[arg-type]
     ahead.draw_ahead(1)
-    read, write = os.pipe()
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        pid = os.fork()
-        if pid == 0:
-            signal.alarm(20)  # a hang ends the child
-            os.close(read)
-            os.write(write, json.dumps([ahead.ready(1), ahead.of(1).tolist(), os.getpid()]).encode())
-            ahead.close()
-            os._exit(0)
-    finally:
-        if collecting:
-            gc.enable()
-    os.close(write)
-    said = os.read(read, 4096)
-    os.close(read)
-    assert os.waitpid(pid, 0)[1] == 0
-    ready, (epoch, drawn_in), child = json.loads(said)
+
+    def asked() -> object:
+        got = [ahead.ready(1), ahead.of(1).tolist(), os.getpid()]
+        ahead.close()
+        return got
+
+    ready, (epoch, drawn_in), child = in_a_fork(asked, seconds=20)["result"]  # type: ignore[index]
     assert ready and (epoch, drawn_in) == (1, child)
     assert not ahead.ready(1)  # the parent's draw still waits
     rows.go.set()

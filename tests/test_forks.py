@@ -16,16 +16,15 @@ from __future__ import annotations
 import gc
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Callable
 
 import h5py
 import numpy as np
 import pytest
+from _forked import in_a_fork
 
 #: Guards against a hang only (the parent used to wait for ever on its next batch).
 GUARD = 120.0
@@ -204,36 +203,6 @@ def test_readers_leave_the_consumers_garbage_to_the_consumer(ids_file: Path, no_
     assert _collected_by(read, write) == [consumer]
 
 
-def _in_a_fork(run: "Callable[[], object]", seconds: int = 60) -> object:
-    """``run()`` in a forked child (killed by an alarm after ``seconds``), its result as JSON; the collector off
-    across the fork, so that the child frees nothing of this process's by collecting."""
-    read, write = os.pipe()
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        pid = os.fork()
-        if pid == 0:
-            os.close(read)
-            signal.alarm(seconds)
-            try:
-                got = {"result": run()}
-            except BaseException as exc:  # noqa: BLE001 - said to the parent
-                got = {"error": repr(exc)}
-            os.write(write, json.dumps(got).encode())
-            os._exit(0)
-    finally:
-        if collecting:
-            gc.enable()
-    os.close(write)
-    said = b""
-    while chunk := os.read(read, 65536):  # before the wait: a child blocks on a full pipe until it is read
-        said += chunk
-    os.close(read)
-    status = os.waitpid(pid, 0)[1]
-    assert status == 0, f"the child ended with status {status} (a signal's number in the low bits: 14, it hung)"
-    return json.loads(said)
-
-
 def test_a_forked_child_reads_the_next_epochs_first_window_itself(tmp_path: Path, no_leaks: None) -> None:
     # The parent read the next epoch's first window ahead into its window buffers, which a fork does not copy (NOTE
     # [window buffers and fork]): a child going on with that epoch reads it again, and gets its rows, not zeros.
@@ -259,7 +228,7 @@ def test_a_forked_child_reads_the_next_epochs_first_window_itself(tmp_path: Path
         batches.close()
         return got
 
-    assert _in_a_fork(next_epoch) == {"result": want}
+    assert in_a_fork(next_epoch) == {"result": want}
     batches.set_epoch(2)  # the parent's own read ahead serves it still
     assert np.concatenate(list(batches)).ravel().tolist() == want
     batches.close()
@@ -283,7 +252,7 @@ def test_a_forked_child_iterates_its_copy_with_copy_threads_of_its_own(
         batches.close()
         return got
 
-    assert _in_a_fork(again) == {"result": first}
+    assert in_a_fork(again) == {"result": first}
     batches.close()
 
 

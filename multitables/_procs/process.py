@@ -63,6 +63,7 @@ import numpy as np
 from .._io.engines import limit_threads
 from .._shm.segment import unlink_orphan
 from .._shm.semaphores import unlink_orphan_semaphore
+from .._sys.forks import renew_lock_in_children
 from .._sys.siblings import stat_fields
 from .._sys.signals import ignore_sigint
 from .failure import FailureReport
@@ -73,14 +74,7 @@ PARENT_CHECK_INTERVAL = 0.5
 #: at a time, so that the watch's ``os._exit`` does not cut the other short between a name's unlink and its removal
 #: from the resource tracker (which then warned of a leaked semaphore at its exit). Seconds the watch waits for them.
 _UNLINKING, UNLINKING_WAIT = threading.Lock(), 5.0
-
-
-def _unlinking_free_in_child() -> None:
-    global _UNLINKING
-    _UNLINKING = threading.Lock()  # a child has none of its parent's threads, one of which may have held it
-
-
-os.register_at_fork(after_in_child=_unlinking_free_in_child)
+renew_lock_in_children(globals(), "_UNLINKING")  # a child has none of its parent's threads, one of which may hold it
 
 
 def process_start_time(pid: int) -> "str | None":

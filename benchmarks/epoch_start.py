@@ -8,7 +8,8 @@ in mid-epoch). Shuffled batches of 1,024 rows over the GPU section's file
 readers; times epochs 2-5, then profiles the first two batches of the next
 4 epochs (the profiler's own cost stays out of the times); prints the
 medians of the consumer's thread CPU per batch (an epoch's first, second
-and last, a window's first, the others) and the profile.
+and last, a window's first, the others), the batches that stand out by
+their place in the epoch, and the profile.
 
     python benchmarks/epoch_start.py --file bench/gpu512.h5 --mib 512
 """
@@ -112,6 +113,13 @@ def main() -> None:
     print(f"{n} batches an epoch, {window} a window; the consumer's CPU per batch (medians): an epoch's first "
           f"{ms(firsts)}, its second {ms(seconds)}, its last {ms(lasts)}, a later window's first {ms(windows)}, "
           f"the others {ms(rest)} (the slowest of those {max(rest) * 1e3:.3f} ms)")
+    # Each batch of an epoch by its place: work moved off an epoch's first batch must not make another stand out.
+    by_place = [statistics.median(cpu[i::n]) for i in range(n)]
+    typical = statistics.median(by_place)
+    out = sorted((i for i in range(n) if by_place[i] > 1.25 * typical), key=lambda i: -by_place[i])
+    print(f"by place in the epoch (medians over {args.epochs} epochs; the typical {typical * 1e3:.3f} ms): the slowest "
+          f"batch {max(range(n), key=by_place.__getitem__)}, {max(by_place) * 1e3:.3f} ms; over 1.25 times the typical: "
+          + (", ".join(f"{i} ({by_place[i] * 1e3:.3f} ms)" for i in out) or "none"))
     pstats.Stats(prof).sort_stats("cumtime").print_stats(20)
     batches.close()
     staging.close()

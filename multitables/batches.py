@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, Sequence, overload
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, Sequence, cast, overload
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from ._train.batch import Batch, BatchT, batch_maker
 from ._train.mix import NOT_COPIED, MixedBatches, mix_batches
 from ._train.resume import check_identity, data_identity
 from ._train.transforms import infer_transforms
-from ._train.feed import EpochPieces, Feed, plan_feed, read_ahead
+from ._train.feed import EpochPieces, Feed, NextEpoch, plan_feed
 from ._train.buffers import WindowMemory
 from ._train.draws import DrawsAhead
 from ._train.iteration import NEWER, Closing, Current, run_epochs
@@ -459,7 +459,7 @@ class Batches(Closing, Generic[BatchT]):
                 pieces = EpochPieces.of(plan, plan.bounds[w0] if carry is None else carry.pulled, rows)
                 self._feed.provide(pieces, 0.0 if staging is None else staging.held)
                 source = epoch_windows(plan, w0, self._feed, pieces, self._window_memory(), carry, staging)
-            k = start
+            k, following = start, cast("NextEpoch | None", None)
             last = plan.window_offsets[max(0, plan.n_windows - 1)] // s.batch_size  # the last window's first batch
             for arrays in (cutting := cut(source, skip, s.batch_size, alloc)):
                 batch, k = made(arrays), k + 1  # made (tensors too), then counted: NOTE [delivered batches]
@@ -467,17 +467,17 @@ class Batches(Closing, Generic[BatchT]):
                     return
                 self._batch, self._step = k, self._step + 1
                 yield batch
-                if ahead:  # NOTE [readers across epochs]: once the first batch is out, the next epoch is planned
-                    ahead = not read_ahead(self._feed, self._rows, self._settings, self.rank, epoch + 1, source, k < last)
+                if ahead:  # once the first batch is out, the next epoch is made ready: NOTE [the next epoch in steps]
+                    following = following or NextEpoch(self._feed, self._rows, self._settings, self.rank, epoch + 1, source)
+                    ahead = not following.step(k < last, self._window_memory().copier)
             while k < s.n_batches:  # see NOTE [epoch plan]: empty last batches
                 batch, k = made(alloc(0)), k + 1
                 if self._closing:
                     return
                 self._batch, self._step = k, self._step + 1
                 yield batch
-            self._epoch, self._batch, self._elastic = epoch + 1, 0, []
+            self._epoch, self._batch, self._elastic, self._looping = epoch + 1, 0, [], True
             self._carry = getattr(source, "carry", None)
-            self._looping = True
             self._buy_readers(self._feed.epoch_read())
         except GeneratorExit:
             if k == s.n_batches:  # left after the epoch's last batch: the epoch is done, the next comes next

@@ -396,6 +396,65 @@ def test_an_epochs_first_batch_plans_and_permutes_nothing_in_a_loop_of_epochs(ro
         b.close()
 
 
+@pytest.mark.parametrize("slow", [False, True], ids=["planned-at-once", "planned-slower-than-the-windows"])
+def test_the_next_epoch_is_planned_off_the_consumers_thread_and_published_by_a_later_batch(
+        rows_file, no_leaks, slow: bool, monkeypatch) -> None:
+    """NOTE [the next epoch in steps]: no batch of an epoch both asks for the next epoch's plan and publishes it; the
+    plan is made on the copier's thread; a plan that takes longer than the windows before the last is waited for
+    there, so that the next epoch's first window is still read during this epoch's last, and its rows are right."""
+    import threading
+
+    from multitables._plan.epoch import EpochSettings
+    from multitables._train.feed import Feed
+
+    calls = [0]  # next() calls of the epoch being delivered, before this one
+    planned: list[tuple[int, str]] = []  # (epoch, thread)
+    published: list[tuple[int, int]] = []  # (epoch, call)
+    real_plan, real_follow = EpochSettings.rank_epoch, Feed.follow
+
+    def plan(self, epoch: int, rank: int):  # type: ignore[no-untyped-def]
+        if slow and threading.current_thread() is not threading.main_thread():
+            time.sleep(0.3)  # longer than the first three windows take here
+        planned.append((epoch, threading.current_thread().name))
+        return real_plan(self, epoch, rank)
+
+    def follow(self, pieces):  # type: ignore[no-untyped-def]
+        published.append((pieces.epoch, calls[0]))
+        return real_follow(self, pieces)
+
+    monkeypatch.setattr(EpochSettings, "rank_epoch", plan)
+    monkeypatch.setattr(Feed, "follow", follow)
+    window = 20  # 80 blocks: 4 windows an epoch
+    expected = []
+    for epoch in range(3):
+        reference = batches(rows_file, n_procs=0, window=window)
+        reference.set_epoch(epoch)
+        expected.append([y.copy() for y in reference])
+        reference.close()
+    planned.clear()
+    published.clear()
+    b = batches(rows_file, window=window, read_ahead=4)
+    try:
+        for epoch in range(3):
+            b.set_epoch(epoch)  # a loop of epochs: each reads ahead into the next
+            calls[0] = 0
+            got = []
+            for y in b:
+                got.append(y.copy())
+                calls[0] += 1
+            for mine, theirs in zip(got, expected[epoch], strict=True):
+                np.testing.assert_array_equal(mine, theirs)
+            assert b._carry is not None and b._carry.epoch == epoch + 1 and b._carry.pulled > 0
+    finally:
+        b.close()
+    assert [e for e, _ in planned] == [0, 1, 2, 3]
+    assert [thread.startswith("multitables-later") for _, thread in planned] == [False, True, True, True]
+    # Asked for after the first batch (in the second next()), published by the third at the earliest; a slow plan
+    # by the last window's first batch (250 batches of 16 rows an epoch, windows of 1,000 rows).
+    assert [e for e, _ in published] == [1, 2, 3]
+    assert all(2 <= call <= (3 * 1000 // 16 if slow else 249) for _, call in published), published
+
+
 def test_a_ctrl_c_as_the_loop_takes_a_batch_lets_the_readers_stop_with_the_batches(
     rows_file, no_cycle_collector, no_leaks
 ) -> None:

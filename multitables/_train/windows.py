@@ -24,8 +24,9 @@ NOTE [window pipelining]
     training at all). Any other position drops the carry.
 
     What an epoch's first batch would still compute is made ahead too: the
-    next epoch is planned once this epoch's first batch is out (its pieces
-    published then, and handed to :meth:`Windows.then`), a window's order
+    next epoch is made ready over the batches after this epoch's first (its
+    plan on a copy thread, its pieces published by a later batch, and handed
+    to :meth:`Windows.then`: NOTE [the next epoch in steps] in ``feed``), a window's order
     (a permutation of up to 65,536 rows, 0.5-0.7 ms here, and what the
     staging makes of it: :meth:`Staging.order`) by the prefetch that starts
     pulling it, on a copy thread where the batches have some (NOTE
@@ -70,9 +71,9 @@ if TYPE_CHECKING:
     from .._stream.queue import Guard, Queue
     from .feed import EpochPieces, Feed
 
-#: Rows of a window below which its permutation is made at once where there are no copy threads: a thread of
-#: its own takes longer to start (84 us) than permuting 8,192 rows (about 0.1 ms; NOTE [parallel copies]).
-ORDER_THREAD_ROWS = 8192
+#: Rows of a window below which its permutation is made at once where there are no copy threads: handing it to the
+#: copier's own thread takes longer (22 us on the 2-core VM) than permuting 1,024 rows (21 us; NOTE [parallel copies]).
+ORDER_THREAD_ROWS = 1024
 
 
 @dataclass(frozen=True)

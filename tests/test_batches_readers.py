@@ -455,6 +455,46 @@ def test_the_next_epoch_is_planned_off_the_consumers_thread_and_published_by_a_l
     assert all(2 <= call <= (3 * 1000 // 16 if slow else 249) for _, call in published), published
 
 
+def test_a_failure_planning_the_next_epoch_on_the_thread_reaches_the_loop_with_its_traceback(
+        rows_file, no_leaks, monkeypatch) -> None:
+    """The next epoch is planned on the copier's thread (NOTE [the next epoch in steps]): an error there is raised in
+    the loop, with the frames it came through on that thread, and the batches stop their readers as after any error
+    in a step; the next iteration starts readers afresh and goes on with the epoch's rows."""
+    import traceback
+
+    from multitables._plan.epoch import EpochSettings
+
+    real_plan = EpochSettings.rank_epoch
+
+    def plan(self, epoch: int, rank: int):  # type: ignore[no-untyped-def]
+        if epoch == 1:
+            raise MemoryError("no room for the plan of epoch 1")
+        return real_plan(self, epoch, rank)
+
+    monkeypatch.setattr(EpochSettings, "rank_epoch", plan)
+    b = batches(rows_file, window=20, read_ahead=4)
+    b.set_epoch(0)  # a loop of epochs: epoch 0 plans epoch 1 on the thread
+    before = children()
+    it = iter(b)
+    next(it)
+    readers = readers_started(before)
+    with pytest.raises(MemoryError, match="no room for the plan of epoch 1") as info:
+        for _ in it:
+            pass
+    frames = [frame.name for frame in traceback.extract_tb(info.value.__traceback__)]
+    assert "_next_pieces" in frames and frames[-1] == "plan", frames  # made on the thread, raised here
+    assert b.epoch == 0 and not wait_gone(readers)
+    monkeypatch.setattr(EpochSettings, "rank_epoch", real_plan)
+    reference = batches(rows_file, n_procs=0, window=20)
+    expected = [y.copy() for y in reference]
+    reference.close()
+    delivered = b.state_dict()["batch"]  # the loop goes on after the last batch it got
+    assert 0 < delivered < len(expected)
+    for mine, theirs in zip(b, expected[delivered:], strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+    b.close()
+
+
 def test_a_ctrl_c_as_the_loop_takes_a_batch_lets_the_readers_stop_with_the_batches(
     rows_file, no_cycle_collector, no_leaks
 ) -> None:

@@ -446,8 +446,7 @@ class Batches(Closing, Generic[BatchT]):
             return
         carry, self._carry = self._carry, None
         plan = carry.plan if carry is not None and carry.epoch == epoch and s is self._settings else None
-        if plan is None:  # no carry, or one for another epoch or plan: planned now
-            plan = s.rank_epoch(epoch, self.rank)
+        plan = plan or s.rank_epoch(epoch, self.rank)  # no carry, or one for another epoch or plan: planned now
         w0, skip = plan.locate(start * s.batch_size)
         if carry is not None and (carry.epoch != epoch or w0 != 0 or not carry.good_for(staging)):
             carry = None  # NOTE [window pipelining]: good for that epoch from its first window only
@@ -456,7 +455,8 @@ class Batches(Closing, Generic[BatchT]):
                 self._memory.let_go()
             source: "Windows" = NoWindows()
             if w0 < plan.n_windows:
-                pieces = EpochPieces.of(plan, plan.bounds[w0] if carry is None else carry.pulled, rows)
+                rest = carry.rest if carry is not None and carry.plan is plan else None  # as published: not made again
+                pieces = rest or EpochPieces.of(plan, plan.bounds[w0] if carry is None else carry.pulled, rows)
                 self._feed.provide(pieces, 0.0 if staging is None else staging.held)
                 source = epoch_windows(plan, w0, self._feed, pieces, self._window_memory(), carry, staging)
             k, following = start, cast("NextEpoch | None", None)

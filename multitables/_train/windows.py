@@ -203,6 +203,7 @@ class Carry:
     on_host: bool = True  # whether the buffer holds its rows (not so where the staging took slots: take_slots)
     plan: "RankEpoch | None" = None  # that epoch's plan, and its first window's order: made while it was pulled
     perm: "Future[Order] | None" = None
+    rest: "EpochPieces | None" = None  # that epoch's pieces after those pulled, as published (None: not known)
     pid: int = field(default_factory=os.getpid)  # the process that pulled it
 
     def good_for(self, staging: "Staging | None") -> bool:
@@ -360,7 +361,7 @@ class ShuffledWindows(Windows):
         else:  # the carry's guards stay held, as within an epoch (NOTE [slots on a device])
             last, j = self._fills[-1], len(self._fills) - 1
             self.carry = Carry(self._after[0].epoch, last.buffer, last.pulled, last.filled, self._staging, last.on_host,
-                               self._after[0], self._perms.get(j))
+                               self._after[0], self._perms.get(j), self._after[1].since(last.pulled))
 
     def prefetch(self) -> None:
         if self._rate:

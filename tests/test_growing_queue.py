@@ -75,6 +75,22 @@ def test_taken_blocks_are_the_published_ones_in_order_across_rewinds(rows_file: 
     assert queue.closed
 
 
+@pytest.mark.parametrize("n_procs", [0, 2])
+def test_blocks_published_across_the_end_of_the_block_table_are_taken_as_published(rows_file: Path, n_procs: int,
+                                                                                      no_leaks: None) -> None:
+    # The table holds 64 blocks: each extend of 50 after the first lands on its end and wraps round to its start.
+    rng = random.Random(7)
+    first = random_blocks(rng, 50)
+    with growing_queue(rows_file, n_procs, 2, first) as queue:
+        published = list(first)
+        for _ in range(4):
+            for a, b in published:
+                with queue.get() as block:
+                    np.testing.assert_array_equal(block, np.arange(a, b))
+            published = random_blocks(rng, 50)
+            queue.extend(RangePlan(tuple(a for a, _ in published), tuple(b for _, b in published)))
+
+
 def test_a_rewind_with_a_guard_held_is_refused(rows_file: Path, no_leaks: None) -> None:
     with growing_queue(rows_file, 2, 2, [(0, 100), (100, 200)]) as queue:
         guard = queue.get()

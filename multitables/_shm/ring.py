@@ -369,19 +369,27 @@ class Ring:
     def extend(self, starts: "np.ndarray | tuple[int, ...]", stops: "np.ndarray | tuple[int, ...]", n_readers: int,
                check: Callable[[], bool]) -> None:
         """Publish blocks ``[starts[i], stops[i])`` after those published; wake the readers waiting for some."""
-        table, a, b = self.layout.table, np.asarray(starts, np.int64), np.asarray(stops, np.int64)
-        bad = np.flatnonzero((a < 0) | (b <= a) | (b - a > self.layout.block_size))  # at once: the readers wait on the lock
-        if len(bad):
-            raise ValueError(f"block [{a[bad[0]]}, {b[bad[0]]}) does not fit a slot of {self.layout.block_size} rows")
+        # Made and checked before the lock (the readers wait on it), in few numpy calls: publishing an epoch's 128
+        # blocks ran from cold caches once an epoch, 0.2 ms of the consumer's CPU with a call per step.
+        table, n, size = self.layout.table, len(starts), self.layout.block_size
+        entries = np.empty((n, 2), np.int64)  # (first row, end) of each block, as the table holds them
+        entries[:, 0], entries[:, 1] = starts, stops
+        rows = entries[:, 1] - entries[:, 0]
+        if n and (entries[:, 0].min() < 0 or rows.min() <= 0 or rows.max() > size):
+            a, b = entries[np.flatnonzero((entries[:, 0] < 0) | (rows <= 0) | (rows > size))[0]]
+            raise ValueError(f"block [{a}, {b}) does not fit a slot of {size} rows")
         with self._locked(check):
             first, claimed = int(self._hdr[_PUBLISHED]), int(self._hdr[_NEXT])
-            if first + len(a) - table > claimed:
+            if first + n - table > claimed:
                 raise ValueError(
                     f"the block table holds {table} blocks, and {first - claimed} published ones are not claimed yet: "
-                    f"{len(a)} more do not fit"
+                    f"{n} more do not fit"
                 )
-            self._table[(first + np.arange(len(a))) % table] = np.stack([a, b], axis=1)
-            self._hdr[_PUBLISHED] = first + len(a)
+            at = first % table
+            k = min(n, table - at)  # the rest wraps round to the table's start
+            self._table[at : at + k] = entries[:k]
+            self._table[: n - k] = entries[k:]
+            self._hdr[_PUBLISHED] = first + n
         for _ in range(n_readers):
             self.sync.more.release()
 

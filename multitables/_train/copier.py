@@ -15,27 +15,27 @@ NOTE [parallel copies]
     at most 4, and none with fewer than 8 CPUs, where the readers need the
     cores. The same threads make each shuffle window's permutation while the
     window before it is delivered (:meth:`Copier.later`; numpy's shuffle
-    lets the GIL go); with none, a thread of the copier's own makes them,
-    kept while windows come (starting a thread for each cost the batch that
-    asked 84 us of the consumer's CPU on the 2-core VM, handing the work to
-    one waiting 22 us; an epoch's window's second batch was 2.4 times the
-    others). In the caller's thread it stalled the batch that started it:
-    0.8 ms for 65,536 rows, 18 ms for a million, 167 ms for four million
-    (a 256 MiB window of 64-byte rows) on the 2-core VM. The threads belong
-    to the batches (``WindowMemory``) and end when it is closed.
+    lets the GIL go); with none, one thread of the copier's own makes them,
+    in turn with the next epoch's plan (NOTE [the next epoch in steps] in
+    ``feed``), kept until the copier closes: starting a thread for each cost
+    the batch that asked 84-91 us of the consumer's CPU on the 2-core VM,
+    handing the work to one waiting 21-25 us (an epoch's window's second
+    batch was 2.4 times the others). In the caller's thread a permutation
+    stalled the batch that started it: 0.8 ms for 65,536 rows, 18 ms for a
+    million, 167 ms for four million (a 256 MiB window of 64-byte rows) on
+    the 2-core VM. The threads belong to the batches (``WindowMemory``) and
+    end when it is closed.
 """
 
 from __future__ import annotations
 
-import functools
 import os
-import weakref
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from .._sys.background import DaemonThreads, on_thread
+from .._sys.background import on_thread
 from .._sys.copies import copy_rows
 
 
@@ -61,7 +61,7 @@ class Copier:
         self.threads = threads
         self._pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="multitables-copy") if threads > 1 else None
         self._later: "list[Future[Any]]" = []  # later()'s work off the pool (there is none), until close
-        self._own: "DaemonThreads | None" = None  # that thread, made at the first later(), kept while work comes
+        self._own: "ThreadPoolExecutor | None" = None  # that thread, made at the first later(), kept until close
         self._closed = False
 
     def _parts(self, rows: int, nbytes: int) -> "list[tuple[int, int]]":
@@ -111,16 +111,15 @@ class Copier:
         """``fn(*args)``, for a result wanted later, on one of the threads (work that lets the GIL go: a window's
         permutation), its error raised by ``result()``; where there are none, on the copier's own thread (kept
         until :meth:`close`; after it, one that ends with the work), or, where it is ``small`` (shorter than
-        handing it to a thread: 22 us on the 2-core VM), at once in the caller's."""
+        handing it to a thread: 21-25 us on the 2-core VM), at once in the caller's."""
         if self._pool is not None:
             return self._pool.submit(fn, *args)
         if small or self._closed:  # closed: a thread that ends with the work, which nothing is left to end
             future = on_thread("multitables-later", fn, *args, inline=small)
         else:
-            if self._own is None:
-                self._own = DaemonThreads("multitables-later")
-                weakref.finalize(self, self._own.shutdown)  # dropped unclosed (its batches were): the thread ends
-            future = self._own.submit(functools.partial(fn, *args))
+            if self._own is None:  # one thread: work handed to it while it is busy waits (a second cost 84 us)
+                self._own = ThreadPoolExecutor(1, thread_name_prefix="multitables-later")
+            future = self._own.submit(fn, *args)
         self._later = [f for f in self._later if not f.done()] + [future]
         return future
 
@@ -131,7 +130,7 @@ class Copier:
         wait(later)
         own, self._own = self._own, None
         if own is not None:
-            own.shutdown()
+            own.shutdown(wait=True)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None

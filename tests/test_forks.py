@@ -620,3 +620,47 @@ def test_readers_start_by_a_standard_method_under_a_pools_own_default(tmp_path: 
     run = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split() == ["True", "True"]
+
+
+@pytest.mark.parametrize("case", ["child-plans", "plan-made", "plan-in-progress"])
+def test_a_forked_child_going_on_with_its_parents_iteration_leaves_its_next_epoch_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, no_leaks: None) -> None:
+    # NOTE [the next epoch in steps]: after an epoch's first batch the next epoch is planned on the copier's thread and
+    # published by a later batch. A child that went on with the parent's iteration there published it to the
+    # parent's readers (which then gave the parent's next epochs rows of the wrong epoch), having planned it itself
+    # or found the parent's plan made; or, the parent's plan in progress on a thread the fork does not have, waited
+    # for it for ever in the epoch's last window, where nothing is left for later.
+    import time
+
+    import multitables
+    from multitables._plan.epoch import EpochSettings
+
+    path = tmp_path / "ids.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=np.arange(20000, dtype="<i8").reshape(-1, 1), chunks=(100, 1), compression="gzip")
+    # One window an epoch (no step is early: the child's first plans and publishes), or windows of two batches.
+    kw = dict(batch_size=100, shuffle=True, seed=1, block_size=100, window=200 if case == "child-plans" else 2)
+    reference = multitables.Streamer(path).get_batches("/x", n_procs=0, **kw)
+    want = []
+    for epoch in range(3):
+        reference.set_epoch(epoch)
+        want.append(np.concatenate(list(reference)).ravel().tolist())
+    reference.close()
+    if case == "plan-in-progress":
+        real_plan = EpochSettings.rank_epoch
+        monkeypatch.setattr(EpochSettings, "rank_epoch",
+                            lambda self, e, r: (time.sleep(1.0 if e else 0), real_plan(self, e, r))[1])
+    batches = multitables.Streamer(path).get_batches("/x", n_procs=2, **kw)
+    batches.set_epoch(0)  # a loop of epochs
+    it = iter(batches)
+    fork_at = {"child-plans": 1, "plan-made": 2, "plan-in-progress": 198}[case]  # batches out before the fork
+    got = [next(it) for _ in range(fork_at)]  # the plan is handed over in the second batch's call
+    time.sleep(0.2)  # made by now, but the slow one
+    said = in_a_fork(lambda: next(it), 30)
+    assert "RuntimeError" in said.get("error", "") and "fork" in said["error"], said
+    rows = np.concatenate(got + list(it)).ravel().tolist()
+    for epoch in (1, 2):
+        batches.set_epoch(epoch)
+        rows += np.concatenate(list(batches)).ravel().tolist()
+    assert rows == want[0] + want[1] + want[2]
+    batches.close()

@@ -345,8 +345,9 @@ class Feed:
         return len(self._pending) + len(pieces.starts) + _TABLE_SLACK <= self._table
 
     def follow(self, pieces: EpochPieces) -> bool:
-        """Publish ``pieces`` after what is published, if they :meth:`fit <fits>`; whether they were."""
-        if not self.fits(pieces):
+        """Publish ``pieces`` after what is published, if they :meth:`fit <fits>`; whether they were. Never in a fork
+        of the process that started the readers: they are its parent's, whose next epochs would get them twice."""
+        if self._opened_in != os.getpid() or not self.fits(pieces):
             return False
         self._publish(pieces, 0)
         return True
@@ -438,10 +439,17 @@ class NextEpoch:
         self._feed, self._rows, self._settings, self._rank, self._epoch = feed, rows, settings, rank, epoch
         self._source = source
         self._made: "Future[tuple[RankEpoch, EpochPieces]] | None" = None
+        self._pid = os.getpid()
 
     def step(self, early: bool, copier: "Copier") -> bool:
         """After a batch went out: what can be done now, the plan made on ``copier``'s thread (where not ``early``,
-        in the current epoch's last window, all that is left, waiting for what runs still); whether all is done."""
+        in the current epoch's last window, all that is left, waiting for what runs still); whether all is done.
+
+        In a fork of the process that made it, nothing, and done: the readers and the thread are that process's (a
+        child publishing to its parent's queues would give the parent's next epochs rows twice, and waiting for the
+        parent's thread would wait for ever); the iteration goes no further there (``windows.cut`` refuses it)."""
+        if self._pid != os.getpid():
+            return True
         if self._made is None:
             self._rows.draw_ahead(self._epoch)  # a weighted draw: on a thread, taken once drawn
             if not self._rows.ready(self._epoch) and early:

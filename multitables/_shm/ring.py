@@ -182,12 +182,8 @@ class Ring:
         still lent to private memory (np.ndarray(buffer=...) holds none).
         """
         layout = self.layout
-        flat = np.frombuffer(
-            self.segment.buf,
-            layout.dtype,
-            count=rows * layout.row_items,
-            offset=layout.slot_offset(slot),
-        )
+        flat = np.frombuffer(self.segment.buf, layout.dtype, count=rows * layout.row_items,
+                             offset=layout.slot_offset(slot))
         self._lent[slot] = weakref.ref(flat)
         return flat.reshape((rows,) + layout.row_shape)
 
@@ -369,8 +365,7 @@ class Ring:
     def extend(self, starts: "np.ndarray | tuple[int, ...]", stops: "np.ndarray | tuple[int, ...]", n_readers: int,
                check: Callable[[], bool]) -> None:
         """Publish blocks ``[starts[i], stops[i])`` after those published; wake the readers waiting for some."""
-        # Made and checked before the lock (the readers wait on it), in few numpy calls: publishing an epoch's 128
-        # blocks ran from cold caches once an epoch, 0.2 ms of the consumer's CPU with a call per step.
+        # Made and checked before the lock (readers wait on it), in few numpy calls: once an epoch, from cold caches.
         table, n, size = self.layout.table, len(starts), self.layout.block_size
         entries = np.empty((n, 2), np.int64)  # (first row, end) of each block, as the table holds them
         entries[:, 0], entries[:, 1] = starts, stops
@@ -381,14 +376,10 @@ class Ring:
         with self._locked(check):
             first, claimed = int(self._hdr[_PUBLISHED]), int(self._hdr[_NEXT])
             if first + n - table > claimed:
-                raise ValueError(
-                    f"the block table holds {table} blocks, and {first - claimed} published ones are not claimed yet: "
-                    f"{n} more do not fit"
-                )
-            at = first % table
-            k = min(n, table - at)  # the rest wraps round to the table's start
-            self._table[at : at + k] = entries[:k]
-            self._table[: n - k] = entries[k:]
+                raise ValueError(f"the block table holds {table} blocks, and {first - claimed} published ones are not "
+                                 f"claimed yet: {n} more do not fit")
+            at, k = first % table, min(n, table - first % table)  # k up to the table's end, the rest from its start
+            self._table[at : at + k], self._table[: n - k] = entries[:k], entries[k:]
             self._hdr[_PUBLISHED] = first + n
         for _ in range(n_readers):
             self.sync.more.release()

@@ -367,7 +367,7 @@ def test_the_next_epochs_first_window_is_read_during_this_epoch(rows_file, no_le
 def test_an_epochs_first_batch_plans_and_permutes_nothing_in_a_loop_of_epochs(rows_file, no_leaks, windows: int,
                                                                                 weighted: bool, monkeypatch) -> None:
     """The next epoch is planned once this epoch's first batch is out, its pieces made with the plan (a weighted
-    draw's spans too: made again, they cost an epoch's first batch 0.3-0.6 ms on the 2-core VM), and each window's
+    draw's spans too: made again, they cost an epoch's first batch 0.2-0.6 ms on the 2-core VM), and each window's
     order is made by the pull that starts it (the first window's: during the last epoch), so that an epoch's first
     batch waits for none of them (issue 30: no longer than a batch in mid-epoch). The batches are those of a fresh
     reading."""

@@ -30,8 +30,8 @@ NOTE [the next epoch in steps]
     (:class:`NextEpoch`): planned, its pieces published to the readers after
     the current epoch's, a shuffled epoch's first window pulled during this
     one's last. Done at once after an epoch's first batch, it made the next
-    batch the epoch's slowest: 1.03 ms of the consumer's CPU against 0.18 ms
-    for a batch in mid-epoch (``benchmarks/epoch_start.py``, 2 readers on the
+    batch the epoch's slowest: 0.88-1.09 ms of the consumer's CPU against
+    0.16-0.18 in mid-epoch (``benchmarks/epoch_start.py``, 2 readers on the
     2-core VM, where code that runs once an epoch runs from cold caches: the
     plan took 0.34 ms there, 45 us alone). So the plan and the pieces are made
     on the copier's thread (pure: nothing of the feed's), and published
@@ -198,7 +198,7 @@ class EpochPieces:
 
     def since(self, first: int) -> "EpochPieces":
         """These pieces from piece ``first`` on (``first >= self.first``), without making them again (a subset's spans
-        took an epoch's first batch 0.7 ms on the 2-core VM: ``benchmarks/epoch_start.py --sampling weights``).
+        took an epoch's first batch 0.2-0.6 ms on the 2-core VM: ``benchmarks/epoch_start.py --sampling weights``).
         ``most_rows`` stays these pieces' largest: what the slots were checked for when they were published."""
         k = first - self.first
         if k == 0:

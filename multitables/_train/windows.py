@@ -25,13 +25,13 @@ NOTE [window pipelining]
 
     What an epoch's first batch would still compute is made ahead too: the
     next epoch is made ready over the batches after this epoch's first (its
-    plan on a copy thread, its pieces published by a later batch, and handed
-    to :meth:`Windows.then`: NOTE [the next epoch in steps] in ``feed``), a window's order
-    (a permutation of up to 65,536 rows, 0.5-0.7 ms here, and what the
-    staging makes of it: :meth:`Staging.order`) by the prefetch that starts
-    pulling it, on a copy thread where the batches have some (NOTE
-    [parallel copies]), and the carry brings the next epoch's plan and
-    first order with it. Without copy threads an epoch's first batch cost
+    plan and pieces on a copy thread, published by a later batch and handed
+    to :meth:`Windows.then`: NOTE [the next epoch in steps] in ``feed``), a
+    window's order (a permutation of up to 65,536 rows, 0.5-0.7 ms here, and
+    what the staging makes of it: :meth:`Staging.order`) by the prefetch
+    that starts pulling it, on a copy thread where the batches have some
+    (NOTE [parallel copies]), and the carry brings the next epoch's plan,
+    pieces and first order with it. Without copy threads an epoch's first batch cost
     the consumer 1.02-1.05 ms before, 0.22 ms after, its second 0.18-0.20
     and 0.91-0.98 ms, others 0.06-0.08 ms (``benchmarks/epoch_start.py``:
     ``device=``, 2 readers); with 2 copy threads its second 0.38-0.41 ms,
@@ -72,7 +72,8 @@ if TYPE_CHECKING:
     from .feed import EpochPieces, Feed
 
 #: Rows of a window below which its permutation is made at once where there are no copy threads: handing it to the
-#: copier's own thread takes longer (22 us on the 2-core VM) than permuting 1,024 rows (21 us; NOTE [parallel copies]).
+#: copier's own thread takes longer (21-25 us on the 2-core VM) than permuting 1,024 rows (21 us; NOTE [parallel
+#: copies]).
 ORDER_THREAD_ROWS = 1024
 
 

@@ -76,7 +76,7 @@ def main() -> None:
             "multitables._train.buffers") else "multitables._train.windows")
         home.copy_threads = lambda: args.copy_threads  # type: ignore[attr-defined]
     from multitables._train.device import DeviceStaging
-    from multitables_bench.gpu import BATCH, write_file
+    from multitables_bench.gpu import BATCH, by_place, write_file
 
     if not os.path.exists(args.file):
         write_file(args.file, args.mib)
@@ -113,13 +113,7 @@ def main() -> None:
     print(f"{n} batches an epoch, {window} a window; the consumer's CPU per batch (medians): an epoch's first "
           f"{ms(firsts)}, its second {ms(seconds)}, its last {ms(lasts)}, a later window's first {ms(windows)}, "
           f"the others {ms(rest)} (the slowest of those {max(rest) * 1e3:.3f} ms)")
-    # Each batch of an epoch by its place: work moved off an epoch's first batch must not make another stand out.
-    by_place = [statistics.median(cpu[i::n]) for i in range(n)]
-    typical = statistics.median(by_place)
-    out = sorted((i for i in range(n) if by_place[i] > 1.25 * typical), key=lambda i: -by_place[i])
-    print(f"by place in the epoch (medians over {args.epochs} epochs; the typical {typical * 1e3:.3f} ms): the slowest "
-          f"batch {max(range(n), key=by_place.__getitem__)}, {max(by_place) * 1e3:.3f} ms; over 1.25 times the typical: "
-          + (", ".join(f"{i} ({by_place[i] * 1e3:.3f} ms)" for i in out) or "none"))
+    print(by_place(cpu, n))  # work moved off an epoch's first batch must not make another stand out
     pstats.Stats(prof).sort_stats("cumtime").print_stats(20)
     batches.close()
     staging.close()

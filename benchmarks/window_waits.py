@@ -66,7 +66,7 @@ def main() -> None:
     import multitables
     import multitables.torch as mt
     from multitables._stream.queue import Queue
-    from multitables_bench.gpu import BATCH, _step_fn, _sync, window_firsts, write_file
+    from multitables_bench.gpu import BATCH, _step_fn, _sync, by_place, window_firsts, write_file
 
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -122,6 +122,7 @@ def main() -> None:
         ms = lambda xs: f"{statistics.median(xs) * 1e3:.3f}"  # noqa: E731
         print(f"| {kind} | {len(ids)} | {ms(came)} | " + " | ".join(ms(parts[label]) for label in labels)
               + f" | {ms(rest)} |")
+    print(by_place(waits[per_epoch:], per_epoch) + " (came in)")
 
 
 if __name__ == "__main__":

@@ -216,6 +216,19 @@ def window_firsts(per_epoch: int, window_rows: int) -> "set[int]":
     return {k for k in range(per_epoch) if (k * BATCH - 1) // window_rows != ((k + 1) * BATCH - 1) // window_rows}
 
 
+def by_place(times: "list[float]", per_epoch: int) -> str:
+    """Each batch of an epoch by its place (``times``: whole epochs, seconds a batch): the typical median, the slowest
+    place, and the places over 1.25 times the typical (slowest first); a median over the batches hides one slow batch
+    an epoch."""
+    places = [float(np.median(times[i::per_epoch])) for i in range(per_epoch)]
+    typical = float(np.median(places))
+    slowest = max(range(per_epoch), key=places.__getitem__)
+    out = sorted((i for i in range(per_epoch) if places[i] > 1.25 * typical), key=lambda i: -places[i])
+    return (f"by place in the epoch (medians over {len(times) // per_epoch} epochs; the typical {typical * 1e3:.3f} ms): "
+            f"the slowest batch {slowest}, {places[slowest] * 1e3:.3f} ms; over 1.25 times the typical: "
+            + (", ".join(f"{i} ({places[i] * 1e3:.3f} ms)" for i in out) or "none"))
+
+
 def _boundary(waits: "list[float]", per_epoch: int, windows: "set[int]") -> "tuple[float, float, float | None]":
     """The median wait of the epochs' first batches (``waits`` starts with one), of the other batches, and of those
     among them that start a window (``windows``: their indexes in an epoch; None where there are none)."""

@@ -194,7 +194,7 @@ def test_a_window_order_is_made_in_the_consumers_thread_only_where_a_thread_cost
     assert sum(len(x) for x in b) == 2 * 5000
     b.close()
     assert len(made_on) == 2 * 4  # 20 blocks in windows of 6: 4 windows an epoch, each ordered once
-    where = {re.sub(r"[-_][0-9]+$", "", name) for name in made_on}  # a pool's or DaemonThreads' numbered thread
+    where = {re.sub(r"[-_][0-9]+$", "", name) for name in made_on}  # a pool's numbered thread (copy or later)
     if threads > 1:
         assert where == {"multitables-copy"}
     else:

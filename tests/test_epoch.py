@@ -86,11 +86,16 @@ def test_a_plans_piece_sizes_and_window_offsets_are_those_of_its_pieces(s: Epoch
     # rank_epoch makes them from its arrays; a plan made of its pieces alone, from those.
     for r in range(s.world_size):
         plan = s.rank_epoch(epoch, r)
-        again = RankEpoch(s, epoch, r, plan.starts, plan.stops, plan.bounds)
-        assert plan.sizes == again.sizes == tuple(b - a for a, b in zip(plan.starts, plan.stops))
-        assert plan.window_offsets == again.window_offsets == tuple(sum(again.sizes[:i]) for i in plan.bounds)
-        assert all(type(x) is int for x in plan.sizes + plan.window_offsets)  # Python's: looked up one at a time
+        again = RankEpoch(s, epoch, r, plan.starts.tolist(), tuple(plan.stops), plan.bounds)
+        sizes = [b - a for a, b in zip(plan.starts.tolist(), plan.stops.tolist())]
+        assert plan.sizes.tolist() == again.sizes.tolist() == sizes
+        assert plan.window_offsets == again.window_offsets == tuple(sum(sizes[:i]) for i in plan.bounds)
+        assert all(type(x) is int for x in plan.window_offsets)  # Python's: looked up one at a time
+        # NOTE [pieces as arrays]: read-only int64, the same for a plan made of its pieces alone
+        for array in (plan.starts, plan.stops, plan.sizes, again.starts, again.stops, again.sizes):
+            assert array.dtype == np.int64 and not array.flags.writeable
         assert plan == again and plan.n_rows == s.rank_rows(r)
+        assert hash(plan) == hash(again) and plan != RankEpoch(s, epoch + 1, r, plan.starts, plan.stops, plan.bounds)
 
 
 @settings(max_examples=200, deadline=None)

@@ -95,7 +95,7 @@ class Spans:
     selections: tuple["np.ndarray | None", ...]
 
 
-def piece_spans(rows: np.ndarray, starts: Sequence[int], stops: Sequence[int]) -> Spans:
+def piece_spans(rows: np.ndarray, starts: "Sequence[int] | np.ndarray", stops: "Sequence[int] | np.ndarray") -> Spans:
     """The span of each piece ``[starts[i], stops[i])`` of positions, and the offsets of its rows in the span."""
     span_starts, span_stops, selections = [], [], []
     for a, b in zip(starts, stops):

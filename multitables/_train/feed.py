@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import errno
 import multiprocessing
-import operator
 import os
 import warnings
 from collections import deque
@@ -54,7 +53,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from .._plan.blocks import GrowingPlan, RangePlan
-from .._plan.epoch import RankEpoch
+from .._plan.epoch import RankEpoch, piece_array
 from .._plan.readers import BatchPlan, DatasetShape, Machine, plan_batches, rate_decides, transform_stake, would_save_s
 from .._plan.subset import piece_spans
 from .._procs.failure import fd_limit
@@ -174,15 +173,16 @@ class EpochPieces:
     """What a rank's epoch reads from one of its pieces on: the file rows of each, and which of them it keeps.
 
     ``starts``/``stops``: file rows of pieces ``first, first + 1, ...`` (a
-    piece's span of file rows, for a subset); ``selections``: for a subset,
-    the rows of each span the epoch takes (NOTE [subsets] in
+    piece's span of file rows, for a subset), read-only int64 arrays (views of
+    the plan's: NOTE [pieces as arrays] in ``_plan.epoch``); ``selections``:
+    for a subset, the rows of each span the epoch takes (NOTE [subsets] in
     ``_plan.subset``), else None.
     """
 
     epoch: int
     first: int
-    starts: "tuple[int, ...]"
-    stops: "tuple[int, ...]"
+    starts: np.ndarray
+    stops: np.ndarray
     selections: "tuple[np.ndarray | None, ...] | None"
     most_rows: int  # rows of the largest piece: what a slot must hold
 
@@ -191,10 +191,10 @@ class EpochPieces:
         """The pieces of ``plan`` from piece ``first`` on; ``rows``: the file rows of the epoch's positions (None: all)."""
         starts, stops = plan.starts[first:], plan.stops[first:]
         if rows is None:
-            return cls(plan.epoch, first, starts, stops, None, max(plan.sizes[first:], default=1))
+            return cls(plan.epoch, first, starts, stops, None, _largest(plan.sizes[first:]))
         spans = piece_spans(rows, starts, stops)
-        return cls(plan.epoch, first, spans.starts, spans.stops, spans.selections,
-                   max(map(operator.sub, spans.stops, spans.starts), default=1))
+        span_starts, span_stops = piece_array(spans.starts), piece_array(spans.stops)
+        return cls(plan.epoch, first, span_starts, span_stops, spans.selections, _largest(span_stops - span_starts))
 
     def since(self, first: int) -> "EpochPieces":
         """These pieces from piece ``first`` on (``first >= self.first``), without making them again (a subset's spans
@@ -205,6 +205,10 @@ class EpochPieces:
             return self
         selections = None if self.selections is None else self.selections[k:]
         return EpochPieces(self.epoch, first, self.starts[k:], self.stops[k:], selections, self.most_rows)
+
+
+def _largest(sizes: np.ndarray) -> int:
+    return int(sizes.max()) if len(sizes) else 1
 
 
 class _Published:

@@ -298,7 +298,7 @@ class ShuffledWindows(Windows):
     @staticmethod
     def _fill(plan: RankEpoch, w: int, pieces: "EpochPieces", buffer: int) -> _Fill:
         lo, hi = plan.bounds[w], plan.bounds[w + 1]
-        rows = list(plan.sizes[lo:hi])
+        rows = plan.sizes[lo:hi].tolist()  # Python ints: looked up one at a time
         if pieces.selections is None:
             selections: "list[np.ndarray | None]" = [None] * len(rows)
         else:  # a carry's pieces (before ``pieces.first``) were pulled last epoch, and are not pulled again

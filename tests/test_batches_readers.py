@@ -424,9 +424,10 @@ def test_the_next_epoch_is_planned_off_the_consumers_thread_and_published_by_a_l
         planned.append((epoch, threading.current_thread().name))
         return real_plan(self, epoch, rank)
 
-    def follow(self, pieces):  # type: ignore[no-untyped-def]
-        published.append((pieces.epoch, calls[0]))
-        return real_follow(self, pieces)
+    def follow(self, pieces, done=0, most=None):  # type: ignore[no-untyped-def]
+        if done == 0:  # the first part (the test below: in parts)
+            published.append((pieces.epoch, calls[0]))
+        return real_follow(self, pieces, done, most)
 
     monkeypatch.setattr(EpochSettings, "rank_epoch", plan)
     monkeypatch.setattr(Feed, "follow", follow)
@@ -459,6 +460,64 @@ def test_the_next_epoch_is_planned_off_the_consumers_thread_and_published_by_a_l
     # by the last window's first batch (250 batches of 16 rows an epoch, windows of 1,000 rows).
     assert [e for e, _ in published] == [1, 2, 3]
     assert all(2 <= call <= (3 * 1000 // 16 if slow else 249) for _, call in published), published
+
+
+@pytest.mark.parametrize("slow", [False, True], ids=["planned-at-once", "planned-slower-than-the-windows"])
+def test_the_next_epoch_is_published_in_parts_one_a_batch_and_the_rest_in_the_last_window(
+        rows_file, no_leaks, slow: bool, monkeypatch) -> None:
+    """NOTE [the next epoch in steps]: at most ``PUBLISH_PIECES`` pieces a batch before the current epoch's last
+    window, in order and each once; what is left when that window starts, at once; the rows of every epoch exact."""
+    import threading
+
+    from multitables._plan.epoch import EpochSettings
+    from multitables._train import feed
+
+    calls = [0]  # next() calls of the epoch being delivered, before this one
+    parts: list[tuple[int, int, int, int]] = []  # (epoch, call, first piece, piece after the last) of each publication
+    real_plan, real_publish = EpochSettings.rank_epoch, feed.Feed._publish
+
+    def plan(self, epoch: int, rank: int):  # type: ignore[no-untyped-def]
+        if slow and threading.current_thread() is not threading.main_thread():
+            time.sleep(1.0)  # longer than the first three windows take here
+        return real_plan(self, epoch, rank)
+
+    def publish(self, pieces, skip, stop=None):  # type: ignore[no-untyped-def]
+        parts.append((pieces.epoch, calls[0], pieces.first + skip, pieces.first + (len(pieces.starts) if stop is None else stop)))
+        return real_publish(self, pieces, skip, stop)
+
+    monkeypatch.setattr(EpochSettings, "rank_epoch", plan)
+    monkeypatch.setattr(feed.Feed, "_publish", publish)
+    monkeypatch.setattr(feed, "PUBLISH_PIECES", 7)
+    window = 20  # 80 blocks: 4 windows an epoch, of 1,000 rows; 250 batches of 16 rows
+    expected = []
+    for epoch in range(3):
+        reference = batches(rows_file, n_procs=0, window=window)
+        reference.set_epoch(epoch)
+        expected.append([y.copy() for y in reference])
+        reference.close()
+    b = batches(rows_file, window=window, read_ahead=4)
+    try:
+        for epoch in range(3):
+            b.set_epoch(epoch)
+            calls[0] = 0
+            got = []
+            for y in b:
+                got.append(y.copy())
+                calls[0] += 1
+            for mine, theirs in zip(got, expected[epoch], strict=True):
+                np.testing.assert_array_equal(mine, theirs)
+            assert b._carry is not None and b._carry.epoch == epoch + 1 and b._carry.pulled > 0
+    finally:
+        b.close()
+    last_window = 3 * 1000 // 16  # the call that delivers the last window's first batch
+    for epoch in (1, 2, 3):
+        mine = [p for p in parts if p[0] == epoch and p[1] > 0]  # after the first batch: the next epoch's
+        assert [p[2] for p in mine] == [0] + [p[3] for p in mine[:-1]] and mine[-1][3] == 80, mine  # in order, once
+        assert len({p[1] for p in mine}) == len(mine), mine  # one part a batch
+        if slow:  # made once the last window started: all at once there, as its first batch goes out
+            assert mine == [(epoch, last_window, 0, 80)], mine
+        else:  # 11 parts of 7 and the last 3, from the batch after the one that asked for the plan
+            assert [p[3] - p[2] for p in mine] == [7] * 11 + [3] and mine[-1][1] < last_window, mine
 
 
 def test_a_failure_planning_the_next_epoch_on_the_thread_reaches_the_loop_with_its_traceback(

@@ -3,7 +3,7 @@
 An epoch of 100 GiB in blocks of 4 MiB has 25,600 pieces; the same count
 here on a small file: ``--pieces`` blocks of 8 int64 rows of 64 bytes
 (zlib, a chunk a block), batches of one block, windows of 64 blocks, 2
-readers, shuffled, on the host. Times the consumer's thread CPU of every
+readers, shuffled, on the host; every row, or a subset (``--sampling``). Times the consumer's thread CPU of every
 batch over ``--epochs`` epochs after the first, and prints each batch by
 its place in the epoch (the median over the epochs): an epoch's first and
 second batch, a window's first, and the ten slowest places. What the epoch
@@ -39,13 +39,18 @@ def main() -> None:
     p.add_argument("--file", required=True)
     p.add_argument("--pieces", type=int, default=25_600)
     p.add_argument("--epochs", type=int, default=3, help="epochs timed, after the first")
+    p.add_argument("--sampling", choices=["all", "weights", "indices"], default="all",
+                   help="every row, a weighted draw of as many (weights 1 to 4), or every other row (half the pieces)")
     args = p.parse_args()
     import multitables
 
     if not os.path.exists(args.file):
         write_file(args.file, args.pieces)
+    n_rows = args.pieces * ROWS
+    sampling = {"all": {}, "weights": {"weights": np.arange(n_rows) % 4 + 1.0},
+                "indices": {"indices": np.arange(0, n_rows, 2)}}[args.sampling]
     batches = multitables.Streamer(args.file).get_batches("/X", ROWS, n_procs=2, epochs=None, seed=0, block_size=ROWS,
-                                                          window=WINDOW * ROWS)
+                                                          window=WINDOW * ROWS, **sampling)
     it = iter(batches)
     n = len(batches)
     for _ in range(n):  # the first epoch: readers start

@@ -19,15 +19,23 @@ def test_a_span_and_its_selection_give_back_the_pieces_rows_repeats_included(val
     starts, stops = [0, *cuts], [*cuts, len(rows)]
     spans = piece_spans(rows, starts, stops)
     file_rows = np.arange(100)  # row i of the file holds i
-    for a, b, s0, s1, selection in zip(starts, stops, spans.starts, spans.stops, spans.selections):
+    assert len(spans.selections) == len(starts)
+    for a, b, s0, s1, selection in zip(starts, stops, spans.starts, spans.stops, spans.selections, strict=True):
         block = file_rows[s0:s1]
         got = block if selection is None else block[selection]
         np.testing.assert_array_equal(got, rows[a:b])
+        # None exactly where the piece is its span, once each: read straight out of its slot
+        assert (selection is None) == np.array_equal(rows[a:b], np.arange(s0, s1))
+    k = data.draw(st.integers(0, len(starts)))
+    later = spans.selections[k:]  # what a carry leaves of an epoch's pieces: the same selections
+    assert len(later) == len(starts) - k
+    for mine, theirs in zip(later, list(spans.selections)[k:], strict=True):
+        assert (mine is None and theirs is None) or np.array_equal(mine, theirs)
 
 
 def test_a_run_of_the_span_length_with_a_repeat_is_not_the_whole_span() -> None:
     spans = piece_spans(np.array([5, 5, 7]), [0], [3])
-    assert (spans.starts, spans.stops) == ((5,), (8,))
+    assert (spans.starts.tolist(), spans.stops.tolist()) == ([5], [8])
     np.testing.assert_array_equal(spans.selections[0], [0, 0, 2])
 
 

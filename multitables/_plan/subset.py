@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence, overload
 
 import numpy as np
 
 from .._sys.checks import check_int
-from .epoch import rng
+from .epoch import piece_array, rng
 
 
 def subset_rows(indices: Any, n_rows: int) -> np.ndarray:
@@ -86,27 +86,53 @@ def default_subset_block(file_block: int, m: int, n_rows: int) -> int:
     return max(1, min(m, int(file_block * m / n_rows)))
 
 
-@dataclass(frozen=True)
-class Spans:
-    """What the pieces of an epoch read: file row ranges, and the subset rows within each (None: all of it)."""
+class Selections(Sequence["np.ndarray | None"]):
+    """Which rows of its span each piece takes, made when asked for: piece ``i``'s is ``rows[a:b] - rows[a]`` for its
+    positions ``[a, b)``, or None where its rows are its whole span once each. A slice is a view of the same kind.
 
-    starts: tuple[int, ...]
-    stops: tuple[int, ...]
-    selections: tuple["np.ndarray | None", ...]
+    Made when asked for, not per piece with the epoch: an epoch of 25,600 pieces, every one of them a selection
+    (every other row), took 65 ms of Python to make them (a weighted draw 120 ms; 2-core VM), on the thread that plans
+    the next epoch, mostly holding the interpreter's lock; each window now makes its own pieces' as it pulls them.
+    """
+
+    def __init__(self, rows: np.ndarray, starts: np.ndarray, stops: np.ndarray, whole: np.ndarray) -> None:
+        self._rows, self._starts, self._stops, self._whole = rows, starts, stops, whole
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    @overload
+    def __getitem__(self, i: int) -> "np.ndarray | None": ...
+    @overload
+    def __getitem__(self, i: slice) -> "Selections": ...
+    def __getitem__(self, i: "int | slice") -> "np.ndarray | None | Selections":
+        if isinstance(i, slice):
+            return Selections(self._rows, self._starts[i], self._stops[i], self._whole[i])
+        if self._whole[i]:
+            return None
+        a, b = int(self._starts[i]), int(self._stops[i])
+        return self._rows[a:b] - self._rows[a]
+
+    def __iter__(self) -> Iterator["np.ndarray | None"]:
+        return (self[i] for i in range(len(self)))
+
+
+@dataclass(frozen=True, eq=False)
+class Spans:
+    """What the pieces of an epoch read: file row ranges (read-only int64 arrays), and the subset rows within each."""
+
+    starts: np.ndarray
+    stops: np.ndarray
+    selections: Selections
 
 
 def piece_spans(rows: np.ndarray, starts: "Sequence[int] | np.ndarray", stops: "Sequence[int] | np.ndarray") -> Spans:
     """The span of each piece ``[starts[i], stops[i])`` of positions, and the offsets of its rows in the span."""
-    span_starts, span_stops, selections = [], [], []
-    for a, b in zip(starts, stops):
-        first, last = int(rows[a]), int(rows[b - 1])
-        span_starts.append(first)
-        span_stops.append(last + 1)
-        piece = rows[a:b]
-        # All of the span, once each (a weighted draw may repeat a row and skip the next).
-        whole = last + 1 - first == b - a and bool((np.diff(piece) == 1).all())
-        selections.append(None if whole else piece - first)
-    return Spans(tuple(span_starts), tuple(span_stops), tuple(selections))
+    a, b = np.asarray(starts, np.intp), np.asarray(stops, np.intp)
+    # A piece is its whole span, once each, where no step inside it is other than 1 (a weighted draw may repeat a
+    # row and skip the next): the steps other than 1 before each position, counted once for the epoch.
+    breaks = np.concatenate([[0], np.cumsum(np.diff(rows) != 1)])
+    return Spans(piece_array(rows[a]), piece_array(rows[b - 1] + 1), Selections(rows, a, b, breaks[b - 1] == breaks[a]))
 
 
 def subset_key(rows: np.ndarray) -> str:

@@ -57,7 +57,7 @@ import numpy as np
 from .._plan.blocks import GrowingPlan, RangePlan
 from .._plan.epoch import RankEpoch, piece_array
 from .._plan.readers import BatchPlan, DatasetShape, Machine, plan_batches, rate_decides, transform_stake, would_save_s
-from .._plan.subset import piece_spans
+from .._plan.subset import Selections, piece_spans
 from .._procs.failure import fd_limit
 from .._shm.space import shared_memory_free
 from .._sys.forks import note_forgone
@@ -185,7 +185,7 @@ class EpochPieces:
     first: int
     starts: np.ndarray
     stops: np.ndarray
-    selections: "tuple[np.ndarray | None, ...] | None"
+    selections: "Selections | None"
     most_rows: int  # rows of the largest piece: what a slot must hold
 
     @classmethod

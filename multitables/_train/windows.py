@@ -68,6 +68,7 @@ from .buffers import WindowMemory
 from .copier import Copier
 
 if TYPE_CHECKING:
+    from .._plan.subset import Selections
     from .._stream.queue import Guard, Queue
     from .feed import EpochPieces, Feed
 
@@ -221,8 +222,9 @@ class _Fill:
     plan: RankEpoch
     w: int
     rows: "list[int]"
-    selections: "list[np.ndarray | None]"
+    selections: "Selections | None"  # of its pieces from ``carried`` on (None: each whole), each made as it is pulled
     buffer: int
+    carried: int = 0  # its first pieces, pulled by the last epoch (a carry's): not pulled again
     pulled: int = 0
     filled: int = 0
     on_host: bool = True  # every piece pulled was copied into the buffer (none taken out of its slots)
@@ -299,13 +301,9 @@ class ShuffledWindows(Windows):
     def _fill(plan: RankEpoch, w: int, pieces: "EpochPieces", buffer: int) -> _Fill:
         lo, hi = plan.bounds[w], plan.bounds[w + 1]
         rows = plan.sizes[lo:hi].tolist()  # Python ints: looked up one at a time
-        if pieces.selections is None:
-            selections: "list[np.ndarray | None]" = [None] * len(rows)
-        else:  # a carry's pieces (before ``pieces.first``) were pulled last epoch, and are not pulled again
-            carried = max(0, pieces.first - lo)
-            selections = [None] * carried
-            selections += pieces.selections[lo + carried - pieces.first : hi - pieces.first]
-        return _Fill(plan, w, rows, selections, buffer)
+        carried = max(0, pieces.first - lo)  # a carry's pieces (before ``pieces.first``) were pulled last epoch
+        selections = None if pieces.selections is None else pieces.selections[lo + carried - pieces.first : hi - pieces.first]
+        return _Fill(plan, w, rows, selections, buffer, carried=carried)
 
     def _pace(self, j: int, rows: int) -> None:
         """While window ``j`` (of ``rows`` rows) is delivered, pull the next one, a part per batch."""
@@ -325,7 +323,8 @@ class ShuffledWindows(Windows):
         """Copy up to ``n`` more pieces of ``fill``'s window into its buffer."""
         arrays = self._buffers[fill.buffer]
         while n > 0 and fill.pulled < len(fill.rows):
-            rows, selection = fill.rows[fill.pulled], fill.selections[fill.pulled]
+            rows = fill.rows[fill.pulled]
+            selection = None if fill.selections is None else fill.selections[fill.pulled - fill.carried]
             if fill.filled == 0:
                 self._staging.reusing(fill.buffer, arrays)
             guards = self._feed.get()

@@ -170,7 +170,7 @@ def _priced(options: "StreamOptions", nodes: "Sequence[NodeInfo]", transforms: S
 _TABLE_SLACK = 16
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared as objects: pieces are arrays
 class EpochPieces:
     """What a rank's epoch reads from one of its pieces on: the file rows of each, and which of them it keeps.
 

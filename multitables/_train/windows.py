@@ -189,7 +189,7 @@ def _selected(block: np.ndarray, selection: "np.ndarray | None") -> np.ndarray:
     return block if selection is None else np.take(block, selection, axis=0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared as objects: its pieces are arrays
 class Carry:
     """The next epoch's first window, pulled (in part) into a buffer while the last window was delivered.
 

@@ -200,11 +200,11 @@ class RankEpoch:
     settings: EpochSettings
     epoch: int
     rank: int
-    # Per piece: read-only int64 arrays (NOTE [pieces as arrays]; any sequence is taken, and copied).
+    # Per piece, read-only int64 arrays (NOTE [pieces as arrays]; any sequence is taken, and copied); per window,
+    # Python ints, looked up one at a time (an epoch's first batch locates its window with bisect).
     starts: np.ndarray
     stops: np.ndarray
     bounds: tuple[int, ...]
-    # Per window, Python ints: looked up one at a time (an epoch's first batch locates its window with bisect).
     #: Rows of each piece.
     sizes: np.ndarray = field(default_factory=lambda: _NO_PIECES, repr=False)
     #: Where each window starts in the rank's delivered order, and (last) the rank's row count.

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from .._plan.blocks import GrowingPlan, RangePlan
-from .._plan.epoch import RankEpoch, piece_array
+from .._plan.epoch import RankEpoch
 from .._plan.readers import BatchPlan, DatasetShape, Machine, plan_batches, rate_decides, transform_stake, would_save_s
 from .._plan.subset import Selections, piece_spans
 from .._procs.failure import fd_limit
@@ -195,8 +195,7 @@ class EpochPieces:
         if rows is None:
             return cls(plan.epoch, first, starts, stops, None, _largest(plan.sizes[first:]))
         spans = piece_spans(rows, starts, stops)
-        span_starts, span_stops = piece_array(spans.starts), piece_array(spans.stops)
-        return cls(plan.epoch, first, span_starts, span_stops, spans.selections, _largest(span_stops - span_starts))
+        return cls(plan.epoch, first, spans.starts, spans.stops, spans.selections, _largest(spans.stops - spans.starts))
 
     def since(self, first: int) -> "EpochPieces":
         """These pieces from piece ``first`` on (``first >= self.first``), without making them again (a subset's spans

@@ -66,7 +66,7 @@ def main() -> None:
     ms = lambda x: f"{x:.3f} ms ({x / typical:.1f}x)"  # noqa: E731
     print(f"{n} batches an epoch (one piece each), {WINDOW} a window; the consumer's CPU per batch, medians over "
           f"{args.epochs} epochs: the typical {typical:.3f} ms, an epoch's first {ms(places[0])}, its second "
-          f"{ms(places[1])}, a window's first {ms(float(np.median(places[WINDOW::WINDOW])))}")
+          f"{ms(places[1])}, a window's first " + (ms(float(np.median(places[WINDOW::WINDOW]))) if n > WINDOW else "-"))
     print("the slowest places: " + ", ".join(f"{i} {ms(places[i])}" for i in np.argsort(-places)[:10]))
     batches.close()
 

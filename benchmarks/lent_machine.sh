@@ -6,7 +6,7 @@
 # OUT gets each step's log (the sections print their tables there), packed into OUT/logs.tgz at the end.
 # MIB (default 512) sizes the scaling and GPU sections' files; the probe takes half. STEP names the steps to
 # run (scaling, probe, probe-before, startup, startup-before, startup-forkserver, start-methods, gpu, gpu-before, batches,
-# batches-readers, batches-before, device-ratio, window-waits, epoch-start, cuda-tests; default all). Each step runs under its own time limit (9 min 45 s together at 512 MiB, in
+# batches-readers, batches-before, device-ratio, window-waits, epoch-start, epoch-scale, cuda-tests; default all). Each step runs under its own time limit (9 min 45 s together at 512 MiB, in
 # proportion above), so one that hangs leaves the others theirs; the steps before startup-forkserver,
 # start-methods and gpu-before took 3 min 7 s together on a lent H100 machine with 16 cores (2026-11-26); on
 # another (2026-11-28) gpu, gpu-before, batches, epoch-start and cuda-tests took 83 s at 512 MiB, scaling 137 s at 1024.
@@ -19,8 +19,8 @@
 #   4. the GPU section (#30: device=, pin_memory, DataLoader; again with the carried older package), where
 #      shuffled batches lose against the stream, CPU only and with device="cuda"
 #      (benchmarks/batches_profile.py), CPU-only batches against the carried older package's, alternating
-#      (benchmarks/ab_batches.py), what an epoch's first batches cost the consumer (benchmarks/epoch_start.py),
-#      and the CUDA tests.
+#      (benchmarks/ab_batches.py), what an epoch's first batches cost the consumer (benchmarks/epoch_start.py;
+#      benchmarks/epoch_scale.py with 50 pieces a MiB: 25,600 at 512), and the CUDA tests.
 # The start steps read the probe's zlib file, or the GPU section's where the probe did not run.
 # Wheels the machine lacks (PyTables, hdf5plugin, imagecodecs, blosc2...) are installed from .whl/ first
 # (benchmarks/lent_machine_carry.sh makes it, and .devrun/before),
@@ -29,7 +29,7 @@ set -u
 out=${1:?usage: bash benchmarks/lent_machine.sh OUT [MIB]}
 mib=${2:-512}
 shift $(($# < 2 ? $# : 2))
-steps=" ${*:-scaling probe probe-before startup startup-before startup-forkserver start-methods gpu gpu-before batches batches-readers batches-before device-ratio window-waits epoch-start cuda-tests} "
+steps=" ${*:-scaling probe probe-before startup startup-before startup-forkserver start-methods gpu gpu-before batches batches-readers batches-before device-ratio window-waits epoch-start epoch-scale cuda-tests} "
 mkdir -p "$out" && out=$(cd "$out" && pwd)  # absolute: a step may run elsewhere
 work=$(mktemp -d "${TMPDIR:-/tmp}/lent_machine.XXXXXX")  # fresh: a file left by an earlier run is refused
 trap 'rm -rf "$work"' EXIT
@@ -87,6 +87,8 @@ step device-ratio 60 python3 benchmarks/device_ratio.py --file "$work/gpu.h5" --
 step window-waits 45 python3 benchmarks/window_waits.py --file "$work/gpu.h5" --mib "$mib" --epochs 6 ${step_ms:+--step-ms "$step_ms"}
 # The consumer's CPU at an epoch's start against mid-epoch (the machine's copy threads make the windows' orders).
 step epoch-start 45 python3 benchmarks/epoch_start.py --file "$work/gpu.h5" --mib "$mib"
+# The same with as many pieces as an epoch of 100 GiB in 4 MiB blocks (at 512), batch by batch.
+step epoch-scale 45 python3 benchmarks/epoch_scale.py --file "$work/pieces.h5" --pieces $((mib * 50)) --epochs 3
 step cuda-tests 60 python3 -m pytest -q -p no:cacheprovider tests/test_torch_device.py tests/test_cuda.py
 # Starting 16 readers: the probe's zlib file, or else the GPU section's (its rows are /X).
 started=("$work/probe/probe-zlib-3-$((mib / 2)).h5")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-STEPS = ["scaling", "probe", "startup", "startup-forkserver", "gpu", "batches", "device-ratio", "window-waits", "epoch-start"]
+STEPS = ["scaling", "probe", "startup", "startup-forkserver", "gpu", "batches", "device-ratio", "window-waits", "epoch-start", "epoch-scale"]
 
 
 def test_the_lent_machines_steps_run_here_at_16_mib(tmp_path: Path) -> None:

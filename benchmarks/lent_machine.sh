@@ -6,8 +6,8 @@
 # OUT gets each step's log (the sections print their tables there), packed into OUT/logs.tgz at the end.
 # MIB (default 512) sizes the scaling and GPU sections' files; the probe takes half. STEP names the steps to
 # run (scaling, probe, probe-before, startup, startup-before, startup-forkserver, start-methods, gpu, gpu-before, batches,
-# batches-readers, batches-before, device-ratio, window-waits, epoch-start, epoch-scale, cuda-tests; default all). Each step runs under its own time limit (9 min 45 s together at 512 MiB, in
-# proportion above), so one that hangs leaves the others theirs; the steps before startup-forkserver,
+# batches-readers, batches-before, device-ratio, window-waits, epoch-start, epoch-scale, cuda-tests; default all). Each step runs under its own time limit (16 min of limits together at 512 MiB, in
+# proportion above; a call of the device tool, 10 min at most, names its steps), so one that hangs leaves the others theirs; the steps before startup-forkserver,
 # start-methods and gpu-before took 3 min 7 s together on a lent H100 machine with 16 cores (2026-11-26); on
 # another (2026-11-28) gpu, gpu-before, batches, epoch-start and cuda-tests took 83 s at 512 MiB, scaling 137 s at 1024.
 # The steps:

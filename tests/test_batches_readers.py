@@ -402,6 +402,36 @@ def test_an_epochs_first_batch_plans_and_permutes_nothing_in_a_loop_of_epochs(ro
         b.close()
 
 
+def _reference_epochs(rows_file, window: int, n: int) -> list[list[np.ndarray]]:  # type: ignore[no-untyped-def]
+    """The batches of epochs ``0 .. n - 1`` read in this process, one list per epoch."""
+    expected = []
+    for epoch in range(n):
+        reference = batches(rows_file, n_procs=0, window=window)
+        reference.set_epoch(epoch)
+        expected.append([y.copy() for y in reference])
+        reference.close()
+    return expected
+
+
+def _read_epochs(rows_file, window: int, expected: list[list[np.ndarray]], calls: list[int]) -> None:  # type: ignore[no-untyped-def]
+    """``expected``'s epochs in a loop of epochs, each reading ahead into the next, ``calls[0]`` counting the next()
+    calls of the epoch being delivered: each epoch's rows exact, and each leaving the next one's first window pulled."""
+    b = batches(rows_file, window=window, read_ahead=4)
+    try:
+        for epoch in range(len(expected)):
+            b.set_epoch(epoch)
+            calls[0] = 0
+            got = []
+            for y in b:
+                got.append(y.copy())
+                calls[0] += 1
+            for mine, theirs in zip(got, expected[epoch], strict=True):
+                np.testing.assert_array_equal(mine, theirs)
+            assert b._carry is not None and b._carry.epoch == epoch + 1 and b._carry.pulled > 0
+    finally:
+        b.close()
+
+
 @pytest.mark.parametrize("slow", [False, True], ids=["planned-at-once", "planned-slower-than-the-windows"])
 def test_the_next_epoch_is_planned_off_the_consumers_thread_and_published_by_a_later_batch(
         rows_file, no_leaks, slow: bool, monkeypatch) -> None:
@@ -432,28 +462,10 @@ def test_the_next_epoch_is_planned_off_the_consumers_thread_and_published_by_a_l
     monkeypatch.setattr(EpochSettings, "rank_epoch", plan)
     monkeypatch.setattr(Feed, "follow", follow)
     window = 20  # 80 blocks: 4 windows an epoch
-    expected = []
-    for epoch in range(3):
-        reference = batches(rows_file, n_procs=0, window=window)
-        reference.set_epoch(epoch)
-        expected.append([y.copy() for y in reference])
-        reference.close()
+    expected = _reference_epochs(rows_file, window, 3)
     planned.clear()
     published.clear()
-    b = batches(rows_file, window=window, read_ahead=4)
-    try:
-        for epoch in range(3):
-            b.set_epoch(epoch)  # a loop of epochs: each reads ahead into the next
-            calls[0] = 0
-            got = []
-            for y in b:
-                got.append(y.copy())
-                calls[0] += 1
-            for mine, theirs in zip(got, expected[epoch], strict=True):
-                np.testing.assert_array_equal(mine, theirs)
-            assert b._carry is not None and b._carry.epoch == epoch + 1 and b._carry.pulled > 0
-    finally:
-        b.close()
+    _read_epochs(rows_file, window, expected, calls)
     assert [e for e, _ in planned] == [0, 1, 2, 3]
     assert [thread.startswith("multitables-later") for _, thread in planned] == [False, True, True, True]
     # Asked for after the first batch (in the second next()), published by the third at the earliest; a slow plan
@@ -489,26 +501,8 @@ def test_the_next_epoch_is_published_in_parts_one_a_batch_and_the_rest_in_the_la
     monkeypatch.setattr(feed.Feed, "_publish", publish)
     monkeypatch.setattr(feed, "PUBLISH_PIECES", 7)
     window = 20  # 80 blocks: 4 windows an epoch, of 1,000 rows; 250 batches of 16 rows
-    expected = []
-    for epoch in range(3):
-        reference = batches(rows_file, n_procs=0, window=window)
-        reference.set_epoch(epoch)
-        expected.append([y.copy() for y in reference])
-        reference.close()
-    b = batches(rows_file, window=window, read_ahead=4)
-    try:
-        for epoch in range(3):
-            b.set_epoch(epoch)
-            calls[0] = 0
-            got = []
-            for y in b:
-                got.append(y.copy())
-                calls[0] += 1
-            for mine, theirs in zip(got, expected[epoch], strict=True):
-                np.testing.assert_array_equal(mine, theirs)
-            assert b._carry is not None and b._carry.epoch == epoch + 1 and b._carry.pulled > 0
-    finally:
-        b.close()
+    expected = _reference_epochs(rows_file, window, 3)
+    _read_epochs(rows_file, window, expected, calls)
     last_window = 3 * 1000 // 16  # the call that delivers the last window's first batch
     for epoch in (1, 2, 3):
         mine = [p for p in parts if p[0] == epoch and p[1] > 0]  # after the first batch: the next epoch's

@@ -16,7 +16,7 @@ import pytest
 
 import multitables
 from multitables._io.fileset import inspect_files
-from multitables._plan.blocks import GrowingPlan, RangePlan
+from multitables._plan.blocks import GrowingPlan
 
 ROWS = 6000
 SLOT = 300
@@ -61,7 +61,7 @@ def test_taken_blocks_are_the_published_ones_in_order_across_rewinds(rows_file: 
                 move = "take"
             if move == "extend" or (move == "take" and not expected):
                 more = random_blocks(rng, rng.randrange(1, 6))
-                queue.extend(RangePlan(tuple(a for a, _ in more), tuple(b for _, b in more)))
+                queue.extend(tuple(a for a, _ in more), tuple(b for _, b in more))
                 expected += more
             elif move == "take":
                 guard = queue.get()
@@ -88,7 +88,7 @@ def test_blocks_published_across_the_end_of_the_block_table_are_taken_as_publish
                 with queue.get() as block:
                     np.testing.assert_array_equal(block, np.arange(a, b))
             published = random_blocks(rng, 50)
-            queue.extend(RangePlan(tuple(a for a, _ in published), tuple(b for _, b in published)))
+            queue.extend(tuple(a for a, _ in published), tuple(b for _, b in published))
 
 
 def test_a_rewind_with_a_guard_held_is_refused(rows_file: Path, no_leaks: None) -> None:
@@ -104,4 +104,4 @@ def test_a_rewind_with_a_guard_held_is_refused(rows_file: Path, no_leaks: None) 
 def test_a_block_larger_than_a_slot_is_refused(rows_file: Path, no_leaks: None) -> None:
     with growing_queue(rows_file, 1, 2, [(0, 100)]) as queue:
         with pytest.raises(ValueError, match="does not fit a slot"):
-            queue.extend(RangePlan((0,), (SLOT + 1,)))
+            queue.extend((0,), (SLOT + 1,))

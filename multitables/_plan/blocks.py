@@ -9,9 +9,10 @@ source rows and where they land in the slot.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 MiB = 1 << 20
 
@@ -109,21 +110,19 @@ class RangePlan:
     one rank's part of a dataset. Same protocol as :class:`BlockPlan`.
     """
 
-    starts: "Sequence[int] | np.ndarray"  # a tuple, or an epoch's pieces (NOTE [pieces as arrays] in ``epoch``)
-    stops: "Sequence[int] | np.ndarray"
+    starts: tuple[int, ...]
+    stops: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        if len(self.starts) != len(self.stops) or not len(self.starts):
+        if len(self.starts) != len(self.stops) or not self.starts:
             raise ValueError("a range plan needs as many starts as stops, and at least one block")
-        # Checked in numpy: an epoch's pieces are published each epoch, 25,600 of them for 100 GiB of 4 MiB blocks.
-        starts, stops = np.asarray(self.starts), np.asarray(self.stops)
-        if (starts < 0).any() or (stops <= starts).any():
+        if any(b <= a or a < 0 for a, b in zip(self.starts, self.stops)):
             raise ValueError("every block of a range plan needs 0 <= start < stop")
 
     @property
     def block_size(self) -> int:
         """Rows in the largest block (the size of a slot)."""
-        return int((np.asarray(self.stops) - np.asarray(self.starts)).max())
+        return max(b - a for a, b in zip(self.starts, self.stops))
 
     @property
     def n_blocks(self) -> int:

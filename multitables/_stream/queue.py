@@ -49,12 +49,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Callable, Iterator, Literal, Sequence
 
 import numpy as np
 
 from .._io.objects.urls import shown
-from .._plan.blocks import BlockPlan, GrowingPlan, RangePlan
+from .._plan.blocks import BlockPlan, GrowingPlan
 from .._procs.stream import StreamSpec
 from .._shm.ring import TICK
 from .._sys.signals import signals_deferred
@@ -360,12 +360,14 @@ class Queue:
         # Not while a failure waits: the rows before it came as a block of their own, the last one if it was last.
         return self._n_blocks is not None and self._delivered >= self._n_blocks and not self._backend.failure_held
 
-    def extend(self, blocks: RangePlan) -> None:
-        """Publish more blocks, read after those published (a stream that grows: NOTE [readers across epochs])."""
+    def extend(self, starts: "Sequence[int] | np.ndarray", stops: "Sequence[int] | np.ndarray") -> None:
+        """Publish more blocks, rows ``[starts[i], stops[i])``, read after those published (a stream that grows: NOTE
+        [readers across epochs]); ``ValueError`` for one that does not fit a slot, checked once, where they are
+        written (the ring: in numpy)."""
         if not self._growing:
             raise TypeError("only a stream made over a GrowingPlan takes more blocks")
         with self._lock:
-            self._backend.extend(blocks.starts, blocks.stops)  # type: ignore[union-attr]  # growing: as at_end
+            self._backend.extend(starts, stops)  # type: ignore[union-attr]  # growing: as at_end
 
     def rewind(self) -> None:
         """Withdraw the blocks published and not handed out; those read meanwhile are dropped. No guard may be held."""

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from .._plan.blocks import GrowingPlan, RangePlan
+from .._plan.blocks import GrowingPlan
 from .._plan.epoch import RankEpoch
 from .._plan.readers import BatchPlan, DatasetShape, Machine, plan_batches, rate_decides, transform_stake, would_save_s
 from .._plan.subset import Selections, piece_spans
@@ -434,9 +434,9 @@ class Feed:
         stop = len(pieces.starts) if stop is None else stop
         if skip >= stop:
             return
-        blocks = RangePlan(pieces.starts[skip:stop], pieces.stops[skip:stop])
+        starts, stops = pieces.starts[skip:stop], pieces.stops[skip:stop]
         for queue in self._queues or []:
-            queue.extend(blocks)
+            queue.extend(starts, stops)
         self._pending.extend(pieces.epoch, pieces.first + skip, pieces.first + stop)
 
 
